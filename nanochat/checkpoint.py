@@ -1,0 +1,132 @@
+"""Crash-safe checkpoints: ``<run_dir>/checkpoints/step_<NNNNNN>/{model.pt, state.pt, meta.json}``.
+
+A checkpoint directory is first written as ``.tmp-step_<N>`` (every file fsynced), then renamed into place
+in one ``os.replace``; a crash mid-save therefore never touches the latest good checkpoint. ``meta.json`` holds
+the model config (enough to rebuild the model), the step and anything the trainer adds. ``state.pt`` holds
+the optimizer state, loop state, dataloader state and RNG states (trainer-defined dict).
+"""
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from nanochat.gpt import GPTConfig, build_model
+
+CKPT_DIR = "checkpoints"
+_STEP_RE = re.compile(r"^step_(\d{6,})$")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, write_fn) -> None:
+    with open(path, "wb") as f:
+        write_fn(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def step_dir(run_dir, step: int) -> Path:
+    return Path(run_dir) / CKPT_DIR / f"step_{step:06d}"
+
+
+def list_steps(run_dir) -> list[int]:
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    steps = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and (p / "meta.json").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def find_last_step(run_dir) -> int:
+    steps = list_steps(run_dir)
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint found under {Path(run_dir) / CKPT_DIR} (is --run the right directory?)")
+    return steps[-1]
+
+
+def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = None, keep_last: int = 0) -> Path:
+    """Atomically write a checkpoint (call on rank 0 only). ``keep_last > 0`` prunes older ones."""
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(run_dir, step)
+    tmp = root / f".tmp-{final.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model_state = {k.removeprefix("_orig_mod."): v for k, v in model.state_dict().items()}
+    _write_file(tmp / "model.pt", lambda f: torch.save(model_state, f))
+    if state is not None:
+        _write_file(tmp / "state.pt", lambda f: torch.save(state, f))
+    full_meta = {"step": step, "model_config": model.config.to_dict(), **meta}
+    _write_file(tmp / "meta.json", lambda f: f.write(json.dumps(full_meta, indent=2).encode()))
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step: move the old one aside first
+        old = root / f".old-{final.name}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep_last > 0:
+        for s in list_steps(run_dir)[:-keep_last]:
+            shutil.rmtree(step_dir(run_dir, s), ignore_errors=True)
+    return final
+
+
+def load_meta(run_dir, step: int | None = None) -> dict:
+    step = find_last_step(run_dir) if step is None else step
+    path = step_dir(run_dir, step) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path.parent} does not exist (available steps: {list_steps(run_dir)})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"corrupt checkpoint metadata {path}: {e}") from e
+
+
+def _torch_load(path: Path, map_location):
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} is missing")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as e:  # truncated or foreign file
+        raise ValueError(f"corrupt checkpoint file {path}: {type(e).__name__}: {e}") from e
+
+
+def load_state(run_dir, step: int, map_location="cpu") -> dict:
+    return _torch_load(step_dir(run_dir, step) / "state.pt", map_location)
+
+
+def config_from_meta(meta: dict) -> GPTConfig:
+    return GPTConfig(**meta["model_config"])
+
+
+def load_model(run_dir, step: int | None = None, device="cpu"):
+    """Rebuild the model of a checkpoint and load its weights. Returns (model, meta)."""
+    meta = load_meta(run_dir, step)
+    model = build_model(config_from_meta(meta), device=device)
+    state = _torch_load(step_dir(run_dir, meta["step"]) / "model.pt", device)
+    model.load_state_dict(state, strict=True)
+    return model, meta

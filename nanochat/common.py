@@ -1,0 +1,86 @@
+"""Small shared helpers: device choice, torch.distributed setup, rank-0 printing, seeding."""
+
+import os
+import random
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def autodetect_device() -> str:
+    """cuda > mps > cpu."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+@dataclass
+class DistInfo:
+    is_distributed: bool
+    rank: int
+    local_rank: int
+    world_size: int
+
+
+def get_dist_info() -> DistInfo:
+    """Read the torchrun environment (works before and after init_process_group)."""
+    if all(k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        return DistInfo(True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    return DistInfo(False, 0, 0, 1)
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
+    """Initialise torch.distributed when launched by torchrun (nccl on CUDA, gloo otherwise).
+
+    Returns the dist info and the device this rank should use.
+    """
+    device_type = device_type or autodetect_device()
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device-type cuda requested but CUDA is not available")
+    info = get_dist_info()
+    if device_type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device(device_type)
+    if info.is_distributed and not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
+        dist.barrier()
+    return info, device
+
+
+def compute_cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def print0(*args, **kwargs) -> None:
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def autocast_context(device_type: str, dtype: str = "auto"):
+    """bf16 autocast on CUDA by default; fp32 elsewhere unless dtype='bfloat16' is asked for."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" else "float32"
+    if dtype == "float32":
+        return nullcontext()
+    if dtype != "bfloat16":
+        raise ValueError(f"--dtype must be one of auto, float32, bfloat16 (got {dtype!r})")
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)

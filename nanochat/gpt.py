@@ -1,0 +1,258 @@
+"""The GPT backbone of the paper's nanochat family, with one extension point for memory blocks.
+
+Architecture (paper appendix / reference spec §1): param-free RMSNorm everywhere, untied wte/lm_head, RoPE
+(base 10000, half-split) then QK-norm, full causal attention, relu^2 MLP of width 4C, no biases, per-layer
+``x <- resid_lambdas[i] * x + x0_lambdas[i] * x0`` with x0 the normed token embedding, logit softcap 15.
+The memory block (``nanochat.memory``) may add to the residual stream and/or to the attention values.
+
+``GPT.__init__`` is meant to run on the meta device: every real value is set in ``init_weights()``.
+"""
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from nanochat.memory import build_memory
+
+ROPE_BASE = 10000.0
+LOGIT_SOFTCAP = 15.0
+VOCAB_PAD_MULTIPLE = 64
+
+
+@dataclass
+class GPTConfig:
+    sequence_len: int = 2048
+    vocab_size: int = 32768
+    n_layer: int = 12
+    n_head: int = 6
+    n_kv_head: int = 6
+    n_embd: int = 768
+    memory: str = "base"  # a key of nanochat.memory.MEMORY_BLOCKS
+    memory_layers: tuple[int, ...] = ()  # empty = alternating layers ending at the last one
+    memory_options: dict = field(default_factory=dict)  # block-specific, validated by the block
+
+    def __post_init__(self):
+        self.memory_layers = tuple(self.memory_layers)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
+
+    @classmethod
+    def from_depth(cls, depth: int, aspect_ratio: int = 64, head_dim: int = 128, **kwargs) -> "GPTConfig":
+        """The paper's single dial: width = depth*aspect_ratio rounded up to a multiple of head_dim."""
+        if depth < 1:
+            raise ValueError(f"--depth must be >= 1 (got {depth})")
+        n_embd = math.ceil(depth * aspect_ratio / head_dim) * head_dim
+        n_head = n_embd // head_dim
+        return cls(n_layer=depth, n_embd=n_embd, n_head=n_head, n_kv_head=n_head, **kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["memory_layers"] = list(self.memory_layers)
+        return d
+
+
+def norm(x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split RoPE on x of shape (B, T, H, d); cos/sin are (1, T, 1, d/2)."""
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    y1 = x1 * cos + x2 * sin
+    y2 = x1 * (-sin) + x2 * cos
+    return torch.cat([y1, y2], dim=-1)
+
+
+def _flash_attn_func():
+    """Optional CUDA fast path (NANOCHAT_ATTN=flash and the flash_attn package installed)."""
+    if os.environ.get("NANOCHAT_ATTN", "sdpa") != "flash":
+        return None
+    try:
+        from flash_attn import flash_attn_func  # type: ignore
+    except ImportError as e:  # explicit request must not silently fall back
+        raise RuntimeError("NANOCHAT_ATTN=flash but the flash_attn package is not installed") from e
+    return flash_attn_func
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        C = config.n_embd
+        self.c_q = nn.Linear(C, self.n_head * self.head_dim, bias=False)
+        self.c_k = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.c_v = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.c_proj = nn.Linear(C, C, bias=False)
+
+    def forward(self, xn, cos_sin, memory, mem_ctx, kv_cache):
+        B, T, C = xn.shape
+        q = self.c_q(xn).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(xn).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.c_v(xn).view(B, T, self.n_kv_head, self.head_dim)
+        v = memory.value(self.layer_idx, xn, v, mem_ctx)  # memory injection into the value stream
+        cos, sin = cos_sin
+        q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
+        q, k = norm(q), norm(k)  # QK-norm after RoPE
+        flash = _flash_attn_func() if (q.is_cuda and kv_cache is None) else None
+        if flash is not None:
+            y = flash(q, k, v, causal=True)  # (B, T, H, d)
+        else:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d)
+            gqa = self.n_head != self.n_kv_head
+            if kv_cache is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            else:
+                k, v = kv_cache.update(self.layer_idx, k, v)  # (B, kv_heads, pos+T, d)
+                if T == 1:
+                    y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+                else:
+                    pos = k.size(2) - T
+                    mask = torch.arange(T, device=q.device)[:, None] + pos >= torch.arange(k.size(2), device=q.device)
+                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            y = y.transpose(1, 2)
+        return self.c_proj(y.reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos_sin, memory, mem_ctx, kv_cache):
+        x = x + self.attn(norm(x), cos_sin, memory, mem_ctx, kv_cache)
+        x = x + self.mlp(norm(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        V, C = config.padded_vocab_size, config.n_embd
+        self.wte = nn.Embedding(V, C)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))
+        self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))
+        self.memory = build_memory(config)
+        self.rotary_len = config.sequence_len * 10  # headroom for long CORE prompts and generation
+        self.register_buffer("rope_cos", torch.empty(1, self.rotary_len, 1, config.head_dim // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(1, self.rotary_len, 1, config.head_dim // 2), persistent=False)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.sequence_len
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        C = self.config.n_embd
+        s = math.sqrt(3.0) / math.sqrt(C)  # uniform bound with std 1/sqrt(C)
+        nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.001)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -s, s)
+            nn.init.zeros_(block.attn.c_proj.weight)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+        self.resid_lambdas.fill_(1.0)
+        self.x0_lambdas.fill_(0.1)
+        self.memory.init_weights()
+        self.rope_cos.copy_(self._rotary()[0])
+        self.rope_sin.copy_(self._rotary()[1])
+
+    def _rotary(self):
+        d = self.config.head_dim
+        inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, d, 2, dtype=torch.float32, device=self.rope_cos.device) / d))
+        t = torch.arange(self.rotary_len, dtype=torch.float32, device=self.rope_cos.device)
+        freqs = torch.outer(t, inv_freq)  # (rotary_len, d/2)
+        return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+
+    # -- accounting ---------------------------------------------------------------------------------------
+    def memory_table_params(self) -> list[nn.Parameter]:
+        return self.memory.memory_tables()
+
+    def scalar_params(self) -> list[nn.Parameter]:
+        return [self.resid_lambdas, self.x0_lambdas, *self.memory.scalar_params()]
+
+    def num_params(self) -> dict[str, int]:
+        total = sum(p.numel() for p in self.parameters())
+        memory = sum(p.numel() for p in self.memory_table_params())
+        return {"params_total": total, "params_memory": memory, "params_backbone": total - memory}
+
+    def estimate_flops(self) -> int:
+        """FLOPs per token: 6 x (params minus wte, memory tables, scalars) + attention 12*H*d*T per layer."""
+        excluded = {id(p) for p in [self.wte.weight, *self.memory_table_params(), *self.scalar_params()]}
+        n = sum(p.numel() for p in self.parameters() if id(p) not in excluded)
+        cfg = self.config
+        attn = cfg.n_layer * 12 * cfg.n_head * cfg.head_dim * cfg.sequence_len
+        return 6 * n + attn
+
+    # -- forward ------------------------------------------------------------------------------------------
+    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean"):
+        B, T = idx.shape
+        pos = kv_cache.pos if kv_cache is not None else 0
+        if pos + T > self.rotary_len:
+            raise ValueError(f"sequence of {pos + T} tokens exceeds the rotary cache ({self.rotary_len})")
+        cos_sin = self.rope_cos[:, pos : pos + T], self.rope_sin[:, pos : pos + T]
+        mem_ctx = self.memory.prepare(idx, kv_cache.memory_state if kv_cache is not None else None)
+        x = norm(self.wte(idx))
+        x0 = x
+        for i, block in enumerate(self.blocks):
+            x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            x = self.memory.residual(i, x, mem_ctx)
+            x = block(x, cos_sin, self.memory, mem_ctx, kv_cache)
+        x = norm(x)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        logits = self.lm_head(x)[..., : self.config.vocab_size].float()
+        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+        if targets is None:
+            return logits
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
+        )
+
+
+def build_model(config: GPTConfig, device: str | torch.device = "cpu", seed: int | None = None) -> GPT:
+    """Build on the meta device, materialise on ``device`` and initialise (optionally seeded)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device=device)
+    if seed is not None:
+        torch.manual_seed(seed)
+    model.init_weights()
+    return model
+
+
+def model_summary(config: GPTConfig) -> dict[str, int]:
+    """params_total / params_memory / params_backbone / flops_per_token, computed on the meta device."""
+    with torch.device("meta"):
+        model = GPT(config)
+    return {**model.num_params(), "flops_per_token": model.estimate_flops()}

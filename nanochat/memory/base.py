@@ -1,0 +1,89 @@
+"""The memory-block extension point.
+
+A memory block is one ``nn.Module`` owned by the GPT (``model.memory``). The model calls it at three places:
+
+    ctx = memory.prepare(idx, state)            once per forward, before layer 0 (e.g. hash indices once)
+    x   = memory.residual(layer, x, ctx)        every layer, after the resid/x0 mix, before the block
+    v   = memory.value(layer, xn, v, ctx)       every layer, inside attention, before RoPE/SDPA
+
+``idx`` is (B, T) token ids, ``x`` the (B, T, C) residual stream, ``xn = norm(x)`` the attention input and
+``v`` the (B, T, H, d) value heads. A block returns its inputs unchanged on layers it does not touch.
+``state`` is a dict carried by the KV cache across decode steps (None in training), e.g. the previous token
+for bigram hashing.
+
+A block also declares which of its parameters are memory tables (excluded from FLOPs, own AdamW group) and
+which are scalars (x0-like AdamW group, excluded from FLOPs). Everything else it owns is routed by shape:
+2-D matrices to Muon, the rest to AdamW. See ``nanochat.optim.build_param_groups``.
+"""
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+def default_memory_layers(n_layer: int) -> tuple[int, ...]:
+    """Alternating layers ending at the last one (d12: 1,3,...,11; d24: 1,3,...,23)."""
+    return tuple(i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2)
+
+
+def parse_options(options_cls, options: dict, memory: str):
+    """Build a block's options dataclass from the config dict; unknown keys are an error."""
+    known = {f.name for f in fields(options_cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"--memory {memory}: unknown option(s) {unknown}; allowed: {sorted(known)}")
+    return options_cls(**options)
+
+
+@dataclass
+class NoOptions:
+    pass
+
+
+class MemoryBlock(nn.Module):
+    """Base class and the no-memory block ("base")."""
+
+    Options = NoOptions
+    uses_layers = False  # whether --memory-layers applies
+    table_weight_decay = 0.0  # default AdamW weight decay of this block's tables (overridable by --memory-wd)
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_layer = config.n_layer
+        self.opts = parse_options(self.Options, dict(config.memory_options), config.memory)
+        self.layers: tuple[int, ...] = ()
+        if self.uses_layers:
+            layers = tuple(config.memory_layers) if config.memory_layers else default_memory_layers(config.n_layer)
+            bad = [i for i in layers if not 0 <= i < config.n_layer]
+            if bad or not layers or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"--memory-layers {','.join(map(str, layers))}: need distinct layer ids in [0, {config.n_layer - 1}]"
+                )
+            self.layers = tuple(sorted(layers))
+
+    # -- parameters -------------------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Set every parameter and buffer (the module was built on the meta device)."""
+
+    def memory_tables(self) -> list[nn.Parameter]:
+        return []
+
+    def scalar_params(self) -> list[nn.Parameter]:
+        return []
+
+    # -- forward hooks ----------------------------------------------------------------------------------
+    def prepare(self, idx: torch.Tensor, state: dict | None) -> Any:
+        return None
+
+    def residual(self, layer: int, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x
+
+    def value(self, layer: int, xn: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return v
+
+    # -- logging ----------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Scalar statistics for metrics.jsonl (may sync with the device; called at log steps only)."""
+        return {}

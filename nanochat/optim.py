@@ -1,0 +1,217 @@
+"""Muon + AdamW in one optimizer, with the parameter groups of the paper's runs (reference spec §1.6).
+
+- Muon (every 2-D matrix of the blocks, memory gates and routers): Nesterov momentum, Polar-Express
+  orthogonalisation, NorMuon-style factored second-moment normalisation, cautious weight decay, and an
+  effective LR of lr*sqrt(max(1, rows/cols)). Same-shape matrices are stacked and updated in one batch.
+- AdamW (eps 1e-10, decoupled decay p <- p*(1 - lr*wd)) for embeddings, unembedding, scalars, memory tables
+  and every other non-matrix parameter; math in fp32.
+
+Distributed: there is no DDP wrapper. ``step()`` averages gradients across ranks (async all-reduce,
+launched for every parameter before any update) and every rank applies the same update, so the optimizer
+state is replicated: a checkpoint written by rank 0 resumes on any world size.
+"""
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# Polar Express coefficients (Amsel et al. 2025): 5 steps of X <- aX + (bA + cA^2)X with A = XX^T.
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+
+def polar_express(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Approximate the orthogonal polar factor of each matrix in G (..., m, n); bf16 on CUDA, fp32 elsewhere."""
+    dtype = torch.bfloat16 if G.is_cuda else torch.float32
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+    transposed = X.size(-2) > X.size(-1)
+    if transposed:  # iterate on the wide orientation so A = XX^T is the small Gram matrix
+        X = X.mT
+    for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
+        A = X @ X.mT
+        B = b * A + c * (A @ A)
+        X = a * X + B @ X
+    if transposed:
+        X = X.mT
+    return X
+
+
+def normuon_scale(U: torch.Tensor, second_moment: torch.Tensor, beta2: float) -> torch.Tensor:
+    """NorMuon: divide each row (or column, for wide matrices) by the RMS of its running second moment,
+    then restore the update's overall Frobenius norm. ``second_moment`` is (K, m, 1) or (K, 1, n), updated in place.
+    U: (K, m, n) orthogonalised updates."""
+    U = U.float()
+    red_dim = -1 if second_moment.size(-1) == 1 else -2
+    v_now = U.square().mean(dim=red_dim, keepdim=True)
+    second_moment.lerp_(v_now, 1 - beta2)
+    scaled = U * second_moment.clamp_min(1e-10).rsqrt()
+    ratio = U.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)
+    return scaled * ratio
+
+
+@dataclass
+class OptimConfig:
+    embedding_lr: float = 0.3
+    unembedding_lr: float = 0.004
+    matrix_lr: float = 0.02
+    scalar_lr: float = 0.5
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    weight_decay: float = 0.2  # Muon weight decay at depth 12; scaled by (12/depth)^2
+    memory_lr: float = 0.2
+    memory_beta1: float = 0.8
+    memory_beta2: float = 0.995
+    memory_wd: float | None = None  # None = the block's default (VE/MoME 0.001, Bigram 0)
+    muon_momentum: float = 0.95
+    muon_beta2: float = 0.95
+    eps: float = 1e-10
+    lr_scale: float = 1.0  # batch-size LR scale sqrt(B / 2^19), multiplies every LR
+
+
+def build_param_groups(model, oc: OptimConfig) -> list[dict]:
+    """Assign every parameter of ``model`` to exactly one group (raises if one is missed or doubled)."""
+    cfg = model.config
+    width_scale = (cfg.n_embd / 768) ** -0.5
+    muon_wd = oc.weight_decay * (12 / cfg.n_layer) ** 2
+    memory = model.memory
+    memory_wd = memory.table_weight_decay if oc.memory_wd is None else oc.memory_wd
+    betas = (oc.adam_beta1, oc.adam_beta2)
+    s = oc.lr_scale
+
+    def adamw(name, params, lr, betas=betas, wd=0.0):
+        return dict(kind="adamw", name=name, params=list(params), lr=lr * s, betas=betas, eps=oc.eps, weight_decay=wd)
+
+    groups = [
+        adamw("lm_head", [model.lm_head.weight], oc.unembedding_lr * width_scale),
+        adamw("wte", [model.wte.weight], oc.embedding_lr * width_scale),
+        adamw("resid_lambdas", [model.resid_lambdas], oc.scalar_lr * 0.01),
+        adamw("x0_lambdas", [model.x0_lambdas, *memory.scalar_params()], oc.scalar_lr, betas=(0.96, 0.95)),
+    ]
+    tables = memory.memory_tables()
+    if tables:
+        groups.append(adamw("memory_tables", tables, oc.memory_lr * width_scale,
+                            betas=(oc.memory_beta1, oc.memory_beta2), wd=memory_wd))
+    assigned = {id(p) for g in groups for p in g["params"]}
+    rest = [(n, p) for n, p in model.named_parameters() if id(p) not in assigned]
+    extra = [p for _, p in rest if p.ndim != 2]
+    if extra:
+        groups.append(adamw("adam_extra", extra, oc.matrix_lr * width_scale))
+    by_shape: dict[tuple, list] = {}
+    for _, p in rest:
+        if p.ndim == 2:
+            by_shape.setdefault(tuple(p.shape), []).append(p)
+    for shape, params in sorted(by_shape.items()):
+        groups.append(dict(kind="muon", name=f"muon_{shape[0]}x{shape[1]}", params=params, lr=oc.matrix_lr * s,
+                           momentum=oc.muon_momentum, beta2=oc.muon_beta2, weight_decay=muon_wd, ns_steps=5))
+    counts: dict[int, int] = {}
+    for g in groups:
+        for p in g["params"]:
+            counts[id(p)] = counts.get(id(p), 0) + 1
+    names = {id(p): n for n, p in model.named_parameters()}
+    bad = [names.get(i, "?") for i, c in counts.items() if c != 1]
+    missing = [n for n, p in model.named_parameters() if id(p) not in counts]
+    if bad or missing:
+        raise RuntimeError(f"optimizer grouping error: duplicated {bad}, missing {missing}")
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    return groups
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer for both kinds of group; see the module docstring."""
+
+    def __init__(self, param_groups: list[dict]):
+        super().__init__(param_groups, defaults={})
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch shares same-device tensors with the source dict; a deep copy keeps two optimizers independent
+        super().load_state_dict(copy.deepcopy(state_dict))
+
+    @torch.no_grad()
+    def _average_grads(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        world = dist.get_world_size()
+        works = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)  # every rank must join every collective
+                works.append((p, dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True)))
+        for p, work in works:
+            work.wait()
+            p.grad.div_(world)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self._average_grads()
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                self._adamw_step(group)
+            else:
+                self._muon_step(group)
+
+    def _adamw_step(self, group):
+        beta1, beta2 = group["betas"]
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+            state["step"] += 1
+            t = state["step"]
+            g = p.grad.float()
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m.lerp_(g, 1 - beta1)
+            v.lerp_(g.square(), 1 - beta2)
+            denom = (v / (1 - beta2**t)).sqrt_().add_(eps)
+            p32 = p.float()
+            if wd:
+                p32.mul_(1 - lr * wd)
+            p32.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
+            p.copy_(p32)
+
+    def _muon_step(self, group):
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        state = self.state[group["params"][0]]
+        K, (rows, cols) = len(group["params"]), params[0].shape
+        if not state:
+            state["momentum_buffer"] = torch.zeros(K, rows, cols, device=params[0].device, dtype=torch.float32)
+            moment_shape = (K, rows, 1) if rows >= cols else (K, 1, cols)
+            state["second_moment"] = torch.zeros(moment_shape, device=params[0].device, dtype=torch.float32)
+        grads = torch.stack([(p.grad if p.grad is not None else torch.zeros_like(p)).float() for p in group["params"]])
+        buf = state["momentum_buffer"]
+        buf.lerp_(grads, 1 - group["momentum"])
+        nesterov = grads.lerp(buf, group["momentum"])
+        update = polar_express(nesterov, group["ns_steps"])
+        update = normuon_scale(update, state["second_moment"], group["beta2"])
+        lr = group["lr"] * math.sqrt(max(1.0, rows / cols))
+        wd = group["weight_decay"]
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            p32, u = p.float(), update[i]
+            if wd:
+                cautious = (u * p32) >= 0  # decay only where the update agrees in sign with the weight
+                p32.sub_(lr * wd * p32 * cautious)
+            p32.sub_(lr * u)
+            p.copy_(p32)
+
+
+def build_optimizer(model, oc: OptimConfig | None = None) -> MuonAdamW:
+    return MuonAdamW(build_param_groups(model, oc or OptimConfig()))

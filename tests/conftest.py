@@ -1,0 +1,44 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+os.environ.setdefault("WANDB_MODE", "disabled")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow end-to-end test: run with RUN_SLOW=1 or -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def shared_dir():
+    if not SHARED.is_dir():
+        pytest.skip(f"../shared not found at {SHARED} (only present on developer/CI machines)")
+    return SHARED
+
+
+def tiny_config(**kw):
+    from nanochat.gpt import GPTConfig
+
+    base = dict(sequence_len=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=128)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
+    """Run ``torchrun --standalone --nproc_per_node=nproc script args`` on CPU (gloo) and return the result."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)

@@ -1,0 +1,93 @@
+import torch
+
+from conftest import tiny_config
+from nanochat.gpt import GPTConfig, GPT, build_model
+from nanochat.optim import MuonAdamW, OptimConfig, build_optimizer, build_param_groups, polar_express
+
+
+def test_every_param_in_exactly_one_group_and_routing():
+    model = build_model(tiny_config(), seed=0)
+    groups = build_param_groups(model, OptimConfig())
+    seen = [id(p) for g in groups for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in model.parameters())
+    kind = {id(p): g["kind"] for g in groups for p in g["params"]}
+    for n, p in model.named_parameters():
+        if n.startswith("blocks."):
+            assert kind[id(p)] == "muon", n
+        else:
+            assert kind[id(p)] == "adamw", n
+
+
+def test_group_hyperparameters_d12_and_d24():
+    for depth, width_scale, wd in [(12, 1.0, 0.2), (24, 0.5**0.5, 0.05)]:
+        with torch.device("meta"):
+            model = GPT(GPTConfig.from_depth(depth))
+        g = {x["name"]: x for x in build_param_groups(model, OptimConfig())}
+        assert abs(g["lm_head"]["lr"] - 0.004 * width_scale) < 1e-12
+        assert abs(g["wte"]["lr"] - 0.3 * width_scale) < 1e-12
+        assert g["resid_lambdas"]["lr"] == 0.005 and g["x0_lambdas"]["lr"] == 0.5
+        assert g["x0_lambdas"]["betas"] == (0.96, 0.95) and g["wte"]["betas"] == (0.8, 0.95)
+        assert all(x["eps"] == 1e-10 for x in g.values() if x["kind"] == "adamw")
+        muon = [x for x in g.values() if x["kind"] == "muon"]
+        assert all(x["lr"] == 0.02 and abs(x["weight_decay"] - wd) < 1e-12 for x in muon)
+
+
+def test_polar_express_is_nearly_orthogonal():
+    torch.manual_seed(0)
+    for shape in [(64, 64), (128, 32), (32, 128)]:
+        G = torch.randn(*shape)
+        X = polar_express(G)
+        sv = torch.linalg.svdvals(X)
+        # 5 Polar-Express steps push every singular value above ~1e-2 of the top one into [0.7, 1.2]
+        assert sv.max() < 1.2 and (sv > 0.7).float().mean() > 0.9, (shape, sv.min(), sv.max())
+        # and it points along the polar factor U V^T
+        U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+        align = (X * (U @ Vh)).sum() / min(shape)
+        assert 0.95 < align < 1.05
+
+
+def test_muon_first_update_is_orthogonal_direction():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.zeros(32, 32))
+    opt = MuonAdamW([dict(kind="muon", params=[w], lr=1.0, momentum=0.0, beta2=0.95, weight_decay=0.0, ns_steps=5)])
+    w.grad = torch.randn(32, 32)
+    opt.step()
+    sv = torch.linalg.svdvals(-w.detach())
+    assert sv.max() / sv.min() < 2.0
+
+
+def test_adamw_matches_torch_adamw():
+    torch.manual_seed(0)
+    p1 = torch.nn.Parameter(torch.randn(10, 3))
+    p2 = torch.nn.Parameter(p1.detach().clone())
+    ours = MuonAdamW([dict(kind="adamw", params=[p1], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)])
+    ref = torch.optim.AdamW([p2], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
+    for _ in range(5):
+        g = torch.randn(10, 3)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    assert torch.allclose(p1, p2, atol=1e-6)
+
+
+def test_state_dict_round_trip_continues_identically():
+    torch.manual_seed(0)
+    idx = torch.randint(0, 512, (2, 33))
+
+    def train(model, opt, n):
+        for _ in range(n):
+            model(idx[:, :-1], idx[:, 1:]).backward()
+            opt.step()
+            model.zero_grad(set_to_none=True)
+
+    a = build_model(tiny_config(), seed=0)
+    oa = build_optimizer(a)
+    train(a, oa, 3)
+    b = build_model(tiny_config(), seed=1)
+    b.load_state_dict(a.state_dict())
+    ob = build_optimizer(b)
+    ob.load_state_dict(oa.state_dict())
+    train(a, oa, 2)
+    train(b, ob, 2)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), n
