@@ -1,0 +1,49 @@
+"""Print completions of a prompt from a trained checkpoint.
+
+    python -m scripts.sample --run runs/X --prompt "The capital of France is" [--step S] [--num-samples 3]
+        [--max-tokens 64] [--temperature 0.8] [--top-k 50] [--seed 0]
+"""
+
+import argparse
+
+import torch
+
+from nanochat.checkpoint import load_model
+from nanochat.common import autodetect_device
+from nanochat.engine import generate
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory holding checkpoints/")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer-dir", default=None, help="default: the one recorded in the checkpoint")
+    p.add_argument("--device-type", default="", help="cuda|mps|cpu (default: autodetect)")
+    args = p.parse_args(argv)
+    if args.num_samples < 1 or args.max_tokens < 1:
+        p.error("--num-samples and --max-tokens must be >= 1")
+
+    from nanochat.tokenizer import check_vocab_matches, get_tokenizer
+
+    device = args.device_type or autodetect_device()
+    model, meta = load_model(args.run, args.step, device=device)
+    tokenizer = get_tokenizer(args.tokenizer_dir or meta.get("tokenizer_dir"))
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"checkpoint {args.run}")
+    for prompt in args.prompt:
+        ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
+        outs = generate(model, ids, args.max_tokens, num_samples=args.num_samples, temperature=args.temperature,
+                        top_k=args.top_k or None, seed=args.seed, stop_ids={tokenizer.bos_token_id})
+        for i, out in enumerate(outs):
+            print(f"--- sample {i} (step {meta['step']}) ---")
+            print(prompt + tokenizer.decode(out))
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
