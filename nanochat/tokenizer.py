@@ -1,0 +1,199 @@
+"""Byte-level BPE tokenizer: trained with ``rustbpe``, served with ``tiktoken``.
+
+On disk a tokenizer directory holds three files (no pickles, so any tiktoken version can read them):
+
+* ``tokenizer.json``  header: format version, split pattern, special tokens with their ids, vocab size.
+* ``tokenizer.bpe``   one ``<base64 token bytes> <rank>`` line per mergeable token (tiktoken's own format).
+* ``token_bytes.pt``  int32 tensor (vocab_size,): raw UTF-8 byte length of every token, 0 for specials
+                      (used by bits-per-byte evaluation; raw bytes, not a str round-trip, so partial UTF-8
+                      tokens are counted correctly).
+
+The vocabulary is ``num_merges + 256`` BPE tokens followed by the 9 nanochat special tokens, so at the default
+vocab of 32768 the BPE part has 32759 tokens and ``<|bos|>`` is id 32759.
+"""
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import torch
+
+# GPT-4's split pattern except that numbers are grouped 1-2 digits at a time (nanochat's choice: fewer
+# number tokens are wasted at small vocab sizes).
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = [
+    "<|bos|>",  # document delimiter, prepended to every document
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
+]
+DEFAULT_VOCAB_SIZE = 32768
+FORMAT_VERSION = "mome-nanochat-bpe-v1"
+HEADER_FILE, RANKS_FILE, TOKEN_BYTES_FILE = "tokenizer.json", "tokenizer.bpe", "token_bytes.pt"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class TokenizerError(ValueError):
+    """A tokenizer directory is missing, incomplete or inconsistent."""
+
+
+class Tokenizer:
+    """A tiktoken Encoding built from mergeable ranks + special tokens appended after them."""
+
+    def __init__(self, mergeable_ranks: dict[bytes, int], pattern: str = SPLIT_PATTERN,
+                 special_tokens: list[str] = SPECIAL_TOKENS):
+        import tiktoken
+
+        ranks = sorted(mergeable_ranks.values())
+        if ranks != list(range(len(ranks))):
+            raise TokenizerError("mergeable ranks must be exactly 0..n-1 (the tokenizer files are corrupt)")
+        if len(ranks) < 256:
+            raise TokenizerError(f"a byte-level BPE needs all 256 byte tokens, got {len(ranks)} ranks")
+        n = len(mergeable_ranks)
+        self.mergeable_ranks = dict(mergeable_ranks)
+        self.pattern = pattern
+        self.special_tokens = {name: n + i for i, name in enumerate(special_tokens)}
+        self.enc = tiktoken.Encoding(
+            name="mome-nanochat-bpe", pat_str=pattern, mergeable_ranks=self.mergeable_ranks,
+            special_tokens=self.special_tokens,
+        )
+        self.vocab_size = n + len(special_tokens)
+        self.bos_token_id = self.special_tokens["<|bos|>"]
+
+    # ---- training -------------------------------------------------------------------------------------
+    @classmethod
+    def train_from_iterator(cls, texts, vocab_size: int = DEFAULT_VOCAB_SIZE, pattern: str = SPLIT_PATTERN):
+        """Train with rustbpe on an iterator of strings; ``vocab_size`` includes the special tokens."""
+        import rustbpe
+
+        min_size = 256 + len(SPECIAL_TOKENS)
+        if vocab_size < min_size:
+            raise TokenizerError(f"--vocab-size must be >= {min_size} (256 bytes + {len(SPECIAL_TOKENS)} specials), "
+                                 f"got {vocab_size}")
+        trainer = rustbpe.Tokenizer()
+        trainer.train_from_iterator(texts, vocab_size - len(SPECIAL_TOKENS), pattern=pattern)
+        ranks = {bytes(tok): rank for tok, rank in trainer.get_mergeable_ranks()}
+        tok = cls(ranks, pattern=trainer.get_pattern())
+        if tok.vocab_size != vocab_size:
+            # rustbpe stops early when the corpus has no more pairs to merge; say so instead of shipping a
+            # tokenizer whose size silently differs from the model config.
+            raise TokenizerError(f"training produced {tok.vocab_size} tokens instead of --vocab-size {vocab_size}: "
+                                 "the training text is too small for this vocab; use more text or a smaller vocab")
+        tok._trainer = trainer  # kept so tests can compare tiktoken ids with the trainer's own encoder
+        return tok
+
+    # ---- encoding -------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Ordinary encoding: special-token text inside documents is treated as plain text; no BOS is added."""
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 4) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.enc.decode(ids)
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        return self.enc.decode_bytes(ids)
+
+    def encode_special(self, name: str) -> int:
+        if name not in self.special_tokens:
+            raise KeyError(f"unknown special token {name!r}; known: {sorted(self.special_tokens)}")
+        return self.special_tokens[name]
+
+    def token_bytes(self) -> torch.Tensor:
+        """int32 (vocab_size,): raw byte length of each token, 0 for special tokens."""
+        lengths = torch.zeros(self.vocab_size, dtype=torch.int32)
+        for tok, rank in self.mergeable_ranks.items():
+            lengths[rank] = len(tok)
+        return lengths
+
+    # ---- persistence ----------------------------------------------------------------------------------
+    def save(self, directory) -> None:
+        """Write the three tokenizer files; each is written to a temp name and renamed (no half files)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        header = {"format": FORMAT_VERSION, "pattern": self.pattern, "vocab_size": self.vocab_size,
+                  "num_mergeable": len(self.mergeable_ranks), "special_tokens": self.special_tokens}
+        lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}"
+                 for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])]
+        _atomic_write(directory / RANKS_FILE, ("\n".join(lines) + "\n").encode("ascii"))
+        _atomic_write(directory / HEADER_FILE, (json.dumps(header, indent=2) + "\n").encode("utf-8"))
+        tmp = directory / (TOKEN_BYTES_FILE + ".tmp")
+        torch.save(self.token_bytes(), tmp)
+        os.replace(tmp, directory / TOKEN_BYTES_FILE)
+
+    @classmethod
+    def load(cls, directory) -> "Tokenizer":
+        directory = Path(directory)
+        header_path, ranks_path = directory / HEADER_FILE, directory / RANKS_FILE
+        for p in (header_path, ranks_path):
+            if not p.is_file():
+                raise TokenizerError(f"tokenizer file {p} is missing; train one with "
+                                     f"`python -m scripts.tok_train --output-dir {directory}`")
+        try:
+            header = json.loads(header_path.read_text())
+        except json.JSONDecodeError as e:
+            raise TokenizerError(f"{header_path} is not valid JSON ({e}); retrain the tokenizer") from e
+        if header.get("format") != FORMAT_VERSION:
+            raise TokenizerError(f"{header_path}: unknown format {header.get('format')!r} "
+                                 f"(expected {FORMAT_VERSION!r}); retrain the tokenizer")
+        ranks = {}
+        for lineno, line in enumerate(ranks_path.read_text().splitlines(), 1):
+            try:
+                b64, rank = line.split()
+                ranks[base64.b64decode(b64, validate=True)] = int(rank)
+            except ValueError as e:
+                raise TokenizerError(f"{ranks_path}:{lineno}: malformed line {line!r}; retrain the tokenizer") from e
+        specials = sorted(header["special_tokens"], key=header["special_tokens"].get)
+        tok = cls(ranks, pattern=header["pattern"], special_tokens=specials)
+        if tok.vocab_size != header["vocab_size"] or tok.special_tokens != header["special_tokens"]:
+            raise TokenizerError(f"{directory}: header says vocab {header['vocab_size']} but the files give "
+                                 f"{tok.vocab_size}; retrain the tokenizer")
+        return tok
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def default_tokenizer_dir() -> Path:
+    return Path(os.environ.get("NANOCHAT_TOKENIZER_DIR") or (REPO_ROOT / "tokenizer"))
+
+
+def get_tokenizer(tokenizer_dir=None) -> Tokenizer:
+    directory = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
+    if not (directory / HEADER_FILE).is_file():
+        raise TokenizerError(f"no tokenizer in {directory} (missing {HEADER_FILE}); train one with "
+                             f"`python -m scripts.tok_train --output-dir {directory}` "
+                             "or point NANOCHAT_TOKENIZER_DIR at an existing tokenizer directory")
+    return Tokenizer.load(directory)
+
+
+def get_token_bytes(tokenizer_dir=None, device="cpu") -> torch.Tensor:
+    directory = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
+    path = directory / TOKEN_BYTES_FILE
+    if not path.is_file():
+        raise TokenizerError(f"{path} is missing; retrain with `python -m scripts.tok_train --output-dir {directory}`")
+    return torch.load(path, map_location=device, weights_only=True)
+
+
+def check_vocab_matches(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:
+    """Raise if a model (config/checkpoint named by ``source``) expects a different vocab than the tokenizer."""
+    if tokenizer.vocab_size != vocab_size:
+        raise ValueError(f"tokenizer vocab size {tokenizer.vocab_size} does not match vocab_size {vocab_size} "
+                         f"of {source}; use the tokenizer the model was trained with (NANOCHAT_TOKENIZER_DIR) "
+                         "or retrain the tokenizer with --vocab-size matching the model")

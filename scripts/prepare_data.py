@@ -1,0 +1,163 @@
+"""Prepare a dataset as parquet shards + manifest.json (see nanochat/dataset.py for the layout).
+
+    python -m scripts.prepare_data --dataset fineweb-edu --num-shards 8          # HF download (+ val shard 369)
+    python -m scripts.prepare_data --dataset climbmix --num-shards 8             # HF download (+ val shard 6542)
+    python -m scripts.prepare_data --dataset embedded                            # shipped offline corpus
+    python -m scripts.prepare_data --dataset local --text-dir DIR                # your .txt/.jsonl/.parquet files
+
+Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>).
+For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
+(deterministic, disjoint from train, and drawn from every source so it matches the train distribution).
+"""
+
+import argparse
+import json
+import lzma
+import math
+import sys
+from pathlib import Path
+
+from nanochat.dataset import (REMOTE_DATASETS, DataError, default_data_dir, download_remote_shards,
+                              write_manifest, write_text_shard)
+
+EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
+DATASETS = sorted(REMOTE_DATASETS) + ["embedded", "local"]
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def split_paragraph_documents(text: str, doc_chars: int) -> list[str]:
+    """Group consecutive blank-line separated paragraphs into documents of at most ~doc_chars characters."""
+    paragraphs = [p.strip() for p in text.replace("\r\n", "\n").split("\n\n")]
+    docs, current, size = [], [], 0
+    for p in paragraphs:
+        if not p:
+            continue
+        if current and size + len(p) > doc_chars:
+            docs.append("\n\n".join(current))
+            current, size = [], 0
+        current.append(p)
+        size += len(p) + 2
+    if current:
+        docs.append("\n\n".join(current))
+    return docs
+
+
+def read_source_documents(path: Path, doc_chars: int) -> list[str]:
+    """Documents of one source file (.txt/.txt.xz: paragraph groups; .jsonl: field text; .parquet: column text)."""
+    name = path.name
+    if name.endswith(".txt.xz"):
+        return split_paragraph_documents(lzma.decompress(path.read_bytes()).decode("utf-8"), doc_chars)
+    if name.endswith(".txt"):
+        return split_paragraph_documents(path.read_text(encoding="utf-8"), doc_chars)
+    if name.endswith(".jsonl"):
+        docs = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise DataError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e})") from e
+        return docs
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        from nanochat.dataset import validate_parquet
+
+        validate_parquet(path)
+        return pq.read_table(path, columns=["text"]).column("text").to_pylist()
+    raise DataError(f"{path}: unsupported file type; use one of {LOCAL_SUFFIXES}")
+
+
+def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source_desc: str,
+                       doc_chars: int = 4000, val_fraction: float = 0.05, docs_per_shard: int = 1000,
+                       row_group_size: int = 64) -> dict:
+    """Turn text sources into train/val parquet shards + manifest (the same format as the downloaded data)."""
+    if not sources:
+        raise DataError(f"no input files for --dataset {dataset} ({source_desc}); "
+                        f"expected files ending in {LOCAL_SUFFIXES}")
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    train_docs, val_docs = [], []
+    for path in sources:
+        docs = [d for d in read_source_documents(path, doc_chars) if d.strip()]
+        if not docs:
+            print(f"warning: {path} contains no text; skipped", file=sys.stderr)
+            continue
+        n_val = math.ceil(len(docs) * val_fraction) if len(docs) > 1 else 0
+        train_docs.extend(docs[:len(docs) - n_val])
+        val_docs.extend(docs[len(docs) - n_val:])
+    if not train_docs or not val_docs:
+        raise DataError(f"the corpus ({source_desc}) is too small: {len(train_docs)} train and {len(val_docs)} val "
+                        "documents; give more text (at least 2 paragraphs/documents in some file)")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    train_names = _write_shards(data_dir, "train", train_docs, docs_per_shard, row_group_size)
+    val_names = _write_shards(data_dir, "val", val_docs, docs_per_shard, row_group_size)
+    return write_manifest(data_dir, dataset, train_names, val_names, source=source_desc,
+                          documents={"train": len(train_docs), "val": len(val_docs)})
+
+
+def _write_shards(data_dir: Path, prefix: str, docs: list[str], docs_per_shard: int, row_group_size: int):
+    names = []
+    for i, start in enumerate(range(0, len(docs), docs_per_shard)):
+        name = f"{prefix}_{i:05d}.parquet"
+        write_text_shard(data_dir / name, docs[start:start + docs_per_shard], row_group_size=row_group_size)
+        names.append(name)
+    return names
+
+
+def embedded_sources() -> list[Path]:
+    files = sorted(EMBEDDED_DIR.glob("*.txt.xz"))
+    if not files:
+        raise DataError(f"the embedded corpus is missing from {EMBEDDED_DIR}; restore data/embedded/ from git")
+    return files
+
+
+def local_sources(text_dir) -> list[Path]:
+    if text_dir is None:
+        raise DataError("--dataset local needs --text-dir DIR (a directory of .txt/.jsonl/.parquet files)")
+    text_dir = Path(text_dir)
+    if not text_dir.is_dir():
+        raise DataError(f"--text-dir {text_dir} is not a directory")
+    return sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True, choices=DATASETS)
+    p.add_argument("--data-dir", default=None, help="output directory (default: $NANOCHAT_DATA_DIR/<dataset>)")
+    p.add_argument("--num-shards", type=int, default=8, help="remote datasets: number of train shards")
+    p.add_argument("--base-url", default=None, help="remote datasets: override the download URL "
+                   "(also env NANOCHAT_DATA_BASE_URL)")
+    p.add_argument("--workers", type=int, default=4, help="remote datasets: parallel downloads")
+    p.add_argument("--max-attempts", type=int, default=5, help="remote datasets: attempts per file")
+    p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files")
+    p.add_argument("--doc-chars", type=int, default=4000, help="text files: max characters per document")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="embedded/local: held-out fraction per file")
+    p.add_argument("--docs-per-shard", type=int, default=1000, help="embedded/local: documents per shard")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
+    try:
+        if args.dataset in REMOTE_DATASETS:
+            manifest = download_remote_shards(args.dataset, data_dir, args.num_shards, base_url=args.base_url,
+                                              workers=args.workers, max_attempts=args.max_attempts)
+        else:
+            sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir)
+            desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
+            manifest = build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
+                                          val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard)
+    except (DataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    rows = {split: sum(manifest["shards"][n]["rows"] for n in manifest[split]) for split in ("train", "val")}
+    print(f"{args.dataset}: {len(manifest['train'])} train shards ({rows['train']} docs), "
+          f"{len(manifest['val'])} val shards ({rows['val']} docs) in {data_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Train the byte-level BPE tokenizer on a prepared dataset's train split and save it.
+
+    python -m scripts.prepare_data --dataset embedded
+    python -m scripts.tok_train --vocab-size 32768 --data-dir ~/.cache/nanochat/data/embedded
+
+Writes tokenizer.json / tokenizer.bpe / token_bytes.pt to --output-dir (default: $NANOCHAT_TOKENIZER_DIR or
+<repo>/tokenizer) and prints the compression ratio (bytes per token) on held-out val text.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from nanochat.dataset import DataError, default_data_dir, iter_documents
+from nanochat.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, TokenizerError, default_tokenizer_dir
+
+
+def capped_texts(data_dir, split: str, max_chars: int, doc_cap: int):
+    """Documents of ``split`` cropped to doc_cap chars each, stopping once max_chars have been yielded."""
+    total = 0
+    for doc in iter_documents(data_dir, split):
+        doc = doc[:doc_cap]
+        if total + len(doc) > max_chars:
+            doc = doc[:max_chars - total]
+        if doc:
+            yield doc
+        total += len(doc)
+        if total >= max_chars:
+            return
+
+
+def compression_ratio(tokenizer: Tokenizer, texts: list[str]) -> tuple[float, int, int]:
+    """(bytes per token, total bytes, total tokens) of ``texts``."""
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    n_tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts))
+    if n_tokens == 0:
+        raise DataError("the held-out text is empty; cannot measure compression")
+    return n_bytes / n_tokens, n_bytes, n_tokens
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+                   help="total vocab including the 9 special tokens")
+    p.add_argument("--data-dir", default=None, help="prepared dataset (default: $NANOCHAT_DATA_DIR/<--dataset>)")
+    p.add_argument("--dataset", default="embedded", help="used only to pick the default --data-dir")
+    p.add_argument("--max-chars", type=int, default=2_000_000_000, help="training text budget (characters)")
+    p.add_argument("--doc-cap", type=int, default=10_000, help="crop each training document to this many chars")
+    p.add_argument("--eval-chars", type=int, default=5_000_000, help="held-out val text used for the ratio")
+    p.add_argument("--output-dir", default=None, help="tokenizer directory (default: $NANOCHAT_TOKENIZER_DIR "
+                   "or <repo>/tokenizer)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
+    out_dir = Path(args.output_dir) if args.output_dir else default_tokenizer_dir()
+    try:
+        t0 = time.time()
+        tok = Tokenizer.train_from_iterator(capped_texts(data_dir, "train", args.max_chars, args.doc_cap),
+                                            vocab_size=args.vocab_size)
+        train_s = time.time() - t0
+        tok.save(out_dir)
+        val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
+        ratio, n_bytes, n_tokens = compression_ratio(tok, val_texts)
+    except (DataError, TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"trained vocab {tok.vocab_size} (bos id {tok.bos_token_id}) in {train_s:.1f}s -> {out_dir}")
+    print(f"compression on held-out val: {ratio:.3f} bytes/token ({n_bytes:,} bytes -> {n_tokens:,} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
