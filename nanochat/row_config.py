@@ -1,0 +1,67 @@
+"""Reproduction configs: one TOML file per paper table row (``configs/<table>/<row>.toml``).
+
+    [row]    table, name, label, seeds (default seeds of the row), nproc_per_node (paper hardware)
+    [train]  defaults for scripts.base_train, keyed by flag name without the leading dashes
+    [paper]  the paper's reported numbers for the row (train_bpb, val_bpb, core, params_memory_m, ...)
+
+This module imports no torch, so ``scripts/run.py --plan`` works on a bare Python.
+"""
+
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+ROW_KEYS = {"table", "name", "label", "seeds", "nproc_per_node", "notes"}
+
+
+def load_row_config(path) -> dict:
+    """Parse and check a row config; errors name the file and the offending key."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {path} does not exist (see configs/README.md for the list)")
+    try:
+        cfg = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"config {path}: invalid TOML: {e}") from e
+    unknown = sorted(set(cfg) - {"row", "train", "paper"})
+    if unknown:
+        raise ValueError(f"config {path}: unknown top-level table(s) {unknown}; allowed: row, train, paper")
+    row, train = cfg.get("row", {}), cfg.get("train", {})
+    bad = sorted(set(row) - ROW_KEYS)
+    if bad:
+        raise ValueError(f"config {path}: unknown [row] key(s) {bad}; allowed: {sorted(ROW_KEYS)}")
+    for key in ("table", "name"):
+        if not isinstance(row.get(key), str) or not row[key]:
+            raise ValueError(f"config {path}: [row] needs a non-empty string '{key}'")
+    for key in ("total-batch-size", "max-seq-len", "device-batch-size"):
+        if key not in train:
+            raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")
+    cfg.setdefault("paper", {})
+    row.setdefault("seeds", [42])
+    row.setdefault("nproc_per_node", 1)
+    cfg["path"] = str(path)
+    return cfg
+
+
+def train_flag_args(train: dict) -> list[str]:
+    """The [train] table as base_train command-line flags (booleans become bare flags when true)."""
+    args = []
+    for key, value in train.items():
+        if isinstance(value, bool):
+            if value:
+                args.append(f"--{key}")
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        args += [f"--{key}", str(value)]
+    return args
+
+
+def find_configs(root=None) -> list[Path]:
+    root = Path(root) if root else REPO / "configs"
+    return sorted(root.rglob("*.toml"))

@@ -1,0 +1,138 @@
+"""Plots: memory-scaling curves and training curves (PNG + PDF).
+
+    python -m scripts.plot scaling [--table d12_scaling] [--base-table d12]   # val bpb / CORE vs memory params
+    python -m scripts.plot curves runs/d12/base/seed42 runs/d12/mome_c1_m6/seed42 [--metric loss]
+
+Scaling: one line per method (rows named bigram_* and mome_* in the table), mean over seeds with a shaded ±std
+band, and the Base row of --base-table as a horizontal band. Curves: the chosen metric of metrics.jsonl
+against step for each run directory given.
+"""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from nanochat.row_config import REPO, find_configs, load_row_config
+from scripts.results import collect_row
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: Path) -> list[Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
+    for path in paths:
+        fig.savefig(path, bbox_inches="tight", dpi=150)
+    return paths
+
+
+def scaling_series(configs_root, runs_root, table: str) -> dict[str, list[dict]]:
+    series: dict[str, list[dict]] = {}
+    for path in find_configs(configs_root):
+        cfg = load_row_config(path)
+        if cfg["row"]["table"] != table:
+            continue
+        r = collect_row(cfg, Path(runs_root))
+        if r["seeds"] == 0:
+            continue
+        method = cfg["row"]["name"].split("_")[0]
+        series.setdefault(method, []).append(r)
+    for rows in series.values():
+        rows.sort(key=lambda r: r["params_memory"])
+    return series
+
+
+def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[Path]:
+    plt = _plt()
+    series = scaling_series(configs_root, runs_root, table)
+    if not series:
+        raise SystemExit(f"no finished runs for table {table!r} under {runs_root}")
+    base = scaling_series(configs_root, runs_root, base_table).get("base", [])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (key, title) in zip(axes, [("val_bpb", "val bpb"), ("core", "CORE")]):
+        for method, rows in sorted(series.items()):
+            if method == "base":
+                continue
+            x = [r["params_memory"] / 1e6 for r in rows]
+            y = [r[key][0] for r in rows]
+            s = [0.0 if math.isnan(r[key][1]) else r[key][1] for r in rows]
+            ax.plot(x, y, marker="o", label=method)
+            ax.fill_between(x, [a - b for a, b in zip(y, s)], [a + b for a, b in zip(y, s)], alpha=0.2)
+        if base and not math.isnan(base[0][key][0]):
+            m, sd = base[0][key]
+            ax.axhline(m, color="gray", linestyle="--", label="base")
+            ax.axhspan(m - sd, m + sd, color="gray", alpha=0.15)
+        ax.set_xlabel("memory parameters (M)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"memory scaling ({table})")
+    paths = _save(fig, out)
+    plt.close(fig)
+    return paths
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found (is {run_dir} a run directory?)")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{i}: invalid JSON ({e})")
+    return rows
+
+
+def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run_dir in run_dirs:
+        rows = [r for r in read_metrics(run_dir) if metric in r and "step" in r]
+        if not rows:
+            raise SystemExit(f"{run_dir}/metrics.jsonl has no {metric!r} values")
+        ax.plot([r["step"] for r in rows], [r[metric] for r in rows], label=str(run_dir))
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    paths = _save(fig, out)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("scaling", help="val bpb and CORE vs memory params")
+    s.add_argument("--table", default="d12_scaling")
+    s.add_argument("--base-table", default="d12")
+    s.add_argument("--configs", default=str(REPO / "configs"))
+    s.add_argument("--runs-root", default=str(REPO / "runs"))
+    s.add_argument("--out", default=None, help="output path without suffix (default: <runs-root>/results/scaling_<table>)")
+    c = sub.add_parser("curves", help="training curves from metrics.jsonl")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--metric", default="train_loss")
+    c.add_argument("--out", default=None, help="output path without suffix (default: <first run>/curves_<metric>)")
+    args = p.parse_args(argv)
+    if args.cmd == "scaling":
+        out = Path(args.out) if args.out else Path(args.runs_root) / "results" / f"scaling_{args.table}"
+        paths = plot_scaling(args.configs, args.runs_root, args.table, args.base_table, out)
+    else:
+        out = Path(args.out) if args.out else Path(args.run_dirs[0]) / f"curves_{args.metric}"
+        paths = plot_curves(args.run_dirs, args.metric, out)
+    print("[plot] wrote " + ", ".join(str(x) for x in paths))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Run one paper table row (all its seeds) from a config file.
+
+    python -m scripts.run configs/d12/mome_c1_m6.toml --plan
+    python -m scripts.run configs/d12/mome_c1_m6.toml --seeds 42,43 --nproc-per-node 8 --device-batch-size 16
+    python -m scripts.run configs/mini/base.toml -- --num-iterations 50      # extra base_train flags after --
+
+Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json
+present) is never overwritten; an unfinished one is resumed from its latest checkpoint. Seeds run one after
+another and the runner stops at the first failure, printing the log path. ``--plan`` prints the exact commands
+and exits without importing torch or touching data. Hardware overrides keep the total batch size fixed (the
+gradient-accumulation count changes instead).
+"""
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from nanochat.row_config import REPO, load_row_config
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip() != ""]
+    except ValueError:
+        raise ValueError(f"--seeds must be a comma-separated list of non-negative integers (got {text!r})") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds must be a comma-separated list of non-negative integers (got {text!r})")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds has duplicates: {text!r}")
+    return seeds
+
+
+def check_hardware(train: dict, nproc: int, device_batch: int) -> int:
+    """Return grad-accum steps, or raise if the fixed total batch cannot be split this way."""
+    if nproc < 1:
+        raise ValueError(f"--nproc-per-node must be >= 1 (got {nproc})")
+    if device_batch < 1:
+        raise ValueError(f"--device-batch-size must be >= 1 (got {device_batch})")
+    total, seq = int(train["total-batch-size"]), int(train["max-seq-len"])
+    per_step = nproc * device_batch * seq
+    if total % per_step:
+        raise ValueError(
+            f"total batch {total} tokens is not divisible by nproc {nproc} x device batch {device_batch} x seq {seq} "
+            f"= {per_step}; pick --device-batch-size / --nproc-per-node so that it divides"
+        )
+    return total // per_step
+
+
+def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, runs_root: Path,
+                   extra: list[str]) -> list[tuple[int, Path, list[str]]]:
+    row = cfg["row"]
+    out = []
+    for seed in seeds:
+        run_dir = runs_root / row["table"] / row["name"] / f"seed{seed}"
+        train_cmd = ["-m", "scripts.base_train", "--config", cfg["path"], "--seed", str(seed),
+                     "--device-batch-size", str(device_batch), "--run-dir", str(run_dir),
+                     "--run-name", f"{row['table']}_{row['name']}_seed{seed}", *extra]
+        if nproc > 1:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *train_cmd]
+        else:
+            cmd = [sys.executable, *train_cmd]
+        out.append((seed, run_dir, cmd))
+    return out
+
+
+def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
+    if (run_dir / "summary.json").is_file():
+        print(f"[run] seed {seed}: finished run in {run_dir} (summary.json exists), not overwriting")
+        return
+    resuming = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("step_*/meta.json"))
+    if resuming:
+        cmd = [*cmd, "--resume"]
+        print(f"[run] seed {seed}: resuming the unfinished run in {run_dir}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "train.log"
+    (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
+    print(f"[run] seed {seed}: {shlex.join(cmd)}\n[run] log: {log_path}", flush=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if "torch.distributed.run" in cmd:
+        env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless the user says otherwise
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()  # base_train saves a checkpoint on SIGTERM, so the run stays resumable
+            proc.wait()
+            raise SystemExit(f"[run] interrupted; seed {seed} can be resumed by re-running. Log: {log_path}")
+    if code != 0:
+        raise SystemExit(f"[run] seed {seed} failed with exit code {code}; see {log_path}")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="a configs/<table>/<row>.toml file")
+    p.add_argument("--plan", action="store_true", help="print the commands and exit (no torch, no data)")
+    p.add_argument("--seeds", default=None, help="comma list (default: the row's seeds)")
+    p.add_argument("--nproc-per-node", type=int, default=None, help="GPUs/processes (default: the row's)")
+    p.add_argument("--device-batch-size", type=int, default=None, help="rows per micro-batch (total batch stays fixed)")
+    p.add_argument("--runs-root", default=str(REPO / "runs"), help="root of the runs/<table>/<row>/seed<N> tree")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_row_config(args.config)
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else [int(s) for s in cfg["row"]["seeds"]]
+        nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
+        device_batch = args.device_batch_size or int(cfg["train"]["device-batch-size"])
+        if args.device_batch_size is not None and args.device_batch_size < 1:
+            raise ValueError(f"--device-batch-size must be >= 1 (got {args.device_batch_size})")
+        accum = check_hardware(cfg["train"], nproc, device_batch)
+    except (ValueError, FileNotFoundError) as e:
+        p.error(str(e))
+    commands = build_commands(cfg, seeds, nproc, device_batch, Path(args.runs_root), extra)
+    if args.plan:
+        print(f"# {cfg['row']['table']}/{cfg['row']['name']}: {len(seeds)} seed(s), nproc {nproc}, "
+              f"device batch {device_batch}, grad accum {accum}")
+        for _, _, cmd in commands:
+            print(shlex.join(cmd))
+        return
+    for seed, run_dir, cmd in commands:
+        run_one(seed, run_dir, cmd)
+    print(f"[run] done: {len(commands)} seed(s) of {cfg['row']['table']}/{cfg['row']['name']}")
+
+
+if __name__ == "__main__":
+    main()
