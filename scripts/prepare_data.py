@@ -70,7 +70,7 @@ def read_source_documents(path: Path, doc_chars: int) -> list[str]:
 
 
 def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source_desc: str,
-                       doc_chars: int = 4000, val_fraction: float = 0.05, docs_per_shard: int = 1000,
+                       doc_chars: int = 1200, val_fraction: float = 0.05, docs_per_shard: int = 1000,
                        row_group_size: int = 64) -> dict:
     """Turn text sources into train/val parquet shards + manifest (the same format as the downloaded data)."""
     if not sources:
@@ -132,7 +132,8 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=4, help="remote datasets: parallel downloads")
     p.add_argument("--max-attempts", type=int, default=5, help="remote datasets: attempts per file")
     p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files")
-    p.add_argument("--doc-chars", type=int, default=4000, help="text files: max characters per document")
+    p.add_argument("--doc-chars", type=int, default=1200, 
+                   help="text files: paragraphs are grouped into documents of up to this many characters")
     p.add_argument("--val-fraction", type=float, default=0.05, help="embedded/local: held-out fraction per file")
     p.add_argument("--docs-per-shard", type=int, default=1000, help="embedded/local: documents per shard")
     return p.parse_args(argv)

@@ -1,0 +1,282 @@
+"""Packed pretraining batches with exact resume, and a fixed validation set.
+
+Training stream (per rank), fully determined by (seed, rank, world_size, data files):
+
+* The unit of reading is a parquet row group. Each epoch the list of all row groups of the split is permuted
+  with ``seed`` and rank r takes units ``perm[r::world_size]``, so in every epoch each document is read by
+  exactly one rank. Inside a row group the documents are permuted too (``seed``, epoch, unit id), so the data
+  order depends on the seed at document granularity. The stream loops over epochs forever.
+* A background thread reads row groups and tokenizes them in chunks (tiktoken releases the GIL), prepending
+  BOS to every document, and hands ``(chunk, cursor after chunk)`` to the consumer through a bounded queue.
+* Best-fit packing (as nanochat): each row of seq_len+1 tokens is filled with the largest buffered document
+  that fits, repeatedly; when none fits, the shortest one is cropped to fill the row exactly. No padding, and
+  every row starts with BOS.
+
+Exact resume: ``state_dict()`` records the cursor of the last chunk the *consumer* took (not how far the
+background thread has read ahead) plus the packing buffer (documents are stored with their insertion number
+so best-fit ties break identically). Restoring it and restarting the reader at the cursor reproduces the
+uninterrupted stream token for token. The buffer costs ~4 bytes x buffered tokens (a few MB per rank).
+"""
+
+import math
+import queue
+import threading
+from bisect import bisect_left, bisect_right, insort
+
+import numpy as np
+import torch
+
+from nanochat.dataset import DataError, split_files, validate_parquet
+
+STATE_VERSION = 1
+
+
+class BestFitPacker:
+    """A buffer of tokenized documents kept sorted by (length, insertion number)."""
+
+    def __init__(self, row_len: int, buffer_docs: int):
+        self.row_len, self.buffer_docs = row_len, buffer_docs
+        self.items: list[tuple[int, int, np.ndarray]] = []  # (len, seq, int32 tokens)
+        self.next_seq = 0
+
+    def add(self, docs: list[np.ndarray]) -> None:
+        for doc in docs:
+            insort(self.items, (len(doc), self.next_seq, doc))
+            self.next_seq += 1
+
+    def fill_row(self, row: np.ndarray, refill) -> bool:
+        """Fill ``row`` (row_len,) in place; ``refill()`` adds documents, returning False when the source is dry.
+
+        Returns False (row incomplete) only when a finite source runs out.
+        """
+        pos = 0
+        while pos < self.row_len:
+            while len(self.items) < self.buffer_docs and refill():
+                pass
+            if not self.items:
+                return False
+            remaining = self.row_len - pos
+            idx = bisect_right(self.items, (remaining, math.inf)) - 1  # largest doc with len <= remaining
+            if idx >= 0:
+                idx = bisect_left(self.items, (self.items[idx][0], -1))  # oldest of the docs with that length
+                n, _, doc = self.items.pop(idx)
+                row[pos:pos + n] = doc
+                pos += n
+            else:  # nothing fits: crop the shortest doc (its prefix keeps the BOS at the row start)
+                _, _, doc = self.items.pop(0)
+                row[pos:] = doc[:remaining]
+                pos = self.row_len
+        return True
+
+    def state(self) -> dict:
+        lengths = [n for n, _, _ in self.items]
+        tokens = np.concatenate([d for _, _, d in self.items]) if self.items else np.zeros(0, np.int32)
+        return {"lengths": torch.tensor(lengths, dtype=torch.int64), "seqs": torch.tensor(
+            [s for _, s, _ in self.items], dtype=torch.int64), "tokens": torch.from_numpy(tokens.copy()),
+            "next_seq": self.next_seq}
+
+    def load(self, state: dict) -> None:
+        docs = np.split(state["tokens"].numpy().astype(np.int32), np.cumsum(state["lengths"].numpy())[:-1]) \
+            if len(state["lengths"]) else []
+        self.items = sorted((len(d), int(s), d) for d, s in zip(docs, state["seqs"].tolist()))
+        self.next_seq = int(state["next_seq"])
+
+
+def _tokenize_docs(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    """BOS + tokens of each text, as int32 arrays."""
+    bos = tokenizer.bos_token_id
+    return [np.array([bos, *ids], dtype=np.int32) for ids in tokenizer.encode_batch(texts)]
+
+
+class _RowGroupIndex:
+    """All non-empty row groups (file index, row group index, rows) of a list of parquet files."""
+
+    def __init__(self, files):
+        import pyarrow.parquet as pq
+
+        self.files = list(files)
+        self.units = []
+        for fi, path in enumerate(self.files):
+            validate_parquet(path)
+            meta = pq.ParquetFile(path).metadata
+            self.units += [(fi, rg, meta.row_group(rg).num_rows) for rg in range(meta.num_row_groups)
+                           if meta.row_group(rg).num_rows > 0]
+        self._open = {}
+
+    def read(self, unit: int) -> list[str]:
+        import pyarrow.parquet as pq
+
+        fi, rg, _ = self.units[unit]
+        if fi not in self._open:
+            self._open[fi] = pq.ParquetFile(self.files[fi])
+        texts = self._open[fi].read_row_group(rg, columns=["text"]).column("text").to_pylist()
+        return [t if t is not None else "" for t in texts]
+
+
+class PackedDataLoader:
+    """Infinite iterator of (inputs, targets), both int64 (batch_size, seq_len) on ``device``."""
+
+    def __init__(self, data_dir, split, batch_size, seq_len, tokenizer, rank=0, world_size=1, seed=0,
+                 device="cpu", buffer_docs=1000, tokenize_chunk=128, prefetch_chunks=8):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.batch_size, self.seq_len, self.tokenizer = batch_size, seq_len, tokenizer
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.device = torch.device(device)
+        self.tokenize_chunk, self.prefetch_chunks = tokenize_chunk, prefetch_chunks
+        files = split_files(data_dir, split)
+        self.file_names = [f.name for f in files]
+        self.index = _RowGroupIndex(files)
+        if len(self.index.units) < world_size:
+            raise DataError(f"the {split} split of {data_dir} has {len(self.index.units)} row groups, fewer than "
+                            f"world size {world_size}, so some rank would get no data; prepare more data or use "
+                            "smaller row groups (scripts.prepare_data --docs-per-shard / row_group_size)")
+        self.packer = BestFitPacker(seq_len + 1, buffer_docs)
+        self.cursor = (0, 0, 0)  # (epoch, position in this rank's unit list, document within the unit)
+        self._queue = self._thread = self._stop = None
+
+    # ---- deterministic document order ---------------------------------------------------------------------
+    def _rank_units(self, epoch: int) -> np.ndarray:
+        perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.index.units))
+        return perm[self.rank::self.world_size]
+
+    def _doc_order(self, epoch: int, unit: int) -> np.ndarray:
+        rows = self.index.units[unit][2]
+        return np.random.default_rng([self.seed, epoch, int(unit), 1]).permutation(rows)
+
+    def epoch_documents(self, epoch: int) -> list[tuple[int, int]]:
+        """(row-group unit, row within it) of every document this rank reads in ``epoch``, in reading order."""
+        return [(int(u), int(r)) for u in self._rank_units(epoch) for r in self._doc_order(epoch, int(u))]
+
+    def _produce(self, cursor, out: queue.Queue, stop: threading.Event) -> None:
+        """Background thread: read, shuffle and tokenize documents from ``cursor`` on, forever."""
+        try:
+            epoch, upos, dpos = cursor
+            while not stop.is_set():
+                units = self._rank_units(epoch)
+                if upos >= len(units):
+                    epoch, upos, dpos = epoch + 1, 0, 0
+                    continue
+                unit = int(units[upos])
+                texts = self.index.read(unit)
+                order = self._doc_order(epoch, unit)
+                while dpos < len(order) and not stop.is_set():
+                    chunk = [texts[i] for i in order[dpos:dpos + self.tokenize_chunk]]
+                    dpos += len(chunk)
+                    after = (epoch, upos, dpos) if dpos < len(order) else (epoch, upos + 1, 0)
+                    self._put(out, stop, (_tokenize_docs(self.tokenizer, chunk), after))
+                upos, dpos = upos + 1, 0
+        except BaseException as e:  # surface reader errors in the training loop instead of hanging it
+            self._put(out, stop, e)
+
+    @staticmethod
+    def _put(out: queue.Queue, stop: threading.Event, item) -> None:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    # ---- consumer -----------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.prefetch_chunks)
+        self._thread = threading.Thread(target=self._produce, args=(self.cursor, self._queue, self._stop),
+                                        daemon=True, name=f"dataloader-rank{self.rank}")
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._queue = self._thread = self._stop = None
+
+    def _refill(self) -> bool:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        docs, self.cursor = item
+        self.packer.add(docs)
+        return True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._thread is None:
+            self._start()
+        batch = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64)
+        for row in batch:
+            self.packer.fill_row(row, self._refill)
+        return _to_device(torch.from_numpy(batch), self.device)
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+                "seq_len": self.seq_len, "files": list(self.file_names), "cursor": list(self.cursor),
+                "buffer": self.packer.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+                "seq_len": self.seq_len, "files": list(self.file_names)}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise ValueError(f"dataloader state has {key}={state.get(key)!r} but this loader has {value!r}; "
+                                 "exact resume needs the same data files, seed (--data-seed), seq len and world size")
+        self.close()
+        self.cursor = tuple(int(c) for c in state["cursor"])
+        self.packer.load(state["buffer"])
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _to_device(batch: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) rows -> inputs row[:, :-1], targets row[:, 1:]; one pinned non-blocking copy on CUDA."""
+    if device.type == "cuda":
+        batch = batch.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        batch = batch.to(device)
+    return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+# ---- validation ---------------------------------------------------------------------------------------------
+def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=1000) -> torch.LongTensor:
+    """A fixed (N, seq_len+1) set of packed rows, N = ceil(num_tokens / seq_len).
+
+    Documents are taken in manifest order without shuffling and packed exactly like training rows, so the set
+    depends only on the data, the tokenizer and seq_len, never on world size or device batch size.
+    """
+    from nanochat.dataset import iter_documents
+
+    n_rows = math.ceil(num_tokens / seq_len)
+    docs = iter_documents(data_dir, split)
+    packer = BestFitPacker(seq_len + 1, buffer_docs)
+
+    def refill() -> bool:
+        texts = [t for _, t in zip(range(128), docs)]
+        packer.add(_tokenize_docs(tokenizer, [t or "" for t in texts]))
+        return bool(texts)
+
+    rows = np.empty((n_rows, seq_len + 1), dtype=np.int64)
+    for i in range(n_rows):
+        if not packer.fill_row(rows[i], refill):
+            raise DataError(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
+                            f"(~{i * seq_len:,} tokens) but {num_tokens:,} eval tokens were asked for; "
+                            "lower the eval token count (--eval-tokens) or prepare a larger val split")
+    return torch.from_numpy(rows)
+
+
+def iter_eval_batches(rows, batch_size, rank=0, world_size=1, device="cpu"):
+    """Yield (inputs, targets) for rows[rank::world_size] in chunks of batch_size (last chunk may be smaller).
+
+    Ranks can get one row / one batch more than others: reduce sums across ranks once at the end, not per batch.
+    """
+    mine = rows[rank::world_size]
+    device = torch.device(device)
+    for start in range(0, len(mine), batch_size):
+        yield _to_device(mine[start:start + batch_size], device)

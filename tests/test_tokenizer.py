@@ -1,0 +1,115 @@
+import time
+
+import pytest
+import torch
+from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanochat.tokenizer import (SPECIAL_TOKENS, Tokenizer, TokenizerError, check_vocab_matches, get_token_bytes,
+                                get_tokenizer)
+from scripts.tok_train import capped_texts
+
+SAMPLE = "Hello world! It's 2024: 12345 apples, naïve café, 日本語, emoji 🙂\n\n  indented\ttab <|bos|> end"
+
+
+@pytest.fixture(scope="module")
+def trained(embedded_data_dir):  # noqa: F811
+    """A freshly trained tokenizer that still holds the rustbpe trainer."""
+    t0 = time.time()
+    tok = Tokenizer.train_from_iterator(capped_texts(embedded_data_dir, "train", 2_000_000, 10_000), vocab_size=2048)
+    return tok, time.time() - t0
+
+
+def test_train_small_vocab_fast_with_specials_at_end(trained):
+    tok, seconds = trained
+    assert seconds < 10
+    assert tok.vocab_size == 2048 and len(tok.mergeable_ranks) == 2048 - 9
+    assert [tok.special_tokens[s] for s in SPECIAL_TOKENS] == list(range(2039, 2048))
+    assert tok.bos_token_id == 2039
+
+
+def test_tiktoken_ids_equal_rustbpe_trainer_ids(trained, embedded_data_dir):  # noqa: F811
+    tok, _ = trained
+    texts = [SAMPLE] + list(capped_texts(embedded_data_dir, "val", 50_000, 2_000))
+    for text in texts:
+        assert tok.encode(text) == tok._trainer.encode(text)
+
+
+def test_specials_are_single_tokens_with_zero_bytes(tiny_tokenizer):  # noqa: F811
+    tb = tiny_tokenizer.token_bytes()
+    for name in SPECIAL_TOKENS:
+        ids = tiny_tokenizer.enc.encode(name, allowed_special="all")
+        assert ids == [tiny_tokenizer.special_tokens[name]]
+        assert tb[ids[0]] == 0
+    # special-token text inside a document is ordinary text, never the special id
+    ids = tiny_tokenizer.encode("<|bos|>")
+    assert tiny_tokenizer.bos_token_id not in ids and tiny_tokenizer.decode(ids) == "<|bos|>"
+
+
+def test_token_bytes_are_raw_byte_lengths(tiny_tokenizer):  # noqa: F811
+    tb = tiny_tokenizer.token_bytes()
+    assert tb.dtype == torch.int32 and tb.shape == (tiny_tokenizer.vocab_size,)
+    for tok_bytes, rank in list(tiny_tokenizer.mergeable_ranks.items())[::37]:
+        assert tb[rank] == len(tok_bytes)
+    assert (tb[:256] == 1).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_unicode_round_trip_and_byte_count(tiny_tokenizer, text):  # noqa: F811
+    ids = tiny_tokenizer.encode(text)
+    assert tiny_tokenizer.decode(ids) == text
+    assert tiny_tokenizer.decode_bytes(ids) == text.encode("utf-8")
+    assert int(tiny_tokenizer.token_bytes()[ids].sum()) == len(text.encode("utf-8"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary())
+def test_arbitrary_bytes_are_representable(tiny_tokenizer, data):  # noqa: F811
+    ids = [tiny_tokenizer.enc.encode_single_token(bytes([b])) for b in data]
+    assert tiny_tokenizer.decode_bytes(ids) == data
+
+
+def test_save_load_round_trip(tiny_tokenizer, tmp_path):  # noqa: F811
+    tiny_tokenizer.save(tmp_path)
+    loaded = Tokenizer.load(tmp_path)
+    assert loaded.vocab_size == tiny_tokenizer.vocab_size
+    assert loaded.special_tokens == tiny_tokenizer.special_tokens
+    assert loaded.encode(SAMPLE) == tiny_tokenizer.encode(SAMPLE)
+    assert torch.equal(get_token_bytes(tmp_path), tiny_tokenizer.token_bytes())
+    # plain-text formats, nothing pickled
+    assert (tmp_path / "tokenizer.bpe").read_text().splitlines()[0] == "AA== 0"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_missing_and_corrupt_tokenizer_errors(tmp_path, tiny_tokenizer):  # noqa: F811
+    with pytest.raises(TokenizerError, match="scripts.tok_train"):
+        get_tokenizer(tmp_path / "nowhere")
+    tiny_tokenizer.save(tmp_path)
+    with open(tmp_path / "tokenizer.bpe", "a") as f:
+        f.write("not-base64-and-no-rank\n")
+    with pytest.raises(TokenizerError, match="tokenizer.bpe:.*malformed"):
+        Tokenizer.load(tmp_path)
+
+
+def test_vocab_mismatch_and_bad_vocab_flag(tiny_tokenizer):  # noqa: F811
+    check_vocab_matches(tiny_tokenizer, tiny_tokenizer.vocab_size, "cfg")
+    with pytest.raises(ValueError, match=r"1024 does not match vocab_size 32768 of ckpt/meta.json"):
+        check_vocab_matches(tiny_tokenizer, 32768, "ckpt/meta.json")
+    with pytest.raises(TokenizerError, match="--vocab-size must be >= 265"):
+        Tokenizer.train_from_iterator(iter(["abc"]), vocab_size=100)
+
+
+def test_tok_train_cli_reports_compression(embedded_data_dir, tmp_path, capsys):  # noqa: F811
+    from scripts.tok_train import main
+
+    out = tmp_path / "tok"
+    assert main(["--vocab-size", "512", "--data-dir", str(embedded_data_dir), "--max-chars", "300000",
+                 "--eval-chars", "50000", "--output-dir", str(out)]) == 0
+    text = capsys.readouterr().out
+    ratio = float(text.split("held-out val: ")[1].split(" bytes/token")[0])
+    assert 1.5 < ratio < 5
+    assert get_tokenizer(out).vocab_size == 512
+    assert main(["--vocab-size", "512", "--data-dir", str(tmp_path / "none"), "--output-dir", str(out)]) == 1
+    assert "prepare_data" in capsys.readouterr().err
