@@ -1,0 +1,244 @@
+"""CORE evaluation (DCLM's 22-task in-context-learning suite, as nanochat runs it).
+
+Three task types, each turned into token rows with a scored region [start, end):
+* multiple_choice: one prompt per choice; the region starts at the first token where the choices differ;
+  the choice with the lowest mean loss over its region wins (first one on ties).
+* schema: one prompt per context option, shared continuation; the region is the common token suffix.
+* language_modeling: one prompt; correct iff greedy argmax reproduces every continuation token.
+Prompts, few-shot sampling (random.Random(1234 + i)) and the per-task shuffle (random.Random(1337)) follow
+nanochat exactly so numbers are comparable. Unlike nanochat, rows of many examples share one forward pass,
+prompts longer than model.max_seq_len are cropped from the left, and there is a progress bar per task.
+"""
+
+import math
+import random
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from nanochat.eval_bundle import bundle_info, load_core_tasks, load_random_baselines, load_task_data, TaskSpec
+
+
+# -- prompt rendering (same strings nanochat's Jinja templates produce) ---------------------------------------
+def _with_fewshot(blocks: list[str], final: str) -> str:
+    return "".join(b + "\n\n" for b in blocks) + final
+
+
+def render_prompts_mc(item: dict, delim: str, fewshot: list[dict]) -> list[str]:
+    blocks = [f"{ex['query']}{delim}{ex['choices'][ex['gold']]}" for ex in fewshot]
+    return [_with_fewshot(blocks, f"{item['query']}{delim}{choice}") for choice in item["choices"]]
+
+
+def render_prompts_schema(item: dict, delim: str, fewshot: list[dict]) -> list[str]:
+    blocks = [f"{ex['context_options'][ex['gold']]}{delim}{ex['continuation']}" for ex in fewshot]
+    return [_with_fewshot(blocks, f"{ctx}{delim}{item['continuation']}") for ctx in item["context_options"]]
+
+
+def render_prompts_lm(item: dict, delim: str, fewshot: list[dict]) -> list[str]:
+    """[without continuation, with continuation]. The without-prompt is stripped: a trailing space would be
+    merged into the continuation's first token and break the token-prefix relation."""
+    blocks = [f"{ex['context'].strip()}{delim}{ex['continuation']}" for ex in fewshot]
+    without = _with_fewshot(blocks, f"{item['context'].strip()}{delim}")
+    return [without.strip(), without + item["continuation"]]
+
+
+RENDERERS = {"multiple_choice": render_prompts_mc, "schema": render_prompts_schema,
+             "language_modeling": render_prompts_lm}
+
+
+# -- tokenisation into scored rows ----------------------------------------------------------------------------
+@dataclass
+class Prepared:
+    rows: list[list[int]]  # token rows (BOS first) of one example
+    starts: list[int]  # scored region per row: tokens rows[r][starts[r]:ends[r]]
+    ends: list[int]
+    gold: int  # index of the correct row (0 for language modelling)
+
+
+def common_length(seqs: list[list[int]], direction: str) -> int:
+    """Length of the common prefix ("left") or suffix ("right") of all sequences."""
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        idx = i if direction == "left" else -1 - i
+        if any(s[idx] != seqs[0][idx] for s in seqs):
+            return i
+    return n
+
+
+def prepare_example(tokenizer, item: dict, task: TaskSpec, fewshot: list[dict], where: str = "") -> Prepared:
+    prompts = RENDERERS[task.task_type](item, task.delimiter, fewshot)
+    bos = tokenizer.bos_token_id
+    rows = [[bos] + list(tokenizer.encode(p)) for p in prompts]
+    if task.task_type == "multiple_choice":
+        start = common_length(rows, "left")
+        return Prepared(rows, [start] * len(rows), [len(r) for r in rows], int(item["gold"]))
+    if task.task_type == "schema":
+        suffix = common_length(rows, "right")
+        return Prepared(rows, [len(r) - suffix for r in rows], [len(r) for r in rows], int(item["gold"]))
+    without, with_ = rows
+    if len(without) >= len(with_) or with_[: len(without)] != without:
+        raise ValueError(f"{where}: the tokens of the prompt without continuation are not a strict prefix of the "
+                         "prompt with continuation (tokenizer merges across the delimiter)")
+    return Prepared([with_], [len(without)], [len(with_)], 0)
+
+
+def crop_left(ex: Prepared, max_len: int, where: str = "") -> Prepared:
+    """Keep the last ``max_len`` tokens of each row, shifting the scored region with it.
+
+    The region needs one token of context before it (its first token is predicted from position start-1)."""
+    rows, starts, ends = [], [], []
+    for row, s, e in zip(ex.rows, ex.starts, ex.ends):
+        cut = max(0, len(row) - max_len)
+        if s - cut < 1:
+            raise ValueError(f"{where}: scored region of {e - s} tokens does not fit into max_seq_len={max_len}")
+        rows.append(row[cut:])
+        starts.append(s - cut)
+        ends.append(e - cut)
+    return Prepared(rows, starts, ends, ex.gold)
+
+
+# -- batched scoring --------------------------------------------------------------------------------------
+def _judge(task_type: str, losses: torch.Tensor, preds: torch.Tensor, ids: torch.Tensor, ex: Prepared) -> bool:
+    """losses/preds/ids: this example's rows of the batch. Position p predicts token p+1."""
+    if task_type == "language_modeling":
+        s, e = ex.starts[0], ex.ends[0]
+        return bool(torch.equal(preds[0, s - 1 : e - 1], ids[0, s:e]))
+    # An empty region (a choice that is a prefix of another) gets +inf so it can never win by default.
+    means = [losses[r, s - 1 : e - 1].mean().item() if e > s else math.inf
+             for r, (s, e) in enumerate(zip(ex.starts, ex.ends))]
+    return means.index(min(means)) == ex.gold
+
+
+@torch.no_grad()
+def _score_batch(model, batch: list[Prepared], task_type: str, pad_id: int, device, autocast_ctx) -> list[bool]:
+    rows = [r for ex in batch for r in ex.rows]
+    T = max(len(r) for r in rows)
+    # Right-pad with BOS: attention is causal, so padding never influences the scored positions.
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    ids = ids.to(device)
+    with autocast_ctx if autocast_ctx is not None else nullcontext():
+        logits = model(ids)
+    logits = logits.float()
+    losses = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
+    losses = losses.view(len(rows), T - 1).cpu()
+    preds, ids = logits[:, :-1].argmax(dim=-1).cpu(), ids.cpu()
+    out, r0 = [], 0
+    for ex in batch:
+        r1 = r0 + len(ex.rows)
+        out.append(_judge(task_type, losses[r0:r1], preds[r0:r1], ids[r0:r1], ex))
+        r0 = r1
+    return out
+
+
+def score_examples(model, examples: list[Prepared], task_type: str, pad_id: int, batch_size: int = 16,
+                   device="cpu", autocast_ctx=None, bar=None) -> list[bool]:
+    """Correctness of each example; rows of several examples go through one forward (<= batch_size rows,
+    an example with more rows than that runs alone). Examples are length-sorted to keep padding small."""
+    order = sorted(range(len(examples)), key=lambda i: max(len(r) for r in examples[i].rows))
+    results: list[bool] = [False] * len(examples)
+    i = 0
+    while i < len(order):
+        batch_idx, n_rows = [order[i]], len(examples[order[i]].rows)
+        i += 1
+        while i < len(order) and n_rows + len(examples[order[i]].rows) <= batch_size:
+            n_rows += len(examples[order[i]].rows)
+            batch_idx.append(order[i])
+            i += 1
+        scores = _score_batch(model, [examples[j] for j in batch_idx], task_type, pad_id, device, autocast_ctx)
+        for j, ok in zip(batch_idx, scores):
+            results[j] = ok
+        if bar is not None:
+            bar.update(len(batch_idx))
+    return results
+
+
+# -- per task and whole suite -----------------------------------------------------------------------------
+def _dist_rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def order_task_data(data: list[dict], max_per_task: int = -1) -> list[dict]:
+    data = list(data)
+    random.Random(1337).shuffle(data)
+    return data[:max_per_task] if max_per_task > 0 else data
+
+
+def fewshot_for(data: list[dict], i: int, k: int) -> list[dict]:
+    if k <= 0:
+        return []
+    available = [j for j in range(len(data)) if j != i]
+    return [data[j] for j in random.Random(1234 + i).sample(available, min(k, len(available)))]
+
+
+def evaluate_task(model, tokenizer, data: list[dict], task: TaskSpec, batch_size: int = 16, device="cpu",
+                  autocast_ctx=None, progress: bool = True, where: str = "") -> tuple[int, int]:
+    """(correct, n) over all ranks for already shuffled/truncated ``data``. Rank r takes examples r, r+W, ..."""
+    rank, world = _dist_rank_world()
+    max_len = model.max_seq_len  # AttributeError on purpose: cropping is part of the protocol
+    local = range(rank, len(data), world)
+    examples = [crop_left(prepare_example(tokenizer, data[i], task, fewshot_for(data, i, task.num_fewshot),
+                                          f"{where} example {i}"), max_len, f"{where} example {i}") for i in local]
+    bar = tqdm(total=len(examples), desc=f"{task.label:<34}", leave=False, disable=not progress or rank != 0)
+    scores = score_examples(model, examples, task.task_type, tokenizer.bos_token_id, batch_size, device,
+                            autocast_ctx, bar)
+    bar.close()
+    counts = torch.tensor([sum(scores), len(scores)], dtype=torch.long, device=device)
+    if world > 1:
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return int(counts[0].item()), int(counts[1].item())
+
+
+def centered_accuracy(acc: float, baseline_pct: float) -> float:
+    b = 0.01 * baseline_pct
+    return (acc - b) / (1.0 - b)
+
+
+def summarize_core(task_results: dict[str, dict], baselines: dict[str, float], all_labels: list[str]) -> dict:
+    """task_results: {label: {"accuracy", "n"}} for the tasks that ran. CORE = mean centered over them;
+    the label says how many of the suite's tasks that is."""
+    tasks = {}
+    for label, r in task_results.items():
+        if label not in baselines:
+            raise KeyError(f"task {label!r} has no random baseline in eval_meta_data.csv")
+        b = baselines[label]
+        tasks[label] = {"accuracy": r["accuracy"], "centered": centered_accuracy(r["accuracy"], b),
+                        "n": r["n"], "random_baseline": b}
+    missing = [lab for lab in all_labels if lab not in task_results]
+    k, total = len(tasks), len(all_labels)
+    core = sum(t["centered"] for t in tasks.values()) / k if k else float("nan")
+    return {"core": core, "label": "CORE" if k == total else f"CORE-{k}/{total}", "tasks": tasks, "missing": missing}
+
+
+def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_size: int = 16, device="cpu",
+                  autocast_ctx=None, progress: bool = True) -> dict:
+    """Evaluate every core.yaml task whose data file exists. See summarize_core for the result layout;
+    also carries "bundle", "max_per_task" and, for the shipped subset, "subset" info."""
+    bundle_dir = Path(bundle_dir)
+    specs = load_core_tasks(bundle_dir)
+    baselines = load_random_baselines(bundle_dir)
+    was_training = model.training
+    model.eval()
+    results = {}
+    for task in specs:
+        path = bundle_dir / "eval_data" / task.dataset_uri
+        if not path.is_file():
+            continue
+        data = order_task_data(load_task_data(path, task.task_type), max_per_task)
+        correct, n = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx, progress,
+                                   where=f"{path} (task {task.label})")
+        results[task.label] = {"accuracy": correct / n if n else float("nan"), "n": n}
+    model.train(was_training)
+    if not results:
+        raise FileNotFoundError(f"no task data file of {bundle_dir / 'core.yaml'} exists under {bundle_dir / 'eval_data'}")
+    out = summarize_core(results, baselines, [t.label for t in specs])
+    out.update(bundle=str(bundle_dir), max_per_task=max_per_task, subset=bundle_info(bundle_dir))
+    return out

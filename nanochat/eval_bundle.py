@@ -1,0 +1,217 @@
+"""Locate, download, verify and parse nanochat's CORE eval bundle.
+
+A bundle directory holds ``core.yaml`` (key ``icl_tasks``), ``eval_meta_data.csv`` (random baselines in percent)
+and ``eval_data/<dataset_uri>`` JSONL files. ``find_bundle`` resolves one in this order:
+
+1. ``--bundle DIR`` (or ``--bundle subset`` for the small subset shipped in ``eval_data/core_subset/``),
+2. the ``NANOCHAT_EVAL_BUNDLE`` environment variable,
+3. the cache (``$NANOCHAT_EVAL_CACHE`` or ``~/.cache/nanochat``)/``eval_bundle``,
+4. a download of ``eval_bundle.zip`` (URL overridable with ``NANOCHAT_EVAL_BUNDLE_URL``) with timeout, retries, a
+   ``.part`` file, a file lock (several ranks may call this at once) and a recorded sha256.
+"""
+
+import csv
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SUBSET_DIR = REPO_ROOT / "eval_data" / "core_subset"
+DEFAULT_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
+# The upstream zip has never been published with a checksum. When the user (or a later release) knows it, set
+# NANOCHAT_EVAL_BUNDLE_SHA256 and every download is verified against it; otherwise the observed hash is recorded.
+KNOWN_SHA256: str | None = None
+TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
+REQUIRED_KEYS = {
+    "multiple_choice": ("query", "choices", "gold"),
+    "schema": ("context_options", "continuation", "gold"),
+    "language_modeling": ("context", "continuation"),
+}
+NO_BUNDLE_HINT = (
+    "pass --bundle DIR (a directory holding core.yaml), set NANOCHAT_EVAL_BUNDLE, or use the small offline "
+    "subset shipped in the repo with --bundle subset"
+)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    label: str
+    dataset_uri: str
+    task_type: str
+    num_fewshot: int
+    delimiter: str
+
+
+# -- locating / downloading --------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    return Path(os.environ.get("NANOCHAT_EVAL_CACHE", Path.home() / ".cache" / "nanochat"))
+
+
+def _check_bundle_dir(path: Path, source: str) -> Path:
+    if not (path / "core.yaml").is_file():
+        raise FileNotFoundError(f"eval bundle from {source} ({path}) has no core.yaml; {NO_BUNDLE_HINT}")
+    return path
+
+
+def find_bundle(bundle_arg: str | None = None) -> Path:
+    """Return a bundle directory (see the module docstring for the search order)."""
+    if bundle_arg:
+        path = SUBSET_DIR if bundle_arg == "subset" else Path(bundle_arg).expanduser()
+        return _check_bundle_dir(path, "--bundle")
+    env = os.environ.get("NANOCHAT_EVAL_BUNDLE")
+    if env:
+        return _check_bundle_dir(Path(env).expanduser(), "NANOCHAT_EVAL_BUNDLE")
+    cached = cache_dir() / "eval_bundle"
+    if (cached / "core.yaml").is_file():
+        return cached
+    return download_bundle(cache_dir())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch(url: str, dest: Path, timeout: float) -> None:
+    """Stream ``url`` into ``dest`` (a .part file) with a byte progress bar."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp, open(dest, "wb") as f:
+        total = int(resp.headers.get("Content-Length") or 0) or None
+        with tqdm(total=total, unit="B", unit_scale=True, desc="eval_bundle.zip", leave=False) as bar:
+            for chunk in iter(lambda: resp.read(1 << 16), b""):
+                f.write(chunk)
+                bar.update(len(chunk))
+
+
+def _download_zip(url: str, zip_path: Path, retries: int, timeout: float) -> None:
+    part = zip_path.with_name(zip_path.name + ".part")
+    last_err: Exception | None = None
+    for attempt in range(1, retries + 1):
+        try:
+            _fetch(url, part, timeout)
+            os.replace(part, zip_path)  # only a complete download ever carries the final name
+            return
+        except Exception as e:  # network errors of every kind: retry with backoff
+            last_err = e
+            part.unlink(missing_ok=True)
+            if attempt < retries:
+                time.sleep(min(2.0**attempt, 30.0) * float(os.environ.get("NANOCHAT_EVAL_RETRY_SCALE", "1")))
+    raise RuntimeError(
+        f"could not download the eval bundle from {url} after {retries} attempts ({type(last_err).__name__}: "
+        f"{last_err}); {NO_BUNDLE_HINT}"
+    )
+
+
+def _extract(zip_path: Path, target: Path) -> None:
+    """Extract into a temp dir, find the folder holding core.yaml, then rename it into place atomically."""
+    tmp = target.with_name(target.name + ".extract-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            zf.extractall(tmp)
+    except zipfile.BadZipFile as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"{zip_path} is not a valid zip file ({e}); delete it and retry") from e
+    roots = sorted(p.parent for p in tmp.rglob("core.yaml"))
+    if not roots:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"{zip_path} contains no core.yaml: not an eval bundle")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(roots[0], target)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def download_bundle(base: Path, retries: int = 3, timeout: float = 60.0) -> Path:
+    """Download + verify + extract the bundle into ``base/eval_bundle`` (idempotent, safe across ranks)."""
+    url = os.environ.get("NANOCHAT_EVAL_BUNDLE_URL", DEFAULT_URL)
+    expected = os.environ.get("NANOCHAT_EVAL_BUNDLE_SHA256", KNOWN_SHA256)
+    base.mkdir(parents=True, exist_ok=True)
+    target, zip_path = base / "eval_bundle", base / "eval_bundle.zip"
+    with open(base / ".eval_bundle.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks wait here and then find the extracted bundle
+        if (target / "core.yaml").is_file():
+            return target
+        if not zip_path.is_file():
+            _download_zip(url, zip_path, retries, timeout)
+        digest = _sha256(zip_path)
+        if expected and digest != expected.lower():
+            bad = zip_path.with_name("eval_bundle.zip.bad")
+            os.replace(zip_path, bad)
+            raise RuntimeError(f"checksum mismatch for {url}: got sha256 {digest}, expected {expected} (kept as {bad})")
+        _extract(zip_path, target)
+        (base / "eval_bundle.sha256").write_text(json.dumps({"url": url, "sha256": digest}) + "\n")
+    return target
+
+
+# -- parsing -----------------------------------------------------------------------------------------------
+def load_core_tasks(bundle_dir: Path) -> list[TaskSpec]:
+    path = Path(bundle_dir) / "core.yaml"
+    try:
+        cfg = yaml.safe_load(path.read_text())
+        tasks = cfg["icl_tasks"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: cannot read the icl_tasks list ({type(e).__name__}: {e})") from e
+    out = []
+    for i, t in enumerate(tasks):
+        try:
+            shots = t["num_fewshot"]
+            spec = TaskSpec(t["label"], t["dataset_uri"], t["icl_task_type"],
+                            int(shots[0] if isinstance(shots, list) else shots),  # only element 0 is used
+                            t.get("continuation_delimiter", " "))
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise ValueError(f"{path}: icl_tasks entry {i} is malformed ({type(e).__name__}: {e})") from e
+        if spec.task_type not in TASK_TYPES:
+            raise ValueError(f"{path}: task {spec.label!r} has unknown icl_task_type {spec.task_type!r}")
+        out.append(spec)
+    return out
+
+
+def load_random_baselines(bundle_dir: Path) -> dict[str, float]:
+    """{task label: random baseline in percent} from eval_meta_data.csv."""
+    path = Path(bundle_dir) / "eval_meta_data.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (random baselines are needed for centered accuracy)")
+    out = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for lineno, row in enumerate(csv.DictReader(f), start=2):
+            try:
+                out[row["Eval Task"]] = float(row["Random baseline"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{lineno}: bad 'Eval Task'/'Random baseline' ({e})") from e
+    return out
+
+
+def load_task_data(path: Path, task_type: str) -> list[dict]:
+    """Read a task JSONL; any bad line raises an error naming the file and line number."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
+            missing = [k for k in REQUIRED_KEYS[task_type] if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: {task_type} row lacks key(s) {missing}")
+            rows.append(row)
+    return rows
+
+
+def bundle_info(bundle_dir: Path) -> dict:
+    """Optional SUBSET.json written by scripts/make_core_subset.py ({} for a full bundle)."""
+    path = Path(bundle_dir) / "SUBSET.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

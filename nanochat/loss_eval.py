@@ -1,0 +1,94 @@
+"""Bits per byte: tokenizer-independent loss.
+
+bpb = sum of target NLL (nats) / (ln 2 * sum of UTF-8 bytes of the same targets). Targets with 0 bytes (BOS and
+other special tokens) and ignored targets (< 0) count in neither sum, so the number does not depend on how many
+special tokens a loader inserts. Out-of-domain corpora use a document-reset protocol (``bpb_rows_from_text``).
+"""
+
+import json
+import math
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+@torch.no_grad()
+def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast_ctx=None) -> float:
+    """``batches`` yields (inputs, targets) LongTensors of shape (B, T); ``token_bytes[id]`` = UTF-8 bytes of id."""
+    nats, nbytes, device = 0.0, 0, None
+    for x, y in batches:
+        device = x.device
+        with autocast_ctx if autocast_ctx is not None else nullcontext():
+            loss = model(x, targets=y, loss_reduction="none")
+        loss = loss.float().view(-1)
+        y = y.reshape(-1)
+        valid = y >= 0
+        tb = token_bytes.to(y.device)[y.clamp(min=0)] * valid  # ignored targets weigh 0 bytes
+        counted = tb > 0
+        # Sum per batch in float64 on the host: 20M tokens of ~2.5 nats would lose digits in float32.
+        nats += loss[counted].double().sum().item()
+        nbytes += int(tb.sum().item())
+    if device is None:  # this rank got no rows; it must still join the all-reduce below
+        device = next(model.parameters()).device
+    sums = torch.tensor([nats, float(nbytes)], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    nats, nbytes = sums[0].item(), sums[1].item()
+    if nbytes == 0:
+        raise ValueError("evaluate_bpb: no target with a positive byte count (no batches, or all targets special "
+                         "or ignored; is --eval-tokens too small?)")
+    return nats / (math.log(2) * nbytes)
+
+
+# -- out-of-domain corpora (document-reset protocol) -------------------------------------------------------
+def read_corpus(path) -> list[str]:
+    """Documents of a corpus file: .jsonl -> the "text" field of every line; any other file -> one document."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--bpb-corpus file {path} does not exist")
+    if path.suffix != ".jsonl":
+        return [path.read_text(encoding="utf-8", errors="replace")]
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e})") from e
+    return docs
+
+
+def bpb_rows_from_text(tokenizer, documents: list[str], seq_len: int, max_tokens: int | None = None):
+    """Rows for document-reset bpb: every document is tokenised as [BOS] + tokens and cut into windows of
+    ``seq_len`` predictions. A window sees only its own document (no cross-document context); the first window
+    starts at BOS; a short last window is padded (inputs with BOS, targets with -1 = ignored). Each document
+    token is a target exactly once. ``max_tokens`` caps the number of rows to max_tokens // seq_len (>= 1).
+
+    Returns (inputs, targets), LongTensors of shape (N, seq_len)."""
+    bos = tokenizer.bos_token_id
+    max_rows = max(1, max_tokens // seq_len) if max_tokens else None
+    inputs, targets = [], []
+    for doc in documents:
+        toks = [bos] + list(tokenizer.encode(doc))
+        for s in range(0, len(toks) - 1, seq_len):
+            x, y = toks[s : s + seq_len], toks[s + 1 : s + seq_len + 1]
+            inputs.append(x + [bos] * (seq_len - len(x)))
+            targets.append(y + [-1] * (seq_len - len(y)))
+            if max_rows is not None and len(inputs) >= max_rows:
+                return torch.tensor(inputs, dtype=torch.long), torch.tensor(targets, dtype=torch.long)
+    if not inputs:
+        raise ValueError("bpb_rows_from_text: the corpus produced no tokens to score")
+    return torch.tensor(inputs, dtype=torch.long), torch.tensor(targets, dtype=torch.long)
+
+
+def iter_row_batches(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, rank: int = 0,
+                     world_size: int = 1, device="cpu"):
+    """(inputs, targets) batches over rows rank, rank+W, ... (so the union over ranks is every row once)."""
+    idx = torch.arange(rank, inputs.size(0), world_size)
+    for i in range(0, len(idx), batch_size):
+        sel = idx[i : i + batch_size]
+        yield inputs[sel].to(device), targets[sel].to(device)

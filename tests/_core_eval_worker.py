@@ -1,0 +1,33 @@
+"""torchrun worker for test_core_eval / test_loss_eval: evaluate CORE (and bpb) under gloo, rank 0 writes JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _eval_helpers import CharTok, tiny_gpt  # noqa: E402
+
+from nanochat.core_eval import evaluate_core  # noqa: E402
+from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches  # noqa: E402
+
+
+def main():
+    bundle, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = tiny_gpt(seq_len=256)
+    result = evaluate_core(model, CharTok(), bundle, batch_size=4, progress=False)
+    x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)
+    result["bpb"] = evaluate_bpb(model, iter_row_batches(x, y, 2, rank, world), CharTok().token_bytes())
+    if rank == 0:
+        out.write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
