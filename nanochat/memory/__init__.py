@@ -1,10 +1,43 @@
-"""Registry of memory blocks: ``--memory NAME`` -> block class. Adding a design = one module + one line."""
+"""Registry of memory blocks: ``--memory NAME`` -> block class. Adding a design = one module + one line.
+
+Also the command-line surface shared by every script that builds a model: ``add_memory_args(parser)`` adds
+``--memory``, ``--memory-layers`` and every block flag; ``memory_config_from_args(args)`` turns them into the
+JSON-serialisable ``{memory, memory_layers, memory_options}`` that goes into ``GPTConfig(**...)`` and meta.json.
+"""
+
+import argparse
+from pathlib import Path
 
 from .base import MemoryBlock, default_memory_layers
+from .bigram import BigramMemory
+from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
+from .slot_map import file_sha256
+from .ve import ValueEmbedding
 
 MEMORY_BLOCKS: dict[str, type[MemoryBlock]] = {
     "base": MemoryBlock,
+    "ve": ValueEmbedding,
+    "bigram": BigramMemory,
+    "mome": MoMEMemory,
 }
+
+# (block, flag, option key, argparse kwargs); the argparse default is the block's Options default.
+BLOCK_FLAGS = [
+    ("bigram", "--bigram-factor", "factor", dict(type=int, default=6, help="Bigram table rows = factor x vocab")),
+    ("mome", "--mome-slots", "slots", dict(type=int, default=6, help="M, slots per row actually stored (with "
+                                           "--mome-index grouped pass c_grp x the identity-indexed M)")),
+    ("mome", "--mome-topk", "topk", dict(type=int, default=2, help="K, active slots per head (K == M: full routing)")),
+    ("mome", "--mome-gate", "gate", dict(default="auto", choices=("auto", *GATES),
+                                         help="auto = sigmoid-norm for K > 1, softmax for K == 1")),
+    ("mome", "--mome-router-input", "router_input", dict(default="hidden", choices=ROUTER_INPUTS)),
+    ("mome", "--mome-index", "index", dict(default="token", choices=INDEXERS)),
+    ("mome", "--mome-group-size", "group_size", dict(type=int, default=1, help="c_grp of the slot map (grouped)")),
+    ("mome", "--mome-slot-map", "slot_map", dict(default="", help="slot-map JSON (scripts/build_slot_map.py)")),
+    ("mome", "--mome-bigram-factor", "bigram_factor", dict(type=int, default=6, help="n: N = n x vocab (bigram)")),
+    ("mome", "--mome-routing", "routing", dict(default="context", choices=ROUTINGS)),
+    ("mome", "--mome-balance", "balance", dict(default="none", choices=BALANCES)),
+    ("mome", "--mome-balance-lr", "balance_lr", dict(type=float, default=0.001)),
+]
 
 
 def build_memory(config) -> MemoryBlock:
@@ -13,4 +46,48 @@ def build_memory(config) -> MemoryBlock:
     return MEMORY_BLOCKS[config.memory](config)
 
 
-__all__ = ["MEMORY_BLOCKS", "MemoryBlock", "build_memory", "default_memory_layers"]
+def add_memory_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("memory block")
+    g.add_argument("--memory", default="base", choices=tuple(MEMORY_BLOCKS), help="memory design")
+    g.add_argument("--memory-layers", default="", help="comma-separated layer ids (default: alternating layers "
+                                                       "ending at the last one, d12: 1,3,...,11)")
+    for _, flag, _, kwargs in BLOCK_FLAGS:
+        g.add_argument(flag, **kwargs)
+
+
+def _parse_layers(text: str) -> list[int]:
+    if not text.strip():
+        return []
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--memory-layers {text!r}: expected comma-separated integers, e.g. 1,3,5") from None
+
+
+def memory_config_from_args(args) -> dict:
+    """-> {"memory", "memory_layers", "memory_options"}; a flag of another block set to a non-default is an error."""
+    memory = args.memory
+    if memory not in MEMORY_BLOCKS:
+        raise ValueError(f"--memory {memory!r} is unknown; allowed: {', '.join(MEMORY_BLOCKS)}")
+    layers = _parse_layers(args.memory_layers)
+    if layers and not MEMORY_BLOCKS[memory].uses_layers:
+        raise ValueError(f"--memory-layers does not apply to --memory {memory}")
+    options = {}
+    for block, flag, key, kwargs in BLOCK_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if block == memory:
+            options[key] = value
+        elif value != kwargs["default"]:
+            raise ValueError(f"{flag} only applies to --memory {block} (got --memory {memory})")
+    if memory == "mome" and options["slot_map"]:
+        path = Path(options["slot_map"]).resolve()
+        if not path.is_file():
+            raise ValueError(f"--mome-slot-map {path}: file does not exist (build one with scripts/build_slot_map.py)")
+        options["slot_map"], options["slot_map_sha256"] = str(path), file_sha256(path)
+    if memory in MEMORY_BLOCKS and MEMORY_BLOCKS[memory].Options is not None:
+        MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
+    return {"memory": memory, "memory_layers": layers, "memory_options": options}
+
+
+__all__ = ["MEMORY_BLOCKS", "MemoryBlock", "build_memory", "default_memory_layers", "add_memory_args",
+           "memory_config_from_args"]

@@ -1,0 +1,311 @@
+"""MoME: Mixture-of-Memory Embeddings (paper Sec. 3; reference notes §3).
+
+Per memory layer a table E in R^{N x M x d} (stored flat as N*M rows of width d = head_dim, flat id = row*M + slot),
+shared by the layer's KV heads. For token t and KV head i:
+
+    n_t   = f(x_t)                                   row indexer (--mome-index token | grouped | bigram)
+    l_t,i = W_g^(i) h_t + b_g^(i)       in R^M       router (--mome-router-input hidden: h = norm(x); value: h = v_t,i)
+    A_t,i = TopK(l_t,i, K)                           K = --mome-topk of M = --mome-slots
+    alpha = sigmoid-norm over A for K > 1, softmax over all M for K = 1   (--mome-gate overrides)
+    m~    = sum_{a in A} alpha_a E[n_t, a]                  only the K selected rows are gathered
+    v~    = v + gamma_i m~,  gamma = 2 sigmoid(W_gamma norm(x)[..., :32])   (the VE gate)
+
+Indexers: ``token`` N = padded V; ``grouped`` N = V / c_grp from a frozen slot-map file (nanochat.memory.slot_map);
+``bigram`` N = n * V via the bigram hash, with ONE table shared by all memory layers (per-layer routers and gates).
+--mome-slots is the M actually stored per row. The paper keeps memory constant when grouping by multiplying the
+identity-indexed M by c_grp (A2/6 c1 == A2/12 c2 == A2/24 c4 at 151M), so M must be a multiple of c_grp and the
+multiplied value is what you pass.
+
+Routing controls (appendix "Context-Conditioned Routing"): ``token-only`` replaces the router by ONE learned
+per-token logit table (padded V x H*M) shared by all memory layers, zero-init, in the memory-table group
+(+ padded_V*H*M params vs fixed-random; with L_mem == H, as in d12 and d24, this equals the paper's d24 count of
+1,388.8M); ``fixed-random`` has no router: head i of token x reads the K consecutive slots starting at a fixed
+pseudo-random offset (seeded at init, the same on every run) with weights 1/K; its parameter count equals VE's.
+
+Optional loss-free balancing (--mome-balance bias, off in every paper run): a persistent fp32 buffer
+router_bias (L_mem, N, H, M) is added to the selection scores sigmoid/softmax(l) (never to the weights), in
+training and eval alike (it is part of the saved model). Training forwards only accumulate counts (in-place, no
+host sync, compile-friendly); ``update_balance()`` -- to be called by the trainer after each optimizer step --
+all-reduces them and applies b += lr * sign(mean - count) to visited (row, head) cells.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import MemoryBlock
+from .hashing import prepare_bigram_rows
+from .slot_map import load_slot_map
+from .ve import GammaTracker, ValueGate, init_table_uniform, record
+
+GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
+INDEXERS = ("token", "grouped", "bigram")
+ROUTER_INPUTS = ("hidden", "value")
+ROUTINGS = ("context", "token-only", "fixed-random")
+BALANCES = ("none", "bias")
+NORM_EPS = 1e-10
+FIXED_RANDOM_SEED = 1234
+
+
+def _choice(flag, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{flag} {value!r} is unknown; allowed: {', '.join(allowed)}")
+
+
+def _positive_int(flag, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
+
+
+@dataclass
+class MoMEOptions:
+    slots: int = 6  # M, --mome-slots
+    topk: int = 2  # K, --mome-topk
+    gate: str = "auto"  # auto = sigmoid-norm for K > 1, softmax for K == 1 (paper)
+    router_input: str = "hidden"
+    index: str = "token"
+    group_size: int = 1  # c_grp, grouped indexer only
+    slot_map: str = ""  # grouped indexer only
+    slot_map_sha256: str = ""  # content hash recorded at configuration time (checked on load)
+    bigram_factor: int = 6  # n, bigram indexer only (N = n*V)
+    routing: str = "context"
+    balance: str = "none"
+    balance_lr: float = 0.001
+
+    def __post_init__(self):
+        _positive_int("--mome-slots", self.slots)
+        _positive_int("--mome-topk", self.topk)
+        if self.topk > self.slots:
+            raise ValueError(f"--mome-topk {self.topk} exceeds --mome-slots {self.slots} (need K <= M)")
+        if self.gate != "auto":
+            _choice("--mome-gate", self.gate, GATES)
+        _choice("--mome-router-input", self.router_input, ROUTER_INPUTS)
+        _choice("--mome-index", self.index, INDEXERS)
+        _choice("--mome-routing", self.routing, ROUTINGS)
+        _choice("--mome-balance", self.balance, BALANCES)
+        _positive_int("--mome-group-size", self.group_size)
+        _positive_int("--mome-bigram-factor", self.bigram_factor)
+        if self.index == "grouped":
+            if self.slots % self.group_size:
+                raise ValueError(f"--mome-slots {self.slots} must be a multiple of --mome-group-size "
+                                 f"{self.group_size} (M = c_grp x the identity-indexed M)")
+            if not self.slot_map:
+                raise ValueError("--mome-index grouped needs --mome-slot-map FILE (see scripts/build_slot_map.py)")
+        else:
+            for flag, value, default in (("--mome-group-size", self.group_size, 1), ("--mome-slot-map", self.slot_map, "")):
+                if value != default:
+                    raise ValueError(f"{flag} only applies to --mome-index grouped (got --mome-index {self.index})")
+        if self.index != "bigram" and self.bigram_factor != 6:
+            raise ValueError(f"--mome-bigram-factor only applies to --mome-index bigram (got {self.index})")
+        if self.routing != "context" and self.router_input != "hidden":
+            raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
+        if self.balance == "bias" and (self.routing == "fixed-random" or self.topk == self.slots):
+            raise ValueError("--mome-balance bias needs a learned top-K selection (not fixed-random, K < M)")
+        if not (isinstance(self.balance_lr, (int, float)) and self.balance_lr >= 0):
+            raise ValueError(f"--mome-balance-lr must be >= 0 (got {self.balance_lr!r})")
+
+    @property
+    def gate_mode(self) -> str:
+        if self.gate != "auto":
+            return self.gate
+        return "softmax" if self.topk == 1 else "sigmoid-norm"
+
+
+def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
+    """Mixture weights of the selected slots. logits (..., M); sel (..., K) or None (= all M in slot order).
+    Returns (weights (..., K or M), scores p (..., M)) in fp32."""
+    p = torch.softmax(logits.float(), dim=-1) if mode.startswith("softmax") else torch.sigmoid(logits.float())
+    w = p if sel is None else p.gather(-1, sel)
+    if mode.endswith("-norm"):
+        w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
+    return w, p
+
+
+class MoMEMemory(MemoryBlock):
+    Options = MoMEOptions
+    uses_layers = True
+    table_weight_decay = 0.001
+
+    def __init__(self, config):
+        super().__init__(config)  # parses and validates the options: every flag error is raised before allocation
+        o = self.opts
+        if o.index == "grouped" and config.vocab_size % o.group_size:
+            raise ValueError(f"--mome-group-size {o.group_size} must divide the vocab size {config.vocab_size}")
+        self.n_embd, self.H, self.d = config.n_embd, config.n_kv_head, config.head_dim
+        self.M, self.K, self.mode = o.slots, o.topk, o.gate_mode
+        self.vocab_size, self.padded_vocab = config.vocab_size, config.padded_vocab_size
+        self.rows = {"token": config.padded_vocab_size, "grouped": config.vocab_size // o.group_size,
+                     "bigram": o.bigram_factor * config.vocab_size}[o.index]
+        self.layer_pos = {layer: i for i, layer in enumerate(self.layers)}
+        L, H, M = len(self.layers), self.H, self.M
+        if o.index == "bigram":  # compound scaling: one table for the whole network
+            self.table = nn.Embedding(self.rows * M, self.d)
+        else:
+            self.tables = nn.ModuleList(nn.Embedding(self.rows * M, self.d) for _ in range(L))
+        if o.routing == "context" and o.router_input == "hidden":
+            self.routers = nn.ModuleList(nn.Linear(config.n_embd, H * M, bias=True) for _ in range(L))
+        elif o.routing == "context":  # value mode: one d -> M router shared by the heads of a layer
+            self.routers = nn.ModuleList(nn.Linear(self.d, M, bias=True) for _ in range(L))
+        elif o.routing == "token-only":
+            self.route_table = nn.Embedding(config.padded_vocab_size, H * M)
+        else:
+            self.register_buffer("fixed_offset", torch.empty(config.padded_vocab_size, H, dtype=torch.long),
+                                 persistent=False)
+        self.gates = nn.ModuleList(ValueGate(config.n_embd, H) for _ in range(L))
+        if o.index == "grouped":  # read and validated now (host side), before any device allocation
+            self._slot_map_cpu = load_slot_map(o.slot_map, config.vocab_size, o.group_size,
+                                               o.slot_map_sha256 or None).token_to_row
+            # persistent: checkpoints carry the exact map they were trained with
+            self.register_buffer("slot_map", torch.empty(config.vocab_size, dtype=torch.long))
+        if o.balance == "bias":
+            self.register_buffer("router_bias", torch.empty(L, self.rows, H, M, dtype=torch.float32))
+            self.register_buffer("balance_counts", torch.empty(L, self.rows, H, M, dtype=torch.float32),
+                                 persistent=False)
+        self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.float32), persistent=False)
+        self.tracker = GammaTracker(L)
+        self.capture: dict | None = None
+
+    # -- parameters -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        for table in self._tables():
+            init_table_uniform(table.weight, self.n_embd)
+        for router in getattr(self, "routers", []):
+            nn.init.zeros_(router.weight)  # zero-init as in the reference: top-K ties at step 0 (see notes)
+            nn.init.zeros_(router.bias)
+        if hasattr(self, "route_table"):
+            nn.init.zeros_(self.route_table.weight)
+        if hasattr(self, "fixed_offset"):
+            g = torch.Generator().manual_seed(FIXED_RANDOM_SEED)
+            self.fixed_offset.copy_(torch.randint(0, self.M, tuple(self.fixed_offset.shape), generator=g))
+        for gate in self.gates:
+            gate.init_weights()
+        if hasattr(self, "slot_map"):
+            self.slot_map.copy_(self._slot_map_cpu)
+        if hasattr(self, "router_bias"):
+            self.router_bias.zero_()
+            self.balance_counts.zero_()
+        self.load_counts.zero_()
+        self.tracker.init_weights()
+
+    def _tables(self) -> list[nn.Embedding]:
+        return [self.table] if hasattr(self, "table") else list(self.tables)
+
+    def _table(self, pos: int) -> torch.Tensor:
+        return self.table.weight if hasattr(self, "table") else self.tables[pos].weight
+
+    def memory_tables(self) -> list[nn.Parameter]:
+        extra = [self.route_table.weight] if hasattr(self, "route_table") else []
+        return [t.weight for t in self._tables()] + extra
+
+    # -- forward ----------------------------------------------------------------------------------------
+    def prepare(self, idx, state):
+        """Row ids n_t = f(x_t), (B, T) int64, computed once per forward (the bigram hash carries state)."""
+        index = self.opts.index
+        if index == "bigram":
+            row = prepare_bigram_rows(idx, self.rows, state)
+        elif index == "grouped":
+            row = self.slot_map[idx]
+        else:
+            row = idx.long()
+        return idx, row
+
+    def route(self, pos: int, xn, v, idx, row):
+        """Selected slots sel (B, T, H, K) (None when K == M: all slots in order), weights (B, T, H, K or M),
+        scores p over all M (B, T, H, M) or None (fixed-random)."""
+        o, (B, T, H, _) = self.opts, v.shape
+        if o.routing == "fixed-random":
+            offset = self.fixed_offset[idx]  # (B, T, H)
+            sel = (offset[..., None] + torch.arange(self.K, device=v.device)) % self.M  # (B, T, H, K)
+            return sel, torch.full(sel.shape, 1.0 / self.K, device=v.device), None
+        if o.routing == "token-only":
+            logits = self.route_table(idx).view(B, T, H, self.M)
+        elif o.router_input == "hidden":
+            logits = self.routers[pos](xn).view(B, T, H, self.M)  # (B, T, H*M) -> per-head logits
+        else:
+            logits = self.routers[pos](v)  # (B, T, H, d) -> (B, T, H, M), router shared across heads
+        if self.K == self.M:  # full routing: every slot, weights normalised over all M
+            w, p = gate_weights(logits, None, self.mode)
+            return None, w, p
+        if hasattr(self, "router_bias"):  # loss-free balancing: bias the scores used for selection only
+            p = torch.softmax(logits.float(), -1) if self.mode.startswith("softmax") else torch.sigmoid(logits.float())
+            scores = p + self.router_bias[pos][row]  # (B, T, H, M)
+        else:
+            scores = logits  # TopK(l) as in the paper (monotone in p, so the same selection)
+        sel = scores.topk(self.K, dim=-1, sorted=False).indices  # (B, T, H, K)
+        w, p = gate_weights(logits, sel, self.mode)
+        return sel, w, p
+
+    def value(self, layer, xn, v, ctx):
+        pos = self.layer_pos.get(layer)
+        if pos is None:
+            return v
+        idx, row = ctx
+        sel, w, p = self.route(pos, xn, v, idx, row)
+        table = self._table(pos)
+        if sel is None:  # K == M: the M rows of n_t are shared by all heads -> gather once, mix per head
+            flat = row[..., None] * self.M + torch.arange(self.M, device=v.device)  # (B, T, M)
+            mem = torch.einsum("bthm,btmd->bthd", w.to(table.dtype), F.embedding(flat, table))
+        else:
+            flat = row[..., None, None] * self.M + sel  # (B, T, H, K) flat row ids: only K rows per head
+            mem = (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)  # (B, T, H, d)
+        gamma = self.gates[pos](xn)  # (B, T, H)
+        inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
+        if self.training:
+            self._count(pos, sel, row, gamma)
+        if self.capture is not None:
+            sel_c = sel if sel is not None else torch.arange(self.M, device=v.device).expand(w.shape)
+            record(self.capture, layer, slots=sel_c, weights=w, gamma=gamma, inject_norm=inject.float().norm(dim=-1),
+                   rows=row, **({"probs": p} if p is not None else {}))
+        return v + inject
+
+    @torch.no_grad()
+    def _count(self, pos, sel, row, gamma) -> None:
+        """Training bookkeeping without host syncs: per-(head, slot) load and, with balancing, per-cell counts."""
+        self.tracker.add(pos, gamma)
+        H, M = self.H, self.M
+        if sel is None:  # full routing: every slot of every head is read once per token
+            self.load_counts[pos] += row.numel()
+            return
+        head = torch.arange(H, device=sel.device)[:, None] * M  # (H, 1)
+        ones = torch.ones(sel.numel(), device=sel.device)
+        self.load_counts[pos].view(-1).index_add_(0, (head + sel).reshape(-1), ones)
+        if hasattr(self, "balance_counts"):
+            cell = (row[..., None, None] * H * M) + head + sel  # (B, T, H, K) ids into (N, H, M)
+            self.balance_counts[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
+
+    @torch.no_grad()
+    def update_balance(self) -> None:
+        """Sign update of the selection bias from the counts since the last call (call after optimizer.step())."""
+        if not hasattr(self, "router_bias"):
+            return
+        counts = self.balance_counts
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM)  # every rank then applies the same update
+        total = counts.sum(dim=-1, keepdim=True)  # (L, N, H, 1) visits of each (row, head)
+        step = torch.sign(total / self.M - counts) * (total > 0)
+        self.router_bias.add_(self.opts.balance_lr * step)
+        counts.zero_()
+
+    # -- logging ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def stats(self) -> dict[str, float]:
+        """Per layer: slot-load entropy (normalised by log M, 1 = uniform) and max violation (max - mean)/mean
+        of the per-slot load summed over heads, since the last call; mean gamma."""
+        out = self.tracker.pop(self.layers)
+        load = self.load_counts.sum(dim=1)  # (L, M)
+        total = load.sum(dim=-1, keepdim=True)
+        frac = load / total.clamp_min(1)
+        ent = -(frac * frac.clamp_min(1e-30).log()).sum(-1) / max(torch.log(torch.tensor(float(self.M))).item(), 1e-30)
+        maxvio = (load.max(dim=-1).values - total[:, 0] / self.M) / (total[:, 0] / self.M).clamp_min(1e-30)
+        for i, layer in enumerate(self.layers):
+            if total[i, 0] > 0:
+                out[f"memory/load_entropy/layer{layer}"] = float(ent[i]) if self.M > 1 else 1.0
+                out[f"memory/maxvio/layer{layer}"] = float(maxvio[i])
+        if hasattr(self, "router_bias"):
+            out["memory/router_bias_absmean"] = float(self.router_bias.abs().mean())
+        self.load_counts.zero_()
+        return out

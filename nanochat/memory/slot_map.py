@@ -1,0 +1,183 @@
+"""Slot maps for MoME's grouped row indexer f: V -> [N] (paper Sec. 3.4, "Token-Index Grouping Function").
+
+File format (JSON, ``format = "mome_nanochat_slot_map"``, ``version = 1``)::
+
+    {"format": ..., "version": 1, "vocab_size": V, "group_size": c, "num_rows": N = V / c,
+     "source_checkpoint": str | null, "source": "wte" | "ve" | ..., "tokenizer_sha256": str | null,
+     "special_token_ids": [...], "rows": [[token ids of row 0], [row 1], ...]}
+
+Every row holds EXACTLY c token ids and the rows partition [0, V) (disjoint, complete), so N = V / c and the
+MoME table has exactly N*M rows regardless of the map (param counts are known without reading the file).
+
+Special tokens are grouped only with other specials, in id order. When their count s is not a multiple of c,
+the last special row is completed with the c - (s mod c) ordinary tokens that the greedy kNN pass leaves over
+(the least-clustered ones), which keeps "exactly c per row" while never splitting specials across normal rows.
+
+The builder (``build_groups``) is the paper's offline kNN grouping: cosine similarity on a trained embedding,
+top-k neighbour lists computed in chunks (a 32768 x 32768 similarity matrix is never held at once), then a
+greedy pass that seeds the tightest neighbourhoods first and gives each seed its c-1 nearest unassigned tokens.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FORMAT_NAME = "mome_nanochat_slot_map"
+FORMAT_VERSION = 1
+FLAG = "--mome-slot-map"
+
+
+@dataclass
+class SlotMap:
+    token_to_row: torch.Tensor  # (V,) int64
+    header: dict  # every top-level key except "rows"
+    sha256: str
+
+
+def file_sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _fail(path, msg):
+    raise ValueError(f"{FLAG} {path}: {msg}")
+
+
+def validate_rows(rows, vocab_size: int, group_size: int, path="<rows>") -> torch.Tensor:
+    """Check that ``rows`` is a partition of [0, vocab_size) into rows of exactly group_size; return the map."""
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        _fail(path, "'rows' must be a list of lists of token ids")
+    if vocab_size % group_size:
+        _fail(path, f"vocab size {vocab_size} is not divisible by the group size {group_size}")
+    if len(rows) != vocab_size // group_size:
+        _fail(path, f"has {len(rows)} rows, expected vocab {vocab_size} / group size {group_size} = "
+                    f"{vocab_size // group_size}")
+    bad = [i for i, r in enumerate(rows) if len(r) != group_size]
+    if bad:
+        _fail(path, f"row {bad[0]} has {len(rows[bad[0]])} tokens, every row must have exactly {group_size}")
+    try:
+        flat = torch.tensor(rows, dtype=torch.long).view(-1)  # (N*c,)
+    except (TypeError, ValueError) as e:
+        _fail(path, f"token ids must be integers ({e})")
+    if flat.numel() and (flat.min() < 0 or flat.max() >= vocab_size):
+        _fail(path, f"token ids must lie in [0, {vocab_size}) (found {int(flat.min())}..{int(flat.max())})")
+    counts = torch.bincount(flat, minlength=vocab_size)
+    if (counts != 1).any():
+        dup = int((counts > 1).nonzero()[0]) if (counts > 1).any() else None
+        miss = int((counts == 0).nonzero()[0]) if (counts == 0).any() else None
+        _fail(path, f"rows are not a disjoint full partition of the vocabulary (duplicate {dup}, missing {miss})")
+    token_to_row = torch.empty(vocab_size, dtype=torch.long)
+    token_to_row[flat] = torch.arange(len(rows)).repeat_interleave(group_size)
+    return token_to_row
+
+
+def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = None) -> SlotMap:
+    """Load and fully validate a slot-map file against the model's vocab size and --mome-group-size."""
+    path = Path(path)
+    if not path.is_file():
+        _fail(path, "file does not exist (build one with scripts/build_slot_map.py)")
+    digest = file_sha256(path)
+    if sha256 and digest != sha256:
+        _fail(path, f"content hash {digest[:12]}.. differs from the one recorded in the model config "
+                    f"({sha256[:12]}..): the file changed since the model was configured")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        _fail(path, f"corrupt file, not valid JSON ({e})")
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        _fail(path, f"not a slot map (format must be {FORMAT_NAME!r})")
+    if data.get("version") != FORMAT_VERSION:
+        _fail(path, f"unsupported version {data.get('version')!r} (this code reads version {FORMAT_VERSION})")
+    for key in ("vocab_size", "group_size", "num_rows", "rows"):
+        if key not in data:
+            _fail(path, f"missing key {key!r}")
+    if data["vocab_size"] != vocab_size:
+        _fail(path, f"was built for vocab size {data['vocab_size']} but the model has vocab size {vocab_size}")
+    if data["group_size"] != group_size:
+        _fail(path, f"has group size {data['group_size']} but --mome-group-size is {group_size}")
+    if data["num_rows"] != len(data["rows"]):
+        _fail(path, f"header says {data['num_rows']} rows but the file has {len(data['rows'])}")
+    token_to_row = validate_rows(data["rows"], vocab_size, group_size, path)
+    header = {k: v for k, v in data.items() if k != "rows"}
+    return SlotMap(token_to_row, header, digest)
+
+
+def write_slot_map(path, rows: list[list[int]], vocab_size: int, group_size: int, *, source_checkpoint=None,
+                   source="wte", tokenizer_sha256=None, special_token_ids=()) -> str:
+    """Validate and write a slot-map file; returns its sha256."""
+    validate_rows(rows, vocab_size, group_size, path)
+    data = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": vocab_size, "group_size": group_size,
+            "num_rows": len(rows), "source_checkpoint": source_checkpoint, "source": source,
+            "tokenizer_sha256": tokenizer_sha256, "special_token_ids": sorted(int(i) for i in special_token_ids),
+            "rows": rows}
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")))
+    tmp.replace(path)
+    return file_sha256(path)
+
+
+# -- builder -----------------------------------------------------------------------------------------------
+def knn_lists(emb: torch.Tensor, k: int, chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k cosine neighbours (excluding self) of every row of emb (V, D): (V, k) sims and ids, chunked."""
+    x = F.normalize(emb.float(), dim=-1)
+    V = x.size(0)
+    k = min(k, V - 1)
+    sims, ids = [], []
+    for start in range(0, V, chunk):
+        s = x[start : start + chunk] @ x.T  # (chunk, V)
+        rows = torch.arange(start, min(start + chunk, V))
+        s[rows - start, rows] = -float("inf")  # a token is not its own neighbour
+        top = s.topk(k, dim=-1)
+        sims.append(top.values)
+        ids.append(top.indices)
+    return torch.cat(sims), torch.cat(ids)
+
+
+def build_groups(emb: torch.Tensor, group_size: int, special_ids=(), k: int = 64) -> list[list[int]]:
+    """Partition the V tokens of emb (V, D) into V/c rows of exactly c mutually near tokens (cosine)."""
+    V, c = emb.size(0), group_size
+    if c < 1 or V % c:
+        raise ValueError(f"--group-size {c} must be >= 1 and divide the vocab size {V}")
+    specials = sorted(set(int(i) for i in special_ids))
+    if any(not 0 <= i < V for i in specials):
+        raise ValueError(f"special token ids must lie in [0, {V})")
+    if c == 1:
+        return [[i] for i in range(V)]
+    n_fill = (-len(specials)) % c  # ordinary tokens needed to complete the last special row
+    x = F.normalize(emb.float(), dim=-1)
+    sims, nbrs = knn_lists(emb, max(k, c), chunk=2048)
+    free = np.ones(V, dtype=bool)
+    free[specials] = False
+    # tightest neighbourhoods first: order seeds by similarity to their (c-1)-th nearest neighbour
+    order = torch.argsort(sims[:, c - 2], descending=True).numpy()
+    nbrs_np = nbrs.numpy()
+    rows: list[list[int]] = []
+    n_free = int(free.sum())
+    for seed in order:
+        if n_free <= n_fill:
+            break
+        if not free[seed]:
+            continue
+        cand = nbrs_np[seed][free[nbrs_np[seed]]][: c - 1]
+        if len(cand) < c - 1:  # neighbour list exhausted: exact search over the remaining free tokens
+            rest = np.flatnonzero(free)
+            rest = rest[rest != seed]
+            s = (x[rest] @ x[seed]).numpy()
+            cand = rest[np.argsort(-s, kind="stable")[: c - 1]]
+        group = [int(seed), *map(int, cand)]
+        free[group] = False
+        n_free -= c
+        rows.append(group)
+    leftovers = np.flatnonzero(free).tolist()
+    special_rows = [specials[i : i + c] for i in range(0, len(specials), c)]
+    if special_rows and len(special_rows[-1]) < c:
+        special_rows[-1] = special_rows[-1] + leftovers
+        leftovers = []
+    if leftovers:  # only possible without specials: n_fill == 0 makes the loop consume everything
+        raise AssertionError("greedy partition left tokens unassigned")
+    return rows + special_rows
