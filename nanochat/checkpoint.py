@@ -8,6 +8,7 @@ the optimizer state, loop state, dataloader state and RNG states (trainer-define
 
 import json
 import os
+import random
 import re
 import shutil
 from pathlib import Path
@@ -130,3 +131,64 @@ def load_model(run_dir, step: int | None = None, device="cpu"):
     state = _torch_load(step_dir(run_dir, meta["step"]) / "model.pt", device)
     model.load_state_dict(state, strict=True)
     return model, meta
+
+
+# -- training state (trainer) ---------------------------------------------------------------------------------
+TRAIN_STATE_KEYS = ("optimizer", "loop", "dataloader", "rng", "world_size")
+
+
+def rng_state() -> dict:
+    """Every RNG the training step could touch on this rank (python, torch CPU, all CUDA devices)."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resolve_resume_step(run_dir, spec: str | None) -> int | None:
+    """Map --resume (None | 'latest' | 'auto' | 'STEP') to a checkpoint step; None = start fresh.
+
+    'latest' and an explicit step are errors when the checkpoint is missing; only 'auto' may start fresh.
+    """
+    if spec is None:
+        return None
+    steps = list_steps(run_dir)
+    if spec == "auto":
+        return steps[-1] if steps else None
+    if spec == "latest":
+        if not steps:
+            raise FileNotFoundError(
+                f"--resume: no checkpoint under {Path(run_dir) / CKPT_DIR}; use --resume auto to start fresh when none exists"
+            )
+        return steps[-1]
+    step = int(spec)
+    if step not in steps:
+        raise FileNotFoundError(f"--resume {step}: no checkpoint step_{step:06d} in {Path(run_dir) / CKPT_DIR} "
+                                f"(available steps: {steps or 'none'})")
+    return step
+
+
+def load_training_state(run_dir, step: int, map_location="cpu") -> dict:
+    """Load and check ``state.pt`` of a trainer checkpoint; a missing key means a foreign or partial file."""
+    state = load_state(run_dir, step, map_location)
+    missing = [k for k in TRAIN_STATE_KEYS if k not in state] if isinstance(state, dict) else list(TRAIN_STATE_KEYS)
+    if missing:
+        raise ValueError(f"checkpoint {step_dir(run_dir, step)} is not a resumable training checkpoint "
+                         f"(state.pt lacks {missing})")
+    return state
+
+
+def load_model_weights(model, run_dir, step: int, map_location="cpu") -> None:
+    """Load a checkpoint's weights into an existing model (strict: the architecture must match)."""
+    state = _torch_load(step_dir(run_dir, step) / "model.pt", map_location)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {step_dir(run_dir, step)} does not match the model built from the flags: {e}") from e

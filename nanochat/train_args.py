@@ -1,0 +1,205 @@
+"""Command line of ``scripts/base_train.py``: argparse flags, ``--config FILE.toml`` defaults, validation.
+
+Config files are flat TOML tables whose keys are flag names (``matrix-lr`` or ``matrix_lr``). They are turned
+into command-line tokens placed *before* the real ones, so argparse applies the same type/choice checks to both
+and later (command-line) values win. Unknown keys are an error naming the key.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+from nanochat.memory import add_memory_args
+
+WANDB_MODES = ("off", "offline", "online")
+DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _group_run(p):
+    g = p.add_argument_group("run control")
+    g.add_argument("--config", type=str, default=None, help="TOML file of flag defaults; command-line flags override it")
+    g.add_argument("--run-name", type=str, default=None, help="run name (default d<depth>-<memory>)")
+    g.add_argument("--run-dir", type=str, default=None, help="output directory (default runs/<run-name>)")
+    g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|auto|STEP",
+                   help="resume from a checkpoint in the run dir: 'latest' (error if none), 'auto' (latest if any, "
+                        "else start fresh), or a step number")
+    g.add_argument("--dry-run", action="store_true", help="print the plan (params, FLOPs, steps) and exit; no data needed")
+    g.add_argument("--device-type", choices=DEVICE_TYPES, default="auto", help="device (auto: cuda > mps > cpu)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 elsewhere)")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile the model")
+    g.add_argument("--seed", type=int, default=42, help="model init (and default data order) seed")
+    g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
+    g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")
+    g.add_argument("--wandb-project", type=str, default="mome-nanochat", help="W&B project")
+
+
+def _group_model(p):
+    g = p.add_argument_group("model")
+    g.add_argument("--depth", type=int, default=12, help="number of layers (the single size dial)")
+    g.add_argument("--aspect-ratio", type=int, default=64, help="width = depth x aspect-ratio, rounded up to head-dim")
+    g.add_argument("--head-dim", type=int, default=128, help="attention head size")
+    g.add_argument("--max-seq-len", type=int, default=2048, help="context length (tokens)")
+    g.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary size; must match the tokenizer (default: the tokenizer's; 32768 for --dry-run)")
+
+
+def _group_optim(p):
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--embedding-lr", type=float, default=0.3, help="AdamW LR of wte")
+    g.add_argument("--unembedding-lr", type=float, default=0.004, help="AdamW LR of lm_head")
+    g.add_argument("--matrix-lr", type=float, default=0.02, help="Muon LR of 2-D matrices")
+    g.add_argument("--scalar-lr", type=float, default=0.5, help="AdamW LR of x0 lambdas (resid lambdas get 0.01x)")
+    g.add_argument("--adam-beta1", type=float, default=0.8, help="AdamW beta1")
+    g.add_argument("--adam-beta2", type=float, default=0.95, help="AdamW beta2")
+    g.add_argument("--weight-decay", type=float, default=0.2,
+                   help="Muon weight decay at depth 12 (scaled by (12/depth)^2, decayed linearly to 0)")
+    g.add_argument("--memory-lr", type=float, default=0.2, help="AdamW LR of memory tables")
+    g.add_argument("--memory-beta1", type=float, default=0.8, help="AdamW beta1 of memory tables")
+    g.add_argument("--memory-beta2", type=float, default=0.995, help="AdamW beta2 of memory tables")
+    g.add_argument("--memory-wd", type=float, default=None, help="weight decay of memory tables (default: the block's)")
+
+
+def _group_schedule(p):
+    g = p.add_argument_group("horizon and schedules")
+    g.add_argument("--total-batch-size", type=int, default=524288, help="tokens per optimizer step, all ranks")
+    g.add_argument("--device-batch-size", type=int, default=32, help="rows per micro-batch per rank")
+    g.add_argument("--num-iterations", type=int, default=None, help="optimizer steps (wins over the next two)")
+    g.add_argument("--target-flops", type=float, default=None, help="FLOP budget: steps = round(F / (flops/token x batch))")
+    g.add_argument("--target-param-data-ratio", type=float, default=8.0,
+                   help="fallback horizon: tokens = ratio x backbone params")
+    g.add_argument("--warmup-ratio", type=float, default=0.0, help="fraction of steps with linear LR warmup")
+    g.add_argument("--warmdown-ratio", type=float, default=0.4, help="fraction of steps with linear LR decay at the end")
+    g.add_argument("--final-lr-frac", type=float, default=0.0, help="LR multiplier at the end of warmdown")
+    g.add_argument("--muon-momentum-start", type=float, default=0.85, help="Muon momentum at step 0")
+    g.add_argument("--muon-momentum-end", type=float, default=0.95, help="Muon momentum after the ramp")
+    g.add_argument("--muon-momentum-ramp", type=int, default=300, help="steps of the linear momentum ramp")
+
+
+def _group_eval(p):
+    g = p.add_argument_group("evaluation, checkpoints, logging")
+    g.add_argument("--eval-every", type=int, default=250, help="val bpb every N steps, at step 0 and at the end (-1 = only at the end)")
+    g.add_argument("--eval-tokens", type=int, default=20971520, help="val tokens per bpb evaluation (fixed rows)")
+    g.add_argument("--eval-batch-size", type=int, default=None, help="rows per eval batch (default --device-batch-size)")
+    g.add_argument("--core-every", type=int, default=-1, help="CORE every N steps (-1 = only at the end)")
+    g.add_argument("--final-core", action=argparse.BooleanOptionalAction, default=True,
+                   help="run CORE after training when an eval bundle is available")
+    g.add_argument("--core-max-per-task", type=int, default=-1, help="cap on examples per CORE task (-1 = all)")
+    g.add_argument("--bundle", type=str, default=None, help="CORE eval bundle dir (default: first one found)")
+    g.add_argument("--save-every", type=int, default=-1, help="checkpoint every N steps (the last step is always saved)")
+    g.add_argument("--keep-last", type=int, default=3, help="keep the last K checkpoints (0 = keep all)")
+    g.add_argument("--log-every", type=int, default=1, help="console line + metrics.jsonl record every N steps")
+
+
+def _group_data(p):
+    g = p.add_argument_group("data")
+    g.add_argument("--data-dir", type=str, default=None, help="prepared data dir (default: nanochat.dataset default)")
+    g.add_argument("--tokenizer-dir", type=str, default=None, help="tokenizer dir (default: nanochat.tokenizer default)")
+    g.add_argument("--synthetic-data", action="store_true",
+                   help="train on a seeded random-token stream instead of data (tests/benchmarks; bpb is bits/token)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scripts.base_train", description="Pretrain a GPT with a memory block.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for add in (_group_run, _group_model, _group_optim, _group_schedule, _group_eval, _group_data):
+        add(p)
+    add_memory_args(p)
+    return p
+
+
+def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    """Turn a flat TOML file into command-line tokens; unknown keys raise naming the key and the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--config {path}: file not found")
+    try:
+        data = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--config {path}: invalid TOML: {e}") from e
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    tokens = []
+    for key, value in data.items():
+        dest = key.replace("-", "_")
+        if dest not in actions or dest in ("config", "help"):
+            raise ValueError(f"--config {path}: unknown key {key!r} (not a base_train flag)")
+        action = actions[dest]
+        flag = next(s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-"))
+        if isinstance(value, dict):
+            raise ValueError(f"--config {path}: key {key!r} is a table; config files are flat key = value lists")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            tokens.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ValueError(f"--config {path}: key {key!r} must be true or false")
+            if value:
+                tokens.append(flag)
+        elif isinstance(value, list):
+            tokens += [flag, ",".join(str(v) for v in value)]
+        else:
+            tokens += [flag, str(value)]
+    return tokens
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, _ = pre.parse_known_args(argv)
+    tokens = []
+    if known.config:
+        try:
+            tokens = config_tokens(parser, known.config)
+        except ValueError as e:
+            parser.error(str(e))
+    args = parser.parse_args(tokens + argv)
+    try:
+        validate_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    """Checks that need no model, data or devices: bad values fail before any work is done."""
+    positive = ["depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "device_batch_size",
+                "eval_tokens"]
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    if args.num_iterations is not None and args.num_iterations < 1:
+        raise ValueError(f"--num-iterations must be >= 1 (got {args.num_iterations})")
+    if args.target_flops is not None and not args.target_flops > 0:
+        raise ValueError(f"--target-flops must be > 0 (got {args.target_flops})")
+    if args.target_param_data_ratio is not None and not args.target_param_data_ratio > 0:
+        raise ValueError(f"--target-param-data-ratio must be > 0 (got {args.target_param_data_ratio})")
+    if args.vocab_size is not None and args.vocab_size < 2:
+        raise ValueError(f"--vocab-size must be >= 2 (got {args.vocab_size})")
+    for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr", "weight_decay"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})")
+    if args.memory_wd is not None and args.memory_wd < 0:
+        raise ValueError(f"--memory-wd must be >= 0 (got {args.memory_wd})")
+    for name in ("adam_beta1", "adam_beta2", "memory_beta1", "memory_beta2", "muon_momentum_start", "muon_momentum_end"):
+        if not 0 <= getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1) (got {getattr(args, name)})")
+    if args.keep_last < 0:
+        raise ValueError(f"--keep-last must be >= 0 (got {args.keep_last})")
+    if args.log_every < 1:
+        raise ValueError(f"--log-every must be >= 1 (got {args.log_every})")
+    for name in ("eval_every", "core_every", "save_every"):
+        v = getattr(args, name)
+        if v == 0 or v < -1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive step count or -1 (got {v})")
+    if args.resume is not None and args.resume not in ("latest", "auto") and not args.resume.isdigit():
+        raise ValueError(f"--resume must be 'latest', 'auto' or a step number (got {args.resume!r})")
+    if args.eval_batch_size is not None and args.eval_batch_size < 1:
+        raise ValueError(f"--eval-batch-size must be >= 1 (got {args.eval_batch_size})")
+    if args.run_name is not None and ("/" in args.run_name or args.run_name in ("", ".", "..")):
+        raise ValueError(f"--run-name must be a plain name without '/' (got {args.run_name!r}); use --run-dir for paths")

@@ -1,0 +1,141 @@
+"""Pieces of the training loop that are worth testing on their own: one optimizer step with gradient
+accumulation, the synthetic data stand-in, cross-rank helpers, and the stop-signal latch.
+"""
+
+import math
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_mean(value: float, device) -> float:
+    """Mean of a float over ranks (identity without torch.distributed)."""
+    if not _dist_on():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() / dist.get_world_size()
+
+
+def any_rank(flag: bool, device) -> bool:
+    """True on every rank if ``flag`` is true on any rank (used so all ranks stop at the same step)."""
+    if not _dist_on():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in rank order; [obj] without torch.distributed."""
+    if not _dist_on():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+@torch.no_grad()
+def grad_norm(model) -> float:
+    """Global L2 norm of the gradients (after MuonAdamW.step they are already averaged over ranks)."""
+    sq = [p.grad.detach().float().square().sum() for p in model.parameters() if p.grad is not None]
+    return math.sqrt(torch.stack(sq).sum().item()) if sq else 0.0
+
+
+def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device) -> tuple[float, float]:
+    """Run ``grad_accum`` micro-steps and one optimizer step; return (loss, grad norm).
+
+    Each micro-loss is divided by grad_accum, so the summed gradient equals the gradient of the mean loss over
+    the whole per-rank batch; MuonAdamW.step then averages over ranks. The returned loss is the mean over
+    micro-steps and ranks (the loss of the full global batch), not rank 0's last micro-batch.
+    """
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for _ in range(grad_accum):
+        x, y = next(loader)
+        with autocast_ctx:
+            loss = model(x, targets=y)
+        loss_sum += loss.detach().double()
+        (loss / grad_accum).backward()
+    optimizer.step()
+    gnorm = grad_norm(model)
+    model.zero_grad(set_to_none=True)
+    return all_reduce_mean(loss_sum.item() / grad_accum, device), gnorm
+
+
+class SyntheticLoader:
+    """Seeded stand-in for PackedDataLoader (``--synthetic-data``): learnable token rows, no files, no tokenizer.
+
+    Row g of the global stream is a random walk x_t = (x_{t-1} + d_t) mod V with d_t in {1, 2, 3}, drawn from a
+    generator seeded by (seed, g). Rank r's c-th batch holds global rows [(c*W + r)*B, (c*W + r + 1)*B), so the
+    rows of one optimizer step are the same for every (world size, device batch, grad accum) with the same
+    total batch: that is what makes the 1-process vs 2-process and grad-accum equivalence tests meaningful.
+    """
+
+    def __init__(self, vocab_size: int, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, device="cpu"):
+        self.V, self.B, self.T = vocab_size, batch_size, seq_len
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.device = torch.device(device)
+        self.count = 0
+
+    def _row(self, g: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + g)
+        start = torch.randint(0, self.V, (1,), generator=gen)
+        steps = torch.randint(1, 4, (self.T,), generator=gen)
+        return torch.cat([start, start + steps.cumsum(0)]) % self.V
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        first = (self.count * self.world_size + self.rank) * self.B
+        self.count += 1
+        rows = torch.stack([self._row(first + i) for i in range(self.B)]).to(self.device)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict:
+        return {"kind": "synthetic", "count": self.count, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.B, "seq_len": self.T}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for key in ("kind", "seed", "rank", "world_size", "batch_size", "seq_len"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"synthetic loader state has {key}={state.get(key)!r} but this loader has "
+                                 f"{mine[key]!r}; exact resume needs the same layout")
+        self.count = int(state["count"])
+
+
+def synthetic_eval_rows(vocab_size: int, seq_len: int, num_tokens: int, seed: int) -> torch.Tensor:
+    """Fixed (N, T+1) validation rows for --synthetic-data, drawn from a stream disjoint from training."""
+    loader = SyntheticLoader(vocab_size, 1, seq_len, seed=seed + 7_777_777)
+    return torch.stack([loader._row(i) for i in range(math.ceil(num_tokens / seq_len))])
+
+
+class StopSignal:
+    """Latch SIGINT/SIGTERM so the loop can save at the next step boundary; a second signal aborts at once."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def install(self) -> "StopSignal":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:  # second Ctrl-C: the user really wants out now
+            self.uninstall()
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()

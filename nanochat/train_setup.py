@@ -1,0 +1,103 @@
+"""Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle.
+
+Kept apart from scripts/base_train.py so the loop reads top to bottom and so --dry-run never imports or
+touches any of this (it needs no data and no tokenizer).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nanochat.common import print0
+from nanochat.train_loop import SyntheticLoader, synthetic_eval_rows
+
+SYNTHETIC_VOCAB = 32768
+DEFAULT_DATASET = "fineweb-edu"
+
+
+@dataclass
+class RunData:
+    loader: object
+    val_rows: torch.Tensor
+    token_bytes: torch.Tensor
+    tokenizer: object | None
+    vocab_size: int
+    source: str
+    bundle: Path | None = None
+
+    def describe(self) -> dict:
+        return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
+                "bundle": str(self.bundle) if self.bundle else None}
+
+
+def load_run_data(args, rank: int, world: int, device) -> RunData:
+    """Tokenizer (vocab checked against --vocab-size), the per-rank train loader and the fixed val rows."""
+    if args.synthetic_data:
+        vocab = args.vocab_size or SYNTHETIC_VOCAB
+        loader = SyntheticLoader(vocab, args.device_batch_size, args.max_seq_len, rank, world, args.data_seed, device)
+        rows = synthetic_eval_rows(vocab, args.max_seq_len, args.eval_tokens, args.data_seed)
+        # every token counts as one "byte": the reported bpb is bits per token
+        return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
+    from nanochat.dataloader import PackedDataLoader, build_eval_rows
+    from nanochat.dataset import DataError, default_data_dir, load_manifest
+    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_token_bytes, get_tokenizer
+
+    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
+    tokenizer = get_tokenizer(tok_dir)
+    if args.vocab_size is not None:
+        check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(DEFAULT_DATASET)
+    try:
+        load_manifest(data_dir)
+        loader = PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
+                                  rank=rank, world_size=world, seed=args.data_seed, device=device)
+        rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens)
+    except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
+        raise ValueError(f"--data-dir {data_dir}: {e}") from e
+    token_bytes = get_token_bytes(tok_dir, device="cpu")
+    return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})")
+
+
+def resolve_bundle(args) -> Path | None:
+    """The CORE bundle, resolved before training so a bad --bundle fails early.
+
+    An explicit --bundle must work (error otherwise). Without it, the evaluator's search order is tried and a
+    failure (e.g. no internet for the download) disables CORE with a loud message: CORE is "when available".
+    """
+    if not (args.final_core or args.core_every > 0) or args.synthetic_data:
+        return None
+    from nanochat.eval_bundle import find_bundle
+
+    if args.bundle:
+        try:
+            return find_bundle(args.bundle)
+        except (FileNotFoundError, RuntimeError, OSError) as e:
+            raise ValueError(f"--bundle {args.bundle}: {e}") from e
+    try:
+        return find_bundle(None)
+    except Exception as e:  # noqa: BLE001 - any download/parse failure means "no bundle available"
+        print0(f"warning: no CORE eval bundle available ({type(e).__name__}: {e}); CORE will be skipped. "
+               "Pass --bundle DIR or --bundle subset to evaluate CORE, or --no-final-core to silence this.")
+        return None
+
+
+def run_val_bpb(model, data: RunData, args, rank: int, world: int, device, autocast_ctx) -> float:
+    from nanochat.dataloader import iter_eval_batches
+    from nanochat.loss_eval import evaluate_bpb
+
+    batches = iter_eval_batches(data.val_rows, args.eval_batch_size or args.device_batch_size, rank, world, device)
+    was_training = model.training
+    model.eval()
+    try:
+        return evaluate_bpb(model, batches, data.token_bytes.to(device), autocast_ctx)
+    finally:
+        model.train(was_training)
+
+
+def run_core(model, data: RunData, args, device, autocast_ctx) -> dict:
+    from nanochat.core_eval import evaluate_core
+
+    return evaluate_core(model, data.tokenizer, data.bundle, max_per_task=args.core_max_per_task,
+                         batch_size=args.eval_batch_size or args.device_batch_size, device=device,
+                         autocast_ctx=autocast_ctx, progress=True)

@@ -1,0 +1,355 @@
+"""Pretrain a GPT with a memory block (base, ve, bigram, mome).
+
+    python -m scripts.base_train --depth 12 --memory mome --target-flops 3e18
+    torchrun --standalone --nproc_per_node=8 -m scripts.base_train --config configs/....toml
+    python -m scripts.base_train --depth 24 --memory ve --target-flops 6e19 --dry-run   # plan only, no data
+
+Outputs in the run dir (default runs/<run-name>): config.json (resolved flags, model config, plan), plan.json,
+metrics.jsonl, checkpoints/step_NNNNNN/, summary.json. ``--resume`` continues bit-exactly on CPU.
+
+Exit codes: 0 = finished, or stopped by SIGINT/SIGTERM after saving a checkpoint (summary.json has
+stop_reason "interrupted"; continue with --resume); 2 = bad flags (nothing was done); 3 = non-finite loss
+(nothing saved for the bad step, the last good checkpoint is kept); 1 = any other error.
+"""
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from nanochat import checkpoint as ckpt
+from nanochat.common import autocast_context, compute_cleanup, compute_init, get_dist_info, print0, seed_everything
+from nanochat.gpt import GPTConfig, build_model, model_summary
+from nanochat.memory import memory_config_from_args
+from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
+from nanochat.optim import MuonAdamW, OptimConfig, build_param_groups
+from nanochat.plan import build_plan, grad_accum_steps
+from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
+from nanochat.train_args import parse_args
+from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
+from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_val_bpb
+
+REPO = Path(__file__).resolve().parents[1]
+DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
+EXIT_NONFINITE = 3
+# Flags that change the optimisation trajectory: a resume with different values would not continue the run.
+TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "embedding_lr",
+                   "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
+                   "memory_lr", "memory_beta1", "memory_beta2", "memory_wd", "warmup_ratio", "warmdown_ratio",
+                   "final_lr_frac", "muon_momentum_start", "muon_momentum_end", "muon_momentum_ramp", "seed",
+                   "data_seed", "synthetic_data", "dtype")
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class Run:
+    args: object
+    rank: int
+    world: int
+    device: torch.device
+    run_dir: Path
+    config: GPTConfig
+    plan: dict
+    model: torch.nn.Module  # uncompiled: checkpoints and evals use it
+    step_model: torch.nn.Module  # what the train step calls (compiled with --compile)
+    optimizer: MuonAdamW
+    sched: ScheduleConfig
+    data: RunData
+    autocast: object
+    metrics: MetricsLogger | None = None
+    loop: dict = field(default_factory=dict)
+    last_saved: int = -1
+
+
+def model_config(args, vocab_size: int) -> GPTConfig:
+    return GPTConfig.from_depth(args.depth, args.aspect_ratio, args.head_dim, sequence_len=args.max_seq_len,
+                                vocab_size=vocab_size, **memory_config_from_args(args))
+
+
+def resolve_run_dir(args) -> Path:
+    if args.run_name is None:
+        args.run_name = f"d{args.depth}-{args.memory}"
+    return Path(args.run_dir) if args.run_dir else REPO / "runs" / args.run_name
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def dry_run(args) -> None:
+    """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON."""
+    world = get_dist_info().world_size
+    config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
+    plan = build_plan(args, model_summary(config), world)
+    run_dir = resolve_run_dir(args)
+    if get_dist_info().rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
+    for key, value in plan.items():
+        print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
+    print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
+    print0(json.dumps(plan))
+
+
+def build_run(args) -> Run:
+    """Everything before the first step: devices, data, model, optimizer; all flag errors surface here."""
+    info, device = compute_init("" if args.device_type == "auto" else args.device_type)
+    if args.data_seed is None:
+        args.data_seed = args.seed
+    data = load_run_data(args, info.rank, info.world_size, device)
+    config = model_config(args, data.vocab_size)
+    plan = build_plan(args, model_summary(config), info.world_size)
+    run_dir = resolve_run_dir(args)
+    data.bundle = resolve_bundle(args)
+    seed_everything(args.seed)
+    model = build_model(config, device=device, seed=args.seed)
+    oc = OptimConfig(embedding_lr=args.embedding_lr, unembedding_lr=args.unembedding_lr, matrix_lr=args.matrix_lr,
+                     scalar_lr=args.scalar_lr, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
+                     weight_decay=args.weight_decay, memory_lr=args.memory_lr, memory_beta1=args.memory_beta1,
+                     memory_beta2=args.memory_beta2, memory_wd=args.memory_wd, lr_scale=plan["batch_lr_scale"])
+    optimizer = MuonAdamW(build_param_groups(model, oc))
+    init_schedule_state(optimizer)
+    sched = ScheduleConfig(plan["num_iterations"], args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
+                           args.muon_momentum_start, args.muon_momentum_end, args.muon_momentum_ramp)
+    step_model = torch.compile(model, dynamic=False) if args.compile else model
+    autocast = autocast_context(device.type, args.dtype)
+    loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
+    return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
+               data, autocast, loop=loop)
+
+
+def resolved_config(run: Run) -> dict:
+    return {"args": vars(run.args), "model_config": run.config.to_dict(), "plan": run.plan,
+            "world_size": run.world, "device": str(run.device), "data": run.data.describe(),
+            "torch": torch.__version__}
+
+
+def check_resume_compatible(run: Run, meta: dict) -> None:
+    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference."""
+    diffs = []
+    if meta.get("model_config") != run.config.to_dict():
+        diffs.append(f"model config {meta.get('model_config')} != {run.config.to_dict()}")
+    saved_args = meta.get("config", {}).get("args", {})
+    for key in TRAJECTORY_KEYS:
+        if key in saved_args and saved_args[key] != getattr(run.args, key):
+            diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(run.args, key)!r}")
+    saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
+    if saved_n is not None and saved_n != run.plan["num_iterations"]:
+        diffs.append(f"num_iterations {saved_n} (checkpoint) != {run.plan['num_iterations']}")
+    if diffs:
+        raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
+                         + "\n  ".join(diffs))
+
+
+def restore(run: Run, step: int) -> None:
+    meta = ckpt.load_meta(run.run_dir, step)
+    check_resume_compatible(run, meta)
+    state = ckpt.load_training_state(run.run_dir, step, map_location=run.device)
+    if state["world_size"] != run.world:
+        raise ValueError(f"--resume: checkpoint step {step} was written by {state['world_size']} processes but this "
+                         f"run has {run.world}; the data order is per rank, so resume with the same world size")
+    ckpt.load_model_weights(run.model, run.run_dir, step, map_location=run.device)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.data.loader.load_state_dict(state["dataloader"][run.rank])
+    ckpt.set_rng_state(state["rng"][run.rank])
+    run.loop = dict(state["loop"])
+    run.last_saved = step
+    print0(f"resumed from {ckpt.step_dir(run.run_dir, step)} (step {step}/{run.plan['num_iterations']})")
+
+
+def save(run: Run, reason: str) -> None:
+    """Collective: every rank contributes its loader and RNG state; rank 0 writes atomically."""
+    step = run.loop["step"]
+    loaders = gather_objects(run.data.loader.state_dict())
+    rngs = gather_objects(ckpt.rng_state())
+    if run.rank == 0:
+        state = {"optimizer": run.optimizer.state_dict(), "loop": dict(run.loop), "dataloader": loaders,
+                 "rng": rngs, "world_size": run.world}
+        meta = {"reason": reason, "config": resolved_config(run), "loop": dict(run.loop)}
+        path = ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
+        print0(f"saved checkpoint {path} ({reason})")
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    run.last_saved = step
+
+
+def log_train(run: Run, loss: float, gnorm: float, sched_vals: dict, dt: float, bar, eta: float) -> None:
+    step, n, tb = run.loop["step"], run.plan["num_iterations"], run.args.total_batch_size
+    tok_s = tb / dt if dt > 0 else 0.0
+    util = mfu(run.plan["flops_per_token"] * tb, dt, peak_flops(run.device), run.world)
+    muon = next(g for g in run.optimizer.param_groups if g["kind"] == "muon")
+    rec = {"kind": "train", "step": step, "tokens": step * tb, "flops": step * tb * run.plan["flops_per_token"],
+           "loss": loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
+           "muon_momentum": sched_vals["muon_momentum"], "muon_wd": muon["weight_decay"], "dt": dt,
+           "tok_per_sec": tok_s, "mfu": util, "train_time": run.loop["train_time"]}
+    rec.update({f"mem/{k}": float(v) for k, v in run.model.memory.stats().items()})
+    run.metrics.log(rec)
+    if run.rank == 0:
+        line = format_step_line(step, n, loss, sched_vals["lrm"], dt, tok_s, util, eta)
+        bar.write(line, file=sys.stdout) if not bar.disable else print(line, flush=True)
+
+
+def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
+    a, n = run.args, run.plan["num_iterations"]
+    if step == n or step == resumed_at:  # the final eval covers N; a resumed step was evaluated before saving
+        return
+    if a.eval_every > 0 and step % a.eval_every == 0:
+        bpb = run_val_bpb(run.model, run.data, run.args, run.rank, run.world, run.device, run.autocast)
+        run.loop["val_bpb"] = bpb
+        run.loop["min_val_bpb"] = bpb if run.loop["min_val_bpb"] is None else min(bpb, run.loop["min_val_bpb"])
+        run.metrics.log({"kind": "eval", "step": step, "tokens": step * a.total_batch_size, "val_bpb": bpb})
+        print0(f"step {step:05d} | val bpb {bpb:.6f}")
+    if a.core_every > 0 and step > 0 and step % a.core_every == 0 and run.data.bundle is not None:
+        res = run_core(run.model, run.data, run.args, run.device, run.autocast)
+        run.metrics.log({"kind": "core", "step": step, "core": res["core"], "label": res["label"]})
+        print0(f"step {step:05d} | {res['label']} {res['core']:.4f}")
+
+
+def train(run: Run, resumed_at: int | None) -> str:
+    """The step loop: exactly N optimizer steps in total (over all resumes). Returns the stop reason."""
+    n = run.plan["num_iterations"]
+    bar = tqdm(total=n, initial=run.loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
+    stop, timed, timed_dt = StopSignal().install(), 0, 0.0
+    try:
+        while True:
+            step = run.loop["step"]
+            periodic_evals(run, step, resumed_at)
+            if step == n:
+                if run.last_saved != n:
+                    save(run, "final")
+                return "completed"
+            if run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0 and step != run.last_saved:
+                save(run, "periodic")
+            if any_rank(stop.received is not None, run.device):
+                if run.last_saved != step:
+                    save(run, f"signal {stop.received or 'on another rank'}")
+                return "interrupted"
+            sched_vals = apply_schedules(run.optimizer, step, run.sched)
+            t0 = time.perf_counter()
+            loss, gnorm = train_step(run.step_model, run.optimizer, run.data.loader, run.plan["grad_accum_steps"],
+                                     run.autocast, run.device)
+            if run.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(f"train loss is {loss} at step {step + 1}")
+            run.loop["step"], run.loop["train_time"] = step + 1, run.loop["train_time"] + dt
+            if step - (resumed_at or 0) >= 3:  # the first steps include warm-up/compile time
+                timed, timed_dt = timed + 1, timed_dt + dt
+            eta = (timed_dt / timed) * (n - step - 1) if timed else float("nan")
+            bar.update(1)
+            if (step + 1) % run.args.log_every == 0 or step + 1 == n:
+                log_train(run, loss, gnorm, sched_vals, dt, bar, eta)
+    finally:
+        stop.uninstall()
+        bar.close()
+
+
+def final_eval(run: Run) -> dict:
+    a = run.args
+    out = {"val_bpb": run_val_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast)}
+    print0(f"final val bpb {out['val_bpb']:.6f}")
+    if a.final_core and run.data.bundle is not None:
+        res = run_core(run.model, run.data, a, run.device, run.autocast)
+        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"), core_missing=res.get("missing"))
+        print0(f"final {res['label']} {res['core']:.4f}")
+    run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
+                     **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
+    return out
+
+
+def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
+    step, tb = run.loop["step"], run.args.total_batch_size
+    summary = {"run_name": run.args.run_name, "run_dir": str(run.run_dir), "stop_reason": stop_reason,
+               "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
+               "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
+               ("params_total", "params_memory", "params_backbone", "flops_per_token", "world_size")},
+               "train_time_s": run.loop["train_time"], "wall_time_s": wall, **evals}
+    if run.rank == 0:
+        write_json(run.run_dir / "summary.json", summary)
+    return summary
+
+
+def execute(run: Run) -> int:
+    wall0 = time.time()
+    resumed_at = ckpt.resolve_resume_step(run.run_dir, run.args.resume)
+    if resumed_at is not None:
+        restore(run, resumed_at)
+    elif run.args.resume == "auto":
+        print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
+    if run.rank == 0:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run.run_dir / "config.json", resolved_config(run))
+        write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
+        if resumed_at is not None:
+            truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at)
+        elif (run.run_dir / "metrics.jsonl").exists():
+            (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
+    a = run.args
+    run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run))
+    print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
+           f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
+    try:
+        reason = train(run, resumed_at)
+        evals = final_eval(run) if reason == "completed" else {}
+    except NonFiniteLoss as e:
+        last = ckpt.list_steps(run.run_dir)
+        print0(f"error: {e}; stopping without saving. Last good checkpoint: "
+               f"{('step ' + str(last[-1])) if last else 'none'} in {run.run_dir / ckpt.CKPT_DIR} "
+               "(resume with --resume after lowering the LRs, or check the data)")
+        write_summary(run, "nonfinite_loss", {}, time.time() - wall0)
+        return EXIT_NONFINITE
+    finally:
+        run.metrics.close()
+    summary = write_summary(run, reason, evals, time.time() - wall0)
+    if reason == "interrupted":
+        print0(f"interrupted at step {run.loop['step']}: checkpoint saved; continue with --resume")
+    print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
+    return 0
+
+
+def preflight(args) -> None:
+    """Flag checks that need the memory registry or the world size, before any process group, data or model."""
+    memory_config_from_args(args)
+    grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # exits with code 2 and a message on bad flags
+    try:
+        preflight(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        try:
+            dry_run(args)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        run = build_run(args)
+    except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer problems found before any training
+        print(f"error: {e}", file=sys.stderr)
+        compute_cleanup()
+        return 2
+    try:
+        return execute(run)
+    finally:
+        compute_cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
