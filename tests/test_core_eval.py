@@ -183,7 +183,7 @@ def test_left_truncation_keeps_scores():
 
 
 # -- distributed ----------------------------------------------------------------------------------------
-def test_two_process_equals_one_process(tmp_path):
+def test_two_process_equals_one_process_core_and_bpb(tmp_path):
     mc, lm = _hand_rows(9)
     bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 2, " ", mc),
                                            "lm": ("language_modeling", 1, " ", lm)}, {"mc": 25, "lm": 0})
@@ -194,3 +194,9 @@ def test_two_process_equals_one_process(tmp_path):
     two = json.loads(out.read_text())
     assert two["tasks"] == one["tasks"] and two["core"] == pytest.approx(one["core"])
     assert not math.isnan(one["core"])
+    # the worker also runs document-reset bpb over 2 ranks: it must equal the 1-process value
+    from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches
+
+    x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)
+    bpb = evaluate_bpb(tiny_gpt(seq_len=256), iter_row_batches(x, y, 2), CharTok().token_bytes())
+    assert two["bpb"] == pytest.approx(bpb, rel=1e-6)

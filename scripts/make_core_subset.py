@@ -1,0 +1,76 @@
+"""Build the offline CORE subset shipped in eval_data/core_subset/ (deterministic, re-runnable).
+
+For every core.yaml task whose file exists in the source bundle, keep the first N rows (default 100) of the
+file after the evaluator's own shuffle (random.Random(1337)), i.e. exactly the examples that
+``--max-per-task N`` evaluates on the full bundle (the few-shot pool is then these N rows, as it is there).
+hellaswag.jsonl is missing from ../shared/eval_bundle; it is taken from
+../shared/data/hellaswag_val_full/hellaswag_core_approx.jsonl (all 10,042 rows; differs from the real file
+only by a missing leading space on some WikiHow endings), so the hellaswag tasks are marked approximate.
+
+    python -m scripts.make_core_subset [--src ../shared] [--out eval_data/core_subset] [--rows 100]
+"""
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+from pathlib import Path
+
+from nanochat.eval_bundle import REPO_ROOT, load_core_tasks, load_task_data
+
+HELLASWAG_APPROX = "data/hellaswag_val_full/hellaswag_core_approx.jsonl"
+
+
+def subset_rows(path: Path, task_type: str, n: int) -> list[dict]:
+    rows = load_task_data(path, task_type)
+    random.Random(1337).shuffle(rows)  # same order the evaluator uses, so the subset = its first n examples
+    return rows[:n]
+
+
+def build(src: Path, out: Path, n: int) -> dict:
+    bundle = src / "eval_bundle"
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "eval_data").mkdir(parents=True)
+    for name in ("core.yaml", "eval_meta_data.csv"):
+        shutil.copy(bundle / name, out / name)
+    info = {"subset": True, "rows_per_task": n, "tasks": {}, "approx_tasks": {}, "missing_tasks": []}
+    written = set()
+    for task in load_core_tasks(bundle):
+        source = bundle / "eval_data" / task.dataset_uri
+        if not source.is_file() and task.dataset_uri.endswith("hellaswag.jsonl"):
+            source = src / HELLASWAG_APPROX
+            info["approx_tasks"][task.label] = f"from {HELLASWAG_APPROX} (leading spaces lost on some WikiHow endings)"
+        if not source.is_file():
+            info["missing_tasks"].append(task.label)
+            continue
+        dest = out / "eval_data" / task.dataset_uri
+        if task.dataset_uri not in written:  # hellaswag and hellaswag_zeroshot share one file
+            rows = subset_rows(source, task.task_type, n)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+            written.add(task.dataset_uri)
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        info["tasks"][task.label] = {"file": task.dataset_uri, "source": str(source.relative_to(src)),
+                                     "source_sha256": digest, "rows": sum(1 for _ in open(dest, encoding="utf-8"))}
+    (out / "SUBSET.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--src", default=str(REPO_ROOT.parent / "shared"), help="shared/ folder holding eval_bundle/")
+    ap.add_argument("--out", default=str(REPO_ROOT / "eval_data" / "core_subset"))
+    ap.add_argument("--rows", type=int, default=100, help="rows kept per task")
+    args = ap.parse_args()
+    src = Path(args.src)
+    if not (src / "eval_bundle" / "core.yaml").is_file():
+        raise SystemExit(f"error: --src {src} has no eval_bundle/core.yaml")
+    info = build(src, Path(args.out), args.rows)
+    print(f"wrote {len(info['tasks'])} tasks to {args.out}; missing: {info['missing_tasks']}; "
+          f"approximate: {list(info['approx_tasks'])}")
+
+
+if __name__ == "__main__":
+    main()
