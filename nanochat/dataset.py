@@ -179,9 +179,10 @@ def download_file(url: str, dest, *, max_attempts: int = 5, backoff: float = 2.0
         except Exception as e:  # network errors, 5xx, truncated bodies: retry and resume
             last_error = e
     else:
+        resume = f"; re-running resumes from {part.name}" if part.exists() else ""
         raise DownloadError(f"could not download {url} after {max_attempts} attempts "
                             f"({type(last_error).__name__}: {last_error}); check the network or "
-                            f"--base-url / ${BASE_URL_ENV}; re-running resumes from {part.name}")
+                            f"--base-url / ${BASE_URL_ENV}{resume}")
     try:
         validate(part)
     except DataError as e:
@@ -218,7 +219,7 @@ def _fetch_into(url: str, part: Path, timeout: float, progress: bool) -> None:
             total=total, initial=offset, unit="B", unit_scale=True, desc=part.name[:-5],
             disable=not progress, leave=False,
         ) as bar:
-            for chunk in r.iter_content(chunk_size=1 << 20):
+            for chunk in r.iter_content(chunk_size=1 << 16):  # small chunks: little is lost when a read fails
                 f.write(chunk)
                 written += len(chunk)
                 bar.update(len(chunk))
