@@ -1,0 +1,178 @@
+import io
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+
+from nanochat.dataloader import BestFitPacker, PackedDataLoader, build_eval_rows, iter_eval_batches
+from nanochat.dataset import DataError, write_manifest, write_text_shard
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def synthetic_dir(tmp_path_factory):
+    """96 uniquely numbered documents of varied length in 2 train shards with 8-doc row groups (12 units)."""
+    d = tmp_path_factory.mktemp("synthetic")
+    rng = random.Random(0)
+    docs = [f"doc{i:03d} " + " ".join(rng.choice(["the", "sea", "whale", "ship"]) for _ in range(rng.randint(2, 60)))
+            for i in range(96)]
+    write_text_shard(d / "t0.parquet", docs[:48], row_group_size=8)
+    write_text_shard(d / "t1.parquet", docs[48:], row_group_size=8)
+    write_text_shard(d / "v0.parquet", docs[:16], row_group_size=8)
+    write_manifest(d, "synthetic", ["t0.parquet", "t1.parquet"], ["v0.parquet"], source="test")
+    return d
+
+
+def loader(data_dir, tok, **kw):
+    args = dict(split="train", batch_size=4, seq_len=SEQ, tokenizer=tok, buffer_docs=16, tokenize_chunk=8)
+    args.update(kw)
+    return PackedDataLoader(data_dir, **args)
+
+
+def take(dl, n):
+    return [next(dl) for _ in range(n)]
+
+
+def test_rows_are_bos_aligned_documents_without_padding(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    tok = tiny_tokenizer
+    full_docs = {tuple([tok.bos_token_id] + tok.encode(t)) for t in _all_docs(synthetic_dir)}
+    dl = loader(synthetic_dir, tok)
+    for x, y in take(dl, 10):
+        assert x.shape == y.shape == (4, SEQ) and x.dtype == y.dtype == torch.int64
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        rows = torch.cat([x, y[:, -1:]], dim=1)
+        for row in rows.tolist():
+            assert row[0] == tok.bos_token_id
+            starts = [i for i, t in enumerate(row) if t == tok.bos_token_id] + [len(row)]
+            segments = [tuple(row[a:b]) for a, b in zip(starts, starts[1:])]
+            # every segment but the last is a whole document; the last is a document or a cropped prefix of one
+            assert all(s in full_docs for s in segments[:-1])
+            assert any(d[:len(segments[-1])] == segments[-1] for d in full_docs)
+    dl.close()
+
+
+def _all_docs(data_dir):
+    from nanochat.dataset import iter_documents
+
+    return list(iter_documents(data_dir, "train"))
+
+
+def naive_best_fit(lengths, row_len, buffer_docs):
+    """Reference: scan the buffer for the largest doc that fits (oldest on ties), else crop the shortest."""
+    stream, buf, rows = list(enumerate(lengths)), [], []
+    while True:
+        row, pos = [], 0
+        while pos < row_len:
+            while len(buf) < buffer_docs and stream:
+                buf.append(stream.pop(0))
+            if not buf:
+                return rows
+            fits = [d for d in buf if d[1] <= row_len - pos]
+            if fits:
+                pick = max(fits, key=lambda d: (d[1], -d[0]))
+                row.append((pick[0], pick[1]))
+                pos += pick[1]
+            else:
+                pick = min(buf, key=lambda d: (d[1], d[0]))
+                row.append((pick[0], row_len - pos))
+                pos = row_len
+            buf.remove(pick)
+        rows.append(row)
+
+
+def test_best_fit_matches_naive_reference():
+    rng = random.Random(1)
+    lengths = [rng.choice([1, 3, 5, 5, 8, 13, 20, 40, 70]) for _ in range(300)]
+    packer = BestFitPacker(row_len=32, buffer_docs=10)
+    # doc i is the token value i repeated, so a row tells which documents (and how much of them) it holds
+    source = iter([np.full(n, i, dtype=np.int32)] for i, n in enumerate(lengths))
+    got, row = [], np.empty(32, dtype=np.int64)
+    while packer.fill_row(row, lambda: packer.add(next(source, [])) or packer.next_seq < len(lengths)):
+        values, counts = np.unique(row, return_counts=True)
+        order = sorted(range(len(values)), key=lambda k: np.flatnonzero(row == values[k])[0])
+        got.append([(int(values[k]), int(counts[k])) for k in order])
+    assert got == naive_best_fit(lengths, 32, 10)[:len(got)] and len(got) > 50
+
+
+def test_two_rank_striping_covers_each_document_once(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    ranks = [loader(synthetic_dir, tiny_tokenizer, rank=r, world_size=2, seed=3) for r in range(2)]
+    for epoch in (0, 1):
+        seen = [dl.epoch_documents(epoch) for dl in ranks]
+        assert len(seen[0]) + len(seen[1]) == 96 and not set(seen[0]) & set(seen[1])
+        all_docs = {(u, r) for u, (_, _, n) in enumerate(ranks[0].index.units) for r in range(n)}
+        assert set(seen[0]) | set(seen[1]) == all_docs
+    # end to end: the documents packed into the first batches (all from epoch 0) differ between the ranks
+    ids = []
+    for dl in ranks:
+        text = "".join(tiny_tokenizer.decode(row.tolist()) for x, _ in take(dl, 2) for row in x)
+        ids.append(set(re.findall(r"doc(\d{3})", text)))
+        dl.close()
+    assert len(ids[0]) >= 4 and len(ids[1]) >= 4 and not ids[0] & ids[1]
+
+
+def test_resume_is_exact_across_epochs(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    reference = loader(synthetic_dir, tiny_tokenizer, seed=5)
+    expected = take(reference, 40)  # ~40*4*64 tokens: several passes over the ~3k-token corpus
+    reference.close()
+    for split_at in (3, 17):
+        dl = loader(synthetic_dir, tiny_tokenizer, seed=5)
+        take(dl, split_at)
+        buf = io.BytesIO()
+        torch.save(dl.state_dict(), buf)  # must survive a checkpoint round trip with weights_only loading
+        dl.close()
+        resumed = loader(synthetic_dir, tiny_tokenizer, seed=5)
+        resumed.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+        for (ex, ey), (gx, gy) in zip(expected[split_at:], take(resumed, 40 - split_at)):
+            assert torch.equal(ex, gx) and torch.equal(ey, gy)
+        assert resumed.cursor[0] >= 1 or split_at == 3
+        resumed.close()
+
+
+def test_seed_changes_order_reproducibly(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    def first_batches(seed):
+        dl = loader(synthetic_dir, tiny_tokenizer, seed=seed)
+        out = torch.cat([x for x, _ in take(dl, 3)])
+        dl.close()
+        return out
+
+    a, b, c = first_batches(0), first_batches(0), first_batches(1)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    dl0, dl1 = (loader(synthetic_dir, tiny_tokenizer, seed=s) for s in (0, 1))
+    assert dl0.epoch_documents(0) != dl1.epoch_documents(0)
+    assert sorted(dl0.epoch_documents(0)) == sorted(dl1.epoch_documents(0))
+
+
+def test_bad_state_and_world_size_errors(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    state = loader(synthetic_dir, tiny_tokenizer, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed=1 but this loader has 2"):
+        loader(synthetic_dir, tiny_tokenizer, seed=2).load_state_dict(state)
+    with pytest.raises(DataError, match="12 row groups, fewer than world size 16"):
+        loader(synthetic_dir, tiny_tokenizer, rank=0, world_size=16)
+
+
+def test_embedded_loader_runs(embedded_data_dir, tiny_tokenizer):  # noqa: F811
+    dl = PackedDataLoader(embedded_data_dir, "train", 2, 128, tiny_tokenizer, seed=0)
+    x, y = next(dl)
+    assert x.shape == (2, 128) and (x[:, 0] == tiny_tokenizer.bos_token_id).all()
+    assert int(x.max()) < tiny_tokenizer.vocab_size
+    dl.close()
+
+
+def test_eval_rows_independent_of_world_and_batch_size(embedded_data_dir, tiny_tokenizer):  # noqa: F811
+    rows = build_eval_rows(embedded_data_dir, "val", tiny_tokenizer, 128, 5000)
+    assert rows.shape == (40, 129) and (rows[:, 0] == tiny_tokenizer.bos_token_id).all()
+    assert torch.equal(rows, build_eval_rows(embedded_data_dir, "val", tiny_tokenizer, 128, 5000))
+    reference = sorted(map(tuple, rows[:, :-1].tolist()))
+    for world, batch in ((1, 40), (2, 3), (3, 7)):
+        seen = []
+        for rank in range(world):
+            for x, y in iter_eval_batches(rows, batch, rank, world):
+                assert x.shape[0] <= batch and torch.equal(x[:, 1:], y[:, :-1])
+                seen += map(tuple, x.tolist())
+        assert sorted(seen) == reference
+    with pytest.raises(DataError, match="--eval-tokens"):
+        build_eval_rows(embedded_data_dir, "val", tiny_tokenizer, 128, 10**9)
