@@ -117,7 +117,8 @@ class MoMEOptions:
 def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
     """Mixture weights of the selected slots. logits (..., M); sel (..., K) or None (= all M in slot order).
     Returns (weights (..., K or M), scores p (..., M)) in fp32."""
-    p = torch.softmax(logits.float(), dim=-1) if mode.startswith("softmax") else torch.sigmoid(logits.float())
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32 (bf16 under autocast)
+    p = torch.softmax(logits, dim=-1) if mode.startswith("softmax") else torch.sigmoid(logits)
     w = p if sel is None else p.gather(-1, sel)
     if mode.endswith("-norm"):
         w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
@@ -231,7 +232,7 @@ class MoMEMemory(MemoryBlock):
             w, p = gate_weights(logits, None, self.mode)
             return None, w, p
         if hasattr(self, "router_bias"):  # loss-free balancing: bias the scores used for selection only
-            p = torch.softmax(logits.float(), -1) if self.mode.startswith("softmax") else torch.sigmoid(logits.float())
+            _, p = gate_weights(logits, None, self.mode)
             scores = p + self.router_bias[pos][row]  # (B, T, H, M)
         else:
             scores = logits  # TopK(l) as in the paper (monotone in p, so the same selection)
@@ -271,7 +272,7 @@ class MoMEMemory(MemoryBlock):
             self.load_counts[pos] += row.numel()
             return
         head = torch.arange(H, device=sel.device)[:, None] * M  # (H, 1)
-        ones = torch.ones(sel.numel(), device=sel.device)
+        ones = torch.ones(sel.numel(), device=sel.device, dtype=self.load_counts.dtype)
         self.load_counts[pos].view(-1).index_add_(0, (head + sel).reshape(-1), ones)
         if hasattr(self, "balance_counts"):
             cell = (row[..., None, None] * H * M) + head + sel  # (B, T, H, K) ids into (N, H, M)

@@ -49,6 +49,11 @@ def _fail(path, msg):
 
 def validate_rows(rows, vocab_size: int, group_size: int, path="<rows>") -> torch.Tensor:
     """Check that ``rows`` is a partition of [0, vocab_size) into rows of exactly group_size; return the map."""
+    with torch.device("cpu"):  # host-side work, also when the model is being built under torch.device("meta")
+        return _validate_rows(rows, vocab_size, group_size, path)
+
+
+def _validate_rows(rows, vocab_size, group_size, path):
     if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
         _fail(path, "'rows' must be a list of lists of token ids")
     if vocab_size % group_size:

@@ -1,0 +1,218 @@
+"""VE / Bigram / MoME: parameter accounting, init equivalence, hashing, KV-cache decoding, flag errors."""
+
+import argparse
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from nanochat.gpt import GPTConfig, build_model, model_summary
+from nanochat.kv_cache import KVCache
+from nanochat.memory import add_memory_args, memory_config_from_args
+from nanochat.memory.hashing import bigram_hash
+from nanochat.memory.mome import MoMEOptions
+
+D12_BASE = 135_266_328
+
+
+def d12(memory, **opts):
+    return model_summary(GPTConfig.from_depth(12, memory=memory, memory_options=opts))
+
+
+# -- parameter accounting (paper Table 1 / compound-scaling table, reference notes §1.8) -------------------
+def test_d12_table1_numbers():
+    assert d12("base")["params_total"] == D12_BASE
+    ve, bg, mome = d12("ve"), d12("bigram"), d12("mome")
+    assert (ve["params_memory"], ve["params_total"]) == (150_994_944, 286_262_424)
+    # 1,152 gate params + 12 lambdas (one per layer, as in the reference)
+    assert (bg["params_memory"], bg["params_total"]) == (150_994_944, 286_262_436)
+    assert (mome["params_memory"], mome["params_total"]) == (150_994_944, 286_428_528)
+    assert mome["flops_per_token"] == 888_098_832
+    assert ve["flops_per_token"] == bg["flops_per_token"] == 887_102_208  # gates counted, tables/lambdas not
+
+
+def test_d12_302m_rows_and_compound_rows():
+    assert d12("mome", slots=12)["params_memory"] == 301_989_888  # c1 A2/12
+    assert d12("mome", slots=12)["flops_per_token"] == 889_095_456
+    # compound scaling: one shared table of n*V*M*128 params
+    for n, M, mem_m in [(6, 6, 151), (12, 6, 302), (6, 12, 302), (12, 12, 604), (24, 6, 604), (6, 24, 604)]:
+        s = d12("mome", index="bigram", bigram_factor=n, slots=M)
+        assert s["params_memory"] == n * 32768 * M * 128
+        assert round(s["params_memory"] / 1e6) == mem_m
+    assert round(d12("mome", index="bigram", bigram_factor=6, slots=12)["params_total"] / 1e5) / 10 == 437.6
+
+
+def test_d12_grouped_rows(tmp_path):
+    from nanochat.memory.slot_map import write_slot_map
+
+    for c, M, mem, total in [(2, 12, 150_994_944, 286_594_632), (2, 24, 301_989_888, None), (4, 48, 301_989_888, None)]:
+        path = tmp_path / f"c{c}.json"
+        write_slot_map(path, [list(range(i, i + c)) for i in range(0, 32768, c)], 32768, c)
+        s = d12("mome", index="grouped", group_size=c, slots=M, slot_map=str(path))
+        assert s["params_memory"] == mem
+        if total:
+            assert s["params_total"] == total
+
+
+def test_routing_controls_declared_counts():
+    hidden, tok, rnd = d12("mome"), d12("mome", routing="token-only"), d12("mome", routing="fixed-random")
+    ve = d12("ve")
+    assert rnd["params_total"] == ve["params_total"]  # no router at all
+    assert tok["params_total"] == ve["params_total"] + 32768 * 6 * 6  # one V x H*M logit table
+    assert hidden["params_total"] == ve["params_total"] + 6 * (768 * 36 + 36)
+    d24 = lambda **o: model_summary(GPTConfig.from_depth(24, memory="mome", memory_options=dict(slots=12, **o)))
+    # paper appendix "Context-Conditioned Routing" (d24, A2/12): 1,386.8M / 1,388.8M / 1,384.1M
+    assert [round(d24(routing=r)["params_total"] / 1e5) for r in ("context", "token-only", "fixed-random")] == \
+        [13868, 13888, 13841]
+
+
+def test_ve_table_footprint_equals_mome_m_equals_h():
+    cfg = dict(vocab_size=512, n_layer=4, n_head=4, n_kv_head=4, n_embd=128)
+    ve = model_summary(tiny_config(memory="ve", **cfg))["params_memory"]
+    mome = model_summary(tiny_config(memory="mome", memory_options=dict(slots=4), **cfg))["params_memory"]
+    assert ve == mome == 2 * 512 * 128
+
+
+def test_shared_bigram_tables_are_one_tensor():
+    m = build_model(tiny_config(memory="bigram", n_layer=4), seed=0)
+    assert len(m.memory.memory_tables()) == 1 and m.memory.layers == (1, 3)
+    m = build_model(tiny_config(memory="mome", n_layer=4, memory_options=dict(index="bigram", bigram_factor=2)))
+    tables = m.memory.memory_tables()
+    assert len(tables) == 1 and tables[0].shape == (2 * 512 * 6, 64)
+    assert len(m.memory.routers) == len(m.memory.gates) == 2  # per-layer routers and gates
+
+
+def test_optimizer_groups():
+    from nanochat.optim import OptimConfig, build_param_groups
+
+    m = build_model(tiny_config(memory="mome"), seed=0)
+    groups = {g["name"]: g for g in build_param_groups(m, OptimConfig())}
+    assert groups["memory_tables"]["params"][0] is m.memory.tables[0].weight
+    assert groups["memory_tables"]["weight_decay"] == 0.001
+    assert any(p is m.memory.routers[0].bias for p in groups["adam_extra"]["params"])
+    b = build_model(tiny_config(memory="bigram"), seed=0)
+    groups = {g["name"]: g for g in build_param_groups(b, OptimConfig())}
+    assert groups["memory_tables"]["weight_decay"] == 0.0
+    assert any(p is b.memory.lambdas for p in groups["x0_lambdas"]["params"])
+
+
+# -- behaviour ------------------------------------------------------------------------------------------
+def test_bigram_at_init_equals_base_exactly():
+    idx = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    base = build_model(tiny_config(), seed=7)
+    bigram = build_model(tiny_config(memory="bigram"), seed=7)
+    assert torch.equal(base(idx), bigram(idx))
+
+
+def test_bigram_hash_definition():
+    idx = torch.tensor([[5, 7, 9], [1, 2, 3]])
+    h = bigram_hash(idx, 100)
+    assert h[:, 0].tolist() == [99, 99]
+    assert int(h[0, 1]) == ((36313 * 7) ^ (27191 * 5)) % 99
+    h2 = bigram_hash(idx, 100, prev=torch.tensor([4, 0]))
+    assert int(h2[0, 0]) == ((36313 * 5) ^ (27191 * 4)) % 99
+    assert torch.equal(h2[:, 1:], h[:, 1:])
+    big = torch.full((1, 2), 2**31 - 1)  # int64 arithmetic: no overflow for large ids
+    assert int(bigram_hash(big, 7)[0, 1]) == ((36313 * (2**31 - 1)) ^ (27191 * (2**31 - 1))) % 6
+
+
+def _perturb(model):
+    with torch.no_grad():  # non-trivial tables, routers and gates, so every path matters
+        g = torch.Generator().manual_seed(1)
+        for p in model.memory.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("memory,opts", [("bigram", {}), ("mome", {}), ("mome", {"index": "bigram", "bigram_factor": 2}),
+                                         ("ve", {}), ("mome", {"routing": "fixed-random"})])
+def test_kv_decoding_equals_full_forward(memory, opts):
+    model = build_model(tiny_config(memory=memory, memory_options=opts), seed=0).eval()
+    _perturb(model)
+    idx = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(2))
+    full = model(idx)
+    cache = KVCache.for_model(model, batch_size=2, max_len=12)
+    parts = [model(idx[:, :5], kv_cache=cache), model(idx[:, 5:8], kv_cache=cache)]  # chunked prefill
+    parts += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(8, 12)]  # token-by-token decode
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_capture_records_routing_tensors():
+    model = build_model(tiny_config(memory="mome", n_layer=4), seed=0)
+    model.memory.capture = {}
+    model(torch.randint(0, 512, (2, 8)))
+    assert sorted(model.memory.capture) == [1, 3]
+    cap = model.memory.capture[3]
+    assert cap["slots"].shape == cap["weights"].shape == (2, 8, 2, 2)
+    assert cap["probs"].shape == (2, 8, 2, 6) and cap["gamma"].shape == cap["inject_norm"].shape == (2, 8, 2)
+    assert not cap["weights"].requires_grad
+
+
+def test_mome_stats_and_balance_update():
+    model = build_model(tiny_config(memory="mome", memory_options=dict(balance="bias", balance_lr=0.01)), seed=0)
+    _perturb(model)
+    model(torch.randint(0, 512, (2, 16)))
+    mem = model.memory
+    counts = mem.balance_counts.clone()
+    assert counts.sum() == 2 * 16 * 2 * 2  # B*T*H*K assignments
+    mem.update_balance()
+    visited = counts.sum(-1) > 0
+    expect = 0.01 * torch.sign(counts.sum(-1, keepdim=True) / 6 - counts) * visited[..., None]
+    assert torch.equal(mem.router_bias, expect) and mem.balance_counts.sum() == 0
+    assert "memory.router_bias" in model.state_dict()  # persistent: saved in checkpoints
+    s = mem.stats()
+    assert 0 < s["memory/load_entropy/layer1"] <= 1 and s["memory/maxvio/layer1"] >= 0
+    assert s["memory/gamma_mean/layer1"] > 0
+
+
+# -- bad input --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("opts,flag", [
+    (dict(slots=3, topk=4), "--mome-topk"),
+    (dict(index="grouped", group_size=4, slots=6, slot_map="x.json"), "--mome-slots"),
+    (dict(index="hash"), "--mome-index"),
+    (dict(index="bigram", bigram_factor=0), "--mome-bigram-factor"),
+    (dict(gate="relu"), "--mome-gate"),
+    (dict(routing="random"), "--mome-routing"),
+    (dict(index="grouped", group_size=2, slots=6), "--mome-slot-map"),
+    (dict(group_size=2), "--mome-group-size"),
+    (dict(bigram_factor=12), "--mome-bigram-factor"),
+])
+def test_mome_option_errors_name_the_flag(opts, flag):
+    with pytest.raises(ValueError, match=flag):
+        MoMEOptions(**opts)
+
+
+def test_errors_through_the_model_config(tmp_path):
+    with pytest.raises(ValueError, match="--bigram-factor"):
+        model_summary(tiny_config(memory="bigram", memory_options=dict(factor=0)))
+    with pytest.raises(ValueError, match="--memory-layers"):
+        model_summary(tiny_config(memory="ve", memory_layers=(1, 2)))
+    with pytest.raises(ValueError, match="--memory 'nope' is unknown"):
+        model_summary(tiny_config(memory="nope"))
+    with pytest.raises(ValueError, match="unknown option"):
+        model_summary(tiny_config(memory="ve", memory_options=dict(slots=3)))
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    add_memory_args(p)
+    return p.parse_args(list(argv))
+
+
+def test_cli_helpers():
+    cfg = memory_config_from_args(_args("--memory", "mome", "--mome-slots", "12", "--memory-layers", "1,3"))
+    assert cfg["memory"] == "mome" and cfg["memory_layers"] == [1, 3] and cfg["memory_options"]["slots"] == 12
+    assert model_summary(tiny_config(n_layer=4, **cfg))["params_memory"] == 2 * 512 * 12 * 64
+    assert memory_config_from_args(_args()) == {"memory": "base", "memory_layers": [], "memory_options": {}}
+    assert memory_config_from_args(_args("--memory", "bigram", "--bigram-factor", "3"))["memory_options"] == {"factor": 3}
+    with pytest.raises(ValueError, match="--mome-topk only applies to --memory mome"):
+        memory_config_from_args(_args("--memory", "ve", "--mome-topk", "1"))
+    with pytest.raises(ValueError, match="--bigram-factor only applies"):
+        memory_config_from_args(_args("--memory", "mome", "--bigram-factor", "2"))
+    with pytest.raises(ValueError, match="--mome-topk"):
+        memory_config_from_args(_args("--memory", "mome", "--mome-topk", "7"))
+    with pytest.raises(ValueError, match="--memory-layers"):
+        memory_config_from_args(_args("--memory", "mome", "--memory-layers", "1,x"))
+    with pytest.raises(ValueError, match="--mome-slot-map"):
+        memory_config_from_args(_args("--memory", "mome", "--mome-index", "grouped", "--mome-slot-map", "/no/such"))
+    with pytest.raises(SystemExit):
+        _args("--mome-index", "hash")
