@@ -242,3 +242,37 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     out = summarize_core(results, baselines, [t.label for t in specs])
     out.update(bundle=str(bundle_dir), max_per_task=max_per_task, subset=bundle_info(bundle_dir))
     return out
+
+
+# -- reports ----------------------------------------------------------------------------------------------
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None:
+    """core.json (everything), core.csv (task, accuracy, centered, n + the CORE row), core.md (table)."""
+    import json
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out_dir / "core.json", json.dumps({**results, **(extra or {})}, indent=2) + "\n")
+    tasks = results["tasks"]
+    csv = ["task,accuracy,centered,n"] + [f"{k},{v['accuracy']:.6f},{v['centered']:.6f},{v['n']}"
+                                           for k, v in tasks.items()]
+    csv.append(f"{results['label']},,{results['core']:.6f},{sum(v['n'] for v in tasks.values())}")
+    _atomic_write(out_dir / "core.csv", "\n".join(csv) + "\n")
+    approx = (results.get("subset") or {}).get("approx_tasks", {})
+    md = ["| task | accuracy | centered | n | random baseline % |", "|---|---:|---:|---:|---:|"]
+    md += [f"| {k}{' (approx.)' if k in approx else ''} | {v['accuracy']:.4f} | {v['centered']:.4f} | {v['n']} | "
+           f"{v['random_baseline']:g} |" for k, v in tasks.items()]
+    md.append(f"| **{results['label']}** | | **{results['core']:.4f}** | | |")
+    notes = []
+    if results["missing"]:
+        notes.append(f"Missing task files (not averaged): {', '.join(results['missing'])}.")
+    if results.get("subset"):
+        notes.append("Computed on the shipped CORE **subset** (eval_data/core_subset): not comparable with full CORE.")
+    if results.get("max_per_task", -1) > 0:
+        notes.append(f"At most {results['max_per_task']} examples per task (--max-per-task).")
+    _atomic_write(out_dir / "core.md", "\n".join(md + [""] + notes) + "\n")

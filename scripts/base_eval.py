@@ -1,0 +1,134 @@
+"""Evaluate a checkpoint: CORE and/or bits per byte (train/val splits and out-of-domain corpora).
+
+    python -m scripts.base_eval --run runs/X [--step S] [--eval core,bpb] [--bundle DIR|subset]
+        [--max-per-task N] [--device-batch-size B] [--splits train,val] [--eval-tokens N]
+        [--bpb-corpus NAME=PATH ...]
+    torchrun --standalone --nproc_per_node=N -m scripts.base_eval --run runs/X ...
+
+Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json. The tokenizer and data
+directory come from the checkpoint's meta.json ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir
+are given. CORE counts only the tasks whose data files exist and says so in its label (e.g. CORE-21/22).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from nanochat.checkpoint import find_last_step, load_model
+from nanochat.common import autocast_context, compute_cleanup, compute_init, print0
+
+PAPER_EVAL_TOKENS = 20_971_520
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory holding checkpoints/step_NNNNNN/")
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--eval", default="core,bpb", help="comma list of: core, bpb")
+    ap.add_argument("--bundle", default=None, help="CORE bundle dir, or 'subset' for eval_data/core_subset "
+                    "(default: $NANOCHAT_EVAL_BUNDLE, the cache, then download)")
+    ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--device-batch-size", type=int, default=16, help="rows per forward pass (CORE and bpb)")
+    ap.add_argument("--splits", default="train,val", help="dataset splits for bpb (comma list; '' for none)")
+    ap.add_argument("--eval-tokens", type=int, default=PAPER_EVAL_TOKENS,
+                    help="tokens per bpb split/corpus (fixed rows: independent of world size and batch size)")
+    ap.add_argument("--bpb-corpus", action="append", default=[], metavar="NAME=PATH",
+                    help="out-of-domain text (.txt = one document, .jsonl = one 'text' per line), scored with "
+                    "the document-reset protocol; repeatable")
+    ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
+    ap.add_argument("--data-dir", default=None, help="override meta['data_dir']")
+    ap.add_argument("--device-type", default="", help="cuda|cpu|mps (default: autodetect)")
+    ap.add_argument("--dtype", default="auto", help="auto|float32|bfloat16 (autocast)")
+    ap.add_argument("--out-dir", default=None, help="default: <run>/eval/step_NNNNNN")
+    ap.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    args = ap.parse_args(argv)
+    args.evals = [e for e in args.eval.split(",") if e]
+    bad = sorted(set(args.evals) - {"core", "bpb"})
+    if bad:
+        ap.error(f"--eval: unknown evaluation(s) {bad}; choose from core, bpb")
+    args.corpora = {}
+    for spec in args.bpb_corpus:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--bpb-corpus expects NAME=PATH, got {spec!r}")
+        args.corpora[name] = Path(path)
+    return args
+
+
+def resolve_dir(flag_value, meta: dict, key: str, flag: str, default_fn):
+    """The directory from --flag, else meta[key], else the project default (printed, never silent)."""
+    if flag_value:
+        return Path(flag_value), flag
+    if meta.get(key):
+        return Path(meta[key]), f"checkpoint meta '{key}'"
+    return Path(default_fn()), f"default (no {flag} and no '{key}' in meta.json)"
+
+
+def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> dict:
+    from nanochat.dataloader import build_eval_rows, iter_eval_batches
+    from nanochat.dataset import default_data_dir
+    from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
+
+    token_bytes = tokenizer.token_bytes().to(device)
+    seq_len, B = model.max_seq_len, args.device_batch_size
+    out = {"eval_tokens": args.eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}
+    splits = [s for s in args.splits.split(",") if s]
+    if splits:
+        data_dir, source = resolve_dir(args.data_dir, meta, "data_dir", "--data-dir",
+                                       lambda: default_data_dir(meta.get("dataset", "embedded")))
+        print0(f"bpb data: {data_dir} ({source})")
+        out["data_dir"] = str(data_dir)
+        for split in splits:
+            rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens)
+            bpb = evaluate_bpb(model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx)
+            out["splits"][split] = bpb
+            print0(f"{split} bpb: {bpb:.6f}")
+    for name, path in args.corpora.items():
+        x, y = bpb_rows_from_text(tokenizer, read_corpus(path), seq_len, max_tokens=args.eval_tokens)
+        bpb = evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
+        out["corpora"][name] = {"bpb": bpb, "path": str(path), "protocol": "document-reset"}
+        print0(f"{name} bpb (document-reset): {bpb:.6f}")
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+
+    info, device = compute_init(args.device_type)
+    rank, world = (info.rank, info.world_size)
+    run = Path(args.run)
+    step = args.step if args.step is not None else find_last_step(run)
+    model, meta = load_model(run, step, device)
+    model.eval()
+    autocast_ctx = autocast_context(device.type, args.dtype)
+    tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
+    print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}")
+    tokenizer = get_tokenizer(tok_dir)
+    check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}")
+    out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
+    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir)}
+    if "core" in args.evals:
+        from nanochat.core_eval import evaluate_core, write_core_report
+        from nanochat.eval_bundle import find_bundle
+
+        bundle = find_bundle(args.bundle)
+        res = evaluate_core(model, tokenizer, bundle, args.max_per_task, args.device_batch_size, device,
+                            autocast_ctx, progress=not args.no_progress)
+        if rank == 0:
+            write_core_report(res, out_dir, header)
+        print0(f"{res['label']}: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
+                                                        if res["missing"] else ""))
+    if "bpb" in args.evals:
+        res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx)
+        if rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "bpb.json").write_text(json.dumps({**header, **res}, indent=2) + "\n")
+    print0(f"results in {out_dir}")
+    compute_cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""scripts/base_eval end to end on a tiny checkpoint, the bundle locator/downloader, and the shipped subset."""
+
+import functools
+import hashlib
+import http.server
+import json
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _eval_helpers import LM_ROWS, MC_ROWS, write_bundle  # noqa: E402
+from conftest import tiny_config  # noqa: E402
+
+from nanochat import eval_bundle as eb  # noqa: E402
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hex jolly plumbers by the river".split()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A checkpoint of a tiny GPT + a 300-token BPE tokenizer + a 2-shard data dir, wired through meta.json."""
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.dataset import write_manifest, write_text_shard
+    from nanochat.gpt import build_model
+    from nanochat.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("run")
+    docs = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(40 + i % 13)) for i in range(200)]
+    tok = Tokenizer.train_from_iterator(iter(docs + ["xyz ABC abcd mno q zyx efg ABD"] * 5), vocab_size=300)
+    tok.save(root / "tok")
+    (root / "data").mkdir()
+    write_text_shard(root / "data" / "train_000.parquet", docs[:150])
+    write_text_shard(root / "data" / "val_000.parquet", docs[150:])
+    write_manifest(root / "data", "test", ["train_000.parquet"], ["val_000.parquet"], source="test")
+    model = build_model(tiny_config(vocab_size=300, sequence_len=64), seed=0)
+    save_checkpoint(root / "run", 7, model, {"tokenizer_dir": str(root / "tok"), "data_dir": str(root / "data")})
+    bundle = write_bundle(root / "bundle", {"mc": ("multiple_choice", 1, " ", MC_ROWS),
+                                            "lm": ("language_modeling", 1, "\nAnswer: ", LM_ROWS)},
+                          {"mc": 25, "lm": 0, "gone": 50}, total_tasks=["gone"])
+    (root / "ood.txt").write_text(" ".join(WORDS) * 3)
+    return root, tok, model, bundle
+
+
+def test_base_eval_writes_reports(tiny_run):
+    from nanochat.dataloader import build_eval_rows, iter_eval_batches
+    from nanochat.loss_eval import evaluate_bpb
+    from scripts.base_eval import main
+
+    root, tok, model, bundle = tiny_run
+    assert main(["--run", str(root / "run"), "--bundle", str(bundle), "--eval-tokens", "256",
+                 "--device-batch-size", "3", "--bpb-corpus", f"ood={root / 'ood.txt'}", "--no-progress",
+                 "--device-type", "cpu"]) == 0
+    out = root / "run" / "eval" / "step_000007"
+    core = json.loads((out / "core.json").read_text())
+    assert core["label"] == "CORE-2/3" and core["missing"] == ["gone"] and core["step"] == 7
+    assert core["tasks"]["mc"]["n"] == 4 and core["tasks"]["lm"]["n"] == 3
+    csv = (out / "core.csv").read_text().splitlines()
+    assert csv[0] == "task,accuracy,centered,n" and csv[1].startswith("mc,") and csv[-1].startswith("CORE-2/3,,")
+    md = (out / "core.md").read_text()
+    assert "| **CORE-2/3** |" in md and "Missing task files (not averaged): gone." in md
+    bpb = json.loads((out / "bpb.json").read_text())
+    assert set(bpb["splits"]) == {"train", "val"} and bpb["corpora"]["ood"]["protocol"] == "document-reset"
+    # the val number is exactly evaluate_bpb over the fixed rows (4 rows of 64 tokens)
+    rows = build_eval_rows(root / "data", "val", tok, 64, 256)
+    direct = evaluate_bpb(model.eval(), iter_eval_batches(rows, 16), tok.token_bytes())
+    assert bpb["splits"]["val"] == pytest.approx(direct, rel=1e-5)
+    assert 0 < bpb["corpora"]["ood"]["bpb"] < 20
+
+
+def test_base_eval_flag_errors(tiny_run):
+    from scripts.base_eval import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--run", "x", "--eval", "core,sample"])
+    with pytest.raises(SystemExit):
+        parse_args(["--run", "x", "--bpb-corpus", "no_equals_sign"])
+
+
+# -- bundle locating / downloading -------------------------------------------------------------------------
+def _serve(directory: Path):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _zip_bundle(src: Path, zip_path: Path) -> str:
+    with zipfile.ZipFile(zip_path, "w") as zf:  # same layout as upstream: a top-level eval_bundle/ folder
+        for p in sorted(src.rglob("*")):
+            if p.is_file():
+                zf.write(p, Path("eval_bundle") / p.relative_to(src))
+    return hashlib.sha256(zip_path.read_bytes()).hexdigest()
+
+
+def test_download_extract_checksum_and_cache(tmp_path, monkeypatch):
+    src = write_bundle(tmp_path / "src", {"mc": ("multiple_choice", 0, " ", MC_ROWS)}, {"mc": 25})
+    (tmp_path / "www").mkdir()
+    digest = _zip_bundle(src, tmp_path / "www" / "eval_bundle.zip")
+    server = _serve(tmp_path / "www")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/eval_bundle.zip"
+        monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
+        monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", url)
+        monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_SHA256", "0" * 64)
+        with pytest.raises(RuntimeError, match=f"checksum mismatch .* got sha256 {digest}"):
+            eb.find_bundle()
+        monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_SHA256", digest)
+        got = eb.find_bundle()
+        assert got == tmp_path / "cache" / "eval_bundle"
+        assert (got / "eval_data" / "cat" / "mc.jsonl").read_bytes() == (src / "eval_data/cat/mc.jsonl").read_bytes()
+        assert json.loads((tmp_path / "cache" / "eval_bundle.sha256").read_text())["sha256"] == digest
+        assert not list((tmp_path / "cache").glob("*.part"))
+    finally:
+        server.shutdown()
+    assert eb.find_bundle() == got  # cached: no server needed any more
+
+
+def test_download_failure_is_clear(tmp_path, monkeypatch):
+    monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
+    monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", "http://127.0.0.1:9/none.zip")  # port 9: nothing listens
+    monkeypatch.setenv("NANOCHAT_EVAL_RETRY_SCALE", "0")
+    with pytest.raises(RuntimeError, match=r"after 3 attempts.*--bundle DIR.*--bundle subset"):
+        eb.find_bundle()
+    assert not list((tmp_path / "cache").glob("eval_bundle.zip*"))
+
+
+def test_find_bundle_order(tmp_path, monkeypatch):
+    a = write_bundle(tmp_path / "a", {}, {})
+    b = write_bundle(tmp_path / "b", {}, {})
+    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE", str(b))
+    assert eb.find_bundle(str(a)) == a and eb.find_bundle() == b
+    assert eb.find_bundle("subset") == eb.SUBSET_DIR
+    with pytest.raises(FileNotFoundError, match="--bundle .* has no core.yaml"):
+        eb.find_bundle(str(tmp_path))
+
+
+# -- the shipped subset ---------------------------------------------------------------------------------------
+def test_shipped_subset_is_labelled_and_small():
+    tasks = eb.load_core_tasks(eb.SUBSET_DIR)
+    info = eb.bundle_info(eb.SUBSET_DIR)
+    assert len(tasks) == 22 and info["subset"] is True and info["missing_tasks"] == ["coqa"]
+    assert set(info["approx_tasks"]) == {"hellaswag", "hellaswag_zeroshot"}
+    baselines = eb.load_random_baselines(eb.SUBSET_DIR)
+    for t in tasks:
+        path = eb.SUBSET_DIR / "eval_data" / t.dataset_uri
+        if t.label == "coqa":
+            assert not path.exists()
+            continue
+        rows = eb.load_task_data(path, t.task_type)
+        assert 0 < len(rows) <= 100 and len(rows) == info["tasks"][t.label]["rows"]
+        assert t.label in baselines
+    assert "subset" in (eb.SUBSET_DIR / "README.md").read_text().lower()
+
+
+def test_subset_rebuild_is_identical(shared_dir, tmp_path):
+    from scripts.make_core_subset import build
+
+    build(shared_dir, tmp_path / "s", 100)
+    for p in sorted((eb.SUBSET_DIR).rglob("*")):
+        if p.is_file() and p.name != "README.md":
+            assert (tmp_path / "s" / p.relative_to(eb.SUBSET_DIR)).read_bytes() == p.read_bytes(), p
+
+
+def test_shared_bundle_n_comes_from_file(shared_dir):
+    arc = eb.load_task_data(shared_dir / "eval_bundle/eval_data/world_knowledge/arc_challenge.jsonl", "multiple_choice")
+    assert len(arc) == 1172  # eval_meta_data.csv claims 2,376
