@@ -1,6 +1,7 @@
 """Command line of ``scripts/base_train.py``: argparse flags, ``--config FILE.toml`` defaults, validation.
 
-Config files are flat TOML tables whose keys are flag names (``matrix-lr`` or ``matrix_lr``). They are turned
+Config files are flat TOML tables whose keys are flag names (``matrix-lr`` or ``matrix_lr``); a row config
+(``configs/<table>/<row>.toml`` with [row]/[train]/[paper] tables) contributes its [train] table. They are turned
 into command-line tokens placed *before* the real ones, so argparse applies the same type/choice checks to both
 and later (command-line) values win. Unknown keys are an error naming the key.
 """
@@ -122,6 +123,8 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
         data = tomllib.loads(file.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: invalid TOML: {e}") from e
+    if "train" in data and all(isinstance(v, dict) for v in data.values()):
+        data = data["train"]  # a reproduction row config (configs/<table>/<row>.toml): its [train] table
     actions = {a.dest: a for a in parser._actions if a.option_strings}
     tokens = []
     for key, value in data.items():

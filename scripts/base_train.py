@@ -281,13 +281,18 @@ def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
     return summary
 
 
-def execute(run: Run) -> int:
-    wall0 = time.time()
+def prepare_resume(run: Run) -> int | None:
+    """Load the --resume checkpoint (clear errors for missing/corrupt/mismatched ones) or report a fresh start."""
     resumed_at = ckpt.resolve_resume_step(run.run_dir, run.args.resume)
     if resumed_at is not None:
         restore(run, resumed_at)
     elif run.args.resume == "auto":
         print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
+    return resumed_at
+
+
+def execute(run: Run, resumed_at: int | None) -> int:
+    wall0 = time.time()
     if run.rank == 0:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run.run_dir / "config.json", resolved_config(run))
@@ -341,12 +346,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         run = build_run(args)
-    except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer problems found before any training
+        resumed_at = prepare_resume(run)
+    except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint problems, before any step
         print(f"error: {e}", file=sys.stderr)
         compute_cleanup()
         return 2
     try:
-        return execute(run)
+        return execute(run, resumed_at)
     finally:
         compute_cleanup()
 

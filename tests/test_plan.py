@@ -1,0 +1,96 @@
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import REPO
+from nanochat.gpt import GPTConfig, model_summary
+from nanochat.plan import batch_lr_scale, build_plan, grad_accum_steps, resolve_num_iterations
+from nanochat.train_args import parse_args
+from scripts import base_train
+
+
+def test_d12_base_flop_target_numbers():
+    s = model_summary(GPTConfig.from_depth(12, sequence_len=2048, vocab_size=32768))
+    assert s["flops_per_token"] == 887_095_296
+    n, source = resolve_num_iterations(None, 3e18, 8, s["flops_per_token"], 524_288, s["params_backbone"])
+    assert (n, source) == (6450, "target_flops")
+
+
+def test_horizon_priority_and_ratio():
+    assert resolve_num_iterations(7, 3e18, 8, 10**9, 2**19, 10**8) == (7, "num_iterations")
+    assert resolve_num_iterations(None, None, 8, 10**9, 2**19, 2**19) == (8, "target_param_data_ratio")
+    with pytest.raises(ValueError, match="--target-flops"):
+        resolve_num_iterations(None, 1.0, 8, 10**9, 2**19, 10**8)  # less than one step
+
+
+def test_grad_accum():
+    assert grad_accum_steps(524_288, 32, 2048, 4) == 2
+    assert grad_accum_steps(524_288, 32, 2048, 1) == 8
+    with pytest.raises(ValueError, match="--total-batch-size 1000 is not divisible"):
+        grad_accum_steps(1000, 4, 32, 1)
+    assert batch_lr_scale(2**17) == pytest.approx(0.5)
+
+
+def _plan_args(**kw):
+    base = dict(total_batch_size=524_288, device_batch_size=32, max_seq_len=2048, num_iterations=None,
+                target_flops=3e18, target_param_data_ratio=8.0, weight_decay=0.2, depth=12)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_build_plan_wd_and_batch_come_from_real_tokens():
+    s = model_summary(GPTConfig.from_depth(24, sequence_len=2048, vocab_size=32768))
+    plan = build_plan(_plan_args(depth=24, target_flops=6e19), s, world_size=8)
+    assert plan["num_iterations"] == 21655 and plan["grad_accum_steps"] == 1
+    assert plan["muon_weight_decay"] == pytest.approx(0.05) and plan["batch_lr_scale"] == 1.0
+    assert plan["total_tokens"] == 21655 * 524_288
+
+
+@pytest.mark.parametrize("depth", [12, 24])
+@pytest.mark.parametrize("memory", ["base", "ve", "bigram", "mome"])
+def test_dry_run_every_block(tmp_path, capsys, depth, memory):
+    rc = base_train.main(["--dry-run", "--depth", str(depth), "--memory", memory, "--target-flops", "3e18",
+                          "--run-dir", str(tmp_path)])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("params_total", "params_memory", "params_backbone", "flops_per_token", "num_iterations",
+                "total_tokens", "grad_accum_steps", "world_size"):
+        assert key in last
+    assert json.loads((tmp_path / "plan.json").read_text())["num_iterations"] == last["num_iterations"]
+    assert (last["params_memory"] > 0) == (memory != "base")
+    if depth == 12 and memory in ("base", "ve", "bigram"):
+        assert last["num_iterations"] == 6450
+    if depth == 12 and memory == "mome":
+        assert last["num_iterations"] == 6443  # the hidden router counts as compute (reference table)
+
+
+def test_dry_run_subprocess_last_line_is_json(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "scripts.base_train", "--dry-run", "--target-flops", "3e18",
+                        "--run-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout.strip().splitlines()[-1])
+    assert plan["flops_per_token"] == 887_095_296 and plan["num_iterations"] == 6450
+
+
+def test_config_file_defaults_and_cli_override(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('depth = 4\nmatrix-lr = 0.05\ncompile = true\nmemory = "ve"\nmemory_layers = [1, 3]\n')
+    args = parse_args(["--config", str(cfg), "--matrix-lr", "0.01"])
+    assert args.depth == 4 and args.matrix_lr == 0.01 and args.compile and args.memory == "ve"
+    assert args.memory_layers == "1,3"
+    row = tmp_path / "row.toml"
+    row.write_text('[row]\ntable = "t"\nname = "n"\n[train]\ndepth = 6\ntarget-flops = 1e17\n[paper]\nval_bpb = 1.0\n')
+    args = parse_args(["--config", str(row)])
+    assert args.depth == 6 and args.target_flops == 1e17
+
+
+def test_config_file_unknown_key_names_it(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("depth = 4\nmatrix_lrr = 0.05\n")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--config", str(cfg)])
+    assert e.value.code == 2
+    assert "unknown key 'matrix_lrr'" in capsys.readouterr().err

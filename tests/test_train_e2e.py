@@ -1,0 +1,138 @@
+"""End-to-end trainer tests on tiny models, in process (synthetic data unless stated)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from nanochat import checkpoint as ckpt
+from scripts import base_train
+
+TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
+        "--max-seq-len", "32", "--eval-tokens", "256", "--eval-every", "-1", "--no-final-core"]
+
+
+def train(run_dir, *extra, batch=("--device-batch-size", "4", "--total-batch-size", "256")) -> int:
+    return base_train.main([*TINY, *batch, "--run-dir", str(run_dir), *extra])
+
+
+def losses(run_dir) -> dict[int, float]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}
+
+
+def weights(run_dir, step):
+    return torch.load(ckpt.step_dir(run_dir, step) / "model.pt")
+
+
+def test_grad_accum_matches_bigger_batch(tmp_path):
+    # 1 process: device batch 2 x accum 4 == device batch 8 x accum 1 (same rows per step, fp32 tolerance)
+    assert train(tmp_path / "a", "--num-iterations", "4", batch=("--device-batch-size", "2", "--total-batch-size", "256")) == 0
+    assert train(tmp_path / "b", "--num-iterations", "4", batch=("--device-batch-size", "8", "--total-batch-size", "256")) == 0
+    la, lb = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert la.keys() == lb.keys() == {1, 2, 3, 4}
+    for s in la:
+        assert la[s] == pytest.approx(lb[s], abs=1e-5)
+    # Weights only loosely: Adam with eps 1e-10 turns the ~0 gradients of the first steps (zero-init c_proj)
+    # into +-lr updates whose sign follows fp32 summation order, so individual scalars may differ by ~lr.
+    wa, wb = weights(tmp_path / "a", 4), weights(tmp_path / "b", 4)
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-2, rtol=0), k
+
+
+def test_resume_is_bit_exact(tmp_path):
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "6", "--save-every", "3", "--memory", "mome", "--mome-slots", "2") == 0
+    full = losses(run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["step"] == 6 and math.isfinite(summary["val_bpb"])
+    # "kill" after the step-3 checkpoint: drop what came later, then resume
+    import shutil
+    shutil.rmtree(ckpt.step_dir(run, 6))
+    assert ckpt.list_steps(run) == [3]
+    assert train(run, "--num-iterations", "6", "--save-every", "3", "--memory", "mome", "--mome-slots", "2",
+                 "--resume") == 0
+    resumed = losses(run)
+    assert resumed == full  # identical floats, and metrics.jsonl reads like one uninterrupted run
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["plan"]["num_iterations"] == 6 and cfg["model_config"]["memory"] == "mome"
+
+
+def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "2") == 0
+    assert train(run, "--num-iterations", "2", "--matrix-lr", "0.03", "--resume") == 2
+    assert "--matrix-lr 0.02 (checkpoint) != 0.03" in capsys.readouterr().err
+
+
+def test_missing_and_corrupt_checkpoint_errors(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "2", "--resume") == 2
+    assert "no checkpoint under" in capsys.readouterr().err
+    assert train(run, "--num-iterations", "2", "--resume", "auto") == 0  # auto: fresh start when none exists
+    assert train(run, "--num-iterations", "2", "--resume", "1") == 2
+    assert "no checkpoint step_000001" in capsys.readouterr().err
+    (ckpt.step_dir(run, 2) / "state.pt").write_bytes(b"not a torch file")
+    assert train(run, "--num-iterations", "2", "--resume") == 2
+    err = capsys.readouterr().err
+    assert "corrupt checkpoint file" in err and "state.pt" in err
+    (ckpt.step_dir(run, 2) / "model.pt").unlink()
+    assert train(run, "--num-iterations", "2", "--resume") == 2
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    real = base_train.train_step
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        loss, g = real(*a, **k)
+        calls["n"] += 1
+        return (float("nan") if calls["n"] == 3 else loss), g
+
+    monkeypatch.setattr(base_train, "train_step", poisoned)
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == base_train.EXIT_NONFINITE
+    out = capsys.readouterr().out
+    assert "train loss is nan at step 3" in out and "Last good checkpoint: step 2" in out
+    assert ckpt.list_steps(run) == [2]
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_loss"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--total-batch-size", "1000"], "--total-batch-size 1000 is not divisible"),
+    (["--memory", "nope"], "--memory: invalid choice: 'nope'"),
+    (["--target-flops=-3e18"], "--target-flops must be > 0"),
+    (["--num-iterations", "0"], "--num-iterations must be >= 1"),
+    (["--warmup-ratio", "0.8"], "--warmup-ratio + --warmdown-ratio"),
+    (["--mome-slots", "4"], "--mome-slots only applies to --memory mome"),
+])
+def test_bad_flags_fail_before_any_work(tmp_path, capsys, argv, needle):
+    run = tmp_path / "r"
+    try:
+        rc = base_train.main([*TINY, "--run-dir", str(run), "--num-iterations", "3", *argv])
+    except SystemExit as e:  # argparse errors
+        rc = e.code
+    assert rc == 2
+    assert needle in capsys.readouterr().err
+    assert not run.exists()
+
+
+def test_real_data_resume_and_vocab_check(tmp_path, capsys, embedded_data_dir, tiny_tokenizer_dir):
+    common = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--depth", "1",
+              "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64", "--device-batch-size", "2",
+              "--total-batch-size", "256", "--eval-tokens", "512", "--eval-every", "-1", "--no-final-core",
+              "--num-iterations", "4", "--save-every", "2"]
+    run = tmp_path / "real"
+    assert base_train.main([*common, "--run-dir", str(run)]) == 0
+    full = losses(run)
+    assert json.loads((run / "summary.json").read_text())["val_bpb"] > 0
+    import shutil
+    shutil.rmtree(ckpt.step_dir(run, 4))
+    assert base_train.main([*common, "--run-dir", str(run), "--resume"]) == 0
+    assert losses(run) == full
+    assert base_train.main([*common, "--run-dir", str(tmp_path / "v"), "--vocab-size", "999"]) == 2
+    assert "does not match vocab_size 999" in capsys.readouterr().err
+
+
+from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
