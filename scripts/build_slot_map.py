@@ -1,0 +1,80 @@
+"""Build a MoME slot map (the paper's offline kNN token grouping, Sec. 3.4) from a trained checkpoint.
+
+    python -m scripts.build_slot_map --checkpoint RUN_DIR --group-size 2 [--source wte|ve] [--step N]
+           [--tokenizer-dir DIR] --output slot_map_c2.json
+
+Takes the token embedding (``wte``, default) or the first VE table (``ve``, needs a --memory ve run) of the
+checkpoint, groups the vocabulary into V/c rows of exactly c mutually near tokens by cosine similarity and writes
+a versioned JSON file (format in nanochat/memory/slot_map.py). With --tokenizer-dir the special tokens are read
+from the tokenizer header and kept in rows of their own, and the tokenizer's hash is recorded.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
+
+
+def tokenizer_info(directory) -> tuple[list[int], str]:
+    """Special-token ids and a sha256 over the tokenizer's header and merge files."""
+    directory = Path(directory)
+    header_path, ranks_path = directory / "tokenizer.json", directory / "tokenizer.bpe"
+    for p in (header_path, ranks_path):
+        if not p.is_file():
+            raise SystemExit(f"--tokenizer-dir {directory}: missing {p.name}")
+    header = json.loads(header_path.read_text())
+    h = hashlib.sha256(header_path.read_bytes() + ranks_path.read_bytes()).hexdigest()
+    return sorted(int(i) for i in header.get("special_tokens", {}).values()), h
+
+
+def source_embedding(model, source: str) -> torch.Tensor:
+    V = model.config.vocab_size
+    if source == "wte":
+        return model.wte.weight.detach()[:V]
+    if source == "ve":
+        if model.config.memory != "ve":
+            raise SystemExit(f"--source ve needs a --memory ve checkpoint (this one is --memory {model.config.memory})")
+        return model.memory.tables[-1].weight.detach()[:V]  # the last (deepest) VE layer's table
+    raise SystemExit(f"--source {source!r} is unknown; allowed: wte, ve")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="run directory holding checkpoints/")
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--group-size", type=int, required=True, help="c_grp: tokens per row")
+    ap.add_argument("--source", default="wte", choices=("wte", "ve"))
+    ap.add_argument("--tokenizer-dir", default=None, help="tokenizer of the run (specials + hash)")
+    ap.add_argument("--knn", type=int, default=64, help="neighbour-list length of the greedy pass")
+    ap.add_argument("--output", required=True)
+    args = ap.parse_args(argv)
+    if args.group_size < 1:
+        raise SystemExit(f"--group-size must be >= 1 (got {args.group_size})")
+    from nanochat.checkpoint import load_model
+
+    model, meta = load_model(args.checkpoint, args.step)
+    V = model.config.vocab_size
+    if V % args.group_size:
+        raise SystemExit(f"--group-size {args.group_size} must divide the vocab size {V}")
+    specials, tok_hash = tokenizer_info(args.tokenizer_dir) if args.tokenizer_dir else ([], None)
+    if any(not 0 <= i < V for i in specials):
+        raise SystemExit(f"--tokenizer-dir: special ids {specials} do not fit the model vocab {V}")
+    emb = source_embedding(model, args.source)
+    rows = build_groups(emb, args.group_size, special_ids=specials, k=args.knn)
+    source_ckpt = f"{Path(args.checkpoint).resolve()}@step{meta['step']}"
+    digest = write_slot_map(args.output, rows, V, args.group_size, source_checkpoint=source_ckpt, source=args.source,
+                            tokenizer_sha256=tok_hash, special_token_ids=specials)
+    load_slot_map(args.output, V, args.group_size, digest)  # round-trip check of what was just written
+    print(f"wrote {args.output}: {len(rows)} rows of {args.group_size} tokens (vocab {V}, source {args.source}, "
+          f"sha256 {digest[:12]})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Slot maps: the kNN builder yields exact groups of near tokens, files round-trip, bad files are rejected."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, tiny_config
+from nanochat.memory.slot_map import build_groups, file_sha256, load_slot_map, write_slot_map
+
+
+def _clustered(V=120, c=3, D=16, seed=0):
+    """V/c tight clusters of c points each, shuffled: the right grouping is known."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(V // c, D, generator=g)
+    emb = centers.repeat_interleave(c, 0) + 0.01 * torch.randn(V, D, generator=g)
+    perm = torch.randperm(V, generator=g)
+    return emb[perm], perm
+
+
+def test_builder_recovers_clusters_with_exact_sizes():
+    emb, perm = _clustered()
+    rows = build_groups(emb, 3, k=8)
+    assert len(rows) == 40 and all(len(r) == 3 for r in rows)
+    assert sorted(t for r in rows for t in r) == list(range(120))
+    cluster = (perm // 3).tolist()  # original cluster of each shuffled token
+    assert all(len({cluster[t] for t in r}) == 1 for r in rows)
+
+
+def test_builder_specials_get_their_own_rows():
+    emb, _ = _clustered(V=120, c=4, seed=1)
+    specials = [115, 116, 117, 118, 119]  # 5 specials, c = 4: one full special row + one completed by 3 leftovers
+    rows = build_groups(emb, 4, special_ids=specials, k=8)
+    assert len(rows) == 30 and all(len(r) == 4 for r in rows)
+    assert sorted(t for r in rows for t in r) == list(range(120))
+    with_specials = [r for r in rows if set(r) & set(specials)]
+    assert with_specials[0] == specials[:4] and with_specials[1][0] == 119 and len(with_specials) == 2
+
+
+def test_builder_falls_back_to_exact_search_when_lists_run_out():
+    emb = torch.randn(64, 8, generator=torch.Generator().manual_seed(3))
+    rows = build_groups(emb, 4, k=1)
+    assert sorted(t for r in rows for t in r) == list(range(64)) and all(len(r) == 4 for r in rows)
+
+
+def test_round_trip_and_validation(tmp_path):
+    rows = [[2 * i + 1, 2 * i] for i in range(8)]
+    path = tmp_path / "m.json"
+    digest = write_slot_map(path, rows, 16, 2, source_checkpoint="run@step5", tokenizer_sha256="abc")
+    sm = load_slot_map(path, 16, 2, digest)
+    assert sm.token_to_row.tolist() == [i // 2 for i in range(16)]
+    assert sm.header["source_checkpoint"] == "run@step5" and sm.header["num_rows"] == 8
+    with pytest.raises(ValueError, match="--mome-slot-map .*vocab size 16 but the model has vocab size 32"):
+        load_slot_map(path, 32, 2)
+    with pytest.raises(ValueError, match="--mome-group-size is 4"):
+        load_slot_map(path, 16, 4)
+    with pytest.raises(ValueError, match="content hash"):
+        load_slot_map(path, 16, 2, "0" * 64)
+    path.write_text(path.read_text()[:-5])
+    with pytest.raises(ValueError, match="--mome-slot-map .*corrupt"):
+        load_slot_map(path, 16, 2)
+
+
+@pytest.mark.parametrize("rows,msg", [
+    ([[0, 1], [1, 2]], "disjoint full partition"),
+    ([[0, 1, 2], [3, 4, 5]], "exactly 2"),
+    ([[0, 1], [2, 9]], "in \\[0, 4\\)"),
+    ([[0, 1]], "expected vocab 4"),
+])
+def test_bad_partitions(tmp_path, rows, msg):
+    path = tmp_path / "bad.json"
+    data = {"format": "mome_nanochat_slot_map", "version": 1, "vocab_size": 4, "group_size": 2,
+            "num_rows": len(rows), "rows": rows}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=msg):
+        load_slot_map(path, 4, 2)
+
+
+def test_grouped_model_uses_the_map_and_checks_it(tmp_path):
+    from nanochat.gpt import build_model
+
+    path = tmp_path / "m.json"
+    rows = [list(range(i, i + 2)) for i in range(0, 512, 2)]
+    digest = write_slot_map(path, rows, 512, 2)
+    opts = dict(index="grouped", group_size=2, slots=6, slot_map=str(path), slot_map_sha256=digest)
+    model = build_model(tiny_config(memory="mome", memory_options=opts), seed=0)
+    assert model.memory.slot_map.tolist() == [i // 2 for i in range(512)]
+    assert model.memory.tables[0].weight.shape == (256 * 6, 64)
+    write_slot_map(tmp_path / "w.json", [list(range(i, i + 2)) for i in range(0, 256, 2)], 256, 2)
+    with pytest.raises(ValueError, match="--mome-slot-map .*vocab size 256"):
+        build_model(tiny_config(memory="mome", memory_options={**opts, "slot_map": str(tmp_path / "w.json"),
+                                                               "slot_map_sha256": ""}))
+
+
+def test_build_slot_map_script(tmp_path):
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.gpt import build_model
+
+    model = build_model(tiny_config(memory="ve"), seed=0)
+    save_checkpoint(tmp_path / "run", 3, model, meta={})
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(json.dumps({"special_tokens": {"<|bos|>": 510, "<|x|>": 511}}))
+    (tok / "tokenizer.bpe").write_text("")
+    out = tmp_path / "map.json"
+    r = subprocess.run([sys.executable, "scripts/build_slot_map.py", "--checkpoint", str(tmp_path / "run"),
+                        "--group-size", "4", "--source", "ve", "--tokenizer-dir", str(tok), "--output", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sm = load_slot_map(out, 512, 4, file_sha256(out))
+    assert sm.header["special_token_ids"] == [510, 511] and sm.header["source"] == "ve"
+    assert sm.header["tokenizer_sha256"] and "step3" in sm.header["source_checkpoint"]
+    assert int(sm.token_to_row[510]) == int(sm.token_to_row[511])
+    assert torch.bincount(sm.token_to_row).tolist() == [4] * 128
