@@ -225,6 +225,10 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     bundle_dir = Path(bundle_dir)
     specs = load_core_tasks(bundle_dir)
     baselines = load_random_baselines(bundle_dir)
+    no_baseline = [t.label for t in specs
+                   if t.label not in baselines and (bundle_dir / "eval_data" / t.dataset_uri).is_file()]
+    if no_baseline:  # checked up front so a long evaluation cannot fail at the very end
+        raise KeyError(f"{bundle_dir / 'eval_meta_data.csv'} has no random baseline for {no_baseline}")
     was_training = model.training
     model.eval()
     results = {}
@@ -233,6 +237,8 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
         if not path.is_file():
             continue
         data = order_task_data(load_task_data(path, task.task_type), max_per_task)
+        if not data:
+            raise ValueError(f"{path} (task {task.label}) has no rows")
         correct, n = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx, progress,
                                    where=f"{path} (task {task.label})")
         results[task.label] = {"accuracy": correct / n if n else float("nan"), "n": n}

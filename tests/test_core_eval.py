@@ -200,3 +200,12 @@ def test_two_process_equals_one_process_core_and_bpb(tmp_path):
     x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)
     bpb = evaluate_bpb(tiny_gpt(seq_len=256), iter_row_batches(x, y, 2), CharTok().token_bytes())
     assert two["bpb"] == pytest.approx(bpb, rel=1e-6)
+
+
+def test_missing_baseline_and_empty_file_fail_up_front(tmp_path):
+    bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 0, " ", MC_ROWS)}, {"other": 25})
+    with pytest.raises(KeyError, match=r"no random baseline for \['mc'\]"):
+        ce.evaluate_core(SuccessorModel(), CharTok(), bundle, progress=False)
+    bundle = write_bundle(tmp_path / "c", {"mc": ("multiple_choice", 0, " ", [])}, {"mc": 25})
+    with pytest.raises(ValueError, match=r"mc\.jsonl \(task mc\) has no rows"):
+        ce.evaluate_core(SuccessorModel(), CharTok(), bundle, progress=False)
