@@ -3,7 +3,8 @@
     python -m scripts.base_eval --run runs/X [--step S] [--eval core,bpb] [--bundle DIR|subset]
         [--max-per-task N] [--device-batch-size B] [--splits train,val] [--eval-tokens N]
         [--bpb-corpus NAME=PATH ...]
-    torchrun --standalone --nproc_per_node=N -m scripts.base_eval --run runs/X ...
+    torchrun --standalone --nproc_per_node=N -m scripts.base_eval --run-dir runs/X ...
+    (under torchrun spell it --run-dir: torchrun's parser takes "--run" for an abbreviation of its --run-path)
 
 Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json. The tokenizer and data
 directory come from the checkpoint's meta.json ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir
@@ -23,7 +24,9 @@ PAPER_EVAL_TOKENS = 20_971_520
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="run directory holding checkpoints/step_NNNNNN/")
+    # --run-dir exists because torchrun's own parser rejects "--run" as an ambiguous prefix of its --run-path.
+    ap.add_argument("--run", "--run-dir", dest="run", required=True,
+                    help="run directory holding checkpoints/step_NNNNNN/ (use --run-dir under torchrun)")
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--eval", default="core,bpb", help="comma list of: core, bpb")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir, or 'subset' for eval_data/core_subset "
