@@ -1,0 +1,361 @@
+"""Shared code of the memory/routing analyses (scripts/analyze_memory.py, analyze_routing.py, wic_probe.py).
+
+* loading a run (model + tokenizer, directories from meta.json unless overridden),
+* building token rows per *domain* (``val``/``train`` split, one or all CORE tasks, any text file),
+* running the model over rows with the memory block's opt-in ``capture`` on, yielding per-batch tensors
+  stacked over memory layers, and streaming accumulators so that nothing per-token is kept in memory,
+* heat-map plotting (layers x heads).
+
+Shapes: a capture batch holds ``(B, T, L, H, ...)`` tensors (L memory layers in ``block.layers`` order, H heads);
+a *site* is one (layer, head) pair, flattened as s = l*H + h. BOS positions are excluded everywhere (they are
+a fixed start symbol, not text) and so is right padding of variable-length rows.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from nanochat.routing_metrics import effective_count, jsd_base2
+
+
+# -- loading ----------------------------------------------------------------------------------------------
+def meta_dir(flag_value, meta: dict, key: str) -> Path | None:
+    """--flag, else meta[key], else meta["config"]["args"][key] (the trainer's resolved args), else None."""
+    if flag_value:
+        return Path(flag_value)
+    if meta.get(key):
+        return Path(meta[key])
+    args = (meta.get("config") or {}).get("args") or {}
+    return Path(args[key]) if args.get(key) else None
+
+
+def load_run(run, step=None, device="cpu", tokenizer_dir=None):
+    """(model in eval mode, meta, tokenizer) of a checkpoint; errors name the run directory."""
+    from nanochat.checkpoint import load_model
+    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+
+    if not Path(run).is_dir():
+        raise FileNotFoundError(f"--run {run}: directory does not exist")
+    model, meta = load_model(run, step, device=device)
+    model.eval()
+    tok_dir = meta_dir(tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
+    tokenizer = get_tokenizer(tok_dir)
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"--run {run}")
+    return model, meta, tokenizer
+
+
+def memory_block(model, need_routing: bool = False):
+    block = model.memory
+    if not hasattr(block, "capture") or not block.layers:
+        raise ValueError(f"--memory {model.config.memory} has no memory layers to analyse (needs ve, bigram or mome)")
+    if need_routing and not hasattr(block, "route"):
+        raise ValueError(f"routing analysis needs a MoME model (this run uses --memory {model.config.memory})")
+    return block
+
+
+# -- domains ------------------------------------------------------------------------------------------------
+@dataclass
+class Domain:
+    name: str
+    rows: list[torch.Tensor]  # 1-D LongTensors, BOS first (or a window of a longer BOS-started document)
+    kind: str = "file"  # split | core | file
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r) for r in self.rows)
+
+
+def _cap_rows(rows: list[torch.Tensor], max_tokens: int | None) -> list[torch.Tensor]:
+    """Keep whole rows (the last one cut) until max_tokens positions are reached."""
+    if not max_tokens:
+        return rows
+    out, total = [], 0
+    for r in rows:
+        if total >= max_tokens:
+            break
+        out.append(r[: max_tokens - total])
+        total += len(out[-1])
+    return out
+
+
+def text_rows(tokenizer, documents: list[str], seq_len: int) -> list[torch.Tensor]:
+    """[BOS] + tokens of each document, cut into windows of seq_len (later windows keep no earlier context)."""
+    rows = []
+    for doc in documents:
+        toks = torch.tensor([tokenizer.bos_token_id] + tokenizer.encode(doc), dtype=torch.long)
+        rows.extend(toks[s : s + seq_len] for s in range(0, len(toks), seq_len))
+    return [r for r in rows if len(r) > 0]
+
+
+def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: int) -> list[Domain]:
+    """One domain per CORE task: every rendered row the evaluator executes (all multiple-choice candidates count,
+    as in the paper's audit), with the evaluator's few-shot sampling, shuffle and left-cropping."""
+    from nanochat.core_eval import crop_left, fewshot_for, order_task_data, prepare_example
+    from nanochat.eval_bundle import load_core_tasks, load_task_data
+
+    specs = load_core_tasks(Path(bundle_dir))
+    if which != "all":
+        specs = [t for t in specs if t.label == which]
+        if not specs:
+            labels = ", ".join(t.label for t in load_core_tasks(Path(bundle_dir)))
+            raise ValueError(f"--corpus core:{which}: no such task in {bundle_dir}/core.yaml; known: {labels}")
+    out = []
+    for task in specs:
+        path = Path(bundle_dir) / "eval_data" / task.dataset_uri
+        if not path.is_file():
+            if which != "all":
+                raise FileNotFoundError(f"--corpus core:{which}: data file {path} is missing")
+            continue
+        data = order_task_data(load_task_data(path, task.task_type), max_per_task)
+        rows = []
+        for i, item in enumerate(data):
+            ex = crop_left(prepare_example(tokenizer, item, task, fewshot_for(data, i, task.num_fewshot),
+                                           f"{path} example {i}"), seq_len, f"{path} example {i}")
+            rows.extend(torch.tensor(r, dtype=torch.long) for r in ex.rows)
+        out.append(Domain(task.label, rows, "core"))
+    return out
+
+
+def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, bundle=None,
+                  max_tokens: int | None = None, max_per_task: int = -1) -> list[Domain]:
+    """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem)."""
+    domains = []
+    for spec in specs:
+        kind, _, arg = spec.partition(":")
+        if kind in ("val", "train") and not arg:
+            from nanochat.dataloader import build_eval_rows
+
+            if data_dir is None:
+                raise ValueError(f"--corpus {spec}: no data directory (pass --data-dir or use a run whose meta has one)")
+            n = max_tokens or 65536
+            rows = build_eval_rows(data_dir, kind, tokenizer, seq_len, n)[:, :-1]
+            domains.append(Domain(kind, list(rows), "split"))
+        elif kind == "core" and arg:
+            from nanochat.eval_bundle import find_bundle
+
+            for d in core_domains(tokenizer, find_bundle(bundle), arg, seq_len, max_per_task):
+                domains.append(Domain(d.name, _cap_rows(d.rows, max_tokens), "core"))
+        elif kind == "file" and arg:
+            from nanochat.loss_eval import read_corpus
+
+            path = Path(arg)
+            if not path.is_file():
+                raise FileNotFoundError(f"--corpus {spec}: file {path} does not exist")
+            domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, read_corpus(path), seq_len), max_tokens)))
+        else:
+            raise ValueError(f"--corpus {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
+    if not domains or any(not d.rows for d in domains):
+        raise ValueError(f"--corpus {' '.join(specs)}: a domain produced no token rows")
+    return domains
+
+
+# -- forward with capture -----------------------------------------------------------------------------------
+def pad_rows(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to (B, T); the mask marks real tokens. Right padding is exact: attention is causal and the
+    memory blocks are per-position, so real positions never see the padding."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = True
+    return ids, mask
+
+
+def stack_capture(capture: dict, layers) -> dict[str, torch.Tensor]:
+    """{layer: {key: (B, T, H, ...)}} -> {key: (B, T, L, H, ...)} in the block's layer order."""
+    missing = [l for l in layers if l not in capture]
+    if missing:
+        raise RuntimeError(f"memory capture recorded no tensors for layer(s) {missing}")
+    keys = set.intersection(*(set(capture[l]) for l in layers))
+    return {k: torch.stack([capture[l][k] for l in layers], dim=2) for k in keys}
+
+
+@torch.no_grad()
+def run_captured(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One forward of (B, T) ids with capture on; returns stacked CPU tensors (see stack_capture)."""
+    block = model.memory
+    device = model.wte.weight.device
+    block.capture = {}
+    try:
+        model(ids.to(device))
+        cap = stack_capture(block.capture, block.layers)
+    finally:
+        block.capture = None
+    return {k: v.cpu() for k, v in cap.items()}
+
+
+def iter_captured(model, rows: list[torch.Tensor], batch_size: int, bos_id: int, desc: str = "", progress=True):
+    """Yield (ids (B, T), mask (B, T) = real non-BOS positions, stacked capture) per batch of rows."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths together: less padding
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+        ids, mask = pad_rows([rows[i] for i in order[start : start + batch_size]], bos_id)
+        cap = run_captured(model, ids)
+        yield ids, mask & (ids != bos_id), cap
+
+
+# -- streaming accumulators ---------------------------------------------------------------------------------
+class GateAccumulator:
+    """Per (layer, head): sums of gamma and of the injected norm ||gamma m~||_2 over masked positions."""
+
+    def __init__(self, L: int, H: int):
+        self.gamma = torch.zeros(L, H, dtype=torch.float64)
+        self.norm = torch.zeros(L, H, dtype=torch.float64)
+        self.count = 0
+
+    def update(self, mask: torch.Tensor, cap: dict) -> None:
+        m = mask.to(torch.float64)[..., None, None]  # (B, T, 1, 1)
+        self.gamma += (cap["gamma"].double() * m).sum((0, 1))
+        self.norm += (cap["inject_norm"].double() * m).sum((0, 1))
+        self.count += int(mask.sum())
+
+    def result(self) -> dict:
+        n = max(self.count, 1)
+        return {"gamma": (self.gamma / n).tolist(), "inject_norm": (self.norm / n).tolist(), "tokens": self.count}
+
+
+class RoutingAccumulator:
+    """Streaming version of routing_metrics.audit: per-site membership counts and routing-weight mass, and
+    per-(token, site, slot) membership counts (a dense int32 (V, S*M) table: 226 MB for the paper's d24 with
+    V = 32768, 144 sites, M = 12) for the per-token effective slot count."""
+
+    def __init__(self, S: int, M: int, vocab_size: int):
+        self.S, self.M, self.V = S, M, vocab_size
+        self.member = torch.zeros(S, M, dtype=torch.float64)
+        self.weight = torch.zeros(S, M, dtype=torch.float64)
+        self.cells = torch.zeros(vocab_size * S * M, dtype=torch.int32)
+        self.token_counts = torch.zeros(vocab_size, dtype=torch.long)
+
+    def update(self, ids: torch.Tensor, mask: torch.Tensor, cap: dict) -> None:
+        S, M = self.S, self.M
+        K = cap["slots"].size(-1)
+        topk = cap["slots"][mask].reshape(-1, S, K).long()  # (N, S, K)
+        w = cap["weights"][mask].reshape(-1, S, K).double()
+        tok = ids[mask]  # (N,)
+        site = torch.arange(S).view(1, S, 1).expand_as(topk)
+        cell = site * M + topk  # (N, S, K)
+        self.member.view(-1).index_add_(0, cell.reshape(-1), torch.ones(cell.numel(), dtype=torch.float64))
+        self.weight.view(-1).index_add_(0, cell.reshape(-1), w.reshape(-1))
+        flat = tok.view(-1, 1, 1) * (S * M) + cell
+        self.cells.index_add_(0, flat.reshape(-1), torch.ones(flat.numel(), dtype=torch.int32))
+        self.token_counts += torch.bincount(tok, minlength=self.V)
+
+    def distributions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        norm = lambda x: x / x.sum(-1, keepdim=True).clamp_min(1e-30)  # noqa: E731
+        return norm(self.member), norm(self.weight)
+
+    def per_token_effective(self, min_count: int) -> float:
+        keep = (self.token_counts >= min_count).nonzero().flatten()
+        if keep.numel() == 0:
+            return float("nan")
+        cells = self.cells.view(self.V, self.S, self.M)
+        total = torch.zeros(self.S, dtype=torch.float64)
+        for chunk in keep.split(1024):  # bounded memory: (chunk, S, M) float64 at a time
+            total += effective_count(cells[chunk].double(), dim=-1).sum(0)
+        return (total / keep.numel()).mean().item()
+
+    def audit(self, min_count: int = 32, reference_weight=None) -> dict:
+        member, weight = self.distributions()
+        row = {
+            "marginal_effective_slots": effective_count(member).mean().item(),
+            "weight_effective_slots": effective_count(weight).mean().item(),
+            "largest_slot_mass": member.max(-1).values.mean().item(),
+            "per_token_effective_slots": self.per_token_effective(min_count),
+            "inactive_cells": int((self.member == 0).sum()),
+            "total_cells": self.member.numel(),
+            "positions": int(self.token_counts.sum()),
+        }
+        if reference_weight is not None:
+            j = jsd_base2(weight, reference_weight)
+            row["jsd_mean"], row["jsd_max"] = j.mean().item(), j.max().item()
+        return row
+
+
+# -- token location (WiC targets, --words prompts) ----------------------------------------------------------
+def token_spans(tokenizer, ids: list[int]) -> list[tuple[int, int]]:
+    """Byte span [start, end) of each token in the UTF-8 text (per-token loop: only used on short sentences)."""
+    spans, pos = [], 0
+    for t in ids:
+        n = len(tokenizer.decode_bytes([t]))
+        spans.append((pos, pos + n))
+        pos += n
+    return spans
+
+
+def single_token_at(tokenizer, text: str, char_start: int, char_end: int) -> tuple[list[int], int | None]:
+    """Encode ``text``; return (ids, i) where ids[i] covers exactly the word text[char_start:char_end] with its
+    preceding space (as the tokenizer sees it in context) or, at the very start, the word alone. i is None when
+    the word is split over several tokens or merged with neighbouring characters."""
+    ids = tokenizer.encode(text)
+    b_start = len(text[:char_start].encode("utf-8"))
+    b_end = len(text[:char_end].encode("utf-8"))
+    want_start = b_start - 1 if char_start > 0 and text[char_start - 1] == " " else b_start
+    for i, (s, e) in enumerate(token_spans(tokenizer, ids)):
+        if s == want_start and e == b_end:
+            return ids, i
+    return ids, None
+
+
+# -- outputs -------------------------------------------------------------------------------------------------
+def write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(x):
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def heatmaps(panels: dict[str, torch.Tensor], path: Path, layers, *, vmin=None, vmax=None, cmap="viridis",
+             ranks: dict[str, torch.Tensor] | None = None, title: str = "") -> None:
+    """One (layers x heads) panel per entry, shared colour scale; NaN cells are grey; ``ranks`` (same shape,
+    0 = none) are written into the cells (the paper's top-10 effect numbering)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(panels)
+    L, H = next(iter(panels.values())).shape
+    fig, axes = plt.subplots(1, n, figsize=(max(3.0, 0.45 * H + 1.5) * n, max(2.5, 0.4 * L + 1.2)), squeeze=False)
+    vals = torch.cat([p.flatten() for p in panels.values()]).double()
+    vals = vals[~vals.isnan()]
+    lo = vmin if vmin is not None else (vals.min().item() if vals.numel() else 0.0)
+    hi = vmax if vmax is not None else (vals.max().item() if vals.numel() else 1.0)
+    cm = matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
+    for ax, (name, grid) in zip(axes[0], panels.items()):
+        im = ax.imshow(grid.double().numpy(), vmin=lo, vmax=hi, cmap=cm, aspect="auto")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(H))
+        ax.set_yticks(range(L), [str(l) for l in layers])
+        if ranks and name in ranks:
+            for (li, hi_), r in zip(torch.nonzero(ranks[name]).tolist(), ranks[name][ranks[name] > 0].tolist()):
+                ax.text(hi_, li, str(int(r)), ha="center", va="center", fontsize=7, color="black",
+                        bbox=dict(boxstyle="circle,pad=0.1", fc="white", ec="black", lw=0.5))
+    fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def top_ranks(grid: torch.Tensor, k: int = 10) -> torch.Tensor:
+    """Rank 1..k of the k largest positive cells (0 elsewhere; NaN and non-positive cells are never ranked)."""
+    flat = grid.flatten().double().nan_to_num(nan=-math.inf)
+    order = flat.argsort(descending=True)[:k]
+    ranks = torch.zeros_like(flat, dtype=torch.long)
+    for r, i in enumerate(order.tolist(), start=1):
+        if flat[i] > 0:
+            ranks[i] = r
+    return ranks.view(grid.shape)

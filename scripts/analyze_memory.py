@@ -1,0 +1,114 @@
+"""Test-time memory use per memory layer and head (paper Sec. "Model Analysis", appendix "Test-time memory use
+across CORE domains").
+
+    python -m scripts.analyze_memory --run runs/X [--step S] --corpus val core:all file:notes.txt
+        [--max-tokens N] [--max-per-task N] [--batch-size B] [--out-dir DIR]
+
+For every domain and every (memory layer, head): the mean injection gate gamma (the paper's gamma~_l before the
+head average) and the mean injected norm ||gamma m~||_2 (M_l), over all non-BOS token positions. VE and MoME
+inject into the attention values (H = KV heads); Bigram's gate scales its residual-stream injection
+(H = attention heads, and its norm includes the per-layer lambda). With more than one CORE task, a task-balanced
+"CORE" entry (every task weighted equally, as in the paper) is added.
+
+Writes <run>/analysis/memory_use.{json,csv} and memory_gamma.png / memory_inject_norm.png (one layers x heads
+panel per domain, shared colour scale; gamma on the paper's [0, 2] scale).
+"""
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import torch
+
+from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run, memory_block,
+                               meta_dir, write_json)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory holding checkpoints/")
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--corpus", nargs="+", default=["val"], help="val | train | core:<task> | core:all | file:PATH")
+    ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain (0 = all for core/file)")
+    ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset' (see scripts/base_eval.py)")
+    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
+    ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
+    ap.add_argument("--data-dir", default=None, help="override meta['data_dir'] (for --corpus val/train)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.batch_size < 1:
+        ap.error("--batch-size must be >= 1")
+    return args
+
+
+def memory_use(model, domains, batch_size: int, bos_id: int, progress: bool = True) -> dict:
+    """{domain: {"gamma": L x H, "inject_norm": L x H, "tokens": n}} (+ task-balanced "CORE")."""
+    block = memory_block(model)
+    L = len(block.layers)
+    out = {}
+    for dom in domains:
+        acc = None
+        for ids, mask, cap in iter_captured(model, dom.rows, batch_size, bos_id, dom.name, progress):
+            acc = acc or GateAccumulator(L, cap["gamma"].size(-1))
+            acc.update(mask, cap)
+        out[dom.name] = acc.result()
+    add_core_average(out, [d.name for d in domains if d.kind == "core"])
+    return out
+
+
+def add_core_average(results: dict, core_names: list[str]) -> None:
+    if len(core_names) > 1:
+        results["CORE"] = {key: torch.tensor([results[n][key] for n in core_names]).mean(0).tolist()
+                           for key in ("gamma", "inject_norm")}
+        results["CORE"]["tokens"] = sum(results[n]["tokens"] for n in core_names)
+        results["CORE"]["tasks"] = core_names
+
+
+def write_outputs(results: dict, layers, out_dir: Path, header: dict) -> None:
+    write_json(out_dir / "memory_use.json", {**header, "layers": list(layers), "domains": results})
+    with open(out_dir / "memory_use.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["domain", "layer", "head", "gamma", "inject_norm", "tokens"])
+        for name, r in results.items():
+            for li, layer in enumerate(layers):
+                for h, (g, n) in enumerate(zip(r["gamma"][li], r["inject_norm"][li])):
+                    w.writerow([name, layer, h, f"{g:.6f}", f"{n:.6f}", r["tokens"]])
+    gam = {n: torch.tensor(r["gamma"]) for n, r in results.items()}
+    nrm = {n: torch.tensor(r["inject_norm"]) for n, r in results.items()}
+    heatmaps(gam, out_dir / "memory_gamma.png", layers, vmin=0.0, vmax=2.0, title="mean injection gate gamma")
+    heatmaps(nrm, out_dir / "memory_inject_norm.png", layers, vmin=0.0, title="mean injected norm ||gamma m||_2")
+
+
+def print_summary(results: dict, layers) -> None:
+    print(f"{'domain':<28} " + " ".join(f"L{l:<2} gam/norm " for l in layers))
+    for name, r in results.items():
+        cells = [f"{sum(g) / len(g):.3f}/{sum(n) / len(n):.3f}" for g, n in zip(r["gamma"], r["inject_norm"])]
+        print(f"{name:<28} " + " ".join(f"{c:<13}" for c in cells))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
+        block = memory_block(model)
+        domains = build_domains(args.corpus, tokenizer, model.max_seq_len, data_dir=meta_dir(args.data_dir, meta, "data_dir"),
+                                bundle=args.bundle, max_tokens=args.max_tokens or None, max_per_task=args.max_per_task)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = memory_use(model, domains, args.batch_size, tokenizer.bos_token_id, not args.no_progress)
+    out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
+    header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
+              "injection": "residual" if model.config.memory == "bigram" else "value"}
+    write_outputs(results, block.layers, out_dir, header)
+    print_summary(results, block.layers)
+    print(f"wrote {out_dir}/memory_use.json, memory_use.csv, memory_gamma.png, memory_inject_norm.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Memory/routing analyses on tiny randomly-initialised models saved as run directories (fast, CPU)."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from nanochat.analysis import Domain, RoutingAccumulator, iter_captured, pad_rows, single_token_at, text_rows
+from nanochat.routing_metrics import audit, membership_distribution
+
+# Words that become ONE token (with and without their leading space) in the hand-built tokenizer below.
+WORDS = ["bank", "Bank", "river", "money", "python", "the", "at", "on", "she", "her", "he", "a", "cell", "bug",
+         "drive", "apple", "deposited", "salary", "grassy", "picnic", "had", "took", "out", "loan", "from", "They"]
+
+
+def make_tokenizer(out_dir):
+    """A deterministic byte-level BPE: every byte, plus prefix chains so that " word" and "word" of WORDS are
+    single tokens (tiktoken merges the lowest-ranked pair, so the chain ' b', ' ba', ' ban', ' bank' works)."""
+    from nanochat.tokenizer import Tokenizer
+
+    ranks = {bytes([i]): i for i in range(256)}
+    for w in WORDS:
+        for text in (" " + w, w):
+            b = text.encode()
+            for n in range(2, len(b) + 1):
+                ranks.setdefault(b[:n], len(ranks))
+    tok = Tokenizer(ranks)
+    tok.save(out_dir)
+    return tok
+
+
+def make_run(tmp_path, memory="mome", seed=0, **options):
+    """A run dir with one checkpoint of a tiny random model whose routers and gates are NOT at their zero init
+    (so routing and gamma vary across tokens)."""
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.gpt import build_model
+
+    tok_dir = tmp_path / "tok"
+    tok = make_tokenizer(tok_dir)
+    opts = {"mome": dict(slots=6, topk=2), "ve": {}, "bigram": dict(factor=2)}[memory]
+    opts.update(options)
+    cfg = tiny_config(vocab_size=tok.vocab_size, n_layer=4, n_embd=64, n_head=2, n_kv_head=2, memory=memory,
+                      memory_options=opts, sequence_len=64)
+    model = build_model(cfg, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "memory" in name or "c_proj" in name:  # un-zero the zero-inits: routers, gates, bigram table
+                p.add_(0.5 * torch.randn(p.shape, generator=g))
+    run = tmp_path / f"run_{memory}"
+    save_checkpoint(run, 1, model, {"tokenizer_dir": str(tok_dir)})
+    return run, model, tok
+
+
+def write_text(path, n=6):
+    path.write_text("\n".join(["She deposited her salary at the bank. They had a picnic on the grassy river bank."] * n))
+    return path
+
+
+# -- analyze_memory -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("memory", ["mome", "ve", "bigram"])
+def test_analyze_memory_outputs_and_gamma_equal_direct_computation(tmp_path, memory):
+    from scripts import analyze_memory
+
+    run, model, tok = make_run(tmp_path, memory)
+    text = write_text(tmp_path / "notes.txt")
+    out = tmp_path / "out"
+    assert analyze_memory.main(["--run", str(run), "--corpus", f"file:{text}", "--out-dir", str(out),
+                                "--batch-size", "2", "--no-progress"]) == 0
+    res = json.loads((out / "memory_use.json").read_text())
+    layers = res["layers"]
+    assert layers == [1, 3]
+    dom = res["domains"]["notes"]
+    gamma, norm = torch.tensor(dom["gamma"]), torch.tensor(dom["inject_norm"])
+    assert gamma.shape == norm.shape == (2, 2)  # layers x heads
+    # direct computation with forward hooks on the gate modules (independent of the capture code path)
+    rows = text_rows(tok, [text.read_text()], model.max_seq_len)
+    ids, mask = pad_rows(rows, tok.bos_token_id)
+    mask &= ids != tok.bos_token_id
+    seen = {}
+    hooks = [g.register_forward_hook(lambda m, i, o, li=li: seen.__setitem__(li, o.detach()))
+             for li, g in enumerate(model.memory.gates)]
+    model.eval()
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    direct = torch.stack([seen[li][mask].mean(0) for li in range(2)]).double()
+    assert torch.allclose(gamma.double(), direct, atol=1e-5)
+    assert dom["tokens"] == int(mask.sum())
+    assert (norm > 0).all()
+    with open(out / "memory_use.csv") as f:
+        recs = list(csv.DictReader(f))
+    assert len(recs) == 4 and {(int(r["layer"]), int(r["head"])) for r in recs} == {(1, 0), (1, 1), (3, 0), (3, 1)}
+    assert (out / "memory_gamma.png").stat().st_size > 0 and (out / "memory_inject_norm.png").stat().st_size > 0
+
+
+def test_analyze_memory_errors_name_the_flag(tmp_path, capsys):
+    from scripts import analyze_memory
+
+    run, _, _ = make_run(tmp_path, "ve")
+    assert analyze_memory.main(["--run", str(run), "--corpus", "file:/nope.txt"]) == 2
+    assert "--corpus file:/nope.txt" in capsys.readouterr().err
+    assert analyze_memory.main(["--run", str(run), "--corpus", "bogus"]) == 2
+    assert "--corpus 'bogus'" in capsys.readouterr().err
+    assert analyze_memory.main(["--run", str(tmp_path / "missing"), "--corpus", "val"]) == 2
+    assert "--run" in capsys.readouterr().err
+
+
+# -- routing audit -------------------------------------------------------------------------------------------
+def test_streaming_audit_equals_routing_metrics_audit(tmp_path):
+    run, model, tok = make_run(tmp_path, "mome")
+    rows = text_rows(tok, [write_text(tmp_path / "t.txt", 12).read_text()], model.max_seq_len)
+    block = model.memory
+    S, M = len(block.layers) * block.H, block.M
+    acc = RoutingAccumulator(S, M, model.config.vocab_size)
+    all_topk, all_w, all_tok = [], [], []
+    for ids, mask, cap in iter_captured(model, rows, 3, tok.bos_token_id, progress=False):
+        acc.update(ids, mask, cap)
+        all_topk.append(cap["slots"][mask].reshape(-1, S, 2))
+        all_w.append(cap["weights"][mask].reshape(-1, S, 2))
+        all_tok.append(ids[mask])
+    topk, w, toks = torch.cat(all_topk), torch.cat(all_w), torch.cat(all_tok)
+    assert not (toks == tok.bos_token_id).any()
+    ref = membership_distribution(topk[:5], M)  # any reference distribution
+    want = audit(topk, w, toks, M, min_count=8, reference_weight_dist=ref)
+    got = acc.audit(min_count=8, reference_weight=ref)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+
+
+def test_analyze_routing_audit_and_words(tmp_path):
+    from scripts import analyze_routing
+
+    run, model, tok = make_run(tmp_path, "mome")
+    text, other = write_text(tmp_path / "a.txt"), tmp_path / "b.txt"
+    other.write_text("money money python cell bug drive apple the river " * 20)
+    out = tmp_path / "out"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("finance\tShe deposited her salary at the bank\nfinance\tHe took out a loan from the bank\n"
+                       "river\tThey had a picnic on the grassy river bank\n"
+                       "multi\tthe bankrupt banker\nnone\tno target here\n")
+    assert analyze_routing.main(["--run", str(run), "--corpus", f"file:{text}", f"file:{other}", "--reference",
+                                 f"file:{text}", "--min-count", "4", "--words", "bank", "--prompts", str(prompts),
+                                 "--out-dir", str(out), "--no-progress"]) == 0
+    res = json.loads((out / "routing_audit.json").read_text())
+    assert res["domains"]["a"]["jsd_mean"] == pytest.approx(0.0, abs=1e-12)  # the reference itself
+    assert res["domains"]["b"]["total_cells"] == 2 * 2 * 6
+    md = (out / "routing_audit.md").read_text()
+    assert "| a |" in md and "Mean/max JSD vs a" in md
+    routes = json.loads((out / "semantic_routes.json").read_text())["routes"]
+    assert [r["label"] for r in routes] == ["finance", "finance", "river"]
+    for r in routes:  # one slot set (K distinct slots) per head per memory layer
+        assert len(r["slots"]) == 2 and all(len(h) == 2 and len(set(h)) == 2 for lay in r["slots"] for h in lay)
+    table = (out / "semantic_routes.md").read_text()
+    assert table.count("| She deposited her salary at the bank | finance |") == 2  # one line per memory layer
+    assert (out / "semantic_routes.png").stat().st_size > 0
+    # the selected slots equal a direct forward at the target position
+    ids = [tok.bos_token_id] + tok.encode("She deposited her salary at the bank")
+    model.memory.capture = {}
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    direct = model.memory.capture[1]["slots"][0, -1]  # (H, K) at the last token (" bank")
+    model.memory.capture = None
+    assert sorted(routes[0]["slots"][0][0]) == sorted(direct[0].tolist())
+
+
+def test_single_token_locator(tmp_path):
+    tok = make_tokenizer(tmp_path)
+    text = "They had a picnic on the river bank"
+    ids, i = single_token_at(tok, text, text.index("bank"), len(text))
+    assert i is not None and tok.decode([ids[i]]) == " bank"
+    ids, i = single_token_at(tok, "bank on it", 0, 4)
+    assert tok.decode([ids[i]]) == "bank"
+    text = "the bankrupt one"  # the whole word " bankrupt" is " bank" + "rupt": not one token
+    assert single_token_at(tok, text, 4, 12)[1] is None
+    text = "an elephant"  # not in the vocab: several tokens
+    assert single_token_at(tok, text, 3, 11)[1] is None
+
+
+def test_domain_rows_skip_bos_and_padding(tmp_path):
+    run, model, tok = make_run(tmp_path, "ve")
+    rows = [torch.tensor([tok.bos_token_id, 5, 6, 7]), torch.tensor([tok.bos_token_id, 8])]
+    (ids, mask, cap), = list(iter_captured(model, rows, 4, tok.bos_token_id, progress=False))
+    assert int(mask.sum()) == 4 and cap["gamma"].shape == (2, 4, 2, 2)
+    assert Domain("x", rows).num_tokens == 6
