@@ -5,8 +5,6 @@ the block's vectorised code: the row indexer f, the router logits, TopK, the sig
 the weighted sum of stored memory vectors and the gated injection into v. Outputs AND gradients must match.
 """
 
-import math
-
 import pytest
 import torch
 
@@ -176,4 +174,5 @@ def test_gate_overrides(tmp_path, gate):
         expect = expect / (expect.sum(-1, keepdim=True) + 1e-10)
     torch.testing.assert_close(cap["weights"], expect)
     assert cap["probs"].shape == (2, 5, HEADS, 6) and cap["gamma"].shape == (2, 5, HEADS)
-    assert math.isclose(float(cap["weights"].sum(-1).mean()), float(expect.sum(-1).mean()), rel_tol=1e-9)
+    if gate == "softmax":  # not renormalised: the top-2 of 6 softmax weights sum to less than 1
+        assert (cap["weights"].sum(-1) < 1).all()

@@ -84,8 +84,7 @@ def memory_config_from_args(args) -> dict:
         if not path.is_file():
             raise ValueError(f"--mome-slot-map {path}: file does not exist (build one with scripts/build_slot_map.py)")
         options["slot_map"], options["slot_map_sha256"] = str(path), file_sha256(path)
-    if memory in MEMORY_BLOCKS and MEMORY_BLOCKS[memory].Options is not None:
-        MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
+    MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
     return {"memory": memory, "memory_layers": layers, "memory_options": options}
 
 
