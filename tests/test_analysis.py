@@ -186,3 +186,46 @@ def test_domain_rows_skip_bos_and_padding(tmp_path):
     (ids, mask, cap), = list(iter_captured(model, rows, 4, tok.bos_token_id, progress=False))
     assert int(mask.sum()) == 4 and cap["gamma"].shape == (2, 4, 2, 2)
     assert Domain("x", rows).num_tokens == 6
+
+
+# -- bench/latency.py ----------------------------------------------------------------------------------------
+def test_latency_bench_runs_tiny(tmp_path, capsys):
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_latency", REPO / "bench" / "latency.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "lat.json"
+    assert bench.main(["--widths", "64", "--head-dim", "32", "--mem-layers", "2", "--vocab-size", "512",
+                       "--reps", "2", "--warmup", "1", "--context", "8", "--seq-len", "8", "--mode", "both",
+                       "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["decode", "forward"]
+    assert set(rows[0]["designs"]) == {"ve", "bigram", "mome", "mome-hidden"}
+    assert "MoME (hidden-state injection)" in capsys.readouterr().out
+    from nanochat.memory import MEMORY_BLOCKS
+
+    assert "mome-hidden" not in MEMORY_BLOCKS  # registered only while the benchmark runs
+
+
+def test_hidden_injection_variant_adds_to_residual_not_values():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_latency", REPO / "bench" / "latency.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with bench.hidden_variant_registered():
+        cfg = tiny_config(memory="mome-hidden", memory_options=dict(slots=4, topk=2), n_embd=64)
+        from nanochat.gpt import build_model
+
+        model = build_model(cfg, seed=0)
+    x = torch.randn(1, 5, 64)
+    ctx = model.memory.prepare(torch.randint(512, (1, 5)), None)
+    v = torch.randn(1, 5, 2, 32)
+    assert torch.equal(model.memory.value(1, x, v, ctx), v)
+    y = model.memory.residual(1, x, ctx)
+    assert y.shape == x.shape and not torch.allclose(y, x)  # gamma = 1 at init, table non-zero
