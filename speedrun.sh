@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The main job, one command on a fresh machine:  bash speedrun.sh
+#
+# * CUDA GPUs + internet: set up .venv, download FineWeb-Edu shards, train the 32768-token tokenizer, train the
+#   paper's d12 MoME (A2/6, token index) at 3e18 FLOPs with torchrun on every local GPU, evaluate (val bpb + CORE)
+#   and write runs/speedrun_d12_mome/report.md. Re-running resumes from the last checkpoint.
+# * No GPU or no internet: say so and run the CPU demo instead: embedded corpus -> 4096-token tokenizer -> tiny
+#   Base and tiny MoME models (a few minutes each) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
+#
+# Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), SHARDS (GPU train shards, default 100),
+# DEMO_STEPS (CPU steps per model, default 150), DEMO_CORE_MAX (CORE examples per task on CPU, default 40).
+set -euo pipefail
+cd "$(dirname "$0")"
+bash scripts/setup_env.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+export PYTHONUNBUFFERED=1
+
+gpu_count() { python -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"; }
+have_internet() {
+    python - <<'EOF' >/dev/null 2>&1
+import urllib.request
+urllib.request.urlopen("https://huggingface.co", timeout=8)
+EOF
+}
+
+write_report() {  # write_report OUT TITLE RUN_DIR...  -> a markdown table from each run's summary.json
+    python - "$@" <<'EOF'
+import json, sys
+from pathlib import Path
+out, title, runs = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+lines = [f"# {title}", "", "| run | memory | params total | params memory | steps | tokens | train min | val bpb | CORE |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+for run in runs:
+    s = json.loads((Path(run) / "summary.json").read_text())
+    mem = json.loads((Path(run) / "config.json").read_text())["model_config"]["memory"]
+    core = f"{s['core']:.4f} ({s['core_label']})" if s.get("core") is not None else "n/a (no bundle)"
+    lines.append(f"| {s['run_name']} | {mem} | {s['params_total']:,} | {s['params_memory']:,} | {s['step']} | "
+                 f"{s['tokens']:,} | {s['train_time_s'] / 60:.1f} | {s.get('val_bpb', float('nan')):.4f} | {core} |")
+lines += ["", "Each row: `summary.json`, `config.json` and `metrics.jsonl` in its run directory."]
+out.write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+print(f"report written to {out}")
+EOF
+}
+
+gpu_run() {
+    local ngpu="$1" data="${NANOCHAT_DATA_DIR:-$HOME/.cache/nanochat/data}/fineweb-edu" run=runs/speedrun_d12_mome
+    echo "[speedrun] $ngpu CUDA GPU(s) and internet: d12 MoME A2/6 at 3e18 FLOPs"
+    python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
+    [ -f tokenizer/tokenizer.json ] || python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
+    torchrun --standalone --nproc_per_node="$ngpu" -m scripts.base_train --run-dir "$run" --run-name speedrun_d12_mome \
+        --depth 12 --max-seq-len 2048 --total-batch-size 524288 --device-batch-size 32 --target-flops 3e18 \
+        --memory mome --mome-slots 6 --mome-topk 2 --mome-index token --eval-every -1 --core-every -1 \
+        --save-every 500 --data-dir "$data" --tokenizer-dir tokenizer --resume auto
+    write_report "$run/report.md" "speedrun: d12 MoME (A2/6) at 3e18 FLOPs" "$run"
+}
+
+cpu_demo() {
+    local root=runs/speedrun_cpu bundle=subset t0=$SECONDS
+    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, ~15 min on 2 cores)"
+    [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
+    python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
+    python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
+    local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
+                  --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-150}"
+                  --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-40}"
+                  --dtype bfloat16 --log-every 10 --keep-last 1)
+    python -m scripts.base_train "${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base"
+    python -m scripts.base_train "${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 \
+        --run-name speedrun_cpu_mome --run-dir "$root/mome"
+    write_report "$root/report.md" "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)" \
+        "$root/base" "$root/mome"
+    echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
+}
+
+mode="${SPEEDRUN_MODE:-}"
+ngpu="$(gpu_count)"
+if [ -z "$mode" ]; then
+    if [ "$ngpu" -gt 0 ] && have_internet; then
+        mode=gpu
+    elif [ "$ngpu" -eq 0 ]; then
+        echo "[speedrun] no CUDA GPU found: the d12 run needs GPUs, so this runs the CPU demo instead."
+        mode=cpu
+    else
+        echo "[speedrun] $ngpu GPU(s) but no internet (cannot download FineWeb-Edu): running the CPU demo instead."
+        mode=cpu
+    fi
+fi
+case "$mode" in
+    gpu) gpu_run "$ngpu" ;;
+    cpu) cpu_demo ;;
+    *) echo "SPEEDRUN_MODE must be gpu or cpu (got '$mode')" >&2; exit 2 ;;
+esac
