@@ -3,7 +3,8 @@
     python bench/latency.py [--device cpu|cuda] [--widths 256,512,1024] [--mem-layers 2,3] [--reps 20]
         [--mode decode|forward|both] [--context 512] [--seq-len 512] [--depth 0] [--out FILE]
 
-What is timed (median of --reps after --warmup calls, synchronised on CUDA):
+What is timed (median of --reps after --warmup calls, synchronised on CUDA; the reps of Base and the four
+designs are interleaved so that load drift on a shared machine does not bias one design):
 * ``decode``: ONE single-token decode step (batch --batch) against a KV cache already holding --context tokens
   (the cache position is rewound before every call, so every rep sees the same cache length);
 * ``forward``: one full-sequence forward of --seq-len tokens without a cache.
@@ -97,44 +98,47 @@ def _sync(device):
 
 
 @torch.no_grad()
-def time_model(model, args, device, mode: str) -> float:
-    """Median milliseconds of one decode step or one full forward."""
+def make_step(model, args, device, mode: str):
+    """A closure running one decode step (against a rewound cache of --context tokens) or one full forward."""
     g = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
-    if mode == "decode":
-        cache = KVCache.for_model(model, args.batch, args.context + 1)
-        model(torch.randint(V, (args.batch, args.context), generator=g).to(device), kv_cache=cache)  # prefill
-        tok = torch.randint(V, (args.batch, 1), generator=g).to(device)
-
-        def step():
-            cache.pos = args.context  # rewind: every rep decodes against the same cache length
-            model(tok, kv_cache=cache)
-    else:
+    if mode == "forward":
         idx = torch.randint(V, (args.batch, args.seq_len), generator=g).to(device)
+        return lambda: model(idx)
+    cache = KVCache.for_model(model, args.batch, args.context + 1)
+    model(torch.randint(V, (args.batch, args.context), generator=g).to(device), kv_cache=cache)  # prefill
+    tok = torch.randint(V, (args.batch, 1), generator=g).to(device)
 
-        def step():
-            model(idx)
-    times = []
-    for i in range(args.warmup + args.reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        if i >= args.warmup:
-            times.append(1000.0 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    def step():
+        cache.pos = args.context  # rewind: every rep decodes against the same cache length
+        return model(tok, kv_cache=cache)
+
+    return step
 
 
-def measure(args, device, width: int, l_mem: int, design: str, mode: str) -> float:
+@torch.no_grad()
+def time_interleaved(steps: dict, args, device) -> dict[str, float]:
+    """Median ms per design. Reps are interleaved across designs (rotating the order each round), so drift in
+    machine load (shared CPUs, clocks) hits every design alike instead of biasing whichever ran last."""
+    names = list(steps)
+    for _ in range(args.warmup):
+        for n in names:
+            steps[n]()
+    times = {n: [] for n in names}
+    for r in range(args.reps):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            steps[n]()
+            _sync(device)
+            times[n].append(1000.0 * (time.perf_counter() - t0))
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def build(args, device, width: int, l_mem: int, design: str):
     model = build_model(make_config(args, width, l_mem, design), device=device, seed=0)
     model.eval()
-    if args.dtype == "bfloat16":
-        model = model.to(torch.bfloat16)
-    ms = time_model(model, args, device, mode)
-    del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return ms
+    return model.to(torch.bfloat16) if args.dtype == "bfloat16" else model
 
 
 def run(args) -> list[dict]:
@@ -144,12 +148,16 @@ def run(args) -> list[dict]:
         for mode in (("decode", "forward") if args.mode == "both" else (args.mode,)):
             for width in args.width_list:
                 for l_mem in args.mem_list:
-                    base = measure(args, device, width, l_mem, "base", mode)
+                    models = {d: build(args, device, width, l_mem, d) for d in ["base"] + [k for k, _ in DESIGNS]}
+                    ms = time_interleaved({d: make_step(m, args, device, mode) for d, m in models.items()}, args, device)
+                    del models
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    base = ms["base"]
                     row = {"mode": mode, "width": width, "n_head": max(1, width // args.head_dim),
-                           "depth": args.depth or l_mem, "mem_layers": l_mem, "baseline_ms": base, "designs": {}}
-                    for key, _ in DESIGNS:
-                        ms = measure(args, device, width, l_mem, key, mode)
-                        row["designs"][key] = {"ms": ms, "delta_ms": ms - base, "pct": 100.0 * (ms - base) / base}
+                           "depth": args.depth or l_mem, "mem_layers": l_mem, "baseline_ms": base,
+                           "designs": {k: {"ms": ms[k], "delta_ms": ms[k] - base, "pct": 100.0 * (ms[k] - base) / base}
+                                       for k, _ in DESIGNS}}
                     rows.append(row)
                     print(format_row(row), flush=True)
     return rows
@@ -183,6 +191,7 @@ def parse_args(argv=None):
     ap.add_argument("--mome-topk", type=int, default=2)
     ap.add_argument("--bigram-factor", type=int, default=6)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
     ap.add_argument("--out", default=None, help="JSON output (default: runs/bench/latency_<device>_<mode>.json)")
     args = ap.parse_args(argv)
     try:
@@ -201,6 +210,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     print(f"# {args.mode} latency, device {args.device} ({platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads), torch {torch.__version__}, batch {args.batch}, "
           f"context {args.context}, seq_len {args.seq_len}, vocab {args.vocab_size}, dtype {args.dtype}, "

@@ -93,8 +93,9 @@ def text_rows(tokenizer, documents: list[str], seq_len: int) -> list[torch.Tenso
 
 def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: int) -> list[Domain]:
     """One domain per CORE task: every rendered row the evaluator executes (all multiple-choice candidates count,
-    as in the paper's audit), with the evaluator's few-shot sampling, shuffle and left-cropping."""
-    from nanochat.core_eval import crop_left, fewshot_for, order_task_data, prepare_example
+    as in the paper's audit), with the evaluator's few-shot sampling and shuffle; rows longer than seq_len keep
+    their last seq_len tokens like the evaluator's left crop (no scored-region check: nothing is scored here)."""
+    from nanochat.core_eval import fewshot_for, order_task_data, prepare_example
     from nanochat.eval_bundle import load_core_tasks, load_task_data
 
     specs = load_core_tasks(Path(bundle_dir))
@@ -113,9 +114,8 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
         data = order_task_data(load_task_data(path, task.task_type), max_per_task)
         rows = []
         for i, item in enumerate(data):
-            ex = crop_left(prepare_example(tokenizer, item, task, fewshot_for(data, i, task.num_fewshot),
-                                           f"{path} example {i}"), seq_len, f"{path} example {i}")
-            rows.extend(torch.tensor(r, dtype=torch.long) for r in ex.rows)
+            ex = prepare_example(tokenizer, item, task, fewshot_for(data, i, task.num_fewshot), f"{path} example {i}")
+            rows.extend(torch.tensor(r[-seq_len:], dtype=torch.long) for r in ex.rows)
         out.append(Domain(task.label, rows, "core"))
     return out
 
@@ -315,9 +315,10 @@ def _json_default(x):
 
 
 def heatmaps(panels: dict[str, torch.Tensor], path: Path, layers, *, vmin=None, vmax=None, cmap="viridis",
-             ranks: dict[str, torch.Tensor] | None = None, title: str = "") -> None:
+             ranks: dict[str, torch.Tensor] | None = None, title: str = "", symmetric: bool = False) -> None:
     """One (layers x heads) panel per entry, shared colour scale; NaN cells are grey; ``ranks`` (same shape,
-    0 = none) are written into the cells (the paper's top-10 effect numbering)."""
+    0 = none) are written into the cells (the paper's top-10 effect numbering). ``symmetric`` centres the colour
+    scale on 0 (signed effects on a diverging map: white = no effect)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,17 +326,21 @@ def heatmaps(panels: dict[str, torch.Tensor], path: Path, layers, *, vmin=None, 
 
     n = len(panels)
     L, H = next(iter(panels.values())).shape
-    fig, axes = plt.subplots(1, n, figsize=(max(3.0, 0.45 * H + 1.5) * n, max(2.5, 0.4 * L + 1.2)), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(max(3.0, 0.45 * H + 1.5) * n, max(2.5, 0.4 * L + 1.2)), squeeze=False,
+                             layout="constrained")
     vals = torch.cat([p.flatten() for p in panels.values()]).double()
     vals = vals[~vals.isnan()]
     lo = vmin if vmin is not None else (vals.min().item() if vals.numel() else 0.0)
     hi = vmax if vmax is not None else (vals.max().item() if vals.numel() else 1.0)
+    if symmetric:
+        lo, hi = -max(abs(lo), abs(hi), 1e-12), max(abs(lo), abs(hi), 1e-12)
     cm = matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
-    for ax, (name, grid) in zip(axes[0], panels.items()):
+    for k, (ax, (name, grid)) in enumerate(zip(axes[0], panels.items())):
         im = ax.imshow(grid.double().numpy(), vmin=lo, vmax=hi, cmap=cm, aspect="auto")
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        if k == 0:
+            ax.set_ylabel("layer")
         ax.set_xticks(range(H))
         ax.set_yticks(range(L), [str(l) for l in layers])
         if ranks and name in ranks:

@@ -210,7 +210,8 @@ def routes_figure(routes: list[dict], path: Path, sites=None) -> None:
     sites = sites or [(li, h) for li in range(L) for h in range(H)]
     M = 1 + max(s for r in routes for lay in r["slots"] for hd in lay for s in hd)
     fig, axes = plt.subplots(len(words), 1, figsize=(max(4, 0.6 * len(sites) + 3), 1.0 + 0.8 * len(routes)),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
+    short = lambda t: t if len(t) <= 48 else "..." + t[-45:]  # noqa: E731
     for ax, word in zip(axes[:, 0], words):
         sel = [r for r in routes if r["word"] == word]
         grid = torch.tensor([[r["slots"][li][h][0] for li, h in sites] for r in sel], dtype=torch.float)
@@ -218,7 +219,7 @@ def routes_figure(routes: list[dict], path: Path, sites=None) -> None:
         for i, r in enumerate(sel):
             for j, (li, h) in enumerate(sites):
                 ax.text(j, i, ",".join(map(str, r["slots"][li][h])), ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(len(sel)), [f"[{r['label']}] {r['prompt'][-40:]}" for r in sel], fontsize=7)
+        ax.set_yticks(range(len(sel)), [f"[{r['label']}] {short(r['prompt'])}" for r in sel], fontsize=7)
         ax.set_xticks(range(len(sites)), [f"L{sel[0]['layers'][li]}h{h}" for li, h in sites], fontsize=6, rotation=90)
         ax.set_title(f"'{word}': selected slots per head (colour = top-weight slot)", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -265,14 +265,15 @@ def write_maps(res: dict, layers, H: int, out_dir: Path) -> None:
     grid = lambda v: v.view(len(layers), H)  # noqa: E731
     panels = {"dJSD (F - T)": grid(res["dJSD"]), "dO~ (T - F)": grid(res["dO"])}
     heatmaps(panels, out_dir / "wic_routing.png", layers, cmap="RdBu",
-             ranks={k: top_ranks(v) for k, v in panels.items()}, title="WiC routing differences per site")
+             ranks={k: top_ranks(v) for k, v in panels.items()}, title="WiC routing differences per site",
+             symmetric=True)
     gate = {"mean pair gate sqrt(g1 g2)": grid(res["mean_pair_gate"])}
     heatmaps(gate, out_dir / "wic_gate_mean.png", layers, vmin=0.0, vmax=2.0)
     eff = {"dJSD gate-weighted": grid(res["dJSD_gate"])}
     for tau, th in res["thresholds"].items():
         eff[f"dJSD, min gamma >= {tau}"] = grid(torch.where(th["flagged"], float("nan"), th["dJSD"]))
     heatmaps(eff, out_dir / "wic_gate.png", layers, cmap="RdBu", ranks={"dJSD gate-weighted": top_ranks(eff["dJSD gate-weighted"])},
-             title="gate-aware WiC effects (grey: < 10 pairs in a class)")
+             title="gate-aware WiC effects (grey: < 10 pairs in a class)", symmetric=True)
 
 
 def parse_args(argv=None):

@@ -229,3 +229,17 @@ def test_hidden_injection_variant_adds_to_residual_not_values():
     assert torch.equal(model.memory.value(1, x, v, ctx), v)
     y = model.memory.residual(1, x, ctx)
     assert y.shape == x.shape and not torch.allclose(y, x)  # gamma = 1 at init, table non-zero
+
+
+def test_core_domains_and_task_balanced_average(tmp_path):
+    from scripts import analyze_memory
+
+    run, _, _ = make_run(tmp_path, "ve")
+    out = tmp_path / "out"
+    assert analyze_memory.main(["--run", str(run), "--corpus", "core:copa", "core:piqa", "--bundle", "subset",
+                                "--max-per-task", "2", "--out-dir", str(out), "--no-progress"]) == 0
+    dom = json.loads((out / "memory_use.json").read_text())["domains"]
+    assert set(dom) == {"copa", "piqa", "CORE"} and dom["CORE"]["tasks"] == ["copa", "piqa"]
+    want = (torch.tensor(dom["copa"]["gamma"]) + torch.tensor(dom["piqa"]["gamma"])) / 2  # every task weighs 1
+    assert torch.allclose(torch.tensor(dom["CORE"]["gamma"]), want)
+    assert analyze_memory.main(["--run", str(run), "--corpus", "core:nope", "--bundle", "subset"]) == 2
