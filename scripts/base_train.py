@@ -8,7 +8,8 @@ Outputs in the run dir (default runs/<run-name>): config.json (resolved flags, m
 metrics.jsonl, checkpoints/step_NNNNNN/, summary.json. ``--resume`` continues bit-exactly on CPU.
 
 Exit codes: 0 = finished, or stopped by SIGINT/SIGTERM after saving a checkpoint (summary.json has
-stop_reason "interrupted"; continue with --resume); 2 = bad flags (nothing was done); 3 = non-finite loss
+stop_reason "interrupted"; continue with --resume); 2 = bad flags, data, tokenizer or checkpoint (found before
+the first step, nothing trained); 3 = non-finite loss
 (nothing saved for the bad step, the last good checkpoint is kept); 1 = any other error.
 """
 
