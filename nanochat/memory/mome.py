@@ -27,6 +27,11 @@ router_bias (L_mem, N, H, M) is added to the selection scores sigmoid/softmax(l)
 training and eval alike (it is part of the saved model). Training forwards only accumulate counts (in-place, no
 host sync, compile-friendly); ``update_balance()`` -- to be called by the trainer after each optimizer step --
 all-reduces them and applies b += lr * sign(mean - count) to visited (row, head) cells.
+
+Fast path (docs/performance.md): the K selected rows of every (token, head) are gathered AND mixed by ONE
+``F.embedding_bag(mode="sum", per_sample_weights=alpha)`` over flat (B*T*H, K) int64 ids, so the (B,T,H,K,d)
+intermediate of the plain gather-multiply-sum never exists; its dense table gradient is the same scatter-add as
+the plain path's. ``FUSED_MIX = False`` (or ``mome_mix_reference``) restores the plain path for equivalence tests.
 """
 
 from dataclasses import dataclass
@@ -48,6 +53,7 @@ ROUTINGS = ("context", "token-only", "fixed-random")
 BALANCES = ("none", "bias")
 NORM_EPS = 1e-10
 FIXED_RANDOM_SEED = 1234
+FUSED_MIX = True  # module switch: False = the plain gather-multiply-sum (tests compare the two)
 
 
 def _choice(flag, value, allowed):
@@ -123,6 +129,24 @@ def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
     if mode.endswith("-norm"):
         w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
     return w, p
+
+
+def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Plain top-K mix: flat ids (B, T, H, K) -> gather (B, T, H, K, d) -> weighted sum over K -> (B, T, H, d)."""
+    return (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)
+
+
+def mome_mix_fused(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Same result as ``mome_mix_reference`` with one embedding_bag over (B*T*H) bags of K rows: the gather and
+    the weighted sum are one kernel and the table gradient is one dense scatter-add of K*H rows per token."""
+    *lead, K = flat.shape
+    out = F.embedding_bag(flat.reshape(-1, K), table, per_sample_weights=w.to(table.dtype).reshape(-1, K),
+                          mode="sum")  # (B*T*H, d)
+    return out.view(*lead, table.size(-1))  # (B, T, H, d)
+
+
+def mome_mix(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return mome_mix_fused(table, flat, w) if FUSED_MIX else mome_mix_reference(table, flat, w)
 
 
 class MoMEMemory(MemoryBlock):
@@ -214,9 +238,10 @@ class MoMEMemory(MemoryBlock):
             row = idx.long()
         return idx, row
 
-    def route(self, pos: int, xn, v, idx, row):
+    def route(self, pos: int, xn, v, idx, row, probs: bool = True):
         """Selected slots sel (B, T, H, K) (None when K == M: all slots in order), weights (B, T, H, K or M),
-        scores p over all M (B, T, H, M) or None (fixed-random)."""
+        scores p over all M (B, T, H, M) or None (fixed-random, or ``probs=False`` on the sigmoid fast path,
+        which then never evaluates the gate on the M - K unselected logits)."""
         o, (B, T, H, _) = self.opts, v.shape
         if o.routing == "fixed-random":
             offset = self.fixed_offset[idx]  # (B, T, H)
@@ -234,6 +259,13 @@ class MoMEMemory(MemoryBlock):
         if hasattr(self, "router_bias"):  # loss-free balancing: bias the scores used for selection only
             _, p = gate_weights(logits, None, self.mode)
             scores = p + self.router_bias[pos][row]  # (B, T, H, M)
+        elif not probs and self.mode.startswith("sigmoid"):
+            # sigmoid(l).gather(sel) == sigmoid(top-K values of l): no gather, gate on K logits only (bit-identical)
+            top, sel = logits.topk(self.K, dim=-1, sorted=False)  # partial selection, never a full sort of M
+            w = torch.sigmoid(top.to(torch.promote_types(top.dtype, torch.float32)))
+            if self.mode.endswith("-norm"):
+                w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
+            return sel, w, None
         else:
             scores = logits  # TopK(l) as in the paper (monotone in p, so the same selection)
         sel = scores.topk(self.K, dim=-1, sorted=False).indices  # (B, T, H, K)
@@ -245,14 +277,14 @@ class MoMEMemory(MemoryBlock):
         if pos is None:
             return v
         idx, row = ctx
-        sel, w, p = self.route(pos, xn, v, idx, row)
+        sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None)
         table = self._table(pos)
         if sel is None:  # K == M: the M rows of n_t are shared by all heads -> gather once, mix per head
             flat = row[..., None] * self.M + torch.arange(self.M, device=v.device)  # (B, T, M)
             mem = torch.einsum("bthm,btmd->bthd", w.to(table.dtype), F.embedding(flat, table))
         else:
-            flat = row[..., None, None] * self.M + sel  # (B, T, H, K) flat row ids: only K rows per head
-            mem = (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)  # (B, T, H, d)
+            flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
+            mem = mome_mix(table, flat, w)  # (B, T, H, d)
         gamma = self.gates[pos](xn)  # (B, T, H)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:

@@ -1,0 +1,133 @@
+"""The optimised MoME paths equal the plain implementation (fp32, outputs and gradients), and a tiny MoME model
+traces in training mode without graph breaks. No timing here: speed is measured by bench/step.py."""
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from nanochat.gpt import build_model
+from nanochat.memory import mome as mome_module
+from nanochat.memory.mome import MoMEMemory, mome_mix_fused, mome_mix_reference
+from nanochat.memory.slot_map import write_slot_map
+
+VOCAB, C, HEADS, GROUP = 96, 64, 2, 3
+
+
+def _config(tmp_path, M, K, index, **extra):
+    opts = dict(slots=M, topk=K, index=index, **extra)
+    if index == "grouped":
+        perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5)).tolist()
+        path = tmp_path / "map.json"
+        write_slot_map(path, [perm[i : i + GROUP] for i in range(0, VOCAB, GROUP)], VOCAB, GROUP)
+        opts.update(group_size=GROUP, slot_map=str(path))
+    if index == "bigram":
+        opts.update(bigram_factor=2)
+    return tiny_config(vocab_size=VOCAB, n_embd=C, n_head=HEADS, n_kv_head=HEADS, n_layer=2, memory="mome",
+                       memory_options=opts)
+
+
+def _block(cfg, seed=0):
+    block = MoMEMemory(cfg)
+    block.init_weights()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # random routers and gates: no top-K ties, non-trivial gamma
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim > 1 else 0.3))
+    return block
+
+
+def _run(block, fused, capture, tokens, xn, v):
+    """value() of the first memory layer and the gradients of a random projection of it."""
+    block.capture = {} if capture else None
+    old = mome_module.FUSED_MIX
+    mome_module.FUSED_MIX = fused
+    try:
+        out = block.value(block.layers[0], xn, v, block.prepare(tokens, None))
+    finally:
+        mome_module.FUSED_MIX = old
+    proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    params = [p for p in block.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((out * proj).sum(), [xn, v, *params], allow_unused=True)
+    return out, grads, block.capture
+
+
+def _inputs(cfg, B=3, T=9):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 8, (B, T), generator=g)  # few distinct tokens: many duplicate table rows
+    xn = torch.randn(B, T, cfg.n_embd, generator=g, requires_grad=True)
+    v = torch.randn(B, T, cfg.n_kv_head, cfg.head_dim, generator=g, requires_grad=True)
+    return tokens, xn, v
+
+
+@pytest.mark.parametrize("index", ["token", "grouped", "bigram"])
+@pytest.mark.parametrize("M,K", [(6, 1), (6, 2), (3, 3)])
+@pytest.mark.parametrize("extra", [{}, {"router_input": "value"}, {"gate": "softmax-norm"}], ids=["hidden", "value", "softmax"])
+def test_fast_path_equals_plain(tmp_path, index, M, K, extra):
+    """Fused embedding_bag mix + gate-on-top-K-only routing (no capture) == plain gather-mul-sum with capture."""
+    cfg = _config(tmp_path, M, K, index, **extra)
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    fast, g_fast, _ = _run(block, fused=True, capture=False, tokens=tokens, xn=xn, v=v)
+    plain, g_plain, cap = _run(block, fused=False, capture=True, tokens=tokens, xn=xn, v=v)
+    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g_fast, g_plain):
+        if a is None or b is None:
+            assert a is None and b is None
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert set(cap[block.layers[0]]) >= {"slots", "weights", "gamma", "inject_norm", "rows", "probs"}
+
+
+@pytest.mark.parametrize("routing", ["fixed-random", "token-only"])
+def test_other_routings_fast_equals_plain(tmp_path, routing):
+    cfg = _config(tmp_path, 6, 2, "token", routing=routing)
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    fast, g_fast, _ = _run(block, True, False, tokens, xn, v)
+    plain, g_plain, _ = _run(block, False, True, tokens, xn, v)
+    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g_fast, g_plain):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_sigmoid_fast_route_is_bit_identical(tmp_path):
+    """route(probs=False) gates only the K selected logits: same slots and bitwise the same weights."""
+    cfg = _config(tmp_path, 8, 3, "token")
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    row = block.prepare(tokens, None)[1]
+    sel_a, w_a, p_a = block.route(0, xn, v, tokens, row, probs=True)
+    sel_b, w_b, p_b = block.route(0, xn, v, tokens, row, probs=False)
+    assert p_b is None and p_a.shape[-1] == 8
+    order_a, order_b = sel_a.argsort(-1), sel_b.argsort(-1)  # topk(sorted=False) order is unspecified
+    assert torch.equal(sel_a.gather(-1, order_a), sel_b.gather(-1, order_b))
+    assert torch.equal(w_a.gather(-1, order_a), w_b.gather(-1, order_b))
+
+
+def test_fused_mix_table_gradient_with_duplicate_ids():
+    """Repeated flat ids (same row picked by several heads/tokens) accumulate the same table gradient."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(10, 5, generator=g, requires_grad=True)
+    flat = torch.randint(0, 3, (2, 4, 3, 2), generator=g)  # (B, T, H, K), ids in 0..2 only
+    w = torch.rand(2, 4, 3, 2, generator=g, requires_grad=True)
+    cot = torch.randn(2, 4, 3, 5, generator=g)
+    outs = [mix(table, flat, w) for mix in (mome_mix_fused, mome_mix_reference)]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    grads = [torch.autograd.grad((o * cot).sum(), [table, w]) for o in outs]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert (grads[0][0][3:] == 0).all()  # untouched rows: exactly zero (dense grad, sparse support)
+
+
+@pytest.mark.parametrize("opts", [{}, {"index": "bigram", "bigram_factor": 2}, {"topk": 1, "router_input": "value"}])
+def test_training_forward_has_no_graph_breaks(opts):
+    """Dynamo trace only (no inductor): cheap, and the inductor compile is covered by the slow test in
+    tests/test_memory_train.py."""
+    model = build_model(tiny_config(memory="mome", memory_options=opts, n_layer=2), seed=0)
+    model.train()
+    data = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(data[:, :-1], data[:, 1:])
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
