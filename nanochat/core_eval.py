@@ -12,6 +12,7 @@ prompts longer than model.max_seq_len are cropped from the left, and there is a 
 
 import math
 import random
+from typing import NamedTuple
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,16 @@ def prepare_example(tokenizer, item: dict, task: TaskSpec, fewshot: list[dict], 
     return Prepared([with_], [len(without)], [len(with_)], 0)
 
 
+class RegionTooLong(ValueError):
+    """The scored tokens of an example (plus one token of context) exceed the model's max_seq_len."""
+
+
+class TaskCounts(NamedTuple):
+    correct: int
+    n: int
+    too_long: int = 0  # examples that cannot be scored within max_seq_len; counted in n as incorrect
+
+
 def crop_left(ex: Prepared, max_len: int, where: str = "") -> Prepared:
     """Keep the last ``max_len`` tokens of each row, shifting the scored region with it.
 
@@ -95,7 +106,7 @@ def crop_left(ex: Prepared, max_len: int, where: str = "") -> Prepared:
     for row, s, e in zip(ex.rows, ex.starts, ex.ends):
         cut = max(0, len(row) - max_len)
         if s - cut < 1:
-            raise ValueError(f"{where}: scored region of {e - s} tokens does not fit into max_seq_len={max_len}")
+            raise RegionTooLong(f"{where}: scored region of {e - s} tokens does not fit into max_seq_len={max_len}")
         rows.append(row[cut:])
         starts.append(s - cut)
         ends.append(e - cut)
@@ -180,21 +191,27 @@ def fewshot_for(data: list[dict], i: int, k: int) -> list[dict]:
 
 
 def evaluate_task(model, tokenizer, data: list[dict], task: TaskSpec, batch_size: int = 16, device="cpu",
-                  autocast_ctx=None, progress: bool = True, where: str = "") -> tuple[int, int]:
-    """(correct, n) over all ranks for already shuffled/truncated ``data``. Rank r takes examples r, r+W, ..."""
+                  autocast_ctx=None, progress: bool = True, where: str = "") -> TaskCounts:
+    """(correct, n, too_long) over all ranks for already shuffled/truncated ``data``. Rank r takes examples
+    r, r+W, ... An example whose scored region cannot fit into max_seq_len (only short-context models hit this)
+    is counted as incorrect, so n and the random baseline stay comparable, and reported in ``too_long``."""
     rank, world = _dist_rank_world()
     max_len = model.max_seq_len  # AttributeError on purpose: cropping is part of the protocol
-    local = range(rank, len(data), world)
-    examples = [crop_left(prepare_example(tokenizer, data[i], task, fewshot_for(data, i, task.num_fewshot),
-                                          f"{where} example {i}"), max_len, f"{where} example {i}") for i in local]
+    examples, too_long = [], 0
+    for i in range(rank, len(data), world):
+        ex = prepare_example(tokenizer, data[i], task, fewshot_for(data, i, task.num_fewshot), f"{where} example {i}")
+        try:
+            examples.append(crop_left(ex, max_len, f"{where} example {i}"))
+        except RegionTooLong:
+            too_long += 1
     bar = tqdm(total=len(examples), desc=f"{task.label:<34}", leave=False, disable=not progress or rank != 0)
     scores = score_examples(model, examples, task.task_type, tokenizer.bos_token_id, batch_size, device,
                             autocast_ctx, bar)
     bar.close()
-    counts = torch.tensor([sum(scores), len(scores)], dtype=torch.long, device=device)
+    counts = torch.tensor([sum(scores), len(scores) + too_long, too_long], dtype=torch.long, device=device)
     if world > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return int(counts[0].item()), int(counts[1].item())
+    return TaskCounts(*(int(c) for c in counts.tolist()))
 
 
 def centered_accuracy(acc: float, baseline_pct: float) -> float:
@@ -211,7 +228,7 @@ def summarize_core(task_results: dict[str, dict], baselines: dict[str, float], a
             raise KeyError(f"task {label!r} has no random baseline in eval_meta_data.csv")
         b = baselines[label]
         tasks[label] = {"accuracy": r["accuracy"], "centered": centered_accuracy(r["accuracy"], b),
-                        "n": r["n"], "random_baseline": b}
+                        "n": r["n"], "random_baseline": b, "too_long": r.get("too_long", 0)}
     missing = [lab for lab in all_labels if lab not in task_results]
     k, total = len(tasks), len(all_labels)
     core = sum(t["centered"] for t in tasks.values()) / k if k else float("nan")
@@ -239,9 +256,9 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
         data = order_task_data(load_task_data(path, task.task_type), max_per_task)
         if not data:
             raise ValueError(f"{path} (task {task.label}) has no rows")
-        correct, n = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx, progress,
-                                   where=f"{path} (task {task.label})")
-        results[task.label] = {"accuracy": correct / n if n else float("nan"), "n": n}
+        correct, n, too_long = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx, progress,
+                                             where=f"{path} (task {task.label})")
+        results[task.label] = {"accuracy": correct / n if n else float("nan"), "n": n, "too_long": too_long}
     model.train(was_training)
     if not results:
         raise FileNotFoundError(f"no task data file of {bundle_dir / 'core.yaml'} exists under {bundle_dir / 'eval_data'}")
@@ -279,6 +296,10 @@ def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None
         notes.append(f"Missing task files (not averaged): {', '.join(results['missing'])}.")
     if results.get("subset"):
         notes.append("Computed on the shipped CORE **subset** (eval_data/core_subset): not comparable with full CORE.")
+    long = {k: v["too_long"] for k, v in tasks.items() if v.get("too_long")}
+    if long:
+        notes.append("Examples longer than the model's context, counted as incorrect: "
+                     + ", ".join(f"{k} {n}" for k, n in long.items()) + ".")
     if results.get("max_per_task", -1) > 0:
         notes.append(f"At most {results['max_per_task']} examples per task (--max-per-task).")
     _atomic_write(out_dir / "core.md", "\n".join(md + [""] + notes) + "\n")

@@ -45,6 +45,10 @@ def _group_model(p):
     g.add_argument("--depth", type=int, default=12, help="number of layers (the single size dial)")
     g.add_argument("--aspect-ratio", type=int, default=64, help="width = depth x aspect-ratio, rounded up to head-dim")
     g.add_argument("--head-dim", type=int, default=128, help="attention head size")
+    g.add_argument("--model-dim", type=int, default=-1,
+                   help="explicit width (-1 = depth x aspect-ratio rounded up to head-dim); for the dense scaling controls")
+    g.add_argument("--num-heads", type=int, default=-1,
+                   help="explicit number of heads (-1 = model-dim / head-dim); head size becomes model-dim / num-heads")
     g.add_argument("--max-seq-len", type=int, default=2048, help="context length (tokens)")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="vocabulary size; must match the tokenizer (default: the tokenizer's; 32768 for --dry-run)")
@@ -90,6 +94,8 @@ def _group_eval(p):
     g.add_argument("--core-every", type=int, default=-1, help="CORE every N steps (-1 = only at the end)")
     g.add_argument("--final-core", action=argparse.BooleanOptionalAction, default=True,
                    help="run CORE after training when an eval bundle is available")
+    g.add_argument("--final-train-bpb", action=argparse.BooleanOptionalAction, default=True,
+                   help="also report bpb on fixed rows of the train split at the end (the paper's train bpb)")
     g.add_argument("--core-max-per-task", type=int, default=-1, help="cap on examples per CORE task (-1 = all)")
     g.add_argument("--bundle", type=str, default=None, help="CORE eval bundle dir (default: first one found)")
     g.add_argument("--save-every", type=int, default=-1, help="checkpoint every N steps (the last step is always saved)")
@@ -99,7 +105,9 @@ def _group_eval(p):
 
 def _group_data(p):
     g = p.add_argument_group("data")
-    g.add_argument("--data-dir", type=str, default=None, help="prepared data dir (default: nanochat.dataset default)")
+    g.add_argument("--dataset", choices=("fineweb-edu", "climbmix", "embedded", "local"), default="fineweb-edu",
+                   help="which prepared dataset --data-dir defaults to (python -m scripts.prepare_data --dataset ...)")
+    g.add_argument("--data-dir", type=str, default=None, help="prepared data dir (default: the --dataset cache dir)")
     g.add_argument("--tokenizer-dir", type=str, default=None, help="tokenizer dir (default: nanochat.tokenizer default)")
     g.add_argument("--synthetic-data", action="store_true",
                    help="train on a seeded random-token stream instead of data (tests/benchmarks; bpb is bits/token)")
@@ -178,6 +186,17 @@ def validate_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     if args.num_iterations is not None and args.num_iterations < 1:
         raise ValueError(f"--num-iterations must be >= 1 (got {args.num_iterations})")
+    if args.model_dim != -1 and args.model_dim < 1:
+        raise ValueError(f"--model-dim must be >= 1 or -1 (got {args.model_dim})")
+    if args.num_heads != -1:
+        if args.num_heads < 1:
+            raise ValueError(f"--num-heads must be >= 1 or -1 (got {args.num_heads})")
+        if args.model_dim == -1:
+            raise ValueError("--num-heads needs an explicit --model-dim")
+        if args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2:
+            raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
+    elif args.model_dim != -1 and args.model_dim % args.head_dim:
+        raise ValueError(f"--model-dim {args.model_dim} is not a multiple of --head-dim {args.head_dim}; pass --num-heads")
     if args.target_flops is not None and not args.target_flops > 0:
         raise ValueError(f"--target-flops must be > 0 (got {args.target_flops})")
     if args.target_param_data_ratio is not None and not args.target_param_data_ratio > 0:

@@ -62,6 +62,7 @@ def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device) 
         loss_sum += loss.detach().double()
         (loss / grad_accum).backward()
     optimizer.step()
+    getattr(model, "_orig_mod", model).memory.after_optimizer_step()  # e.g. MoME's balancing-bias update
     gnorm = grad_norm(model)
     model.zero_grad(set_to_none=True)
     return all_reduce_mean(loss_sum.item() / grad_accum, device), gnorm

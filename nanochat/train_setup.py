@@ -13,7 +13,6 @@ from nanochat.common import print0
 from nanochat.train_loop import SyntheticLoader, synthetic_eval_rows
 
 SYNTHETIC_VOCAB = 32768
-DEFAULT_DATASET = "fineweb-edu"
 
 
 @dataclass
@@ -25,6 +24,7 @@ class RunData:
     vocab_size: int
     source: str
     bundle: Path | None = None
+    train_rows: torch.Tensor | None = None  # fixed rows of the train split for the final "train bpb"
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -38,7 +38,7 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         loader = SyntheticLoader(vocab, args.device_batch_size, args.max_seq_len, rank, world, args.data_seed, device)
         rows = synthetic_eval_rows(vocab, args.max_seq_len, args.eval_tokens, args.data_seed)
         # every token counts as one "byte": the reported bpb is bits per token
-        return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
+        return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic", train_rows=rows)
     from nanochat.dataloader import PackedDataLoader, build_eval_rows
     from nanochat.dataset import DataError, default_data_dir, load_manifest
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_token_bytes, get_tokenizer
@@ -47,16 +47,19 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
     tokenizer = get_tokenizer(tok_dir)
     if args.vocab_size is not None:
         check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(DEFAULT_DATASET)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     try:
         load_manifest(data_dir)
         loader = PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
                                   rank=rank, world_size=world, seed=args.data_seed, device=device)
         rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens)
+        # the paper's "train bpb": the same budget on the first documents of the train split (seen data)
+        train_rows = build_eval_rows(data_dir, "train", tokenizer, args.max_seq_len, args.eval_tokens)
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
     token_bytes = get_token_bytes(tok_dir, device="cpu")
-    return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})")
+    return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
+                   train_rows=train_rows)
 
 
 def resolve_bundle(args) -> Path | None:
@@ -82,11 +85,12 @@ def resolve_bundle(args) -> Path | None:
         return None
 
 
-def run_val_bpb(model, data: RunData, args, rank: int, world: int, device, autocast_ctx) -> float:
+def run_val_bpb(model, data: RunData, args, rank: int, world: int, device, autocast_ctx, split: str = "val") -> float:
     from nanochat.dataloader import iter_eval_batches
     from nanochat.loss_eval import evaluate_bpb
 
-    batches = iter_eval_batches(data.val_rows, args.eval_batch_size or args.device_batch_size, rank, world, device)
+    rows = data.val_rows if split == "val" else data.train_rows
+    batches = iter_eval_batches(rows, args.eval_batch_size or args.device_batch_size, rank, world, device)
     was_training = model.training
     model.eval()
     try:

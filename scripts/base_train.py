@@ -72,8 +72,13 @@ class Run:
 
 
 def model_config(args, vocab_size: int) -> GPTConfig:
-    return GPTConfig.from_depth(args.depth, args.aspect_ratio, args.head_dim, sequence_len=args.max_seq_len,
-                                vocab_size=vocab_size, **memory_config_from_args(args))
+    memory = memory_config_from_args(args)
+    if args.model_dim == -1:
+        return GPTConfig.from_depth(args.depth, args.aspect_ratio, args.head_dim, sequence_len=args.max_seq_len,
+                                    vocab_size=vocab_size, **memory)
+    heads = args.num_heads if args.num_heads != -1 else args.model_dim // args.head_dim
+    return GPTConfig(sequence_len=args.max_seq_len, vocab_size=vocab_size, n_layer=args.depth, n_head=heads,
+                     n_kv_head=heads, n_embd=args.model_dim, **memory)
 
 
 def resolve_run_dir(args) -> Path:
@@ -194,7 +199,7 @@ def log_train(run: Run, loss: float, gnorm: float, sched_vals: dict, dt: float, 
            "loss": loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
            "muon_momentum": sched_vals["muon_momentum"], "muon_wd": muon["weight_decay"], "dt": dt,
            "tok_per_sec": tok_s, "mfu": util, "train_time": run.loop["train_time"]}
-    rec.update({f"mem/{k}": float(v) for k, v in run.model.memory.stats().items()})
+    rec.update({k: float(v) for k, v in run.model.memory.stats().items()})  # keys are "memory/..."
     run.metrics.log(rec)
     if run.rank == 0:
         line = format_step_line(step, n, loss, sched_vals["lrm"], dt, tok_s, util, eta)
@@ -261,6 +266,9 @@ def final_eval(run: Run) -> dict:
     a = run.args
     out = {"val_bpb": run_val_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast)}
     print0(f"final val bpb {out['val_bpb']:.6f}")
+    if a.final_train_bpb and run.data.train_rows is not None:
+        out["train_bpb"] = run_val_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast, "train")
+        print0(f"final train bpb {out['train_bpb']:.6f}")
     if a.final_core and run.data.bundle is not None:
         res = run_core(run.model, run.data, a, run.device, run.autocast)
         out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"), core_missing=res.get("missing"))
@@ -276,7 +284,8 @@ def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
                "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
                ("params_total", "params_memory", "params_backbone", "flops_per_token", "world_size")},
-               "train_time_s": run.loop["train_time"], "wall_time_s": wall, **evals}
+               "train_time_s": run.loop["train_time"], "wall_time_s": wall,
+               "tok_per_sec": step * tb / max(run.loop["train_time"], 1e-9), **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)
     return summary

@@ -122,7 +122,7 @@ def main(argv=None) -> None:
     s.add_argument("--out", default=None, help="output path without suffix (default: <runs-root>/results/scaling_<table>)")
     c = sub.add_parser("curves", help="training curves from metrics.jsonl")
     c.add_argument("run_dirs", nargs="+")
-    c.add_argument("--metric", default="train_loss")
+    c.add_argument("--metric", default="loss", help="a metrics.jsonl key: loss, grad_norm, val_bpb, tok_per_sec, ...")
     c.add_argument("--out", default=None, help="output path without suffix (default: <first run>/curves_<metric>)")
     args = p.parse_args(argv)
     if args.cmd == "scaling":

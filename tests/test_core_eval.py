@@ -23,7 +23,7 @@ LM = TaskSpec("lm", "cat/lm.jsonl", "language_modeling", 0, " ")
 
 
 def _eval(model, rows, task, batch_size=16):
-    return ce.evaluate_task(model, CharTok(), rows, task, batch_size=batch_size, progress=False)
+    return tuple(ce.evaluate_task(model, CharTok(), rows, task, batch_size=batch_size, progress=False))[:2]
 
 
 # -- each task type on hand-made examples ----------------------------------------------------------------
@@ -177,9 +177,15 @@ def test_left_truncation_keeps_scores():
     task = TaskSpec("mc", "", "multiple_choice", 3, " ")
     full = ce.evaluate_task(SuccessorModel(), CharTok(), MC_ROWS, task, progress=False)
     cropped = ce.evaluate_task(SuccessorModel(max_seq_len=12), CharTok(), MC_ROWS, task, progress=False)
-    assert full == cropped == (2, 4)
+    assert full == cropped == (2, 4, 0)
     lm_task = TaskSpec("lm", "", "language_modeling", 2, " ")
-    assert ce.evaluate_task(SuccessorModel(max_seq_len=9), CharTok(), LM_ROWS, lm_task, progress=False) == (1, 3)
+    assert ce.evaluate_task(SuccessorModel(max_seq_len=9), CharTok(), LM_ROWS, lm_task, progress=False) == (1, 3, 0)
+
+
+def test_examples_longer_than_the_context_count_as_incorrect():
+    task = TaskSpec("mc", "", "multiple_choice", 3, " ")
+    # a 2-token context cannot hold any choice's scored tokens plus one token of context
+    assert ce.evaluate_task(SuccessorModel(max_seq_len=2), CharTok(), MC_ROWS, task, progress=False) == (0, 4, 4)
 
 
 # -- distributed ----------------------------------------------------------------------------------------

@@ -83,6 +83,10 @@ class MemoryBlock(nn.Module):
     def value(self, layer: int, xn: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
         return v
 
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """Called by the trainer once per optimizer step (e.g. MoME's loss-free balancing bias update)."""
+
     # -- logging ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         """Scalar statistics for metrics.jsonl (may sync with the device; called at log steps only)."""

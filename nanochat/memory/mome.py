@@ -310,6 +310,9 @@ class MoMEMemory(MemoryBlock):
             cell = (row[..., None, None] * H * M) + head + sel  # (B, T, H, K) ids into (N, H, M)
             self.balance_counts[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
 
+    def after_optimizer_step(self) -> None:
+        self.update_balance()
+
     @torch.no_grad()
     def update_balance(self) -> None:
         """Sign update of the selection bias from the counts since the last call (call after optimizer.step())."""

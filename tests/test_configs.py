@@ -1,0 +1,139 @@
+"""Every reproduction config parses, plans, and its dry-run parameter counts match the paper's numbers."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from nanochat.row_config import find_configs, load_row_config, train_flag_args
+from nanochat.memory.slot_map import write_slot_map
+
+CONFIGS = find_configs()
+TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 7, "d24": 9, "mini": 5}
+
+
+def test_inventory():
+    counts = {}
+    for path in CONFIGS:
+        counts[load_row_config(path)["row"]["table"]] = counts.get(load_row_config(path)["row"]["table"], 0) + 1
+    assert counts == TABLES
+    for path in CONFIGS:  # the directory is the table and the file name is the row
+        cfg = load_row_config(path)
+        assert path.parent.name == cfg["row"]["table"] and path.stem == cfg["row"]["name"]
+
+
+@pytest.fixture(scope="module")
+def slot_maps(tmp_path_factory):
+    """Valid c=2 / c=4 maps for V=32768 (consecutive ids grouped): the dry run only needs the file to be valid."""
+    d = tmp_path_factory.mktemp("slotmaps")
+    out = {}
+    for c in (2, 4):
+        rows = [list(range(i, i + c)) for i in range(0, 32768, c)]
+        out[c] = d / f"k{c}.json"
+        write_slot_map(out[c], rows, 32768, c)
+    return out
+
+
+def _summary(path, slot_maps):
+    from scripts.base_train import model_config
+    from nanochat.train_args import parse_args
+    from nanochat.gpt import model_summary
+
+    cfg = load_row_config(path)
+    argv = ["--config", str(path), "--dry-run"]
+    group = cfg["train"].get("mome-group-size")
+    if group:
+        argv += ["--mome-slot-map", str(slot_maps[group])]
+    args = parse_args(argv)
+    return cfg, model_summary(model_config(args, 32768))
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if "mini" not in p.parts], ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_dry_run_params_match_paper(path, slot_maps):
+    cfg, s = _summary(path, slot_maps)
+    paper = cfg["paper"]
+    assert paper, f"{path} records no paper numbers"
+    checked = 0
+    if "params_memory_m" in paper:
+        if paper["params_memory_m"] == 0:
+            assert s["params_memory"] == 0
+        else:
+            assert abs(s["params_memory"] / 1e6 - paper["params_memory_m"]) / paper["params_memory_m"] < 0.005, s
+        checked += 1
+    if "params_total_m" in paper:
+        assert abs(s["params_total"] / 1e6 - paper["params_total_m"]) / paper["params_total_m"] < 0.005, s
+        checked += 1
+    if "params_memory_b" in paper:  # d24 100B table: billions with 2 decimals (half a unit + 0.5%)
+        assert abs(s["params_memory"] / 1e9 - paper["params_memory_b"]) <= 0.005 + 0.005 * paper["params_memory_b"], s
+        checked += 1
+    if "params_network_b" in paper:  # d24 100B table: network = all but memory tables, in billions (2 decimals)
+        assert abs(s["params_backbone"] / 1e9 - paper["params_network_b"]) < 0.005 + 0.005 * paper["params_network_b"]
+        checked += 1
+    assert checked >= 1
+
+
+def test_mini_rows_have_matched_memory(slot_maps):
+    mem = {p.stem: _summary(p, slot_maps)[1]["params_memory"] for p in CONFIGS if p.parent.name == "mini"}
+    assert mem["base"] == 0
+    assert mem["ve"] == mem["bigram"] == mem["mome_c1_m4"] == mem["mome_c1_m8"] // 2 > 0
+
+
+def _run(args, **kw):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, **kw)
+
+
+def test_plan_needs_no_torch_and_lists_one_command_per_seed(tmp_path):
+    # a sitecustomize that makes `import torch` fail proves --plan never imports it
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nclass _Block:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n            raise ImportError('torch blocked')\n"
+        "sys.meta_path.insert(0, _Block())\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    r = subprocess.run([sys.executable, "-m", "scripts.run", "configs/d12/mome_c1_m6.toml", "--plan"], cwd=REPO, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    cmds = [l for l in r.stdout.splitlines() if not l.startswith("#")]
+    assert len(cmds) == 3
+    for seed, cmd in zip((42, 43, 44), cmds):
+        assert "--nproc_per_node=4" in cmd and f"--seed {seed}" in cmd and f"runs/d12/mome_c1_m6/seed{seed}" in cmd
+    assert "grad accum 2" in r.stdout  # 524288 / (4 x 32 x 2048)
+
+
+def test_hardware_overrides_keep_total_batch():
+    r = _run(["-m", "scripts.run", "configs/d12/base.toml", "--plan", "--seeds", "7", "--nproc-per-node", "8",
+              "--device-batch-size", "16"])
+    assert r.returncode == 0, r.stderr
+    assert "grad accum 2" in r.stdout and "--device-batch-size 16" in r.stdout and "--nproc_per_node=8" in r.stdout
+    assert r.stdout.count("scripts.base_train") == 1 and "--total-batch-size" not in r.stdout  # comes from the config
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--seeds", "42,-1"], "--seeds"), (["--seeds", "a,b"], "--seeds"), (["--seeds", "42,42"], "duplicates"),
+    (["--seeds", ""], "--seeds"), (["--nproc-per-node", "0"], "--nproc-per-node"),
+    (["--device-batch-size", "0"], "--device-batch-size"), (["--device-batch-size", "3"], "not divisible"),
+])
+def test_runner_rejects_bad_inputs(argv, msg):
+    r = _run(["-m", "scripts.run", "configs/d12/base.toml", "--plan", *argv])
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_bad_config_files(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[row]\ntable = "x"\nname = "y"\n[train]\ndepth = 2\n')
+    with pytest.raises(ValueError, match="total-batch-size"):
+        load_row_config(bad)
+    bad.write_text('[row]\ntable = "x"\nname = "y"\ncolor = 1\n')
+    with pytest.raises(ValueError, match="color"):
+        load_row_config(bad)
+    with pytest.raises(FileNotFoundError):
+        load_row_config(tmp_path / "missing.toml")
+
+
+def test_train_flag_args_round_trip():
+    assert train_flag_args({"depth": 4, "compile": True, "resume": False, "memory-layers": [1, 3]}) == [
+        "--depth", "4", "--compile", "--memory-layers", "1,3"]
