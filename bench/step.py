@@ -297,7 +297,7 @@ def fmt(s: dict) -> str:
 def step_table(rows: dict, mem: dict | None) -> str:
     head = ("| design | table params | fwd ms | bwd ms | opt ms | step ms | step/Base | step/VE | fwd/VE | bwd/VE "
             "| opt/VE |" + (" peak MB | peak/VE |" if mem else ""))
-    lines = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lbl, r in rows.items():
         rv, rb = r["ratio_to_VE"], r["ratio_to_Base"]
         cells = [lbl, f"{r['table_params'] / 1e6:.1f}M", fmt(r["forward"]), fmt(r["backward"]), fmt(r["optimizer"]),
