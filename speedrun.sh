@@ -8,7 +8,7 @@
 #   Base and tiny MoME models (a few minutes each) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
 #
 # Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), SHARDS (GPU train shards, default 100),
-# DEMO_STEPS (CPU steps per model, default 120), DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
+# DEMO_STEPS (CPU steps per model, default 300), DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup_env.sh
@@ -63,7 +63,7 @@ cpu_demo() {
     python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
     python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
-                  --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-120}"
+                  --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
                   --dtype bfloat16 --log-every 10 --keep-last 1)
     python -m scripts.base_train "${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base"

@@ -8,32 +8,15 @@ from conftest import tiny_config
 from nanochat.gpt import build_model
 from nanochat.memory import mome as mome_module
 from nanochat.memory.mome import MoMEMemory, mome_mix_fused, mome_mix_reference
-from nanochat.memory.slot_map import write_slot_map
-
-VOCAB, C, HEADS, GROUP = 96, 64, 2, 3
+from mome_fixtures import C, GROUP, HEADS, VOCAB, mome_config, random_block
 
 
 def _config(tmp_path, M, K, index, **extra):
-    opts = dict(slots=M, topk=K, index=index, **extra)
-    if index == "grouped":
-        perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5)).tolist()
-        path = tmp_path / "map.json"
-        write_slot_map(path, [perm[i : i + GROUP] for i in range(0, VOCAB, GROUP)], VOCAB, GROUP)
-        opts.update(group_size=GROUP, slot_map=str(path))
-    if index == "bigram":
-        opts.update(bigram_factor=2)
-    return tiny_config(vocab_size=VOCAB, n_embd=C, n_head=HEADS, n_kv_head=HEADS, n_layer=2, memory="mome",
-                       memory_options=opts)
+    return mome_config(tmp_path, M, K, index, **extra)
 
 
 def _block(cfg, seed=0):
-    block = MoMEMemory(cfg)
-    block.init_weights()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # random routers and gates: no top-K ties, non-trivial gamma
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim > 1 else 0.3))
-    return block
+    return random_block(cfg, seed)
 
 
 def _run(block, fused, capture, tokens, xn, v):

@@ -1,0 +1,33 @@
+"""Shared builders for the MoME block tests: a tiny config for every indexer and a block with random weights."""
+
+import torch
+
+from conftest import tiny_config
+from nanochat.memory.mome import MoMEMemory
+from nanochat.memory.slot_map import write_slot_map
+
+VOCAB, C, HEADS, GROUP = 96, 64, 2, 3  # vocab 96 pads to 128; divisible by the group size 3
+
+
+def mome_config(tmp_path, M, K, index, **extra):
+    opts = dict(slots=M, topk=K, index=index, **extra)
+    if index == "grouped":
+        perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5)).tolist()
+        path = tmp_path / "map.json"
+        write_slot_map(path, [perm[i : i + GROUP] for i in range(0, VOCAB, GROUP)], VOCAB, GROUP)
+        opts.update(group_size=GROUP, slot_map=str(path))
+    if index == "bigram":
+        opts.update(bigram_factor=2)
+    return tiny_config(vocab_size=VOCAB, n_embd=C, n_head=HEADS, n_kv_head=HEADS, n_layer=2, memory="mome",
+                       memory_options=opts)
+
+
+def random_block(cfg, seed=0):
+    """A MoME block whose routers and gates are random (no top-K ties, non-trivial gamma)."""
+    block = MoMEMemory(cfg)
+    block.init_weights()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim > 1 else 0.3))
+    return block
