@@ -58,7 +58,7 @@ gpu_run() {
 
 cpu_demo() {
     local root=runs/speedrun_cpu bundle=subset t0=$SECONDS
-    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, ~15 min on 2 cores)"
+    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, about 10 min on 2 cores)"
     [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
     python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
     python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
