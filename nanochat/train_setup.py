@@ -25,6 +25,8 @@ class RunData:
     source: str
     bundle: Path | None = None
     train_rows: torch.Tensor | None = None  # fixed rows of the train split for the final "train bpb"
+    tokenizer_dir: str | None = None  # resolved absolute paths, recorded in checkpoint meta for eval/analysis
+    data_dir: str | None = None
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -59,7 +61,7 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
     token_bytes = get_token_bytes(tok_dir, device="cpu")
     return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
-                   train_rows=train_rows)
+                   train_rows=train_rows, tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()))
 
 
 def resolve_bundle(args) -> Path | None:

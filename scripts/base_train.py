@@ -182,7 +182,8 @@ def save(run: Run, reason: str) -> None:
     if run.rank == 0:
         state = {"optimizer": run.optimizer.state_dict(), "loop": dict(run.loop), "dataloader": loaders,
                  "rng": rngs, "world_size": run.world}
-        meta = {"reason": reason, "config": resolved_config(run), "loop": dict(run.loop)}
+        meta = {"reason": reason, "config": resolved_config(run), "loop": dict(run.loop),
+                "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset}
         path = ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
         print0(f"saved checkpoint {path} ({reason})")
     if dist.is_available() and dist.is_initialized():

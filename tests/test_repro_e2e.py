@@ -28,6 +28,16 @@ def test_two_mini_rows_to_results_and_plot(tmp_path, embedded_data_dir, tiny_tok
         assert summary["step"] == 6 and summary["stop_reason"] == "completed"
         assert 0 < summary["val_bpb"] < 20 and 0 < summary["train_bpb"] < 20
         assert summary["core_label"].startswith("CORE-")  # the shipped subset lacks coqa: labelled honestly
+    # the checkpoint records its tokenizer and data: sampling and evaluation need no extra flags
+    mome_run = runs / "mini" / "mome_c1_m4" / "seed42"
+    r = _run(["-m", "scripts.sample", "--run", str(mome_run), "--prompt", "The king", "--max-tokens", "5",
+              "--temperature", "0"], tmp_path)
+    assert r.returncode == 0 and r.stdout.count("--- sample 0") == 1, r.stderr[-2000:]
+    r = _run(["-m", "scripts.base_eval", "--run", str(mome_run), "--eval", "bpb", "--splits", "val",
+              "--eval-tokens", "2048", "--no-progress"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bpb = json.loads(next((mome_run / "eval").glob("step_*/bpb.json")).read_text())
+    assert abs(bpb["splits"]["val"] - json.loads((mome_run / "summary.json").read_text())["val_bpb"]) < 1e-4, bpb
     # a finished run is not overwritten
     again = _run(["-m", "scripts.run", "configs/mini/base.toml", "--runs-root", str(runs), "--", *TINY, *data], tmp_path)
     assert again.returncode == 0 and "not overwriting" in again.stdout
