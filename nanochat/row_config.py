@@ -44,7 +44,7 @@ def load_row_config(path) -> dict:
     cfg.setdefault("paper", {})
     row.setdefault("seeds", [42])
     row.setdefault("nproc_per_node", 1)
-    cfg["path"] = str(path)
+    cfg["path"] = str(path.resolve())  # the runner starts base_train from the repo root
     return cfg
 
 
