@@ -110,8 +110,9 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)  # QK-norm after RoPE
         flash = _flash_attn_func() if (q.is_cuda and kv_cache is None) else None
-        if flash is not None:
-            y = flash(q, k, v, causal=True)  # (B, T, H, d)
+        if flash is not None:  # flash_attn takes 16-bit inputs only (QK-norm may have produced fp32 q/k)
+            dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+            y = flash(q.to(dt), k.to(dt), v.to(dt), causal=True).to(v.dtype)  # (B, T, H, d)
         else:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d)
             gqa = self.n_head != self.n_kv_head
