@@ -52,7 +52,7 @@ gpu_run() {
     torchrun --standalone --nproc_per_node="$ngpu" -m scripts.base_train --run-dir "$run" --run-name speedrun_d12_mome \
         --depth 12 --max-seq-len 2048 --total-batch-size 524288 --device-batch-size 32 --target-flops 3e18 \
         --memory mome --mome-slots 6 --mome-topk 2 --mome-index token --eval-every -1 --core-every -1 \
-        --save-every 500 --data-dir "$data" --tokenizer-dir tokenizer --resume auto
+        --save-every 500 --compile --data-dir "$data" --tokenizer-dir tokenizer --resume auto
     write_report "$run/report.md" "speedrun: d12 MoME (A2/6) at 3e18 FLOPs" "$run"
 }
 

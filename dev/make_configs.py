@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1] / "configs"
 
 D12 = {  # the common nanochat d12 recipe (FineWeb-Edu, 3e18 FLOPs, 524,288-token batches)
     "dataset": "fineweb-edu", "depth": 12, "max-seq-len": 2048, "total-batch-size": 524288, "device-batch-size": 32,
-    "target-flops": 3e18, "eval-every": -1, "eval-tokens": 20971520, "core-every": -1,
+    "target-flops": 3e18, "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True,
 }
 D24 = {  # the d24 ClimbMix recipe (1,048,576-token batches)
     "dataset": "climbmix", "depth": 24, "max-seq-len": 2048, "total-batch-size": 1048576, "device-batch-size": 16,
-    "eval-every": -1, "eval-tokens": 20971520, "core-every": -1,
+    "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True,
 }
 MINI = {  # CPU-sized (the speedrun CPU demo's model): embedded corpus, 4 layers x 256 wide, a few hundred steps
     "dataset": "embedded", "depth": 4, "head-dim": 64, "max-seq-len": 256, "total-batch-size": 4096,
