@@ -96,7 +96,16 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> 
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    """Exit 2 with one error line for a bad run dir, checkpoint, tokenizer, data or bundle."""
+    try:
+        return evaluate(parse_args(argv))
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        compute_cleanup()
+        return 2
+
+
+def evaluate(args) -> int:
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
 
     info, device = compute_init(args.device_type)

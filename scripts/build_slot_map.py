@@ -77,4 +77,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / group size
+        raise SystemExit(f"error: {e}")

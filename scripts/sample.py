@@ -45,5 +45,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    with torch.inference_mode():
-        main()
+    try:
+        with torch.inference_mode():
+            main()
+    except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / prompt
+        raise SystemExit(f"error: {e}")
