@@ -137,6 +137,15 @@ class MuonAdamW(torch.optim.Optimizer):
         super().load_state_dict(copy.deepcopy(state_dict))
 
     @torch.no_grad()
+    def _densify_grads(self) -> None:
+        """Sparse gradients (a memory table shared by several layers, see MoMEMemory.sparse_shared_grad) become
+        dense once per step: the collectives and the fused AdamW kernel take dense tensors."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.grad.is_sparse:
+                    p.grad = p.grad.to_dense()
+
+    @torch.no_grad()
     def _average_grads(self) -> None:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
@@ -153,6 +162,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._densify_grads()
         self._average_grads()
         for group in self.param_groups:
             if group["kind"] == "adamw":

@@ -136,17 +136,18 @@ def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor)
     return (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)
 
 
-def mome_mix_fused(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def mome_mix_fused(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, sparse: bool = False) -> torch.Tensor:
     """Same result as ``mome_mix_reference`` with one embedding_bag over (B*T*H) bags of K rows: the gather and
-    the weighted sum are one kernel and the table gradient is one dense scatter-add of K*H rows per token."""
+    the weighted sum are one kernel and the table gradient is one scatter-add of K*H rows per token.
+    ``sparse=True`` makes that gradient a sparse tensor (see ``MoMEMemory.sparse_shared_grad``)."""
     *lead, K = flat.shape
     out = F.embedding_bag(flat.reshape(-1, K), table, per_sample_weights=w.to(table.dtype).reshape(-1, K),
-                          mode="sum")  # (B*T*H, d)
+                          mode="sum", sparse=sparse)  # (B*T*H, d)
     return out.view(*lead, table.size(-1))  # (B, T, H, d)
 
 
-def mome_mix(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return mome_mix_fused(table, flat, w) if FUSED_MIX else mome_mix_reference(table, flat, w)
+def mome_mix(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, sparse: bool = False) -> torch.Tensor:
+    return mome_mix_fused(table, flat, w, sparse) if FUSED_MIX else mome_mix_reference(table, flat, w)
 
 
 class MoMEMemory(MemoryBlock):
@@ -192,6 +193,10 @@ class MoMEMemory(MemoryBlock):
         self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.float32), persistent=False)
         self.tracker = GammaTracker(L)
         self.capture: dict | None = None
+        # The bigram-indexed table is read by every memory layer: dense gradients would build one full-size
+        # table gradient per layer and sum them; sparse ones are concatenated and densified once by the
+        # optimizer (MuonAdamW). Eager mode only: inductor cannot compile embedding_bag's sparse backward.
+        self.sparse_shared_grad = o.index == "bigram"
 
     # -- parameters -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -272,6 +277,9 @@ class MoMEMemory(MemoryBlock):
         w, p = gate_weights(logits, sel, self.mode)
         return sel, w, p
 
+    def _sparse_grad(self) -> bool:
+        return self.sparse_shared_grad and self.training and not torch.compiler.is_compiling()
+
     def value(self, layer, xn, v, ctx):
         pos = self.layer_pos.get(layer)
         if pos is None:
@@ -284,7 +292,7 @@ class MoMEMemory(MemoryBlock):
             mem = torch.einsum("bthm,btmd->bthd", w.to(table.dtype), F.embedding(flat, table))
         else:
             flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
-            mem = mome_mix(table, flat, w)  # (B, T, H, d)
+            mem = mome_mix(table, flat, w, self._sparse_grad())  # (B, T, H, d)
         gamma = self.gates[pos](xn)  # (B, T, H)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:
