@@ -42,6 +42,20 @@ def default_data_dir(dataset: str) -> Path:
     return base / dataset
 
 
+def read_jsonl_texts(path, error: type[Exception] = ValueError) -> list[str]:
+    """The "text" field of every non-blank line of a JSONL file; a bad line raises ``error`` naming file:line."""
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise error(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e})") from e
+    return texts
+
+
 def load_manifest(data_dir) -> dict:
     path = Path(data_dir) / MANIFEST
     if not path.is_file():

@@ -5,7 +5,6 @@ other special tokens) and ignored targets (< 0) count in neither sum, so the num
 special tokens a loader inserts. Out-of-domain corpora use a document-reset protocol (``bpb_rows_from_text``).
 """
 
-import json
 import math
 from contextlib import nullcontext
 from pathlib import Path
@@ -50,16 +49,9 @@ def read_corpus(path) -> list[str]:
         raise FileNotFoundError(f"--bpb-corpus file {path} does not exist")
     if path.suffix != ".jsonl":
         return [path.read_text(encoding="utf-8", errors="replace")]
-    docs = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                docs.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e})") from e
-    return docs
+    from nanochat.dataset import read_jsonl_texts
+
+    return read_jsonl_texts(path)
 
 
 def bpb_rows_from_text(tokenizer, documents: list[str], seq_len: int, max_tokens: int | None = None):

@@ -40,7 +40,8 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         loader = SyntheticLoader(vocab, args.device_batch_size, args.max_seq_len, rank, world, args.data_seed, device)
         rows = synthetic_eval_rows(vocab, args.max_seq_len, args.eval_tokens, args.data_seed)
         # every token counts as one "byte": the reported bpb is bits per token
-        return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic", train_rows=rows)
+        # no train rows: the synthetic stream has no separate train split, so a "train bpb" would repeat val bpb
+        return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
     from nanochat.dataloader import PackedDataLoader, build_eval_rows
     from nanochat.dataset import DataError, default_data_dir, load_manifest
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_token_bytes, get_tokenizer
@@ -87,7 +88,7 @@ def resolve_bundle(args) -> Path | None:
         return None
 
 
-def run_val_bpb(model, data: RunData, args, rank: int, world: int, device, autocast_ctx, split: str = "val") -> float:
+def run_split_bpb(model, data: RunData, args, rank: int, world: int, device, autocast_ctx, split: str = "val") -> float:
     from nanochat.dataloader import iter_eval_batches
     from nanochat.loss_eval import evaluate_bpb
 

@@ -34,7 +34,7 @@ from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
 from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
-from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_val_bpb
+from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
@@ -212,7 +212,7 @@ def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
     if step == n or step == resumed_at:  # the final eval covers N; a resumed step was evaluated before saving
         return
     if a.eval_every > 0 and step % a.eval_every == 0:
-        bpb = run_val_bpb(run.model, run.data, run.args, run.rank, run.world, run.device, run.autocast)
+        bpb = run_split_bpb(run.model, run.data, run.args, run.rank, run.world, run.device, run.autocast)
         run.loop["val_bpb"] = bpb
         run.loop["min_val_bpb"] = bpb if run.loop["min_val_bpb"] is None else min(bpb, run.loop["min_val_bpb"])
         run.metrics.log({"kind": "eval", "step": step, "tokens": step * a.total_batch_size, "val_bpb": bpb})
@@ -265,10 +265,10 @@ def train(run: Run, resumed_at: int | None) -> str:
 
 def final_eval(run: Run) -> dict:
     a = run.args
-    out = {"val_bpb": run_val_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast)}
+    out = {"val_bpb": run_split_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast)}
     print0(f"final val bpb {out['val_bpb']:.6f}")
     if a.final_train_bpb and run.data.train_rows is not None:
-        out["train_bpb"] = run_val_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast, "train")
+        out["train_bpb"] = run_split_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast, "train")
         print0(f"final train bpb {out['train_bpb']:.6f}")
     if a.final_core and run.data.bundle is not None:
         res = run_core(run.model, run.data, a, run.device, run.autocast)

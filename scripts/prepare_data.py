@@ -11,14 +11,13 @@ For embedded/local data the held-out val set is the last --val-fraction of every
 """
 
 import argparse
-import json
 import lzma
 import math
 import sys
 from pathlib import Path
 
 from nanochat.dataset import (REMOTE_DATASETS, DataError, default_data_dir, download_remote_shards,
-                              write_manifest, write_text_shard)
+                              read_jsonl_texts, write_manifest, write_text_shard)
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
 DATASETS = sorted(REMOTE_DATASETS) + ["embedded", "local"]
@@ -50,15 +49,7 @@ def read_source_documents(path: Path, doc_chars: int) -> list[str]:
     if name.endswith(".txt"):
         return split_paragraph_documents(path.read_text(encoding="utf-8"), doc_chars)
     if name.endswith(".jsonl"):
-        docs = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                docs.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise DataError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e})") from e
-        return docs
+        return read_jsonl_texts(path, DataError)
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 

@@ -114,9 +114,8 @@ def main(argv=None) -> None:
         cfg = load_row_config(args.config)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else [int(s) for s in cfg["row"]["seeds"]]
         nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
-        device_batch = args.device_batch_size or int(cfg["train"]["device-batch-size"])
-        if args.device_batch_size is not None and args.device_batch_size < 1:
-            raise ValueError(f"--device-batch-size must be >= 1 (got {args.device_batch_size})")
+        device_batch = (args.device_batch_size if args.device_batch_size is not None
+                        else int(cfg["train"]["device-batch-size"]))
         accum = check_hardware(cfg["train"], nproc, device_batch)
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
