@@ -1,23 +1,28 @@
 """Training-step cost of the memory designs: forward, backward and optimizer time, and peak memory.
 
     python bench/step.py [--device cpu|cuda] [--dtype float32|bfloat16] [--compile] [--reps 10] [--warmup 3]
-        [--tokens 4096] [--full-tokens 1024] [--sections layer,full,mscale,memory] [--out FILE]
+        [--tokens 4096] [--full-tokens 1024] [--sections layer,hook,full,mscale,memory] [--out FILE]
 
 Sections (every design of a section lives in ONE process and the designs are timed round-robin, one step of
 each per repetition, so machine-load drift hits them alike and the ratios to Base and VE are same-run ratios):
 
-* ``layer``: one d12-shaped memory layer (C=768, H=6, d=128, V=32768, --tokens tokens). What is timed is the
-  layer's memory hooks plus the attention value projection they attach to (``LayerHarness``: prepare ->
-  residual -> norm -> c_v -> value), NOT a one-layer GPT: a one-layer model would add q/k/attention/MLP and
-  a V x C unembedding whose cost is identical for every design and would only dilute the differences.
+* ``layer``: one d12-shaped transformer layer with memory (C=768, H=6, d=128, V=32768, --tokens tokens as 2
+  sequences): the memory's prepare/residual hooks, then ``nanochat.gpt.Block`` (q/k/v, the value hook, RoPE,
+  QK-norm, causal SDPA, c_proj, relu^2 MLP), i.e. what GPT.forward runs for one memory layer, minus the token
+  embedding and unembedding (``LayerHarness``). All block weights are random (no zero-init c_proj), so
+  every memory parameter gets a gradient.
+* ``hook``: the memory hooks plus only the value projection they attach to (``HookHarness``: prepare ->
+  residual -> norm -> c_v -> value). A magnifying glass: without q/k/attention/MLP, MoME's router and
+  gather-mix are a much larger share of the step than in any real model.
 * ``full``: a small full GPT (depth 6, C=384, H=6, d=64, V=32768, memory on layers 1,3,5, --full-tokens tokens
   per step as 2 sequences) with the real MuonAdamW optimizer.
-* ``mscale``: forward only of the MoME token layer at K=2 and M in 6, 12, 24, 48 (N = V rows, so the table
-  grows with M), together with the router matmul alone, to separate the lookup from the C x H*M router.
-* ``memory``: peak memory of one layer-harness step per design, each in a FRESH subprocess: on CUDA
-  torch.cuda.max_memory_allocated; on CPU the growth of resource.getrusage max RSS over the RSS after imports
-  (tracemalloc does not see torch's allocator; RSS counts every page the step touched, params, grads, AdamW
-  state and activations included).
+* ``mscale``: forward only of the MoME token hook harness at K=2 and M in 6, 12, 24, 48 (N = V rows, so the
+  table grows with M), together with the router matmul alone, to separate the lookup from the C x H*M router.
+* ``memory``: peak memory of a steady-state training step (the second) of each harness section requested
+  (layer, hook) per design, each in a FRESH subprocess: on CUDA torch.cuda.max_memory_allocated; on CPU the
+  peak of live tensor bytes from torch.profiler's memory timeline (parameters, AdamW state, gradients and
+  activations). The JSON also keeps the growth of max RSS over the post-import RSS, which is noisier (±8%
+  between runs): it counts allocator caching and every page touched.
 
 Designs are compared at EQUAL memory-table size: per memory layer VE has V x H*d, MoME A2/6 token V x 6 x d
 (H = 6 = M), A2/12 c2 grouped V/2 x 12 x d (pairing slot map 2i, 2i+1 built on the fly), Bigram and the
@@ -35,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,13 +52,13 @@ if str(REPO) not in sys.path:  # runnable as `python bench/step.py` from anywher
     sys.path.insert(0, str(REPO))
 
 from nanochat.common import autocast_context  # noqa: E402
-from nanochat.gpt import GPTConfig, build_model  # noqa: E402
+from nanochat.gpt import Block, GPTConfig, build_model, rotary_tables  # noqa: E402
 from nanochat.memory import build_memory  # noqa: E402
 from nanochat.memory import mome as mome_module  # noqa: E402
 from nanochat.memory.slot_map import write_slot_map  # noqa: E402
 from nanochat.optim import MuonAdamW, OptimConfig, build_optimizer  # noqa: E402
 
-VOCAB = 32768
+SECTIONS = ("layer", "hook", "full", "mscale", "memory")
 LAYER = dict(n_embd=768, n_head=6, n_kv_head=6)  # d12: head_dim 128
 FULL = dict(n_layer=6, n_embd=384, n_head=6, n_kv_head=6, memory_layers=(1, 3, 5))  # head_dim 64, H = 6 = M
 PLAIN = "plain"  # design flag: time MoME with mome.FUSED_MIX = False (the pre-optimisation gather-mul-sum)
@@ -74,16 +80,43 @@ def designs(l_mem: int, slot_map: str, plain: bool) -> list[tuple[str, str, dict
     return out
 
 
-def pairing_slot_map(directory: str) -> str:
+def pairing_slot_map(directory: str, vocab_size: int) -> str:
     """A valid c_grp=2 map (row i = tokens 2i, 2i+1): routing cost does not depend on which tokens share a row."""
     path = Path(directory) / "pairs.json"
-    write_slot_map(path, [[2 * i, 2 * i + 1] for i in range(VOCAB // 2)], VOCAB, 2)
+    write_slot_map(path, [[2 * i, 2 * i + 1] for i in range(vocab_size // 2)], vocab_size, 2)
     return str(path)
 
 
-# -- the single-layer harness ----------------------------------------------------------------------------
+# -- the single-layer harnesses --------------------------------------------------------------------------
 class LayerHarness(nn.Module):
-    """Memory hooks of one layer + the value projection c_v they attach to. forward(idx, x) -> (x', v')."""
+    """One d12-shaped transformer layer with its memory: ``nanochat.gpt.Block`` (attention with the memory value
+    hook, relu^2 MLP) after the memory's prepare/residual hooks, exactly as GPT.forward runs a memory layer.
+    No token embedding and no unembedding (identical for every design). forward(idx, x) -> (x',)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.block = Block(config, 0)
+        self.memory = build_memory(config)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        for lin in self.block.modules():
+            if isinstance(lin, nn.Linear):  # c_proj too: zero output projections would zero the memory gradients
+                nn.init.uniform_(lin.weight, -0.036, 0.036)
+        self.memory.init_weights()
+
+    def forward(self, idx, x):
+        T = idx.size(1)
+        cos_sin = rotary_tables(T, self.config.head_dim, x.device)
+        ctx = self.memory.prepare(idx, None)
+        x = self.memory.residual(0, x, ctx)  # Bigram injects here
+        return (self.block(x, cos_sin, self.memory, ctx, None),)  # VE / MoME inject inside attention
+
+
+class HookHarness(nn.Module):
+    """The memory hooks of one layer + the value projection c_v they attach to, nothing else: a magnifying
+    glass on the memory op (q/k/attention/MLP would be common cost). forward(idx, x) -> (x', v')."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -91,6 +124,11 @@ class LayerHarness(nn.Module):
         self.H, self.d = config.n_kv_head, config.head_dim
         self.c_v = nn.Linear(config.n_embd, self.H * self.d, bias=False)
         self.memory = build_memory(config)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        nn.init.uniform_(self.c_v.weight, -0.036, 0.036)
+        self.memory.init_weights()
 
     def forward(self, idx, x):
         B, T, C = x.shape
@@ -101,7 +139,10 @@ class LayerHarness(nn.Module):
         return x, self.memory.value(0, xn, v, ctx)  # VE / MoME inject here
 
 
-def layer_optimizer(h: LayerHarness) -> MuonAdamW:
+HARNESSES = {"layer": LayerHarness, "hook": HookHarness}
+
+
+def harness_optimizer(h: nn.Module) -> MuonAdamW:
     """The trainer's grouping rules (nanochat.optim.build_param_groups) applied to the harness."""
     oc, mem = OptimConfig(), h.memory
     adam = dict(kind="adamw", betas=(oc.adam_beta1, oc.adam_beta2), eps=oc.eps, weight_decay=0.0)
@@ -132,24 +173,25 @@ class Case:
         self.label, self.fused, self.kind, self.device = label, fused, kind, device
         torch.manual_seed(seed)
         g = torch.Generator().manual_seed(seed)
-        if kind == "layer":
-            cfg = GPTConfig(n_layer=1, vocab_size=VOCAB, memory=memory, memory_options=opts, **LAYER)
+        V = args.vocab_size
+        if kind in HARNESSES:
+            cfg = GPTConfig(n_layer=1, vocab_size=V, memory=memory, memory_options=opts, **LAYER)
             with torch.device("meta"):
-                self.model = LayerHarness(cfg)
+                self.model = HARNESSES[kind](cfg)
             self.model.to_empty(device=device)
-            nn.init.uniform_(self.model.c_v.weight, -0.036, 0.036)
-            self.model.memory.init_weights()
+            self.model.init_weights()
             B, T = 2, args.tokens // 2
-            self.idx = torch.randint(0, VOCAB, (B, T), generator=g).to(device)
+            self.idx = torch.randint(0, V, (B, T), generator=g).to(device)
             self.x = torch.randn(B, T, cfg.n_embd, generator=g).to(device).requires_grad_()
-            self.cot = (torch.randn(B, T, cfg.n_embd, generator=g).to(device),
-                        torch.randn(B, T, cfg.n_kv_head, cfg.head_dim, generator=g).to(device))
-            self.opt = layer_optimizer(self.model)
+            with torch.no_grad():  # random cotangents for the harness outputs: loss = sum_i <out_i, cot_i>
+                outs = self.model(self.idx, self.x)
+            self.cot = [torch.randn(o.shape, generator=g).to(device) for o in outs]
+            self.opt = harness_optimizer(self.model)
         else:
-            cfg = GPTConfig(sequence_len=args.full_tokens // 2, vocab_size=VOCAB, memory=memory,
+            cfg = GPTConfig(sequence_len=args.full_tokens // 2, vocab_size=V, memory=memory,
                             memory_options=opts, **FULL)
             self.model = build_model(cfg, device=device, seed=seed)
-            data = torch.randint(0, VOCAB, (2, args.full_tokens // 2 + 1), generator=g).to(device)
+            data = torch.randint(0, V, (2, args.full_tokens // 2 + 1), generator=g).to(device)
             self.idx, self.targets = data[:, :-1], data[:, 1:]
             self.opt = build_optimizer(self.model)
         self.model.train()
@@ -160,9 +202,9 @@ class Case:
     def loss(self):
         mome_module.FUSED_MIX = self.fused  # set before every call: the designs share the module
         with self.autocast:
-            if self.kind == "layer":
-                x, v = self.forward(self.idx, self.x)
-                return (x.float() * self.cot[0]).sum() + (v.float() * self.cot[1]).sum()
+            if self.kind in HARNESSES:
+                outs = self.forward(self.idx, self.x)
+                return sum((o.float() * c).sum() for o, c in zip(outs, self.cot))
             return self.forward(self.idx, self.targets)
 
     def sync(self):
@@ -180,7 +222,7 @@ class Case:
         t2 = time.perf_counter()
         self.opt.step()
         self.model.zero_grad(set_to_none=True)  # as the trainer: table grads are re-allocated every step
-        if self.kind == "layer":
+        if self.kind in HARNESSES:
             self.x.grad = None
         self.sync()
         t3 = time.perf_counter()
@@ -213,17 +255,19 @@ def round_robin(cases: list[Case], reps: int, warmup: int, fn: str = "step") -> 
 
 # -- sections --------------------------------------------------------------------------------------------
 def step_section(kind: str, args, device, slot_map: str) -> dict:
-    l_mem = 1 if kind == "layer" else len(FULL["memory_layers"])
-    cases = [Case(lbl, mem, o, fused, kind, args, device) for lbl, mem, o, fused in designs(l_mem, slot_map, args.plain)]
+    l_mem = 1 if kind in HARNESSES else len(FULL["memory_layers"])
+    cases = [Case(lbl, mem, o, fused, kind, args, device)
+             for lbl, mem, o, fused in designs(l_mem, slot_map, args.plain)]
     raw = round_robin(cases, args.reps, args.warmup)
     rows = {}
     for c in cases:
         fwd, bwd, opt = zip(*raw[c.label])
         rows[c.label] = {"forward": summary(fwd), "backward": summary(bwd), "optimizer": summary(opt),
+                         "fwd_bwd": summary([f + b for f, b, _ in raw[c.label]]),
                          "step": summary([sum(t) for t in raw[c.label]]), "table_params": c.table_params}
     for ref in ("Base", "VE"):  # ratios of medians, same run
         for lbl, r in rows.items():
-            for col in ("forward", "backward", "optimizer", "step"):
+            for col in ("forward", "backward", "optimizer", "fwd_bwd", "step"):
                 r.setdefault("ratio_to_" + ref, {})[col] = r[col]["median"] / rows[ref][col]["median"]
     return rows
 
@@ -231,7 +275,7 @@ def step_section(kind: str, args, device, slot_map: str) -> dict:
 def mscale_section(args, device) -> dict:
     """MoME token layer forward at K=2 for growing M; the router matmul timed alone on the same input."""
     slots = (6, 12, 24, 48)
-    cases = [Case(f"M={m}", "mome", {"slots": m, "topk": 2}, True, "layer", args, device) for m in slots]
+    cases = [Case(f"M={m}", "mome", {"slots": m, "topk": 2}, True, "hook", args, device) for m in slots]
     routers = []
     for m, c in zip(slots, cases):
         lin = c.model.memory.routers[0]
@@ -260,32 +304,71 @@ def mscale_section(args, device) -> dict:
     return out
 
 
+def cpu_tensor_peak_mb(fn) -> float:
+    """Peak bytes of live CPU tensors while ``fn()`` runs, from torch.profiler's memory timeline (every tensor
+    allocated before or during fn: parameters, optimizer state, gradients, activations). Deterministic, unlike
+    RSS, which also counts allocator caching and page reuse."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the exporter is deprecated in favour of a CUDA-only API
+        path = Path(tmp) / "timeline.json"
+        prof.export_memory_timeline(str(path), device="cpu")
+        _, sizes = json.loads(path.read_text())
+    return max(sum(s) for s in sizes) / 2**20
+
+
 def probe_memory(args, device, label: str, slot_map: str) -> dict:
-    """Runs inside a fresh subprocess: build one layer case, take 2 steps, report the peak."""
+    """Runs inside a fresh subprocess: one --probe-kind harness case; the peak of its second step (the first
+    allocates the optimizer state, which stays live and is counted)."""
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     spec = {lbl: (mem, o, fused) for lbl, mem, o, fused in designs(1, slot_map, True)}[label]
-    case = Case(label, *spec, "layer", args, device)
+    case = Case(label, *spec, args.probe_kind, args, device)
+    case.step()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for _ in range(2):
         case.step()
-    if device.type == "cuda":
         return {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "measure": "torch.cuda.max_memory_allocated"}
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_mb": (peak_kb - base_kb) / 1024, "measure": "max RSS growth over post-import RSS"}
+    peak_mb = cpu_tensor_peak_mb(case.step)
+    rss_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_kb) / 1024
+    return {"peak_mb": peak_mb, "measure": "peak live CPU tensor bytes (torch.profiler memory timeline)",
+            "rss_growth_mb": rss_mb}
 
 
-def memory_section(args, slot_map: str) -> dict:
+def profile_design(args, device, label: str, slot_map: str, kind: str) -> str:
+    """torch.profiler table (self time per op and input shape, per step) of one design's harness steps."""
+    from torch.profiler import profile
+
+    specs = {lbl: (mem, o, fused) for lbl, mem, o, fused in designs(1, slot_map, True)}
+    if label not in specs:
+        raise SystemExit(f"--profile {label!r} is not a design; allowed: {', '.join(specs)}")
+    case = Case(label, *specs[label], kind, args, device)
+    for _ in range(max(args.warmup, 1)):
+        case.step()
+    with profile(record_shapes=True) as prof:
+        for _ in range(args.reps):
+            case.step()
+    table = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=45, max_shapes_column_width=60)
+    head = f"{label} ({kind} harness), {args.reps} steps profiled; divide the times by {args.reps} for per-step cost"
+    return head + "\n" + table
+
+
+def memory_section(args, slot_map: str, kind: str) -> dict:
     out = {}
     for label, *_ in designs(1, slot_map, args.plain):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-memory", label, "--slot-map", slot_map,
-               "--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-memory", label, "--probe-kind", kind,
+               "--slot-map", slot_map, "--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens),
+               "--vocab-size", str(args.vocab_size)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
         out[label] = json.loads(res.stdout.strip().splitlines()[-1])
     for label in out:
         for ref in ("Base", "VE"):
-            out[label]["ratio_to_" + ref] = out[label]["peak_mb"] / out[ref]["peak_mb"]
+            ref_mb = out[ref]["peak_mb"]  # 0 when a tiny smoke run never grows the RSS past the import peak
+            out[label]["ratio_to_" + ref] = out[label]["peak_mb"] / ref_mb if ref_mb > 0 else float("nan")
     return out
 
 
@@ -295,13 +378,14 @@ def fmt(s: dict) -> str:
 
 
 def step_table(rows: dict, mem: dict | None) -> str:
-    head = ("| design | table params | fwd ms | bwd ms | opt ms | step ms | step/Base | step/VE | fwd/VE | bwd/VE "
-            "| opt/VE |" + (" peak MB | peak/VE |" if mem else ""))
+    head = ("| design | table params | fwd ms | bwd ms | opt ms | step ms | step/Base | step/VE | fwd+bwd/VE "
+            "| fwd/VE | bwd/VE | opt/VE |" + (" peak MB | peak/VE |" if mem else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lbl, r in rows.items():
         rv, rb = r["ratio_to_VE"], r["ratio_to_Base"]
         cells = [lbl, f"{r['table_params'] / 1e6:.1f}M", fmt(r["forward"]), fmt(r["backward"]), fmt(r["optimizer"]),
-                 fmt(r["step"]), f"{rb['step']:.3f}", f"{rv['step']:.3f}", f"{rv['forward']:.2f}",
+                 fmt(r["step"]), f"{rb['step']:.3f}", f"{rv['step']:.3f}", f"{rv['fwd_bwd']:.3f}",
+                 f"{rv['forward']:.2f}",
                  f"{rv['backward']:.2f}", f"{rv['optimizer']:.2f}"]
         if mem:
             cells += [f"{mem[lbl]['peak_mb']:.0f}", f"{mem[lbl]['ratio_to_VE']:.3f}"] if lbl in mem else ["", ""]
@@ -327,13 +411,25 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--tokens", type=int, default=4096, help="B*T of the d12-shaped layer (as 2 sequences)")
     p.add_argument("--full-tokens", type=int, default=1024, help="B*T of the small full model (as 2 sequences)")
-    p.add_argument("--sections", default="layer,full,mscale,memory")
+    p.add_argument("--sections", default="layer,hook,full,mscale,memory",
+                   help="comma list of layer, hook, full, mscale, memory")
+    p.add_argument("--vocab-size", type=int, default=32768, help="V (32768 = d12; smaller only for smoke tests)")
     p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain-mix MoME row")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch default)")
     p.add_argument("--out", default="", help="JSON path (default bench/results/step_<device>_<dtype>.json)")
+    p.add_argument("--profile", default="", metavar="DESIGN",
+                   help='print a torch.profiler op table of one design instead of timing, e.g. "MoME A2/6 token"; '
+                        "uses the first of layer/hook in --sections, --reps steps after --warmup")
     p.add_argument("--probe-memory", default="", help=argparse.SUPPRESS)  # internal: one design, fresh process
+    p.add_argument("--probe-kind", default="layer", choices=tuple(HARNESSES), help=argparse.SUPPRESS)
     p.add_argument("--slot-map", default="", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = [s for s in args.sections.split(",") if s and s not in SECTIONS]
+    if unknown:
+        p.error(f"--sections: unknown {unknown}; allowed: {', '.join(SECTIONS)}")
+    if args.vocab_size % 2 or args.vocab_size < 64:
+        p.error(f"--vocab-size must be even and >= 64 (the c_grp=2 slot map pairs tokens); got {args.vocab_size}")
+    return args
 
 
 def main(argv=None):
@@ -345,22 +441,31 @@ def main(argv=None):
         print(json.dumps(probe_memory(args, device, args.probe_memory, args.slot_map)))
         return
     sections = [s for s in args.sections.split(",") if s]
+    if args.profile:
+        kind = next((k for k in sections if k in HARNESSES), "hook")
+        with tempfile.TemporaryDirectory() as tmp:
+            print(profile_design(args, device, args.profile, pairing_slot_map(tmp, args.vocab_size), kind))
+        return
     result = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "torch": torch.__version__,
               "threads": torch.get_num_threads(), "platform": platform.platform(), "args": vars(args)}
+    titles = {"layer": f"one d12-shaped transformer layer with memory, {args.tokens} tokens",
+              "hook": f"d12-shaped memory hook + c_v only, {args.tokens} tokens",
+              "full": f"small full model (depth 6, C=384), {args.full_tokens} tokens"}
+    result["memory"] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        slot_map = pairing_slot_map(tmp)
-        mem = memory_section(args, slot_map) if "memory" in sections else None
-        result["memory"] = mem
-        for kind in ("layer", "full"):
-            if kind in sections:
-                result[kind] = step_section(kind, args, device, slot_map)
-                title = {"layer": f"d12-shaped memory layer, {args.tokens} tokens",
-                         "full": f"small full model (depth 6, C=384), {args.full_tokens} tokens"}[kind]
-                print(f"\n### {title} ({args.device}, {args.dtype}{', compiled' if args.compile else ''})\n")
-                print(step_table(result[kind], mem if kind == "layer" else None))
+        slot_map = pairing_slot_map(tmp, args.vocab_size)
+        for kind in ("layer", "hook", "full"):
+            if kind not in sections:
+                continue
+            mem = None
+            if "memory" in sections and kind in HARNESSES:
+                mem = result["memory"][kind] = memory_section(args, slot_map, kind)
+            result[kind] = step_section(kind, args, device, slot_map)
+            print(f"\n### {titles[kind]} ({args.device}, {args.dtype}{', compiled' if args.compile else ''})\n")
+            print(step_table(result[kind], mem))
     if "mscale" in sections:
         result["mscale"] = mscale_section(args, device)
-        print(f"\n### MoME forward vs M at K=2 (token index, d12 layer, {args.tokens} tokens)\n")
+        print(f"\n### MoME forward vs M at K=2 (token index, d12 memory hook, {args.tokens} tokens)\n")
         print(mscale_table(result["mscale"]))
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"step_{args.device}_{args.dtype}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

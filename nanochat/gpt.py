@@ -78,6 +78,13 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat([y1, y2], dim=-1)
 
 
+def rotary_tables(length: int, head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE cos/sin for positions 0..length-1, each (1, length, 1, head_dim/2), fp32."""
+    inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)  # (length, d/2)
+    return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+
+
 def _flash_attn_func():
     """Optional CUDA fast path (NANOCHAT_ATTN=flash and the flash_attn package installed)."""
     if os.environ.get("NANOCHAT_ATTN", "sdpa") != "flash":
@@ -189,11 +196,7 @@ class GPT(nn.Module):
         self.rope_sin.copy_(self._rotary()[1])
 
     def _rotary(self):
-        d = self.config.head_dim
-        inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, d, 2, dtype=torch.float32, device=self.rope_cos.device) / d))
-        t = torch.arange(self.rotary_len, dtype=torch.float32, device=self.rope_cos.device)
-        freqs = torch.outer(t, inv_freq)  # (rotary_len, d/2)
-        return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+        return rotary_tables(self.rotary_len, self.config.head_dim, self.rope_cos.device)
 
     # -- accounting ---------------------------------------------------------------------------------------
     def memory_table_params(self) -> list[nn.Parameter]:

@@ -1,0 +1,83 @@
+"""bench/step.py at toy sizes: the sections run, the designs really are compared at equal table memory, and the
+layer harness is the model's own memory layer. No timing assertions (timings are the benchmark's output)."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from conftest import REPO
+from nanochat.gpt import norm
+from nanochat.memory import mome
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.setattr(mome, "FUSED_MIX", mome.FUSED_MIX)  # the benchmark flips this module switch per case
+    spec = importlib.util.spec_from_file_location("bench_step", REPO / "bench" / "step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_bench_sections_run_at_equal_table_memory(bench, tmp_path, capsys):
+    out = tmp_path / "step.json"
+    bench.main(["--sections", "layer,hook,mscale", "--vocab-size", "256", "--tokens", "32", "--reps", "1",
+                "--warmup", "0", "--out", str(out)])
+    result = json.loads(out.read_text())
+    labels = ["Base", "VE", "Bigram", "MoME A2/6 token", "MoME A2/12 c2 grouped", "MoME A2/6 bigram-idx",
+              "MoME A2/6 token, plain mix"]
+    for kind in ("layer", "hook"):
+        rows = result[kind]
+        assert list(rows) == labels
+        assert rows["Base"]["table_params"] == 0
+        # per memory layer V x H*d entries for every memory design (V = 256, H*d = 768)
+        assert {rows[lbl]["table_params"] for lbl in labels[1:]} == {256 * 768}
+        for lbl in labels:
+            want = rows[lbl]["step"]["median"] / rows["VE"]["step"]["median"]
+            assert rows[lbl]["ratio_to_VE"]["step"] == pytest.approx(want)
+            assert rows[lbl]["fwd_bwd"]["n"] == 1
+        assert rows["VE"]["ratio_to_VE"] == {c: 1.0 for c in ("forward", "backward", "optimizer", "fwd_bwd", "step")}
+    assert sorted(result["mscale"], key=int) == ["6", "12", "24", "48"]
+    printed = capsys.readouterr().out
+    assert "one d12-shaped transformer layer with memory" in printed and "memory hook + c_v only" in printed
+
+
+def test_step_bench_rejects_unknown_section(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--sections", "layer,speed"])
+    assert "--sections: unknown ['speed']" in capsys.readouterr().err
+
+
+def test_layer_harness_is_the_models_memory_layer(bench):
+    """The harness runs the model's Block with the memory hooks exactly as GPT.forward runs a memory layer."""
+    from nanochat.gpt import GPTConfig, build_model
+
+    cfg = GPTConfig(n_layer=1, vocab_size=128, n_embd=64, n_head=2, n_kv_head=2, sequence_len=8, memory="mome",
+                    memory_layers=(0,), memory_options={"slots": 4, "topk": 2})
+    model = build_model(cfg, seed=0)
+    torch.manual_seed(1)
+    for p in [*model.memory.routers.parameters(), *model.blocks[0].attn.c_proj.parameters()]:
+        p.data.normal_(std=0.1)  # non-zero: the top-K depends on the hidden state and the values reach the output
+    harness = bench.LayerHarness(cfg)
+    harness.load_state_dict({"block." + k: v for k, v in model.blocks[0].state_dict().items()}
+                            | {"memory." + k: v for k, v in model.memory.state_dict().items()})
+    idx = torch.randint(0, 128, (2, 8))
+    x0 = norm(model.wte(idx))
+    x = model.resid_lambdas[0] * x0 + model.x0_lambdas[0] * x0  # GPT.forward's input mix of layer 0
+    cos_sin = model.rope_cos[:, :8], model.rope_sin[:, :8]
+    want = model.blocks[0](x, cos_sin, model.memory, model.memory.prepare(idx, None), None)
+    (got,) = harness(idx, x)
+    assert torch.allclose(got, want, atol=1e-6)
+    no_memory = bench.build_memory(GPTConfig(n_layer=1, vocab_size=128, n_embd=64, n_head=2, n_kv_head=2))
+    assert not torch.allclose(got, model.blocks[0](x, cos_sin, no_memory, None, None), atol=1e-4)
+
+
+def test_step_bench_profile_prints_op_table(bench, capsys):
+    bench.main(["--profile", "MoME A2/6 token", "--sections", "hook", "--vocab-size", "256", "--tokens", "32",
+                "--reps", "1", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert "MoME A2/6 token (hook harness), 1 steps profiled" in out and "Self CPU" in out and "aten::" in out
+    with pytest.raises(SystemExit, match="not a design"):
+        bench.main(["--profile", "MoME", "--vocab-size", "256"])
