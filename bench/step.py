@@ -61,7 +61,6 @@ from nanochat.optim import MuonAdamW, OptimConfig, build_optimizer  # noqa: E402
 SECTIONS = ("layer", "hook", "full", "mscale", "memory")
 LAYER = dict(n_embd=768, n_head=6, n_kv_head=6)  # d12: head_dim 128
 FULL = dict(n_layer=6, n_embd=384, n_head=6, n_kv_head=6, memory_layers=(1, 3, 5))  # head_dim 64, H = 6 = M
-PLAIN = "plain"  # design flag: time MoME with mome.FUSED_MIX = False (the pre-optimisation gather-mul-sum)
 
 
 def designs(l_mem: int, slot_map: str, plain: bool) -> list[tuple[str, str, dict, bool]]:
