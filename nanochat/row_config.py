@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"table", "name", "label", "seeds", "nproc_per_node", "notes"}
 
 
-def load_row_config(path) -> dict:
-    """Parse and check a row config; errors name the file and the offending key."""
+def load_row_config(path, runner: bool = True) -> dict:
+    """Parse and check a row config; errors name the file and the offending key. ``runner=True`` also requires
+    the batch keys that scripts/run.py checks hardware overrides with (base_train reads rows with False)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config {path} does not exist (see configs/README.md for the list)")
@@ -38,7 +39,7 @@ def load_row_config(path) -> dict:
     for key in ("table", "name"):
         if not isinstance(row.get(key), str) or not row[key]:
             raise ValueError(f"config {path}: [row] needs a non-empty string '{key}'")
-    for key in ("total-batch-size", "max-seq-len", "device-batch-size"):
+    for key in ("total-batch-size", "max-seq-len", "device-batch-size") if runner else ():
         if key not in train:
             raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")
     cfg.setdefault("paper", {})
@@ -46,20 +47,6 @@ def load_row_config(path) -> dict:
     row.setdefault("nproc_per_node", 1)
     cfg["path"] = str(path.resolve())  # the runner starts base_train from the repo root
     return cfg
-
-
-def train_flag_args(train: dict) -> list[str]:
-    """The [train] table as base_train command-line flags (booleans become bare flags when true)."""
-    args = []
-    for key, value in train.items():
-        if isinstance(value, bool):
-            if value:
-                args.append(f"--{key}")
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        args += [f"--{key}", str(value)]
-    return args
 
 
 def find_configs(root=None) -> list[Path]:

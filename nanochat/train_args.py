@@ -16,6 +16,7 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 from nanochat.memory import add_memory_args
+from nanochat.row_config import load_row_config
 
 WANDB_MODES = ("off", "offline", "online")
 DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
@@ -131,8 +132,8 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
         data = tomllib.loads(file.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: invalid TOML: {e}") from e
-    if "train" in data and all(isinstance(v, dict) for v in data.values()):
-        data = data["train"]  # a reproduction row config (configs/<table>/<row>.toml): its [train] table
+    if any(isinstance(v, dict) for v in data.values()):  # a reproduction row config: [row], [train], [paper]
+        data = load_row_config(file, runner=False)["train"]  # the runner's parser and checks, so they cannot drift
     actions = {a.dest: a for a in parser._actions if a.option_strings}
     tokens = []
     for key, value in data.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from nanochat.row_config import find_configs, load_row_config, train_flag_args
+from nanochat.row_config import find_configs, load_row_config
 from nanochat.memory.slot_map import write_slot_map
 
 CONFIGS = find_configs()
@@ -127,13 +127,9 @@ def test_bad_config_files(tmp_path):
     bad.write_text('[row]\ntable = "x"\nname = "y"\n[train]\ndepth = 2\n')
     with pytest.raises(ValueError, match="total-batch-size"):
         load_row_config(bad)
+    assert load_row_config(bad, runner=False)["train"] == {"depth": 2}  # base_train needs no batch keys
     bad.write_text('[row]\ntable = "x"\nname = "y"\ncolor = 1\n')
     with pytest.raises(ValueError, match="color"):
         load_row_config(bad)
     with pytest.raises(FileNotFoundError):
         load_row_config(tmp_path / "missing.toml")
-
-
-def test_train_flag_args_round_trip():
-    assert train_flag_args({"depth": 4, "compile": True, "resume": False, "memory-layers": [1, 3]}) == [
-        "--depth", "4", "--compile", "--memory-layers", "1,3"]

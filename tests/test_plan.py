@@ -94,3 +94,19 @@ def test_config_file_unknown_key_names_it(tmp_path, capsys):
         parse_args(["--config", str(cfg)])
     assert e.value.code == 2
     assert "unknown key 'matrix_lrr'" in capsys.readouterr().err
+
+
+def test_row_config_is_validated_and_booleans_false_are_kept(tmp_path, capsys):
+    """base_train reads a row config through nanochat.row_config: the runner and the trainer cannot disagree."""
+    row = tmp_path / "row.toml"
+    row.write_text('[row]\ntable = "t"\nname = "n"\n[train]\ndepth = 6\nfinal-core = false\ncompile = true\n')
+    args = parse_args(["--config", str(row)])
+    assert args.depth == 6 and args.final_core is False and args.compile is True  # default final_core is True
+    row.write_text('[row]\ntable = "t"\nname = "n"\n[train]\ndepth = 6\n[papr]\nval_bpb = 1.0\n')
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(row)])
+    assert "unknown top-level table(s) ['papr']" in capsys.readouterr().err
+    row.write_text('[train]\ndepth = 6\n')  # a table-structured file must be a row config
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(row)])
+    assert "[row] needs a non-empty string 'table'" in capsys.readouterr().err
