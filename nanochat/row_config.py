@@ -19,9 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"table", "name", "label", "seeds", "nproc_per_node", "notes"}
 
 
-def load_row_config(path, runner: bool = True) -> dict:
-    """Parse and check a row config; errors name the file and the offending key. ``runner=True`` also requires
-    the batch keys that scripts/run.py checks hardware overrides with (base_train reads rows with False)."""
+def load_row_config(path) -> dict:
+    """Read, parse and check a row config for the runner; errors name the file and the offending key."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config {path} does not exist (see configs/README.md for the list)")
@@ -29,6 +28,13 @@ def load_row_config(path, runner: bool = True) -> dict:
         cfg = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"config {path}: invalid TOML: {e}") from e
+    return check_row_config(cfg, path)
+
+
+def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
+    """Check an already parsed row config (filled with defaults, in place). ``runner=True`` also requires the
+    batch keys that scripts/run.py checks hardware overrides with (base_train checks with False)."""
+    path = Path(path)
     unknown = sorted(set(cfg) - {"row", "train", "paper"})
     if unknown:
         raise ValueError(f"config {path}: unknown top-level table(s) {unknown}; allowed: row, train, paper")

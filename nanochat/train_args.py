@@ -16,7 +16,7 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 from nanochat.memory import add_memory_args
-from nanochat.row_config import load_row_config
+from nanochat.row_config import check_row_config
 
 WANDB_MODES = ("off", "offline", "online")
 DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
@@ -133,7 +133,7 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: invalid TOML: {e}") from e
     if any(isinstance(v, dict) for v in data.values()):  # a reproduction row config: [row], [train], [paper]
-        data = load_row_config(file, runner=False)["train"]  # the runner's parser and checks, so they cannot drift
+        data = check_row_config(data, file, runner=False)["train"]  # the runner's checks, so they cannot drift
     actions = {a.dest: a for a in parser._actions if a.option_strings}
     tokens = []
     for key, value in data.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from nanochat.row_config import find_configs, load_row_config
+from nanochat.row_config import check_row_config, find_configs, load_row_config, tomllib
 from nanochat.memory.slot_map import write_slot_map
 
 CONFIGS = find_configs()
@@ -127,7 +127,8 @@ def test_bad_config_files(tmp_path):
     bad.write_text('[row]\ntable = "x"\nname = "y"\n[train]\ndepth = 2\n')
     with pytest.raises(ValueError, match="total-batch-size"):
         load_row_config(bad)
-    assert load_row_config(bad, runner=False)["train"] == {"depth": 2}  # base_train needs no batch keys
+    cfg = tomllib.loads(bad.read_text())
+    assert check_row_config(cfg, bad, runner=False)["train"] == {"depth": 2}  # base_train needs no batch keys
     bad.write_text('[row]\ntable = "x"\nname = "y"\ncolor = 1\n')
     with pytest.raises(ValueError, match="color"):
         load_row_config(bad)
