@@ -35,6 +35,16 @@ def tiny_config(**kw):
     return GPTConfig(**base)
 
 
+def load_bench(name: str):
+    """Import bench/<name>.py (a script directory, not a package) as a fresh module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
     """Run ``torchrun --standalone --nproc_per_node=nproc script args`` on CPU (gloo) and return the result."""
     import subprocess

@@ -190,13 +190,9 @@ def test_domain_rows_skip_bos_and_padding(tmp_path):
 
 # -- bench/latency.py ----------------------------------------------------------------------------------------
 def test_latency_bench_runs_tiny(tmp_path, capsys):
-    import importlib.util
+    from conftest import load_bench
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("bench_latency", REPO / "bench" / "latency.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("latency")
     out = tmp_path / "lat.json"
     assert bench.main(["--widths", "64", "--head-dim", "32", "--mem-layers", "2", "--vocab-size", "512",
                        "--reps", "2", "--warmup", "1", "--context", "8", "--seq-len", "8", "--mode", "both",
@@ -211,13 +207,9 @@ def test_latency_bench_runs_tiny(tmp_path, capsys):
 
 
 def test_hidden_injection_variant_adds_to_residual_not_values():
-    import importlib.util
+    from conftest import load_bench
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("bench_latency", REPO / "bench" / "latency.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("latency")
     with bench.hidden_variant_registered():
         cfg = tiny_config(memory="mome-hidden", memory_options=dict(slots=4, topk=2), n_embd=64)
         from nanochat.gpt import build_model

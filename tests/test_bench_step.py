@@ -1,13 +1,12 @@
 """bench/step.py at toy sizes: the sections run, the designs really are compared at equal table memory, and the
 layer harness is the model's own memory layer. No timing assertions (timings are the benchmark's output)."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import load_bench
 from nanochat.gpt import norm
 from nanochat.memory import mome
 
@@ -15,10 +14,7 @@ from nanochat.memory import mome
 @pytest.fixture
 def bench(monkeypatch):
     monkeypatch.setattr(mome, "FUSED_MIX", mome.FUSED_MIX)  # the benchmark flips this module switch per case
-    spec = importlib.util.spec_from_file_location("bench_step", REPO / "bench" / "step.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("step")
 
 
 def test_step_bench_sections_run_at_equal_table_memory(bench, tmp_path, capsys):
