@@ -56,7 +56,7 @@ from nanochat.gpt import Block, GPTConfig, build_model, rotary_tables  # noqa: E
 from nanochat.memory import build_memory  # noqa: E402
 from nanochat.memory import mome as mome_module  # noqa: E402
 from nanochat.memory.slot_map import write_slot_map  # noqa: E402
-from nanochat.optim import MuonAdamW, OptimConfig, build_optimizer  # noqa: E402
+from nanochat.optim import MuonAdamW, OptimConfig, build_optimizer, shape_routed_groups  # noqa: E402
 
 SECTIONS = ("layer", "hook", "full", "mscale", "memory")
 LAYER = dict(n_embd=768, n_head=6, n_kv_head=6)  # d12: head_dim 128
@@ -142,25 +142,19 @@ HARNESSES = {"layer": LayerHarness, "hook": HookHarness}
 
 
 def harness_optimizer(h: nn.Module) -> MuonAdamW:
-    """The trainer's grouping rules (nanochat.optim.build_param_groups) applied to the harness."""
+    """The trainer's grouping rules applied to the harness (nanochat.optim.build_param_groups minus the
+    embedding, unembedding and residual-lambda groups the harness has no parameters for; width and depth
+    scales are 1 at the d12 width, and Muon's weight decay is the d12 value)."""
     oc, mem = OptimConfig(), h.memory
     adam = dict(kind="adamw", betas=(oc.adam_beta1, oc.adam_beta2), eps=oc.eps, weight_decay=0.0)
     tables, scalars = mem.memory_tables(), mem.scalar_params()
     seen = {id(p) for p in tables + scalars}
-    rest = [p for p in h.parameters() if id(p) not in seen]
     groups = [dict(adam, params=tables, lr=oc.memory_lr, betas=(oc.memory_beta1, oc.memory_beta2),
                    weight_decay=mem.table_weight_decay)] if tables else []
     if scalars:
         groups.append(dict(adam, params=scalars, lr=oc.scalar_lr))
-    if [p for p in rest if p.ndim != 2]:
-        groups.append(dict(adam, params=[p for p in rest if p.ndim != 2], lr=oc.matrix_lr))
-    by_shape: dict[tuple, list] = {}
-    for p in rest:
-        if p.ndim == 2:
-            by_shape.setdefault(tuple(p.shape), []).append(p)
-    for params in by_shape.values():
-        groups.append(dict(kind="muon", params=params, lr=oc.matrix_lr, momentum=oc.muon_momentum,
-                           beta2=oc.muon_beta2, weight_decay=oc.weight_decay, ns_steps=5))
+    groups += shape_routed_groups([p for p in h.parameters() if id(p) not in seen], oc, oc.matrix_lr,
+                                  oc.weight_decay)
     return MuonAdamW(groups)
 
 

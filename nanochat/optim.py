@@ -77,6 +77,25 @@ class OptimConfig:
     lr_scale: float = 1.0  # batch-size LR scale sqrt(B / 2^19), multiplies every LR
 
 
+def shape_routed_groups(params, oc: OptimConfig, adam_lr: float, muon_wd: float) -> list[dict]:
+    """The parameters no named rule claimed, routed by shape: everything not 2-D to one AdamW group at
+    ``adam_lr``, 2-D matrices to one Muon group per shape (stacked for Polar Express). LRs times oc.lr_scale."""
+    groups = []
+    extra = [p for p in params if p.ndim != 2]
+    if extra:
+        groups.append(dict(kind="adamw", name="adam_extra", params=extra, lr=adam_lr * oc.lr_scale,
+                           betas=(oc.adam_beta1, oc.adam_beta2), eps=oc.eps, weight_decay=0.0))
+    by_shape: dict[tuple, list] = {}
+    for p in params:
+        if p.ndim == 2:
+            by_shape.setdefault(tuple(p.shape), []).append(p)
+    for shape, group in sorted(by_shape.items()):
+        groups.append(dict(kind="muon", name=f"muon_{shape[0]}x{shape[1]}", params=group,
+                           lr=oc.matrix_lr * oc.lr_scale, momentum=oc.muon_momentum, beta2=oc.muon_beta2,
+                           weight_decay=muon_wd, ns_steps=5))
+    return groups
+
+
 def build_param_groups(model, oc: OptimConfig) -> list[dict]:
     """Assign every parameter of ``model`` to exactly one group (raises if one is missed or doubled)."""
     cfg = model.config
@@ -101,17 +120,8 @@ def build_param_groups(model, oc: OptimConfig) -> list[dict]:
         groups.append(adamw("memory_tables", tables, oc.memory_lr * width_scale,
                             betas=(oc.memory_beta1, oc.memory_beta2), wd=memory_wd))
     assigned = {id(p) for g in groups for p in g["params"]}
-    rest = [(n, p) for n, p in model.named_parameters() if id(p) not in assigned]
-    extra = [p for _, p in rest if p.ndim != 2]
-    if extra:
-        groups.append(adamw("adam_extra", extra, oc.matrix_lr * width_scale))
-    by_shape: dict[tuple, list] = {}
-    for _, p in rest:
-        if p.ndim == 2:
-            by_shape.setdefault(tuple(p.shape), []).append(p)
-    for shape, params in sorted(by_shape.items()):
-        groups.append(dict(kind="muon", name=f"muon_{shape[0]}x{shape[1]}", params=params, lr=oc.matrix_lr * s,
-                           momentum=oc.muon_momentum, beta2=oc.muon_beta2, weight_decay=muon_wd, ns_steps=5))
+    groups += shape_routed_groups([p for p in model.parameters() if id(p) not in assigned], oc,
+                                  oc.matrix_lr * width_scale, muon_wd)
     counts: dict[int, int] = {}
     for g in groups:
         for p in g["params"]:
