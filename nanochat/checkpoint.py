@@ -175,9 +175,12 @@ def resolve_resume_step(run_dir, spec: str | None) -> int | None:
     return step
 
 
-def load_training_state(run_dir, step: int, map_location="cpu") -> dict:
-    """Load and check ``state.pt`` of a trainer checkpoint; a missing key means a foreign or partial file."""
-    state = load_state(run_dir, step, map_location)
+def load_training_state(run_dir, step: int) -> dict:
+    """Load and check ``state.pt`` of a trainer checkpoint; a missing key means a foreign or partial file.
+
+    Always onto the CPU: the dataloader and RNG states must stay there (``torch.set_rng_state`` takes a CPU
+    ByteTensor), and ``MuonAdamW.load_state_dict`` moves the optimizer state to each parameter's device."""
+    state = load_state(run_dir, step, "cpu")
     missing = [k for k in TRAIN_STATE_KEYS if k not in state] if isinstance(state, dict) else list(TRAIN_STATE_KEYS)
     if missing:
         raise ValueError(f"checkpoint {step_dir(run_dir, step)} is not a resumable training checkpoint "

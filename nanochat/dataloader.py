@@ -133,12 +133,45 @@ class PackedDataLoader:
                             "smaller row groups (scripts.prepare_data --docs-per-shard / row_group_size)")
         self.packer = BestFitPacker(seq_len + 1, buffer_docs)
         self.cursor = (0, 0, 0)  # (epoch, position in this rank's unit list, document within the unit)
+        self.remaining = None  # (epoch, unread units of that epoch) after a world-size change, see repartition()
         self._queue = self._thread = self._stop = None
 
     # ---- deterministic document order ---------------------------------------------------------------------
+    def _epoch_perm(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.index.units))
+
     def _rank_units(self, epoch: int) -> np.ndarray:
-        perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.index.units))
-        return perm[self.rank::self.world_size]
+        if self.remaining is not None and self.remaining[0] == epoch:
+            return self.remaining[1][self.rank::self.world_size]
+        return self._epoch_perm(epoch)[self.rank::self.world_size]
+
+    def repartition(self, old_states: list[dict]) -> dict:
+        """Continue from the states of a run with another world size (``--resume-new-world-size``).
+
+        The row groups of the old ranks' current epoch that no old rank had started are split among the new
+        ranks (perm order, ``[rank::world_size]``); later epochs use the normal partition. Lost for good: the
+        documents in the old ranks' packing buffers and the unread rest of row groups they were reading. The
+        old streams cannot be continued token for token with another number of ranks. Returns a summary."""
+        for key in ("seed", "seq_len", "files"):
+            mine = {"seed": self.seed, "seq_len": self.seq_len, "files": list(self.file_names)}[key]
+            if any(s.get(key) != mine for s in old_states):
+                raise ValueError(f"dataloader state has a different {key} than this loader; "
+                                 "the data files, --data-seed and seq len must match the checkpoint's run")
+        old_world = len(old_states)
+        epoch = max(int(s["cursor"][0]) for s in old_states)
+        perm = self._epoch_perm(epoch)
+        started = set()
+        for r, s in enumerate(old_states):
+            e, upos, dpos = (int(c) for c in s["cursor"])
+            if e == epoch:  # units before upos are done; upos itself counts as started if any document was read
+                started.update(int(u) for u in perm[r::old_world][:upos + (1 if dpos else 0)])
+            else:  # this rank had finished the epoch before (fewer units than others)
+                started.update(int(u) for u in perm[r::old_world])
+        self.close()
+        self.remaining = (epoch, np.array([u for u in perm if int(u) not in started], dtype=np.int64))
+        self.cursor = (epoch, 0, 0)
+        self.packer = BestFitPacker(self.packer.row_len, self.packer.buffer_docs)
+        return {"epoch": epoch, "units_left": len(self.remaining[1]), "units_skipped_or_read": len(started)}
 
     def _doc_order(self, epoch: int, unit: int) -> np.ndarray:
         rows = self.index.units[unit][2]
@@ -215,7 +248,8 @@ class PackedDataLoader:
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
                 "seq_len": self.seq_len, "files": list(self.file_names), "cursor": list(self.cursor),
-                "buffer": self.packer.state()}
+                "buffer": self.packer.state(),
+                "remaining": None if self.remaining is None else [self.remaining[0], self.remaining[1].tolist()]}
 
     def load_state_dict(self, state: dict) -> None:
         mine = {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
@@ -227,6 +261,8 @@ class PackedDataLoader:
         self.close()
         self.cursor = tuple(int(c) for c in state["cursor"])
         self.packer.load(state["buffer"])
+        remaining = state.get("remaining")
+        self.remaining = None if remaining is None else (int(remaining[0]), np.array(remaining[1], dtype=np.int64))
 
     def __del__(self):
         try:

@@ -6,17 +6,23 @@
 - AdamW (eps 1e-10, decoupled decay p <- p*(1 - lr*wd)) for embeddings, unembedding, scalars, memory tables
   and every other non-matrix parameter; torch's fused kernel, fp32 params and state.
 
-Distributed: there is no DDP wrapper. ``step()`` averages gradients across ranks (async all-reduce,
-launched for every parameter before any update) and every rank applies the same update, so the optimizer
-state is replicated: a checkpoint written by rank 0 resumes on any world size.
+Distributed (no DDP wrapper; ``nanochat.optim_dist`` holds the pieces): gradients are reduce-scattered in one
+bucket per Muon group (same-shape matrices stacked, split by matrix across ranks) and per large AdamW parameter
+(split by rows, ZeRO-2: each rank keeps the Adam state of its rows only); the small AdamW parameters share one
+all-reduced bucket. Each rank updates only its shard, then the updated shards are all-gathered. Buckets are
+launched from post-accumulate-grad hooks during the last micro-step's backward when the trainer arms them
+(``arm_grad_hooks``), otherwise at the start of ``step()``. With one process the same code runs without any
+collective and is today's exact single-process update. ``state_dict()`` is world-size independent (the full,
+unsharded state, gathered collectively: call it on every rank); ``load_state_dict`` takes each rank's shard.
 """
 
-import copy
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from nanochat.optim_shard import build_buckets, load_packed_state_dict, pack_state_dict, world_info
 
 # Polar Express coefficients (Amsel et al. 2025): 5 steps of X <- aX + (bA + cA^2)X with A = XX^T.
 POLAR_EXPRESS_COEFFS = (
@@ -137,82 +143,91 @@ def build_param_groups(model, oc: OptimConfig) -> list[dict]:
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer for both kinds of group; see the module docstring."""
+    """One optimizer for both kinds of group; see the module docstring.
+
+    After ``step()``, ``grad_norm`` holds the global L2 norm of the rank-averaged gradients as a 0-d device tensor
+    (no host sync; the trainer reads it together with the loss)."""
 
     def __init__(self, param_groups: list[dict]):
         super().__init__(param_groups, defaults={})
+        self.world, self.rank = world_info()
+        self.buckets = build_buckets(self.param_groups, self.world, self.rank)
+        self.grad_norm: torch.Tensor | None = None
+        self._armed = False
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._hooks = []
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        # torch shares same-device tensors with the source dict; a deep copy keeps two optimizers independent
-        super().load_state_dict(copy.deepcopy(state_dict))
-
-    @torch.no_grad()
-    def _densify_grads(self) -> None:
-        """Sparse gradients (a memory table shared by several layers, see MoMEMemory.sparse_shared_grad) become
-        dense once per step: the collectives and the fused AdamW kernel take dense tensors."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and p.grad.is_sparse:
-                    p.grad = p.grad.to_dense()
-
-    @torch.no_grad()
-    def _average_grads(self) -> None:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    # -- gradient hooks: launch a bucket's reduction as soon as its last gradient is final ------------------
+    def arm_grad_hooks(self) -> None:
+        """Call before the LAST micro-step's backward: each bucket's collective starts as soon as its gradients
+        are accumulated, overlapping communication with the rest of the backward (and with later buckets).
+        A no-op with one process."""
+        if self.world == 1:
             return
-        world = dist.get_world_size()
-        works = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)  # every rank must join every collective
-                works.append((p, dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True)))
-        for p, work in works:
-            work.wait()
-            p.grad.div_(world)
+        if not self._hooks:
+            for b in self.buckets:
+                for p in b.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        self._armed = True
 
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        if self._armed:
+            self._bucket_of[id(p)].param_ready()
+
+    # -- step -------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
-        self._densify_grads()
-        self._average_grads()
-        for group in self.param_groups:
-            if group["kind"] == "adamw":
-                self._adamw_step(group)
-            else:
-                self._muon_step(group)
+        self._armed = False
+        for b in self.buckets:  # buckets the hooks did not launch (not armed, unused params, sparse grads)
+            b.launch()
+        sq = []
+        for b in self.buckets:  # in launch order: later buckets' reductions overlap earlier buckets' updates
+            b.wait_reduced()
+            sq.append(b.grad_sq_sum())
+            for group in b.groups:
+                self._adamw_update(b, group) if group["kind"] == "adamw" else self._muon_update(b, group)
+            b.launch_gather()
+        for b in self.buckets:
+            b.finish()
+        total = torch.stack(sq).sum() if sq else torch.zeros(())
+        if self.world > 1:
+            dist.all_reduce(total)
+        self.grad_norm = total.sqrt()
 
-    def _adamw_step(self, group):
-        """One fused AdamW kernel over the group (decoupled decay p <- p(1 - lr wd), bias-corrected moments).
+    def _adamw_update(self, bucket, group) -> None:
+        """One fused AdamW kernel over the group's tensors in this bucket (decoupled decay p <- p(1 - lr wd),
+        bias-corrected moments); a row shard is updated in place as a view of its parameter.
 
         torch's fused kernel does the same math as torch.optim.AdamW in one pass over memory, ~5x faster than
         separate elementwise ops on a 25M-row table (measured on CPU); the state stays fp32 like the params."""
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
+        items = bucket.adamw_items(group)  # (state key, tensor to update, averaged gradient)
+        if not items:
             return
-        for p in params:
-            state = self.state[p]
+        for key, t, _ in items:
+            state = self.state[key]
             if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
-        states = [self.state[p] for p in params]
+                state["step"] = torch.zeros((), dtype=torch.float32, device=t.device)
+                state["exp_avg"] = torch.zeros_like(t)
+                state["exp_avg_sq"] = torch.zeros_like(t)
+        states = [self.state[key] for key, _, _ in items]
         steps = [st["step"] for st in states]
         torch._foreach_add_(steps, 1)
         beta1, beta2 = group["betas"]
-        torch._fused_adamw_(params, [p.grad for p in params], [st["exp_avg"] for st in states],
+        torch._fused_adamw_([t for _, t, _ in items], [g for _, _, g in items], [st["exp_avg"] for st in states],
                             [st["exp_avg_sq"] for st in states], [], steps, lr=group["lr"], beta1=beta1, beta2=beta2,
                             weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False, maximize=False)
 
-    def _muon_step(self, group):
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
+    def _muon_update(self, bucket, group) -> None:
+        """Nesterov momentum, Polar Express, NorMuon and cautious weight decay on this rank's (c, m, n) chunk."""
+        if self.world == 1 and all(p.grad is None for p in group["params"]):
             return
+        grads = bucket.local_grad  # (c, m, n) fp32, averaged over ranks
         state = self.state[group["params"][0]]
-        K, (rows, cols) = len(group["params"]), params[0].shape
+        _, rows, cols = grads.shape
         if not state:
-            state["momentum_buffer"] = torch.zeros(K, rows, cols, device=params[0].device, dtype=torch.float32)
-            moment_shape = (K, rows, 1) if rows >= cols else (K, 1, cols)
-            state["second_moment"] = torch.zeros(moment_shape, device=params[0].device, dtype=torch.float32)
-        grads = torch.stack([(p.grad if p.grad is not None else torch.zeros_like(p)).float() for p in group["params"]])
+            state["momentum_buffer"] = torch.zeros_like(grads)
+            moment_shape = (grads.size(0), rows, 1) if rows >= cols else (grads.size(0), 1, cols)
+            state["second_moment"] = torch.zeros(moment_shape, device=grads.device, dtype=torch.float32)
         buf = state["momentum_buffer"]
         buf.lerp_(grads, 1 - group["momentum"])
         nesterov = grads.lerp(buf, group["momentum"])
@@ -220,15 +235,19 @@ class MuonAdamW(torch.optim.Optimizer):
         update = normuon_scale(update, state["second_moment"], group["beta2"])
         lr = group["lr"] * math.sqrt(max(1.0, rows / cols))
         wd = group["weight_decay"]
-        for i, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
-            p32, u = p.float(), update[i]
-            if wd:
-                cautious = (u * p32) >= 0  # decay only where the update agrees in sign with the weight
-                p32.sub_(lr * wd * p32 * cautious)
-            p32.sub_(lr * u)
-            p.copy_(p32)
+        p32 = bucket.own_params()
+        if wd:
+            cautious = (update * p32) >= 0  # decay only where the update agrees in sign with the weight
+            p32.sub_(lr * wd * p32 * cautious)
+        p32.sub_(lr * update)
+        bucket.write_own(p32)
+
+    # -- checkpoints: the full (unsharded) state, same format for every world size ---------------------------
+    def state_dict(self) -> dict:
+        return pack_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        load_packed_state_dict(self, state_dict)
 
 
 def build_optimizer(model, oc: OptimConfig | None = None) -> MuonAdamW:

@@ -31,6 +31,9 @@ def _group_run(p):
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|auto|STEP",
                    help="resume from a checkpoint in the run dir: 'latest' (error if none), 'auto' (latest if any, "
                         "else start fresh), or a step number")
+    g.add_argument("--resume-new-world-size", action="store_true",
+                   help="allow --resume with another number of processes than the checkpoint's run: model and "
+                        "optimizer continue exactly, the data order is re-partitioned (not an exact resume)")
     g.add_argument("--dry-run", action="store_true", help="print the plan (params, FLOPs, steps) and exit; no data needed")
     g.add_argument("--device-type", choices=DEVICE_TYPES, default="auto", help="device (auto: cuda > mps > cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 elsewhere)")

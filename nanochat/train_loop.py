@@ -13,15 +13,6 @@ def _dist_on() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def all_reduce_mean(value: float, device) -> float:
-    """Mean of a float over ranks (identity without torch.distributed)."""
-    if not _dist_on():
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.item() / dist.get_world_size()
-
-
 def any_rank(flag: bool, device) -> bool:
     """True on every rank if ``flag`` is true on any rank (used so all ranks stop at the same step)."""
     if not _dist_on():
@@ -40,32 +31,35 @@ def gather_objects(obj) -> list:
     return out
 
 
-@torch.no_grad()
-def grad_norm(model) -> float:
-    """Global L2 norm of the gradients (after MuonAdamW.step they are already averaged over ranks)."""
-    sq = [p.grad.detach().float().square().sum() for p in model.parameters() if p.grad is not None]
-    return math.sqrt(torch.stack(sq).sum().item()) if sq else 0.0
-
-
-def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device) -> tuple[float, float]:
-    """Run ``grad_accum`` micro-steps and one optimizer step; return (loss, grad norm).
+def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device,
+               stop_requested: bool = False) -> tuple[float, float, bool]:
+    """Run ``grad_accum`` micro-steps and one optimizer step; return (loss, grad norm, stop on any rank).
 
     Each micro-loss is divided by grad_accum, so the summed gradient equals the gradient of the mean loss over
-    the whole per-rank batch; MuonAdamW.step then averages over ranks. The returned loss is the mean over
-    micro-steps and ranks (the loss of the full global batch), not rank 0's last micro-batch.
+    the whole per-rank batch; MuonAdamW.step then averages over ranks (its reductions start from gradient hooks
+    during the last micro-step's backward). The returned loss is the mean over micro-steps and ranks (the loss of
+    the full global batch), not rank 0's last micro-batch. The loss, the grad norm and every rank's stop request
+    come back in ONE host sync per step (one small all-reduce with several processes).
     """
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for _ in range(grad_accum):
+    for micro in range(grad_accum):
         x, y = next(loader)
         with autocast_ctx:
             loss = model(x, targets=y)
         loss_sum += loss.detach().double()
+        if micro == grad_accum - 1:
+            optimizer.arm_grad_hooks()
         (loss / grad_accum).backward()
     optimizer.step()
     getattr(model, "_orig_mod", model).memory.after_optimizer_step()  # e.g. MoME's balancing-bias update
-    gnorm = grad_norm(model)
     model.zero_grad(set_to_none=True)
-    return all_reduce_mean(loss_sum.item() / grad_accum, device), gnorm
+    shared = torch.stack([loss_sum / grad_accum, torch.tensor(float(stop_requested), dtype=torch.float64,
+                                                                 device=device)])
+    if _dist_on():
+        dist.all_reduce(shared, op=dist.ReduceOp.SUM)
+        shared[0] /= dist.get_world_size()
+    loss_mean, stop_count, gnorm = torch.cat([shared, optimizer.grad_norm.double().reshape(1)]).tolist()
+    return loss_mean, gnorm, stop_count > 0
 
 
 class SyntheticLoader:
@@ -110,6 +104,14 @@ class SyntheticLoader:
                 raise ValueError(f"synthetic loader state has {key}={state.get(key)!r} but this loader has "
                                  f"{mine[key]!r}; exact resume needs the same layout")
         self.count = int(state["count"])
+
+    def repartition(self, old_states: list[dict]) -> dict:
+        """Continue after a world-size change: skip past every row the old ranks consumed (see the class doc)."""
+        if any(s.get("seed") != self.seed or s.get("seq_len") != self.T for s in old_states):
+            raise ValueError("synthetic loader state has another --data-seed or seq len than this run")
+        consumed = max(int(s["count"]) * int(s["world_size"]) * int(s["batch_size"]) for s in old_states)
+        self.count = math.ceil(consumed / (self.world_size * self.B))
+        return {"rows_consumed": consumed, "count": self.count}
 
 
 def synthetic_eval_rows(vocab_size: int, seq_len: int, num_tokens: int, seed: int) -> torch.Tensor:

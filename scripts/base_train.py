@@ -33,7 +33,7 @@ from nanochat.optim import MuonAdamW, OptimConfig, build_param_groups
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
-from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
+from nanochat.train_loop import StopSignal, gather_objects, train_step
 from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,17 +161,32 @@ def check_resume_compatible(run: Run, meta: dict) -> None:
 def restore(run: Run, step: int) -> None:
     meta = ckpt.load_meta(run.run_dir, step)
     check_resume_compatible(run, meta)
-    state = ckpt.load_training_state(run.run_dir, step, map_location=run.device)
-    if state["world_size"] != run.world:
-        raise ValueError(f"--resume: checkpoint step {step} was written by {state['world_size']} processes but this "
-                         f"run has {run.world}; the data order is per rank, so resume with the same world size")
+    # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
+    state = ckpt.load_training_state(run.run_dir, step)
+    saved_world = state["world_size"]
+    if saved_world != run.world and not run.args.resume_new_world_size:
+        raise ValueError(f"--resume: checkpoint step {step} was written by {saved_world} processes but this run has "
+                         f"{run.world}; the data order is per rank, so an exact resume needs the same world size. "
+                         "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
     ckpt.load_model_weights(run.model, run.run_dir, step, map_location=run.device)
     run.optimizer.load_state_dict(state["optimizer"])
-    run.data.loader.load_state_dict(state["dataloader"][run.rank])
-    ckpt.set_rng_state(state["rng"][run.rank])
+    if saved_world == run.world:
+        run.data.loader.load_state_dict(state["dataloader"][run.rank])
+        ckpt.set_rng_state(state["rng"][run.rank])
+    else:
+        repartition_data(run, state, step)
     run.loop = dict(state["loop"])
     run.last_saved = step
     print0(f"resumed from {ckpt.step_dir(run.run_dir, step)} (step {step}/{run.plan['num_iterations']})")
+
+
+def repartition_data(run: Run, state: dict, step: int) -> None:
+    """--resume-new-world-size: the loaders continue from the old ranks' states re-partitioned over this world
+    size (not token-for-token exact); RNG states are taken from old rank (rank mod old world size)."""
+    summary = run.data.loader.repartition(state["dataloader"])
+    ckpt.set_rng_state(state["rng"][run.rank % len(state["rng"])])
+    print0(f"--resume-new-world-size: step {step} was saved by {state['world_size']} processes, this run has "
+           f"{run.world}; data order re-partitioned ({summary})")
 
 
 def save(run: Run, reason: str) -> None:
@@ -179,8 +194,9 @@ def save(run: Run, reason: str) -> None:
     step = run.loop["step"]
     loaders = gather_objects(run.data.loader.state_dict())
     rngs = gather_objects(ckpt.rng_state())
+    optimizer_state = run.optimizer.state_dict()  # collective: the sharded state is gathered on every rank
     if run.rank == 0:
-        state = {"optimizer": run.optimizer.state_dict(), "loop": dict(run.loop), "dataloader": loaders,
+        state = {"optimizer": optimizer_state, "loop": dict(run.loop), "dataloader": loaders,
                  "rng": rngs, "world_size": run.world}
         meta = {"reason": reason, "config": resolved_config(run), "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset}
@@ -223,14 +239,19 @@ def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
         print0(f"step {step:05d} | {res['label']} {res['core']:.4f}")
 
 
+WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
+
+
 def train(run: Run, resumed_at: int | None) -> str:
     """The step loop: exactly N optimizer steps in total (over all resumes). Returns the stop reason."""
-    n = run.plan["num_iterations"]
-    bar = tqdm(total=n, initial=run.loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
-    stop, timed, timed_dt = StopSignal().install(), 0, 0.0
+    n, loop = run.plan["num_iterations"], run.loop
+    bar = tqdm(total=n, initial=loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
+    stop, stop_any, first = StopSignal().install(), False, loop["step"]
+    loop.setdefault("steady_steps", 0)
+    loop.setdefault("steady_time", 0.0)
     try:
         while True:
-            step = run.loop["step"]
+            step = loop["step"]
             periodic_evals(run, step, resumed_at)
             if step == n:
                 if run.last_saved != n:
@@ -238,26 +259,25 @@ def train(run: Run, resumed_at: int | None) -> str:
                 return "completed"
             if run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0 and step != run.last_saved:
                 save(run, "periodic")
-            if any_rank(stop.received is not None, run.device):
+            if stop_any:  # agreed by all ranks in the last step's reduction
                 if run.last_saved != step:
                     save(run, f"signal {stop.received or 'on another rank'}")
                 return "interrupted"
             sched_vals = apply_schedules(run.optimizer, step, run.sched)
             t0 = time.perf_counter()
-            loss, gnorm = train_step(run.step_model, run.optimizer, run.data.loader, run.plan["grad_accum_steps"],
-                                     run.autocast, run.device)
-            if run.device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
+            loss, gnorm, stop_any = train_step(run.step_model, run.optimizer, run.data.loader,
+                                               run.plan["grad_accum_steps"], run.autocast, run.device,
+                                               stop.received is not None)
+            dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"train loss is {loss} at step {step + 1}")
-            run.loop["step"], run.loop["train_time"] = step + 1, run.loop["train_time"] + dt
-            if step - (resumed_at or 0) >= 3:  # the first steps include warm-up/compile time
-                timed, timed_dt = timed + 1, timed_dt + dt
-            eta = (timed_dt / timed) * (n - step - 1) if timed else float("nan")
+            loop["step"], loop["train_time"] = step + 1, loop["train_time"] + dt
+            if step - first >= WARMUP_STEPS:
+                loop["steady_steps"], loop["steady_time"] = loop["steady_steps"] + 1, loop["steady_time"] + dt
+            steady = loop["steady_time"] / loop["steady_steps"] if loop["steady_steps"] else float("nan")
             bar.update(1)
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
-                log_train(run, loss, gnorm, sched_vals, dt, bar, eta)
+                log_train(run, loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
     finally:
         stop.uninstall()
         bar.close()
@@ -279,14 +299,26 @@ def final_eval(run: Run) -> dict:
     return out
 
 
+def throughput(run: Run) -> dict:
+    """Steady-state tokens/s and MFU over the steps after the first WARMUP_STEPS of every process (start and each
+    resume), as the paper reports it; the all-steps figure (compile and warm-up included) is kept beside it."""
+    tb, loop = run.args.total_batch_size, run.loop
+    steady_steps, steady_time = loop.get("steady_steps", 0), loop.get("steady_time", 0.0)
+    tok_s = steady_steps * tb / steady_time if steady_steps else None
+    util = mfu(run.plan["flops_per_token"] * tb, steady_time / steady_steps, peak_flops(run.device), run.world) \
+        if steady_steps else None
+    return {"tok_per_sec": tok_s, "mfu": util, "tok_per_sec_steps": steady_steps,
+            "tok_per_sec_note": f"steady state: steps after the first {WARMUP_STEPS} of each process",
+            "tok_per_sec_all_steps": loop["step"] * tb / max(loop["train_time"], 1e-9)}
+
+
 def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
     step, tb = run.loop["step"], run.args.total_batch_size
     summary = {"run_name": run.args.run_name, "run_dir": str(run.run_dir), "stop_reason": stop_reason,
                "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
                ("params_total", "params_memory", "params_backbone", "flops_per_token", "world_size")},
-               "train_time_s": run.loop["train_time"], "wall_time_s": wall,
-               "tok_per_sec": step * tb / max(run.loop["train_time"], 1e-9), **evals}
+               "train_time_s": run.loop["train_time"], "wall_time_s": wall, **throughput(run), **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)
     return summary

@@ -91,3 +91,40 @@ def test_state_dict_round_trip_continues_identically():
     train(b, ob, 2)
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa, pb), n
+
+
+def test_load_state_dict_puts_every_state_tensor_on_the_parameter_device():
+    """A checkpoint's optimizer state is loaded from the CPU; on CUDA each tensor must follow its parameter
+    (the fused AdamW kernel takes its step counts on the parameter's device too). A model on the meta device
+    stands in for the GPU here; torch's own load_state_dict would leave the step counts on the CPU."""
+    model = build_model(tiny_config(), seed=0)
+    opt = build_optimizer(model)
+    idx = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
+    model(idx[:, :-1], idx[:, 1:]).backward()
+    opt.step()
+    state = opt.state_dict()
+    assert all(v.device.type == "cpu" for st in state["state"].values() for v in st.values())
+    with torch.device("meta"):
+        meta_model = GPT(tiny_config())
+    meta_opt = build_optimizer(meta_model)
+    meta_opt.load_state_dict(state)
+    placed = [(v.device.type, k) for st in meta_opt.state.values() for k, v in st.items()]
+    assert placed and all(dev == "meta" for dev, _ in placed), placed
+    assert {k for _, k in placed} >= {"step", "exp_avg", "exp_avg_sq", "momentum_buffer", "second_moment"}
+
+
+def test_training_state_is_loaded_on_the_cpu(tmp_path):
+    """--resume reads state.pt onto the CPU whatever the training device: torch.set_rng_state needs a CPU
+    ByteTensor and the dataloader state is numpy-backed (a cuda map_location broke both)."""
+    import inspect
+
+    from nanochat import checkpoint as ckpt
+
+    assert "map_location" not in inspect.signature(ckpt.load_training_state).parameters
+    model = build_model(tiny_config(), seed=0)
+    state = {"optimizer": build_optimizer(model).state_dict(), "loop": {}, "dataloader": [{}],
+             "rng": [ckpt.rng_state()], "world_size": 1}
+    ckpt.save_checkpoint(tmp_path, 1, model, {}, state)
+    loaded = ckpt.load_training_state(tmp_path, 1)
+    assert loaded["rng"][0]["torch"].device.type == "cpu"
+    ckpt.set_rng_state(loaded["rng"][0])

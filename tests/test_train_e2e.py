@@ -86,9 +86,9 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypat
     calls = {"n": 0}
 
     def poisoned(*a, **k):
-        loss, g = real(*a, **k)
+        loss, g, stop = real(*a, **k)
         calls["n"] += 1
-        return (float("nan") if calls["n"] == 3 else loss), g
+        return (float("nan") if calls["n"] == 3 else loss), g, stop
 
     monkeypatch.setattr(base_train, "train_step", poisoned)
     run = tmp_path / "r"

@@ -1,0 +1,348 @@
+"""Gradient buckets of the distributed MuonAdamW: who reduces what, who owns which shard, and the collectives.
+
+A bucket is one collective's worth of gradients and the parameters updated from it:
+
+* ``MuonBucket``: one Muon group of K same-shape (m, n) matrices, stacked (K_pad, m, n) with K_pad = K rounded up
+  to a multiple of the world size W, reduce-scattered so rank r owns matrices [r*c, (r+1)*c), c = K_pad / W
+  (padding matrices are zeros and own nothing). Rank r keeps the Muon state of its c matrices only, updates them,
+  and the updated (c, m, n) chunks are all-gathered back into every rank's parameters.
+* ``RowShardBucket``: one large AdamW parameter (>= SHARD_MIN_NUMEL elements, rows divisible by W) reduce-scattered
+  by rows; rank r keeps the Adam moments of its rows only (ZeRO-2) and all-gathers its updated rows.
+* ``ReplicatedBucket``: every other AdamW parameter (scalars, biases, small gates), flattened into one buffer,
+  all-reduced; every rank applies the same (cheap) update.
+
+Gradients are averaged (sum, then / W). With one process no collective runs, no buffer is allocated and the
+local shard is the whole parameter, so the update is today's single-process update bit for bit.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+SHARD_MIN_NUMEL = 1 << 16  # smaller AdamW params are cheaper to all-reduce and update everywhere
+
+
+def world_info() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _dense_grad(p: torch.Tensor) -> torch.Tensor:
+    """p.grad, densified in place if sparse (a table shared by several layers, see MoMEMemory.sparse_shared_grad),
+    zeros if the parameter got no gradient (every rank must join every collective)."""
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    elif p.grad.is_sparse:
+        p.grad = p.grad.to_dense()
+    return p.grad
+
+
+class Bucket:
+    """Lifecycle per step: [param_ready ...] -> launch -> wait_reduced -> (update) -> launch_gather -> finish."""
+
+    def __init__(self, params: list, groups: list[dict], world: int, rank: int):
+        self.params, self.groups, self.world, self.rank = params, groups, world, rank
+        self._ready = 0
+        self._work = None
+        self.launched = False
+
+    def param_ready(self) -> None:
+        self._ready += 1
+        if self._ready == len(self.params):
+            self.launch()
+
+    def launch(self) -> None:
+        if not self.launched:
+            self.launched = True
+            self._work = self._start_reduce()
+
+    def wait_reduced(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        self._after_reduce()
+
+    def launch_gather(self) -> None:
+        self._work = self._start_gather()
+
+    def finish(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        self._after_gather()
+        self._ready, self.launched = 0, False
+
+    # per kind
+    def _start_reduce(self):
+        return None
+
+    def _after_reduce(self) -> None:
+        pass
+
+    def _start_gather(self):
+        return None
+
+    def _after_gather(self) -> None:
+        pass
+
+    def grad_sq_sum(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def full_state(self, state: dict) -> dict:
+        """{param: {name: full CPU tensor}} for the parameters this bucket owns state for (collective)."""
+        raise NotImplementedError
+
+    def load_full_state(self, state: dict, full: dict) -> None:
+        """Inverse of full_state: keep this rank's shard of each tensor, on the parameter's device."""
+        raise NotImplementedError
+
+
+def _to_param_device(value, p: torch.Tensor):
+    if not torch.is_tensor(value):
+        return value
+    return value.to(device=p.device, dtype=torch.float32 if value.is_floating_point() else value.dtype).clone()
+
+
+class ReplicatedBucket(Bucket):
+    """Small AdamW parameters of any group: one all-reduce of their flattened gradients."""
+
+    def _start_reduce(self):
+        if self.world == 1:
+            return None
+        grads = [_dense_grad(p) for p in self.params]
+        self._flat = torch.cat([g.reshape(-1) for g in grads])
+        return dist.all_reduce(self._flat, op=dist.ReduceOp.SUM, async_op=True)
+
+    def _after_reduce(self) -> None:
+        if self.world == 1:
+            for p in self.params:
+                if p.grad is not None and p.grad.is_sparse:
+                    p.grad = p.grad.to_dense()
+            return
+        self._flat.div_(self.world)
+        offset = 0
+        for p in self.params:
+            p.grad.copy_(self._flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self._flat = None
+
+    def adamw_items(self, group: dict) -> list[tuple]:
+        """(state key, tensor to update, its gradient) for the group's parameters in this bucket."""
+        mine = {id(p) for p in self.params}
+        return [(p, p, p.grad) for p in group["params"] if id(p) in mine and p.grad is not None]
+
+    def grad_sq_sum(self) -> torch.Tensor:
+        sq = [p.grad.float().square().sum() for p in self.params if p.grad is not None]
+        if not sq or self.rank != 0:  # replicated: counted once, by rank 0
+            return torch.zeros((), device=self.params[0].device)
+        return torch.stack(sq).sum()
+
+    def full_state(self, state: dict) -> dict:
+        return {p: {k: v.detach().cpu().clone() for k, v in state[p].items()} for p in self.params if p in state}
+
+    def load_full_state(self, state: dict, full: dict) -> None:
+        for p in self.params:
+            if p in full:
+                state[p] = {k: _to_param_device(v, p) for k, v in full[p].items()}
+
+
+class RowShardBucket(Bucket):
+    """One large AdamW parameter split by rows: rank r owns rows [r*R/W, (r+1)*R/W)."""
+
+    def __init__(self, p, group, world, rank):
+        super().__init__([p], [group], world, rank)
+        rows = p.shape[0] // world
+        self.rows = slice(rank * rows, (rank + 1) * rows)
+        self.local_grad = None
+
+    def _start_reduce(self):
+        p = self.params[0]
+        grad = _dense_grad(p)
+        self.local_grad = torch.empty_like(p[self.rows])
+        return dist.reduce_scatter_tensor(self.local_grad, grad, op=dist.ReduceOp.SUM, async_op=True)
+
+    def _after_reduce(self) -> None:
+        self.local_grad.div_(self.world)
+
+    def adamw_items(self, group: dict) -> list[tuple]:
+        p = self.params[0]
+        return [(p, p.data[self.rows], self.local_grad)]  # a contiguous row block: updated in place
+
+    def grad_sq_sum(self) -> torch.Tensor:
+        return self.local_grad.float().square().sum()
+
+    def _start_gather(self):
+        p = self.params[0]
+        return dist.all_gather_into_tensor(p.data, p.data[self.rows].clone(), async_op=True)
+
+    def _after_gather(self) -> None:
+        self.local_grad = None
+        self.params[0].grad = None  # the full gradient is stale (only the local rows were averaged)
+
+    def full_state(self, state: dict) -> dict:
+        p = self.params[0]
+        if p not in state:
+            return {}
+        out = {}
+        for k, v in state[p].items():
+            if v.dim() == 0:  # the step count: the same on every rank
+                out[k] = v.detach().cpu().clone()
+            else:
+                full = torch.empty((v.shape[0] * self.world, *v.shape[1:]), dtype=v.dtype, device=v.device)
+                dist.all_gather_into_tensor(full, v.contiguous())
+                out[k] = full.cpu()
+        return {p: out}
+
+    def load_full_state(self, state: dict, full: dict) -> None:
+        p = self.params[0]
+        if p in full:
+            state[p] = {k: _to_param_device(v if v.dim() == 0 else v[self.rows], p) for k, v in full[p].items()}
+
+
+class MuonBucket(Bucket):
+    """One Muon group: K same-shape matrices, split by matrix across ranks (see the module docstring)."""
+
+    def __init__(self, group, world, rank):
+        super().__init__(list(group["params"]), [group], world, rank)
+        self.K = len(self.params)
+        self.chunk = math.ceil(self.K / world)
+        self.first = rank * self.chunk  # global index of this rank's first matrix
+        self.owned = [(j, self.params[self.first + j]) for j in range(self.chunk) if self.first + j < self.K]
+        self._send = self._full = None
+        self.local_grad = self.local_param = None
+
+    def _start_reduce(self):
+        if self.world == 1:
+            self.local_grad = torch.stack([(p.grad if p.grad is not None else torch.zeros_like(p)).float()
+                                           for p in self.params])
+            return None
+        grads = [_dense_grad(p) for p in self.params]
+        if self._send is None:  # persistent; the padding matrices stay zero
+            m, n = self.params[0].shape
+            self._send = torch.zeros(self.chunk * self.world, m, n, device=self.params[0].device)
+        torch._foreach_copy_(list(self._send[:self.K].unbind(0)), grads)
+        self.local_grad = torch.empty_like(self._send[:self.chunk])
+        return dist.reduce_scatter_tensor(self.local_grad, self._send, op=dist.ReduceOp.SUM, async_op=True)
+
+    def _after_reduce(self) -> None:
+        if self.world > 1:
+            self.local_grad.div_(self.world)
+
+    def own_params(self) -> torch.Tensor:
+        """(c, m, n) fp32 values of this rank's matrices (zeros for padding)."""
+        vals = torch.zeros_like(self.local_grad)
+        for j, p in self.owned:
+            vals[j].copy_(p)
+        return vals
+
+    def write_own(self, new: torch.Tensor) -> None:
+        """Store the updated (c, m, n) chunk: into the params directly with one process, else for the gather."""
+        if self.world == 1:
+            for j, p in self.owned:
+                if p.grad is not None:  # single process: a parameter without gradient is left as it is
+                    p.copy_(new[j])
+        else:
+            self.local_param = new
+
+    def grad_sq_sum(self) -> torch.Tensor:
+        return self.local_grad.square().sum()
+
+    def _start_gather(self):
+        if self.world == 1:
+            return None
+        if self._full is None:
+            self._full = torch.empty_like(self._send)
+        return dist.all_gather_into_tensor(self._full, self.local_param.contiguous(), async_op=True)
+
+    def _after_gather(self) -> None:
+        if self.world > 1:
+            torch._foreach_copy_([p.data for p in self.params], list(self._full[:self.K].unbind(0)))
+            for p in self.params:
+                p.grad = None
+        self.local_grad = self.local_param = None
+
+    def full_state(self, state: dict) -> dict:
+        key = self.params[0]
+        if key not in state:
+            return {}
+        if self.world == 1:
+            return {key: {k: v.detach().cpu().clone() for k, v in state[key].items()}}
+        out = {}
+        for k, v in state[key].items():  # (c, ...) per rank -> (K, ...)
+            full = torch.empty((v.shape[0] * self.world, *v.shape[1:]), dtype=v.dtype, device=v.device)
+            dist.all_gather_into_tensor(full, v.contiguous())
+            out[k] = full[:self.K].cpu()
+        return {key: out}
+
+    def load_full_state(self, state: dict, full: dict) -> None:
+        key = self.params[0]
+        if key not in full:
+            return
+        out = {}
+        for k, v in full[key].items():
+            if v.shape[0] != self.K:
+                raise ValueError(f"optimizer state {k!r} of a Muon group has {v.shape[0]} matrices, expected {self.K}")
+            padded = torch.zeros((self.chunk * self.world, *v.shape[1:]), dtype=v.dtype)
+            padded[:self.K] = v
+            out[k] = _to_param_device(padded[self.first:self.first + self.chunk], key)
+        state[key] = out
+
+
+def build_buckets(param_groups: list[dict], world: int, rank: int) -> list[Bucket]:
+    """Muon groups and large AdamW params get a bucket each; all small AdamW params share one."""
+    buckets, small, small_groups = [], [], []
+    for group in param_groups:
+        if group["kind"] == "muon":
+            buckets.append(MuonBucket(group, world, rank))
+            continue
+        for p in group["params"]:
+            if world > 1 and p.numel() >= SHARD_MIN_NUMEL and p.shape[0] % world == 0:
+                buckets.append(RowShardBucket(p, group, world, rank))
+            else:
+                small.append(p)
+                if not small_groups or small_groups[-1] is not group:
+                    small_groups.append(group)
+    if small:
+        buckets.append(ReplicatedBucket(small, small_groups, world, rank))
+    return buckets
+
+
+# -- world-size independent state dicts (the format torch.optim.Optimizer.state_dict uses) -----------------------
+def pack_state_dict(opt) -> dict:
+    """Collective with more than one process: every rank must call it; every rank gets the full state on CPU."""
+    full = {}
+    for b in opt.buckets:
+        full.update(b.full_state(opt.state))
+    index, groups = {}, []
+    for group in opt.param_groups:
+        packed = {k: v for k, v in group.items() if k != "params"}
+        packed["params"] = []
+        for p in group["params"]:
+            index[p] = len(index)
+            packed["params"].append(index[p])
+        groups.append(packed)
+    return {"state": {index[p]: st for p, st in full.items()}, "param_groups": groups}
+
+
+def load_packed_state_dict(opt, state_dict: dict) -> None:
+    """Load a full state (any world size) into this rank's shards; state tensors go to their parameter's device
+    (the fused AdamW kernel needs its step counts there too); the group hyperparameters (lr, ...) are restored."""
+    saved_groups = state_dict["param_groups"]
+    if len(saved_groups) != len(opt.param_groups):
+        raise ValueError(f"optimizer state has {len(saved_groups)} parameter groups, this optimizer "
+                         f"{len(opt.param_groups)}")
+    by_index = {}
+    for group, saved in zip(opt.param_groups, saved_groups):
+        if len(group["params"]) != len(saved["params"]):
+            raise ValueError(f"optimizer group {group.get('name')!r}: state has {len(saved['params'])} parameters, "
+                             f"this optimizer {len(group['params'])}")
+        for p, i in zip(group["params"], saved["params"]):
+            by_index[i] = p
+    full = {by_index[int(i)]: st for i, st in state_dict["state"].items()}
+    opt.state.clear()
+    for b in opt.buckets:
+        b.load_full_state(opt.state, full)
+    for group, saved in zip(opt.param_groups, saved_groups):
+        group.update({k: v for k, v in saved.items() if k != "params"})

@@ -1,0 +1,87 @@
+"""The sharded MuonAdamW under gloo: 2 and 4 processes compute the 1-process update, with O(buckets)
+collectives, ~1/W of the optimizer state per rank, and world-size independent state dicts."""
+
+import pytest
+import torch
+
+from conftest import REPO, run_torchrun
+
+WORKER = REPO / "tests" / "_shard_worker.py"
+
+
+def run(tmp_path, nproc, load=None):
+    out = tmp_path / f"w{nproc}{'_loaded' if load else ''}.pt"
+    r = run_torchrun(WORKER, nproc, [str(out)] + ([str(load)] if load else []))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def assert_state_close(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for i in a["state"]:
+        assert a["state"][i].keys() == b["state"][i].keys()
+        for k, va in a["state"][i].items():
+            vb = b["state"][i][k]
+            assert va.shape == vb.shape and va.device.type == "cpu", (i, k)
+            # the averaged gradients are bit-identical by construction; what may differ is how a batched matmul
+            # (Polar Express over c matrices instead of K) rounds, ~1e-7 relative
+            assert torch.allclose(va, vb, rtol=1e-5, atol=1e-6), (i, k, (va - vb).abs().max())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shard")
+    return tmp, {w: run(tmp, w) for w in (1, 2, 4)}
+
+
+def test_sharded_update_equals_single_process(results):
+    _, res = results
+    for w in (2, 4):
+        for name, p in res[1]["params"].items():
+            assert torch.allclose(p, res[w]["params"][name], rtol=1e-5, atol=1e-6), (w, name)
+        assert res[w]["grad_norm"] == pytest.approx(res[1]["grad_norm"], rel=1e-6)
+        assert_state_close(res[1]["state_dict"], res[w]["state_dict"])
+
+
+def test_collectives_per_step_follow_buckets_not_parameters(results):
+    _, res = results
+    assert res[1]["per_step"] == [{"collectives": 0, "bytes": 0}] * 3  # one process: no communication
+    for w in (2, 4):
+        r = res[w]
+        kinds = r["bucket_kinds"]
+        assert kinds.count("ReplicatedBucket") == 1 and "RowShardBucket" in kinds and "MuonBucket" in kinds
+        # reduce + gather per sharded bucket, one all-reduce for the small params, one for the grad norm
+        expected = 2 * (len(kinds) - 1) + 1 + 1
+        assert all(s["collectives"] == expected for s in r["per_step"]), r["per_step"]
+        assert expected < r["n_params"]  # the old optimizer issued one all-reduce per parameter
+
+
+def test_optimizer_state_per_rank_shrinks_with_world_size(results):
+    _, res = results
+    full = res[1]["state_numel"][0]
+    # ideal 1/W, plus the replicated small params and Muon padding: the tiny model has Muon groups of only 2
+    # matrices (c_fc, c_proj, routers), which 4 ranks split as chunks of 1 with 2 padding matrices
+    for w, bound in ((2, 0.55), (4, 0.35)):
+        per_rank = res[w]["state_numel"]
+        assert sum(per_rank) >= full
+        assert max(per_rank) < bound * full, (w, per_rank, full)
+
+
+def test_gradient_hooks_launch_every_bucket_during_backward(results):
+    _, res = results
+    assert all(all(res[w]["launched_in_backward"]) for w in (2, 4))
+    assert not any(res[1]["launched_in_backward"])  # one process: no hooks, nothing to launch
+
+
+def test_state_dict_moves_between_world_sizes(results):
+    tmp, res = results
+    # a 2-process state continued on 1 process == a 1-process state continued on 4 processes == 1 on 1
+    saved = {w: tmp / f"w{w}.pt" for w in (1, 2)}
+    a = run(tmp, 1, saved[2])
+    b = run(tmp, 4, saved[1])
+    c = run(tmp, 1, saved[1])
+    for other in (a, b):
+        for name, p in c["params"].items():
+            assert torch.allclose(p, other["params"][name], rtol=1e-5, atol=1e-6), name
+        assert_state_close(c["state_dict"], other["state_dict"])
