@@ -47,6 +47,10 @@ def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
         raise SystemExit("error: --device-type cuda requested but CUDA is not available")
     info = get_dist_info()
     if device_type == "cuda":
+        # before the first CUDA allocation: fewer fragmentation OOMs with variable-size eval/CORE batches
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast (optimizer, eval in fp32)
+        torch.backends.cudnn.allow_tf32 = True
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     else:
@@ -84,3 +88,12 @@ def autocast_context(device_type: str, dtype: str = "auto"):
     if dtype != "bfloat16":
         raise ValueError(f"--dtype must be one of auto, float32, bfloat16 (got {dtype!r})")
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+
+def rows_to_device(batch: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) rows -> inputs row[:, :-1], targets row[:, 1:]; one pinned non-blocking copy on CUDA."""
+    if device.type == "cuda":
+        batch = batch.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        batch = batch.to(device)
+    return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

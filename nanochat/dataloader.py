@@ -26,6 +26,7 @@ from bisect import bisect_left, bisect_right, insort
 import numpy as np
 import torch
 
+from nanochat.common import rows_to_device
 from nanochat.dataset import DataError, split_files, validate_parquet
 
 STATE_VERSION = 1
@@ -243,7 +244,7 @@ class PackedDataLoader:
         batch = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64)
         for row in batch:
             self.packer.fill_row(row, self._refill)
-        return _to_device(torch.from_numpy(batch), self.device)
+        return rows_to_device(torch.from_numpy(batch), self.device)
 
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
@@ -269,15 +270,6 @@ class PackedDataLoader:
             self.close()
         except Exception:
             pass
-
-
-def _to_device(batch: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T+1) rows -> inputs row[:, :-1], targets row[:, 1:]; one pinned non-blocking copy on CUDA."""
-    if device.type == "cuda":
-        batch = batch.pin_memory().to(device, non_blocking=True)
-    elif device.type != "cpu":
-        batch = batch.to(device)
-    return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 
 
 # ---- validation ---------------------------------------------------------------------------------------------
@@ -315,4 +307,4 @@ def iter_eval_batches(rows, batch_size, rank=0, world_size=1, device="cpu"):
     mine = rows[rank::world_size]
     device = torch.device(device)
     for start in range(0, len(mine), batch_size):
-        yield _to_device(mine[start:start + batch_size], device)
+        yield rows_to_device(mine[start:start + batch_size], device)

@@ -70,7 +70,11 @@ def norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split RoPE on x of shape (B, T, H, d); cos/sin are (1, T, 1, d/2)."""
+    """Half-split RoPE on x of shape (B, T, H, d); cos/sin are (1, T, 1, d/2).
+
+    The tables are cast to x's dtype: under bf16 autocast q/k come out of their Linear in bf16, and fp32 tables
+    would promote them (and the attention inputs) to fp32."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     d = x.shape[-1] // 2
     x1, x2 = x[..., :d], x[..., d:]
     y1 = x1 * cos + x2 * sin

@@ -37,7 +37,8 @@ def _group_run(p):
     g.add_argument("--dry-run", action="store_true", help="print the plan (params, FLOPs, steps) and exit; no data needed")
     g.add_argument("--device-type", choices=DEVICE_TYPES, default="auto", help="device (auto: cuda > mps > cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 elsewhere)")
-    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile the model")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (default: on for CUDA, off elsewhere; --no-compile disables)")
     g.add_argument("--seed", type=int, default=42, help="model init (and default data order) seed")
     g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")

@@ -8,6 +8,8 @@ import signal
 import torch
 import torch.distributed as dist
 
+from nanochat.common import rows_to_device
+
 
 def _dist_on() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -90,8 +92,7 @@ class SyntheticLoader:
     def __next__(self):
         first = (self.count * self.world_size + self.rank) * self.B
         self.count += 1
-        rows = torch.stack([self._row(first + i) for i in range(self.B)]).to(self.device)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        return rows_to_device(torch.stack([self._row(first + i) for i in range(self.B)]), self.device)
 
     def state_dict(self) -> dict:
         return {"kind": "synthetic", "count": self.count, "seed": self.seed, "rank": self.rank,

@@ -128,6 +128,8 @@ def build_run(args) -> Run:
     init_schedule_state(optimizer)
     sched = ScheduleConfig(plan["num_iterations"], args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
                            args.muon_momentum_start, args.muon_momentum_end, args.muon_momentum_ramp)
+    if args.compile is None:  # compiled training is the fast (and lower-memory) path on GPUs
+        args.compile = device.type == "cuda"
     step_model = torch.compile(model, dynamic=False) if args.compile else model
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}

@@ -164,6 +164,20 @@ def test_mome_stats_and_balance_update():
     assert s["memory/gamma_mean/layer1"] > 0
 
 
+def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
+    model = build_model(tiny_config(memory="mome", memory_options=dict(slots=6, topk=2)), seed=0)
+    _perturb(model)
+    mem = model.memory
+    mem.capture = {}
+    model(torch.randint(0, 512, (3, 16), generator=torch.Generator().manual_seed(0)))
+    for layer, pos in mem.layer_pos.items():
+        sel = mem.capture[layer]["slots"]  # (B, T, H, K)
+        naive = torch.zeros(mem.H, mem.M)
+        for b, t, h, k in torch.cartesian_prod(*(torch.arange(n) for n in sel.shape)).tolist():
+            naive[h, sel[b, t, h, k]] += 1
+        assert torch.equal(mem.load_counts[pos], naive), layer
+
+
 # -- bad input --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("opts,flag", [
     (dict(slots=3, topk=4), "--mome-topk"),

@@ -277,8 +277,9 @@ class MoMEMemory(MemoryBlock):
         w, p = gate_weights(logits, sel, self.mode)
         return sel, w, p
 
-    def _sparse_grad(self) -> bool:
-        return self.sparse_shared_grad and self.training and not torch.compiler.is_compiling()
+    def _sparse_grad(self, table: torch.Tensor) -> bool:
+        # CPU only: on CUDA the sparse gradient's coalescing costs ~4x the dense scatter-add's bytes
+        return self.sparse_shared_grad and self.training and not table.is_cuda and not torch.compiler.is_compiling()
 
     def value(self, layer, xn, v, ctx):
         pos = self.layer_pos.get(layer)
@@ -292,7 +293,7 @@ class MoMEMemory(MemoryBlock):
             mem = torch.einsum("bthm,btmd->bthd", w.to(table.dtype), F.embedding(flat, table))
         else:
             flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
-            mem = mome_mix(table, flat, w, self._sparse_grad())  # (B, T, H, d)
+            mem = mome_mix(table, flat, w, self._sparse_grad(table))  # (B, T, H, d)
         gamma = self.gates[pos](xn)  # (B, T, H)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:
@@ -311,11 +312,14 @@ class MoMEMemory(MemoryBlock):
         if sel is None:  # full routing: every slot of every head is read once per token
             self.load_counts[pos] += row.numel()
             return
-        head = torch.arange(H, device=sel.device)[:, None] * M  # (H, 1)
-        ones = torch.ones(sel.numel(), device=sel.device, dtype=self.load_counts.dtype)
-        self.load_counts[pos].view(-1).index_add_(0, (head + sel).reshape(-1), ones)
-        if hasattr(self, "balance_counts"):
+        # per-(head, slot) load as a reduction over tokens, not a scatter: an index_add_ of B*T*H*K ones into
+        # H*M bins is an atomic pile-up on a few addresses on CUDA
+        hits = sel[..., None] == torch.arange(M, device=sel.device)  # (B, T, H, K, M)
+        self.load_counts[pos] += hits.sum(dim=(0, 1, 3), dtype=self.load_counts.dtype)  # (H, M)
+        if hasattr(self, "balance_counts"):  # N*H*M bins, sparse hits: a scatter is the right tool here
+            head = torch.arange(H, device=sel.device)[:, None] * M  # (H, 1)
             cell = (row[..., None, None] * H * M) + head + sel  # (B, T, H, K) ids into (N, H, M)
+            ones = torch.ones(cell.numel(), device=sel.device, dtype=self.balance_counts.dtype)
             self.balance_counts[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
 
     def after_optimizer_step(self) -> None:

@@ -1,0 +1,196 @@
+"""Throughput of the real training step for the paper's d12 designs (Table 1): tokens/s, MFU, peak memory.
+
+    python bench/train_step.py                                   # CUDA: d12, seq 2048, bf16, compiled
+    python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
+    python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
+
+Each design runs in a FRESH process (its own compile, its own peak-memory counter) and calls the trainer's
+``nanochat.train_loop.train_step`` (micro-steps with gradient accumulation, the armed gradient hooks, MuonAdamW,
+the one host sync per step) on fixed random token batches already on the device, so data loading is left out.
+Reported per design: median step time over --steps after --warmup steps, tokens/s, MFU (peak bf16 FLOP/s of
+the GPU, when known), peak allocated memory of the timed steps, and ratios of step time to VE and Base. The
+paper's Table 1 throughput (4 GPUs) is printed beside ours divided by 4 as a per-GPU figure.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# label -> (--memory, options, paper row config under configs/d12 or None)
+DESIGNS = {
+    "base": ("Base", "base", {}, "base"),
+    "ve": ("VE", "ve", {}, "ve"),
+    "bigram": ("Bigram 6V", "bigram", {"factor": 6}, "bigram"),
+    "mome": ("MoME A2/6 token", "mome", {"slots": 6, "topk": 2}, "mome_c1_m6"),
+    "mome-bigram": ("MoME A2/6 bigram-idx n6", "mome", {"slots": 6, "topk": 2, "index": "bigram",
+                                                       "bigram_factor": 6}, None),
+}
+PAPER_GPUS = 4  # Table 1 throughput is for 4 GPUs
+
+
+def paper_tok_per_sec(row: str | None) -> float | None:
+    if row is None:
+        return None
+    from nanochat.row_config import load_row_config
+
+    paper = load_row_config(REPO / "configs" / "d12" / f"{row}.toml").get("paper", {})
+    return paper["tok_per_sec_m"] * 1e6 / PAPER_GPUS if "tok_per_sec_m" in paper else None
+
+
+def measure_one(args) -> dict:
+    """Inside the per-design process: build, warm up (compile), time --steps steps of train_step."""
+    import torch
+
+    from nanochat.common import autocast_context, compute_init
+    from nanochat.gpt import GPTConfig, build_model, model_summary
+    from nanochat.memory import mome as mome_module
+    from nanochat.metrics import peak_flops
+    from nanochat.optim import build_optimizer
+    from nanochat.train_loop import train_step
+
+    _, device = compute_init(args.device)
+    mome_module.FUSED_MIX = args.mix == "bag"
+    label, memory, options, _ = DESIGNS[args.one]
+    cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
+                               memory_options=options)
+    model = build_model(cfg, device=device, seed=0)
+    opt = build_optimizer(model)
+    step_model = torch.compile(model, dynamic=False) if args.compile else model
+    autocast = autocast_context(device.type, args.dtype)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, args.vocab_size, (args.device_batch_size, args.seq_len + 1), generator=g).to(device)
+               for _ in range(4)]
+
+    class Batches:  # a fixed rotation of device batches: the model and optimizer are measured, not the loader
+        i = 0
+
+        def __next__(self):
+            self.i += 1
+            b = batches[self.i % len(batches)]
+            return b[:, :-1], b[:, 1:]
+
+    loader = Batches()
+    t_compile = time.perf_counter()
+    for _ in range(args.warmup):
+        train_step(step_model, opt, loader, args.grad_accum, autocast, device)
+    warmup_s = time.perf_counter() - t_compile
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        train_step(step_model, opt, loader, args.grad_accum, autocast, device)  # ends with a host sync
+        times.append(time.perf_counter() - t0)
+    if args.profile_dir:  # one more step under the profiler: per-kernel device time of this design
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            train_step(step_model, opt, loader, args.grad_accum, autocast, device)
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.profile_dir) / f"{args.one}_{args.mix}.txt").write_text(
+            prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+    dt = statistics.median(times)
+    tokens = args.device_batch_size * args.seq_len * args.grad_accum
+    summary = model_summary(cfg)
+    peak = peak_flops(device)
+    return {"label": label, "step_ms": 1e3 * dt, "step_ms_min": 1e3 * min(times), "step_ms_max": 1e3 * max(times),
+            "tok_per_sec": tokens / dt, "tokens_per_step": tokens, "flops_per_token": summary["flops_per_token"],
+            "mfu": 100 * summary["flops_per_token"] * tokens / dt / peak if peak else None,
+            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+            "params_total": summary["params_total"], "params_memory": summary["params_memory"],
+            "warmup_s": warmup_s, "mix": args.mix, "compile": args.compile,
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+            "torch": torch.__version__}
+
+
+def table(rows: dict) -> str:
+    ve, base = rows.get("ve"), rows.get("base")
+    lines = ["| design | step ms [min-max] | tok/s | MFU % | step/VE | step/Base | peak GB | paper tok/s per GPU |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for key, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {DESIGNS[key][0]} | failed: {r['error'][-120:]} | | | | | | |")
+            continue
+        paper = paper_tok_per_sec(DESIGNS[key][3])
+        cells = [r["label"] + ("" if r["mix"] == "bag" or DESIGNS[key][1] != "mome" else f" ({r['mix']} mix)"),
+                 f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
+                 f"{r['mfu']:.1f}" if r["mfu"] is not None else "n/a",
+                 f"{r['step_ms'] / ve['step_ms']:.3f}" if ve and "error" not in ve else "",
+                 f"{r['step_ms'] / base['step_ms']:.3f}" if base and "error" not in base else "",
+                 f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "n/a",
+                 f"{paper:,.0f}" if paper else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--designs", default=",".join(DESIGNS), help=f"comma list of {', '.join(DESIGNS)}")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (default: on for CUDA)")
+    p.add_argument("--mix", default="bag", choices=("bag", "plain"),
+                   help="MoME top-K mix: one embedding_bag (bag) or gather + weighted sum (plain)")
+    p.add_argument("--depth", type=int, default=12)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--vocab-size", type=int, default=32768)
+    p.add_argument("--device-batch-size", type=int, default=32)
+    p.add_argument("--grad-accum", type=int, default=2, help="micro-steps per optimizer step")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile-dir", default="", help="also write a torch.profiler op table of one step per design")
+    p.add_argument("--out", default="", help="JSON path (default bench/results/train_step_<device>.json)")
+    p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: one design in this process
+    args = p.parse_args(argv)
+    unknown = [d for d in args.designs.split(",") if d not in DESIGNS]
+    if unknown:
+        p.error(f"--designs: unknown {unknown}; allowed: {', '.join(DESIGNS)}")
+    if args.compile is None:
+        args.compile = args.device == "cuda"
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_one(args)))
+        return
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    rows = {}
+    for key in args.designs.split(","):
+        cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key,
+               "--compile" if args.compile else "--no-compile"]
+        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        if res.returncode != 0:
+            rows[key] = {"error": res.stderr.strip()}
+            print(f"{key}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
+        else:
+            rows[key] = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"{key}: {rows[key]['step_ms']:.1f} ms/step, {rows[key]['tok_per_sec']:,.0f} tok/s", flush=True)
+    head = next((r for r in rows.values() if "error" not in r), {})
+    print(f"\n### d{args.depth} training step, {args.device_batch_size} x {args.seq_len} tokens x {args.grad_accum} "
+          f"micro-steps, {args.device} ({head.get('device_name', '?')}, torch {head.get('torch', '?')}), "
+          f"{'compiled' if args.compile else 'eager'}, MoME mix: {args.mix}\n")
+    print(table(rows))
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"train_step_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["bench/train_step.py", *forwarded]), "args": vars(args),
+                               "rows": rows}, indent=1))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

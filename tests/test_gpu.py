@@ -1,0 +1,147 @@
+"""CUDA-only tests (marker ``gpu``; skipped with the reason on machines without CUDA).
+
+Run on a GPU machine with ``python -m pytest -m gpu tests/test_gpu.py``: a bf16-autocast training step of every
+memory block, ``torch.compile(fullgraph=True)`` of a MoME model, the trainer's resume on CUDA, and the
+flash-attention path when ``flash_attn`` is importable.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, tiny_config
+from nanochat.common import autocast_context
+from nanochat.gpt import build_model
+from nanochat.memory import mome as mome_module
+from nanochat.optim import build_optimizer
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")]
+
+MEMORIES = {
+    "base": dict(memory="base"),
+    "ve": dict(memory="ve"),
+    "bigram": dict(memory="bigram", memory_options={"factor": 2}),
+    "mome": dict(memory="mome", memory_options={"slots": 6, "topk": 2}),
+    "mome_full_routing": dict(memory="mome", memory_options={"slots": 4, "topk": 4}),
+    "mome_bigram_index": dict(memory="mome", memory_options={"slots": 4, "topk": 2, "index": "bigram",
+                                                             "bigram_factor": 2}),
+    "mome_balance": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "bias"}),
+    "mome_token_only": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "routing": "token-only"}),
+}
+
+
+def _batch(seed=0, B=4, T=32, V=512):
+    idx = torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(seed))
+    return idx[:, :-1].cuda(), idx[:, 1:].cuda()
+
+
+def _randomize_routers(model):
+    """Zero-initialised routers tie every top-K choice; random ones exercise real selections."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in getattr(model.memory, "routers", []):
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+        for block in model.blocks:
+            block.attn.c_proj.weight.copy_(0.02 * torch.randn(block.attn.c_proj.weight.shape, generator=g))
+
+
+@pytest.mark.parametrize("name", list(MEMORIES))
+def test_bf16_autocast_train_step_every_memory_block(name):
+    cfg = tiny_config(**MEMORIES[name])
+    model = build_model(cfg, device="cuda", seed=0)
+    _randomize_routers(model)
+    ref = build_model(cfg, device="cpu", seed=0)
+    ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    x, y = _batch()
+    opt = build_optimizer(model)
+    with autocast_context("cuda", "bfloat16"):
+        loss = model(x, y)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+    assert all(torch.isfinite(p.grad.to_dense() if p.grad.is_sparse else p.grad).all() for p in model.parameters())
+    ref_loss = ref(x.cpu(), y.cpu())  # fp32 on the CPU: bf16 autocast changes the loss by well under 1%
+    assert abs(loss.item() - ref_loss.item()) < 0.01 * ref_loss.item(), (loss.item(), ref_loss.item())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.step()
+    model.memory.after_optimizer_step()
+    assert torch.isfinite(opt.grad_norm) and opt.grad_norm > 0
+    moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert "wte.weight" in moved and "lm_head.weight" in moved
+    if model.memory.memory_tables():
+        assert any(n.startswith("memory.") and "weight" in n for n in moved)
+    for st in opt.state.values():  # every optimizer state tensor lives on the GPU (the fused AdamW needs it)
+        assert all(v.is_cuda for v in st.values()), {k: v.device for k, v in st.items()}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["embedding_bag", "plain"])
+def test_compile_fullgraph_mome_matches_eager(fused, monkeypatch):
+    monkeypatch.setattr(mome_module, "FUSED_MIX", fused)
+    torch._dynamo.reset()
+    cfg = tiny_config(**MEMORIES["mome"])
+    model = build_model(cfg, device="cuda", seed=0)
+    _randomize_routers(model)
+    x, y = _batch(1)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with autocast_context("cuda", "bfloat16"):
+        eager_loss = model(x, y)
+    eager_loss.backward()
+    eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    with autocast_context("cuda", "bfloat16"):
+        loss = compiled(x, y)
+    loss.backward()
+    assert abs(loss.item() - eager_loss.item()) < 2e-3 * eager_loss.item()
+    for n, p in model.named_parameters():
+        g, e = p.grad.float(), eager_grads[n].float()
+        err = (g - e).norm() / e.norm().clamp_min(1e-12)
+        assert err < 0.05, (n, float(err))  # bf16 operands: ~1e-2 relative, never wrong-by-O(1)
+
+
+def _train(run_dir, *extra):
+    cmd = [sys.executable, "-m", "scripts.base_train", "--synthetic-data", "--vocab-size", "512", "--depth", "2",
+           "--aspect-ratio", "64", "--head-dim", "64", "--max-seq-len", "64", "--device-batch-size", "4",
+           "--total-batch-size", "512", "--num-iterations", "6", "--save-every", "3", "--eval-tokens", "512",
+           "--eval-every", "-1", "--no-final-core", "--memory", "mome", "--dtype", "float32", "--no-compile",
+           "--run-dir", str(run_dir), *extra]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_on_cuda_continues_the_run(tmp_path):
+    """--resume on CUDA: loader and RNG state stay on the CPU, optimizer state (with the fused AdamW step
+    counts) goes to the GPU. CUDA scatter-adds are not bit-deterministic, so losses agree to ~1e-4."""
+    full = _train(tmp_path / "full")
+    part = tmp_path / "part"
+    _train(part)
+    (part / "summary.json").unlink()
+    import shutil
+
+    shutil.rmtree(part / "checkpoints" / "step_000006")
+    resumed = _train(part, "--resume")
+    a = {r["step"]: r["loss"] for r in full if r["kind"] == "train"}
+    b = {r["step"]: r["loss"] for r in resumed if r["kind"] == "train"}
+    assert a.keys() == b.keys() == set(range(1, 7))
+    for s in a:
+        assert abs(a[s] - b[s]) < 1e-4 * abs(a[s]), (s, a[s], b[s])
+    summary = json.loads((part / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["step"] == 6
+
+
+def test_flash_attention_path_matches_sdpa(monkeypatch):
+    pytest.importorskip("flash_attn", reason="flash_attn is not installed")
+    cfg = tiny_config(**MEMORIES["mome"])
+    model = build_model(cfg, device="cuda", seed=0)
+    x, _ = _batch(2)
+    with torch.no_grad(), autocast_context("cuda", "bfloat16"):
+        sdpa = model(x)
+        monkeypatch.setenv("NANOCHAT_ATTN", "flash")
+        flash = model(x)
+    assert ((flash - sdpa).norm() / sdpa.norm()) < 2e-2
