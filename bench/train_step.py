@@ -59,7 +59,8 @@ def measure_one(args) -> dict:
     from nanochat.train_loop import train_step
 
     _, device = compute_init(args.device)
-    mome_module.FUSED_MIX = args.mix == "bag"
+    mome_module.FUSED_MIX = {"auto": None, "bag": True, "plain": False}[args.mix]
+    mome_module.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
     label, memory, options, _ = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
                                memory_options=options)
@@ -99,7 +100,7 @@ def measure_one(args) -> dict:
             train_step(step_model, opt, loader, args.grad_accum, autocast, device)
         sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.profile_dir) / f"{args.one}_{args.mix}.txt").write_text(
+        (Path(args.profile_dir) / f"{args.one}_{args.mix}_{args.topk}.txt").write_text(
             prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
     dt = statistics.median(times)
     tokens = args.device_batch_size * args.seq_len * args.grad_accum
@@ -110,7 +111,7 @@ def measure_one(args) -> dict:
             "mfu": 100 * summary["flops_per_token"] * tokens / dt / peak if peak else None,
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
             "params_total": summary["params_total"], "params_memory": summary["params_memory"],
-            "warmup_s": warmup_s, "mix": args.mix, "compile": args.compile,
+            "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "compile": args.compile,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__}
 
@@ -124,7 +125,9 @@ def table(rows: dict) -> str:
             lines.append(f"| {DESIGNS[key][0]} | failed: {r['error'][-120:]} | | | | | | |")
             continue
         paper = paper_tok_per_sec(DESIGNS[key][3])
-        cells = [r["label"] + ("" if r["mix"] == "bag" or DESIGNS[key][1] != "mome" else f" ({r['mix']} mix)"),
+        variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else ""]
+        variant = ", ".join(v for v in variant if v) if DESIGNS[key][1] == "mome" else ""
+        cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
                  f"{r['mfu']:.1f}" if r["mfu"] is not None else "n/a",
                  f"{r['step_ms'] / ve['step_ms']:.3f}" if ve and "error" not in ve else "",
@@ -142,8 +145,12 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on for CUDA)")
-    p.add_argument("--mix", default="bag", choices=("bag", "plain"),
-                   help="MoME top-K mix: one embedding_bag (bag) or gather + weighted sum (plain)")
+    p.add_argument("--mix", default="auto", choices=("auto", "bag", "plain"),
+                   help="MoME top-K mix: one embedding_bag (bag) or gather + weighted sum (plain); auto = the "
+                        "model's default (plain on CUDA, bag on CPU)")
+    p.add_argument("--topk", default="auto", choices=("auto", "argmax", "topk"),
+                   help="MoME top-K selection: masked argmax passes or torch.topk; auto = the model's default "
+                        "(argmax on CUDA)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)
@@ -183,7 +190,7 @@ def main(argv=None):
     head = next((r for r in rows.values() if "error" not in r), {})
     print(f"\n### d{args.depth} training step, {args.device_batch_size} x {args.seq_len} tokens x {args.grad_accum} "
           f"micro-steps, {args.device} ({head.get('device_name', '?')}, torch {head.get('torch', '?')}), "
-          f"{'compiled' if args.compile else 'eager'}, MoME mix: {args.mix}\n")
+          f"{'compiled' if args.compile else 'eager'}, MoME mix: {args.mix}, selection: {args.topk}\n")
     print(table(rows))
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"train_step_{args.device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

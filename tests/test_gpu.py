@@ -80,27 +80,50 @@ def test_bf16_autocast_train_step_every_memory_block(name):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["embedding_bag", "plain"])
-def test_compile_fullgraph_mome_matches_eager(fused, monkeypatch):
+@pytest.mark.parametrize("index", ["token", "bigram"])
+def test_compile_fullgraph_mome_matches_eager(fused, index, monkeypatch):
+    """fp32 (TF32 off): compiled and eager compute the same function to float rounding. (Under bf16 autocast the
+    router gradient of two fusions differs by ~10%: it is a small difference of saturated sigmoid slopes.)"""
     monkeypatch.setattr(mome_module, "FUSED_MIX", fused)
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module: monkeypatch cannot set it
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _compare_compiled_with_eager(index)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _compare_compiled_with_eager(index):
     torch._dynamo.reset()
-    cfg = tiny_config(**MEMORIES["mome"])
-    model = build_model(cfg, device="cuda", seed=0)
-    _randomize_routers(model)
+    opts = {"slots": 6, "topk": 2} if index == "token" else MEMORIES["mome_bigram_index"]["memory_options"]
+    model = build_model(tiny_config(memory="mome", memory_options=opts), device="cuda", seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # routers at the scale training gives them: logits O(1), no saturated sigmoids
+        for router in model.memory.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g) / router.weight.size(1) ** 0.5)
+        for block in model.blocks:
+            block.attn.c_proj.weight.copy_(0.02 * torch.randn(block.attn.c_proj.weight.shape, generator=g))
     x, y = _batch(1)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
-    with autocast_context("cuda", "bfloat16"):
-        eager_loss = model(x, y)
+    eager_loss = model(x, y)
     eager_loss.backward()
     eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    with autocast_context("cuda", "bfloat16"):
-        loss = compiled(x, y)
+    loss = compiled(x, y)
     loss.backward()
-    assert abs(loss.item() - eager_loss.item()) < 2e-3 * eager_loss.item()
+    assert abs(loss.item() - eager_loss.item()) < 1e-5 * eager_loss.item()
     for n, p in model.named_parameters():
-        g, e = p.grad.float(), eager_grads[n].float()
-        err = (g - e).norm() / e.norm().clamp_min(1e-12)
-        assert err < 0.05, (n, float(err))  # bf16 operands: ~1e-2 relative, never wrong-by-O(1)
+        err = (p.grad - eager_grads[n]).norm() / eager_grads[n].norm().clamp_min(1e-12)
+        assert err < 1e-4, (n, float(err))
+
+
+def test_argmax_topk_on_cuda_selects_what_topk_selects():
+    scores = torch.randn(64, 2048, 6, 6, device="cuda", dtype=torch.bfloat16)
+    want = scores.topk(2, dim=-1, sorted=False).indices.sort(-1).values
+    got = torch.compile(mome_module.topk_indices)(scores, 2).sort(-1).values
+    vals = scores.gather(-1, got)
+    # bf16 has ties; where a tie picks another index the selected values must still be the top-2 values
+    assert torch.equal(vals.sort(-1).values, scores.gather(-1, want).sort(-1).values)
 
 
 def _train(run_dir, *extra):

@@ -89,6 +89,42 @@ def test_sigmoid_fast_route_is_bit_identical(tmp_path):
     assert torch.equal(w_a.gather(-1, order_a), w_b.gather(-1, order_b))
 
 
+@pytest.mark.parametrize("M,K", [(6, 1), (6, 2), (8, 3), (4, 4)])
+def test_topk_by_argmax_selects_the_same_slots_as_topk(M, K):
+    g = torch.Generator().manual_seed(M * 10 + K)
+    scores = torch.randn(5, 7, 3, M, generator=g)  # continuous: no ties
+    want = scores.topk(K, dim=-1, sorted=False).indices.sort(-1).values
+    old = mome_module.TOPK_BY_ARGMAX
+    try:
+        mome_module.TOPK_BY_ARGMAX = True
+        got = mome_module.topk_indices(scores, K)
+    finally:
+        mome_module.TOPK_BY_ARGMAX = old
+    assert got.shape == (5, 7, 3, K) and torch.equal(got.sort(-1).values, want)
+    ties = torch.zeros(2, M)  # zero-initialised routers: every logit ties -> the first K slots
+    mome_module.TOPK_BY_ARGMAX = True
+    try:
+        assert torch.equal(mome_module.topk_indices(ties, K), torch.arange(K).expand(2, K))
+    finally:
+        mome_module.TOPK_BY_ARGMAX = old
+
+
+@pytest.mark.parametrize("index", ["token", "bigram"])
+def test_cuda_paths_equal_cpu_paths_on_the_cpu(tmp_path, index, monkeypatch):
+    """The CUDA fast paths (plain mix, argmax selection) forced on the CPU compute the CPU paths' function."""
+    cfg = _config(tmp_path, 6, 2, index)
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    cpu, g_cpu, _ = _run(block, fused=True, capture=False, tokens=tokens, xn=xn, v=v)
+    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", True)
+    block.sparse_shared_grad = False  # as on CUDA
+    cuda_like, g_cuda, _ = _run(block, fused=False, capture=False, tokens=tokens, xn=xn, v=v)
+    torch.testing.assert_close(cuda_like, cpu, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g_cuda, g_cpu):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_fused_mix_table_gradient_with_duplicate_ids():
     """Repeated flat ids (same row picked by several heads/tokens) accumulate the same table gradient."""
     g = torch.Generator().manual_seed(0)
