@@ -77,3 +77,34 @@ def test_step_bench_profile_prints_op_table(bench, capsys):
     assert "MoME A2/6 token (hook harness), 1 steps profiled" in out and "Self CPU" in out and "aten::" in out
     with pytest.raises(SystemExit, match="not a design"):
         bench.main(["--profile", "MoME", "--vocab-size", "256"])
+
+
+def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
+    bench = load_bench("train_step")
+    out = tmp_path / "ts.json"
+    bench.main(["--device", "cpu", "--designs", "ve,mome", "--depth", "1", "--seq-len", "16", "--vocab-size", "256",
+                "--device-batch-size", "2", "--grad-accum", "2", "--steps", "2", "--warmup", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"ve", "mome"} and not any("error" in r for r in rows.values())
+    for r in rows.values():
+        assert r["tokens_per_step"] == 2 * 16 * 2 and r["tok_per_sec"] > 0 and r["step_ms_min"] <= r["step_ms"]
+    # depth 1: one head of 128, one memory layer; VE is V x H*d, MoME A2/6 is V x 6 x d
+    assert rows["ve"]["params_memory"] == 256 * 128 and rows["mome"]["params_memory"] == 256 * 6 * 128
+    table = capsys.readouterr().out
+    assert "| VE |" in table and "| MoME A2/6 token |" in table
+
+
+def test_dist_optim_bench_counts_collectives_old_and_new(tmp_path):
+    from conftest import REPO, run_torchrun
+
+    out = tmp_path / "dist.json"
+    # depth 4: 4 same-shape matrices per Muon group, so buckets are fewer than parameters (at depth 1 they are not)
+    r = run_torchrun(REPO / "bench" / "dist_optim.py", 2, ["--depth", "4", "--vocab-size", "512", "--steps", "1",
+                                                          "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    old, new = res["old"][0], res["new"][0]
+    assert old["collectives"] == old["params"]  # one all-reduce per parameter
+    assert new["collectives"] < old["collectives"]
+    assert max(x["state_mb"] for x in res["new"]) < 0.75 * max(x["state_mb"] for x in res["old"])
+    assert "| new |" in r.stdout
