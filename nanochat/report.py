@@ -276,21 +276,20 @@ def write_run_report(run_dir) -> Path:
 
 
 # ---- comparing runs ----------------------------------------------------------------------------------------
-COMPARISON_HEADER = ("| run | memory | params total | params memory | steps | tokens | train min | tok/s | val bpb "
-                     "| CORE |")
+COMPARISON_HEADER = "| run | memory | params total | params memory | steps | tokens | train min | val bpb | CORE |"
 
 
 def comparison_table(facts: list[dict]) -> list[str]:
     """One markdown row per run (``run_facts``): the table of the speedrun report and of the README's CPU demo."""
-    lines = [COMPARISON_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [COMPARISON_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for f in facts:
         s, plan = f["summary"], f["plan"]
         train_s = s.get("train_time_s")
         lines.append(" | ".join([
             f"| {f['run_name']}", f["memory"] or NA, fmt(s.get("params_total", plan.get("params_total")), ","),
             fmt(s.get("params_memory", plan.get("params_memory")), ","), fmt(s.get("step")), fmt(s.get("tokens"), ","),
-            fmt(train_s / 60 if train_s is not None else None, ".1f"), fmt(s.get("tok_per_sec"), ",.0f"),
-            fmt(s.get("val_bpb"), ".4f"), fmt_core(s)]) + " |")
+            fmt(train_s / 60 if train_s is not None else None, ".1f"), fmt(s.get("val_bpb"), ".4f"),
+            fmt_core(s)]) + " |")
     return lines
 
 

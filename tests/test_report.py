@@ -105,14 +105,15 @@ def test_comparison_report_curves_and_readme_table(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report_cli.README_START}\n| old | table |\n{report_cli.README_END}\n(notes)\n")
     assert report_cli.main([str(a), str(b), "--title", "CPU demo", "--readme", str(readme)]) == 0
-    rows = ["| speedrun_cpu_base | base | 5,242,888 | 0 | 300 | 1,228,800 | 4.4 | 4,655 | 2.0660 | -0.0163 (CORE-19/22) |",
-            "| speedrun_cpu_mome | mome | 8,401,208 | 3,145,728 | 300 | 1,228,800 | 4.4 | n/a | 2.0533 | n/a |"]
+    rows = ["| speedrun_cpu_base | base | 5,242,888 | 0 | 300 | 1,228,800 | 4.4 | 2.0660 | -0.0163 (CORE-19/22) |",
+            "| speedrun_cpu_mome | mome | 8,401,208 | 3,145,728 | 300 | 1,228,800 | 4.4 | 2.0533 | n/a |"]
     out = capsys.readouterr().out
     assert out.splitlines()[2:4] == rows and report.COMPARISON_HEADER in out
     md = (tmp_path / "runs" / "report.md").read_text()
     assert md.startswith("# CPU demo\n\n" + report.COMPARISON_HEADER) and all(r in md for r in rows)
     assert "| speedrun_cpu_mome | `0123456789ab` (clean) | CPU: AMD EPYC (2 cores, 2 torch threads) | 8 |" in md
     assert "![train loss and val bpb against tokens](report_curves.png)" in md
+    assert "| speedrun_cpu_base | 4,655 | n/a | 5.0 |" in md  # no "mfu" key in this summary
     assert (tmp_path / "runs" / "report_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = readme.read_text()
     assert text == ("intro\n" + report_cli.README_START + "\n" + "\n".join(report.comparison_table(
