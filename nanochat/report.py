@@ -172,12 +172,19 @@ def fmt_mfu(summary: dict, env: dict) -> str:
 
 
 def fmt_throughput(summary: dict) -> str:
-    """tok_per_sec plus whatever companion keys say which steps it covers (tok_per_sec_*)."""
-    value = summary.get("tok_per_sec")
-    if value is None:
-        return NA
-    notes = [f"{k}: {summary[k]}" for k in sorted(summary) if k.startswith("tok_per_sec") and k != "tok_per_sec"]
-    return f"{value:,.0f}" + (f" ({'; '.join(notes)})" if notes else "")
+    """Steady-state tok/s with what it covers (tok_per_sec_steps / _note), the all-steps figure, any other
+    tok_per_sec_* key as it is."""
+    value, notes = summary.get("tok_per_sec"), []
+    if summary.get("tok_per_sec_note"):
+        notes.append(str(summary["tok_per_sec_note"]))
+    if summary.get("tok_per_sec_steps") is not None:
+        notes.append(f"timed steps: {summary['tok_per_sec_steps']:,}")
+    if summary.get("tok_per_sec_all_steps") is not None:
+        notes.append(f"all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f}")
+    known = {"tok_per_sec", "tok_per_sec_note", "tok_per_sec_steps", "tok_per_sec_all_steps"}
+    notes += [f"{k}: {summary[k]}" for k in sorted(summary) if k.startswith("tok_per_sec") and k not in known]
+    text = NA if value is None else f"{value:,.0f}"
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def fmt_code(env: dict) -> str:

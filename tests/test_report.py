@@ -40,7 +40,12 @@ def test_tiny_run_report_has_provenance_and_results(tmp_path):
     assert table_value(md, "hardware").startswith("CPU: ") and table_value(md, "world size") == "1"
     assert table_value(md, "val bpb") == f"{summary['val_bpb']:.6f}" and table_value(md, "CORE") == "n/a"
     assert table_value(md, "tokens") == "1,024" and table_value(md, "parameters").endswith(" total, 0 memory")
-    assert table_value(md, "throughput (tok/s)").startswith(f"{summary['tok_per_sec']:,.0f}")
+    assert table_value(md, "throughput (tok/s)") == (
+        f"{summary['tok_per_sec']:,.0f} (steady state: steps after the first 3 of each process; timed steps: 1; "
+        f"all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f})")
+    if not torch.cuda.is_available():  # CPU: no peak FLOP/s, so the MFU of 0 is reported as unknown
+        cpu = json.loads((run / "environment.json").read_text())["sessions"][0]["device_name"]
+        assert table_value(md, "MFU") == f"n/a (no peak FLOP/s known for {cpu})"
     assert table_value(md, "data") == "synthetic token stream (--synthetic-data)"
     assert md.startswith("# Run report: tiny\n\nStop reason: completed, step 4 of 4.")
     # a resumed run records a second session; the report lists both
@@ -79,9 +84,11 @@ def fake_run(root, name, memory, summary_extra=None, env_extra=None, metrics=Non
 
 
 def test_report_reads_throughput_mfu_and_gpu_environment(tmp_path):
-    run = fake_run(tmp_path, "a", "mome", {"tok_per_sec": 512_345.6, "tok_per_sec_steps": "11-300", "mfu": 41.234})
+    run = fake_run(tmp_path, "a", "mome", {"tok_per_sec": 512_345.6, "tok_per_sec_steps": 297, "mfu": 41.234,
+                                           "tok_per_sec_all_steps": 498_765.4, "tok_per_sec_window": "4-300"})
     md = report.run_report(run)
-    assert table_value(md, "throughput (tok/s)") == "512,346 (tok_per_sec_steps: 11-300)"
+    assert table_value(md, "throughput (tok/s)") == ("512,346 (timed steps: 297; all steps incl. warm-up: 498,765; "
+                                                      "tok_per_sec_window: 4-300)")
     assert table_value(md, "MFU") == "41.23%"
     assert table_value(md, "hardware") == "8 x NVIDIA H100 80GB HBM3 visible"
     assert table_value(md, "software") == "Python 3.11.7, torch 2.13.0, CUDA 12.8, driver 570.124.06"
