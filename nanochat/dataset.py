@@ -8,37 +8,47 @@ Every dataset (FineWeb-Edu, ClimbMix, the embedded corpus, a user's local files)
 so everything after preparation (tokenizer training, the loader, evaluation) has one code path. The split is
 whatever the manifest says; it never depends on file-name sorting.
 
-This module also holds the robust downloader used for the remote datasets (retries with exponential backoff,
-resumable ``.part`` files via HTTP Range, validation before a file gets its final name).
+The remote datasets (FineWeb-Edu, ClimbMix) come from the Hugging Face hub through ``nanochat.download``.
 """
 
+import argparse
 import json
 import os
-import time
+import re
 from pathlib import Path
+
+from nanochat.download import DownloadError, download_file, hub_file, place_file
 
 MANIFEST = "manifest.json"
 BASE_URL_ENV = "NANOCHAT_DATA_BASE_URL"
 
-# name -> (default base URL, number of shards, validation shard index)
+# name -> (Hugging Face dataset repo, number of shards, validation shard index)
 REMOTE_DATASETS = {
-    "fineweb-edu": ("https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main", 1823, 369),
-    "climbmix": ("https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main", 6543, 6542),
+    "fineweb-edu": ("karpathy/fineweb-edu-100b-shuffle", 1823, 369),
+    "climbmix": ("karpathy/climbmix-400b-shuffle", 6543, 6542),
 }
+NAMED_DATASETS = (*REMOTE_DATASETS, "embedded", "local")
+HF_PREFIX = "hf:"  # --dataset hf:ORG/NAME[:CONFIG]: any Hugging Face text dataset (scripts/prepare_data.py)
 
 
 class DataError(RuntimeError):
     """Bad or missing data; the message names the file/flag and what to do."""
 
 
-class DownloadError(DataError):
-    pass
-
-
 # ---- layout -----------------------------------------------------------------------------------------------
+def check_dataset_name(name: str) -> str:
+    """argparse type of --dataset: a named dataset or hf:ORG/NAME[:CONFIG] (any Hugging Face text dataset)."""
+    if name in NAMED_DATASETS or (name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX)):
+        return name
+    raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(NAMED_DATASETS)} or hf:ORG/NAME[:CONFIG]")
+
+
 def default_data_dir(dataset: str) -> Path:
+    """$NANOCHAT_DATA_DIR/<dataset> (default ~/.cache/nanochat/data); hf:ORG/NAME:CONFIG -> hf-ORG--NAME--CONFIG."""
     root = os.environ.get("NANOCHAT_DATA_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "nanochat" / "data"
+    if dataset.startswith(HF_PREFIX):
+        dataset = "hf-" + re.sub(r"[^A-Za-z0-9._-]+", "--", dataset[len(HF_PREFIX):]).strip("-")
     return base / dataset
 
 
@@ -162,101 +172,67 @@ def remote_shard_plan(dataset: str, num_shards: int) -> tuple[list[int], int]:
     return train, val_index
 
 
-def resolve_base_url(dataset: str, base_url: str | None = None) -> str:
-    """--base-url flag > env NANOCHAT_DATA_BASE_URL > the dataset's Hugging Face URL."""
-    url = base_url or os.environ.get(BASE_URL_ENV) or REMOTE_DATASETS[dataset][0]
-    return url.rstrip("/")
-
-
-def download_file(url: str, dest, *, max_attempts: int = 5, backoff: float = 2.0, timeout: float = 60.0,
-                  progress: bool = True, validate=validate_parquet) -> Path:
-    """Download ``url`` to ``dest`` robustly; returns ``dest``.
-
-    Bytes go to ``dest.part`` (resumed with an HTTP Range request after a dropped connection); the file gets its
-    final name only after ``validate(part)`` succeeds, so a final name always holds a complete, valid file.
-    A ``.part`` left by a network failure is kept so the next run resumes it; one with invalid content is deleted.
-    """
-    dest = Path(dest)
-    if dest.is_file():
-        return dest
-    part = dest.with_name(dest.name + ".part")
-    last_error = None
-    for attempt in range(max_attempts):
-        if attempt:
-            time.sleep(backoff * 2 ** (attempt - 1))
-        try:
-            _fetch_into(url, part, timeout=timeout, progress=progress)
-            break
-        except _PermanentHTTPError as e:
-            part.unlink(missing_ok=True)
-            raise DownloadError(f"{url}: {e}; check --base-url / ${BASE_URL_ENV} and the shard index") from e
-        except Exception as e:  # network errors, 5xx, truncated bodies: retry and resume
-            last_error = e
-    else:
-        resume = f"; re-running resumes from {part.name}" if part.exists() else ""
-        raise DownloadError(f"could not download {url} after {max_attempts} attempts "
-                            f"({type(last_error).__name__}: {last_error}); check the network or "
-                            f"--base-url / ${BASE_URL_ENV}{resume}")
-    try:
-        validate(part)
-    except DataError as e:
-        part.unlink(missing_ok=True)
-        raise DownloadError(f"downloaded {url} but the file is invalid: {e}") from e
-    os.replace(part, dest)
-    return dest
-
-
-class _PermanentHTTPError(Exception):
-    pass
-
-
-def _fetch_into(url: str, part: Path, timeout: float, progress: bool) -> None:
-    """One attempt: append the missing bytes of ``url`` to ``part``; raise if the body ends early."""
-    import requests
-    from tqdm import tqdm
-
-    offset = part.stat().st_size if part.exists() else 0
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
-    with requests.get(url, stream=True, timeout=timeout, headers=headers) as r:
-        if r.status_code == 416:  # our .part is not a prefix of this file any more: start over
-            part.unlink(missing_ok=True)
-            raise IOError("range not satisfiable; restarting the download from scratch")
-        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
-            raise _PermanentHTTPError(f"HTTP {r.status_code}")
-        r.raise_for_status()
-        if r.status_code != 206:  # server ignored the Range header: rewrite from the start
-            offset = 0
-        remaining = r.headers.get("Content-Length")
-        total = offset + int(remaining) if remaining is not None else None
-        written = offset
-        with open(part, "ab" if offset else "wb") as f, tqdm(
-            total=total, initial=offset, unit="B", unit_scale=True, desc=part.name[:-5],
-            disable=not progress, leave=False,
-        ) as bar:
-            for chunk in r.iter_content(chunk_size=1 << 16):  # small chunks: little is lost when a read fails
-                f.write(chunk)
-                written += len(chunk)
-                bar.update(len(chunk))
-    if total is not None and written < total:
-        raise IOError(f"connection closed after {written} of {total} bytes")
+def resolve_base_url(base_url: str | None = None) -> str | None:
+    """--base-url flag > env NANOCHAT_DATA_BASE_URL > None (= the Hugging Face hub)."""
+    url = base_url or os.environ.get(BASE_URL_ENV)
+    return url.rstrip("/") if url else None
 
 
 def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: str | None = None,
-                           workers: int = 4, **download_kw) -> dict:
-    """Download the train shards + the pinned val shard of a remote dataset and write the manifest."""
+                           workers: int = 4, revision: str | None = None, progress: bool = True,
+                           **http_kw) -> dict:
+    """Download the train shards + the pinned val shard of a remote dataset and write the manifest.
+
+    From the Hugging Face hub by default (``hub_file``: hub cache, HF_TOKEN, HF_ENDPOINT, checksums; each shard
+    is hard-linked into ``data_dir``), or from a plain-HTTP mirror holding ``<base_url>/shard_NNNNN.parquet``
+    when ``base_url`` / NANOCHAT_DATA_BASE_URL is set (``download_file``: retries, resumable ``.part`` files).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
 
     train_idx, val_idx = remote_shard_plan(dataset, num_shards)
-    url = resolve_base_url(dataset, base_url)
+    repo_id = REMOTE_DATASETS[dataset][0]
+    url = resolve_base_url(base_url)
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+
+    def fetch(index: int) -> str | None:
+        """Download one shard into data_dir; returns the hub commit it came from (None: mirror or already there)."""
+        name = shard_name(index)
+        if (data_dir / name).is_file():  # a re-run: only the missing shards are fetched (validated below)
+            return None
+        if url:
+            download_file(f"{url}/{name}", data_dir / name, validate=validate_parquet, progress=progress,
+                          hint=f"check --base-url / ${BASE_URL_ENV} and the shard index", **http_kw)
+            return None
+        cached = hub_file(repo_id, name, revision=revision, progress=progress)
+        try:
+            validate_parquet(cached)
+        except DataError as e:
+            raise DownloadError(f"hub dataset {repo_id}, file {name}: {e}") from e
+        place_file(cached, data_dir / name)
+        return cached.parent.name  # snapshots/<commit>/<file>
+
     indices = [val_idx] + train_idx
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        jobs = [pool.submit(download_file, f"{url}/{shard_name(i)}", data_dir / shard_name(i), **download_kw)
-                for i in indices]
-        for job in tqdm(jobs, desc=f"{dataset} shards", unit="shard"):
-            job.result()
+    commits = set()
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
+            tqdm(total=len(indices), desc=f"{dataset} shards", unit="shard", disable=not progress) as bar:
+        for job in [pool.submit(fetch, i) for i in indices]:
+            commits.add(job.result())
+            bar.update(1)
+    if url:
+        source, provenance = url, {}
+    else:
+        source = f"hf://datasets/{repo_id}"
+        previous = _previous_manifest(data_dir).get("hub_revision", [])
+        provenance = {"hub_repo": repo_id, "hub_revision": sorted({*previous, *(c for c in commits if c)})}
     return write_manifest(data_dir, dataset, [shard_name(i) for i in train_idx], [shard_name(val_idx)],
-                          source=url, train_indices=train_idx, val_index=val_idx)
+                          source=source, train_indices=train_idx, val_index=val_idx, **provenance)
+
+
+def _previous_manifest(data_dir: Path) -> dict:
+    try:
+        return json.loads((data_dir / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}

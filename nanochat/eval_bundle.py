@@ -6,24 +6,24 @@ and ``eval_data/<dataset_uri>`` JSONL files. ``find_bundle`` resolves one in thi
 1. ``--bundle DIR`` (or ``--bundle subset`` for the small subset shipped in ``eval_data/core_subset/``),
 2. the ``NANOCHAT_EVAL_BUNDLE`` environment variable,
 3. the cache (``$NANOCHAT_EVAL_CACHE`` or ``~/.cache/nanochat``)/``eval_bundle``,
-4. a download of ``eval_bundle.zip`` (URL overridable with ``NANOCHAT_EVAL_BUNDLE_URL``) with timeout, retries, a
-   ``.part`` file, a file lock (several ranks may call this at once) and a recorded sha256.
+4. a download of ``eval_bundle.zip`` (URL overridable with ``NANOCHAT_EVAL_BUNDLE_URL``) through
+   ``nanochat.download.download_file`` (retries, a resumable ``.part`` file, the sha256 check when
+   ``NANOCHAT_EVAL_BUNDLE_SHA256`` is set) under a file lock (several ranks may call this at once); the observed
+   sha256 is recorded.
 """
 
 import csv
 import fcntl
-import hashlib
 import json
 import os
 import shutil
-import time
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from tqdm import tqdm
+
+from nanochat.download import download_file, file_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUBSET_DIR = REPO_ROOT / "eval_data" / "core_subset"
@@ -77,43 +77,6 @@ def find_bundle(bundle_arg: str | None = None) -> Path:
     return download_bundle(cache_dir())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fetch(url: str, dest: Path, timeout: float) -> None:
-    """Stream ``url`` into ``dest`` (a .part file) with a byte progress bar."""
-    with urllib.request.urlopen(url, timeout=timeout) as resp, open(dest, "wb") as f:
-        total = int(resp.headers.get("Content-Length") or 0) or None
-        with tqdm(total=total, unit="B", unit_scale=True, desc="eval_bundle.zip", leave=False) as bar:
-            for chunk in iter(lambda: resp.read(1 << 16), b""):
-                f.write(chunk)
-                bar.update(len(chunk))
-
-
-def _download_zip(url: str, zip_path: Path, retries: int, timeout: float) -> None:
-    part = zip_path.with_name(zip_path.name + ".part")
-    last_err: Exception | None = None
-    for attempt in range(1, retries + 1):
-        try:
-            _fetch(url, part, timeout)
-            os.replace(part, zip_path)  # only a complete download ever carries the final name
-            return
-        except Exception as e:  # network errors of every kind: retry with backoff
-            last_err = e
-            part.unlink(missing_ok=True)
-            if attempt < retries:
-                time.sleep(min(2.0**attempt, 30.0) * float(os.environ.get("NANOCHAT_EVAL_RETRY_SCALE", "1")))
-    raise RuntimeError(
-        f"could not download the eval bundle from {url} after {retries} attempts ({type(last_err).__name__}: "
-        f"{last_err}); {NO_BUNDLE_HINT}"
-    )
-
-
 def _extract(zip_path: Path, target: Path) -> None:
     """Extract into a temp dir, find the folder holding core.yaml, then rename it into place atomically."""
     tmp = target.with_name(target.name + ".extract-tmp")
@@ -143,16 +106,18 @@ def download_bundle(base: Path, retries: int = 3, timeout: float = 60.0) -> Path
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks wait here and then find the extracted bundle
         if (target / "core.yaml").is_file():
             return target
-        if not zip_path.is_file():
-            _download_zip(url, zip_path, retries, timeout)
-        digest = _sha256(zip_path)
-        if expected and digest != expected.lower():
-            bad = zip_path.with_name("eval_bundle.zip.bad")
-            os.replace(zip_path, bad)
-            raise RuntimeError(f"checksum mismatch for {url}: got sha256 {digest}, expected {expected} (kept as {bad})")
+        if zip_path.is_file() and expected and file_sha256(zip_path) != expected.lower():
+            zip_path.unlink()  # left by an older run without the checksum: fetch it again and verify
+        download_file(url, zip_path, sha256=expected, validate=_check_zip, max_attempts=retries, timeout=timeout,
+                      backoff=2.0 * float(os.environ.get("NANOCHAT_EVAL_RETRY_SCALE", "1")), hint=NO_BUNDLE_HINT)
         _extract(zip_path, target)
-        (base / "eval_bundle.sha256").write_text(json.dumps({"url": url, "sha256": digest}) + "\n")
+        (base / "eval_bundle.sha256").write_text(json.dumps({"url": url, "sha256": file_sha256(zip_path)}) + "\n")
     return target
+
+
+def _check_zip(path: Path) -> None:
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a zip file")
 
 
 # -- parsing -----------------------------------------------------------------------------------------------

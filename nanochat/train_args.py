@@ -15,6 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
+from nanochat.dataset import check_dataset_name
 from nanochat.memory import add_memory_args
 from nanochat.row_config import check_row_config
 
@@ -110,8 +111,9 @@ def _group_eval(p):
 
 def _group_data(p):
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=("fineweb-edu", "climbmix", "embedded", "local"), default="fineweb-edu",
-                   help="which prepared dataset --data-dir defaults to (python -m scripts.prepare_data --dataset ...)")
+    g.add_argument("--dataset", type=check_dataset_name, default="fineweb-edu", help="which prepared dataset "
+                   "--data-dir defaults to: fineweb-edu, climbmix, embedded, local or hf:ORG/NAME[:CONFIG] "
+                   "(python -m scripts.prepare_data --dataset ...)")
     g.add_argument("--data-dir", type=str, default=None, help="prepared data dir (default: the --dataset cache dir)")
     g.add_argument("--tokenizer-dir", type=str, default=None, help="tokenizer dir (default: nanochat.tokenizer default)")
     g.add_argument("--synthetic-data", action="store_true",

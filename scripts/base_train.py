@@ -31,6 +31,7 @@ from nanochat.memory import memory_config_from_args
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW, OptimConfig, build_param_groups
 from nanochat.plan import build_plan, grad_accum_steps
+from nanochat.report import record_environment, write_run_report
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
 from nanochat.train_loop import StopSignal, gather_objects, train_step
@@ -323,6 +324,7 @@ def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
                "train_time_s": run.loop["train_time"], "wall_time_s": wall, **throughput(run), **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)
+        write_run_report(run.run_dir)
     return summary
 
 
@@ -342,6 +344,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run.run_dir / "config.json", resolved_config(run))
         write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
+        record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
         if resumed_at is not None:
             truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at)
         elif (run.run_dir / "metrics.jsonl").exists():

@@ -9,10 +9,10 @@ against step for each run directory given.
 """
 
 import argparse
-import json
 import math
 from pathlib import Path
 
+from nanochat import report
 from nanochat.row_config import REPO, find_configs, load_row_config
 from scripts.results import collect_row
 
@@ -81,17 +81,10 @@ def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{path} not found (is {run_dir} a run directory?)")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{i}: invalid JSON ({e})")
-    return rows
+    try:
+        return report.read_metrics(run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(str(e)) from e
 
 
 def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:

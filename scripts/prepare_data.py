@@ -4,10 +4,14 @@
     python -m scripts.prepare_data --dataset climbmix --num-shards 8             # HF download (+ val shard 6542)
     python -m scripts.prepare_data --dataset embedded                            # shipped offline corpus
     python -m scripts.prepare_data --dataset local --text-dir DIR                # your .txt/.jsonl/.parquet files
+    python -m scripts.prepare_data --dataset hf:ORG/NAME[:CONFIG] [--split train] [--text-column text] \
+        [--max-docs N]                                                           # any Hugging Face text dataset
 
 Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>).
 For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
 (deterministic, disjoint from train, and drawn from every source so it matches the train distribution).
+An hf: dataset is streamed with `datasets` (nothing but the shards is kept) and every round(1/--val-fraction)-th
+document goes to val, so the split is deterministic and spread over the whole stream.
 """
 
 import argparse
@@ -16,11 +20,11 @@ import math
 import sys
 from pathlib import Path
 
-from nanochat.dataset import (REMOTE_DATASETS, DataError, default_data_dir, download_remote_shards,
-                              read_jsonl_texts, write_manifest, write_text_shard)
+from nanochat.dataset import (HF_PREFIX, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
+                              download_remote_shards, read_jsonl_texts, write_manifest, write_text_shard)
+from nanochat.download import DownloadError
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
-DATASETS = sorted(REMOTE_DATASETS) + ["embedded", "local"]
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
@@ -113,36 +117,150 @@ def local_sources(text_dir) -> list[Path]:
     return sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
 
 
+# ---- any Hugging Face dataset ------------------------------------------------------------------------------
+def parse_hf_spec(dataset: str) -> tuple[str, str | None]:
+    """'hf:ORG/NAME[:CONFIG]' -> (path, config); the path may also be a local dataset directory."""
+    path, _, config = dataset[len(HF_PREFIX):].partition(":")
+    if not path:
+        raise ValueError(f"--dataset {dataset!r}: expected hf:ORG/NAME or hf:ORG/NAME:CONFIG")
+    return path, config or None
+
+
+def is_val_doc(index: int, val_fraction: float) -> bool:
+    """Document ``index`` (0-based, in stream order) goes to val: one in every 1/val_fraction, evenly spread."""
+    return math.floor((index + 1) * val_fraction) > math.floor(index * val_fraction)
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+class ShardWriter:
+    """Buffers documents of one split and writes ``<prefix>_NNNNN.parquet`` shards of ``docs_per_shard`` each."""
+
+    def __init__(self, data_dir: Path, prefix: str, docs_per_shard: int, row_group_size: int):
+        self.data_dir, self.prefix, self.size, self.row_group_size = data_dir, prefix, docs_per_shard, row_group_size
+        self.buffer, self.names, self.count = [], [], 0
+
+    def add(self, doc: str) -> None:
+        self.buffer.append(doc)
+        self.count += 1
+        if len(self.buffer) == self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            name = f"{self.prefix}_{len(self.names):05d}.parquet"
+            write_text_shard(self.data_dir / name, self.buffer, row_group_size=self.row_group_size)
+            self.names.append(name)
+            self.buffer = []
+
+
+def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_column: str = "text",
+                     max_docs: int | None = None, val_fraction: float = 0.05, docs_per_shard: int = 20_000,
+                     revision: str | None = None, row_group_size: int = 1024, progress: bool = True) -> dict:
+    """Stream split ``split`` of a Hugging Face dataset into train/val shards + manifest.
+
+    Documents are the non-empty strings of ``text_column`` in stream order, at most ``max_docs`` of them;
+    ``is_val_doc`` picks the val ones. Rows whose text is empty or not a string are counted and skipped.
+    """
+    import datasets
+    from tqdm import tqdm
+
+    path, config = parse_hf_spec(dataset)
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    if max_docs is not None and max_docs < 2:
+        raise ValueError(f"--max-docs must be >= 2 (one train and one val document), got {max_docs}")
+    try:
+        stream = datasets.load_dataset(path, config, split=split, revision=revision, streaming=True)
+    except Exception as e:  # unknown dataset/config/split, no network, gated repo: the library says which
+        raise DataError(f"--dataset {dataset} --split {split}: cannot open the dataset "
+                        f"({type(e).__name__}: {_one_line(e)})") from e
+    data_dir.mkdir(parents=True, exist_ok=True)
+    writers = {s: ShardWriter(data_dir, s, docs_per_shard, row_group_size) for s in ("train", "val")}
+    kept = skipped = 0
+    rows = iter(stream)
+    try:
+        with tqdm(total=max_docs, unit="doc", desc=dataset, disable=not progress) as bar:
+            for row in rows:
+                if text_column not in row:
+                    raise DataError(f"--dataset {dataset}: no column {text_column!r} (columns: {sorted(row)}); "
+                                    "pick one with --text-column")
+                text = row[text_column]
+                if not isinstance(text, str) or not text.strip():
+                    skipped += 1
+                    continue
+                writers["val" if is_val_doc(kept, val_fraction) else "train"].add(text)
+                kept += 1
+                bar.update(1)
+                if max_docs is not None and kept >= max_docs:
+                    break
+    except DataError:
+        raise
+    except Exception as e:  # a row the library cannot decode, a dropped connection mid-stream
+        raise DataError(f"--dataset {dataset} --split {split}: reading the stream failed after {kept + skipped} "
+                        f"rows ({type(e).__name__}: {_one_line(e)})") from e
+    finally:
+        if hasattr(rows, "close"):
+            rows.close()  # stop the stream's reader threads/files now, not at interpreter exit
+    for w in writers.values():
+        w.flush()
+    if not writers["train"].count or not writers["val"].count:
+        raise DataError(f"--dataset {dataset} --split {split} gave {writers['train'].count} train and "
+                        f"{writers['val'].count} val documents (skipped {skipped} empty or non-text rows); "
+                        "need at least one of each: use more documents or a larger --val-fraction")
+    hf = {"path": path, "config": config, "split": split, "revision": revision, "text_column": text_column,
+          "max_docs": max_docs, "val_fraction": val_fraction, "skipped_rows": skipped}
+    source = f"{dataset} split={split}" + (f" revision={revision}" if revision else "")
+    return write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
+                          documents={s: w.count for s, w in writers.items()}, hf=hf)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True, choices=DATASETS)
+    p.add_argument("--dataset", required=True, type=check_dataset_name, metavar="DATASET",
+                   help="fineweb-edu, climbmix (hub shards), embedded, local, or hf:ORG/NAME[:CONFIG]")
     p.add_argument("--data-dir", default=None, help="output directory (default: $NANOCHAT_DATA_DIR/<dataset>)")
     p.add_argument("--num-shards", type=int, default=8, help="remote datasets: number of train shards")
-    p.add_argument("--base-url", default=None, help="remote datasets: override the download URL "
-                   "(also env NANOCHAT_DATA_BASE_URL)")
+    p.add_argument("--base-url", default=None, help="remote datasets: a plain-HTTP mirror holding "
+                   "shard_NNNNN.parquet instead of the hub (also env NANOCHAT_DATA_BASE_URL; hub mirrors: HF_ENDPOINT)")
+    p.add_argument("--revision", default=None, help="remote and hf: datasets: hub branch, tag or commit")
     p.add_argument("--workers", type=int, default=4, help="remote datasets: parallel downloads")
     p.add_argument("--max-attempts", type=int, default=5, help="remote datasets: attempts per file")
     p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files")
     p.add_argument("--doc-chars", type=int, default=1200, 
                    help="text files: paragraphs are grouped into documents of up to this many characters")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="embedded/local: held-out fraction per file")
-    p.add_argument("--docs-per-shard", type=int, default=1000, help="embedded/local: documents per shard")
+    p.add_argument("--val-fraction", type=float, default=0.05,
+                   help="embedded/local: held-out fraction per file; hf: one val document in every 1/fraction")
+    p.add_argument("--docs-per-shard", type=int, default=None,
+                   help="embedded/local/hf: documents per shard (default 1000; hf: 20000)")
+    p.add_argument("--split", default="train", help="hf: the dataset split to stream")
+    p.add_argument("--text-column", default="text", help="hf: the column holding the document text")
+    p.add_argument("--max-docs", type=int, default=None, help="hf: stop after this many documents (default: all)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
+    progress = not args.no_progress
     try:
         if args.dataset in REMOTE_DATASETS:
             manifest = download_remote_shards(args.dataset, data_dir, args.num_shards, base_url=args.base_url,
-                                              workers=args.workers, max_attempts=args.max_attempts)
+                                              workers=args.workers, revision=args.revision, progress=progress,
+                                              max_attempts=args.max_attempts)
+        elif args.dataset.startswith(HF_PREFIX):
+            manifest = build_hf_dataset(args.dataset, data_dir, args.split, args.text_column, args.max_docs,
+                                        args.val_fraction, args.docs_per_shard or 20_000, args.revision,
+                                        progress=progress)
         else:
             sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir)
             desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
             manifest = build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
-                                          val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard)
-    except (DataError, ValueError) as e:
+                                          val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard or 1000)
+    except (DataError, DownloadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     rows = {split: sum(manifest["shards"][n]["rows"] for n in manifest[split]) for split in ("train", "val")}

@@ -171,3 +171,22 @@ def test_subset_rebuild_is_identical(shared_dir, tmp_path):
 def test_shared_bundle_n_comes_from_file(shared_dir):
     arc = eb.load_task_data(shared_dir / "eval_bundle/eval_data/world_knowledge/arc_challenge.jsonl", "multiple_choice")
     assert len(arc) == 1172  # eval_meta_data.csv claims 2,376
+
+
+def test_torchrun_double_dash_hands_flags_to_the_script():
+    """README: `torchrun ... -m scripts.base_eval -- --run=x` works; without `--` torchrun's parser rejects --run."""
+    from torch.distributed.run import parse_args as torchrun_args
+
+    from scripts.base_eval import parse_args as eval_args
+    from nanochat.train_args import parse_args as train_args
+
+    with pytest.raises(SystemExit):  # "ambiguous option: --run=x could match --run-path, --run_path"
+        torchrun_args(["--standalone", "--nproc_per_node=2", "-m", "scripts.base_eval", "--run=x"])
+    ns = torchrun_args(["--standalone", "--nproc_per_node=2", "-m", "scripts.base_eval", "--", "--run=x", "--step", "3"])
+    assert ns.training_script == "scripts.base_eval" and ns.training_script_args == ["--run=x", "--step", "3"]
+    args = eval_args(ns.training_script_args)
+    assert (args.run, args.step) == ("x", 3)
+    ns = torchrun_args(["--standalone", "--nproc_per_node=8", "-m", "scripts.base_train", "--",
+                        "--config", "configs/d12/ve.toml", "--seed", "43"])
+    args = train_args(ns.training_script_args)
+    assert (args.memory, args.seed, args.depth) == ("ve", 43, 12)

@@ -1,4 +1,5 @@
 import json
+import math
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -102,3 +103,90 @@ def test_remote_shard_plans():
         remote_shard_plan("fineweb-edu", 1823)
     with pytest.raises(ValueError, match="--dataset 'nope'"):
         remote_shard_plan("nope", 1)
+
+
+# ---- hf:ORG/NAME through `datasets`, on local dataset directories (no network) -------------------------------
+def test_val_docs_are_an_exact_evenly_spread_fraction():
+    from scripts.prepare_data import is_val_doc
+
+    for f, n in ((0.05, 1000), (0.1, 95), (1 / 3, 100), (0.5, 7)):
+        picks = [i for i in range(n) if is_val_doc(i, f)]
+        assert len(picks) == math.floor(n * f + 1e-9)
+        assert all(b - a in (math.floor(1 / f), math.ceil(1 / f)) for a, b in zip(picks, picks[1:]))
+    assert [i for i in range(60) if is_val_doc(i, 0.05)] == [19, 39, 59]
+
+
+def test_hf_dataset_streams_a_local_parquet_dataset(tmp_path):
+    src = tmp_path / "my_dataset" / "data"
+    src.mkdir(parents=True)
+    texts = [f"document {i}" for i in range(30)]
+    rows = texts[:10] + ["", None] + texts[10:]  # an empty and a missing text are skipped, not documents
+    pq.write_table(pa.table({"content": rows, "id": list(range(32))}), src / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"content": [f"document {i}" for i in range(30, 60)], "id": list(range(30))}),
+                   src / "train-00001-of-00002.parquet")
+    out = tmp_path / "out"
+    spec = f"hf:{tmp_path / 'my_dataset'}"
+    assert main(["--dataset", spec, "--text-column", "content", "--max-docs", "45", "--docs-per-shard", "10",
+                 "--data-dir", str(out), "--no-progress"]) == 0
+    m = load_manifest(out)
+    train, val = list(iter_documents(out, "train")), list(iter_documents(out, "val"))
+    assert val == ["document 19", "document 39"]  # documents 19 and 39 of the stream: one in 20
+    assert train == [f"document {i}" for i in range(45) if i not in (19, 39)]
+    assert m["train"] == [f"train_{i:05d}.parquet" for i in range(5)] and m["val"] == ["val_00000.parquet"]
+    assert [m["shards"][n]["rows"] for n in m["train"]] == [10, 10, 10, 10, 3]
+    assert m["dataset"] == spec and m["documents"] == {"train": 43, "val": 2}
+    assert m["hf"] == {"path": str(tmp_path / "my_dataset"), "config": None, "split": "train", "revision": None,
+                       "text_column": "content", "max_docs": 45, "val_fraction": 0.05, "skipped_rows": 2}
+    # deterministic: a second run writes the same documents in the same shards
+    assert main(["--dataset", spec, "--text-column", "content", "--max-docs", "45", "--docs-per-shard", "10",
+                 "--data-dir", str(tmp_path / "again"), "--no-progress"]) == 0
+    assert list(iter_documents(tmp_path / "again", "train")) == train
+
+
+def test_hf_dataset_json_split_and_clear_errors(tmp_path, capsys):
+    src = tmp_path / "jds"
+    src.mkdir()
+    (src / "train.jsonl").write_text("".join(json.dumps({"text": f"train {i}"}) + "\n" for i in range(10)))
+    (src / "test.jsonl").write_text("".join(json.dumps({"text": f"test {i}"}) + "\n" for i in range(10)))
+    out = tmp_path / "out"
+    assert main(["--dataset", f"hf:{src}", "--split", "test", "--val-fraction", "0.25", "--data-dir", str(out),
+                 "--no-progress"]) == 0
+    assert list(iter_documents(out, "val")) == ["test 3", "test 7"]
+    assert main(["--dataset", f"hf:{src}", "--text-column", "body", "--data-dir", str(tmp_path / "x"),
+                 "--no-progress"]) == 1
+    assert "no column 'body' (columns: ['text']); pick one with --text-column" in capsys.readouterr().err
+    assert main(["--dataset", f"hf:{src}", "--split", "nope", "--data-dir", str(tmp_path / "y"),
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --dataset hf:{src} --split nope: cannot open the dataset") and "nope" in err
+    assert main(["--dataset", f"hf:{src}", "--max-docs", "3", "--data-dir", str(tmp_path / "z"),
+                 "--no-progress"]) == 1  # 3 documents at 5%: no val document
+    assert "3 train and 0 val documents" in capsys.readouterr().err
+    assert not (tmp_path / "z" / "manifest.json").exists()
+
+
+def test_dataset_names_and_default_dirs(monkeypatch, tmp_path):
+    import argparse
+
+    from nanochat.dataset import check_dataset_name, default_data_dir
+    from nanochat.train_args import parse_args
+
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path))
+    assert default_data_dir("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == tmp_path / "hf-HuggingFaceFW--fineweb-edu--sample-10BT"
+    assert default_data_dir("embedded") == tmp_path / "embedded"
+    assert check_dataset_name("hf:a/b") == "hf:a/b"
+    for bad in ("hf:", "fineweb", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="hf:ORG/NAME"):
+            check_dataset_name(bad)
+    assert parse_args(["--dataset", "hf:roneneldan/TinyStories", "--synthetic-data"]).dataset == "hf:roneneldan/TinyStories"
+
+
+def test_hf_dataset_undecodable_rows_give_a_clear_error(tmp_path, capsys):
+    src = tmp_path / "mixed"
+    src.mkdir()
+    (src / "a.jsonl").write_text(json.dumps({"text": "one"}) + "\n")
+    (src / "b.jsonl").write_text(json.dumps({"text": "two", "extra": 1}) + "\n")  # a schema the first file lacks
+    assert main(["--dataset", f"hf:{src}", "--data-dir", str(tmp_path / "o"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --dataset hf:{src} --split train: reading the stream failed after 1 rows")
+    assert err.count("\n") == 1 and not (tmp_path / "o" / "manifest.json").exists()

@@ -1,5 +1,8 @@
-"""The downloader against a local HTTP server on 127.0.0.1 with injected failures (never the internet)."""
+"""Downloads against a local HTTP server on 127.0.0.1 with injected failures (never the internet): the plain HTTP
+downloader, and the Hugging Face hub path with the real ``huggingface_hub`` talking to the same server as a
+fake hub endpoint (HF_ENDPOINT)."""
 
+import hashlib
 import io
 import os
 import socket
@@ -10,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nanochat.dataset import DownloadError, download_file, download_remote_shards, iter_documents, load_manifest
+from nanochat.dataset import REMOTE_DATASETS, download_remote_shards, iter_documents, load_manifest, validate_parquet
+from nanochat.download import DownloadError, download_file, hub_file
 
 
 def parquet_bytes(n_rows: int, tag: str, filler: int = 200) -> bytes:
@@ -21,25 +25,41 @@ def parquet_bytes(n_rows: int, tag: str, filler: int = 200) -> bytes:
     return buf.getvalue()
 
 
+HUB_COMMIT = "c0ffee" * 6 + "abcd"  # 40 hex digits, like a git commit
+
+
 class FlakyServer:
-    """Serves ``files`` (path -> bytes); ``fail[path]`` = list of actions consumed one per request:
-    'error' -> HTTP 503, 'truncate' -> full Content-Length header but only half the body. Honors Range."""
+    """Serves ``files`` (path -> bytes) to GET and HEAD; ``fail[path]`` = list of actions consumed one per GET:
+    'error' -> HTTP 503, 'truncate' -> full Content-Length header but only half the body. Honors Range.
+    Every response also carries what the hub sends (X-Repo-Commit, ETag = sha256 of the file unless
+    ``etags[path]`` says otherwise), so huggingface_hub can use it as an HF_ENDPOINT. ``requests`` records
+    (method, path, Range, Authorization) of GETs and HEADs."""
 
     def __init__(self, files: dict[str, bytes]):
-        self.files, self.fail, self.requests = files, {}, []
+        self.files, self.fail, self.etags, self.requests = files, {}, {}, []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
+            def do_HEAD(self):
+                self.respond(head=True)
+
             def do_GET(self):
-                server.requests.append((self.path, self.headers.get("Range")))
+                self.respond(head=False)
+
+            def respond(self, head: bool):
+                server.requests.append((self.command, self.path, self.headers.get("Range"),
+                                        self.headers.get("Authorization")))
                 body = server.files.get(self.path)
-                if body is None:
-                    self.send_error(404)
+                if body is None:  # as the hub answers for a file a repo lacks
+                    self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
-                action = server.fail.get(self.path, []).pop(0) if server.fail.get(self.path) else None
+                action = server.fail.get(self.path, []).pop(0) if server.fail.get(self.path) and not head else None
                 if action == "error":
                     self.send_error(503)
                     return
@@ -49,9 +69,13 @@ class FlakyServer:
                 payload = body[start:]
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(payload)))
+                self.send_header("X-Repo-Commit", HUB_COMMIT)
+                self.send_header("ETag", '"%s"' % server.etags.get(self.path, hashlib.sha256(body).hexdigest()))
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
                 self.end_headers()
+                if head:
+                    return
                 self.wfile.write(payload[: len(payload) // 2] if action == "truncate" else payload)
                 if action == "truncate":
                     self.close_connection = True
@@ -87,8 +111,8 @@ def test_truncated_body_resumes_with_range(server, tmp_path):
     body = server.files["/shard_00001.parquet"]
     dest = download_file(f"{server.url}/shard_00001.parquet", tmp_path / "s.parquet", backoff=0.01, progress=False)
     assert dest.read_bytes() == body
-    assert len(body) > 600_000 and server.requests[0][1] is None
-    offset = int(server.requests[1][1].split("=")[1].rstrip("-"))
+    assert len(body) > 600_000 and server.requests[0][2] is None
+    offset = int(server.requests[1][2].split("=")[1].rstrip("-"))
     assert 0 < offset <= len(body) // 2  # resumed from what was received, not from 0
 
 
@@ -97,12 +121,13 @@ def test_existing_part_file_is_resumed(server, tmp_path):
     (tmp_path / "s.parquet.part").write_bytes(body[:100])
     download_file(f"{server.url}/shard_00000.parquet", tmp_path / "s.parquet", progress=False)
     assert (tmp_path / "s.parquet").read_bytes() == body
-    assert server.requests == [("/shard_00000.parquet", "bytes=100-")]
+    assert server.requests == [("GET", "/shard_00000.parquet", "bytes=100-", None)]
 
 
 def test_invalid_content_and_404_leave_no_files(server, tmp_path):
     with pytest.raises(DownloadError, match="junk.parquet but the file is invalid"):
-        download_file(f"{server.url}/junk.parquet", tmp_path / "j.parquet", backoff=0.01, progress=False)
+        download_file(f"{server.url}/junk.parquet", tmp_path / "j.parquet", validate=validate_parquet,
+                      backoff=0.01, progress=False)
     with pytest.raises(DownloadError, match="HTTP 404"):
         download_file(f"{server.url}/missing.parquet", tmp_path / "m.parquet", backoff=0.01, progress=False)
     assert list(tmp_path.iterdir()) == []
@@ -147,3 +172,100 @@ def test_cli_env_base_url_and_unreachable_network(server, tmp_path, monkeypatch,
     last = err.strip().splitlines()[-1]  # earlier stderr lines are tqdm bars
     assert err.count("error:") == 1 and last.startswith("error: could not download") and "--base-url" in last
     assert "resumes from" not in last and not list((tmp_path / "d").iterdir())
+
+
+def test_sha256_mismatch_deletes_the_file_and_names_both_hashes(server, tmp_path):
+    body = server.files["/shard_00000.parquet"]
+    with pytest.raises(DownloadError, match=f"got sha256 {hashlib.sha256(body).hexdigest()}, expected {'0' * 64}"):
+        download_file(f"{server.url}/shard_00000.parquet", tmp_path / "s.parquet", sha256="0" * 64, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    good = hashlib.sha256(body).hexdigest().upper()  # case-insensitive
+    assert download_file(f"{server.url}/shard_00000.parquet", tmp_path / "s.parquet", sha256=good,
+                         progress=False).read_bytes() == body
+
+
+# ---- the Hugging Face hub path: real huggingface_hub, the local server as HF_ENDPOINT ------------------------
+def hub_path(dataset: str, name: str) -> str:
+    return f"/datasets/{REMOTE_DATASETS[dataset][0]}/resolve/main/{name}"
+
+
+@pytest.fixture
+def hub(server, tmp_path, monkeypatch):
+    """The server also serves fineweb-edu shards 0, 1 and 369 at hub URLs; the hub cache lives in tmp_path."""
+    import huggingface_hub.constants as hf_constants
+
+    for name in ("shard_00000.parquet", "shard_00001.parquet", "shard_00369.parquet"):
+        server.files[hub_path("fineweb-edu", name)] = server.files["/" + name]
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.delenv("NANOCHAT_DATA_BASE_URL", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    return server
+
+
+def test_hub_shards_use_endpoint_token_cache_and_manifest(hub, tmp_path):
+    m = download_remote_shards("fineweb-edu", tmp_path / "d", 2, workers=2, progress=False)
+    assert m["train"] == ["shard_00000.parquet", "shard_00001.parquet"] and m["val"] == ["shard_00369.parquet"]
+    assert m["source"] == "hf://datasets/karpathy/fineweb-edu-100b-shuffle"
+    assert m["hub_repo"] == "karpathy/fineweb-edu-100b-shuffle" and m["hub_revision"] == [HUB_COMMIT]
+    assert len(list(iter_documents(tmp_path / "d", "train"))) == 50
+    # every request went to HF_ENDPOINT with HF_TOKEN; one metadata HEAD + one GET per shard
+    assert sorted((r[0], r[1]) for r in hub.requests) == sorted(
+        (method, hub_path("fineweb-edu", n)) for n in m["train"] + m["val"] for method in ("GET", "HEAD"))
+    assert {r[3] for r in hub.requests} == {"Bearer hf_test_token"}
+    # the shard in the data dir is the hub cache's blob (hard link: no second copy), named by its sha256
+    shard, body = tmp_path / "d" / "shard_00001.parquet", hub.files["/shard_00001.parquet"]
+    blob = tmp_path / "hub" / "datasets--karpathy--fineweb-edu-100b-shuffle" / "blobs" / hashlib.sha256(body).hexdigest()
+    assert shard.read_bytes() == body and os.path.samefile(shard, blob)
+    # a re-run with one shard more fetches only that one and keeps the rest (the server is not asked again)
+    hub.requests.clear()
+    hub.files[hub_path("fineweb-edu", "shard_00002.parquet")] = parquet_bytes(5, "c")
+    m = download_remote_shards("fineweb-edu", tmp_path / "d", 3, workers=1, progress=False)
+    assert m["train"][-1] == "shard_00002.parquet" and m["hub_revision"] == [HUB_COMMIT]
+    assert {r[1] for r in hub.requests} == {hub_path("fineweb-edu", "shard_00002.parquet")}
+
+
+def test_hub_download_resumes_a_dropped_connection(hub, tmp_path, monkeypatch):
+    import huggingface_hub.constants as hf_constants
+
+    # the library streams in 10 MB chunks: smaller ones let a half-sent 1 MB test file resume mid-way
+    monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+    path = hub_path("fineweb-edu", "shard_00001.parquet")
+    hub.fail[path] = ["truncate"]
+    got = hub_file("karpathy/fineweb-edu-100b-shuffle", "shard_00001.parquet", progress=False)
+    assert got.read_bytes() == hub.files[path] and got.parent.name == HUB_COMMIT
+    gets = [r for r in hub.requests if r[0] == "GET"]
+    assert len(gets) == 2 and gets[0][2] is None
+    offset = int(gets[1][2].split("=")[1].rstrip("-"))
+    assert 0 < offset <= len(hub.files[path]) // 2  # resumed from what was received, not from 0
+
+
+def test_hub_checksum_mismatch_leaves_no_corrupt_file(hub, tmp_path):
+    path = hub_path("fineweb-edu", "shard_00000.parquet")
+    hub.etags[path] = "ab" * 32  # the hub's sha256 does not match what the server sends
+    with pytest.raises(DownloadError, match=r"shard_00000.parquet: checksum mismatch \(sha256 [0-9a-f]{64}, "
+                                            r"the hub says abab.*deleted"):
+        download_remote_shards("fineweb-edu", tmp_path / "d", 1, workers=1, progress=False)
+    assert not (tmp_path / "d" / "shard_00000.parquet").exists() and not (tmp_path / "d" / "manifest.json").exists()
+    cache = tmp_path / "hub" / "datasets--karpathy--fineweb-edu-100b-shuffle"
+    assert not (cache / "blobs" / ("ab" * 32)).exists()
+    assert not (cache / "snapshots" / HUB_COMMIT / "shard_00000.parquet").exists()
+
+
+def test_hub_errors_are_clear(hub, tmp_path, monkeypatch, capsys):
+    from scripts.prepare_data import main
+
+    with pytest.raises(DownloadError, match="dataset repo karpathy/fineweb-edu-100b-shuffle, file nope.parquet: "
+                                            "no such file in the repo"):
+        hub_file("karpathy/fineweb-edu-100b-shuffle", "nope.parquet", progress=False)
+    import huggingface_hub.constants as hf_constants
+
+    # offline and not cached (the library's answer to an unreachable hub too, after its own retries)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert main(["--dataset", "fineweb-edu", "--num-shards", "1", "--data-dir", str(tmp_path / "d"),
+                 "--workers", "1", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: dataset repo karpathy/fineweb-edu-100b-shuffle, file shard_00369.parquet: "
+                              "not in the hub cache and the hub cannot be reached")
+    assert "HF_HUB_OFFLINE" in err[-1] and not list((tmp_path / "d").glob("*.parquet"))

@@ -6,6 +6,7 @@ JSON-serialisable ``{memory, memory_layers, memory_options}`` that goes into ``G
 """
 
 import argparse
+import warnings
 from pathlib import Path
 
 from .base import MemoryBlock, default_memory_layers
@@ -65,7 +66,9 @@ def _parse_layers(text: str) -> list[int]:
 
 
 def memory_config_from_args(args) -> dict:
-    """-> {"memory", "memory_layers", "memory_options"}; a flag of another block set to a non-default is an error."""
+    """-> {"memory", "memory_layers", "memory_options"}; a flag of another block set to a non-default is an error.
+
+    Files (the slot map) must exist, except under ``args.dry_run``: a plan needs shapes, not contents."""
     memory = args.memory
     if memory not in MEMORY_BLOCKS:
         raise ValueError(f"--memory {memory!r} is unknown; allowed: {', '.join(MEMORY_BLOCKS)}")
@@ -81,9 +84,15 @@ def memory_config_from_args(args) -> dict:
             raise ValueError(f"{flag} only applies to --memory {block} (got --memory {memory})")
     if memory == "mome" and options["slot_map"]:
         path = Path(options["slot_map"]).resolve()
-        if not path.is_file():
+        options["slot_map"] = str(path)
+        if path.is_file():
+            options["slot_map_sha256"] = file_sha256(path)
+        elif getattr(args, "dry_run", False):  # shapes depend on the group size only (N = V / c rows)
+            warnings.warn(f"--mome-slot-map {path} does not exist yet: fine for --dry-run (the table has V / "
+                          f"--mome-group-size rows whatever the map), a real run needs the file "
+                          f"(scripts/build_slot_map.py)")
+        else:
             raise ValueError(f"--mome-slot-map {path}: file does not exist (build one with scripts/build_slot_map.py)")
-        options["slot_map"], options["slot_map_sha256"] = str(path), file_sha256(path)
     MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
     return {"memory": memory, "memory_layers": layers, "memory_options": options}
 

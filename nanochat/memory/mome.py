@@ -40,6 +40,7 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -205,9 +206,12 @@ class MoMEMemory(MemoryBlock):
             self.register_buffer("fixed_offset", torch.empty(config.padded_vocab_size, H, dtype=torch.long),
                                  persistent=False)
         self.gates = nn.ModuleList(ValueGate(config.n_embd, H) for _ in range(L))
-        if o.index == "grouped":  # read and validated now (host side), before any device allocation
-            self._slot_map_cpu = load_slot_map(o.slot_map, config.vocab_size, o.group_size,
-                                               o.slot_map_sha256 or None).token_to_row
+        if o.index == "grouped":
+            # read and validated now (host side), before any device allocation. Shapes depend on c only, so a
+            # plan (--dry-run: built on the meta device) works before the file exists; init_weights needs it.
+            self._slot_map_cpu = None
+            if Path(o.slot_map).is_file() or torch.get_default_device().type != "meta":
+                self._slot_map_cpu = self._load_slot_map(config.vocab_size)
             # persistent: checkpoints carry the exact map they were trained with
             self.register_buffer("slot_map", torch.empty(config.vocab_size, dtype=torch.long))
         if o.balance == "bias":
@@ -223,6 +227,10 @@ class MoMEMemory(MemoryBlock):
         self.sparse_shared_grad = o.index == "bigram"
 
     # -- parameters -------------------------------------------------------------------------------------
+    def _load_slot_map(self, vocab_size: int) -> torch.Tensor:
+        o = self.opts
+        return load_slot_map(o.slot_map, vocab_size, o.group_size, o.slot_map_sha256 or None).token_to_row
+
     @torch.no_grad()
     def init_weights(self) -> None:
         for table in self._tables():
@@ -238,6 +246,8 @@ class MoMEMemory(MemoryBlock):
         for gate in self.gates:
             gate.init_weights()
         if hasattr(self, "slot_map"):
+            if self._slot_map_cpu is None:
+                self._slot_map_cpu = self._load_slot_map(self.slot_map.numel())
             self.slot_map.copy_(self._slot_map_cpu)
         if hasattr(self, "router_bias"):
             self.router_bias.zero_()

@@ -1,0 +1,212 @@
+"""Downloads: files of Hugging Face hub repos through ``huggingface_hub``, anything else through one small HTTP
+downloader.
+
+``hub_file`` calls ``huggingface_hub.hf_hub_download``, so hub downloads use the hub cache (``HF_HOME`` /
+``HF_HUB_CACHE``), ``HF_TOKEN`` (or a saved ``hf auth login``), ``HF_ENDPOINT`` mirrors, ``HF_HUB_OFFLINE``, Xet
+storage when ``hf_xet`` is installed, the library's progress bars and its resume of dropped connections. On top
+of that every file is checked against the hub's own checksum: the cache names a blob by its ETag, which is the
+sha256 of an LFS file and the git blob sha1 of a small file, so a corrupt blob is detected, deleted and reported.
+
+``download_file`` is for URLs outside the hub (the CORE eval bundle, a plain-HTTP mirror of the shards): retries
+with exponential backoff, a ``.part`` file resumed with an HTTP Range request (also by the next run), an optional
+sha256 and a content check before the file gets its final name, so a final name always holds a complete file.
+"""
+
+import hashlib
+import os
+import re
+import time
+from pathlib import Path
+
+
+class DownloadError(RuntimeError):
+    """A download failed or produced a bad file; the message says what to check."""
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def git_blob_sha1(path) -> str:
+    """The id git (and the hub, as ETag of a non-LFS file) gives a file: sha1 of b"blob <size>\\0" + content."""
+    h = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---- Hugging Face hub ---------------------------------------------------------------------------------------
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def hub_file(repo_id: str, filename: str, *, repo_type: str = "dataset", revision: str | None = None,
+             cache_dir=None, progress: bool = True) -> Path:
+    """Download ``filename`` of a hub repo into the hub cache (or find it there), verify it, return its path.
+
+    The returned path is the cache's snapshot entry ``.../snapshots/<commit>/<filename>`` (a link to the blob), so
+    ``path.parent.name`` is the commit the file came from. ``HF_ENDPOINT`` and ``HF_TOKEN`` are read at call time.
+    """
+    import huggingface_hub
+    from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                       RepositoryNotFoundError, RevisionNotFoundError)
+
+    where = f"{repo_type} repo {repo_id}" + (f"@{revision}" if revision else "") + f", file {filename}"
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    try:
+        path = huggingface_hub.hf_hub_download(
+            repo_id, filename, repo_type=repo_type, revision=revision, cache_dir=cache_dir, endpoint=endpoint,
+            token=os.environ.get("HF_TOKEN") or None, tqdm_class=None if progress else _silent_bar())
+    except GatedRepoError as e:
+        raise DownloadError(f"{where}: the repo is gated; accept its terms on the hub and set HF_TOKEN ({e})") from e
+    except RepositoryNotFoundError as e:
+        raise DownloadError(f"{where}: repository not found or private (set HF_TOKEN for private repos; "
+                            f"HF_ENDPOINT={endpoint or 'default'})") from e
+    except RevisionNotFoundError as e:
+        raise DownloadError(f"{where}: revision not found") from e
+    except LocalEntryNotFoundError as e:  # offline (HF_HUB_OFFLINE=1 or no network) and not in the cache
+        raise DownloadError(f"{where}: not in the hub cache and the hub cannot be reached ({e}); check the "
+                            f"network, HF_ENDPOINT or HF_HUB_OFFLINE") from e
+    except EntryNotFoundError as e:
+        raise DownloadError(f"{where}: no such file in the repo") from e
+    except (HfHubHTTPError, OSError) as e:  # HTTP errors after the library's retries, size mismatches, disk full
+        raise DownloadError(f"{where}: download failed ({type(e).__name__}: {e}); re-running continues with the "
+                            f"files already in the hub cache") from e
+    path = Path(path)
+    verify_hub_blob(path, where)
+    return path
+
+
+def verify_hub_blob(path: Path, where: str = "") -> bool:
+    """Check a cached hub file against the checksum its blob is named by; delete it and raise on a mismatch.
+
+    Returns False when the blob name is not a checksum (nothing to compare with, e.g. a local_dir download).
+    """
+    blob = Path(path).resolve()
+    expected = blob.name
+    if _SHA256.match(expected):
+        kind, actual = "sha256", file_sha256(blob)
+    elif _SHA1.match(expected):
+        kind, actual = "git sha1", git_blob_sha1(blob)
+    else:
+        return False
+    if actual != expected:
+        blob.unlink(missing_ok=True)
+        if Path(path).is_symlink():
+            Path(path).unlink()
+        raise DownloadError(f"{where or path}: checksum mismatch ({kind} {actual}, the hub says {expected}); the "
+                            f"corrupt file was deleted from the hub cache, re-run to download it again")
+    return True
+
+
+def _silent_bar():
+    """A tqdm class that never draws (progress=False), as hf_hub_download's ``tqdm_class``."""
+    from tqdm.auto import tqdm
+
+    class SilentBar(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    return SilentBar
+
+
+def place_file(src: Path, dest: Path) -> Path:
+    """Give ``dest`` the content of ``src`` (a hub cache file) without copying: a hard link to the blob (which
+    survives a cache clean-up), else a symbolic link when the cache is on another file system."""
+    blob = Path(src).resolve()
+    dest = Path(dest)
+    tmp = dest.with_name(dest.name + ".link-tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(blob, tmp)
+    except OSError:
+        tmp.symlink_to(blob)
+    os.replace(tmp, dest)
+    return dest
+
+
+# ---- plain HTTP ---------------------------------------------------------------------------------------------
+def download_file(url: str, dest, *, validate=None, sha256: str | None = None, max_attempts: int = 5,
+                  backoff: float = 2.0, timeout: float = 60.0, progress: bool = True, hint: str = "") -> Path:
+    """Download ``url`` to ``dest`` robustly; returns ``dest`` (at once when it already exists).
+
+    Bytes go to ``dest.part`` (resumed with an HTTP Range request after a dropped connection, also by a later
+    run); the file gets its final name only after the sha256 (when given) and ``validate(part)`` pass. A ``.part``
+    left by a network failure is kept so the next run resumes it; one with bad content is deleted. ``hint`` ends
+    every error message (what the user can change: a flag, an environment variable).
+    """
+    dest = Path(dest)
+    if dest.is_file():
+        return dest
+    hint = f"; {hint}" if hint else ""
+    part = dest.with_name(dest.name + ".part")
+    last_error = None
+    for attempt in range(max_attempts):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            _fetch_into(url, part, timeout=timeout, progress=progress)
+            break
+        except _PermanentHTTPError as e:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"{url}: {e}{hint}") from e
+        except Exception as e:  # network errors, 5xx, truncated bodies: retry and resume
+            last_error = e
+    else:
+        resume = f"; re-running resumes from {part.name}" if part.exists() else ""
+        raise DownloadError(f"could not download {url} after {max_attempts} attempts "
+                            f"({type(last_error).__name__}: {last_error}){hint}{resume}")
+    if sha256:
+        actual = file_sha256(part)
+        if actual != sha256.lower():
+            part.unlink()
+            raise DownloadError(f"checksum mismatch for {url}: got sha256 {actual}, expected {sha256.lower()}; "
+                                f"the file was deleted{hint}")
+    if validate is not None:
+        try:
+            validate(part)
+        except Exception as e:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"downloaded {url} but the file is invalid: {e}") from e
+    os.replace(part, dest)
+    return dest
+
+
+class _PermanentHTTPError(Exception):
+    pass
+
+
+def _fetch_into(url: str, part: Path, timeout: float, progress: bool) -> None:
+    """One attempt: append the missing bytes of ``url`` to ``part``; raise if the body ends early."""
+    import requests
+    from tqdm import tqdm
+
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    with requests.get(url, stream=True, timeout=timeout, headers=headers) as r:
+        if r.status_code == 416:  # our .part is not a prefix of this file any more: start over
+            part.unlink(missing_ok=True)
+            raise IOError("range not satisfiable; restarting the download from scratch")
+        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+            raise _PermanentHTTPError(f"HTTP {r.status_code}")
+        r.raise_for_status()
+        if r.status_code != 206:  # server ignored the Range header: rewrite from the start
+            offset = 0
+        remaining = r.headers.get("Content-Length")
+        total = offset + int(remaining) if remaining is not None else None
+        written = offset
+        with open(part, "ab" if offset else "wb") as f, tqdm(
+            total=total, initial=offset, unit="B", unit_scale=True, desc=part.name[:-5],
+            disable=not progress, leave=False,
+        ) as bar:
+            for chunk in r.iter_content(chunk_size=1 << 16):  # small chunks: little is lost when a read fails
+                f.write(chunk)
+                written += len(chunk)
+                bar.update(len(chunk))
+    if total is not None and written < total:
+        raise IOError(f"connection closed after {written} of {total} bytes")

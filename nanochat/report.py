@@ -1,0 +1,315 @@
+"""Run reports: ``report.md`` in every run directory, and the rows/tables that compare several runs.
+
+The trainer records where a run came from when each training session starts (``record_environment``:
+``environment.json``, one entry per session, since a resumed run may continue on other code or hardware) and
+writes ``report.md`` from the run directory at the end (``write_run_report``). Everything in a report is read
+back from files of the run directory:
+
+    config.json       resolved flags, model config, plan, world size
+    summary.json      steps, tokens, wall/train time, throughput (tok_per_sec, MFU when present), final metrics
+    metrics.jsonl     the logged records (train loss, evals)
+    environment.json  per session: git commit + dirty flag, Python/torch/CUDA/driver versions, devices, world size
+
+so a report can be rebuilt later on any machine (``python -m scripts.report RUN_DIR``) and says "n/a" for
+whatever an older run did not record.
+"""
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENVIRONMENT = "environment.json"
+REPORT = "report.md"
+NA = "n/a"
+
+
+# ---- environment -------------------------------------------------------------------------------------------
+def _run(cmd: list[str], cwd=None) -> str | None:
+    """stdout of ``cmd`` (stripped), or None when it is missing, fails or hangs."""
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(repo: Path = REPO) -> dict:
+    """{"commit": sha or None, "dirty": bool or None}; dirty = tracked files differ from the commit."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def nvidia_driver_version() -> str | None:
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0].strip() if out else None
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def environment(device, world_size: int) -> dict:
+    """Facts about this process: code, software, hardware. ``device`` is the torch device the run trains on."""
+    import torch
+
+    device = torch.device(device)
+    env = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), **git_state(),
+           "command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "python": platform.python_version(),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "driver": None, "platform": platform.platform(),
+           "device_type": device.type, "device_name": None, "device_count": None, "world_size": world_size,
+           "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+           "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        env.update(device_name=torch.cuda.get_device_name(device), device_count=torch.cuda.device_count(),
+                   driver=nvidia_driver_version())
+    elif device.type == "cpu":
+        env.update(device_name=env["cpu"], device_count=1)
+    return env
+
+
+def record_environment(run_dir, device, world_size: int, fresh: bool) -> dict:
+    """Append this session's environment to ``<run_dir>/environment.json`` (start it afresh for a new run)."""
+    path = Path(run_dir) / ENVIRONMENT
+    sessions = [] if fresh else read_json(path, {}).get("sessions", [])
+    session = environment(device, world_size)
+    sessions.append(session)
+    _write_text(path, json.dumps({"sessions": sessions}, indent=2) + "\n")
+    return session
+
+
+# ---- reading a run -----------------------------------------------------------------------------------------
+def read_json(path, default=None):
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return default
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from e
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The records of ``<run_dir>/metrics.jsonl``; a torn last line (crash mid-write) is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory?)")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines):
+                raise ValueError(f"{path}:{i}: invalid JSON ({e})") from e
+    return rows
+
+
+def run_facts(run_dir) -> dict:
+    """Everything a report shows about one run, from its files (missing values are None)."""
+    run_dir = Path(run_dir)
+    config, summary = read_json(run_dir / "config.json"), read_json(run_dir / "summary.json")
+    if config is None and summary is None:
+        raise FileNotFoundError(f"{run_dir} has neither config.json nor summary.json: not a run directory")
+    config, summary = config or {}, summary or {}
+    args, plan = config.get("args", {}), config.get("plan", {})
+    sessions = read_json(run_dir / ENVIRONMENT, {}).get("sessions", [])
+    return {"run_dir": str(run_dir), "run_name": summary.get("run_name") or args.get("run_name") or run_dir.name,
+            "memory": config.get("model_config", {}).get("memory"), "config": config, "summary": summary,
+            "args": args, "plan": plan, "sessions": sessions, "env": sessions[-1] if sessions else {},
+            "data_manifest": _manifest(args)}
+
+
+def _manifest(args: dict) -> dict:
+    if args.get("synthetic_data") or not args.get("data_dir"):
+        return {}
+    try:
+        return read_json(Path(args["data_dir"]) / "manifest.json", {}) or {}
+    except ValueError:
+        return {}
+
+
+# ---- formatting --------------------------------------------------------------------------------------------
+def fmt(value, spec: str = "", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return NA
+    return f"{value:{spec}}{suffix}"
+
+
+def fmt_duration(seconds) -> str:
+    if seconds is None:
+        return NA
+    return f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def fmt_core(summary: dict) -> str:
+    if summary.get("core") is None:
+        return NA
+    return f"{summary['core']:.4f} ({summary.get('core_label', 'CORE')})"
+
+
+def fmt_mfu(summary: dict, env: dict) -> str:
+    """MFU in percent; 0 means no peak FLOP/s is known for the device (CPU, unlisted GPU)."""
+    value = summary.get("mfu")
+    if value is None:
+        return NA
+    if value <= 0:
+        return f"{NA} (no peak FLOP/s known for {env.get('device_name') or 'this device'})"
+    return f"{value:.2f}%"
+
+
+def fmt_throughput(summary: dict) -> str:
+    """Steady-state tok/s with what it covers (tok_per_sec_steps / _note), the all-steps figure, any other
+    tok_per_sec_* key as it is."""
+    value, notes = summary.get("tok_per_sec"), []
+    if summary.get("tok_per_sec_note"):
+        notes.append(str(summary["tok_per_sec_note"]))
+    if summary.get("tok_per_sec_steps") is not None:
+        notes.append(f"timed steps: {summary['tok_per_sec_steps']:,}")
+    if summary.get("tok_per_sec_all_steps") is not None:
+        notes.append(f"all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f}")
+    known = {"tok_per_sec", "tok_per_sec_note", "tok_per_sec_steps", "tok_per_sec_all_steps"}
+    notes += [f"{k}: {summary[k]}" for k in sorted(summary) if k.startswith("tok_per_sec") and k not in known]
+    text = NA if value is None else f"{value:,.0f}"
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def fmt_code(env: dict) -> str:
+    if not env.get("commit"):
+        return NA
+    dirty = {True: "dirty: uncommitted changes", False: "clean", None: "dirty: unknown"}[env.get("dirty")]
+    return f"`{env['commit'][:12]}` ({dirty})"
+
+
+def fmt_hardware(env: dict) -> str:
+    if not env:
+        return NA
+    count = env.get("device_count")
+    if env.get("device_type") == "cuda":
+        return f"{count} x {env.get('device_name')} visible"
+    if env.get("device_type") == "cpu":
+        return f"CPU: {env.get('cpu') or NA} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch threads)"
+    return str(env.get("device_type"))
+
+
+def fmt_software(env: dict) -> str:
+    if not env:
+        return NA
+    return (f"Python {env.get('python')}, torch {env.get('torch')}, CUDA {env.get('cuda') or NA}, "
+            f"driver {env.get('driver') or NA}")
+
+
+def fmt_data(facts: dict) -> str:
+    args, manifest = facts["args"], facts["data_manifest"]
+    if args.get("synthetic_data"):
+        return "synthetic token stream (--synthetic-data)"
+    text = f"{args.get('dataset', NA)} in `{args.get('data_dir') or 'the default data dir'}`"
+    if manifest.get("source"):
+        text += f" (source: {manifest['source']}"
+        if manifest.get("hub_revision"):
+            text += f" @ {', '.join(r[:12] for r in manifest['hub_revision'])}"
+        text += ")"
+    return text
+
+
+def _kv_table(rows: list[tuple[str, str]]) -> list[str]:
+    return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def run_report(run_dir) -> str:
+    """The markdown of one run's report.md."""
+    f = run_facts(run_dir)
+    s, env, plan, args = f["summary"], f["env"], f["plan"], f["args"]
+    lines = [f"# Run report: {f['run_name']}", "",
+             f"Stop reason: {s.get('stop_reason', 'not finished (no summary.json)')}, step {fmt(s.get('step'))} of "
+             f"{fmt(s.get('num_iterations', plan.get('num_iterations')))}. Run directory `{f['run_dir']}`.", "",
+             "## Provenance", ""]
+    lines += _kv_table([("code", fmt_code(env)), ("software", fmt_software(env)),
+                        ("hardware", fmt_hardware(env)), ("world size", fmt(env.get("world_size"))),
+                        ("platform", env.get("platform") or NA), ("started (UTC)", env.get("started_utc") or NA),
+                        ("command", f"`{env['command']}`" if env.get("command") else NA),
+                        ("data", fmt_data(f))])
+    if len(f["sessions"]) > 1:
+        lines += ["", f"Trained in {len(f['sessions'])} sessions (resumed):", "",
+                  "| session | started (UTC) | code | hardware | world size |", "|---:|---|---|---|---:|"]
+        lines += [f"| {i} | {e.get('started_utc', NA)} | {fmt_code(e)} | {fmt_hardware(e)} | {fmt(e.get('world_size'))} |"
+                  for i, e in enumerate(f["sessions"], 1)]
+    lines += ["", "## Model and training", ""]
+    lines += _kv_table([
+        ("memory", f"{f['memory'] or NA}"), ("parameters", f"{fmt(s.get('params_total', plan.get('params_total')), ',')} "
+                                             f"total, {fmt(s.get('params_memory', plan.get('params_memory')), ',')} memory"),
+        ("FLOPs per token", fmt(s.get("flops_per_token", plan.get("flops_per_token")), ",")),
+        ("batch", f"{fmt(args.get('total_batch_size'), ',')} tokens per step, sequence length "
+                  f"{fmt(args.get('max_seq_len'))}"),
+        ("tokens", fmt(s.get("tokens"), ",")), ("FLOPs", fmt(s.get("flops"), ".3e")),
+        ("wall time", fmt_duration(s.get("wall_time_s"))), ("train time", fmt_duration(s.get("train_time_s"))),
+        ("throughput (tok/s)", fmt_throughput(s)), ("MFU", fmt_mfu(s, env))])
+    lines += ["", "## Results", ""]
+    lines += _kv_table([("val bpb", fmt(s.get("val_bpb"), ".6f")), ("train bpb", fmt(s.get("train_bpb"), ".6f")),
+                        ("CORE", fmt_core(s)), ("last train loss", fmt(_last_train_loss(run_dir), ".6f"))])
+    if s.get("core_missing"):
+        lines += ["", f"CORE tasks missing from the bundle: {', '.join(s['core_missing'])}."]
+    lines += ["", "Files: `config.json` (resolved flags), `summary.json`, `metrics.jsonl`, `environment.json`, "
+              "`checkpoints/`."]
+    return "\n".join(lines) + "\n"
+
+
+def _last_train_loss(run_dir) -> float | None:
+    try:
+        losses = [r["loss"] for r in read_metrics(run_dir) if r.get("kind") == "train" and "loss" in r]
+    except (FileNotFoundError, ValueError):
+        return None
+    return losses[-1] if losses else None
+
+
+def write_run_report(run_dir) -> Path:
+    """Write ``<run_dir>/report.md`` (atomically) and return its path."""
+    path = Path(run_dir) / REPORT
+    _write_text(path, run_report(run_dir))
+    return path
+
+
+# ---- comparing runs ----------------------------------------------------------------------------------------
+COMPARISON_HEADER = "| run | memory | params total | params memory | steps | tokens | train min | val bpb | CORE |"
+
+
+def comparison_table(facts: list[dict]) -> list[str]:
+    """One markdown row per run (``run_facts``): the table of the speedrun report and of the README's CPU demo."""
+    lines = [COMPARISON_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for f in facts:
+        s, plan = f["summary"], f["plan"]
+        train_s = s.get("train_time_s")
+        lines.append(" | ".join([
+            f"| {f['run_name']}", f["memory"] or NA, fmt(s.get("params_total", plan.get("params_total")), ","),
+            fmt(s.get("params_memory", plan.get("params_memory")), ","), fmt(s.get("step")), fmt(s.get("tokens"), ","),
+            fmt(train_s / 60 if train_s is not None else None, ".1f"), fmt(s.get("val_bpb"), ".4f"),
+            fmt_core(s)]) + " |")
+    return lines
+
+
+def provenance_table(facts: list[dict]) -> list[str]:
+    lines = ["| run | code | hardware | world size | software |", "|---|---|---|---:|---|"]
+    for f in facts:
+        env = f["env"]
+        lines.append(f"| {f['run_name']} | {fmt_code(env)} | {fmt_hardware(env)} | {fmt(env.get('world_size'))} | "
+                     f"{fmt_software(env)} |")
+    return lines
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,131 @@
+"""Compare training runs: one markdown report plus the loss/bpb curves as a PNG, from the run directories' files.
+
+    python -m scripts.report runs/A runs/B ...                       # -> <common parent>/report.md + _curves.png
+    python -m scripts.report runs/A runs/B --output OUT.md --title "..."
+    python -m scripts.report runs/A --run-report                     # rebuild runs/A/report.md (one run's report)
+    python -m scripts.report runs/speedrun_cpu/base runs/speedrun_cpu/mome --output runs/speedrun_cpu/report.md \\
+        --readme README.md                                           # also put the table in the README
+
+The table (printed too) has one row per run: params, steps, tokens, train minutes, tok/s, val bpb, CORE; then
+throughput and MFU, and where each run came from (commit, dirty flag, hardware, world size, versions).
+``--readme FILE`` replaces the table between the ``<!-- cpu-demo-table -->`` and ``<!-- /cpu-demo-table -->``
+lines of FILE, so the README shows exactly what the last CPU demo printed.
+"""
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, provenance_table, read_metrics, run_facts,
+                             write_run_report)
+
+README_START, README_END = "<!-- cpu-demo-table -->", "<!-- /cpu-demo-table -->"
+
+
+def default_output(run_dirs: list[Path]) -> Path:
+    """<common parent>/report.md; comparison.md when that directory is itself a run (its report.md is taken)."""
+    parent = Path(os.path.commonpath([str(p.resolve()) for p in run_dirs]))
+    return parent / ("comparison.md" if (parent / "config.json").is_file() else "report.md")
+
+
+def curve_series(run_dir: Path) -> dict:
+    """{"loss": [(tokens, train loss)], "val_bpb": [(tokens, val bpb)]} from metrics.jsonl."""
+    out = {"loss": [], "val_bpb": []}
+    for r in read_metrics(run_dir):
+        if r.get("kind") == "train" and "loss" in r:
+            out["loss"].append((r.get("tokens", r["step"]), r["loss"]))
+        elif r.get("kind") in ("eval", "final") and r.get("val_bpb") is not None:
+            out["val_bpb"].append((r.get("tokens", r["step"]), r["val_bpb"]))
+    return out
+
+
+def plot_curves(facts: list[dict], out: Path) -> Path:
+    from scripts.plot import _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for f in facts:
+        series, name = curve_series(f["run_dir"]), f["run_name"]
+        for ax, key in zip(axes, ("loss", "val_bpb")):
+            if series[key]:
+                x, y = zip(*series[key])
+                ax.plot(x, y, marker="o" if len(x) < 5 else None, label=name)
+    for ax, ylabel in zip(axes, ("train loss (nats/token)", "val bpb")):
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, bbox_inches="tight", dpi=120)
+    plt.close(fig)
+    return out
+
+
+def comparison_report(facts: list[dict], title: str, curves: Path | None, command: str) -> str:
+    lines = [f"# {title}", "", *comparison_table(facts), ""]
+    if curves is not None:
+        lines += [f"![train loss and val bpb against tokens]({curves.name})", ""]
+    lines += ["## Throughput", "", "| run | tok/s | MFU | wall min |", "|---|---|---|---:|"]
+    for f in facts:
+        wall = f["summary"].get("wall_time_s")
+        lines.append(f"| {f['run_name']} | {fmt_throughput(f['summary'])} | {fmt_mfu(f['summary'], f['env'])} | "
+                     f"{f'{wall / 60:.1f}' if wall is not None else NA} |")
+    lines += ["", "## Provenance", "", *provenance_table(facts), "",
+              f"Written by `{command}` from each run directory's config.json, summary.json, metrics.jsonl and "
+              "environment.json; each run's own report is its report.md."]
+    return "\n".join(lines) + "\n"
+
+
+def replace_readme_table(readme: Path, table: list[str]) -> None:
+    text = readme.read_text()
+    if text.count(README_START) != 1 or text.count(README_END) != 1:
+        raise ValueError(f"{readme} needs exactly one {README_START} line and one {README_END} line around the "
+                         "table to replace")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(head + README_START + "\n" + "\n".join(table) + "\n" + README_END + tail)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dirs", nargs="+", type=Path, help="run directories (each with config.json/summary.json)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="markdown file to write (default: <common parent of the runs>/report.md); the curves go "
+                   "next to it as <name>_curves.png")
+    p.add_argument("--title", default="Run comparison", help="report title")
+    p.add_argument("--no-curves", action="store_true", help="skip the PNG")
+    p.add_argument("--readme", type=Path, default=None, help="also replace the CPU-demo table in this README")
+    p.add_argument("--run-report", action="store_true", help="rebuild each run's own report.md instead")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "scripts.report", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        if args.run_report:
+            for run_dir in args.run_dirs:
+                print(f"wrote {write_run_report(run_dir)}")
+            return 0
+        facts = [run_facts(d) for d in args.run_dirs]
+        out = args.output or default_output(args.run_dirs)
+        curves = None if args.no_curves else plot_curves(facts, out.with_name(out.stem + "_curves.png"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(comparison_report(facts, args.title, curves, command))
+        table = comparison_table(facts)
+        if args.readme is not None:
+            replace_readme_table(args.readme, table)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(table))
+    print(f"report written to {out}" + (f" (curves: {curves})" if curves else "")
+          + (f"; table written to {args.readme}" if args.readme else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Run reports (nanochat/report.py) and the comparison report (scripts/report.py)."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from nanochat import checkpoint as ckpt
+from nanochat import report
+from scripts import base_train
+from scripts import report as report_cli
+
+REPO = report.REPO
+TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
+        "--max-seq-len", "32", "--eval-tokens", "256", "--eval-every", "-1", "--no-final-core",
+        "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
+
+
+def table_value(md: str, key: str) -> str:
+    """The value column of the ``| key | value |`` row of a report."""
+    rows = [line for line in md.splitlines() if line.startswith(f"| {key} | ")]
+    assert len(rows) == 1, (key, rows)
+    return rows[0][len(f"| {key} | "):-2]
+
+
+def test_tiny_run_report_has_provenance_and_results(tmp_path):
+    run = tmp_path / "run"
+    assert base_train.main([*TINY, "--run-dir", str(run), "--run-name", "tiny"]) == 0
+    md = (run / "report.md").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    git = report.git_state()
+    if git["commit"] is None:  # e.g. an exported tarball: the report must say so instead of inventing one
+        assert table_value(md, "code") == "n/a"
+    else:
+        assert table_value(md, "code").startswith(f"`{git['commit'][:12]}` (")
+    assert table_value(md, "software") == f"Python {report.platform.python_version()}, torch {torch.__version__}, " \
+                                          f"CUDA {torch.version.cuda or 'n/a'}, driver n/a"
+    assert table_value(md, "hardware").startswith("CPU: ") and table_value(md, "world size") == "1"
+    assert table_value(md, "val bpb") == f"{summary['val_bpb']:.6f}" and table_value(md, "CORE") == "n/a"
+    assert table_value(md, "tokens") == "1,024" and table_value(md, "parameters").endswith(" total, 0 memory")
+    assert table_value(md, "throughput (tok/s)") == (
+        f"{summary['tok_per_sec']:,.0f} (steady state: steps after the first 3 of each process; timed steps: 1; "
+        f"all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f})")
+    if not torch.cuda.is_available():  # CPU: no peak FLOP/s, so the MFU of 0 is reported as unknown
+        cpu = json.loads((run / "environment.json").read_text())["sessions"][0]["device_name"]
+        assert table_value(md, "MFU") == f"n/a (no peak FLOP/s known for {cpu})"
+    assert table_value(md, "data") == "synthetic token stream (--synthetic-data)"
+    assert md.startswith("# Run report: tiny\n\nStop reason: completed, step 4 of 4.")
+    # a resumed run records a second session; the report lists both
+    shutil.rmtree(ckpt.step_dir(run, 4))
+    assert base_train.main([*TINY, "--run-dir", str(run), "--run-name", "tiny", "--resume"]) == 0
+    sessions = json.loads((run / "environment.json").read_text())["sessions"]
+    assert len(sessions) == 2 and all(s["world_size"] == 1 and s["device_type"] == "cpu" for s in sessions)
+    assert "Trained in 2 sessions (resumed):" in (run / "report.md").read_text()
+    # a fresh run in the same directory starts the record afresh
+    assert base_train.main([*TINY, "--run-dir", str(run), "--run-name", "tiny", "--num-iterations", "2"]) == 0
+    assert len(json.loads((run / "environment.json").read_text())["sessions"]) == 1
+    assert "sessions (resumed)" not in (run / "report.md").read_text()
+
+
+def fake_run(root, name, memory, summary_extra=None, env_extra=None, metrics=None):
+    """A run directory written by hand: the files base_train writes, with chosen values."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({
+        "args": {"run_name": name, "total_batch_size": 4096, "max_seq_len": 256, "dataset": "embedded",
+                 "data_dir": str(root / "data")},
+        "model_config": {"memory": memory}, "plan": {"num_iterations": 300}, "world_size": 8}))
+    summary = {"run_name": name, "stop_reason": "completed", "step": 300, "num_iterations": 300,
+               "tokens": 1_228_800, "params_total": 5_242_888, "params_memory": 0, "train_time_s": 264.0,
+               "wall_time_s": 300.0, "val_bpb": 2.066043, "core": -0.016284, "core_label": "CORE-19/22",
+               **(summary_extra or {})}
+    (run / "summary.json").write_text(json.dumps(summary))
+    env = {"commit": "0123456789abcdef" * 2 + "01234567", "dirty": True, "python": "3.11.7", "torch": "2.13.0",
+           "cuda": "12.8", "driver": "570.124.06", "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
+           "device_count": 8, "world_size": 8, **(env_extra or {})}
+    (run / "environment.json").write_text(json.dumps({"sessions": [env]}))
+    records = metrics or [{"kind": "train", "step": s, "tokens": s * 4096, "loss": 8.0 - s / 100} for s in
+                          range(10, 301, 10)] + [{"kind": "final", "step": 300, "tokens": 1_228_800, "val_bpb": 2.066043}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_report_reads_throughput_mfu_and_gpu_environment(tmp_path):
+    run = fake_run(tmp_path, "a", "mome", {"tok_per_sec": 512_345.6, "tok_per_sec_steps": 297, "mfu": 41.234,
+                                           "tok_per_sec_all_steps": 498_765.4, "tok_per_sec_window": "4-300"})
+    md = report.run_report(run)
+    assert table_value(md, "throughput (tok/s)") == ("512,346 (timed steps: 297; all steps incl. warm-up: 498,765; "
+                                                      "tok_per_sec_window: 4-300)")
+    assert table_value(md, "MFU") == "41.23%"
+    assert table_value(md, "hardware") == "8 x NVIDIA H100 80GB HBM3 visible"
+    assert table_value(md, "software") == "Python 3.11.7, torch 2.13.0, CUDA 12.8, driver 570.124.06"
+    assert table_value(md, "code") == "`0123456789ab` (dirty: uncommitted changes)"
+    assert table_value(md, "CORE") == "-0.0163 (CORE-19/22)" and table_value(md, "last train loss") == "5.000000"
+    assert table_value(md, "wall time") == "5.0 min" and table_value(md, "data").startswith("embedded in `")
+    # keys an older run (or a CPU run) lacks are "n/a", never invented
+    (run / "summary.json").write_text(json.dumps({"run_name": "a", "step": 3, "mfu": 0.0}))
+    (run / "environment.json").unlink()
+    md = report.run_report(run)
+    for key in ("throughput (tok/s)", "val bpb", "code", "software", "hardware", "world size"):
+        assert table_value(md, key) == "n/a", key
+    assert table_value(md, "MFU") == "n/a (no peak FLOP/s known for this device)"
+
+
+def test_comparison_report_curves_and_readme_table(tmp_path, capsys):
+    a = fake_run(tmp_path / "runs", "speedrun_cpu_base", "base", {"tok_per_sec": 4655.0})
+    b = fake_run(tmp_path / "runs", "speedrun_cpu_mome", "mome",
+                 {"params_total": 8_401_208, "params_memory": 3_145_728, "val_bpb": 2.05331, "core": None},
+                 {"dirty": False, "device_type": "cpu", "cpu": "AMD EPYC", "cpu_count": 2, "torch_threads": 2})
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report_cli.README_START}\n| old | table |\n{report_cli.README_END}\n(notes)\n")
+    assert report_cli.main([str(a), str(b), "--title", "CPU demo", "--readme", str(readme)]) == 0
+    rows = ["| speedrun_cpu_base | base | 5,242,888 | 0 | 300 | 1,228,800 | 4.4 | 2.0660 | -0.0163 (CORE-19/22) |",
+            "| speedrun_cpu_mome | mome | 8,401,208 | 3,145,728 | 300 | 1,228,800 | 4.4 | 2.0533 | n/a |"]
+    out = capsys.readouterr().out
+    assert out.splitlines()[2:4] == rows and report.COMPARISON_HEADER in out
+    md = (tmp_path / "runs" / "report.md").read_text()
+    assert md.startswith("# CPU demo\n\n" + report.COMPARISON_HEADER) and all(r in md for r in rows)
+    assert "| speedrun_cpu_mome | `0123456789ab` (clean) | CPU: AMD EPYC (2 cores, 2 torch threads) | 8 |" in md
+    assert "![train loss and val bpb against tokens](report_curves.png)" in md
+    assert "| speedrun_cpu_base | 4,655 | n/a | 5.0 |" in md  # no "mfu" key in this summary
+    assert (tmp_path / "runs" / "report_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = readme.read_text()
+    assert text == ("intro\n" + report_cli.README_START + "\n" + "\n".join(report.comparison_table(
+        [report.run_facts(a), report.run_facts(b)])) + "\n" + report_cli.README_END + "\n(notes)\n")
+    assert "| old | table |" not in text and rows[0] in text
+    # errors: not a run directory, a README without the markers
+    assert report_cli.main([str(tmp_path / "nothing")]) == 2
+    assert "neither config.json nor summary.json" in capsys.readouterr().err
+    readme.write_text("no markers\n")
+    assert report_cli.main([str(a), "--no-curves", "--output", str(tmp_path / "c.md"), "--readme", str(readme)]) == 2
+    assert "<!-- cpu-demo-table -->" in capsys.readouterr().err
+    # a single run: the default comparison file does not overwrite the run's own report.md
+    assert report_cli.main([str(a), "--no-curves"]) == 0 and (a / "comparison.md").is_file()
+    assert report_cli.main([str(a), "--run-report"]) == 0 and (a / "report.md").read_text().startswith("# Run report")
+
+
+def test_readme_cpu_demo_table_is_the_report_table():
+    """The README's CPU-demo figures sit between the markers scripts.report --readme rewrites, in its format."""
+    text = (REPO / "README.md").read_text()
+    assert text.count(report_cli.README_START) == 1 and text.count(report_cli.README_END) == 1
+    block = text.split(report_cli.README_START)[1].split(report_cli.README_END)[0].strip().splitlines()
+    assert block[0] == report.COMPARISON_HEADER and len(block) == 4
+    assert [row.split(" | ")[0] for row in block[2:]] == ["| speedrun_cpu_base", "| speedrun_cpu_mome"]
+
+
+def test_git_state(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    assert report.git_state(tmp_path) == {"commit": None, "dirty": None}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f.txt").write_text("a")
+    subprocess.run([*git, "-C", str(tmp_path), "add", "f.txt"], check=True)
+    subprocess.run([*git, "-C", str(tmp_path), "commit", "-qm", "x"], check=True)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    (tmp_path / "untracked.txt").write_text("not part of the code")
+    assert report.git_state(tmp_path) == {"commit": head.strip(), "dirty": False}
+    (tmp_path / "f.txt").write_text("b")
+    assert report.git_state(tmp_path) == {"commit": head.strip(), "dirty": True}
