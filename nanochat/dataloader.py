@@ -273,22 +273,45 @@ class PackedDataLoader:
 
 
 # ---- validation ---------------------------------------------------------------------------------------------
-def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=1000) -> torch.LongTensor:
+EVAL_CHUNK_DOCS = 128
+
+
+def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=1000, rank=0,
+                    world_size=1) -> torch.LongTensor:
     """A fixed (N, seq_len+1) set of packed rows, N = ceil(num_tokens / seq_len).
 
     Documents are taken in manifest order without shuffling and packed exactly like training rows, so the set
     depends only on the data, the tokenizer and seq_len, never on world size or device batch size.
+
+    With several ranks (collective: every rank must call it) the tokenization is split: the documents come in
+    chunks of 128, rank r tokenizes chunks r, r+W, ... of each round of W chunks and the ranks exchange the
+    tokens, so each tokenizes ~1/W of the text and every rank packs the same rows.
     """
     from nanochat.dataset import iter_documents
 
     n_rows = math.ceil(num_tokens / seq_len)
     docs = iter_documents(data_dir, split)
     packer = BestFitPacker(seq_len + 1, buffer_docs)
+    ready: list[list[np.ndarray]] = []  # tokenized chunks in document order, not yet packed
+
+    def next_round() -> None:
+        texts = [[t or "" for _, t in zip(range(EVAL_CHUNK_DOCS), docs)] for _ in range(world_size)]
+        mine = _tokenize_docs(tokenizer, texts[rank])
+        if world_size > 1:
+            import torch.distributed as dist
+
+            chunks = [None] * world_size
+            dist.all_gather_object(chunks, mine)
+        else:
+            chunks = [mine]
+        ready.extend(chunks)
 
     def refill() -> bool:
-        texts = [t for _, t in zip(range(128), docs)]
-        packer.add(_tokenize_docs(tokenizer, [t or "" for t in texts]))
-        return bool(texts)
+        if not ready:
+            next_round()
+        chunk = ready.pop(0)
+        packer.add(chunk)
+        return bool(chunk)
 
     rows = np.empty((n_rows, seq_len + 1), dtype=np.int64)
     for i in range(n_rows):

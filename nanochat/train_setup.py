@@ -55,9 +55,11 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         load_manifest(data_dir)
         loader = PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
                                   rank=rank, world_size=world, seed=args.data_seed, device=device)
-        rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens)
+        rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
+                               world_size=world)
         # the paper's "train bpb": the same budget on the first documents of the train split (seen data)
-        train_rows = build_eval_rows(data_dir, "train", tokenizer, args.max_seq_len, args.eval_tokens)
+        train_rows = build_eval_rows(data_dir, "train", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
+                                     world_size=world)
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
     token_bytes = get_token_bytes(tok_dir, device="cpu")

@@ -83,7 +83,7 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> 
         print0(f"bpb data: {data_dir} ({source})")
         out["data_dir"] = str(data_dir)
         for split in splits:
-            rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens)
+            rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank, world_size=world)
             bpb = evaluate_bpb(model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx)
             out["splits"][split] = bpb
             print0(f"{split} bpb: {bpb:.6f}")

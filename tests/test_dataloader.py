@@ -176,3 +176,19 @@ def test_eval_rows_independent_of_world_and_batch_size(embedded_data_dir, tiny_t
         assert sorted(seen) == reference
     with pytest.raises(DataError, match="--eval-tokens"):
         build_eval_rows(embedded_data_dir, "val", tiny_tokenizer, 128, 10**9)
+
+
+def test_eval_rows_tokenized_across_ranks_equal_one_process(embedded_data_dir, tiny_tokenizer_dir, tmp_path):  # noqa: F811
+    """2 gloo ranks split the tokenization (each ~half the documents) and pack exactly the 1-process rows."""
+    from conftest import REPO, run_torchrun
+    from nanochat.tokenizer import Tokenizer
+
+    out = tmp_path / "rows.pt"
+    r = run_torchrun(REPO / "tests" / "_eval_rows_worker.py", 2, [str(embedded_data_dir), str(tiny_tokenizer_dir),
+                                                                   str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = torch.load(out)
+    one = build_eval_rows(embedded_data_dir, "val", Tokenizer.load(tiny_tokenizer_dir), 128, 20000)
+    assert torch.equal(res["rows"], one)
+    a, b = res["docs_tokenized"]
+    assert abs(a - b) <= 128 and a + b >= 2 * 128  # chunks of 128 documents alternate between the ranks
