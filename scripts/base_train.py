@@ -371,7 +371,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
 
 def preflight(args) -> None:
     """Flag checks that need the memory registry or the world size, before any process group, data or model."""
-    model_config(args, args.vocab_size or DRY_RUN_VOCAB)  # family geometry and memory flags
+    model_summary(model_config(args, args.vocab_size or DRY_RUN_VOCAB))  # family geometry, memory flags (meta)
     grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
 
 

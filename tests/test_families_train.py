@@ -1,0 +1,88 @@
+"""The trainer with --model-type: named-size presets, dry-run accounting, flag errors, train + bit-exact resume
+of a tiny MobileLLM/Qwen3 model with STEM and MoME, and evaluation/sampling from its checkpoint."""
+
+import json
+import shutil
+
+import pytest
+
+from nanochat import checkpoint as ckpt
+from nanochat.train_args import parse_args
+from scripts import base_train
+
+TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--model-dim", "64", "--num-heads", "4",
+        "--num-kv-heads", "2", "--max-seq-len", "32", "--eval-tokens", "256", "--eval-every", "-1", "--no-final-core",
+        "--device-batch-size", "4", "--total-batch-size", "256"]
+
+
+def dry(tmp_path, capsys, *argv) -> dict:
+    assert base_train.main([*argv, "--dry-run", "--run-dir", str(tmp_path / "dry")]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_named_sizes_are_presets_that_flags_override(tmp_path, capsys):
+    plan = dry(tmp_path, capsys, "--model-type", "qwen3-0.6b", "--memory", "stem", "--num-iterations", "38146")
+    assert (plan["params_total"], plan["params_memory"]) == (1_839_267_840, 1_409_286_144)
+    assert plan["muon_weight_decay"] == pytest.approx(0.2 * (12 / 28) ** 2) and plan["total_tokens"] == 19_999_490_048
+    args = parse_args(["--model-type", "mobilellm-350m", "--depth", "4"])
+    assert (args.depth, args.model_dim, args.num_heads, args.num_kv_heads, args.tie_embeddings) == (4, 960, 15, 5, False)
+    cfg = base_train.model_config(args, 32768)
+    assert (cfg.family, cfg.n_layer, cfg.head_dim, cfg.ffn_hidden, cfg.tie_embeddings) == ("mobilellm", 4, 64, 2560, False)
+    # a config file's model-type selects the preset too, and the command line still wins over both
+    conf = tmp_path / "c.toml"
+    conf.write_text('model-type = "mobilellm-125m"\nnum-kv-heads = 9\n')
+    args = parse_args(["--config", str(conf), "--depth", "3"])
+    assert (args.model_type, args.depth, args.model_dim, args.num_kv_heads) == ("mobilellm-125m", 3, 576, 9)
+    assert base_train.resolve_run_dir(args).name == "mobilellm-125m-base"
+
+
+def test_qwen3_explicit_head_dim_and_family_defaults(tmp_path, capsys):
+    args = parse_args(["--model-type", "qwen3", "--depth", "2", "--model-dim", "96", "--num-heads", "4",
+                       "--head-dim", "32", "--num-kv-heads", "2"])
+    cfg = base_train.model_config(args, 256)
+    assert (cfg.n_head * cfg.head_dim, cfg.n_embd, cfg.ffn_hidden, cfg.tie_embeddings) == (128, 96, 288, True)
+    plan = dry(tmp_path, capsys, "--model-type", "mobilellm", "--depth", "2", "--aspect-ratio", "128",
+               "--head-dim", "64", "--num-iterations", "5")
+    # C = 256, H = 4 heads of 64 (MHA), F = int(8*256/3) -> 768, tied: 2*(4*256^2 + 3*256*768 + 2*256) + 256 + V*C
+    assert plan["params_total"] == 2 * (4 * 256 * 256 + 3 * 256 * 768 + 2 * 256) + 256 + 32768 * 256
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ffn-dim", "100"], "--ffn-dim does not apply to --model-type nanochat"),
+    (["--tie-embeddings"], "--tie-embeddings does not apply to --model-type nanochat"),
+    (["--memory", "stem"], "--memory stem replaces the up-projection of a SwiGLU FFN"),
+    (["--model-type", "mobilellm", "--num-heads", "4", "--num-kv-heads", "3"], "not divisible by --num-kv-heads 3"),
+    (["--model-type", "llama-7b"], "--model-type: invalid choice: 'llama-7b'"),
+])
+def test_bad_family_flags_fail_before_any_work(tmp_path, capsys, argv, needle):
+    argv = ["--synthetic-data", "--depth", "2", "--model-dim", "64", "--head-dim", "32", "--num-iterations", "2", *argv]
+    try:
+        rc = base_train.main([*argv, "--run-dir", str(tmp_path / "r")])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def _losses(run_dir):
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}
+
+
+@pytest.mark.parametrize("family,memory", [("mobilellm", ["--memory", "stem"]),
+                                           ("qwen3", ["--memory", "mome", "--mome-slots", "4", "--head-dim", "32"])])
+def test_train_resume_bit_exact_and_checkpoint_tools(tmp_path, family, memory):
+    run = tmp_path / family
+    argv = [*TINY, "--model-type", family, *memory, "--run-dir", str(run), "--num-iterations", "6", "--save-every", "3",
+            "--warmup-ratio", "0.34"]
+    assert base_train.main(argv) == 0
+    full = _losses(run)
+    assert full[6] < full[1]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["params_memory"] > 0
+    shutil.rmtree(ckpt.step_dir(run, 6))
+    assert base_train.main([*argv, "--resume"]) == 0
+    assert _losses(run) == full  # identical floats after the resume
+    model, meta = ckpt.load_model(run)
+    assert meta["model_config"]["family"] == family and type(model).__name__ == {"mobilellm": "Llama", "qwen3": "Qwen3"}[family]
+    assert base_train.main([*argv, "--resume", "--model-type", "nanochat"]) == 2  # another family: refused
