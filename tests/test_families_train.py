@@ -86,3 +86,27 @@ def test_train_resume_bit_exact_and_checkpoint_tools(tmp_path, family, memory):
     model, meta = ckpt.load_model(run)
     assert meta["model_config"]["family"] == family and type(model).__name__ == {"mobilellm": "Llama", "qwen3": "Qwen3"}[family]
     assert base_train.main([*argv, "--resume", "--model-type", "nanochat"]) == 2  # another family: refused
+
+
+def test_real_data_core_bpb_and_sampling(tmp_path, capsys, embedded_data_dir, tiny_tokenizer_dir):
+    """A tiny Qwen3 + STEM on the embedded corpus: final val/train bpb and CORE (shipped subset) in summary.json,
+    then scripts.base_eval and scripts.sample read the checkpoint (its meta names the family)."""
+    from scripts import base_eval, sample
+
+    run = tmp_path / "q"
+    argv = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--model-type", "qwen3",
+            "--depth", "2", "--model-dim", "64", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "32",
+            "--max-seq-len", "64", "--device-batch-size", "2", "--total-batch-size", "256", "--eval-tokens", "512",
+            "--eval-every", "-1", "--num-iterations", "3", "--memory", "stem", "--bundle", "subset",
+            "--core-max-per-task", "2", "--run-dir", str(run)]
+    assert base_train.main(argv) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["val_bpb"] > 0 and summary["train_bpb"] > 0 and -1 <= summary["core"] <= 1
+    assert base_eval.main(["--run", str(run), "--eval", "bpb", "--eval-tokens", "512", "--device-batch-size", "2",
+                           "--no-progress", "--device-type", "cpu"]) == 0
+    capsys.readouterr()
+    sample.main(["--run", str(run), "--prompt", "The", "--max-tokens", "5", "--temperature", "0", "--device-type", "cpu"])
+    assert "--- sample 0 (step 3) ---" in capsys.readouterr().out
+
+
+from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
