@@ -229,6 +229,29 @@ def test_latency_bench_runs_tiny(tmp_path, capsys):
     assert "mome-hidden" not in MEMORY_BLOCKS  # registered only while the benchmark runs
 
 
+def test_latency_bench_family_archs(tmp_path, capsys):
+    from conftest import load_bench
+
+    bench = load_bench("latency")
+    out = tmp_path / "lat.json"
+    assert bench.main(["--archs", "mobilellm350,qwen3_0p6b", "--mem-layers", "2", "--vocab-size", "256", "--reps", "1",
+                       "--warmup", "0", "--context", "4", "--seq-len", "4", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["arch"], r["width"], r["n_head"]) for r in rows] == [("mobilellm350", 960, 15), ("qwen3_0p6b", 1024, 16)]
+    assert "qwen3_0p6b" in capsys.readouterr().out
+    cfg = bench.make_config(bench.parse_args(["--archs", "qwen3_0p6b"]), 1024, 2, "mome", "qwen3_0p6b")
+    assert (cfg.family, cfg.n_kv_head, cfg.head_dim, cfg.ffn_hidden, cfg.memory_layers) == ("qwen3", 8, 128, 3072, (0, 1))
+    with bench.hidden_variant_registered():  # hidden-state injection on GQA: C/d groups of head_dim channels
+        with torch.device("meta"):
+            from nanochat.families import FAMILIES
+
+            model = FAMILIES["mobilellm"].model_cls(
+                bench.make_config(bench.parse_args([]), 960, 2, "mome-hidden", "mobilellm350"))
+        assert (model.memory.H, model.memory.d) == (15, 64)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--archs", "nanochat,qwen3_0p6b"])
+
+
 def test_hidden_injection_variant_adds_to_residual_not_values():
     from conftest import load_bench
 
