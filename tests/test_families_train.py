@@ -110,3 +110,29 @@ def test_real_data_core_bpb_and_sampling(tmp_path, capsys, embedded_data_dir, ti
 
 
 from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
+
+
+def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
+    """Fake finished runs for two rows of the m125 block: BB-avg from core_tasks, Wall from tok/s vs the block's
+    Base, the paper's numbers beside ours; the families plot draws every block (paper-only bars for missing runs)."""
+    from scripts import plot, results
+
+    runs = tmp_path / "runs"
+    bigbench = {t: {"accuracy": 0.1 * (i + 1)} for i, t in enumerate(results.BIGBENCH)}  # mean 35%
+    for row, tps in (("m125_base", 100.0), ("m125_mome_a2_6", 80.0)):
+        d = runs / "families" / row / "seed42"
+        d.mkdir(parents=True)
+        d.joinpath("summary.json").write_text(json.dumps({"val_bpb": 0.9, "train_bpb": 0.91, "core": 0.15,
+                                                          "core_tasks": bigbench, "tok_per_sec": tps,
+                                                          "params_memory": 188_743_680, "params_total": 313_828_794}))
+    results.main(["--table", "families", "--runs-root", str(runs), "--out", str(tmp_path / "res")])
+    md = (tmp_path / "res" / "families.md").read_text()
+    header = md.splitlines()[0]
+    assert "paper BB-avg" in header and "paper Wall" in header
+    line = next(l for l in md.splitlines() if "MoME-A2/6" in l)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    i = header.strip("|").split("|").index(" BB-avg ")
+    assert cells[i:i + 6] == ["35.00", "21.98", "+13.0200", "1.25", "1.07", "+0.1800"]
+    assert "188.7 / 313.8" in line and "188.7 / –" in line
+    assert plot.main(["families", "--runs-root", str(runs), "--out", str(tmp_path / "fam")]) is None
+    assert (tmp_path / "fam.png").stat().st_size > 1000
