@@ -8,7 +8,8 @@
 
 Named sizes are flag presets, applied before a ``--config`` file and the command line (which override them):
 ``mobilellm-125m`` (30 x 576, 9/3 heads of 64, tied), ``mobilellm-350m`` (32 x 960, 15/5 heads, untied),
-``qwen3-0.6b`` (28 x 1024, 16/8 heads of 128, tied). Every model class is built on the meta device and
+``qwen3-0.6b`` (28 x 1024, 16/8 heads of 128, tied); so are each family's recipe defaults (``FAMILY_RECIPES``,
+``TABLE_RECIPES``: warmup, memory-table AdamW). Every model class is built on the meta device and
 initialised by ``init_weights()``; it exposes ``config``, ``memory``, ``wte``, ``rotary_len``, ``max_seq_len``,
 ``num_params()``, ``estimate_flops()`` and ``forward(idx, targets=None, kv_cache=None, loss_reduction)``.
 Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` line per size).
@@ -50,6 +51,15 @@ NAMED_SIZES: dict[str, tuple[str, dict]] = {  # geometry of the paper's families
 }
 MODEL_TYPES = (*FAMILIES, *NAMED_SIZES)
 
+# The reference recipe's defaults per family (families spec §4-§7), also presets that flags override: Qwen3 warms
+# up over 1% of the steps; MobileLLM's VE/MoME tables use AdamW lr 0.1 with betas (0.8, 0.95) (Qwen3 keeps the
+# nanochat 0.2 / (0.8, 0.995)); STEM tables train like the embedding (lr 0.3, betas (0.8, 0.95), no decay).
+FAMILY_RECIPES = {"qwen3": {"warmup-ratio": 0.01}}
+TABLE_RECIPES = {("mobilellm", "ve"): {"memory-lr": 0.1, "memory-beta2": 0.95},
+                 ("mobilellm", "mome"): {"memory-lr": 0.1, "memory-beta2": 0.95},
+                 ("mobilellm", "stem"): {"memory-lr": 0.3, "memory-beta2": 0.95, "memory-wd": 0.0},
+                 ("qwen3", "stem"): {"memory-lr": 0.3, "memory-beta2": 0.95, "memory-wd": 0.0}}
+
 
 def family_name(model_type: str) -> str:
     if model_type in NAMED_SIZES:
@@ -59,12 +69,16 @@ def family_name(model_type: str) -> str:
     return model_type
 
 
-def preset_tokens(model_type: str) -> list[str]:
-    """The named size's geometry as command-line tokens (empty for a plain family name)."""
-    if model_type not in NAMED_SIZES:
+def preset_tokens(model_type: str, memory: str = "base") -> list[str]:
+    """Command-line tokens of the defaults a model type brings: a named size's geometry and the family's recipe
+    (for this memory block). Unknown model types give none (argparse reports them)."""
+    if model_type not in MODEL_TYPES:
         return []
+    family = family_name(model_type)
+    preset = {**NAMED_SIZES.get(model_type, ("", {}))[1], **FAMILY_RECIPES.get(family, {}),
+              **TABLE_RECIPES.get((family, memory), {})}
     tokens = []
-    for key, value in NAMED_SIZES[model_type][1].items():
+    for key, value in preset.items():
         tokens += [f"--{key}" if value else f"--no-{key}"] if isinstance(value, bool) else [f"--{key}", str(value)]
     return tokens
 

@@ -50,8 +50,9 @@ def _group_run(p):
 def _group_model(p):
     g = p.add_argument_group("model")
     g.add_argument("--model-type", choices=MODEL_TYPES, default="nanochat",
-                   help="backbone family (nanochat, mobilellm, qwen3) or a named size, whose geometry flags are "
-                        "defaults that a config file and the command line override (nanochat/families.py)")
+                   help="backbone family (nanochat, mobilellm, qwen3) or a named size; its geometry and the family's "
+                        "recipe (warmup, memory-table AdamW) are defaults that a config file and the command line "
+                        "override (nanochat/families.py)")
     g.add_argument("--depth", type=int, default=12, help="number of layers (the single size dial)")
     g.add_argument("--aspect-ratio", type=int, default=64, help="width = depth x aspect-ratio, rounded up to head-dim")
     g.add_argument("--head-dim", type=int, default=128, help="attention head size")
@@ -79,9 +80,11 @@ def _group_optim(p):
     g.add_argument("--adam-beta2", type=float, default=0.95, help="AdamW beta2")
     g.add_argument("--weight-decay", type=float, default=0.2,
                    help="Muon weight decay at depth 12 (scaled by (12/depth)^2, decayed linearly to 0)")
-    g.add_argument("--memory-lr", type=float, default=0.2, help="AdamW LR of memory tables")
+    g.add_argument("--memory-lr", type=float, default=0.2,
+                   help="AdamW LR of memory tables (--model-type mobilellm presets 0.1, STEM on any family 0.3)")
     g.add_argument("--memory-beta1", type=float, default=0.8, help="AdamW beta1 of memory tables")
-    g.add_argument("--memory-beta2", type=float, default=0.995, help="AdamW beta2 of memory tables")
+    g.add_argument("--memory-beta2", type=float, default=0.995,
+                   help="AdamW beta2 of memory tables (--model-type mobilellm and STEM preset 0.95)")
     g.add_argument("--memory-wd", type=float, default=None, help="weight decay of memory tables (default: the block's)")
 
 
@@ -179,6 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
     pre.add_argument("--model-type", default="nanochat")
+    pre.add_argument("--memory", default="base")
     known, _ = pre.parse_known_args(argv)
     tokens = []
     if known.config:
@@ -186,8 +190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             tokens = config_tokens(parser, known.config)
         except ValueError as e:
             parser.error(str(e))
-    model_type = pre.parse_known_args(tokens + argv)[0].model_type  # the command line's wins over the file's
-    args = parser.parse_args(preset_tokens(model_type) + tokens + argv)
+    chosen = pre.parse_known_args(tokens + argv)[0]  # the command line's model type and memory win over the file's
+    args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
     try:
         validate_args(args)
     except ValueError as e:

@@ -36,6 +36,17 @@ def test_named_sizes_are_presets_that_flags_override(tmp_path, capsys):
     assert base_train.resolve_run_dir(args).name == "mobilellm-125m-base"
 
 
+def test_family_recipe_defaults_are_presets():
+    a = parse_args(["--model-type", "mobilellm-125m", "--memory", "ve"])
+    assert (a.memory_lr, a.memory_beta1, a.memory_beta2, a.memory_wd, a.warmup_ratio) == (0.1, 0.8, 0.95, None, 0.0)
+    a = parse_args(["--model-type", "qwen3", "--memory", "stem"])
+    assert (a.memory_lr, a.memory_beta2, a.memory_wd, a.warmup_ratio) == (0.3, 0.95, 0.0, 0.01)
+    a = parse_args(["--model-type", "qwen3-0.6b", "--memory", "mome", "--memory-lr", "0.05", "--warmup-ratio", "0"])
+    assert (a.memory_lr, a.memory_beta2, a.warmup_ratio) == (0.05, 0.995, 0.0)  # flags win over the recipe
+    a = parse_args(["--memory", "ve"])  # nanochat: unchanged defaults
+    assert (a.memory_lr, a.memory_beta2, a.warmup_ratio) == (0.2, 0.995, 0.0)
+
+
 def test_qwen3_explicit_head_dim_and_family_defaults(tmp_path, capsys):
     args = parse_args(["--model-type", "qwen3", "--depth", "2", "--model-dim", "96", "--num-heads", "4",
                        "--head-dim", "32", "--num-kv-heads", "2"])
