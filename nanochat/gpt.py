@@ -268,18 +268,14 @@ class GPT(nn.Module):
 
 
 def build_model(config: GPTConfig, device: str | torch.device = "cpu", seed: int | None = None) -> GPT:
-    """Build on the meta device, materialise on ``device`` and initialise (optionally seeded)."""
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to_empty(device=device)
-    if seed is not None:
-        torch.manual_seed(seed)
-    model.init_weights()
-    return model
+    """Build on the meta device, materialise on ``device`` and initialise (optionally seeded); any family."""
+    from nanochat.families import build_model as build  # deferred: the families registry imports this module
+
+    return build(config, device, seed)
 
 
 def model_summary(config: GPTConfig) -> dict[str, int]:
     """params_total / params_memory / params_backbone / flops_per_token, computed on the meta device."""
-    with torch.device("meta"):
-        model = GPT(config)
-    return {**model.num_params(), "flops_per_token": model.estimate_flops()}
+    from nanochat.families import model_summary as summary
+
+    return summary(config)

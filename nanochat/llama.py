@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanochat.gpt import VOCAB_PAD_MULTIPLE, causal_attention, rotary_tables
+from nanochat.gpt import GPT, VOCAB_PAD_MULTIPLE, causal_attention, rotary_tables
 from nanochat.memory import build_memory
 from nanochat.optim import OptimConfig, adamw_group, finalize_groups, memory_table_group, shape_routed_groups
 
@@ -181,9 +181,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", torch.empty(1, self.rotary_len, 1, half), persistent=False)
         self.register_buffer("rope_sin", torch.empty(1, self.rotary_len, 1, half), persistent=False)
 
-    @property
-    def max_seq_len(self) -> int:
-        return self.config.sequence_len
+    max_seq_len = GPT.max_seq_len
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -210,28 +208,18 @@ class Llama(nn.Module):
                     trunc_normal_(lin.weight, std)
             trunc_normal_(block.mlp.c_proj.weight, cfg.ffn_hidden**-0.5)
 
-    # -- accounting ---------------------------------------------------------------------------------------
-    def memory_table_params(self) -> list[nn.Parameter]:
-        return self.memory.memory_tables()
+    # -- accounting (the same rules as the nanochat GPT) ------------------------------------------------------
+    memory_table_params = GPT.memory_table_params
+    num_params = GPT.num_params
 
     def scalar_params(self) -> list[nn.Parameter]:
         return list(self.memory.scalar_params())
 
-    def num_params(self) -> dict[str, int]:
-        total = sum(p.numel() for p in self.parameters())
-        memory = sum(p.numel() for p in self.memory_table_params())
-        return {"params_total": total, "params_memory": memory, "params_backbone": total - memory}
-
     def estimate_flops(self) -> int:
-        """FLOPs per token: 6 x (params minus wte, memory tables, scalars, plus the output head's V x C matmul
-        when it is the tied wte) + attention 12*H*d*T per layer. The reference estimator omits the tied head
-        (families spec §9, §11.7); ``reference_flops = estimate_flops - 6 V C`` for tied models."""
-        excluded = {id(p) for p in [self.wte.weight, *self.memory_table_params(), *self.scalar_params()]}
-        n = sum(p.numel() for p in self.parameters() if id(p) not in excluded)
-        cfg = self.config
-        if self.lm_head is None:
-            n += self.wte.weight.numel()
-        return 6 * n + cfg.n_layer * 12 * cfg.n_head * cfg.head_dim * cfg.sequence_len
+        """FLOPs per token: nanochat's rule (6 x params minus wte, memory tables and scalars, + 12*H*d*T attention
+        per layer) plus the output head's 6 V C when it is the tied wte. The reference estimator omits the tied
+        head (families spec §9, §11.7): ``reference = estimate_flops() - 6 V C`` for tied models."""
+        return GPT.estimate_flops(self) + (6 * self.wte.weight.numel() if self.lm_head is None else 0)
 
     def param_groups(self, oc: OptimConfig) -> list[dict]:
         """AdamW: wte (tied: at the family's tied_embedding_lr), lm_head, memory tables, memory scalars, and every
