@@ -147,3 +147,22 @@ def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
     assert "188.7 / 313.8" in line and "188.7 / –" in line
     assert plot.main(["families", "--runs-root", str(runs), "--out", str(tmp_path / "fam")]) is None
     assert (tmp_path / "fam.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("family", [["--model-type", "qwen3", "--head-dim", "32", "--memory", "stem"],
+                                    ["--model-type", "mobilellm", "--memory", "mome", "--mome-slots", "3",
+                                     "--mome-topk", "1", "--mome-router-input", "value", "--no-tie-embeddings"]],
+                         ids=["qwen3_stem", "mobilellm_mome_value_untied"])
+def test_two_process_torchrun_matches_one_process(tmp_path, family):
+    """The sharded MuonAdamW (row-sharded STEM/MoME tables, GQA matrices, untied head) under 2 gloo ranks."""
+    from conftest import REPO, run_torchrun
+
+    args = [*TINY, "--device-batch-size", "2", "--num-iterations", "3", *family]
+    runs = {}
+    for nproc in (1, 2):
+        r = run_torchrun(REPO / "scripts" / "base_train.py", nproc, [*args, "--run-dir", str(tmp_path / f"w{nproc}")])
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[nproc] = _losses(tmp_path / f"w{nproc}")
+    assert runs[1].keys() == runs[2].keys() == {1, 2, 3}
+    for s in runs[1]:
+        assert abs(runs[1][s] - runs[2][s]) < 1e-5, (s, runs[1][s], runs[2][s])
