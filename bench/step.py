@@ -1,7 +1,7 @@
 """Training-step cost of the memory designs: forward, backward and optimizer time, and peak memory.
 
     python bench/step.py [--device cpu|cuda] [--dtype float32|bfloat16] [--compile] [--reps 10] [--warmup 3]
-        [--tokens 4096] [--full-tokens 1024] [--sections layer,hook,full,mscale,memory] [--out FILE]
+        [--tokens 4096] [--full-tokens 1024] [--sections layer,hook,full,family,mscale,memory] [--out FILE]
 
 Sections (every design of a section lives in ONE process and the designs are timed round-robin, one step of
 each per repetition, so machine-load drift hits them alike and the ratios to Base and VE are same-run ratios):
@@ -16,6 +16,11 @@ each per repetition, so machine-load drift hits them alike and the ratios to Bas
   gather-mix are a much larger share of the step than in any real model.
 * ``full``: a small full GPT (depth 6, C=384, H=6, d=64, V=32768, memory on layers 1,3,5, --full-tokens tokens
   per step as 2 sequences) with the real MuonAdamW optimizer.
+* ``family``: the same for the other backbone families (``nanochat.families``): a small MobileLLM (Llama) and a
+  small Qwen3 model (depth 6, C=384, 6 query / 3 KV heads of 64 (MobileLLM) or 96 (Qwen3, query width 576 != C),
+  memory on layers 1,3,5, --full-tokens tokens) with each family's optimizer groups; designs Base, STEM (V x F table
+  replacing W_up), VE, MoME A1/3 (iso-VE, M = H_kv) and A2/6 (router value for MobileLLM, hidden for Qwen3, as in
+  the paper's rows). The paper's Wall column (1.03-1.09x) is the GPU analogue of step/Base here.
 * ``mscale``: forward only of the MoME token hook harness at K=2 and M in 6, 12, 24, 48 (N = V rows, so the
   table grows with M), together with the router matmul alone, to separate the lookup from the C x H*M router.
 * ``memory``: peak memory of a steady-state training step (the second) of each harness section requested
@@ -52,15 +57,29 @@ if str(REPO) not in sys.path:  # runnable as `python bench/step.py` from anywher
     sys.path.insert(0, str(REPO))
 
 from nanochat.common import autocast_context  # noqa: E402
-from nanochat.gpt import Block, GPTConfig, build_model, rotary_tables  # noqa: E402
+from nanochat import families  # noqa: E402
+from nanochat.gpt import Block, GPTConfig, rotary_tables  # noqa: E402
 from nanochat.memory import build_memory  # noqa: E402
 from nanochat.memory import mome as mome_module  # noqa: E402
 from nanochat.memory.slot_map import write_slot_map  # noqa: E402
-from nanochat.optim import MuonAdamW, OptimConfig, build_optimizer, shape_routed_groups  # noqa: E402
+from nanochat.optim import MuonAdamW, OptimConfig, shape_routed_groups  # noqa: E402
 
-SECTIONS = ("layer", "hook", "full", "mscale", "memory")
+SECTIONS = ("layer", "hook", "full", "family", "mscale", "memory")
 LAYER = dict(n_embd=768, n_head=6, n_kv_head=6)  # d12: head_dim 128
 FULL = dict(n_layer=6, n_embd=384, n_head=6, n_kv_head=6, memory_layers=(1, 3, 5))  # head_dim 64, H = 6 = M
+FAMILY_FULL = {  # small models of the other families, GQA 6/3 heads, memory on layers 1, 3, 5
+    "mobilellm": dict(n_layer=6, n_embd=384, n_head=6, n_kv_head=3, head_dim=64, ffn_hidden=1024, memory_layers=(1, 3, 5)),
+    "qwen3": dict(n_layer=6, n_embd=384, n_head=6, n_kv_head=3, head_dim=96, ffn_hidden=1152, memory_layers=(1, 3, 5)),
+}
+
+
+def family_designs(family: str) -> list[tuple[str, str, dict, bool]]:
+    """(label, --memory, options, fused) of the paper's family rows: Base, STEM, VE, MoME A1/3 (= VE's table
+    size with M = H_kv = 3) and A2/6, routed from the values (MobileLLM) or the hidden state (Qwen3)."""
+    router = "value" if family == "mobilellm" else "hidden"
+    return [("Base", "base", {}, True), ("STEM", "stem", {}, True), ("VE", "ve", {}, True),
+            ("MoME A1/3", "mome", {"slots": 3, "topk": 1, "router_input": router}, True),
+            ("MoME A2/6", "mome", {"slots": 6, "topk": 2, "router_input": router}, True)]
 
 
 def designs(l_mem: int, slot_map: str, plain: bool) -> list[tuple[str, str, dict, bool]]:
@@ -181,12 +200,16 @@ class Case:
             self.cot = [torch.randn(o.shape, generator=g).to(device) for o in outs]
             self.opt = harness_optimizer(self.model)
         else:
-            cfg = GPTConfig(sequence_len=args.full_tokens // 2, vocab_size=V, memory=memory,
-                            memory_options=opts, **FULL)
-            self.model = build_model(cfg, device=device, seed=seed)
+            if kind in FAMILY_FULL:
+                cfg = families.FAMILIES[kind].config_cls(sequence_len=args.full_tokens // 2, vocab_size=V,
+                                                         memory=memory, memory_options=opts, **FAMILY_FULL[kind])
+            else:
+                cfg = GPTConfig(sequence_len=args.full_tokens // 2, vocab_size=V, memory=memory,
+                                memory_options=opts, **FULL)
+            self.model = families.build_model(cfg, device=device, seed=seed)
             data = torch.randint(0, V, (2, args.full_tokens // 2 + 1), generator=g).to(device)
             self.idx, self.targets = data[:, :-1], data[:, 1:]
-            self.opt = build_optimizer(self.model)
+            self.opt = MuonAdamW(families.param_groups(self.model, OptimConfig()))
         self.model.train()
         self.table_params = sum(p.numel() for p in self.model.memory.memory_tables())
         self.forward = torch.compile(self.model) if args.compile else self.model
@@ -249,8 +272,8 @@ def round_robin(cases: list[Case], reps: int, warmup: int, fn: str = "step") -> 
 # -- sections --------------------------------------------------------------------------------------------
 def step_section(kind: str, args, device, slot_map: str) -> dict:
     l_mem = 1 if kind in HARNESSES else len(FULL["memory_layers"])
-    cases = [Case(lbl, mem, o, fused, kind, args, device)
-             for lbl, mem, o, fused in designs(l_mem, slot_map, args.plain)]
+    specs = family_designs(kind) if kind in FAMILY_FULL else designs(l_mem, slot_map, args.plain)
+    cases = [Case(lbl, mem, o, fused, kind, args, device) for lbl, mem, o, fused in specs]
     raw = round_robin(cases, args.reps, args.warmup)
     rows = {}
     for c in cases:
@@ -404,8 +427,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--tokens", type=int, default=4096, help="B*T of the d12-shaped layer (as 2 sequences)")
     p.add_argument("--full-tokens", type=int, default=1024, help="B*T of the small full model (as 2 sequences)")
-    p.add_argument("--sections", default="layer,hook,full,mscale,memory",
-                   help="comma list of layer, hook, full, mscale, memory")
+    p.add_argument("--sections", default="layer,hook,full,family,mscale,memory",
+                   help="comma list of layer, hook, full, family, mscale, memory")
     p.add_argument("--vocab-size", type=int, default=32768, help="V (32768 = d12; smaller only for smoke tests)")
     p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain-mix MoME row")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch default)")
@@ -456,6 +479,12 @@ def main(argv=None):
             result[kind] = step_section(kind, args, device, slot_map)
             print(f"\n### {titles[kind]} ({args.device}, {args.dtype}{', compiled' if args.compile else ''})\n")
             print(step_table(result[kind], mem))
+    if "family" in sections:
+        for fam in FAMILY_FULL:
+            result[f"family_{fam}"] = step_section(fam, args, device, "")
+            print(f"\n### small {fam} model (depth 6, C=384, 6/3 heads), {args.full_tokens} tokens "
+                  f"({args.device}, {args.dtype}{', compiled' if args.compile else ''})\n")
+            print(step_table(result[f"family_{fam}"], None))
     if "mscale" in sections:
         result["mscale"] = mscale_section(args, device)
         print(f"\n### MoME forward vs M at K=2 (token index, d12 memory hook, {args.tokens} tokens)\n")

@@ -140,6 +140,95 @@ for name, label, memory in [
     add("mini", name, label, [42], 1, MINI, memory, {}, "CPU demo row; no paper numbers")
 
 
+# Iso-token table "Llama/MobileLLM and Qwen3 backbone families" (paper tab:mobilenet125-summary and its 22-task
+# appendix version; seed 42). Recipes from the reference configs (families spec §5-§7): fixed horizons, warmup (Qwen3
+# only) + flat + linear warmdown over the last 40%, per-family memory-table AdamW, STEM tables trained like wte.
+FAMILY = {"dataset": "fineweb-edu", "max-seq-len": 2048, "total-batch-size": 524288, "eval-tokens": 2097152,
+          "core-every": -1, "compile": True}
+TASKS = ["hellaswag_zeroshot", "jeopardy", "arc_easy", "arc_challenge", "copa", "commonsense_qa", "piqa", "openbook_qa",
+         "lambada_openai", "hellaswag", "winograd", "winogrande", "agi_eval_lsat_ar", "squad", "coqa", "boolq",
+         "bigbench_qa_wikidata", "bigbench_dyck_languages", "bigbench_cs_algorithms", "bigbench_operators",
+         "bigbench_repeat_copy_logic", "bigbench_language_identification"]
+STEM_OPT = {"memory": "stem", "memory-lr": 0.3, "memory-beta1": 0.8, "memory-beta2": 0.95, "memory-wd": 0.0}
+MOBILE_TABLES = {"memory-lr": 0.1, "memory-beta1": 0.8, "memory-beta2": 0.95, "memory-wd": 0.001}
+QWEN_TABLES = {"memory-lr": 0.2, "memory-beta1": 0.8, "memory-beta2": 0.995, "memory-wd": 0.001}
+
+
+def family_mome(slots, topk, router):
+    return {"memory": "mome", "mome-slots": slots, "mome-topk": topk, "mome-gate": "softmax" if topk == 1 else "sigmoid-norm",
+            "mome-router-input": router}
+
+
+DISCREPANCIES = {
+    "mobilellm-125m": "tied wte trains at --embedding-lr (0.3 x s_d) as in the reference; the paper trained 5B tokens on "
+                      "the first 160 shards (one pass); the paper text says cosine decay or warmdown, the configs use the "
+                      "linear warmdown",
+    "mobilellm-350m": "untied as in the reference (real MobileLLM-350M ties); the paper text says launcher-default wd for "
+                      "the memory tables but the reference configs pass 0.001; 520 shards (one pass)",
+    "qwen3-0.6b": "tied wte trains at --unembedding-lr (0.004 x s_d) as in the reference; RoPE base 1e4 (not 1e6); 369 "
+                  "shards for 20B tokens (about 1.28 passes); the paper says 8 GPUs but only STEM used 8 (the others 4)",
+}
+# (size, row, label, memory, nproc, device batch, eval every, Mem (M, full-table precision), wall, bb-avg,
+#  train bpb, val bpb, CORE, 22 accuracies in TASKS order)
+FAMILY_ROWS = [
+    ("mobilellm-125m", "base", "Base", {}, 4, 64, 1907, 0, 1.0, 20.13, 0.8904, 0.8852, 0.1382,
+     [34.11, 0.76, 52.82, 27.56, 58.00, 31.61, 63.82, 33.40, 27.58, 33.27, 60.81, 53.04, 23.91, 4.81, 10.12, 55.14, 31.48, 6.20, 43.11, 11.90, 3.12, 24.96]),
+    ("mobilellm-125m", "stem", "STEM", STEM_OPT, 4, 32, 1907, 755.0, 1.0, 20.13, 0.8683, 0.8633, 0.1483,
+     [35.81, 2.36, 55.72, 29.35, 65.00, 27.19, 65.13, 34.20, 28.68, 35.47, 58.61, 52.88, 23.91, 6.14, 12.31, 54.01, 37.23, 8.40, 38.33, 10.95, 0.00, 25.88]),
+    ("mobilellm-125m", "ve", "VEmbedding", {"memory": "ve", **MOBILE_TABLES}, 4, 32, 1907, 94.4, 1.03, 22.21, 0.8671, 0.8620, 0.1530,
+     [36.28, 0.90, 56.82, 28.50, 64.00, 22.11, 66.43, 31.20, 29.54, 36.23, 57.51, 52.09, 25.65, 13.61, 13.52, 53.67, 40.29, 12.60, 43.03, 12.38, 0.00, 24.97]),
+    ("mobilellm-125m", "mome_a1_3", "MoME-A1/3", {**family_mome(3, 1, "value"), **MOBILE_TABLES}, 4, 32, 1907, 94.4, 1.07, 23.31,
+     0.8673, 0.8623, 0.1587,
+     [36.15, 0.85, 56.44, 27.30, 63.00, 29.48, 66.00, 34.00, 29.38, 35.59, 62.64, 52.49, 26.09, 8.96, 14.17, 50.49, 41.36, 10.60, 39.92, 16.19, 6.25, 25.52]),
+    ("mobilellm-125m", "mome_a2_6", "MoME-A2/6", {**family_mome(6, 2, "value"), **MOBILE_TABLES}, 4, 32, 1907, 188.7, 1.07, 21.98,
+     0.8613, 0.8560, 0.1686,
+     [36.59, 3.83, 57.24, 27.65, 66.00, 30.71, 65.18, 32.00, 30.72, 36.19, 60.44, 51.93, 25.65, 14.31, 14.73, 57.86, 39.13, 8.40, 39.77, 15.71, 3.12, 25.72]),
+    ("mobilellm-350m", "base", "Base", {}, 4, 16, 1907, 0, 1.0, 16.68, 0.7807, 0.7750, 0.1988,
+     [48.00, 13.79, 64.23, 34.04, 65.00, 19.74, 70.13, 37.20, 39.41, 47.87, 65.20, 54.14, 27.83, 26.35, 21.48, 55.66, 53.54, 0.00, 0.00, 17.14, 3.12, 26.30]),
+    ("mobilellm-350m", "stem", "STEM", STEM_OPT, 4, 8, 7629, 1342.2, 1.09, 25.94, 0.7645, 0.7697, 0.2179,
+     [47.65, 15.45, 64.52, 35.41, 66.00, 22.44, 69.37, 36.80, 38.19, 47.64, 62.64, 54.54, 23.91, 28.98, 23.19, 50.52, 54.24, 8.20, 43.03, 15.71, 9.38, 25.07]),
+    ("mobilellm-350m", "ve", "VEmbedding", {"memory": "ve", **MOBILE_TABLES}, 4, 16, 7629, 167.8, 1.04, 23.87, 0.7710, 0.7651, 0.2214,
+     [49.35, 17.48, 66.29, 36.26, 67.00, 20.72, 70.62, 37.00, 39.94, 49.60, 67.40, 56.35, 21.30, 31.43, 25.23, 47.06, 51.66, 9.70, 34.24, 21.90, 0.00, 25.70]),
+    ("mobilellm-350m", "mome_a2_5", "MoME-A2/5", {**family_mome(5, 2, "value"), **MOBILE_TABLES}, 4, 16, 7629, 167.8, 1.04, 24.70,
+     0.7704, 0.7647, 0.2202,
+     [49.11, 16.34, 65.03, 36.60, 68.00, 21.95, 70.73, 35.80, 41.51, 49.20, 66.67, 56.04, 23.04, 30.57, 24.14, 44.65, 53.64, 8.40, 41.97, 18.57, 0.00, 25.64]),
+    ("mobilellm-350m", "mome_a2_10", "MoME-A2/10", {**family_mome(10, 2, "value"), **MOBILE_TABLES}, 4, 16, 7629, 335.5, 1.08, 21.15,
+     0.7675, 0.7610, 0.2286,
+     [49.79, 16.67, 65.28, 36.77, 70.00, 20.31, 71.60, 36.00, 42.05, 49.50, 68.50, 56.75, 23.04, 30.61, 23.60, 55.44, 54.54, 8.50, 18.26, 20.00, 0.00, 25.62]),
+    ("qwen3-0.6b", "base", "Base", {}, 4, 8, 7629, 0, 1.0, 25.72, 0.7577, 0.7594, 0.2491,
+     [50.12, 18.19, 65.99, 35.32, 72.00, 22.36, 70.78, 37.60, 43.16, 50.58, 67.03, 55.96, 24.35, 28.05, 24.60, 59.88, 54.93, 16.70, 40.98, 16.19, 0.00, 25.50]),
+    ("qwen3-0.6b", "stem", "STEM", STEM_OPT, 8, 8, 7629, 1409.3, 1.07, 26.01, 0.7484, 0.7564, 0.2556,
+     [50.81, 22.34, 67.97, 36.52, 69.00, 23.10, 71.98, 39.00, 42.03, 51.01, 71.43, 56.59, 24.78, 29.78, 25.96, 56.39, 56.58, 14.10, 36.89, 19.52, 3.12, 25.87]),
+    ("qwen3-0.6b", "ve", "VEmbedding", {"memory": "ve", **QWEN_TABLES}, 4, 8, 7629, 469.8, 1.06, 26.82, 0.7374, 0.7427, 0.2530,
+     [52.66, 23.29, 66.50, 38.05, 71.00, 22.28, 71.00, 39.00, 42.98, 53.07, 69.23, 57.14, 24.35, 35.87, 28.18, 47.55, 54.43, 13.20, 45.45, 22.38, 0.00, 25.48]),
+    ("qwen3-0.6b", "mome_a2_8", "MoME-A2/8", {**family_mome(8, 2, "hidden"), **QWEN_TABLES}, 4, 8, 7629, 469.8, 1.06, 26.19,
+     0.7381, 0.7461, 0.2737,
+     [52.66, 22.82, 67.09, 38.31, 68.00, 28.99, 71.76, 39.60, 43.45, 53.39, 69.96, 56.04, 26.09, 35.62, 28.50, 63.39, 53.89, 9.90, 44.17, 23.81, 0.00, 25.35]),
+]
+HORIZON = {"mobilellm-125m": (9536, 0.0), "mobilellm-350m": (38146, 0.0), "qwen3-0.6b": (38146, 0.01)}
+for size, name, label, memory, nproc, dbs, eval_every, mem, wall, bb, tr, va, core, accs in FAMILY_ROWS:
+    steps, warmup = HORIZON[size]
+    train = {**FAMILY, "model-type": size, "num-iterations": steps, "warmup-ratio": warmup, "device-batch-size": dbs,
+             "eval-every": eval_every, "memory": "base", **memory}
+    paper = {"train_bpb": tr, "val_bpb": va, "core": core, "params_memory_m": mem, "wall_ratio": wall, "bb_avg": bb,
+             **{f"acc_{task}": acc for task, acc in zip(TASKS, accs)}}
+    notes = DISCREPANCIES[size]
+    if mem == 94.4:
+        notes += "; the summary table prints 95M memory, the exact count (and the paper's full table) is 94.4M"
+    prefix = {"mobilellm-125m": "m125", "mobilellm-350m": "m350", "qwen3-0.6b": "qwen3"}[size]
+    add("families", f"{prefix}_{name}", f"{size} {label}", [42], nproc, train, {}, paper, notes)
+
+# CPU-sized versions of the family rows (embedded corpus, 4 layers x 256, GQA 4/2 heads; Qwen3 heads of 96 so that
+# its query width 384 != C): memory on layers 1 and 3; MoME M = H_kv = 2 is iso-parameter with VE.
+MINI_FAMILY = {**{k: v for k, v in MINI.items() if k not in ("depth", "head-dim")}, "depth": 4, "model-dim": 256,
+               "num-heads": 4, "num-kv-heads": 2}
+for fam, geometry, tables, router in [("mobilellm", {"head-dim": 64}, MOBILE_TABLES, "value"),
+                                      ("qwen3", {"head-dim": 96, "warmup-ratio": 0.01}, QWEN_TABLES, "hidden")]:
+    for name, label, memory in [("base", "Base", {}), ("stem", "STEM", STEM_OPT), ("ve", "VEmbedding", {"memory": "ve", **tables}),
+                                ("mome_a2_2", "MoME-A2/2", {**family_mome(2, 2, router), **tables})]:
+        add("families_mini", f"{fam}_{name}", f"{fam} {label} (mini)", [42], 1,
+            {**MINI_FAMILY, "model-type": fam, **geometry}, {"memory": "base", **memory}, {}, "CPU demo row; no paper numbers")
+
 def toml_value(v):
     if isinstance(v, bool):
         return "true" if v else "false"

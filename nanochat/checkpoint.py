@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.gpt import GPTConfig, build_model
+from nanochat.families import build_model, config_from_dict
 
 CKPT_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
@@ -120,8 +120,9 @@ def load_state(run_dir, step: int, map_location="cpu") -> dict:
     return _torch_load(step_dir(run_dir, step) / "state.pt", map_location)
 
 
-def config_from_meta(meta: dict) -> GPTConfig:
-    return GPTConfig(**meta["model_config"])
+def config_from_meta(meta: dict):
+    """The model config recorded in meta.json (any family, nanochat.families)."""
+    return config_from_dict(meta["model_config"])
 
 
 def load_model(run_dir, step: int | None = None, device="cpu"):

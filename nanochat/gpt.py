@@ -11,6 +11,7 @@ The memory block (``nanochat.memory``) may add to the residual stream and/or to 
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -25,6 +26,7 @@ VOCAB_PAD_MULTIPLE = 64
 
 @dataclass
 class GPTConfig:
+    family: ClassVar[str] = "nanochat"  # nanochat.families registry key (not a field: meta.json stays as it was)
     sequence_len: int = 2048
     vocab_size: int = 32768
     n_layer: int = 12
@@ -58,6 +60,11 @@ class GPTConfig:
     @property
     def padded_vocab_size(self) -> int:
         return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+
+    @property
+    def memory_table_bound(self) -> float:
+        """Half-width of the U(-s, s) init of VE/MoME tables: the backbone's matrix init, std 1/sqrt(C)."""
+        return math.sqrt(3.0 / self.n_embd)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -100,6 +107,31 @@ def _flash_attn_func():
     return flash_attn_func
 
 
+def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0) -> torch.Tensor:
+    """Causal attention of q (B, T, H, d) over k, v (B, T, H_kv, d) -> (B, T, H, d), shared by every family.
+
+    GQA: KV head j serves query heads j*H/H_kv ... (j+1)*H/H_kv - 1. flash_attn when requested (training only),
+    else SDPA; with a KV cache the new k/v are appended first and the T new queries attend to the whole prefix."""
+    T = q.size(1)
+    flash = _flash_attn_func() if (q.is_cuda and kv_cache is None) else None
+    if flash is not None:  # flash_attn takes 16-bit inputs only (QK-norm may have produced fp32 q/k)
+        dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        return flash(q.to(dt), k.to(dt), v.to(dt), causal=True).to(v.dtype)  # (B, T, H, d)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d)
+    gqa = q.size(1) != k.size(1)
+    if kv_cache is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    else:
+        k, v = kv_cache.update(layer_idx, k, v)  # (B, kv_heads, pos+T, d)
+        if T == 1:
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        else:
+            pos = k.size(2) - T
+            mask = torch.arange(T, device=q.device)[:, None] + pos >= torch.arange(k.size(2), device=q.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return y.transpose(1, 2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
@@ -120,24 +152,7 @@ class CausalSelfAttention(nn.Module):
         cos, sin = cos_sin
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)  # QK-norm after RoPE
-        flash = _flash_attn_func() if (q.is_cuda and kv_cache is None) else None
-        if flash is not None:  # flash_attn takes 16-bit inputs only (QK-norm may have produced fp32 q/k)
-            dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-            y = flash(q.to(dt), k.to(dt), v.to(dt), causal=True).to(v.dtype)  # (B, T, H, d)
-        else:
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d)
-            gqa = self.n_head != self.n_kv_head
-            if kv_cache is None:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-            else:
-                k, v = kv_cache.update(self.layer_idx, k, v)  # (B, kv_heads, pos+T, d)
-                if T == 1:
-                    y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-                else:
-                    pos = k.size(2) - T
-                    mask = torch.arange(T, device=q.device)[:, None] + pos >= torch.arange(k.size(2), device=q.device)
-                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-            y = y.transpose(1, 2)
+        y = causal_attention(q, k, v, kv_cache, self.layer_idx)
         return self.c_proj(y.reshape(B, T, C))
 
 
@@ -174,6 +189,10 @@ class GPT(nn.Module):
         self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))
         self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))
         self.memory = build_memory(config)
+        owned = [i for i in range(config.n_layer) if self.memory.owns_ffn_up(i)]
+        if owned:  # the relu^2 MLP has no separate up-projection to hand over
+            raise ValueError(f"--memory {config.memory} replaces FFN up-projections (layers {owned}); the nanochat "
+                             "backbone's relu^2 MLP has none: use a SwiGLU family (--model-type mobilellm|qwen3)")
         self.rotary_len = config.sequence_len * 10  # headroom for long CORE prompts and generation
         self.register_buffer("rope_cos", torch.empty(1, self.rotary_len, 1, config.head_dim // 2), persistent=False)
         self.register_buffer("rope_sin", torch.empty(1, self.rotary_len, 1, config.head_dim // 2), persistent=False)
@@ -249,18 +268,14 @@ class GPT(nn.Module):
 
 
 def build_model(config: GPTConfig, device: str | torch.device = "cpu", seed: int | None = None) -> GPT:
-    """Build on the meta device, materialise on ``device`` and initialise (optionally seeded)."""
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to_empty(device=device)
-    if seed is not None:
-        torch.manual_seed(seed)
-    model.init_weights()
-    return model
+    """Build on the meta device, materialise on ``device`` and initialise (optionally seeded); any family."""
+    from nanochat.families import build_model as build  # deferred: the families registry imports this module
+
+    return build(config, device, seed)
 
 
 def model_summary(config: GPTConfig) -> dict[str, int]:
     """params_total / params_memory / params_backbone / flops_per_token, computed on the meta device."""
-    with torch.device("meta"):
-        model = GPT(config)
-    return {**model.num_params(), "flops_per_token": model.estimate_flops()}
+    from nanochat.families import model_summary as summary
+
+    return summary(config)

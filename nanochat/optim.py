@@ -83,14 +83,19 @@ class OptimConfig:
     lr_scale: float = 1.0  # batch-size LR scale sqrt(B / 2^19), multiplies every LR
 
 
+def adamw_group(name: str, params, lr: float, oc: OptimConfig, betas=None, wd: float = 0.0) -> dict:
+    """One AdamW group (eps oc.eps); ``lr`` before the batch LR scale, ``betas`` default (adam_beta1, adam_beta2)."""
+    return dict(kind="adamw", name=name, params=list(params), lr=lr * oc.lr_scale,
+                betas=betas or (oc.adam_beta1, oc.adam_beta2), eps=oc.eps, weight_decay=wd)
+
+
 def shape_routed_groups(params, oc: OptimConfig, adam_lr: float, muon_wd: float) -> list[dict]:
     """The parameters no named rule claimed, routed by shape: everything not 2-D to one AdamW group at
     ``adam_lr``, 2-D matrices to one Muon group per shape (stacked for Polar Express). LRs times oc.lr_scale."""
     groups = []
     extra = [p for p in params if p.ndim != 2]
     if extra:
-        groups.append(dict(kind="adamw", name="adam_extra", params=extra, lr=adam_lr * oc.lr_scale,
-                           betas=(oc.adam_beta1, oc.adam_beta2), eps=oc.eps, weight_decay=0.0))
+        groups.append(adamw_group("adam_extra", extra, adam_lr, oc))
     by_shape: dict[tuple, list] = {}
     for p in params:
         if p.ndim == 2:
@@ -102,32 +107,18 @@ def shape_routed_groups(params, oc: OptimConfig, adam_lr: float, muon_wd: float)
     return groups
 
 
-def build_param_groups(model, oc: OptimConfig) -> list[dict]:
-    """Assign every parameter of ``model`` to exactly one group (raises if one is missed or doubled)."""
-    cfg = model.config
-    width_scale = (cfg.n_embd / 768) ** -0.5
-    muon_wd = oc.weight_decay * (12 / cfg.n_layer) ** 2
-    memory = model.memory
-    memory_wd = memory.table_weight_decay if oc.memory_wd is None else oc.memory_wd
-    betas = (oc.adam_beta1, oc.adam_beta2)
-    s = oc.lr_scale
-
-    def adamw(name, params, lr, betas=betas, wd=0.0):
-        return dict(kind="adamw", name=name, params=list(params), lr=lr * s, betas=betas, eps=oc.eps, weight_decay=wd)
-
-    groups = [
-        adamw("lm_head", [model.lm_head.weight], oc.unembedding_lr * width_scale),
-        adamw("wte", [model.wte.weight], oc.embedding_lr * width_scale),
-        adamw("resid_lambdas", [model.resid_lambdas], oc.scalar_lr * 0.01),
-        adamw("x0_lambdas", [model.x0_lambdas, *memory.scalar_params()], oc.scalar_lr, betas=(0.96, 0.95)),
-    ]
+def memory_table_group(memory, oc: OptimConfig, width_scale: float) -> list[dict]:
+    """The memory block's tables in one AdamW group (--memory-lr x width scale, memory betas, the block's decay)."""
     tables = memory.memory_tables()
-    if tables:
-        groups.append(adamw("memory_tables", tables, oc.memory_lr * width_scale,
-                            betas=(oc.memory_beta1, oc.memory_beta2), wd=memory_wd))
-    assigned = {id(p) for g in groups for p in g["params"]}
-    groups += shape_routed_groups([p for p in model.parameters() if id(p) not in assigned], oc,
-                                  oc.matrix_lr * width_scale, muon_wd)
+    if not tables:
+        return []
+    wd = memory.table_weight_decay if oc.memory_wd is None else oc.memory_wd
+    return [adamw_group("memory_tables", tables, oc.memory_lr * width_scale, oc,
+                        betas=(oc.memory_beta1, oc.memory_beta2), wd=wd)]
+
+
+def finalize_groups(model, groups: list[dict]) -> list[dict]:
+    """Check that every parameter of ``model`` is in exactly one group (raises naming them); set initial_lr."""
     counts: dict[int, int] = {}
     for g in groups:
         for p in g["params"]:
@@ -140,6 +131,25 @@ def build_param_groups(model, oc: OptimConfig) -> list[dict]:
     for g in groups:
         g["initial_lr"] = g["lr"]
     return groups
+
+
+def build_param_groups(model, oc: OptimConfig) -> list[dict]:
+    """The nanochat GPT's groups; every parameter in exactly one (other families: ``nanochat.families``)."""
+    cfg = model.config
+    width_scale = (cfg.n_embd / 768) ** -0.5
+    muon_wd = oc.weight_decay * (12 / cfg.n_layer) ** 2
+    memory = model.memory
+    groups = [
+        adamw_group("lm_head", [model.lm_head.weight], oc.unembedding_lr * width_scale, oc),
+        adamw_group("wte", [model.wte.weight], oc.embedding_lr * width_scale, oc),
+        adamw_group("resid_lambdas", [model.resid_lambdas], oc.scalar_lr * 0.01, oc),
+        adamw_group("x0_lambdas", [model.x0_lambdas, *memory.scalar_params()], oc.scalar_lr, oc, betas=(0.96, 0.95)),
+        *memory_table_group(memory, oc, width_scale),
+    ]
+    assigned = {id(p) for g in groups for p in g["params"]}
+    groups += shape_routed_groups([p for p in model.parameters() if id(p) not in assigned], oc,
+                                  oc.matrix_lr * width_scale, muon_wd)
+    return finalize_groups(model, groups)
 
 
 class MuonAdamW(torch.optim.Optimizer):

@@ -16,6 +16,7 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 from nanochat.dataset import check_dataset_name
+from nanochat.families import MODEL_TYPES, family_name, preset_tokens
 from nanochat.memory import add_memory_args
 from nanochat.row_config import check_row_config
 
@@ -48,6 +49,10 @@ def _group_run(p):
 
 def _group_model(p):
     g = p.add_argument_group("model")
+    g.add_argument("--model-type", choices=MODEL_TYPES, default="nanochat",
+                   help="backbone family (nanochat, mobilellm, qwen3) or a named size; its geometry and the family's "
+                        "recipe (warmup, memory-table AdamW) are defaults that a config file and the command line "
+                        "override (nanochat/families.py)")
     g.add_argument("--depth", type=int, default=12, help="number of layers (the single size dial)")
     g.add_argument("--aspect-ratio", type=int, default=64, help="width = depth x aspect-ratio, rounded up to head-dim")
     g.add_argument("--head-dim", type=int, default=128, help="attention head size")
@@ -55,6 +60,11 @@ def _group_model(p):
                    help="explicit width (-1 = depth x aspect-ratio rounded up to head-dim); for the dense scaling controls")
     g.add_argument("--num-heads", type=int, default=-1,
                    help="explicit number of heads (-1 = model-dim / head-dim); head size becomes model-dim / num-heads")
+    g.add_argument("--num-kv-heads", type=int, default=-1, help="KV heads for GQA (-1 = num-heads; mobilellm/qwen3)")
+    g.add_argument("--ffn-dim", type=int, default=-1,
+                   help="SwiGLU hidden size (-1 = the family's rule: mobilellm int(8C/3) up to x256, qwen3 3C)")
+    g.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                   help="use wte as the output head (default: tied for mobilellm/qwen3; nanochat is always untied)")
     g.add_argument("--max-seq-len", type=int, default=2048, help="context length (tokens)")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="vocabulary size; must match the tokenizer (default: the tokenizer's; 32768 for --dry-run)")
@@ -70,9 +80,11 @@ def _group_optim(p):
     g.add_argument("--adam-beta2", type=float, default=0.95, help="AdamW beta2")
     g.add_argument("--weight-decay", type=float, default=0.2,
                    help="Muon weight decay at depth 12 (scaled by (12/depth)^2, decayed linearly to 0)")
-    g.add_argument("--memory-lr", type=float, default=0.2, help="AdamW LR of memory tables")
+    g.add_argument("--memory-lr", type=float, default=0.2,
+                   help="AdamW LR of memory tables (--model-type mobilellm presets 0.1, STEM on any family 0.3)")
     g.add_argument("--memory-beta1", type=float, default=0.8, help="AdamW beta1 of memory tables")
-    g.add_argument("--memory-beta2", type=float, default=0.995, help="AdamW beta2 of memory tables")
+    g.add_argument("--memory-beta2", type=float, default=0.995,
+                   help="AdamW beta2 of memory tables (--model-type mobilellm and STEM preset 0.95)")
     g.add_argument("--memory-wd", type=float, default=None, help="weight decay of memory tables (default: the block's)")
 
 
@@ -167,8 +179,10 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
+    pre.add_argument("--model-type", default="nanochat")
+    pre.add_argument("--memory", default="base")
     known, _ = pre.parse_known_args(argv)
     tokens = []
     if known.config:
@@ -176,7 +190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             tokens = config_tokens(parser, known.config)
         except ValueError as e:
             parser.error(str(e))
-    args = parser.parse_args(tokens + argv)
+    chosen = pre.parse_known_args(tokens + argv)[0]  # the command line's model type and memory win over the file's
+    args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
     try:
         validate_args(args)
     except ValueError as e:
@@ -195,12 +210,16 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-iterations must be >= 1 (got {args.num_iterations})")
     if args.model_dim != -1 and args.model_dim < 1:
         raise ValueError(f"--model-dim must be >= 1 or -1 (got {args.model_dim})")
+    for name in ("num_kv_heads", "ffn_dim"):
+        if getattr(args, name) != -1 and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or -1 (got {getattr(args, name)})")
     if args.num_heads != -1:
         if args.num_heads < 1:
             raise ValueError(f"--num-heads must be >= 1 or -1 (got {args.num_heads})")
         if args.model_dim == -1:
             raise ValueError("--num-heads needs an explicit --model-dim")
-        if args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2:
+        split = family_name(args.model_type) != "qwen3"  # qwen3's head size is --head-dim, not model-dim / heads
+        if split and (args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2):
             raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
     elif args.model_dim != -1 and args.model_dim % args.head_dim:
         raise ValueError(f"--model-dim {args.model_dim} is not a multiple of --head-dim {args.head_dim}; pass --num-heads")

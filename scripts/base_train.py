@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import autocast_context, compute_cleanup, compute_init, get_dist_info, print0, seed_everything
-from nanochat.gpt import GPTConfig, build_model, model_summary
+from nanochat.families import NAMED_SIZES, build_model, config_from_args, model_summary, param_groups
 from nanochat.memory import memory_config_from_args
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
-from nanochat.optim import MuonAdamW, OptimConfig, build_param_groups
+from nanochat.optim import MuonAdamW, OptimConfig
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
@@ -59,7 +59,7 @@ class Run:
     world: int
     device: torch.device
     run_dir: Path
-    config: GPTConfig
+    config: object  # the family's config (nanochat.families)
     plan: dict
     model: torch.nn.Module  # uncompiled: checkpoints and evals use it
     step_model: torch.nn.Module  # what the train step calls (compiled with --compile)
@@ -72,19 +72,16 @@ class Run:
     last_saved: int = -1
 
 
-def model_config(args, vocab_size: int) -> GPTConfig:
-    memory = memory_config_from_args(args)
-    if args.model_dim == -1:
-        return GPTConfig.from_depth(args.depth, args.aspect_ratio, args.head_dim, sequence_len=args.max_seq_len,
-                                    vocab_size=vocab_size, **memory)
-    heads = args.num_heads if args.num_heads != -1 else args.model_dim // args.head_dim
-    return GPTConfig(sequence_len=args.max_seq_len, vocab_size=vocab_size, n_layer=args.depth, n_head=heads,
-                     n_kv_head=heads, n_embd=args.model_dim, **memory)
+def model_config(args, vocab_size: int):
+    """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry."""
+    return config_from_args(args, vocab_size, memory_config_from_args(args))
 
 
 def resolve_run_dir(args) -> Path:
     if args.run_name is None:
-        args.run_name = f"d{args.depth}-{args.memory}"
+        size = f"d{args.depth}" if args.model_type == "nanochat" else (
+            args.model_type if args.model_type in NAMED_SIZES else f"{args.model_type}-d{args.depth}")
+        args.run_name = f"{size}-{args.memory}"
     return Path(args.run_dir) if args.run_dir else REPO / "runs" / args.run_name
 
 
@@ -125,7 +122,7 @@ def build_run(args) -> Run:
                      scalar_lr=args.scalar_lr, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
                      weight_decay=args.weight_decay, memory_lr=args.memory_lr, memory_beta1=args.memory_beta1,
                      memory_beta2=args.memory_beta2, memory_wd=args.memory_wd, lr_scale=plan["batch_lr_scale"])
-    optimizer = MuonAdamW(build_param_groups(model, oc))
+    optimizer = MuonAdamW(param_groups(model, oc))
     init_schedule_state(optimizer)
     sched = ScheduleConfig(plan["num_iterations"], args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
                            args.muon_momentum_start, args.muon_momentum_end, args.muon_momentum_ramp)
@@ -374,7 +371,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
 
 def preflight(args) -> None:
     """Flag checks that need the memory registry or the world size, before any process group, data or model."""
-    memory_config_from_args(args)
+    model_summary(model_config(args, args.vocab_size or DRY_RUN_VOCAB))  # family geometry, memory flags (meta)
     grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
 
 

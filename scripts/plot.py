@@ -2,10 +2,12 @@
 
     python -m scripts.plot scaling [--table d12_scaling] [--base-table d12]   # val bpb / CORE vs memory params
     python -m scripts.plot curves runs/d12/base/seed42 runs/d12/mome_c1_m6/seed42 [--metric loss]
+    python -m scripts.plot families [--table families]    # val bpb / CORE per row of each backbone block, vs paper
 
 Scaling: one line per method (rows named bigram_* and mome_* in the table), mean over seeds with a shaded ±std
 band, and the Base row of --base-table as a horizontal band. Curves: the chosen metric of metrics.jsonl
-against step for each run directory given.
+against step for each run directory given. Families: one panel pair per block (rows <block>_<name>), bars of our
+mean (with ±std) beside the paper's value; rows without finished runs show the paper's bar only.
 """
 
 import argparse
@@ -80,6 +82,39 @@ def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[
     return paths
 
 
+def plot_families(configs_root, runs_root, table, out: Path) -> list[Path]:
+    plt = _plt()
+    blocks: dict[str, list[dict]] = {}
+    for path in find_configs(configs_root):
+        cfg = load_row_config(path)
+        if cfg["row"]["table"] == table:
+            blocks.setdefault(cfg["row"]["name"].split("_")[0], []).append(collect_row(cfg, Path(runs_root)))
+    if not blocks:
+        raise SystemExit(f"no configs of table {table!r} under {configs_root}")
+    fig, axes = plt.subplots(2, len(blocks), figsize=(4.5 * len(blocks), 6), squeeze=False)
+    for col, (block, rows) in enumerate(sorted(blocks.items())):
+        names = [r["label"].split(" ", 1)[-1] for r in rows]
+        x = range(len(rows))
+        for ax, (key, title) in zip(axes[:, col], [("val_bpb", "val bpb"), ("core", "CORE")]):
+            paper = [r["paper"].get(key, math.nan) for r in rows]
+            ours = [r[key][0] for r in rows]
+            err = [0.0 if math.isnan(r[key][1]) else r[key][1] for r in rows]
+            ax.bar([i - 0.2 for i in x], paper, width=0.4, label="paper", color="lightgray")
+            ax.bar([i + 0.2 for i in x], ours, width=0.4, yerr=err, label="ours")
+            finite = [v for v in paper + ours if not math.isnan(v)]
+            if finite and key == "val_bpb":  # bpb differences are small: zoom on the range
+                lo, hi = min(finite), max(finite)
+                ax.set_ylim(lo - 0.2 * (hi - lo + 1e-3), hi + 0.2 * (hi - lo + 1e-3))
+            ax.set_xticks(list(x), names, rotation=30, fontsize=7)
+            ax.set_title(f"{block}: {title}", fontsize=9)
+            ax.grid(alpha=0.3, axis="y")
+        axes[0, col].legend(fontsize=7)
+    fig.tight_layout()
+    paths = _save(fig, out)
+    plt.close(fig)
+    return paths
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     try:
         return report.read_metrics(run_dir)
@@ -117,8 +152,16 @@ def main(argv=None) -> None:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--metric", default="loss", help="a metrics.jsonl key: loss, grad_norm, val_bpb, tok_per_sec, ...")
     c.add_argument("--out", default=None, help="output path without suffix (default: <first run>/curves_<metric>)")
+    f = sub.add_parser("families", help="val bpb and CORE per backbone block, ours vs paper")
+    f.add_argument("--table", default="families")
+    f.add_argument("--configs", default=str(REPO / "configs"))
+    f.add_argument("--runs-root", default=str(REPO / "runs"))
+    f.add_argument("--out", default=None, help="output path without suffix (default: <runs-root>/results/<table>)")
     args = p.parse_args(argv)
-    if args.cmd == "scaling":
+    if args.cmd == "families":
+        out = Path(args.out) if args.out else Path(args.runs_root) / "results" / args.table
+        paths = plot_families(args.configs, args.runs_root, args.table, out)
+    elif args.cmd == "scaling":
         out = Path(args.out) if args.out else Path(args.runs_root) / "results" / f"scaling_{args.table}"
         paths = plot_scaling(args.configs, args.runs_root, args.table, args.base_table, out)
     else:

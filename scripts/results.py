@@ -22,6 +22,19 @@ METRICS = [  # (summary key, paper key, column title, format)
     ("val_bpb", "val_bpb", "val bpb", "{:.4f}"),
     ("core", "core", "CORE", "{:.4f}"),
 ]
+# columns shown only for tables whose [paper] reports them (the families table): BigBench mean accuracy (%) and
+# training wall time relative to the block's Base row (rows <block>_<name>, Base = <block>_base; ours from tok/s)
+OPTIONAL_METRICS = [("bb_avg", "bb_avg", "BB-avg", "{:.2f}"), ("wall_ratio", "wall_ratio", "Wall", "{:.2f}")]
+BIGBENCH = ("bigbench_qa_wikidata", "bigbench_dyck_languages", "bigbench_cs_algorithms", "bigbench_operators",
+            "bigbench_repeat_copy_logic", "bigbench_language_identification")
+
+
+def bb_avg(summary: dict) -> float | None:
+    """Mean accuracy (%) of the six BigBench CORE tasks, or None when any of them was not evaluated."""
+    tasks = summary.get("core_tasks") or {}
+    if not all(t in tasks for t in BIGBENCH):
+        return None
+    return 100.0 * statistics.fmean(tasks[t]["accuracy"] for t in BIGBENCH)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -45,9 +58,19 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     for key, _, _, _ in METRICS:
         out[key] = mean_std([s.get(key) for s in summaries])
     out["core_label"] = sorted({s.get("core_label") for s in summaries if s.get("core_label")})
+    out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
     for key in ("params_memory", "params_total", "tok_per_sec"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
     return out
+
+
+def add_wall_ratios(rows: list[dict]) -> None:
+    """wall_ratio = tok/s of the block's Base row / this row's tok/s (same tokens, so the training-time ratio)."""
+    by_name = {r["row"]: r for r in rows}
+    for r in rows:
+        base = by_name.get(r["row"].split("_")[0] + "_base")
+        ok = base is not None and not math.isnan(base["tok_per_sec"]) and r["tok_per_sec"] > 0
+        r["wall_ratio"] = (base["tok_per_sec"] / r["tok_per_sec"] if ok else float("nan"), float("nan"))
 
 
 def _fmt(value: float, std: float | None, fmt: str) -> str:
@@ -58,22 +81,24 @@ def _fmt(value: float, std: float | None, fmt: str) -> str:
 
 
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    metrics = METRICS + [m for m in OPTIONAL_METRICS if any(m[1] in r["paper"] for r in rows)]
     header = ["row", "seeds"]
-    for _, _, title, _ in METRICS:
+    for _, _, title, _ in metrics:
         header += [title, f"paper {title}", "Δ"]
     header += ["mem/total params (M)", "paper mem/total (M)", "tok/s"]
     body = []
     for r in rows:
         line = [r["label"], str(r["seeds"])]
-        for key, paper_key, _, fmt in METRICS:
-            ours, std = r[key]
+        for key, paper_key, _, fmt in metrics:
+            ours, std = r.get(key, (float("nan"), float("nan")))
             paper = r["paper"].get(paper_key)
             delta = "–" if paper is None or math.isnan(ours) else f"{ours - paper:+.4f}"
             line += [_fmt(ours, std, fmt), "–" if paper is None else fmt.format(paper), delta]
         pm, pt = r["params_memory"], r["params_total"]
         line.append("–" if math.isnan(pt) else f"{pm / 1e6:.1f} / {pt / 1e6:.1f}")
         paper_m, paper_t = r["paper"].get("params_memory_m"), r["paper"].get("params_total_m")
-        line.append("–" if paper_t is None else f"{paper_m} / {paper_t}")
+        line.append("–" if paper_m is None and paper_t is None else f"{paper_m if paper_m is not None else '–'} / "
+                    f"{paper_t if paper_t is not None else '–'}")
         line.append("–" if math.isnan(r["tok_per_sec"]) else f"{r['tok_per_sec']:,.0f}")
         body.append(line)
     return header, body
@@ -113,6 +138,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"no configs found under {args.configs} (tables: {args.table or 'all'})")
     out_dir.mkdir(parents=True, exist_ok=True)
     for table, rows in sorted(by_table.items()):
+        add_wall_ratios(rows)
         rows = [r for r in rows if r["seeds"] > 0] or rows
         header, body = table_rows(rows)
         md = to_markdown(header, body)

@@ -31,18 +31,22 @@ def make_tokenizer(out_dir):
     return tok
 
 
-def make_run(tmp_path, memory="mome", seed=0, **options):
+def make_run(tmp_path, memory="mome", seed=0, family="nanochat", **options):
     """A run dir with one checkpoint of a tiny random model whose routers and gates are NOT at their zero init
-    (so routing and gamma vary across tokens)."""
+    (so routing and gamma vary across tokens). ``family`` picks the backbone (nanochat.families)."""
     from nanochat.checkpoint import save_checkpoint
-    from nanochat.gpt import build_model
+    from nanochat.families import FAMILIES, build_model
 
     tok_dir = tmp_path / "tok"
     tok = make_tokenizer(tok_dir)
     opts = {"mome": dict(slots=6, topk=2), "ve": {}, "bigram": dict(factor=2)}[memory]
     opts.update(options)
-    cfg = tiny_config(vocab_size=tok.vocab_size, n_layer=4, n_embd=64, n_head=2, n_kv_head=2, memory=memory,
-                      memory_options=opts, sequence_len=64)
+    geometry = dict(vocab_size=tok.vocab_size, n_layer=4, n_embd=64, n_head=2, n_kv_head=2, memory=memory,
+                    memory_options=opts, sequence_len=64)
+    if family == "nanochat":
+        cfg = tiny_config(**geometry)
+    else:  # GQA with 4 query heads over the same 2 KV heads, so the memory layout matches the nanochat case
+        cfg = FAMILIES[family].config_cls(**{**geometry, "n_head": 4}, head_dim=16, ffn_hidden=128)
     model = build_model(cfg, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -95,6 +99,25 @@ def test_analyze_memory_outputs_and_gamma_equal_direct_computation(tmp_path, mem
         recs = list(csv.DictReader(f))
     assert len(recs) == 4 and {(int(r["layer"]), int(r["head"])) for r in recs} == {(1, 0), (1, 1), (3, 0), (3, 1)}
     assert (out / "memory_gamma.png").stat().st_size > 0 and (out / "memory_inject_norm.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("family,memory,options", [("mobilellm", "mome", dict(router_input="value")),
+                                                   ("qwen3", "ve", {})])
+def test_analysis_tools_run_on_family_checkpoints(tmp_path, family, memory, options):
+    from scripts import analyze_memory, analyze_routing
+
+    run, model, tok = make_run(tmp_path, memory, family=family, **options)
+    assert type(model).__name__ == {"mobilellm": "Llama", "qwen3": "Qwen3"}[family]
+    text = write_text(tmp_path / "notes.txt")
+    assert analyze_memory.main(["--run", str(run), "--corpus", f"file:{text}", "--out-dir", str(tmp_path / "m"),
+                                "--no-progress"]) == 0
+    dom = json.loads((tmp_path / "m" / "memory_use.json").read_text())["domains"]["notes"]
+    assert torch.tensor(dom["gamma"]).shape == (2, 2)  # memory layers 1, 3 x the 2 KV heads
+    if memory == "mome":
+        assert analyze_routing.main(["--run", str(run), "--corpus", f"file:{text}", "--reference", f"file:{text}",
+                                     "--min-count", "4", "--out-dir", str(tmp_path / "r"), "--no-progress"]) == 0
+        audit = json.loads((tmp_path / "r" / "routing_audit.json").read_text())["domains"]["notes"]
+        assert audit["total_cells"] == 2 * 2 * 6  # memory layers x KV heads x slots
 
 
 def test_analyze_memory_errors_name_the_flag(tmp_path, capsys):
@@ -204,6 +227,29 @@ def test_latency_bench_runs_tiny(tmp_path, capsys):
     from nanochat.memory import MEMORY_BLOCKS
 
     assert "mome-hidden" not in MEMORY_BLOCKS  # registered only while the benchmark runs
+
+
+def test_latency_bench_family_archs(tmp_path, capsys):
+    from conftest import load_bench
+
+    bench = load_bench("latency")
+    out = tmp_path / "lat.json"
+    assert bench.main(["--archs", "qwen3_0p6b", "--mem-layers", "2", "--vocab-size", "256", "--reps", "1",
+                       "--warmup", "0", "--context", "4", "--seq-len", "4", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["arch"], r["width"], r["n_head"]) for r in rows] == [("qwen3_0p6b", 1024, 16)]
+    assert "qwen3_0p6b" in capsys.readouterr().out
+    cfg = bench.make_config(bench.parse_args(["--archs", "qwen3_0p6b"]), 1024, 2, "mome", "qwen3_0p6b")
+    assert (cfg.family, cfg.n_kv_head, cfg.head_dim, cfg.ffn_hidden, cfg.memory_layers) == ("qwen3", 8, 128, 3072, (0, 1))
+    with bench.hidden_variant_registered():  # hidden-state injection on GQA: C/d groups of head_dim channels
+        with torch.device("meta"):
+            from nanochat.families import FAMILIES
+
+            model = FAMILIES["mobilellm"].model_cls(
+                bench.make_config(bench.parse_args([]), 960, 2, "mome-hidden", "mobilellm350"))
+        assert (model.memory.H, model.memory.d) == (15, 64)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--archs", "nanochat,qwen3_0p6b"])
 
 
 def test_hidden_injection_variant_adds_to_residual_not_values():

@@ -40,6 +40,24 @@ def test_step_bench_sections_run_at_equal_table_memory(bench, tmp_path, capsys):
     assert "one d12-shaped transformer layer with memory" in printed and "memory hook + c_v only" in printed
 
 
+def test_step_bench_family_section(bench, tmp_path, capsys, monkeypatch):
+    small = dict(n_layer=6, n_embd=96, n_head=6, n_kv_head=3, ffn_hidden=128, memory_layers=(1, 3, 5))
+    monkeypatch.setattr(bench, "FAMILY_FULL", {"mobilellm": dict(small, head_dim=64), "qwen3": dict(small, head_dim=96)})
+    out = tmp_path / "step.json"
+    bench.main(["--sections", "family", "--vocab-size", "256", "--full-tokens", "32", "--reps", "1", "--warmup", "0",
+                "--out", str(out)])
+    result = json.loads(out.read_text())
+    for fam, d in (("mobilellm", 64), ("qwen3", 96)):
+        rows = result[f"family_{fam}"]
+        assert list(rows) == ["Base", "STEM", "VE", "MoME A1/3", "MoME A2/6"]
+        F = bench.FAMILY_FULL[fam]["ffn_hidden"]
+        # 3 memory layers: STEM V x F, VE V x H_kv*d = MoME A1/3 V x 3 x d, A2/6 twice that
+        assert [rows[k]["table_params"] for k in rows] == [0, 3 * 256 * F, 3 * 256 * 3 * d, 3 * 256 * 3 * d,
+                                                            3 * 256 * 6 * d]
+        assert rows["Base"]["ratio_to_Base"]["step"] == 1.0
+    assert "small qwen3 model" in capsys.readouterr().out
+
+
 def test_step_bench_rejects_unknown_section(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--sections", "layer,speed"])

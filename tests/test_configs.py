@@ -13,7 +13,7 @@ from nanochat.row_config import check_row_config, find_configs, load_row_config,
 from nanochat.memory.slot_map import write_slot_map
 
 CONFIGS = find_configs()
-TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 7, "d24": 9, "mini": 5}
+TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 7, "d24": 9, "mini": 5, "families": 14, "families_mini": 8}
 
 
 def test_inventory():
@@ -41,7 +41,7 @@ def slot_maps(tmp_path_factory):
 def _summary(path, slot_maps):
     from scripts.base_train import model_config
     from nanochat.train_args import parse_args
-    from nanochat.gpt import model_summary
+    from nanochat.families import model_summary
 
     cfg = load_row_config(path)
     argv = ["--config", str(path), "--dry-run"]
@@ -52,7 +52,8 @@ def _summary(path, slot_maps):
     return cfg, model_summary(model_config(args, 32768))
 
 
-@pytest.mark.parametrize("path", [p for p in CONFIGS if "mini" not in p.parts], ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.parent.name.endswith("mini")],
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_dry_run_params_match_paper(path, slot_maps):
     cfg, s = _summary(path, slot_maps)
     paper = cfg["paper"]
@@ -80,6 +81,22 @@ def test_mini_rows_have_matched_memory(slot_maps):
     mem = {p.stem: _summary(p, slot_maps)[1]["params_memory"] for p in CONFIGS if p.parent.name == "mini"}
     assert mem["base"] == 0
     assert mem["ve"] == mem["bigram"] == mem["mome_c1_m4"] == mem["mome_c1_m8"] // 2 > 0
+
+
+def test_family_mini_rows_have_matched_memory(slot_maps):
+    for fam in ("mobilellm", "qwen3"):
+        s = {p.stem: _summary(p, slot_maps)[1] for p in CONFIGS if p.parent.name == "families_mini"
+             and p.stem.startswith(fam)}
+        assert s[f"{fam}_base"]["params_memory"] == 0
+        assert s[f"{fam}_ve"]["params_memory"] == s[f"{fam}_mome_a2_2"]["params_memory"] > 0  # M = H_kv
+        assert s[f"{fam}_stem"]["params_memory"] == 2 * 32768 * 768  # 2 layers x V x F (F = 768 for C = 256)
+
+
+def test_family_rows_bb_avg_is_the_mean_of_the_six_bigbench_tasks():
+    rows = [load_row_config(p) for p in CONFIGS if p.parent.name == "families"]
+    for cfg in rows:
+        bb = [v for k, v in cfg["paper"].items() if k.startswith("acc_bigbench")]
+        assert len(bb) == 6 and abs(sum(bb) / 6 - cfg["paper"]["bb_avg"]) < 0.006, cfg["row"]["name"]
 
 
 def _run(args, **kw):

@@ -168,3 +168,62 @@ def test_flash_attention_path_matches_sdpa(monkeypatch):
         monkeypatch.setenv("NANOCHAT_ATTN", "flash")
         flash = model(x)
     assert ((flash - sdpa).norm() / sdpa.norm()) < 2e-2
+
+
+# -- the MobileLLM and Qwen3 families (nanochat.families) -------------------------------------------------------
+FAMILY_BLOCKS = {"base": ("base", {}), "stem": ("stem", {}), "ve": ("ve", {}),
+                 "mome_value": ("mome", {"slots": 3, "topk": 1, "router_input": "value"}),
+                 "mome_hidden": ("mome", {"slots": 4, "topk": 2})}
+
+
+def _family_config(family, block, tie=True):
+    from nanochat.families import FAMILIES
+
+    memory, opts = FAMILY_BLOCKS[block]
+    return FAMILIES[family].config_cls(sequence_len=32, vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, n_embd=128,
+                                       head_dim=48 if family == "qwen3" else 32, ffn_hidden=256,
+                                       tie_embeddings=tie, memory=memory, memory_options=opts)
+
+
+@pytest.mark.parametrize("family", ["mobilellm", "qwen3"])
+@pytest.mark.parametrize("block", list(FAMILY_BLOCKS))
+def test_bf16_autocast_train_step_every_family(family, block):
+    """bf16 autocast on CUDA vs fp32 on the CPU (same weights), then one step of the family's optimizer groups;
+    with flash_attn installed the attention takes the flash path (GQA, Qwen3's head_dim 48 != C/H)."""
+    from nanochat.families import build_model as build_family, param_groups
+    from nanochat.optim import MuonAdamW, OptimConfig
+
+    cfg = _family_config(family, block, tie=family == "qwen3")
+    model = build_family(cfg, device="cuda", seed=0)
+    ref = build_family(cfg, device="cpu", seed=0)
+    ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    x, y = _batch()
+    opt = MuonAdamW(param_groups(model, OptimConfig()))
+    with autocast_context("cuda", "bfloat16"):
+        loss = model(x, y)
+    loss.backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None]
+    ref_loss = ref(x.cpu(), y.cpu())
+    assert abs(loss.item() - ref_loss.item()) < 0.01 * ref_loss.item(), (loss.item(), ref_loss.item())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.step()
+    assert torch.isfinite(opt.grad_norm) and opt.grad_norm > 0
+    assert not torch.equal(before["wte.weight"], model.wte.weight)
+    if model.memory.memory_tables():
+        assert not torch.equal(before["memory.tables.0.weight"], model.memory.tables[0].weight)
+
+
+@pytest.mark.parametrize("family", ["mobilellm", "qwen3"])
+def test_family_compile_fullgraph_and_cached_decoding_on_cuda(family):
+    from nanochat.engine import generate, generate_uncached
+    from nanochat.families import build_model as build_family
+
+    torch._dynamo.reset()
+    model = build_family(_family_config(family, "mome_hidden"), device="cuda", seed=0)
+    x, y = _batch(3)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with autocast_context("cuda", "bfloat16"):
+        eager, comp = model(x, y), compiled(x, y)
+    assert abs(comp.item() - eager.item()) < 2e-3 * eager.item()
+    prompt = x[0, :6].tolist()
+    assert generate(model.float(), prompt, max_tokens=6, temperature=0.0)[0] == generate_uncached(model, prompt, 6)

@@ -13,6 +13,7 @@ from .base import MemoryBlock, default_memory_layers
 from .bigram import BigramMemory
 from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
 from .slot_map import file_sha256
+from .stem import STEMMemory
 from .ve import ValueEmbedding
 
 MEMORY_BLOCKS: dict[str, type[MemoryBlock]] = {
@@ -20,6 +21,7 @@ MEMORY_BLOCKS: dict[str, type[MemoryBlock]] = {
     "ve": ValueEmbedding,
     "bigram": BigramMemory,
     "mome": MoMEMemory,
+    "stem": STEMMemory,
 }
 
 # (block, flag, option key, argparse kwargs); the argparse default is the block's Options default.

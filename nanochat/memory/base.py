@@ -1,13 +1,19 @@
 """The memory-block extension point.
 
-A memory block is one ``nn.Module`` owned by the GPT (``model.memory``). The model calls it at three places:
+A memory block is one ``nn.Module`` owned by the model (``model.memory``), whatever the backbone family
+(``nanochat.families``). The model calls it at up to four places:
 
     ctx = memory.prepare(idx, state)            once per forward, before layer 0 (e.g. hash indices once)
-    x   = memory.residual(layer, x, ctx)        every layer, after the resid/x0 mix, before the block
+    x   = memory.residual(layer, x, ctx)        every layer, before the block (nanochat: after the resid/x0 mix)
     v   = memory.value(layer, xn, v, ctx)       every layer, inside attention, before RoPE/SDPA
+    u   = memory.ffn_up(layer, xn, ctx)         SwiGLU families only, on the layers where owns_ffn_up(layer):
+                                                the block provides the FFN's up-projection output (STEM)
 
-``idx`` is (B, T) token ids, ``x`` the (B, T, C) residual stream, ``xn = norm(x)`` the attention input and
-``v`` the (B, T, H, d) value heads. A block returns its inputs unchanged on layers it does not touch.
+``idx`` is (B, T) token ids, ``x`` the (B, T, C) residual stream, ``xn`` the normed attention (or FFN) input and
+``v`` the (B, T, H_kv, d) value heads before the GQA expansion. A block returns its inputs unchanged on layers it
+does not touch. ``owns_ffn_up`` is asked once, when the backbone is built: the backbone then builds no
+up-projection on those layers (the block's parameters replace it). Backbones without a gated FFN (nanochat's
+relu^2 MLP) refuse blocks that own one.
 ``state`` is a dict carried by the KV cache across decode steps (None in training), e.g. the previous token
 for bigram hashing.
 
@@ -82,6 +88,14 @@ class MemoryBlock(nn.Module):
 
     def value(self, layer: int, xn: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
         return v
+
+    def owns_ffn_up(self, layer: int) -> bool:
+        """Whether this block replaces the FFN up-projection of ``layer`` (asked when the backbone is built)."""
+        return False
+
+    def ffn_up(self, layer: int, xn: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The (B, T, d_ffn) up-projection output on a layer this block owns; called only there."""
+        raise NotImplementedError(f"{type(self).__name__} owns no FFN up-projection (layer {layer})")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:

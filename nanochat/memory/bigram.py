@@ -4,7 +4,7 @@ ONE zero-init table of factor*V rows x C (V = unpadded vocab) shared by all memo
 hash of (previous, current) token (``hashing.bigram_hash``, computed once per forward in ``prepare``). On each
 memory layer, after the resid/x0 mix and before the block:
 
-    x <- x + lambda_l * (gamma ⊙ e),   e = table[h].view(B, T, n_head, d),   gamma = 2*sigmoid(G_l norm(x)[..., :32])
+    x <- x + lambda_l * (gamma ⊙ e),   e = table[h].view(B, T, n_head, C/n_head),   gamma = 2*sigmoid(G_l norm(x)[..., :32])
 
 G_l is Linear(32 -> n_head, no bias), zero-init. ``lambdas`` has one entry per layer (n_layer of them, as in the
 reference: 0.1 on memory layers, 0 elsewhere and never used there), so d12 has 12 lambdas, giving the reference
@@ -40,7 +40,11 @@ class BigramMemory(MemoryBlock):
 
     def __init__(self, config):
         super().__init__(config)
-        self.n_embd, self.n_head, self.head_dim = config.n_embd, config.n_head, config.head_dim
+        if config.n_embd % config.n_head:
+            raise ValueError(f"--memory bigram gates the residual stream in n_head = {config.n_head} groups; "
+                             f"the width {config.n_embd} is not divisible by it")
+        # one gate per n_head channel group of the residual stream (= head_dim on nanochat; Qwen3's H*d != C)
+        self.n_embd, self.n_head, self.group_width = config.n_embd, config.n_head, config.n_embd // config.n_head
         self.rows = self.opts.factor * config.vocab_size
         self.layer_pos = {layer: i for i, layer in enumerate(self.layers)}
         self.table = nn.Embedding(self.rows, config.n_embd)
@@ -73,8 +77,8 @@ class BigramMemory(MemoryBlock):
             return x
         B, T, C = x.shape
         gamma = self.gates[pos](F.rms_norm(x, (C,)))  # (B, T, n_head)
-        e = ctx.to(x.dtype).view(B, T, self.n_head, self.head_dim)
-        inject = self.lambdas[layer].to(x.dtype) * (gamma[..., None].to(x.dtype) * e)  # (B, T, H, d)
+        e = ctx.to(x.dtype).view(B, T, self.n_head, self.group_width)
+        inject = self.lambdas[layer].to(x.dtype) * (gamma[..., None].to(x.dtype) * e)  # (B, T, H, C/H)
         if self.training:
             self.tracker.add(pos, gamma)
         if self.capture is not None:

@@ -186,6 +186,7 @@ class MoMEMemory(MemoryBlock):
         if o.index == "grouped" and config.vocab_size % o.group_size:
             raise ValueError(f"--mome-group-size {o.group_size} must divide the vocab size {config.vocab_size}")
         self.n_embd, self.H, self.d = config.n_embd, config.n_kv_head, config.head_dim
+        self.table_bound = config.memory_table_bound
         self.M, self.K, self.mode = o.slots, o.topk, o.gate_mode
         self.vocab_size, self.padded_vocab = config.vocab_size, config.padded_vocab_size
         self.rows = {"token": config.padded_vocab_size, "grouped": config.vocab_size // o.group_size,
@@ -234,7 +235,7 @@ class MoMEMemory(MemoryBlock):
     @torch.no_grad()
     def init_weights(self) -> None:
         for table in self._tables():
-            init_table_uniform(table.weight, self.n_embd)
+            init_table_uniform(table.weight, self.table_bound)
         for router in getattr(self, "routers", []):
             nn.init.zeros_(router.weight)  # zero-init as in the reference: top-K ties at step 0 (see notes)
             nn.init.zeros_(router.bias)

@@ -8,7 +8,6 @@ current token and added to the attention values before RoPE/SDPA:
 W_g is Linear(32 -> H_kv, no bias), zero-init, so gamma == 1 at init. The same gate is reused by MoME.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -35,10 +34,10 @@ class ValueGate(nn.Module):
         return 2.0 * torch.sigmoid(self.proj(xn[..., :GATE_CHANNELS]))
 
 
-def init_table_uniform(weight: torch.Tensor, n_embd: int) -> None:
-    """Memory tables share the backbone's matrix init U(-sqrt(3/C), sqrt(3/C)) (std 1/sqrt(C))."""
-    s = math.sqrt(3.0 / n_embd)
-    nn.init.uniform_(weight, -s, s)
+def init_table_uniform(weight: torch.Tensor, bound: float) -> None:
+    """U(-bound, bound), with the backbone family's bound (``config.memory_table_bound``): nanochat sqrt(3/C)
+    (its matrix init, std 1/sqrt(C)), MobileLLM C^-0.5, Qwen3 0.02 (reference families spec §2.4, §3.3)."""
+    nn.init.uniform_(weight, -bound, bound)
 
 
 class GammaTracker(nn.Module):
@@ -86,6 +85,7 @@ class ValueEmbedding(MemoryBlock):
     def __init__(self, config):
         super().__init__(config)
         self.n_embd, self.n_kv_head, self.head_dim = config.n_embd, config.n_kv_head, config.head_dim
+        self.table_bound = config.memory_table_bound
         self.layer_pos = {layer: i for i, layer in enumerate(self.layers)}
         width = config.n_kv_head * config.head_dim
         self.tables = nn.ModuleList(nn.Embedding(config.padded_vocab_size, width) for _ in self.layers)
@@ -96,7 +96,7 @@ class ValueEmbedding(MemoryBlock):
     def init_weights(self) -> None:
         self.tracker.init_weights()
         for table in self.tables:
-            init_table_uniform(table.weight, self.n_embd)
+            init_table_uniform(table.weight, self.table_bound)
         for gate in self.gates:
             gate.init_weights()
 

@@ -1,0 +1,152 @@
+"""Backbone families: ``--model-type NAME`` -> config class, model class, geometry rules, optimizer groups.
+
+| family | model file | per layer |
+|---|---|---|
+| ``nanochat`` | ``gpt.py`` | the paper's nanochat GPT (param-free norms, relu^2 MLP 4C, resid/x0 lambdas, softcap) |
+| ``mobilellm`` | ``llama.py`` | Llama/MobileLLM: learnable RMSNorm 1e-5, GQA, interleaved RoPE, SwiGLU int(8C/3)->256 |
+| ``qwen3`` | ``qwen3.py`` | Qwen3: explicit head_dim, per-head QK-norm before half-split RoPE, RMSNorm 1e-6, SwiGLU 3C |
+
+Named sizes are flag presets, applied before a ``--config`` file and the command line (which override them):
+``mobilellm-125m`` (30 x 576, 9/3 heads of 64, tied), ``mobilellm-350m`` (32 x 960, 15/5 heads, untied),
+``qwen3-0.6b`` (28 x 1024, 16/8 heads of 128, tied); so are each family's recipe defaults (``FAMILY_RECIPES``,
+``TABLE_RECIPES``: warmup, memory-table AdamW). Every model class is built on the meta device and
+initialised by ``init_weights()``; it exposes ``config``, ``memory``, ``wte``, ``rotary_len``, ``max_seq_len``,
+``num_params()``, ``estimate_flops()`` and ``forward(idx, targets=None, kv_cache=None, loss_reduction)``.
+Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` line per size).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from nanochat.gpt import GPT, GPTConfig
+from nanochat.llama import Llama, LlamaConfig, llama_ffn_hidden
+from nanochat.optim import OptimConfig, build_param_groups
+from nanochat.qwen3 import Qwen3, Qwen3Config, qwen3_ffn_hidden
+
+
+@dataclass(frozen=True)
+class Family:
+    config_cls: type
+    model_cls: type
+    ffn_rule: Callable[[int], int] | None  # F from C; None = no --ffn-dim / --tie-embeddings / --num-kv-heads
+    head_dim_from_width: bool  # d = C/H (the --head-dim flag only picks H) or d = --head-dim (Qwen3)
+
+
+FAMILIES: dict[str, Family] = {
+    "nanochat": Family(GPTConfig, GPT, None, True),
+    "mobilellm": Family(LlamaConfig, Llama, llama_ffn_hidden, True),
+    "qwen3": Family(Qwen3Config, Qwen3, qwen3_ffn_hidden, False),
+}
+
+NAMED_SIZES: dict[str, tuple[str, dict]] = {  # geometry of the paper's families table (families spec §1)
+    "mobilellm-125m": ("mobilellm", {"depth": 30, "model-dim": 576, "num-heads": 9, "num-kv-heads": 3, "head-dim": 64,
+                                     "tie-embeddings": True}),
+    "mobilellm-350m": ("mobilellm", {"depth": 32, "model-dim": 960, "num-heads": 15, "num-kv-heads": 5, "head-dim": 64,
+                                     "tie-embeddings": False}),
+    "qwen3-0.6b": ("qwen3", {"depth": 28, "model-dim": 1024, "num-heads": 16, "num-kv-heads": 8, "head-dim": 128,
+                             "tie-embeddings": True}),
+}
+MODEL_TYPES = (*FAMILIES, *NAMED_SIZES)
+
+# The reference recipe's defaults per family (families spec §4-§7), also presets that flags override: Qwen3 warms
+# up over 1% of the steps; MobileLLM's VE/MoME tables use AdamW lr 0.1 with betas (0.8, 0.95) (Qwen3 keeps the
+# nanochat 0.2 / (0.8, 0.995)); STEM tables train like the embedding (lr 0.3, betas (0.8, 0.95), no decay).
+FAMILY_RECIPES = {"qwen3": {"warmup-ratio": 0.01}}
+TABLE_RECIPES = {("mobilellm", "ve"): {"memory-lr": 0.1, "memory-beta2": 0.95},
+                 ("mobilellm", "mome"): {"memory-lr": 0.1, "memory-beta2": 0.95},
+                 ("mobilellm", "stem"): {"memory-lr": 0.3, "memory-beta2": 0.95, "memory-wd": 0.0},
+                 ("qwen3", "stem"): {"memory-lr": 0.3, "memory-beta2": 0.95, "memory-wd": 0.0}}
+
+
+def family_name(model_type: str) -> str:
+    if model_type in NAMED_SIZES:
+        return NAMED_SIZES[model_type][0]
+    if model_type not in FAMILIES:
+        raise ValueError(f"--model-type {model_type!r} is unknown; allowed: {', '.join(MODEL_TYPES)}")
+    return model_type
+
+
+def preset_tokens(model_type: str, memory: str = "base") -> list[str]:
+    """Command-line tokens of the defaults a model type brings: a named size's geometry and the family's recipe
+    (for this memory block). Unknown model types give none (argparse reports them)."""
+    if model_type not in MODEL_TYPES:
+        return []
+    family = family_name(model_type)
+    preset = {**NAMED_SIZES.get(model_type, ("", {}))[1], **FAMILY_RECIPES.get(family, {}),
+              **TABLE_RECIPES.get((family, memory), {})}
+    tokens = []
+    for key, value in preset.items():
+        tokens += [f"--{key}" if value else f"--no-{key}"] if isinstance(value, bool) else [f"--{key}", str(value)]
+    return tokens
+
+
+def family_of(config) -> Family:
+    return FAMILIES[config.family]
+
+
+def config_from_args(args, vocab_size: int, memory: dict):
+    """The model config of the parsed base_train flags (``memory`` = ``memory_config_from_args(args)``)."""
+    name = family_name(args.model_type)
+    fam = FAMILIES[name]
+    common = dict(sequence_len=args.max_seq_len, vocab_size=vocab_size, **memory)
+    if fam.ffn_rule is None:
+        for flag, value in (("--num-kv-heads", args.num_kv_heads), ("--ffn-dim", args.ffn_dim),
+                            ("--tie-embeddings", args.tie_embeddings)):
+            if value not in (-1, None):
+                raise ValueError(f"{flag} does not apply to --model-type {name} (MHA, 4C relu^2 MLP, untied head)")
+        if args.model_dim == -1:
+            return GPTConfig.from_depth(args.depth, args.aspect_ratio, args.head_dim, **common)
+        heads = args.num_heads if args.num_heads != -1 else args.model_dim // args.head_dim
+        return GPTConfig(n_layer=args.depth, n_head=heads, n_kv_head=heads, n_embd=args.model_dim, **common)
+    width = args.model_dim if args.model_dim != -1 else math.ceil(args.depth * args.aspect_ratio / args.head_dim) * args.head_dim
+    heads = args.num_heads if args.num_heads != -1 else width // args.head_dim
+    if fam.head_dim_from_width:
+        if width % heads:
+            raise ValueError(f"--model-type {name}: --model-dim {width} is not divisible by --num-heads {heads}")
+        head_dim = width // heads
+    else:
+        head_dim = args.head_dim
+    kv_heads = args.num_kv_heads if args.num_kv_heads != -1 else heads
+    if heads % kv_heads:
+        raise ValueError(f"--num-heads {heads} is not divisible by --num-kv-heads {kv_heads}")
+    return fam.config_cls(n_layer=args.depth, n_embd=width, n_head=heads, n_kv_head=kv_heads, head_dim=head_dim,
+                          ffn_hidden=args.ffn_dim if args.ffn_dim != -1 else fam.ffn_rule(width),
+                          tie_embeddings=True if args.tie_embeddings is None else args.tie_embeddings, **common)
+
+
+def config_from_dict(d: dict):
+    """Inverse of ``config.to_dict()`` (checkpoint meta.json); a dict without "family" is a nanochat GPT."""
+    name = d.get("family", "nanochat")
+    if name not in FAMILIES:
+        raise ValueError(f"model config names an unknown family {name!r}; known: {', '.join(FAMILIES)}")
+    if name == "nanochat":  # GPTConfig.family is a class constant, not a field
+        d = {k: v for k, v in d.items() if k != "family"}
+    return FAMILIES[name].config_cls(**d)
+
+
+def build_model(config, device: str | torch.device = "cpu", seed: int | None = None):
+    """Build on the meta device, materialise on ``device`` and initialise (optionally seeded)."""
+    with torch.device("meta"):
+        model = family_of(config).model_cls(config)
+    model.to_empty(device=device)
+    if seed is not None:
+        torch.manual_seed(seed)
+    model.init_weights()
+    return model
+
+
+def model_summary(config) -> dict[str, int]:
+    """params_total / params_memory / params_backbone / flops_per_token, computed on the meta device."""
+    with torch.device("meta"):
+        model = family_of(config).model_cls(config)
+    return {**model.num_params(), "flops_per_token": model.estimate_flops()}
+
+
+def param_groups(model, oc: OptimConfig) -> list[dict]:
+    """The optimizer groups of ``model``'s family (nanochat: optim.build_param_groups)."""
+    if model.config.family == "nanochat":
+        return build_param_groups(model, oc)
+    return model.param_groups(oc)
