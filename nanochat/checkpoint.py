@@ -176,6 +176,16 @@ def resolve_resume_step(run_dir, spec: str | None) -> int | None:
     return step
 
 
+def require_files(run_dir, step: int, names=("meta.json", "model.pt", "state.pt")) -> None:
+    """Raise naming what is missing when this process cannot see checkpoint ``step`` (e.g. the step was chosen
+    on rank 0 and this node has no shared filesystem with it)."""
+    d = step_dir(run_dir, step)
+    missing = [n for n in names if not (d / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {d} (chosen on rank 0) lacks {', '.join(missing)} here: every rank "
+                                "must see the same run dir (a shared filesystem, or a copy of it on every node)")
+
+
 def load_training_state(run_dir, step: int) -> dict:
     """Load and check ``state.pt`` of a trainer checkpoint; a missing key means a foreign or partial file.
 

@@ -1,6 +1,8 @@
-"""Small shared helpers: device choice, torch.distributed setup, rank-0 printing, seeding."""
+"""Small shared helpers: device choice, torch.distributed setup, rank-0 printing, seeding, and the two ways a
+decision is kept the same on every rank (rank0_decides, every_rank_ok)."""
 
 import os
+import pickle
 import random
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -60,6 +62,73 @@ def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
         dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
         dist.barrier()
     return info, device
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` of rank ``src`` on every rank (picklable); the identity without torch.distributed."""
+    if not is_dist():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling (so another rank can raise the same type), else a RuntimeError copy."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def rank0_decides(fn):
+    """Run ``fn()`` on rank 0 only and return its result on every rank; if it raises, every rank raises it.
+
+    For choices that must not differ between ranks (which checkpoint to resume, whether the CORE bundle is
+    there, which task files exist): a per-rank decision on per-node filesystems or flaky downloads lets ranks
+    take different branches and then hang in a collective. Every rank must call this (it is a collective).
+    """
+    if not is_dist():
+        return fn()
+    outcome, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            value = fn()
+            pickle.dumps(value)  # fail here, not inside the broadcast the other ranks are already waiting in
+            outcome = ("ok", value)
+        except Exception as e:  # noqa: BLE001 - raised on every rank below
+            outcome, error = ("error", _portable(e)), e
+    outcome = broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise error if error is not None else outcome[1]
+    return outcome[1]
+
+
+def every_rank_ok(fn):
+    """Run ``fn()`` on every rank and return this rank's result, but only once every rank has succeeded.
+
+    If ``fn`` raises on any rank, every rank raises the lowest failing rank's exception (same type, message
+    prefixed with that rank), so no rank goes on to a collective the others never enter. ``fn`` itself must not
+    enter collectives (a failing rank would skip them). Every rank must call this (it is a collective).
+    """
+    if not is_dist():
+        return fn()
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 - shared with the other ranks below
+        error = e
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, None if error is None else _portable(error))
+    for rank, exc in enumerate(errors):
+        if exc is not None:  # every rank raises the lowest failing rank's error, naming that rank
+            try:  # same type, so callers catch it as they would on the failing rank
+                shared = type(exc)(f"rank {rank} of {len(errors)}: {exc}")
+            except Exception:  # noqa: BLE001 - a type that needs more than a message
+                shared = exc
+            raise shared from (error or exc)
+    return result
 
 
 def compute_cleanup() -> None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from nanochat.common import rank0_decides
 from nanochat.eval_bundle import bundle_info, load_core_tasks, load_random_baselines, load_task_data, TaskSpec
 
 
@@ -235,35 +236,49 @@ def summarize_core(task_results: dict[str, dict], baselines: dict[str, float], a
     return {"core": core, "label": "CORE" if k == total else f"CORE-{k}/{total}", "tasks": tasks, "missing": missing}
 
 
+def _core_plan(bundle_dir: Path) -> tuple[list[TaskSpec], dict[str, float], list[TaskSpec], dict]:
+    """(all tasks, random baselines, the tasks whose data file exists, subset info), checked up front so a long
+    evaluation cannot fail at the very end."""
+    specs = load_core_tasks(bundle_dir)
+    baselines = load_random_baselines(bundle_dir)
+    present = [t for t in specs if (bundle_dir / "eval_data" / t.dataset_uri).is_file()]
+    no_baseline = [t.label for t in present if t.label not in baselines]
+    if no_baseline:
+        raise KeyError(f"{bundle_dir / 'eval_meta_data.csv'} has no random baseline for {no_baseline}")
+    if not present:
+        raise FileNotFoundError(f"no task data file of {bundle_dir / 'core.yaml'} exists under {bundle_dir / 'eval_data'}")
+    return specs, baselines, present, bundle_info(bundle_dir)
+
+
+def _task_rows(path: Path, task: TaskSpec, max_per_task: int) -> list[dict]:
+    data = order_task_data(load_task_data(path, task.task_type), max_per_task)
+    if not data:
+        raise ValueError(f"{path} (task {task.label}) has no rows")
+    return data
+
+
 def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_size: int = 16, device="cpu",
                   autocast_ctx=None, progress: bool = True) -> dict:
     """Evaluate every core.yaml task whose data file exists. See summarize_core for the result layout;
-    also carries "bundle", "max_per_task" and, for the shipped subset, "subset" info."""
+    also carries "bundle", "max_per_task" and, for the shipped subset, "subset" info.
+
+    Under torch.distributed only rank 0 reads the bundle (task list, baselines, rows) and broadcasts it, so
+    every rank scores the same tasks and enters the same collectives even if its own view of the files differs.
+    """
     bundle_dir = Path(bundle_dir)
-    specs = load_core_tasks(bundle_dir)
-    baselines = load_random_baselines(bundle_dir)
-    no_baseline = [t.label for t in specs
-                   if t.label not in baselines and (bundle_dir / "eval_data" / t.dataset_uri).is_file()]
-    if no_baseline:  # checked up front so a long evaluation cannot fail at the very end
-        raise KeyError(f"{bundle_dir / 'eval_meta_data.csv'} has no random baseline for {no_baseline}")
+    specs, baselines, present, info = rank0_decides(lambda: _core_plan(bundle_dir))
     was_training = model.training
     model.eval()
     results = {}
-    for task in specs:
+    for task in present:
         path = bundle_dir / "eval_data" / task.dataset_uri
-        if not path.is_file():
-            continue
-        data = order_task_data(load_task_data(path, task.task_type), max_per_task)
-        if not data:
-            raise ValueError(f"{path} (task {task.label}) has no rows")
+        data = rank0_decides(lambda: _task_rows(path, task, max_per_task))
         correct, n, too_long = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx, progress,
                                              where=f"{path} (task {task.label})")
         results[task.label] = {"accuracy": correct / n if n else float("nan"), "n": n, "too_long": too_long}
     model.train(was_training)
-    if not results:
-        raise FileNotFoundError(f"no task data file of {bundle_dir / 'core.yaml'} exists under {bundle_dir / 'eval_data'}")
     out = summarize_core(results, baselines, [t.label for t in specs])
-    out.update(bundle=str(bundle_dir), max_per_task=max_per_task, subset=bundle_info(bundle_dir))
+    out.update(bundle=str(bundle_dir), max_per_task=max_per_task, subset=info)
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.common import print0
+from nanochat.common import every_rank_ok, print0, rank0_decides
 from nanochat.train_loop import SyntheticLoader, synthetic_eval_rows
 
 SYNTHETIC_VOCAB = 32768
@@ -47,14 +47,21 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_token_bytes, get_tokenizer
 
     tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
-    tokenizer = get_tokenizer(tok_dir)
-    if args.vocab_size is not None:
-        check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
+
+    def open_local():  # per-rank files: every rank must have them before the collective row building below
+        tokenizer = get_tokenizer(tok_dir)
+        if args.vocab_size is not None:
+            check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
+        try:
+            load_manifest(data_dir)
+            return tokenizer, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
+                                               rank=rank, world_size=world, seed=args.data_seed, device=device)
+        except DataError as e:
+            raise ValueError(f"--data-dir {data_dir}: {e}") from e
+
+    tokenizer, loader = every_rank_ok(open_local)
     try:
-        load_manifest(data_dir)
-        loader = PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
-                                  rank=rank, world_size=world, seed=args.data_seed, device=device)
         rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
                                world_size=world)
         # the paper's "train bpb": the same budget on the first documents of the train split (seen data)
@@ -72,9 +79,14 @@ def resolve_bundle(args) -> Path | None:
 
     An explicit --bundle must work (error otherwise). Without it, the evaluator's search order is tried and a
     failure (e.g. no internet for the download) disables CORE with a loud message: CORE is "when available".
+    Decided on rank 0 for every rank (CORE is collective; only rank 0 reads the bundle, see evaluate_core).
     """
     if not (args.final_core or args.core_every > 0) or args.synthetic_data:
         return None
+    return rank0_decides(lambda: _find_bundle_here(args))
+
+
+def _find_bundle_here(args) -> Path | None:
     from nanochat.eval_bundle import find_bundle
 
     if args.bundle:

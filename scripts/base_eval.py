@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from nanochat.checkpoint import find_last_step, load_model
-from nanochat.common import autocast_context, compute_cleanup, compute_init, print0
+from nanochat.checkpoint import find_last_step, load_model, require_files
+from nanochat.common import autocast_context, compute_cleanup, compute_init, every_rank_ok, print0, rank0_decides
 
 PAPER_EVAL_TOKENS = 20_971_520
 
@@ -70,7 +70,7 @@ def resolve_dir(flag_value, meta: dict, key: str, flag: str, default_fn):
 
 def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> dict:
     from nanochat.dataloader import build_eval_rows, iter_eval_batches
-    from nanochat.dataset import default_data_dir
+    from nanochat.dataset import default_data_dir, load_manifest
     from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
 
     token_bytes = tokenizer.token_bytes().to(device)
@@ -82,17 +82,24 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> 
                                        lambda: default_data_dir(meta.get("dataset", "embedded")))
         print0(f"bpb data: {data_dir} ({source})")
         out["data_dir"] = str(data_dir)
+        every_rank_ok(lambda: load_manifest(data_dir))  # build_eval_rows is collective: fail together, before it
         for split in splits:
             rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank, world_size=world)
             bpb = evaluate_bpb(model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx)
             out["splits"][split] = bpb
             print0(f"{split} bpb: {bpb:.6f}")
     for name, path in args.corpora.items():
-        x, y = bpb_rows_from_text(tokenizer, read_corpus(path), seq_len, max_tokens=args.eval_tokens)
+        x, y = every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len,
+                                                        max_tokens=args.eval_tokens))
         bpb = evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
         out["corpora"][name] = {"bpb": bpb, "path": str(path), "protocol": "document-reset"}
         print0(f"{name} bpb (document-reset): {bpb:.6f}")
     return out
+
+
+def load_chosen_checkpoint(run: Path, step: int, device):
+    require_files(run, step, ("meta.json", "model.pt"))  # a clear error on a node that cannot see rank 0's choice
+    return load_model(run, step, device)
 
 
 def main(argv=None) -> int:
@@ -111,13 +118,14 @@ def evaluate(args) -> int:
     info, device = compute_init(args.device_type)
     rank, world = (info.rank, info.world_size)
     run = Path(args.run)
-    step = args.step if args.step is not None else find_last_step(run)
-    model, meta = load_model(run, step, device)
+    # rank 0 picks the step; every rank must then load it (under torchrun all ranks take the same branches)
+    step = rank0_decides(lambda: args.step if args.step is not None else find_last_step(run))
+    model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
     autocast_ctx = autocast_context(device.type, args.dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}")
-    tokenizer = get_tokenizer(tok_dir)
+    tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}")
     out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
     header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir)}
@@ -125,7 +133,7 @@ def evaluate(args) -> int:
         from nanochat.core_eval import evaluate_core, write_core_report
         from nanochat.eval_bundle import find_bundle
 
-        bundle = find_bundle(args.bundle)
+        bundle = rank0_decides(lambda: find_bundle(args.bundle))  # only rank 0 reads it (see evaluate_core)
         res = evaluate_core(model, tokenizer, bundle, args.max_per_task, args.device_batch_size, device,
                             autocast_ctx, progress=not args.no_progress)
         if rank == 0:

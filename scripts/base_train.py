@@ -25,7 +25,8 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import autocast_context, compute_cleanup, compute_init, get_dist_info, print0, seed_everything
+from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
+                             rank0_decides, seed_everything)
 from nanochat.families import NAMED_SIZES, build_model, config_from_args, model_summary, param_groups
 from nanochat.memory import memory_config_from_args
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
@@ -326,10 +327,13 @@ def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
 
 
 def prepare_resume(run: Run) -> int | None:
-    """Load the --resume checkpoint (clear errors for missing/corrupt/mismatched ones) or report a fresh start."""
-    resumed_at = ckpt.resolve_resume_step(run.run_dir, run.args.resume)
+    """Load the --resume checkpoint (clear errors for missing/corrupt/mismatched ones) or report a fresh start.
+
+    Rank 0 picks the step for every rank; a rank that cannot load it stops all ranks (none trains alone)."""
+    resumed_at = rank0_decides(lambda: ckpt.resolve_resume_step(run.run_dir, run.args.resume))
     if resumed_at is not None:
-        restore(run, resumed_at)
+        every_rank_ok(lambda: ckpt.require_files(run.run_dir, resumed_at))
+        every_rank_ok(lambda: restore(run, resumed_at))  # e.g. a file corrupt on one node only
     elif run.args.resume == "auto":
         print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
     return resumed_at

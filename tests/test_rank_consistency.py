@@ -1,0 +1,129 @@
+"""Ranks whose view of the files differs must still take the same branch (or all stop with one clear error):
+torchrun (gloo, 2 processes) runs of base_train and base_eval where rank 1 sees a different run dir or bundle.
+
+Each run is bounded by a timeout: a rank that takes another branch than the others hangs in a collective.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import REPO, run_torchrun  # noqa: E402
+from test_base_eval import tiny_run  # noqa: E402,F401 (fixture)
+from test_train_e2e import TINY, losses  # noqa: E402
+
+from nanochat import checkpoint as ckpt  # noqa: E402
+from nanochat.common import every_rank_ok, rank0_decides  # noqa: E402
+
+WORKER = REPO / "tests" / "_rank_view_worker.py"
+TIMEOUT = 180
+TRAIN = [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
+
+
+def run_views(tmp_path, module: str, argv: list[str], rank_argv=None, rank_env=None, name="spec"):
+    """torchrun 2 processes of ``module.main`` with rank 1's own argv/env; returns (result, {rank: exit code})."""
+    out = tmp_path / f"{name}_out"
+    out.mkdir()
+    spec = tmp_path / f"{name}.json"
+    spec.write_text(json.dumps({"module": module, "argv": argv, "out": str(out),
+                                "rank_argv": rank_argv or {}, "rank_env": rank_env or {}}))
+    res = run_torchrun(WORKER, 2, [str(spec)], timeout=TIMEOUT)
+    codes = {int(p.stem[4:]): json.loads(p.read_text())["code"] for p in out.glob("rank*.json")}
+    return res, codes
+
+
+def test_helpers_are_the_identity_without_distributed():
+    def missing():
+        raise FileNotFoundError("nope")
+
+    assert rank0_decides(lambda: 7) == 7 and every_rank_ok(lambda: "x") == "x"
+    for helper in (rank0_decides, every_rank_ok):
+        with pytest.raises(FileNotFoundError, match="^nope$"):
+            helper(missing)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 1-process run of 4 steps (checkpoints at 2 and 4); returns (dir, its losses). A 2-process run has the
+    same losses within 1e-5 (test_train_dist), and the views below stop or start fresh before loading state."""
+    from scripts import base_train
+
+    run = tmp_path_factory.mktemp("ranks") / "full"
+    assert base_train.main([*TRAIN, "--run-dir", str(run)]) == 0
+    return run, losses(run)
+
+
+def interrupted_copy(src: Path, dst: Path, keep_checkpoint: bool) -> Path:
+    """``src`` as if killed after the step-2 checkpoint (or before any, keep_checkpoint=False)."""
+    shutil.copytree(src, dst)
+    (dst / "summary.json").unlink()
+    shutil.rmtree(ckpt.step_dir(dst, 4))
+    if not keep_checkpoint:
+        shutil.rmtree(dst / ckpt.CKPT_DIR)
+    return dst
+
+
+def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_run):
+    full, _ = finished_run
+    mine = interrupted_copy(full, tmp_path / "rank0_view", keep_checkpoint=True)
+    theirs = interrupted_copy(full, tmp_path / "rank1_view", keep_checkpoint=False)
+    res, codes = run_views(tmp_path, "scripts.base_train", [*TRAIN, "--run-dir", str(mine), "--resume", "auto"],
+                           rank_argv={"1": [*TRAIN, "--run-dir", str(theirs), "--resume", "auto"]})
+    assert codes == {0: 2, 1: 2}, (codes, res.stderr[-3000:])
+    # rank 0 chose step 2; rank 1 cannot follow and says why; rank 0 reports rank 1's error too
+    assert res.stderr.count("rank 1 of 2: checkpoint") == 2, res.stderr[-3000:]
+    assert "step_000002 (chosen on rank 0) lacks meta.json, model.pt, state.pt" in res.stderr
+    assert not (mine / "summary.json").exists() and ckpt.list_steps(mine) == [2]  # nothing trained
+
+
+def test_resume_auto_follows_rank0_when_only_rank1_has_a_checkpoint(tmp_path, finished_run):
+    full, full_losses = finished_run
+    mine = interrupted_copy(full, tmp_path / "rank0_view", keep_checkpoint=False)
+    theirs = interrupted_copy(full, tmp_path / "rank1_view", keep_checkpoint=True)
+    res, codes = run_views(tmp_path, "scripts.base_train", [*TRAIN, "--run-dir", str(mine), "--resume", "auto"],
+                           rank_argv={"1": [*TRAIN, "--run-dir", str(theirs), "--resume", "auto"]})
+    assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
+    assert "no checkpoint in" in res.stdout  # rank 0 decided: fresh start, for both ranks
+    got = losses(mine)
+    assert got.keys() == full_losses.keys() == {1, 2, 3, 4}
+    for s in got:  # both ranks trained the same 4 steps from scratch, as in the uninterrupted run
+        assert abs(got[s] - full_losses[s]) < 1e-5, (s, got[s], full_losses[s])
+
+
+def _core_argv(run: Path, out: Path) -> list[str]:
+    return ["--run-dir", str(run), "--eval", "core", "--device-batch-size", "3", "--no-progress",
+            "--device-type", "cpu", "--out-dir", str(out)]
+
+
+def _one_process_core(run: Path, bundle: Path, out: Path) -> dict:
+    from scripts.base_eval import main
+
+    assert main([*_core_argv(run, out), "--bundle", str(bundle)]) == 0
+    return json.loads((out / "core.json").read_text())
+
+
+@pytest.mark.parametrize("rank1_view", ["no_bundle", "task_file_missing"])
+def test_core_bundle_differs_on_rank1_evaluates_rank0s_bundle(tmp_path, tiny_run, rank1_view):
+    """Rank 1's bundle download failed (no bundle), or its copy lacks one task file: rank 0 decides and reads
+    the bundle for everyone, so the 2-process CORE equals the 1-process one on rank 0's bundle."""
+    root, _, _, bundle = tiny_run
+    if rank1_view == "no_bundle":
+        theirs = tmp_path / "missing_bundle"
+    else:
+        theirs = Path(shutil.copytree(bundle, tmp_path / "partial_bundle"))
+        (theirs / "eval_data" / "cat" / "lm.jsonl").unlink()
+    ref = _one_process_core(root / "run", bundle, tmp_path / "ref")
+    out = tmp_path / "two"
+    env = {"NANOCHAT_EVAL_CACHE": str(tmp_path / "cache")}  # nothing to find there, no download possible
+    res, codes = run_views(tmp_path, "scripts.base_eval", _core_argv(root / "run", out),
+                           rank_env={"0": {**env, "NANOCHAT_EVAL_BUNDLE": str(bundle)},
+                                     "1": {**env, "NANOCHAT_EVAL_BUNDLE": str(theirs),
+                                           "NANOCHAT_EVAL_BUNDLE_URL": "http://127.0.0.1:9/none.zip"}})
+    assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
+    got = json.loads((out / "core.json").read_text())
+    assert got["label"] == ref["label"] == "CORE-2/3"
+    assert got["tasks"] == ref["tasks"] and got["core"] == pytest.approx(ref["core"], abs=1e-12)
