@@ -7,39 +7,58 @@ Every record carries a ``kind`` ("train", "eval", "core", "final") so one file h
 import json
 import math
 import os
+import re
+import secrets
 from pathlib import Path
 
 import torch
 
-# Dense BF16 peak FLOP/s of one GPU, matched by substring of torch.cuda.get_device_name(); unknown GPUs -> MFU 0.
-PEAK_BF16_FLOPS = (
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("A10G", 125e12),
-    ("RTX 4090", 165e12),
+# Dense BF16 tensor-core peak FLOP/s of one GPU, matched against torch.cuda.get_device_name() in order (first match
+# wins, so variants precede their family: "H100 PCIe" before "H100", "GB200" before "B200", "GH200" before "H200").
+# Sources: NVIDIA datasheets. Their "BF16 Tensor Core" row quotes 2:4 sparsity; dense is half of it (H100 SXM 1,979
+# -> 989 TF). GeForce/RTX numbers are the "FP16 Tensor with FP32 accumulate" (= BF16) dense rate from the Ada and
+# Blackwell architecture whitepapers. None marks a known variant whose peak we do not have: MFU is then n/a, never a
+# number computed against another GPU's peak.
+PEAK_BF16_FLOPS: tuple[tuple[str, float | None], ...] = (
+    (r"H100.*NVL", 835e12),  # H100 NVL (94 GB, PCIe): 1,671 TF sparse
+    (r"H100.*PCIe", 756e12),  # H100 PCIe: 1,513 TF sparse
+    (r"H100", 989e12),  # H100 SXM ("NVIDIA H100 80GB HBM3"; the paper's H100s): 1,979 TF sparse
+    (r"GH200", 989e12),  # GH200 Grace Hopper: the H100 SXM/H200 GPU
+    (r"H200.*NVL", 835e12),  # H200 NVL: 1,671 TF sparse
+    (r"H200", 989e12),  # H200 SXM: 1,979 TF sparse
+    (r"GB200", 2500e12),  # GB200: 10 PF sparse per superchip of 2 GPUs
+    (r"B200", 2250e12),  # HGX B200: 36 PF sparse per 8 GPUs
+    (r"RTX PRO 6000 Blackwell.*Max-Q", None),  # 300 W variant, lower clocks than the row below
+    (r"RTX PRO 6000 Blackwell", 503.8e12),  # Workstation/Server Edition (the paper's other GPU): 1,007.6 TF sparse
+    (r"A100", 312e12),  # A100 SXM and PCIe: 624 TF sparse
+    (r"L40S", 362e12),  # L40S: 733 TF sparse
+    (r"\bL4\b", 121e12),  # L4: 242 TF sparse
+    (r"\bA10G\b", None),  # AWS variant of the A10 with other clocks
+    (r"\bA10\b", 125e12),  # A10: 250 TF sparse
+    (r"RTX 5090", 209.5e12),  # GeForce RTX 5090 (Blackwell whitepaper)
+    (r"RTX 4090", 165.2e12),  # GeForce RTX 4090 (Ada whitepaper)
 )
 
 
-def peak_flops(device: torch.device) -> float:
-    """Peak BF16 FLOP/s of ``device``; 0.0 when unknown (CPU, MPS, unlisted GPUs) so MFU reports 0."""
-    if device.type != "cuda":
-        return 0.0
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_BF16_FLOPS:
-        if key in name:
+def gpu_peak_flops(name: str) -> float | None:
+    """Dense BF16 peak FLOP/s for a CUDA device name; None when unknown."""
+    for pattern, value in PEAK_BF16_FLOPS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
             return value
-    return 0.0
+    return None
 
 
-def mfu(flops_per_step: float, dt: float, peak_per_device: float, world_size: int) -> float:
-    """Model FLOPs utilisation in percent (0 when the peak is unknown)."""
-    if peak_per_device <= 0 or dt <= 0:
-        return 0.0
+def peak_flops(device: torch.device) -> float | None:
+    """Peak BF16 FLOP/s of ``device``; None when unknown (CPU, MPS, unlisted GPUs), so MFU reports n/a."""
+    if device.type != "cuda":
+        return None
+    return gpu_peak_flops(torch.cuda.get_device_name(device))
+
+
+def mfu(flops_per_step: float, dt: float, peak_per_device: float | None, world_size: int) -> float | None:
+    """Model FLOPs utilisation in percent; None when the peak is unknown or dt is not positive."""
+    if not peak_per_device or dt <= 0:
+        return None
     return 100.0 * flops_per_step / dt / (peak_per_device * world_size)
 
 
@@ -52,11 +71,12 @@ def format_eta(seconds: float) -> str:
 
 
 def format_step_line(step: int, num_iterations: int, loss: float, lrm: float, dt: float, tok_per_sec: float,
-                     mfu_pct: float, eta_seconds: float) -> str:
-    """``step`` is the number of optimizer steps completed (1..N)."""
+                     mfu_pct: float | None, eta_seconds: float) -> str:
+    """``step`` is the number of optimizer steps completed (1..N); ``mfu_pct`` None (unknown peak) prints n/a."""
     pct = 100.0 * step / num_iterations
+    util = "n/a" if mfu_pct is None else f"{mfu_pct:.2f}"
     return (f"step {step:05d}/{num_iterations:05d} ({pct:5.1f}%) | loss {loss:.6f} | lrm {lrm:.3f} | "
-            f"dt {dt * 1000:.0f}ms | tok/s {tok_per_sec:,.0f} | mfu {mfu_pct:.2f} | eta {format_eta(eta_seconds)}")
+            f"dt {dt * 1000:.0f}ms | tok/s {tok_per_sec:,.0f} | mfu {util} | eta {format_eta(eta_seconds)}")
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -76,11 +96,27 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+WANDB_ID_FILE = "wandb_id.txt"
+
+
+def wandb_run_id(run_dir: Path, resume: bool) -> str:
+    """The W&B run id of ``run_dir``: the recorded one when resuming, else a new one (recorded for later resumes)."""
+    path = Path(run_dir) / WANDB_ID_FILE
+    if resume and path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(4)  # W&B ids are short [a-z0-9] strings
+    path.write_text(run_id + "\n")
+    return run_id
+
+
 class MetricsLogger:
-    """Appends records to ``<run_dir>/metrics.jsonl`` and mirrors them to W&B; a no-op on ranks != 0."""
+    """Appends records to ``<run_dir>/metrics.jsonl`` and mirrors them to W&B; a no-op on ranks != 0.
+
+    ``resume=True`` continues the run dir's W&B run (same id, so the curves join up); a fresh start gets a new one.
+    """
 
     def __init__(self, run_dir: Path, rank: int, wandb_mode: str = "off", project: str = "mome-nanochat",
-                 run_name: str = "", config: dict | None = None):
+                 run_name: str = "", config: dict | None = None, resume: bool = False):
         self.enabled = rank == 0
         self.path = Path(run_dir) / "metrics.jsonl"
         self._file = open(self.path, "a") if self.enabled else None
@@ -89,7 +125,7 @@ class MetricsLogger:
             import wandb  # imported lazily: optional and slow to import
 
             self._wandb = wandb.init(project=project, name=run_name, config=config or {}, mode=wandb_mode,
-                                     dir=str(run_dir), resume="allow")
+                                     dir=str(run_dir), id=wandb_run_id(run_dir, resume), resume="allow")
 
     def log(self, record: dict) -> None:
         if not self.enabled:

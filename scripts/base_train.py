@@ -351,7 +351,8 @@ def execute(run: Run, resumed_at: int | None) -> int:
         elif (run.run_dir / "metrics.jsonl").exists():
             (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
     a = run.args
-    run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run))
+    run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run),
+                                resume=resumed_at is not None)
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
     try:
