@@ -2,27 +2,24 @@
 # The main job, one command on a fresh machine:  bash speedrun.sh
 #
 # * CUDA GPUs + internet: set up .venv, download FineWeb-Edu shards, train the 32768-token tokenizer, train the
-#   paper's d12 MoME (A2/6, token index) at 3e18 FLOPs with torchrun on every local GPU, evaluate (val bpb + CORE)
-#   and write runs/speedrun_d12_mome/report.md. Re-running resumes from the last checkpoint.
-# * No GPU or no internet: say so and run the CPU demo instead: embedded corpus -> 4096-token tokenizer -> tiny
-#   Base and tiny MoME models (a few minutes each) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
+#   paper's d12 MoME (A2/6, token index; configs/d12/mome_c1_m6.toml) at 3e18 FLOPs with torchrun, evaluate
+#   (val bpb + CORE) and write runs/speedrun_d12_mome/report.md. Re-running resumes from the last checkpoint.
+#   The process count and device batch are chosen so that 524,288 tokens/step split exactly (1, 2, 4 or 8
+#   processes: 3 GPUs use 2, 5-7 use 4) and checked with a dry run before anything is downloaded.
+# * No GPU: say so and run the CPU demo instead: embedded corpus -> 4096-token tokenizer -> tiny Base and tiny MoME
+#   models (a few minutes each) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
+# * GPUs that torch cannot use (a CPU torch in .venv, a driver too old for the wheel) or no internet on a GPU
+#   machine: stop with what to do; a GPU machine never runs the CPU demo unless asked (SPEEDRUN_MODE=cpu).
 #
 # Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), SHARDS (GPU train shards, default 100),
-# DEMO_STEPS (CPU steps per model, default 300), DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
+# DEVICE_BATCH (largest GPU rows per micro-batch, default 32), DEMO_STEPS (CPU steps per model, default 300),
+# DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup_env.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1
-
-gpu_count() { python -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"; }
-have_internet() {
-    python - <<'EOF' >/dev/null 2>&1
-import urllib.request
-urllib.request.urlopen("https://huggingface.co", timeout=8)
-EOF
-}
 
 write_report() {  # write_report OUT TITLE RUN_DIR...  -> a markdown table from each run's summary.json
     python - "$@" <<'EOF'
@@ -46,13 +43,19 @@ EOF
 
 gpu_run() {
     local ngpu="$1" data="${NANOCHAT_DATA_DIR:-$HOME/.cache/nanochat/data}/fineweb-edu" run=runs/speedrun_d12_mome
+    # the paper's d12 row: MoME A2/6 (token index) at 3e18 FLOPs, 524,288-token steps of 2048-token rows
+    local train=(--config configs/d12/mome_c1_m6.toml --run-dir "$run" --run-name speedrun_d12_mome --save-every 500
+                 --data-dir "$data" --tokenizer-dir tokenizer --resume auto)
     echo "[speedrun] $ngpu CUDA GPU(s) and internet: d12 MoME A2/6 at 3e18 FLOPs"
+    # processes x device batch that split the batch exactly on these GPUs, and a dry run of every flag with that
+    # layout: a bad combination stops here, before any download or tokenizer training
+    local layout nproc device_batch
+    layout="$(python -m scripts.speedrun_preflight layout --gpus "$ngpu" --max-device-batch "${DEVICE_BATCH:-32}" \
+        -- "${train[@]}")"
+    read -r nproc device_batch <<<"$layout"
     python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
     [ -f tokenizer/tokenizer.json ] || python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
-    torchrun --standalone --nproc_per_node="$ngpu" -m scripts.base_train --run-dir "$run" --run-name speedrun_d12_mome \
-        --depth 12 --max-seq-len 2048 --total-batch-size 524288 --device-batch-size 32 --target-flops 3e18 \
-        --memory mome --mome-slots 6 --mome-topk 2 --mome-index token --eval-every -1 --core-every -1 \
-        --save-every 500 --compile --data-dir "$data" --tokenizer-dir tokenizer --resume auto
+    torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" --device-batch-size "$device_batch"
     write_report "$run/report.md" "speedrun: d12 MoME (A2/6) at 3e18 FLOPs" "$run"
 }
 
@@ -74,21 +77,10 @@ cpu_demo() {
     echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
 }
 
-mode="${SPEEDRUN_MODE:-}"
-ngpu="$(gpu_count)"
-if [ -z "$mode" ]; then
-    if [ "$ngpu" -gt 0 ] && have_internet; then
-        mode=gpu
-    elif [ "$ngpu" -eq 0 ]; then
-        echo "[speedrun] no CUDA GPU found: the d12 run needs GPUs, so this runs the CPU demo instead."
-        mode=cpu
-    else
-        echo "[speedrun] $ngpu GPU(s) but no internet (cannot download FineWeb-Edu): running the CPU demo instead."
-        mode=cpu
-    fi
-fi
+# "gpu N" or "cpu 0"; stops with advice (exit 2) when GPUs are there but torch cannot use them, or no internet
+decision="$(python -m scripts.speedrun_preflight mode)"
+read -r mode ngpu <<<"$decision"
 case "$mode" in
     gpu) gpu_run "$ngpu" ;;
     cpu) cpu_demo ;;
-    *) echo "SPEEDRUN_MODE must be gpu or cpu (got '$mode')" >&2; exit 2 ;;
 esac

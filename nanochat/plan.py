@@ -25,6 +25,22 @@ def grad_accum_steps(total_batch_size: int, device_batch_size: int, seq_len: int
     return total_batch_size // per_micro
 
 
+def choose_layout(total_batch_size: int, seq_len: int, gpus: int, max_device_batch: int) -> tuple[int, int, int]:
+    """(processes, device batch, grad accum) that split ``total_batch_size`` exactly over at most ``gpus`` GPUs.
+
+    The most processes first, then the largest device batch <= ``max_device_batch``: e.g. 524,288 tokens of 2048
+    on 6 GPUs -> 4 processes x 32 rows x 2 micro-steps, because no device batch makes 6 processes divide it.
+    """
+    if gpus < 1 or max_device_batch < 1:
+        raise ValueError(f"need >= 1 GPU and a device batch >= 1 (got {gpus} GPUs, device batch {max_device_batch})")
+    for nproc in range(gpus, 0, -1):
+        for device_batch in range(max_device_batch, 0, -1):
+            if total_batch_size % (device_batch * seq_len * nproc) == 0:
+                return nproc, device_batch, grad_accum_steps(total_batch_size, device_batch, seq_len, nproc)
+    raise ValueError(f"--total-batch-size {total_batch_size} is not a multiple of --max-seq-len {seq_len}: "
+                     "no device batch and process count can split it")
+
+
 def resolve_num_iterations(num_iterations: int | None, target_flops: float | None,
                            target_param_data_ratio: float | None,
                            flops_per_token: int, total_batch_size: int, ratio_params: int) -> tuple[int, str]:

@@ -1,0 +1,178 @@
+"""What speedrun.sh does on this machine, decided before any download or tokenizer training.
+
+    python -m scripts.speedrun_preflight mode
+        stdout "gpu N" or "cpu 0". Exits 2 with advice when nvidia-smi sees GPUs that torch cannot use (a CPU
+        torch in .venv, a driver too old for the wheel, CUDA_VISIBLE_DEVICES hiding them) or when a GPU machine
+        cannot reach huggingface.co: a GPU machine never falls back to the CPU demo on its own.
+        SPEEDRUN_MODE=gpu|cpu skips the detection (cpu: run the demo deliberately).
+    python -m scripts.speedrun_preflight layout --gpus N [--max-device-batch 32] -- BASE_TRAIN_FLAGS...
+        stdout "NPROC DEVICE_BATCH": the most GPUs (then the largest device batch) that split the flags' total
+        batch exactly, after a base_train --dry-run of the flags with that layout (so every flag is checked).
+
+Messages go to stderr; the shell reads the one stdout line.
+"""
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from unittest import mock
+
+
+class Stop(Exception):
+    """speedrun.sh must not go on; the message says what to do."""
+
+
+@dataclass
+class Probe:
+    smi_gpus: int  # GPUs listed by `nvidia-smi -L` (0 when it is missing or fails)
+    smi_status: str  # "ok", "not installed", or why it failed
+    driver: str | None  # NVIDIA driver version from nvidia-smi
+    torch_version: str
+    torch_cuda: str | None  # CUDA version torch was built for; None = CPU-only build
+    torch_gpus: int  # GPUs torch can use
+    cuda_warning: str | None  # what torch said when CUDA failed to initialise
+    visible_devices: str | None  # CUDA_VISIBLE_DEVICES
+
+
+def say(msg: str) -> None:
+    print(f"[speedrun] {msg}", file=sys.stderr, flush=True)
+
+
+def _nvidia_smi(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([shutil.which("nvidia-smi") or "nvidia-smi", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def probe() -> Probe:
+    import torch
+
+    smi_gpus, status, driver = 0, "not installed", None
+    if shutil.which("nvidia-smi"):
+        try:
+            listing = _nvidia_smi("-L")
+            if listing.returncode == 0:
+                smi_gpus, status = sum(line.startswith("GPU ") for line in listing.stdout.splitlines()), "ok"
+                query = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+                driver = (query.stdout.split() or [None])[0] if query.returncode == 0 else None
+            else:
+                status = f"failed: {(listing.stdout + listing.stderr).strip()[:300]}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            status = f"failed: {e}"
+    with warnings.catch_warnings(record=True) as caught:  # torch warns (not raises) when CUDA cannot start
+        warnings.simplefilter("always")
+        torch_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Probe(smi_gpus, status, driver, torch.__version__, torch.version.cuda, torch_gpus,
+                 str(caught[0].message) if caught else None, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def have_internet(timeout: float = 8.0) -> bool:
+    try:
+        urllib.request.urlopen(os.environ.get("HF_ENDPOINT", "https://huggingface.co"), timeout=timeout)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "cannot download"
+        return False
+
+
+def unusable_gpus(p: Probe) -> str:
+    """Why torch cannot use the GPUs nvidia-smi lists, and what to do about it."""
+    if p.torch_cuda is None:
+        why = f"the torch in .venv ({p.torch_version}) is a CPU-only build"
+        fix = ("rm -rf .venv && bash speedrun.sh  (scripts/setup_env.sh installs the CUDA build when nvidia-smi "
+               "works)")
+    elif p.visible_devices is not None and p.visible_devices.strip() in ("", "-1"):
+        why = f"CUDA_VISIBLE_DEVICES={p.visible_devices!r} hides them"
+        fix = "unset CUDA_VISIBLE_DEVICES (or list the GPUs to use) and re-run"
+    else:
+        why = (f"torch {p.torch_version} is built for CUDA {p.torch_cuda} but cannot initialise it with NVIDIA "
+               f"driver {p.driver or '?'}" + (f" (torch says: {p.cuda_warning.strip()})" if p.cuda_warning else ""))
+        fix = ("the driver is probably too old for this wheel (nvidia-smi's header shows the newest CUDA it "
+               "supports): update the NVIDIA driver, or install a torch built for an older CUDA into .venv, "
+               f"e.g. pip install torch=={p.torch_version.split('+')[0]} --index-url "
+               "https://download.pytorch.org/whl/cu126")
+    return (f"nvidia-smi sees {p.smi_gpus} GPU(s) but torch cannot use CUDA: {why}.\n"
+            f"  fix: {fix}\n  to run the CPU demo on this machine on purpose: SPEEDRUN_MODE=cpu bash speedrun.sh")
+
+
+def decide_mode(requested: str, p: Probe, internet) -> tuple[str, int]:
+    """("gpu", GPUs torch can use) or ("cpu", 0); raises Stop rather than running the CPU demo on a GPU machine.
+
+    ``internet`` is called only when the GPU run is otherwise possible (it may take seconds)."""
+    if requested not in ("", "gpu", "cpu"):
+        raise Stop(f"SPEEDRUN_MODE must be gpu or cpu (got {requested!r})")
+    if requested == "cpu":
+        say("SPEEDRUN_MODE=cpu: running the CPU demo")
+        return "cpu", 0
+    if p.torch_gpus == 0 and p.smi_gpus > 0:
+        raise Stop(unusable_gpus(p))
+    if p.torch_gpus == 0 and requested == "gpu":
+        raise Stop(f"SPEEDRUN_MODE=gpu but no CUDA GPU is visible (nvidia-smi: {p.smi_status}; torch "
+                   f"{p.torch_version} sees none). Unset SPEEDRUN_MODE to run the CPU demo.")
+    if p.torch_gpus == 0:
+        say(f"no CUDA GPU found (nvidia-smi: {p.smi_status}): the d12 run needs GPUs, so this runs the CPU demo.")
+        return "cpu", 0
+    if p.smi_gpus > p.torch_gpus:
+        say(f"using the {p.torch_gpus} GPU(s) torch sees (nvidia-smi lists {p.smi_gpus}; "
+            f"CUDA_VISIBLE_DEVICES={p.visible_devices!r})")
+    if requested == "" and not internet():
+        raise Stop(f"{p.torch_gpus} CUDA GPU(s) but huggingface.co is unreachable, and the d12 run downloads "
+                   "FineWeb-Edu.\n  fix: check the network/proxy (or HF_ENDPOINT); if the data and tokenizer are "
+                   "already in place: SPEEDRUN_MODE=gpu bash speedrun.sh\n  to run the CPU demo on purpose: "
+                   "SPEEDRUN_MODE=cpu bash speedrun.sh")
+    return "gpu", p.torch_gpus
+
+
+def layout(gpus: int, max_device_batch: int, train_flags: list[str]) -> tuple[int, int]:
+    """Choose processes x device batch for the flags' total batch, then dry-run base_train with exactly that."""
+    from nanochat.plan import choose_layout
+    from nanochat.train_args import parse_args
+    from scripts import base_train
+
+    args = parse_args(train_flags)
+    try:
+        nproc, device_batch, accum = choose_layout(args.total_batch_size, args.max_seq_len, gpus, max_device_batch)
+    except ValueError as e:
+        raise Stop(str(e)) from e
+    unused = f" ({gpus - nproc} GPU(s) left idle: no device batch lets {gpus} processes split it)" if nproc < gpus else ""
+    say(f"{args.total_batch_size:,} tokens/step = {nproc} process(es) x device batch {device_batch} x "
+        f"{args.max_seq_len} tokens x grad accum {accum}{unused}")
+    world = {"WORLD_SIZE": str(nproc), "RANK": "0", "LOCAL_RANK": "0"}  # the world size --dry-run plans for
+    with mock.patch.dict(os.environ, world), contextlib.redirect_stdout(sys.stderr):
+        code = base_train.main([*train_flags, "--device-batch-size", str(device_batch), "--dry-run"])
+    if code != 0:
+        raise Stop(f"base_train --dry-run failed (exit {code}) for the flags above; nothing was downloaded")
+    return nproc, device_batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_flags = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, train_flags = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("mode", "layout"))
+    ap.add_argument("--gpus", type=int, default=None, help="layout: GPUs available")
+    ap.add_argument("--max-device-batch", type=int, default=32, help="layout: largest rows per micro-batch")
+    args = ap.parse_args(argv)
+    try:
+        if args.what == "mode":
+            mode, ngpu = decide_mode(os.environ.get("SPEEDRUN_MODE", ""), probe(), have_internet)
+            print(mode, ngpu)
+        else:
+            if args.gpus is None or not train_flags:
+                ap.error("layout needs --gpus N and the base_train flags after --")
+            print(*layout(args.gpus, args.max_device_batch, train_flags))
+    except Stop as e:
+        say(f"stop: {e}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

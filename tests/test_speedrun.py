@@ -1,0 +1,162 @@
+"""speedrun.sh's decisions, made before any download: GPU or CPU (with a fake nvidia-smi on PATH) and the
+process x device-batch layout for 1-8 GPUs (arithmetic, then base_train --dry-run of the speedrun's own config)."""
+
+import json
+import re
+import sys
+
+import pytest
+
+from conftest import REPO
+from nanochat.plan import choose_layout, grad_accum_steps
+from scripts import speedrun_preflight as pre
+
+SPEEDRUN = (REPO / "speedrun.sh").read_text()
+SPEEDRUN_CONFIG = "configs/d12/mome_c1_m6.toml"
+# 524,288 tokens = device batch x 2048 x processes x accum: only 1, 2, 4, 8 processes split it with 32 rows
+EXPECTED = {1: (1, 32, 8), 2: (2, 32, 4), 3: (2, 32, 4), 4: (4, 32, 2), 5: (4, 32, 2), 6: (4, 32, 2),
+            7: (4, 32, 2), 8: (8, 32, 1)}
+
+
+@pytest.mark.parametrize("gpus", range(1, 9))
+def test_layout_splits_the_speedrun_batch_on_any_gpu_count(gpus):
+    nproc, device_batch, accum = choose_layout(524288, 2048, gpus, 32)
+    assert (nproc, device_batch, accum) == EXPECTED[gpus]
+    assert nproc * device_batch * 2048 * accum == 524288  # exact, as base_train requires
+    assert grad_accum_steps(524288, device_batch, 2048, nproc) == accum
+    for more in range(nproc + 1, gpus + 1):  # every larger process count is impossible with any device batch
+        assert all(524288 % (b * 2048 * more) for b in range(1, 33))
+
+
+def test_layout_prefers_processes_then_the_largest_device_batch():
+    assert choose_layout(524288, 2048, 8, 24) == (8, 16, 2)  # 24 rows do not divide; 16 do
+    assert choose_layout(3 * 2048 * 10, 2048, 3, 4) == (3, 2, 5)  # a total batch 3 GPUs can split uses all 3
+    with pytest.raises(ValueError, match="not a multiple of --max-seq-len 2048"):
+        choose_layout(524288 + 1, 2048, 2, 32)
+
+
+@pytest.mark.parametrize("gpus", range(1, 9))
+def test_layout_cli_dry_runs_the_speedrun_config(gpus, tmp_path, capsys):
+    """What speedrun.sh runs before downloading: stdout is "NPROC DEVICE_BATCH" and plan.json is base_train's
+    own plan for that world size."""
+    flags = ["--config", SPEEDRUN_CONFIG, "--run-dir", str(tmp_path), "--resume", "auto"]
+    assert pre.main(["layout", "--gpus", str(gpus), "--", *flags]) == 0
+    out, err = capsys.readouterr()
+    nproc, device_batch, accum = EXPECTED[gpus]
+    assert out == f"{nproc} {device_batch}\n"
+    assert f"524,288 tokens/step = {nproc} process(es) x device batch {device_batch} x 2048 tokens x grad accum " \
+           f"{accum}" in err
+    assert ("left idle" in err) == (nproc < gpus)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert (plan["world_size"], plan["device_batch_size"], plan["grad_accum_steps"]) == (nproc, device_batch, accum)
+
+
+def test_layout_cli_stops_on_bad_flags(tmp_path, capsys):
+    flags = ["--config", SPEEDRUN_CONFIG, "--run-dir", str(tmp_path), "--memory", "mome", "--mome-topk", "9"]
+    assert pre.main(["layout", "--gpus", "2", "--", *flags]) == 2
+    assert "base_train --dry-run failed" in capsys.readouterr().err
+
+
+def test_speedrun_checks_the_layout_before_any_download():
+    gpu_run = SPEEDRUN[SPEEDRUN.index("gpu_run() {"):SPEEDRUN.index("cpu_demo() {")]
+    layout = gpu_run.index("scripts.speedrun_preflight layout")
+    assert layout < gpu_run.index("scripts.prepare_data") < gpu_run.index("scripts.tok_train")
+    assert SPEEDRUN_CONFIG in gpu_run
+    assert re.search(r'torchrun --standalone --nproc_per_node="\$nproc" -m scripts.base_train "\$\{train\[@\]\}" '
+                     r'--device-batch-size "\$device_batch"', gpu_run)
+    assert SPEEDRUN.index("scripts.speedrun_preflight mode") < SPEEDRUN.index('gpu) gpu_run "$ngpu"')
+    assert "have_internet" not in SPEEDRUN and "gpu_count" not in SPEEDRUN  # the old per-shell detection is gone
+
+
+def fake_nvidia_smi(bin_dir, gpus: int, fail: bool = False):
+    """An nvidia-smi that lists ``gpus`` H100s (or fails like a machine whose driver is not loaded)."""
+    bin_dir.mkdir(exist_ok=True)
+    lines = "".join(f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})"\n' for i in range(gpus))
+    body = ('echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9\n' if fail
+            else f'case "$1" in\n  -L)\n{lines}  ;;\n  --query-gpu*) echo 550.54.15 ;;\nesac\n')
+    script = bin_dir / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+
+
+def run_mode(monkeypatch, capsys, path, mode=None):
+    monkeypatch.setenv("PATH", str(path))  # the probe runs nvidia-smi from PATH; python itself is sys.executable
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if mode is None:
+        monkeypatch.delenv("SPEEDRUN_MODE", raising=False)
+    else:
+        monkeypatch.setenv("SPEEDRUN_MODE", mode)
+    monkeypatch.setattr(pre, "have_internet", lambda: pytest.fail("no internet check when the GPUs are unusable"))
+    code = pre.main(["mode"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.skipif(pre.probe().torch_gpus > 0, reason="needs a torch that cannot use CUDA (this one can)")
+def test_gpu_machine_with_cpu_torch_stops_with_advice(tmp_path, monkeypatch, capsys):
+    fake_nvidia_smi(tmp_path / "bin", 8)
+    code, out, err = run_mode(monkeypatch, capsys, tmp_path / "bin")
+    assert code == 2 and out == ""  # speedrun.sh stops here: no "cpu" for the shell to act on
+    assert "nvidia-smi sees 8 GPU(s) but torch cannot use CUDA" in err
+    assert "CPU-only build" in err and "rm -rf .venv && bash speedrun.sh" in err
+    assert "SPEEDRUN_MODE=cpu bash speedrun.sh" in err
+    code, out, err = run_mode(monkeypatch, capsys, tmp_path / "bin", mode="cpu")  # the deliberate override
+    assert (code, out) == (0, "cpu 0\n")
+
+
+@pytest.mark.skipif(pre.probe().torch_gpus > 0, reason="needs a torch that cannot use CUDA (this one can)")
+def test_machine_without_gpus_runs_the_cpu_demo(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_mode(monkeypatch, capsys, tmp_path / "empty")
+    assert (code, out) == (0, "cpu 0\n") and "nvidia-smi: not installed" in err
+    fake_nvidia_smi(tmp_path / "broken", 0, fail=True)  # nvidia-smi installed, no driver: not a usable GPU box
+    code, out, err = run_mode(monkeypatch, capsys, tmp_path / "broken")
+    assert (code, out) == (0, "cpu 0\n") and "couldn't communicate with the NVIDIA driver" in err
+    code, out, err = run_mode(monkeypatch, capsys, tmp_path / "empty", mode="gpu")
+    assert code == 2 and "SPEEDRUN_MODE=gpu but no CUDA GPU is visible" in err
+    code, out, err = run_mode(monkeypatch, capsys, tmp_path / "empty", mode="tpu")
+    assert code == 2 and "SPEEDRUN_MODE must be gpu or cpu (got 'tpu')" in err
+
+
+def probe(**kw):
+    base = dict(smi_gpus=4, smi_status="ok", driver="470.57.02", torch_version="2.13.0+cu128", torch_cuda="12.8",
+                torch_gpus=0, cuda_warning="CUDA initialization: The NVIDIA driver on your system is too old",
+                visible_devices=None)
+    return pre.Probe(**{**base, **kw})
+
+
+def test_driver_too_old_and_hidden_devices_say_what_to_do():
+    with pytest.raises(pre.Stop) as e:
+        pre.decide_mode("", probe(), lambda: True)
+    msg = str(e.value)
+    assert "built for CUDA 12.8 but cannot initialise it with NVIDIA driver 470.57.02" in msg
+    assert "driver on your system is too old" in msg and "update the NVIDIA driver" in msg
+    assert "pip install torch==2.13.0 --index-url" in msg
+    with pytest.raises(pre.Stop, match="CUDA_VISIBLE_DEVICES=''"):
+        pre.decide_mode("", probe(visible_devices="", cuda_warning=None), lambda: True)
+
+
+def test_usable_gpus_need_internet_or_an_explicit_mode():
+    ok = probe(torch_gpus=4, cuda_warning=None)
+    assert pre.decide_mode("", ok, lambda: True) == ("gpu", 4)
+    with pytest.raises(pre.Stop, match="huggingface.co is unreachable"):  # no silent CPU demo on a GPU box
+        pre.decide_mode("", ok, lambda: False)
+    assert pre.decide_mode("gpu", ok, lambda: pytest.fail("SPEEDRUN_MODE=gpu skips the check")) == ("gpu", 4)
+    assert pre.decide_mode("cpu", ok, lambda: True) == ("cpu", 0)
+    assert pre.decide_mode("", probe(smi_gpus=8, torch_gpus=2, cuda_warning=None, visible_devices="0,1"),
+                           lambda: True) == ("gpu", 2)
+
+
+def test_cli_prints_one_line_for_the_shell(tmp_path):
+    """The real entry point speedrun.sh calls, in a fresh interpreter with a fake nvidia-smi listing 2 GPUs."""
+    import os
+    import subprocess
+
+    fake_nvidia_smi(tmp_path / "bin", 2)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "SPEEDRUN_MODE": ""}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    r = subprocess.run([sys.executable, "-m", "scripts.speedrun_preflight", "mode"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    if pre.probe().torch_gpus > 0:
+        pytest.skip("this torch can use CUDA")
+    assert r.returncode == 2 and r.stdout == "" and "nvidia-smi sees 2 GPU(s)" in r.stderr, r.stderr
