@@ -67,12 +67,18 @@ def interrupted_copy(src: Path, dst: Path, keep_checkpoint: bool) -> Path:
     return dst
 
 
-def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_run):
-    full, _ = finished_run
-    mine = interrupted_copy(full, tmp_path / "rank0_view", keep_checkpoint=True)
-    theirs = interrupted_copy(full, tmp_path / "rank1_view", keep_checkpoint=False)
+def resume_auto_with_views(tmp_path, full: Path, rank0_has_checkpoint: bool):
+    """2-process ``--resume auto`` where exactly one rank's run dir holds the step-2 checkpoint.
+    Returns (torchrun result, exit codes, rank 0's run dir)."""
+    mine = interrupted_copy(full, tmp_path / "rank0_view", keep_checkpoint=rank0_has_checkpoint)
+    theirs = interrupted_copy(full, tmp_path / "rank1_view", keep_checkpoint=not rank0_has_checkpoint)
     res, codes = run_views(tmp_path, "scripts.base_train", [*TRAIN, "--run-dir", str(mine), "--resume", "auto"],
                            rank_argv={"1": [*TRAIN, "--run-dir", str(theirs), "--resume", "auto"]})
+    return res, codes, mine
+
+
+def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_run):
+    res, codes, mine = resume_auto_with_views(tmp_path, finished_run[0], rank0_has_checkpoint=True)
     assert codes == {0: 2, 1: 2}, (codes, res.stderr[-3000:])
     # rank 0 chose step 2; rank 1 cannot follow and says why; rank 0 reports rank 1's error too
     assert res.stderr.count("rank 1 of 2: checkpoint") == 2, res.stderr[-3000:]
@@ -82,10 +88,7 @@ def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_
 
 def test_resume_auto_follows_rank0_when_only_rank1_has_a_checkpoint(tmp_path, finished_run):
     full, full_losses = finished_run
-    mine = interrupted_copy(full, tmp_path / "rank0_view", keep_checkpoint=False)
-    theirs = interrupted_copy(full, tmp_path / "rank1_view", keep_checkpoint=True)
-    res, codes = run_views(tmp_path, "scripts.base_train", [*TRAIN, "--run-dir", str(mine), "--resume", "auto"],
-                           rank_argv={"1": [*TRAIN, "--run-dir", str(theirs), "--resume", "auto"]})
+    res, codes, mine = resume_auto_with_views(tmp_path, full, rank0_has_checkpoint=False)
     assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
     assert "no checkpoint in" in res.stdout  # rank 0 decided: fresh start, for both ranks
     got = losses(mine)
