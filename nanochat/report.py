@@ -162,13 +162,14 @@ def fmt_core(summary: dict) -> str:
 
 
 def fmt_mfu(summary: dict, env: dict) -> str:
-    """MFU in percent; 0 means no peak FLOP/s is known for the device (CPU, unlisted GPU)."""
+    """MFU in percent. A timed run without one (None; 0 in older summaries) ran on a device with no known peak
+    FLOP/s (CPU, unlisted GPU); no "mfu" key, or no timed steps, is plain n/a."""
     value = summary.get("mfu")
-    if value is None:
-        return NA
-    if value <= 0:
+    if value is not None and value > 0:
+        return f"{value:.2f}%"
+    if "mfu" in summary and (value == 0 or summary.get("tok_per_sec") is not None):
         return f"{NA} (no peak FLOP/s known for {env.get('device_name') or 'this device'})"
-    return f"{value:.2f}%"
+    return NA
 
 
 def fmt_throughput(summary: dict) -> str:

@@ -60,6 +60,15 @@ def test_unknown_peak_reports_na_not_zero():
     assert "| mfu 41.20 |" in format_step_line(5, 10, 3.0, 1.0, 0.5, 1000.0, 41.2, 10.0)
 
 
+def test_run_report_explains_a_missing_mfu():
+    from nanochat.report import NA, fmt_mfu
+
+    env = {"device_name": "NVIDIA H800"}
+    assert fmt_mfu({"mfu": None, "tok_per_sec": 1e5}, env) == f"{NA} (no peak FLOP/s known for NVIDIA H800)"
+    assert fmt_mfu({"mfu": None, "tok_per_sec": None}, env) == NA  # no timed steps: nothing to explain
+    assert fmt_mfu({"mfu": 12.345}, env) == "12.35%"
+
+
 class FakeWandb(types.ModuleType):
     """Records wandb.init kwargs and logged rows; no network, no files."""
 
