@@ -246,7 +246,8 @@ def _core_plan(bundle_dir: Path) -> tuple[list[TaskSpec], dict[str, float], list
     if no_baseline:
         raise KeyError(f"{bundle_dir / 'eval_meta_data.csv'} has no random baseline for {no_baseline}")
     if not present:
-        raise FileNotFoundError(f"no task data file of {bundle_dir / 'core.yaml'} exists under {bundle_dir / 'eval_data'}")
+        raise FileNotFoundError(f"no task data file of {bundle_dir / 'core.yaml'} exists under "
+                                f"{bundle_dir / 'eval_data'}")
     return specs, baselines, present, bundle_info(bundle_dir)
 
 

@@ -22,7 +22,7 @@ import torch
 PEAK_BF16_FLOPS: tuple[tuple[str, float | None], ...] = (
     (r"H100.*NVL", 835e12),  # H100 NVL (94 GB, PCIe): 1,671 TF sparse
     (r"H100.*PCIe", 756e12),  # H100 PCIe: 1,513 TF sparse
-    (r"H100", 989e12),  # H100 SXM ("NVIDIA H100 80GB HBM3"; the paper's H100s): 1,979 TF sparse
+    (r"H100", 989e12),  # H100 SXM ("NVIDIA H100 80GB HBM3"; the paper names only "H100 (80GB)"): 1,979 TF sparse
     (r"GH200", 989e12),  # GH200 Grace Hopper: the H100 SXM/H200 GPU
     (r"H200.*NVL", 835e12),  # H200 NVL: 1,671 TF sparse
     (r"H200", 989e12),  # H200 SXM: 1,979 TF sparse

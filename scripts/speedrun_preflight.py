@@ -138,7 +138,8 @@ def layout(gpus: int, max_device_batch: int, train_flags: list[str]) -> tuple[in
         nproc, device_batch, accum = choose_layout(args.total_batch_size, args.max_seq_len, gpus, max_device_batch)
     except ValueError as e:
         raise Stop(str(e)) from e
-    unused = f" ({gpus - nproc} GPU(s) left idle: no device batch lets {gpus} processes split it)" if nproc < gpus else ""
+    unused = (f" ({gpus - nproc} GPU(s) left idle: no device batch lets {gpus} processes split it)"
+              if nproc < gpus else "")
     say(f"{args.total_batch_size:,} tokens/step = {nproc} process(es) x device batch {device_batch} x "
         f"{args.max_seq_len} tokens x grad accum {accum}{unused}")
     world = {"WORLD_SIZE": str(nproc), "RANK": "0", "LOCAL_RANK": "0"}  # the world size --dry-run plans for
