@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import REPO, run_torchrun  # noqa: E402
+from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
 from test_base_eval import tiny_run  # noqa: E402,F401 (fixture)
 from test_train_e2e import TINY, losses  # noqa: E402
 
@@ -95,6 +96,17 @@ def test_resume_auto_follows_rank0_when_only_rank1_has_a_checkpoint(tmp_path, fi
     assert got.keys() == full_losses.keys() == {1, 2, 3, 4}
     for s in got:  # both ranks trained the same 4 steps from scratch, as in the uninterrupted run
         assert abs(got[s] - full_losses[s]) < 1e-5, (s, got[s], full_losses[s])
+
+
+def test_data_missing_on_rank1_stops_every_rank(tmp_path, embedded_data_dir, tiny_tokenizer_dir):
+    """Rank 1's node has no prepared data: every rank stops with rank 1's error before the (collective)
+    tokenization of the eval rows, instead of rank 0 waiting there for a rank that already exited."""
+    assert TRAIN[:3] == ["--synthetic-data", "--vocab-size", "256"]
+    argv = [*TRAIN[3:], "--tokenizer-dir", str(tiny_tokenizer_dir), "--run-dir", str(tmp_path / "run")]
+    res, codes = run_views(tmp_path, "scripts.base_train", [*argv, "--data-dir", str(embedded_data_dir)],
+                           rank_argv={"1": [*argv, "--data-dir", str(tmp_path / "no_data_here")]})
+    assert codes == {0: 2, 1: 2}, (codes, res.stderr[-3000:])
+    assert res.stderr.count(f"rank 1 of 2: --data-dir {tmp_path / 'no_data_here'}") == 2, res.stderr[-3000:]
 
 
 def _core_argv(run: Path, out: Path) -> list[str]:
