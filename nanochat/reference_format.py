@@ -29,7 +29,8 @@ MODEL_TYPES = ("gpt", "bigram_engram_gpt")
 META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
 
 # Their GPTConfig fields with their defaults (reference spec: model §1.1). A field missing from a meta file takes
-# this default, as their own loader would; a field not listed here (other than stem_*) is refused.
+# this default, as their own loader would; a field not listed here is refused, except stem_* (read only by their
+# other model types, which are refused by model_type).
 REFERENCE_DEFAULTS = {
     "sequence_len": 2048, "vocab_size": 32768, "n_layer": 12, "n_head": 6, "n_kv_head": 6, "n_embd": 768,
     "head_dim": 0, "weight_tying": False, "window_pattern": "SSSL", "value_embeds_layers": [],
@@ -143,9 +144,7 @@ def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
     if unknown:
         raise ReferenceFormatError(f"model_config has unknown field(s) {unknown}; cannot tell whether they change "
                                    "the model")
-    for k, v in model_config.items():
-        if k.startswith("stem_") and v not in (False, None, 0, "", [], "none"):
-            _refuse(k, v, "STEM feed-forward variants are not supported")
+    # stem_* fields configure the STEM FFN of their other model types; their nanochat GPT never reads them
     cfg = {**REFERENCE_DEFAULTS, **model_config}
     if model_type == "bigram_engram_gpt":
         cfg["bigram_engram_enabled"] = True  # their BigramEngramGPT forces it
@@ -173,7 +172,7 @@ def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
 
 def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
     """(model_type, model_config) in their format for our config; refuses designs their code lacks."""
-    cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_setting="", moe_ve_balance_lr=0.0,
+    cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_balance_lr=0.0,
                moe_ve_bias_update="none", **{k: getattr(config, k) for k in
                                              ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")})
     layers = list(memory_layers_of(config))
@@ -195,7 +194,9 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
         cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"0_{o.topk}_{o.slots}",
                    moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
                    moe_ve_slot_index_mode=o.index, moe_ve_network_shared_table=o.index == "bigram",
-                   moe_ve_bigram_slot_factor=o.bigram_factor if o.index == "bigram" else 1)
+                   moe_ve_bigram_slot_factor=o.bigram_factor if o.index == "bigram" else 1,
+                   # their base_train resolves S = n*V into this field (0 would mean the vocab size)
+                   moe_ve_slot_vocab_size=o.bigram_factor * config.vocab_size if o.index == "bigram" else 0)
     elif config.memory != "base":
         raise ReferenceFormatError(f"--memory {config.memory} has no counterpart in the authors' code")
     return model_type, cfg

@@ -13,6 +13,7 @@ their convention from any tokenizer (used by ``--numerics reference`` in base_ev
 
 import codecs
 import io
+import os
 import pickle
 from pathlib import Path
 
@@ -36,8 +37,12 @@ class _EncodingState:
 def _latin1_encode(text, encoding="latin1"):
     """``_codecs.encode`` as protocol-2 pickles use it for bytes (str -> latin1 bytes); nothing else."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"_codecs.encode({type(text).__name__}, {encoding!r}) is not allowed")
+        raise _Refused(f"_codecs.encode({type(text).__name__}, {encoding!r}) is not allowed")
     return codecs.encode(text, "latin1")
+
+
+class _Refused(pickle.UnpicklingError):
+    pass
 
 
 class _TokenizerUnpickler(pickle.Unpickler):
@@ -48,12 +53,12 @@ class _TokenizerUnpickler(pickle.Unpickler):
         try:
             return self.ALLOWED[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(
+            raise _Refused(
                 f"refusing to load global {module}.{name}: a tokenizer pickle may only hold a tiktoken Encoding"
             ) from None
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError("refusing a persistent id: a tokenizer pickle may only hold a tiktoken Encoding")
+        raise _Refused("refusing a persistent id: a tokenizer pickle may only hold a tiktoken Encoding")
 
 
 def _check_state(state, path) -> dict:
@@ -77,7 +82,7 @@ def unpickle_encoding_state(data: bytes, path="<bytes>") -> dict:
     """The state dict of a pickled tiktoken Encoding, read without executing the pickle (see module doc)."""
     try:
         obj = _TokenizerUnpickler(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as e:
+    except _Refused as e:
         raise TokenizerError(f"{path}: {e}") from None
     except Exception as e:  # truncated or malformed stream
         raise TokenizerError(f"{path}: not a readable tokenizer pickle ({type(e).__name__}: {e})") from None
@@ -139,13 +144,24 @@ def read_reference_token_bytes(path, tok: Tokenizer) -> dict:
             "ids_differing_from_raw_bytes": int((expected != raw).sum())}
 
 
-def write_reference_tokenizer(tok: Tokenizer, directory) -> None:
-    """``tokenizer.pkl`` (a tiktoken Encoding named like theirs) and ``token_bytes.pt`` in their convention."""
+def write_reference_tokenizer(tok: Tokenizer, directory) -> bool:
+    """``tokenizer.pkl`` (a tiktoken Encoding named like theirs) and ``token_bytes.pt`` in their convention.
+    Returns False when the directory already holds this very tokenizer (runs exported into one base dir share
+    it); a different tokenizer there is an error."""
     import tiktoken
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     enc = tiktoken.Encoding(name=REFERENCE_ENCODING_NAME, pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks,
                             special_tokens=tok.special_tokens)
-    (directory / "tokenizer.pkl").write_bytes(pickle.dumps(enc, protocol=PICKLE_PROTOCOL))
-    torch.save(reference_token_bytes(tok), directory / "token_bytes.pt")
+    data = pickle.dumps(enc, protocol=PICKLE_PROTOCOL)
+    pkl = directory / "tokenizer.pkl"
+    if pkl.exists():
+        if pkl.read_bytes() == data and (directory / "token_bytes.pt").is_file():
+            return False
+        raise FileExistsError(f"{pkl} already holds a different tokenizer; export into a new directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(reference_token_bytes(tok), directory / "token_bytes.pt.tmp")
+    os.replace(directory / "token_bytes.pt.tmp", directory / "token_bytes.pt")
+    (directory / "tokenizer.pkl.tmp").write_bytes(data)
+    os.replace(directory / "tokenizer.pkl.tmp", pkl)  # last: its presence means the directory is complete
+    return True

@@ -15,6 +15,7 @@ index) are refused by name.
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,11 +33,10 @@ def parse_args(argv=None):
 
 
 def val_bpb_of(meta: dict):
-    loop = meta.get("loop") or {}
-    for key in ("val_bpb", "min_val_bpb"):
-        if isinstance(loop.get(key), (int, float)):
-            return loop[key]
-    return None
+    """The last validation bpb, as their meta records it: ours from training, or the one an import carried."""
+    if (meta.get("loop") or {}).get("val_bpb") is not None:
+        return meta["loop"]["val_bpb"]
+    return ((meta.get("imported_from") or {}).get("reference_meta") or {}).get("val_bpb")
 
 
 def export_reference(args) -> Path:
@@ -56,17 +56,21 @@ def export_reference(args) -> Path:
 
     out = Path(args.out)
     ckpt_dir = out / "base_checkpoints" / (args.model_tag or f"d{config.n_layer}")
-    for path in (ckpt_dir / f"model_{step:06d}.pt", ckpt_dir / f"meta_{step:06d}.json", out / "tokenizer"):
+    model_path, meta_path = ckpt_dir / f"model_{step:06d}.pt", ckpt_dir / f"meta_{step:06d}.json"
+    for path in (model_path, meta_path):
         if path.exists():
-            raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory")
-    ckpt_dir.mkdir(parents=True)
+            raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory or --model-tag")
+    write_reference_tokenizer(tok, out / "tokenizer")
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
     their_meta = {"step": step, "val_bpb": val_bpb_of(meta), "model_type": model_type, "model_config": model_config,
                   "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,
                                     "model_config": config.to_dict()}}
-    torch.save(state, ckpt_dir / f"model_{step:06d}.pt")
-    (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(their_meta, indent=2) + "\n")
-    write_reference_tokenizer(tok, out / "tokenizer")
+    # temp names + rename, meta last: an interrupted export never leaves a loadable half checkpoint
+    torch.save(state, model_path.with_suffix(".pt.tmp"))
+    os.replace(model_path.with_suffix(".pt.tmp"), model_path)
+    meta_path.with_suffix(".json.tmp").write_text(json.dumps(their_meta, indent=2) + "\n")
+    os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
     print(f"wrote {ckpt_dir} (step {step}, model_type {model_type}) and {out / 'tokenizer'}")
     return ckpt_dir
 

@@ -47,11 +47,18 @@ def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Pat
 
     from nanochat.reference_format import find_meta
 
-    root = Path(huggingface_hub.snapshot_download(repo_id=repo_id, revision=revision, allow_patterns=SMALL_FILES))
+    try:
+        root = Path(huggingface_hub.snapshot_download(repo_id=repo_id, revision=revision, allow_patterns=SMALL_FILES))
+    except Exception as e:  # network, auth, unknown repo, offline without a cached copy
+        raise FileNotFoundError(f"SRC {repo_id}: not a local directory, and the hub download failed "
+                                f"({type(e).__name__}: {e})") from None
     meta_path, step = find_meta(root, step)
     pinned = root.name if COMMIT_RE.match(root.name) else revision  # the same commit for the big file
     model_rel = (meta_path.parent / f"model_{step:06d}.pt").relative_to(root).as_posix()
-    huggingface_hub.hf_hub_download(repo_id=repo_id, filename=model_rel, revision=pinned)
+    try:
+        huggingface_hub.hf_hub_download(repo_id=repo_id, filename=model_rel, revision=pinned)
+    except Exception as e:
+        raise FileNotFoundError(f"SRC {repo_id}: downloading {model_rel} failed ({type(e).__name__}: {e})") from None
     return root, {"hub_repo": repo_id, "revision": revision or "main", "commit": pinned}
 
 

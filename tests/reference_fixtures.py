@@ -94,7 +94,12 @@ def their_state_dict(model, design: str, bf16: bool = True, prefix: str = "_orig
 def their_model_config(model, design: str) -> dict:
     cfg = model.config
     fields = {k: getattr(cfg, k) for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")}
-    return {**REFERENCE_DEFAULTS, **fields, "window_pattern": "L", "head_dim": 128, **DESIGNS[design][1]}
+    # head_dim is ignored by their GPT; stem_* fields belong to their other model types
+    out = {**REFERENCE_DEFAULTS, **fields, "window_pattern": "L", "head_dim": 128, "stem_multiple_of": 256,
+           **DESIGNS[design][1]}
+    if out["moe_ve_slot_index_mode"] == "bigram":  # their base_train writes the resolved S = n * V
+        out["moe_ve_slot_vocab_size"] = out["moe_ve_bigram_slot_factor"] * cfg.vocab_size
+    return out
 
 
 def write_their_tokenizer(tok, directory: Path, protocol=pickle.DEFAULT_PROTOCOL) -> None:

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from reference_fixtures import DESIGNS, STEP, make_their_files, their_state_dict, write_their_checkpoint
+from reference_fixtures import (DESIGNS, STEP, make_their_files, their_model_config, their_state_dict,
+                                write_their_checkpoint)
 
 from nanochat.checkpoint import load_model, save_checkpoint
 from nanochat.memory import MEMORY_BLOCKS
@@ -86,8 +87,9 @@ def test_export_matches_their_names_and_round_trips_bit_exactly(tmp_path, design
     meta = json.loads((ckpt / "meta_000012.json").read_text())
     assert meta["model_type"] == DESIGNS[design][0] and meta["val_bpb"] == 0.9
     assert meta["model_config"]["window_pattern"] == "L"
-    for k, v in DESIGNS[design][1].items():  # every design field of the spec's config comes out as written
-        assert meta["model_config"][k] == v, k
+    theirs = their_model_config(source, design)
+    for k in [*DESIGNS[design][1], "moe_ve_slot_vocab_size"]:  # the design fields come out as their code writes
+        assert meta["model_config"][k] == theirs[k], k
 
     back = tmp_path / "back"
     assert run_import(out, back) == 0
@@ -138,7 +140,6 @@ def _edit_meta(src, **fields):
     ({"dense_ve_enabled": True}, "'dense_ve_enabled', 'moe_ve_enabled'"),
     ({"value_embeds_layers": [3, 1]}, "value_embeds_layers=[3, 1]"),
     ({"fancy_new_field": 1}, "unknown field(s) ['fancy_new_field']"),
-    ({"stem_layers": [1, 2]}, "stem_layers=[1, 2]"),
 ])
 def test_unsupported_design_fields_are_refused_by_name(tmp_path, capsys, fields, needle):
     src, _, _ = make_their_files(tmp_path, "mome_token")
@@ -272,3 +273,30 @@ def test_local_directory_never_touches_the_hub(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     src, _, _ = make_their_files(tmp_path, "base")
     assert run_import(src, tmp_path / "run") == 0
+
+
+def test_hub_failure_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    def unreachable(*a, **k):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.chdir(tmp_path)
+    assert run_import("someone/missing-model", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert "SRC someone/missing-model: not a local directory, and the hub download failed (OSError: network" in err
+
+
+def test_export_of_an_imported_run_and_a_shared_base_dir(tmp_path, capsys):
+    src, source, _ = make_their_files(tmp_path, "bigram")
+    assert run_import(src, tmp_path / "run") == 0
+    out = tmp_path / "export"
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+    meta = json.loads((out / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json").read_text())
+    assert meta["val_bpb"] == 1.25  # carried from their meta through the import
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out)]) == 2
+    assert "already exists; choose a new directory or --model-tag" in capsys.readouterr().err
+    # a second run into the same base dir shares the (identical) tokenizer
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out), "--model-tag", "other"]) == 0
+    assert sorted(p.name for p in (out / "tokenizer").iterdir()) == ["token_bytes.pt", "tokenizer.pkl"]
