@@ -13,7 +13,6 @@ name and renamed into place, so an interrupted import leaves no half run behind.
 """
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -62,14 +61,6 @@ def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Pat
     return root, {"hub_repo": repo_id, "revision": revision or "main", "commit": pinned}
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_reference_state(path: Path) -> dict:
     try:  # weights_only: a tensor-only unpickler (their .pt files are plain state dicts)
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -83,6 +74,7 @@ def load_reference_state(path: Path) -> dict:
 def import_reference(args) -> Path:
     from nanochat.checkpoint import save_checkpoint
     from nanochat.gpt import GPT
+    from nanochat.memory.slot_map import file_sha256
     from nanochat.reference_format import config_from_reference, find_checkpoint, read_meta, state_from_reference
     from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
 
@@ -122,7 +114,7 @@ def import_reference(args) -> Path:
 
     files = {"model": str(model_path), "meta": str(meta_path), "tokenizer": str(pkl)}
     print("hashing the source files")
-    imported = {**origin, "step": step, "files": files, "sha256": {k: sha256(Path(p)) for k, p in files.items()},
+    imported = {**origin, "step": step, "files": files, "sha256": {k: file_sha256(p) for k, p in files.items()},
                 "model_type": meta["model_type"], "model_config": meta["model_config"],
                 "reference_meta": {k: v for k, v in meta.items() if k not in ("model_config", "user_config")},
                 **report, "token_bytes": token_bytes}

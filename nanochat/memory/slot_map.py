@@ -40,7 +40,11 @@ class SlotMap:
 
 
 def file_sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:  # streamed: also used for multi-GB checkpoint files (scripts/import_reference)
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _fail(path, msg):
