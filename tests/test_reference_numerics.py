@@ -262,3 +262,24 @@ def test_sample_and_analyses_run_on_an_imported_run(imported, capsys, tmp_path):
     build_slot_map.main(["--checkpoint", run, "--group-size", "1", "--knn", "8", "--tokenizer-dir",
                          str(tmp / "run" / "tokenizer"), "--output", str(tmp_path / "k2.json")])
     assert (tmp_path / "k2.json").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")
+@pytest.mark.parametrize("opts", [{}, {"gate": "softmax", "topk": 1}])
+def test_reference_gating_on_cuda_bf16(opts):
+    """On CUDA their softmax scores autocast to fp32 and sigmoid ones stay bf16; the mode follows both."""
+    from nanochat.numerics import apply_numerics
+
+    model = _mome(**opts).cuda()
+    apply_numerics(model, "reference")
+    mem = model.memory
+    xn = torch.randn(2, 16, 64, device="cuda")
+    idx = torch.randint(0, 320, (2, 16), device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        sel, w, _ = mem.route(0, xn, torch.zeros(2, 16, 2, 32, device="cuda"), idx, idx, probs=False)
+        want_sel, want_w = _their_route(mem.routers[0](xn).view(2, 16, 2, mem.M), mem.K, mem.mode)
+        ours = model(idx)
+    assert torch.equal(sel, want_sel) and torch.equal(w, want_w)
+    assert w.dtype == (torch.float32 if mem.mode.startswith("softmax") else torch.bfloat16)
+    assert torch.isfinite(ours).all()
