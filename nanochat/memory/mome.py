@@ -143,7 +143,7 @@ def reference_gate(logits: torch.Tensor, K: int, mode: str):
     logits' dtype (bf16 under autocast) or softmax(l) (fp32 under autocast), top-K on p, weights p[sel]
     normalised in p's dtype. K == M: every slot, no selection. Same outputs as ``route``'s."""
     p = torch.softmax(logits, dim=-1) if mode.startswith("softmax") else torch.sigmoid(logits)
-    sel = None if K == p.size(-1) else p.topk(K, dim=-1, sorted=False).indices
+    sel = None if K == p.size(-1) else p.topk(K, dim=-1, sorted=False).indices  # torch.topk, as theirs
     w = p if sel is None else p.gather(-1, sel)
     if mode.endswith("-norm"):
         w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
