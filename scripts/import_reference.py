@@ -5,8 +5,8 @@
 
 SRC is a local directory holding ``meta_<step>.json`` + ``model_<step>.pt`` (searched recursively; the largest
 step unless --step) and their ``tokenizer.pkl`` (+ ``token_bytes.pt``), or a Hugging Face repo id, fetched with
-huggingface_hub into its cache (progress bars; ``HF_HUB_OFFLINE=1`` reuses the cache): first the small files,
-then only the chosen step's weights. The run directory gets ``checkpoints/step_<step>/`` (fp32 weights, our
+huggingface_hub into its cache (progress bars, checksums, ``HF_TOKEN``/``HF_ENDPOINT``; ``HF_HUB_OFFLINE=1``
+reuses the cache): first the small files, then only the chosen step's weights. The run directory gets ``checkpoints/step_<step>/`` (fp32 weights, our
 config) and ``tokenizer/`` (converted without executing the pickle), so base_eval, sample, analyze_memory,
 analyze_routing, wic_probe and build_slot_map read it like any run of ours. It is written under a temporary
 name and renamed into place, so an interrupted import leaves no half run behind.
@@ -40,24 +40,30 @@ def parse_args(argv=None):
 
 
 def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Path, dict]:
-    """Download the small files, pick the step, then download only that step's weights. Returns the snapshot
-    directory and the provenance to record."""
+    """Download the small files (their layout is found, not assumed), pick the step, then download only that
+    step's weights through ``nanochat.download.hub_file`` (checksummed, pinned to the same commit). Returns the
+    snapshot directory and the provenance to record."""
+    import os
+
     import huggingface_hub
 
+    from nanochat.download import hub_file, verify_hub_blob
     from nanochat.reference_format import find_meta
 
     try:
-        root = Path(huggingface_hub.snapshot_download(repo_id=repo_id, revision=revision, allow_patterns=SMALL_FILES))
+        root = Path(huggingface_hub.snapshot_download(
+            repo_id=repo_id, revision=revision, allow_patterns=SMALL_FILES,
+            endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None))
     except Exception as e:  # network, auth, unknown repo, offline without a cached copy
         raise FileNotFoundError(f"SRC {repo_id}: not a local directory, and the hub download failed "
                                 f"({type(e).__name__}: {e})") from None
+    for path in root.rglob("*"):
+        if path.is_file():
+            verify_hub_blob(path, f"model repo {repo_id}, file {path.relative_to(root)}")
     meta_path, step = find_meta(root, step)
     pinned = root.name if COMMIT_RE.match(root.name) else revision  # the same commit for the big file
     model_rel = (meta_path.parent / f"model_{step:06d}.pt").relative_to(root).as_posix()
-    try:
-        huggingface_hub.hf_hub_download(repo_id=repo_id, filename=model_rel, revision=pinned)
-    except Exception as e:
-        raise FileNotFoundError(f"SRC {repo_id}: downloading {model_rel} failed ({type(e).__name__}: {e})") from None
+    hub_file(repo_id, model_rel, repo_type="model", revision=pinned)
     return root, {"hub_repo": repo_id, "revision": revision or "main", "commit": pinned}
 
 
@@ -74,7 +80,7 @@ def load_reference_state(path: Path) -> dict:
 def import_reference(args) -> Path:
     from nanochat.checkpoint import save_checkpoint
     from nanochat.gpt import GPT
-    from nanochat.memory.slot_map import file_sha256
+    from nanochat.download import file_sha256
     from nanochat.reference_format import config_from_reference, find_checkpoint, read_meta, state_from_reference
     from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
 
@@ -134,9 +140,11 @@ def import_reference(args) -> Path:
 
 
 def main(argv=None) -> int:
+    from nanochat.download import DownloadError
+
     try:
         import_reference(parse_args(argv))
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, DownloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -288,6 +288,24 @@ def test_hub_failure_is_one_clear_error(tmp_path, monkeypatch, capsys):
     assert "SRC someone/missing-model: not a local directory, and the hub download failed (OSError: network" in err
 
 
+def test_weights_download_failure_names_the_file(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    src, _, _ = make_their_files(tmp_path, "base")
+    hub = FakeHub(src, tmp_path / "hf_cache")
+
+    def broken(*a, **k):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", broken)
+    monkeypatch.chdir(tmp_path)
+    assert run_import("jojo23333/MOME-NanoChat-D24-100B", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert f"file base_checkpoints/d4/model_{STEP:06d}.pt: download failed (OSError: connection reset)" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_export_of_an_imported_run_and_a_shared_base_dir(tmp_path, capsys):
     src, source, _ = make_their_files(tmp_path, "bigram")
     assert run_import(src, tmp_path / "run") == 0

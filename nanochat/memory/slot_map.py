@@ -40,11 +40,7 @@ class SlotMap:
 
 
 def file_sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:  # streamed: also used for multi-GB checkpoint files (scripts/import_reference)
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _fail(path, msg):
