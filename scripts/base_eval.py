@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nanochat.checkpoint import find_last_step, load_model, require_files
 from nanochat.common import autocast_context, compute_cleanup, compute_init, every_rank_ok, print0, rank0_decides
+from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 
 PAPER_EVAL_TOKENS = 20_971_520
 
@@ -43,6 +44,9 @@ def parse_args(argv=None):
     ap.add_argument("--data-dir", default=None, help="override meta['data_dir']")
     ap.add_argument("--device-type", default="", help="cuda|cpu|mps (default: autodetect)")
     ap.add_argument("--dtype", default="auto", help="auto|float32|bfloat16 (autocast)")
+    ap.add_argument("--numerics", default="ours", choices=NUMERICS,
+                    help="reference = the authors' eval numerics (bf16 RoPE tables, MoME top-K on router scores in "
+                    "the autocast dtype, their token_bytes) to compare with numbers their code prints")
     ap.add_argument("--out-dir", default=None, help="default: <run>/eval/step_NNNNNN")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = ap.parse_args(argv)
@@ -73,7 +77,7 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> 
     from nanochat.dataset import default_data_dir, load_manifest
     from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
 
-    token_bytes = tokenizer.token_bytes().to(device)
+    token_bytes = eval_token_bytes(tokenizer, args.numerics).to(device)
     seq_len, B = model.max_seq_len, args.device_batch_size
     out = {"eval_tokens": args.eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}
     splits = [s for s in args.splits.split(",") if s]
@@ -122,13 +126,15 @@ def evaluate(args) -> int:
     step = rank0_decides(lambda: args.step if args.step is not None else find_last_step(run))
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
+    numerics = apply_numerics(model, args.numerics)
     autocast_ctx = autocast_context(device.type, args.dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
-    print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}")
+    print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
+           f"numerics {args.numerics}")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}")
     out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
-    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir)}
+    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), **numerics}
     if "core" in args.evals:
         from nanochat.core_eval import evaluate_core, write_core_report
         from nanochat.eval_bundle import find_bundle

@@ -138,6 +138,18 @@ def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
     return w, p
 
 
+def reference_gate(logits: torch.Tensor, K: int, mode: str):
+    """The authors' rule (reference notes §3.6/3.8), for ``--numerics reference``: scores p = sigmoid(l) in the
+    logits' dtype (bf16 under autocast) or softmax(l) (fp32 under autocast), top-K on p, weights p[sel]
+    normalised in p's dtype. K == M: every slot, no selection. Same outputs as ``route``'s."""
+    p = torch.softmax(logits, dim=-1) if mode.startswith("softmax") else torch.sigmoid(logits)
+    sel = None if K == p.size(-1) else p.topk(K, dim=-1, sorted=False).indices  # torch.topk, as theirs
+    w = p if sel is None else p.gather(-1, sel)
+    if mode.endswith("-norm"):
+        w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
+    return sel, w, p
+
+
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Plain top-K mix: flat ids (B, T, H, K) -> gather (B, T, H, K, d) -> weighted sum over K -> (B, T, H, d)."""
     return (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)
@@ -179,6 +191,7 @@ class MoMEMemory(MemoryBlock):
     Options = MoMEOptions
     uses_layers = True
     table_weight_decay = 0.001
+    reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
 
     def __init__(self, config):
         super().__init__(config)  # parses and validates the options: every flag error is raised before allocation
@@ -293,6 +306,8 @@ class MoMEMemory(MemoryBlock):
             logits = self.routers[pos](xn).view(B, T, H, self.M)  # (B, T, H*M) -> per-head logits
         else:
             logits = self.routers[pos](v)  # (B, T, H, d) -> (B, T, H, M), router shared across heads
+        if self.reference_gating:
+            return reference_gate(logits, self.K, self.mode)
         if self.K == self.M:  # full routing: every slot, weights normalised over all M
             w, p = gate_weights(logits, None, self.mode)
             return None, w, p

@@ -1,0 +1,53 @@
+"""Opt-in evaluation numerics: ``ours`` (the default) or ``reference`` (the authors' code, for comparing numbers).
+
+``reference`` reproduces the two numerical differences listed in ``../shared/spec/reference_checkpoint_names.md``
+that an evaluation of the same weights can see, plus their bits-per-byte bookkeeping:
+
+1. RoPE tables rounded to bf16 (theirs are cast to bf16 at construction; ours are fp32 and cast to q/k's dtype
+   at use, so under bf16 autocast the two already agree and this changes fp32 evaluation only);
+2. MoME selection and weights in the router's output dtype: top-K on sigmoid(l) (softmax(l)), which is bf16
+   under bf16 autocast, instead of top-K on l with fp32 weights (``MoMEMemory.reference_gating``);
+3. ``token_bytes`` = UTF-8 length of each decoded token (partial UTF-8 counts 3 bytes, as in their file).
+
+Not reproduced: their bf16 *storage* of wte, memory tables and routers, which makes their residual stream bf16
+on CUDA; our weights are fp32 under autocast, so GPU numbers agree to bf16 rounding, not bit for bit.
+"""
+
+import torch
+
+NUMERICS = ("ours", "reference")
+
+
+def check_numerics(mode: str) -> None:
+    if mode not in NUMERICS:
+        raise ValueError(f"--numerics {mode!r} is unknown; allowed: {', '.join(NUMERICS)}")
+
+
+@torch.no_grad()
+def apply_numerics(model, mode: str) -> dict:
+    """Switch a built (and loaded) model to ``mode``; returns what was changed, for the eval outputs."""
+    check_numerics(mode)
+    if mode == "ours":
+        return {"numerics": "ours"}
+    for buf in (model.rope_cos, model.rope_sin):
+        buf.copy_(buf.to(torch.bfloat16).to(buf.dtype))
+    out = {"numerics": "reference", "rotary_tables": "bf16-rounded", "token_bytes": "utf8-of-decoded-token"}
+    memory = model.memory
+    if hasattr(memory, "reference_gating"):
+        if memory.opts.routing != "context" or hasattr(memory, "router_bias"):
+            raise ValueError("--numerics reference: the authors' code evaluates learned routers without a "
+                             f"router bias (this model: --mome-routing {memory.opts.routing}, "
+                             f"--mome-balance {memory.opts.balance})")
+        memory.reference_gating = True
+        out["mome_gating"] = "topk-on-scores-in-router-dtype"
+    return out
+
+
+def eval_token_bytes(tokenizer, mode: str) -> torch.Tensor:
+    """The bits-per-byte denominators for ``mode`` (ours: raw token bytes)."""
+    check_numerics(mode)
+    if mode == "ours":
+        return tokenizer.token_bytes()
+    from nanochat.reference_tokenizer import reference_token_bytes
+
+    return reference_token_bytes(tokenizer)

@@ -1,0 +1,342 @@
+"""The authors' checkpoint format <-> ours: model config, parameter names, and their files on disk.
+
+Their checkpoint directory (reference spec: training §1.8) holds ``model_<step:06d>.pt`` (state_dict of the
+uncompiled model, keys possibly prefixed ``_orig_mod.``, some tensors bf16) and ``meta_<step:06d>.json`` with
+``model_type`` and ``model_config`` (their GPTConfig kwargs). ``../shared/spec/reference_checkpoint_names.md``
+gives the verified one-to-one name mapping used here; every parameter keeps its shape, so converting is a rename
+plus an exact upcast to fp32.
+
+A design field we cannot express exactly (sliding windows, conv1d routers, shared experts, per-head tables,
+mod/headmod/table slot mappings, bias balancing, ...) is refused by its field name; nothing is approximated.
+Fields that only steer training-time machinery their checkpoints do not carry (the router-bias buffer is not
+saved and is never used in eval) are accepted only at values where that machinery is inert.
+"""
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from nanochat.gpt import GPT, GPTConfig
+from nanochat.memory import default_memory_layers
+from nanochat.memory.mome import MoMEOptions
+
+COMPILE_PREFIX = "_orig_mod."
+ROTARY_KEYS = ("cos", "sin")  # their rotary tables; recomputed by our model, never stored
+MODEL_TYPES = ("gpt", "bigram_engram_gpt")
+META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
+
+# Their GPTConfig fields with their defaults (reference spec: model §1.1). A field missing from a meta file takes
+# this default, as their own loader would; a field not listed here is refused, except stem_* (read only by their
+# other model types, which are refused by model_type).
+REFERENCE_DEFAULTS = {
+    "sequence_len": 2048, "vocab_size": 32768, "n_layer": 12, "n_head": 6, "n_kv_head": 6, "n_embd": 768,
+    "head_dim": 0, "weight_tying": False, "window_pattern": "SSSL", "value_embeds_layers": [],
+    "dense_ve_enabled": False, "moe_ve_enabled": False, "moe_ve_per_head_table": False,
+    "moe_ve_network_shared_table": False, "moe_ve_setting": "1_0_0", "moe_ve_gate_nl": "sigmoid",
+    "moe_ve_gate_type": "linear", "moe_ve_conv_kernel_size": 4, "moe_ve_router_input": "value",
+    "moe_ve_balance_lr": 0.001, "moe_balance_mode": "bias", "moe_ve_bias_scope": "slot",
+    "moe_ve_bias_update": "deepseek_moe", "moe_ve_bias_min_visits": 0, "moe_ve_bias_powerlaw_n": 1.4,
+    "moe_ve_maxvio_window": 0, "moe_ve_slot_mapping": "none", "moe_ve_slot_index_mode": "token",
+    "moe_ve_bigram_slot_factor": 1, "moe_ve_slot_vocab_size": 0, "moe_ve_slot_dedicated_size": 0,
+    "moe_ve_slot_map_path": "", "bigram_engram_enabled": False, "bigram_engram_layers": [],
+    "bigram_engram_vocab_factor": 6, "bigram_engram_gate_channels": 32, "bigram_engram_init_lambda": 0.1,
+}
+GATE_NLS = ("sigmoid", "sigmoid-norm", "softmax", "softmax-norm")  # same forward AND backward as ours
+GATE_CHANNELS = 32
+
+
+class ReferenceFormatError(ValueError):
+    """Their files cannot be converted exactly; the message names the field, key or file."""
+
+
+# -- model config -------------------------------------------------------------------------------------------
+def _refuse(field, value, why):
+    raise ReferenceFormatError(f"model_config {field}={value!r}: {why}")
+
+
+def _window_layers(pattern: str, n_layer: int) -> list[str]:
+    """Per-layer window letters: the pattern tiled over the layers, the last layer forced to L (their rule)."""
+    if not isinstance(pattern, str) or not pattern or set(pattern.upper()) - {"S", "L"}:
+        _refuse("window_pattern", pattern, "expected a non-empty string of L/S")
+    letters = [pattern[i % len(pattern)].upper() for i in range(n_layer)]
+    letters[-1] = "L"
+    return letters
+
+
+def parse_moe_setting(setting: str) -> tuple[int, int, int]:
+    """'σ_K_E' -> (shared expert on/off, K, E); '' means (1, 0, 0) as in their parser."""
+    if setting == "":
+        return 1, 0, 0
+    try:
+        shared, k, e = (int(t) for t in setting.split("_"))
+    except ValueError:
+        _refuse("moe_ve_setting", setting, "expected 'shared_active_experts', e.g. '0_2_12'")
+    return shared, k, e
+
+
+def _layers(cfg: dict, field: str) -> list[int]:
+    layers = cfg[field]
+    if not isinstance(layers, list) or not all(type(i) is int for i in layers):
+        _refuse(field, layers, "expected a list of layer ids")
+    if layers != sorted(set(layers)):  # memory positions follow this order; only the increasing one is verified
+        _refuse(field, layers, "expected strictly increasing layer ids")
+    # the default layout is stored as () (ours: "default"), so that export -> import gives back the same config
+    return [] if layers == list(default_memory_layers(cfg["n_layer"])) else layers
+
+
+def _mome_options(cfg: dict) -> dict:
+    shared, k, e = parse_moe_setting(cfg["moe_ve_setting"])
+    if shared:
+        _refuse("moe_ve_setting", cfg["moe_ve_setting"], "the always-on shared expert (first field 1) is not "
+                "supported; only '0_K_E' settings (every paper run) can be imported")
+    if not 1 <= k <= e:
+        _refuse("moe_ve_setting", cfg["moe_ve_setting"], "need 1 <= K <= E")
+    if cfg["moe_ve_gate_nl"] not in GATE_NLS:
+        _refuse("moe_ve_gate_nl", cfg["moe_ve_gate_nl"], f"supported: {', '.join(GATE_NLS)} "
+                "(softmax-norm-detach has a different gradient)")
+    if cfg["moe_ve_gate_type"] != "linear":
+        _refuse("moe_ve_gate_type", cfg["moe_ve_gate_type"], "only the linear router is supported")
+    if cfg["moe_ve_router_input"] not in ("hidden", "value"):
+        _refuse("moe_ve_router_input", cfg["moe_ve_router_input"], "expected hidden or value")
+    if cfg["moe_ve_per_head_table"]:
+        _refuse("moe_ve_per_head_table", True, "per-head tables are not supported")
+    if cfg["moe_ve_slot_mapping"] != "none":
+        _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "only 'none' (token or bigram index) is "
+                "supported; mod/headmod/table slot mappings are not imported")
+    if cfg["moe_ve_slot_dedicated_size"]:
+        _refuse("moe_ve_slot_dedicated_size", cfg["moe_ve_slot_dedicated_size"], "headmod only; must be 0")
+    if cfg["moe_balance_mode"] != "bias":
+        _refuse("moe_balance_mode", cfg["moe_balance_mode"], "only 'bias' exists in their trainer")
+    if cfg["moe_ve_bias_update"] != "none" and cfg["moe_ve_balance_lr"] > 0:
+        _refuse("moe_ve_bias_update", cfg["moe_ve_bias_update"], f"with moe_ve_balance_lr="
+                f"{cfg['moe_ve_balance_lr']} their router bias moves in training (trust-region/deepseek_moe "
+                "balancing); every paper run uses 'none' or lr 0, which is what can be imported exactly")
+    index = cfg["moe_ve_slot_index_mode"]
+    if index not in ("token", "bigram"):
+        _refuse("moe_ve_slot_index_mode", index, "expected token or bigram")
+    shared_table = bool(cfg["moe_ve_network_shared_table"])
+    if shared_table != (index == "bigram"):
+        _refuse("moe_ve_network_shared_table", shared_table, f"with moe_ve_slot_index_mode {index}: ours has "
+                "per-layer tables for the token index and one network-shared table for the bigram index")
+    options = {"slots": e, "topk": k, "gate": cfg["moe_ve_gate_nl"], "router_input": cfg["moe_ve_router_input"],
+               "index": index}
+    if MoMEOptions(**{**options, "gate": "auto"}).gate_mode == options["gate"]:
+        options["gate"] = "auto"  # the paper's rule picks the same gate; keeps export -> import exact
+    rows = cfg["vocab_size"] * cfg["moe_ve_bigram_slot_factor"] if index == "bigram" else None
+    if index == "bigram":
+        options["bigram_factor"] = cfg["moe_ve_bigram_slot_factor"]
+    options = asdict(MoMEOptions(**options))  # every option spelled out, as base_train records them
+    slot_vocab = cfg["moe_ve_slot_vocab_size"]
+    if slot_vocab and slot_vocab != (rows or GPTConfig(vocab_size=cfg["vocab_size"]).padded_vocab_size):
+        _refuse("moe_ve_slot_vocab_size", slot_vocab, "differs from the slot count of the index (world-size "
+                "padding of S is not supported)")
+    return options
+
+
+def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
+    """Our GPTConfig for their (model_type, model_config); refuses anything not exactly representable."""
+    if model_type not in MODEL_TYPES:
+        raise ReferenceFormatError(f"model_type {model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
+    unknown = sorted(k for k in model_config if k not in REFERENCE_DEFAULTS and not k.startswith("stem_"))
+    if unknown:
+        raise ReferenceFormatError(f"model_config has unknown field(s) {unknown}; cannot tell whether they change "
+                                   "the model")
+    # stem_* fields configure the STEM FFN of their other model types; their nanochat GPT never reads them
+    cfg = {**REFERENCE_DEFAULTS, **model_config}
+    if model_type == "bigram_engram_gpt":
+        cfg["bigram_engram_enabled"] = True  # their BigramEngramGPT forces it
+    windows = _window_layers(cfg["window_pattern"], cfg["n_layer"])
+    sliding = [i for i, w in enumerate(windows) if w == "S"]
+    if sliding:
+        _refuse("window_pattern", cfg["window_pattern"], f"sliding-window layers {sliding} are not supported "
+                "(ours attends to the full context in every layer)")
+    designs = [f for f in ("dense_ve_enabled", "moe_ve_enabled", "bigram_engram_enabled") if cfg[f]]
+    if len(designs) > 1:
+        raise ReferenceFormatError(f"model_config enables {designs}; ours has one memory design per model")
+    base = {k: cfg[k] for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")}
+    if not designs:
+        return GPTConfig(**base)
+    if designs[0] == "dense_ve_enabled":
+        return GPTConfig(**base, memory="ve", memory_layers=_layers(cfg, "value_embeds_layers"))
+    if designs[0] == "bigram_engram_enabled":
+        if cfg["bigram_engram_gate_channels"] != GATE_CHANNELS:
+            _refuse("bigram_engram_gate_channels", cfg["bigram_engram_gate_channels"], f"ours reads {GATE_CHANNELS}")
+        return GPTConfig(**base, memory="bigram", memory_layers=_layers(cfg, "bigram_engram_layers"),
+                         memory_options={"factor": cfg["bigram_engram_vocab_factor"]})
+    return GPTConfig(**base, memory="mome", memory_layers=_layers(cfg, "value_embeds_layers"),
+                     memory_options=_mome_options(cfg))
+
+
+def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
+    """(model_type, model_config) in their format for our config; refuses designs their code lacks."""
+    cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_balance_lr=0.0,
+               moe_ve_bias_update="none", **{k: getattr(config, k) for k in
+                                             ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")})
+    layers = list(memory_layers_of(config))
+    model_type = "gpt"
+    if config.memory == "ve":
+        cfg.update(dense_ve_enabled=True, value_embeds_layers=layers)
+    elif config.memory == "bigram":
+        model_type = "bigram_engram_gpt"
+        cfg.update(bigram_engram_enabled=True, bigram_engram_layers=layers,
+                   bigram_engram_vocab_factor=config.memory_options.get("factor", 6))
+    elif config.memory == "mome":
+        o = MoMEOptions(**config.memory_options)
+        for name, value, ok in (("--mome-routing", o.routing, "context"), ("--mome-balance", o.balance, "none")):
+            if value != ok:
+                raise ReferenceFormatError(f"{name} {value} has no counterpart in the authors' code (needs {ok})")
+        if o.index == "grouped":
+            raise ReferenceFormatError("--mome-index grouped is not exported (their slot-map 'table' mapping "
+                                       "uses a different file format)")
+        cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"0_{o.topk}_{o.slots}",
+                   moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
+                   moe_ve_slot_index_mode=o.index, moe_ve_network_shared_table=o.index == "bigram",
+                   moe_ve_bigram_slot_factor=o.bigram_factor if o.index == "bigram" else 1,
+                   # their base_train resolves S = n*V into this field (0 would mean the vocab size)
+                   moe_ve_slot_vocab_size=o.bigram_factor * config.vocab_size if o.index == "bigram" else 0)
+    elif config.memory != "base":
+        raise ReferenceFormatError(f"--memory {config.memory} has no counterpart in the authors' code")
+    return model_type, cfg
+
+
+def memory_layers_of(config: GPTConfig) -> tuple[int, ...]:
+    """The memory layers our model builds for ``config`` (explicit or the alternating default)."""
+    return tuple(sorted(config.memory_layers)) if config.memory_layers else default_memory_layers(config.n_layer)
+
+
+# -- parameter names ----------------------------------------------------------------------------------------
+def name_map(config: GPTConfig) -> dict[str, str]:
+    """ours -> theirs for every entry of our state dict (reference_checkpoint_names.md)."""
+    m = {"wte.weight": "transformer.wte.weight", "lm_head.weight": "lm_head.weight",
+         "resid_lambdas": "resid_lambdas", "x0_lambdas": "x0_lambdas"}
+    for i in range(config.n_layer):
+        for part in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            m[f"blocks.{i}.{part}.weight"] = f"transformer.h.{i}.{part}.weight"
+    layers = memory_layers_of(config) if config.memory != "base" else ()
+    for pos, layer in enumerate(layers):
+        if config.memory == "ve":
+            m[f"memory.tables.{pos}.weight"] = f"embed_value_dense.layers.{layer}.weight"
+            m[f"memory.gates.{pos}.proj.weight"] = f"transformer.h.{layer}.attn.ve_gate.weight"
+        elif config.memory == "bigram":
+            m[f"memory.gates.{pos}.proj.weight"] = f"bigram_engram_gates.{layer}.weight"
+        elif config.memory == "mome":
+            if config.memory_options.get("index", "token") != "bigram":
+                m[f"memory.tables.{pos}.weight"] = f"embed_value_moe.layers.{pos}.routed_embedding.weight"
+            m[f"memory.routers.{pos}.weight"] = f"embed_value_moe.layers.{pos}.router.weight"
+            m[f"memory.routers.{pos}.bias"] = f"embed_value_moe.layers.{pos}.router.bias"
+            m[f"memory.gates.{pos}.proj.weight"] = f"transformer.h.{layer}.attn.ve_gate.weight"
+    if config.memory == "bigram":
+        m["memory.table.weight"] = "bigram_engram_embedding.embedding.weight"
+        m["memory.lambdas"] = "bigram_lambdas"
+    if config.memory == "mome" and config.memory_options.get("index") == "bigram":
+        m["memory.table.weight"] = "embed_value_moe.network_shared_routed_embedding.weight"
+    return m
+
+
+def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Our state-dict shapes for ``config``, computed on the meta device (no memory is allocated)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def state_from_reference(state: dict, config: GPTConfig) -> tuple[dict, dict]:
+    """Their state dict -> ours (fp32). Returns (state, report of dropped keys and upcast dtypes)."""
+    stripped = {}
+    for k, v in state.items():
+        key = k[len(COMPILE_PREFIX):] if k.startswith(COMPILE_PREFIX) else k
+        if key in stripped:
+            raise ReferenceFormatError(f"state dict key {key!r} appears with and without the {COMPILE_PREFIX} prefix")
+        stripped[key] = v
+    dropped = sorted(k for k in stripped if k in ROTARY_KEYS)
+    theirs_to_ours = {t: o for o, t in name_map(config).items()}
+    unknown = sorted(k for k in stripped if k not in theirs_to_ours and k not in ROTARY_KEYS)
+    if unknown:
+        raise ReferenceFormatError(f"unknown state dict key(s) for this model_config: {unknown[:5]}"
+                                   f"{' ...' if len(unknown) > 5 else ''}")
+    missing = sorted(t for t in theirs_to_ours if t not in stripped)
+    if missing:
+        raise ReferenceFormatError(f"state dict lacks key(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    shapes = expected_shapes(config)
+    out, upcast = {}, {}
+    for theirs, ours in theirs_to_ours.items():
+        t = stripped[theirs]
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ReferenceFormatError(f"state dict key {theirs!r}: expected a floating-point tensor")
+        if tuple(t.shape) != shapes[ours]:
+            raise ReferenceFormatError(f"state dict key {theirs!r} has shape {tuple(t.shape)}, the model_config "
+                                       f"needs {shapes[ours]} (for our {ours})")
+        if t.dtype != torch.float32:
+            upcast[str(t.dtype)] = upcast.get(str(t.dtype), 0) + 1
+        out[ours] = t.to(torch.float32)  # bf16/fp16 -> fp32 is exact
+    if set(out) != set(shapes):  # a persistent entry of ours the spec has no name for
+        raise ReferenceFormatError(f"our model also needs {sorted(set(shapes) - set(out))}, absent from their format")
+    return out, {"dropped_keys": dropped, "upcast_tensors": upcast,
+                 "compiled_prefix": any(k.startswith(COMPILE_PREFIX) for k in state)}
+
+
+def state_to_reference(state: dict, config: GPTConfig) -> dict:
+    """Our state dict -> theirs (fp32, no prefix, no rotary tables)."""
+    names = name_map(config)
+    extra = sorted(set(state) - set(names))
+    if extra:
+        raise ReferenceFormatError(f"state dict entries {extra} have no counterpart in the authors' format")
+    return {names[k]: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+
+
+# -- files --------------------------------------------------------------------------------------------------
+def find_meta(root, step: int | None = None) -> tuple[Path, int]:
+    """(meta_<step>.json, step) under ``root``, searched recursively (default: the largest step)."""
+    root = Path(root)
+    metas = {}
+    for p in sorted(root.rglob("meta_*.json")):
+        m = META_FILE_RE.match(p.name)
+        if m:
+            metas.setdefault(p.parent, {})[int(m.group(1))] = p
+    if not metas:
+        raise FileNotFoundError(f"{root}: no meta_<step>.json found (expected the authors' checkpoint files)")
+    if len(metas) > 1:
+        raise ReferenceFormatError(f"{root}: checkpoints in several directories {sorted(map(str, metas))}; "
+                                   "pass the one you want")
+    steps = next(iter(metas.values()))
+    step = max(steps) if step is None else step
+    if step not in steps:
+        raise FileNotFoundError(f"{root}: no meta_{step:06d}.json (steps found: {sorted(steps)})")
+    return steps[step], step
+
+
+def find_checkpoint(root, step: int | None = None) -> tuple[Path, Path, int]:
+    """(model_<step>.pt, meta_<step>.json, step): the weights sit beside their meta file."""
+    meta, step = find_meta(root, step)
+    model = meta.parent / f"model_{step:06d}.pt"
+    if not model.is_file():
+        raise FileNotFoundError(f"{model} is missing (the weights for {meta.name})")
+    return model, meta, step
+
+
+def find_tokenizer(root) -> tuple[Path, Path | None]:
+    """(tokenizer.pkl, token_bytes.pt beside it or None) under ``root``, searched recursively."""
+    found = sorted(Path(root).rglob("tokenizer.pkl"))
+    if not found:
+        raise FileNotFoundError(f"{root}: no tokenizer.pkl found; pass --tokenizer PATH (their "
+                                "artifacts/tokenizer/tokenizer.pkl)")
+    if len(found) > 1:
+        raise ReferenceFormatError(f"{root}: several tokenizer.pkl files {list(map(str, found))}; pass --tokenizer")
+    tb = found[0].parent / "token_bytes.pt"
+    return found[0], tb if tb.is_file() else None
+
+
+def read_meta(path) -> dict:
+    try:
+        meta = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ReferenceFormatError(f"{path}: not valid JSON ({e})") from None
+    for key in ("model_type", "model_config"):
+        if key not in meta:
+            raise ReferenceFormatError(f"{path}: lacks '{key}' (not an authors' checkpoint meta file?)")
+    if not isinstance(meta["model_config"], dict):
+        raise ReferenceFormatError(f"{path}: 'model_config' must be an object")
+    return meta

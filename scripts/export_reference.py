@@ -1,0 +1,88 @@
+"""Export a run of ours in the authors' checkpoint format (for people who use their code).
+
+    python -m scripts.export_reference --run runs/X --out DIR [--step S] [--model-tag d12] [--tokenizer-dir DIR]
+
+Writes their base-dir layout, so that their tools find it with ``NANOCHAT_BASE_DIR=DIR``:
+
+    DIR/base_checkpoints/<tag>/model_<step:06d>.pt   their parameter names, fp32 tensors
+    DIR/base_checkpoints/<tag>/meta_<step:06d>.json  step, val_bpb, model_type, model_config (their GPTConfig kwargs)
+    DIR/tokenizer/tokenizer.pkl, token_bytes.pt      a pickled tiktoken Encoding; their token_bytes convention
+
+Weights stay fp32 (their loader keeps the dtype it is given), so ``import_reference`` of the result gives back
+the same run bit for bit. Designs their code lacks (token-only / fixed-random routing, bias balancing, the grouped
+index) are refused by name.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", "--run-dir", dest="run", required=True, help="our run directory")
+    ap.add_argument("--out", required=True, help="output base directory (their NANOCHAT_BASE_DIR layout)")
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--model-tag", default=None, help="checkpoint sub-directory (default: d<n_layer>, as theirs)")
+    ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
+    return ap.parse_args(argv)
+
+
+def val_bpb_of(meta: dict):
+    """The last validation bpb, as their meta records it: ours from training, or the one an import carried."""
+    if (meta.get("loop") or {}).get("val_bpb") is not None:
+        return meta["loop"]["val_bpb"]
+    return ((meta.get("imported_from") or {}).get("reference_meta") or {}).get("val_bpb")
+
+
+def export_reference(args) -> Path:
+    from nanochat.analysis import meta_dir
+    from nanochat.checkpoint import load_model
+    from nanochat.reference_format import reference_from_config, state_to_reference
+    from nanochat.reference_tokenizer import write_reference_tokenizer
+    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+
+    model, meta = load_model(args.run, args.step)
+    config, step = model.config, meta["step"]
+    model_type, model_config = reference_from_config(config)
+    tok_dir = meta_dir(args.tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
+    tok = get_tokenizer(tok_dir)
+    check_vocab_matches(tok, config.vocab_size, f"--run {args.run}")
+    state = state_to_reference(model.state_dict(), config)
+
+    out = Path(args.out)
+    ckpt_dir = out / "base_checkpoints" / (args.model_tag or f"d{config.n_layer}")
+    model_path, meta_path = ckpt_dir / f"model_{step:06d}.pt", ckpt_dir / f"meta_{step:06d}.json"
+    for path in (model_path, meta_path):
+        if path.exists():
+            raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory or --model-tag")
+    write_reference_tokenizer(tok, out / "tokenizer")
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    their_meta = {"step": step, "val_bpb": val_bpb_of(meta), "model_type": model_type, "model_config": model_config,
+                  "user_config": {}, "max_seq_len": config.sequence_len,
+                  "exported_from": {"run": str(Path(args.run).resolve()), "step": step,
+                                    "model_config": config.to_dict()}}
+    # temp names + rename, meta last: an interrupted export never leaves a loadable half checkpoint
+    torch.save(state, model_path.with_suffix(".pt.tmp"))
+    os.replace(model_path.with_suffix(".pt.tmp"), model_path)
+    meta_path.with_suffix(".json.tmp").write_text(json.dumps(their_meta, indent=2) + "\n")
+    os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
+    print(f"wrote {ckpt_dir} (step {step}, model_type {model_type}) and {out / 'tokenizer'}")
+    return ckpt_dir
+
+
+def main(argv=None) -> int:
+    try:
+        export_reference(parse_args(argv))
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Import a checkpoint written by the authors' code (e.g. their released d24 MoME model) as a run of ours.
+
+    python -m scripts.import_reference jojo23333/MOME-NanoChat-D24-100B --run-dir runs/mome_d24_100b --dataset climbmix
+    python -m scripts.import_reference path/to/their/files --run-dir runs/X [--step S] [--tokenizer tokenizer.pkl]
+
+SRC is a local directory holding ``meta_<step>.json`` + ``model_<step>.pt`` (searched recursively; the largest
+step unless --step) and their ``tokenizer.pkl`` (+ ``token_bytes.pt``), or a Hugging Face repo id, fetched with
+huggingface_hub into its cache (progress bars, checksums, ``HF_TOKEN``/``HF_ENDPOINT``; ``HF_HUB_OFFLINE=1``
+reuses the cache): first the small files, then only the chosen step's weights. The run directory gets ``checkpoints/step_<step>/`` (fp32 weights, our
+config) and ``tokenizer/`` (converted without executing the pickle), so base_eval, sample, analyze_memory,
+analyze_routing, wic_probe and build_slot_map read it like any run of ours. It is written under a temporary
+name and renamed into place, so an interrupted import leaves no half run behind.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+HUB_REPO_RE = re.compile(r"^[\w.-]+/[\w.-]+$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SMALL_FILES = ["*meta_*.json", "*tokenizer.pkl", "*token_bytes.pt"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", help="local directory of their files, or a Hugging Face model repo id (owner/name)")
+    ap.add_argument("--run-dir", "--run", dest="run_dir", required=True, help="new run directory to write")
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the largest found)")
+    ap.add_argument("--tokenizer", default=None, help="their tokenizer.pkl (default: the one found in SRC)")
+    ap.add_argument("--revision", default=None, help="hub revision (branch, tag or commit; default: main)")
+    ap.add_argument("--dataset", default=None, choices=("fineweb-edu", "climbmix", "embedded", "local"),
+                    help="record the dataset the model was trained on, so base_eval's bpb finds its prepared "
+                    "data (the released d24 model: climbmix)")
+    return ap.parse_args(argv)
+
+
+def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Path, dict]:
+    """Download the small files (their layout is found, not assumed), pick the step, then download only that
+    step's weights through ``nanochat.download.hub_file`` (checksummed, pinned to the same commit). Returns the
+    snapshot directory and the provenance to record."""
+    import os
+
+    import huggingface_hub
+
+    from nanochat.download import hub_file, verify_hub_blob
+    from nanochat.reference_format import find_meta
+
+    try:
+        root = Path(huggingface_hub.snapshot_download(
+            repo_id=repo_id, revision=revision, allow_patterns=SMALL_FILES,
+            endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None))
+    except Exception as e:  # network, auth, unknown repo, offline without a cached copy
+        raise FileNotFoundError(f"SRC {repo_id}: not a local directory, and the hub download failed "
+                                f"({type(e).__name__}: {e})") from None
+    for path in root.rglob("*"):
+        if path.is_file():
+            verify_hub_blob(path, f"model repo {repo_id}, file {path.relative_to(root)}")
+    meta_path, step = find_meta(root, step)
+    pinned = root.name if COMMIT_RE.match(root.name) else revision  # the same commit for the big file
+    model_rel = (meta_path.parent / f"model_{step:06d}.pt").relative_to(root).as_posix()
+    hub_file(repo_id, model_rel, repo_type="model", revision=pinned)
+    return root, {"hub_repo": repo_id, "revision": revision or "main", "commit": pinned}
+
+
+def load_reference_state(path: Path) -> dict:
+    try:  # weights_only: a tensor-only unpickler (their .pt files are plain state dicts)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable state dict ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: holds a {type(state).__name__}, expected a state dict")
+    return state
+
+
+def import_reference(args) -> Path:
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.gpt import GPT
+    from nanochat.download import file_sha256
+    from nanochat.reference_format import config_from_reference, find_checkpoint, read_meta, state_from_reference
+    from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
+
+    run_dir = Path(args.run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"--run-dir {run_dir} exists and is not empty; choose a new directory")
+    src = Path(args.src)
+    if src.is_dir():
+        origin = {"local_dir": str(src.resolve())}
+    elif HUB_REPO_RE.match(args.src) and not src.exists():
+        print(f"fetching {args.src} from the Hugging Face hub")
+        src, origin = fetch_hub(args.src, args.revision, args.step)
+    else:
+        raise FileNotFoundError(f"SRC {args.src}: not a directory and not a hub repo id (owner/name)")
+
+    model_path, meta_path, step = find_checkpoint(src, args.step)
+    meta = read_meta(meta_path)
+    config = config_from_reference(meta["model_type"], meta["model_config"])
+    print(f"checkpoint {model_path} (step {step}, model_type {meta['model_type']}) -> --memory {config.memory}")
+    if args.tokenizer:
+        pkl, tb_path = Path(args.tokenizer), Path(args.tokenizer).parent / "token_bytes.pt"
+        tb_path = tb_path if tb_path.is_file() else None
+    else:
+        from nanochat.reference_format import find_tokenizer
+
+        pkl, tb_path = find_tokenizer(src)
+    tok = read_reference_tokenizer(pkl)
+    if tok.vocab_size != config.vocab_size:
+        raise ValueError(f"vocab mismatch: {pkl} has {tok.vocab_size} tokens but {meta_path} model_config "
+                         f"vocab_size is {config.vocab_size}")
+    token_bytes = read_reference_token_bytes(tb_path, tok) if tb_path else {"path": None}
+
+    state, report = state_from_reference(load_reference_state(model_path), config)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.load_state_dict(state, strict=True, assign=True)  # strict: every entry of ours is filled, shapes equal
+
+    files = {"model": str(model_path), "meta": str(meta_path), "tokenizer": str(pkl)}
+    print("hashing the source files")
+    imported = {**origin, "step": step, "files": files, "sha256": {k: file_sha256(p) for k, p in files.items()},
+                "model_type": meta["model_type"], "model_config": meta["model_config"],
+                "reference_meta": {k: v for k, v in meta.items() if k not in ("model_config", "user_config")},
+                **report, "token_bytes": token_bytes}
+    tmp = run_dir.with_name(run_dir.name + ".importing")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tok.save(tmp / "tokenizer")
+    extra = {"reason": "imported", "tokenizer_dir": str((run_dir / "tokenizer").resolve()), "imported_from": imported}
+    if args.dataset:
+        extra["dataset"] = args.dataset
+    save_checkpoint(tmp, step, model, extra)
+    if run_dir.exists():
+        run_dir.rmdir()  # empty (checked above)
+    os.replace(tmp, run_dir)
+    print(f"wrote {run_dir} (step {step}); evaluate with: python -m scripts.base_eval --run {run_dir}")
+    return run_dir
+
+
+def main(argv=None) -> int:
+    from nanochat.download import DownloadError
+
+    try:
+        import_reference(parse_args(argv))
+    except (FileNotFoundError, FileExistsError, ValueError, DownloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Synthetic checkpoints in the authors' format, written from ``../shared/spec/reference_checkpoint_names.md``.
+
+The names below are spelled out from the spec's tables (NOT taken from nanochat.reference_format), so these files
+are an independent oracle for the importer and the exporter. Like the authors' CUDA checkpoints, the state dict
+carries the ``_orig_mod.`` prefix and stores wte, memory tables and routers as bf16; the source model's values of
+those tensors are rounded to bf16 first, so an exact import must give back the source model bit for bit.
+"""
+
+import json
+import pickle
+from pathlib import Path
+
+import torch
+
+from conftest import tiny_config
+from nanochat.reference_format import REFERENCE_DEFAULTS
+from test_analysis import make_tokenizer
+
+STEP = 5
+COMMON = dict(sequence_len=64, n_layer=4, n_head=2, n_kv_head=2, n_embd=64)
+INERT_BALANCE = {"moe_ve_balance_lr": 0.0, "moe_ve_bias_update": "none"}  # every paper run
+# design -> (their model_type, their model_config fields, our memory, our memory_layers, our memory_options)
+DESIGNS = {
+    "base": ("gpt", {}, "base", (), {}),
+    "ve": ("gpt", {"dense_ve_enabled": True, "value_embeds_layers": [1, 3]}, "ve", (), {}),
+    "ve_layers": ("gpt", {"dense_ve_enabled": True, "value_embeds_layers": [0, 1]}, "ve", (0, 1), {}),
+    "bigram": ("bigram_engram_gpt", {"bigram_engram_vocab_factor": 2}, "bigram", (), {"factor": 2}),
+    "mome_token": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_6",
+                           "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden", **INERT_BALANCE},
+                   "mome", (), {"slots": 6, "topk": 2}),
+    "mome_bigram": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
+                            "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                            "moe_ve_slot_index_mode": "bigram", "moe_ve_bigram_slot_factor": 2,
+                            "moe_ve_network_shared_table": True, **INERT_BALANCE},
+                    "mome", (), {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2}),
+    "mome_value": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [0, 2], "moe_ve_setting": "0_1_4",
+                           "moe_ve_gate_nl": "softmax", "moe_ve_router_input": "value", **INERT_BALANCE},
+                   "mome", (0, 2), {"slots": 4, "topk": 1, "router_input": "value"}),
+    "mome_full": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_3_3",
+                          "moe_ve_gate_nl": "sigmoid", "moe_ve_router_input": "hidden", **INERT_BALANCE},
+                  "mome", (), {"slots": 3, "topk": 3, "gate": "sigmoid"}),
+}
+BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.")  # what their CUDA init casts to bf16
+
+
+def source_model(tok, design: str, seed: int = 0):
+    """A tiny model of ours with every zero-init weight perturbed and the bf16-stored tensors bf16-rounded."""
+    from nanochat.gpt import build_model
+
+    _, _, memory, layers, options = DESIGNS[design]
+    cfg = tiny_config(vocab_size=tok.vocab_size, memory=memory, memory_layers=layers, memory_options=options, **COMMON)
+    model = build_model(cfg, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "memory" in name or "c_proj" in name or "lambdas" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            if name.startswith(BF16_PREFIXES):
+                p.copy_(p.bfloat16().float())
+    return model.eval()
+
+
+def their_state_dict(model, design: str, bf16: bool = True, prefix: str = "_orig_mod.") -> dict:
+    sd = model.state_dict()
+    low = (lambda t: t.bfloat16()) if bf16 else (lambda t: t.clone())
+    out = {"transformer.wte.weight": low(sd["wte.weight"]), "lm_head.weight": sd["lm_head.weight"],
+           "resid_lambdas": sd["resid_lambdas"], "x0_lambdas": sd["x0_lambdas"]}
+    for i in range(model.config.n_layer):
+        for part in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            out[f"transformer.h.{i}.{part}.weight"] = sd[f"blocks.{i}.{part}.weight"]
+    memory = DESIGNS[design][2]
+    bigram_index = memory == "mome" and model.memory.opts.index == "bigram"
+    for pos, layer in enumerate(model.memory.layers):
+        gate = sd[f"memory.gates.{pos}.proj.weight"]
+        if memory == "ve":  # tables keyed by the LAYER id
+            out[f"embed_value_dense.layers.{layer}.weight"] = low(sd[f"memory.tables.{pos}.weight"])
+            out[f"transformer.h.{layer}.attn.ve_gate.weight"] = gate
+        elif memory == "bigram":
+            out[f"bigram_engram_gates.{layer}.weight"] = gate
+        else:  # MoME: per-layer modules keyed by POSITION, gates by layer
+            if not bigram_index:
+                out[f"embed_value_moe.layers.{pos}.routed_embedding.weight"] = low(sd[f"memory.tables.{pos}.weight"])
+            out[f"embed_value_moe.layers.{pos}.router.weight"] = low(sd[f"memory.routers.{pos}.weight"])
+            out[f"embed_value_moe.layers.{pos}.router.bias"] = low(sd[f"memory.routers.{pos}.bias"])
+            out[f"transformer.h.{layer}.attn.ve_gate.weight"] = gate
+    if memory == "bigram":
+        out["bigram_engram_embedding.embedding.weight"] = low(sd["memory.table.weight"])
+        out["bigram_lambdas"] = sd["memory.lambdas"]
+    if bigram_index:
+        out["embed_value_moe.network_shared_routed_embedding.weight"] = low(sd["memory.table.weight"])
+    return {prefix + k: v for k, v in out.items()}
+
+
+def their_model_config(model, design: str) -> dict:
+    cfg = model.config
+    fields = {k: getattr(cfg, k) for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")}
+    # head_dim is ignored by their GPT; stem_* fields belong to their other model types
+    out = {**REFERENCE_DEFAULTS, **fields, "window_pattern": "L", "head_dim": 128, "stem_multiple_of": 256,
+           **DESIGNS[design][1]}
+    if out["moe_ve_slot_index_mode"] == "bigram":  # their base_train writes the resolved S = n * V
+        out["moe_ve_slot_vocab_size"] = out["moe_ve_bigram_slot_factor"] * cfg.vocab_size
+    return out
+
+
+def write_their_tokenizer(tok, directory: Path, protocol=pickle.DEFAULT_PROTOCOL) -> None:
+    """What their tok_train writes: a pickled tiktoken Encoding named 'rustbpe' + token_bytes of decoded strings."""
+    import tiktoken
+
+    directory.mkdir(parents=True, exist_ok=True)
+    enc = tiktoken.Encoding(name="rustbpe", pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks,
+                            special_tokens=tok.special_tokens)
+    (directory / "tokenizer.pkl").write_bytes(pickle.dumps(enc, protocol=protocol))
+    specials = set(tok.special_tokens.values())
+    tb = [0 if i in specials else len(enc.decode([i]).encode("utf-8")) for i in range(tok.vocab_size)]
+    torch.save(torch.tensor(tb, dtype=torch.int32), directory / "token_bytes.pt")
+
+
+def write_their_checkpoint(ckpt_dir: Path, model, design: str, step: int = STEP, **state_kw) -> None:
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(their_state_dict(model, design, **state_kw), ckpt_dir / f"model_{step:06d}.pt")
+    meta = {"step": step, "val_bpb": 1.25, "model_type": DESIGNS[design][0],
+            "model_config": their_model_config(model, design), "user_config": {"depth": 4, "seed": 42},
+            "device_batch_size": 8, "max_seq_len": 64, "dataloader_state_dict": {"pq_idx": 0, "rg_idx": 2, "epoch": 1},
+            "stop_reason": "flops", "loop_state": {"min_val_bpb": 1.25, "smooth_train_loss": 3.0}}
+    (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2))
+
+
+def make_their_files(tmp_path: Path, design: str, seed: int = 0):
+    """Their base-dir layout under tmp_path/theirs: base_checkpoints/d4/{model,meta}_000005.*,
+    tokenizer/{tokenizer.pkl, token_bytes.pt}. Returns (that directory, source model, our tokenizer)."""
+    root = tmp_path / "theirs"
+    tok = make_tokenizer(tmp_path / "our_tok")
+    model = source_model(tok, design, seed)
+    write_their_checkpoint(root / "base_checkpoints" / "d4", model, design)
+    write_their_tokenizer(tok, root / "tokenizer")
+    return root, model, tok

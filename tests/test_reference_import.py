@@ -1,0 +1,320 @@
+"""Importing the authors' checkpoints and exporting ours to their format (scripts/import_reference.py,
+scripts/export_reference.py), against synthetic checkpoints written from the spec's name tables."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from reference_fixtures import (DESIGNS, STEP, make_their_files, their_model_config, their_state_dict,
+                                write_their_checkpoint)
+
+from nanochat.checkpoint import load_model, save_checkpoint
+from nanochat.memory import MEMORY_BLOCKS
+from nanochat.tokenizer import get_tokenizer
+from scripts import export_reference, import_reference
+
+TEXT = "She deposited her salary at the bank. They had a picnic on the grassy river bank. \u00e9t\u00e9 42"
+
+
+def run_import(src, run_dir, *extra) -> int:
+    return import_reference.main([str(src), "--run-dir", str(run_dir), *extra])
+
+
+def assert_same_config(a, b):
+    """Equal design: same fields, and the block options equal once parsed (defaults spelled out or not)."""
+    da, db = a.to_dict(), b.to_dict()
+    oa, ob = da.pop("memory_options"), db.pop("memory_options")
+    assert da == db
+    opts = MEMORY_BLOCKS[a.memory].Options
+    assert opts(**oa) == opts(**ob)
+
+
+def logits(model, seed=0):
+    idx = torch.randint(0, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(idx)
+
+
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_import_gives_the_source_model_exactly(tmp_path, design):
+    src, source, tok = make_their_files(tmp_path, design)
+    run = tmp_path / "run"
+    assert run_import(src, run, "--dataset", "climbmix") == 0
+    model, meta = load_model(run)
+    assert meta["step"] == STEP and meta["dataset"] == "climbmix"
+    assert_same_config(model.config, source.config)
+    for k, v in source.state_dict().items():
+        assert model.state_dict()[k].dtype == torch.float32 and torch.equal(model.state_dict()[k], v), k
+    assert torch.equal(logits(model.eval()), logits(source))  # fp32: the mapping is exact
+    imported = meta["imported_from"]
+    assert imported["compiled_prefix"] is True and imported["dropped_keys"] == []
+    assert imported["upcast_tensors"] == {"torch.bfloat16": sum(k.startswith(("transformer.wte", "embed_value",
+                                                                              "bigram_engram_embedding"))
+                                                                for k in their_state_dict(source, design, prefix=""))}
+    assert imported["reference_meta"]["val_bpb"] == 1.25 and imported["token_bytes"]["matches_reference_rule"]
+    assert len(imported["sha256"]["model"]) == 64
+    ours = get_tokenizer(meta["tokenizer_dir"])
+    assert ours.encode(TEXT) == tok.encode(TEXT) and ours.special_tokens == tok.special_tokens
+    assert not (tmp_path / "run.importing").exists()
+
+
+def test_import_drops_rotary_buffers_and_reads_unprefixed_fp32(tmp_path):
+    src, source, _ = make_their_files(tmp_path, "mome_token")
+    ckpt = src / "base_checkpoints" / "d4"
+    state = their_state_dict(source, "mome_token", bf16=False, prefix="")
+    state["cos"], state["sin"] = torch.ones(1, 640, 1, 16).bfloat16(), torch.zeros(1, 640, 1, 16).bfloat16()
+    torch.save(state, ckpt / f"model_{STEP:06d}.pt")
+    assert run_import(src, tmp_path / "run") == 0
+    model, meta = load_model(tmp_path / "run")
+    assert meta["imported_from"]["dropped_keys"] == ["cos", "sin"] and meta["imported_from"]["upcast_tensors"] == {}
+    assert torch.equal(logits(model.eval()), logits(source))
+
+
+@pytest.mark.parametrize("design", ["base", "ve", "bigram", "mome_token", "mome_bigram", "mome_value", "mome_full"])
+def test_export_matches_their_names_and_round_trips_bit_exactly(tmp_path, design):
+    _, source, tok = make_their_files(tmp_path, design)
+    ours = tmp_path / "ours"
+    save_checkpoint(ours, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok"), "loop": {"val_bpb": 0.9}})
+    out = tmp_path / "export"
+    assert export_reference.main(["--run", str(ours), "--out", str(out)]) == 0
+    ckpt = out / "base_checkpoints" / "d4"
+    exported = torch.load(ckpt / "model_000012.pt", weights_only=True)
+    oracle = their_state_dict(source, design, bf16=False, prefix="")
+    assert sorted(exported) == sorted(oracle)  # the spec's names, independently written out
+    assert all(torch.equal(exported[k], oracle[k]) and exported[k].dtype == torch.float32 for k in oracle)
+    meta = json.loads((ckpt / "meta_000012.json").read_text())
+    assert meta["model_type"] == DESIGNS[design][0] and meta["val_bpb"] == 0.9
+    assert meta["model_config"]["window_pattern"] == "L"
+    theirs = their_model_config(source, design)
+    for k in [*DESIGNS[design][1], "moe_ve_slot_vocab_size"]:  # the design fields come out as their code writes
+        assert meta["model_config"][k] == theirs[k], k
+
+    back = tmp_path / "back"
+    assert run_import(out, back) == 0
+    model, back_meta = load_model(back, 12)
+    assert_same_config(model.config, source.config)
+    sd = source.state_dict()
+    assert sorted(model.state_dict()) == sorted(sd)
+    assert all(torch.equal(model.state_dict()[k], sd[k]) for k in sd)
+    tok_back = get_tokenizer(back_meta["tokenizer_dir"])
+    assert (tok_back.mergeable_ranks, tok_back.special_tokens, tok_back.pattern) == \
+        (tok.mergeable_ranks, tok.special_tokens, tok.pattern)
+
+
+def test_export_refuses_designs_their_code_lacks(tmp_path, capsys):
+    from nanochat.gpt import build_model
+
+    tok_dir = tmp_path / "our_tok"
+    make_their_files(tmp_path, "base")
+    for opts, needle in ((dict(routing="token-only"), "--mome-routing token-only"),
+                         (dict(balance="bias"), "--mome-balance bias")):
+        from conftest import tiny_config
+
+        cfg = tiny_config(vocab_size=get_tokenizer(tok_dir).vocab_size, memory="mome", n_embd=64,
+                          memory_options=dict(slots=4, topk=2, **opts))
+        run = tmp_path / needle.split()[-1]
+        save_checkpoint(run, 1, build_model(cfg, seed=0), {"tokenizer_dir": str(tok_dir)})
+        assert export_reference.main(["--run", str(run), "--out", str(tmp_path / "x")]) == 2
+        assert needle in capsys.readouterr().err
+
+
+# -- errors -----------------------------------------------------------------------------------------------
+def _edit_meta(src, **fields):
+    path = src / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json"
+    meta = json.loads(path.read_text())
+    meta["model_config"].update(fields)
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"window_pattern": "SSSL"}, "window_pattern='SSSL'"),
+    ({"moe_ve_gate_type": "conv1d"}, "moe_ve_gate_type='conv1d'"),
+    ({"moe_ve_slot_mapping": "headmod"}, "moe_ve_slot_mapping='headmod'"),
+    ({"moe_ve_per_head_table": True}, "moe_ve_per_head_table=True"),
+    ({"moe_ve_bias_update": "trust_region", "moe_ve_balance_lr": 0.001}, "moe_ve_bias_update='trust_region'"),
+    ({"moe_ve_setting": "1_2_6"}, "moe_ve_setting='1_2_6'"),
+    ({"moe_ve_gate_nl": "softmax-norm-detach"}, "moe_ve_gate_nl='softmax-norm-detach'"),
+    ({"moe_ve_network_shared_table": True}, "moe_ve_network_shared_table=True"),
+    ({"dense_ve_enabled": True}, "'dense_ve_enabled', 'moe_ve_enabled'"),
+    ({"value_embeds_layers": [3, 1]}, "value_embeds_layers=[3, 1]"),
+    ({"fancy_new_field": 1}, "unknown field(s) ['fancy_new_field']"),
+])
+def test_unsupported_design_fields_are_refused_by_name(tmp_path, capsys, fields, needle):
+    src, _, _ = make_their_files(tmp_path, "mome_token")
+    _edit_meta(src, **fields)
+    assert run_import(src, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.importing").exists()
+
+
+def _rewrite_state(src, fn):
+    path = src / "base_checkpoints" / "d4" / f"model_{STEP:06d}.pt"
+    state = torch.load(path, weights_only=True)
+    fn(state)
+    torch.save(state, path)
+
+
+def test_state_dict_errors_name_the_key(tmp_path, capsys):
+    src, source, _ = make_their_files(tmp_path, "ve")
+    key = "_orig_mod.embed_value_dense.layers.3.weight"
+    rows = source.config.padded_vocab_size
+    cases = [
+        (lambda s: s.update({"_orig_mod.transformer.h.0.attn.mystery.weight": torch.zeros(2)}),
+         "unknown state dict key(s) for this model_config: ['transformer.h.0.attn.mystery.weight']"),
+        (lambda s: s.pop(key), "state dict lacks key(s) ['embed_value_dense.layers.3.weight']"),
+        (lambda s: s.update({key: s[key][:-1]}), f"'embed_value_dense.layers.3.weight' has shape ({rows - 1}, 64), the model_config needs ({rows}, 64)"),
+        (lambda s: s.update({key[len("_orig_mod."):]: s[key]}), "appears with and without the _orig_mod. prefix"),
+    ]
+    pristine = (src / "base_checkpoints" / "d4" / f"model_{STEP:06d}.pt").read_bytes()
+    for edit, needle in cases:
+        (src / "base_checkpoints" / "d4" / f"model_{STEP:06d}.pt").write_bytes(pristine)
+        _rewrite_state(src, edit)
+        assert run_import(src, tmp_path / "run") == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_missing_files_and_vocab_mismatch(tmp_path, capsys):
+    src, source, tok = make_their_files(tmp_path, "base")
+    (src / "base_checkpoints" / "d4" / f"model_{STEP:06d}.pt").rename(tmp_path / "moved.pt")
+    assert run_import(src, tmp_path / "run") == 2
+    assert f"model_{STEP:06d}.pt is missing" in capsys.readouterr().err
+    (tmp_path / "moved.pt").rename(src / "base_checkpoints" / "d4" / f"model_{STEP:06d}.pt")
+
+    assert run_import(src, tmp_path / "run", "--step", "7") == 2
+    assert "no meta_000007.json (steps found: [5])" in capsys.readouterr().err
+
+    (src / "tokenizer" / "tokenizer.pkl").rename(tmp_path / "tokenizer.pkl")
+    assert run_import(src, tmp_path / "run") == 2
+    assert "no tokenizer.pkl found; pass --tokenizer" in capsys.readouterr().err
+    assert run_import(src, tmp_path / "run", "--tokenizer", str(tmp_path / "tokenizer.pkl")) == 0  # no token_bytes
+    assert load_model(tmp_path / "run")[1]["imported_from"]["token_bytes"] == {"path": None}
+
+    _edit_meta(src, vocab_size=tok.vocab_size + 1)
+    assert run_import(src, tmp_path / "run2", "--tokenizer", str(tmp_path / "tokenizer.pkl")) == 2
+    assert f"vocab mismatch: {tmp_path / 'tokenizer.pkl'} has {tok.vocab_size} tokens" in capsys.readouterr().err
+
+    assert run_import(tmp_path / "nowhere", tmp_path / "run3") == 2
+    assert "not a directory and not a hub repo id" in capsys.readouterr().err
+    assert run_import(src, tmp_path / "run") == 2  # never over an existing run
+    assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_token_bytes_that_break_their_rule_are_refused(tmp_path, capsys):
+    src, _, tok = make_their_files(tmp_path, "base")
+    tb = torch.load(src / "tokenizer" / "token_bytes.pt")
+    assert int(tb[0xE2]) == 3 and int(tok.token_bytes()[0xE2]) == 1  # a lone UTF-8 lead byte decodes to U+FFFD
+    tb[0xE2] = 1  # raw bytes instead of their rule
+    torch.save(tb, src / "tokenizer" / "token_bytes.pt")
+    assert run_import(src, tmp_path / "run") == 2
+    assert "token_bytes.pt: 1 entries differ" in capsys.readouterr().err
+
+
+# -- hub --------------------------------------------------------------------------------------------------
+class FakeHub:
+    """Stands in for huggingface_hub's downloads: serves files from a local 'remote' directory, honouring
+    allow_patterns like the real one (fnmatch on repo paths), and records what was fetched."""
+
+    COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+    def __init__(self, remote, cache):
+        self.remote, self.cache, self.fetched, self.calls = remote, cache / self.COMMIT, [], []
+
+    def _copy(self, rel):
+        dst = self.cache / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.remote / rel, dst)
+        self.fetched.append(rel)
+        return dst
+
+    def snapshot_download(self, repo_id, revision=None, allow_patterns=None, **kw):
+        import fnmatch
+
+        self.calls.append(("snapshot", repo_id, revision))
+        for p in sorted(self.remote.rglob("*")):
+            rel = p.relative_to(self.remote).as_posix()
+            if p.is_file() and any(fnmatch.fnmatch(rel, pat) for pat in allow_patterns):
+                self._copy(rel)
+        return str(self.cache)
+
+    def hf_hub_download(self, repo_id, filename, revision=None, **kw):
+        self.calls.append(("file", repo_id, revision))
+        return str(self._copy(filename))
+
+
+def test_hub_download_fetches_only_the_chosen_step(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    src, source, _ = make_their_files(tmp_path, "mome_token")
+    write_their_checkpoint(src / "base_checkpoints" / "d4", source, "mome_token", step=2)  # an older step
+    hub = FakeHub(src, tmp_path / "hf_cache")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
+    monkeypatch.chdir(tmp_path)  # "owner/name" must not exist as a local path
+    assert run_import("jojo23333/MOME-NanoChat-D24-100B", tmp_path / "run") == 0
+    weights = [f for f in hub.fetched if f.endswith(".pt") and "model_" in f]
+    assert weights == [f"base_checkpoints/d4/model_{STEP:06d}.pt"]
+    assert hub.calls[-1] == ("file", "jojo23333/MOME-NanoChat-D24-100B", FakeHub.COMMIT)  # pinned to the snapshot
+    model, meta = load_model(tmp_path / "run")
+    assert meta["imported_from"]["hub_repo"] == "jojo23333/MOME-NanoChat-D24-100B"
+    assert meta["imported_from"]["commit"] == FakeHub.COMMIT
+    assert torch.equal(logits(model.eval()), logits(source))
+
+
+def test_local_directory_never_touches_the_hub(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    def offline(*a, **k):
+        raise AssertionError("hub called for a local directory")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    src, _, _ = make_their_files(tmp_path, "base")
+    assert run_import(src, tmp_path / "run") == 0
+
+
+def test_hub_failure_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    def unreachable(*a, **k):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.chdir(tmp_path)
+    assert run_import("someone/missing-model", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert "SRC someone/missing-model: not a local directory, and the hub download failed (OSError: network" in err
+
+
+def test_weights_download_failure_names_the_file(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    src, _, _ = make_their_files(tmp_path, "base")
+    hub = FakeHub(src, tmp_path / "hf_cache")
+
+    def broken(*a, **k):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", broken)
+    monkeypatch.chdir(tmp_path)
+    assert run_import("jojo23333/MOME-NanoChat-D24-100B", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert f"file base_checkpoints/d4/model_{STEP:06d}.pt: download failed (OSError: connection reset)" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_of_an_imported_run_and_a_shared_base_dir(tmp_path, capsys):
+    src, source, _ = make_their_files(tmp_path, "bigram")
+    assert run_import(src, tmp_path / "run") == 0
+    out = tmp_path / "export"
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+    meta = json.loads((out / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json").read_text())
+    assert meta["val_bpb"] == 1.25  # carried from their meta through the import
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out)]) == 2
+    assert "already exists; choose a new directory or --model-tag" in capsys.readouterr().err
+    # a second run into the same base dir shares the (identical) tokenizer
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out), "--model-tag", "other"]) == 0
+    assert sorted(p.name for p in (out / "tokenizer").iterdir()) == ["token_bytes.pt", "tokenizer.pkl"]
