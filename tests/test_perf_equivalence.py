@@ -75,8 +75,12 @@ def test_other_routings_fast_equals_plain(tmp_path, routing):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_sigmoid_fast_route_is_bit_identical(tmp_path):
-    """route(probs=False) gates only the K selected logits: same slots and bitwise the same weights."""
+def test_sigmoid_fast_route_equals_full_route(tmp_path):
+    """route(probs=False) gates only the K selected logits: the same slots (top-K of the same logits) and the same
+    weights up to the last bits. Not bit for bit: torch's vectorised sigmoid and its scalar loop (used for the
+    tail of a tensor, whose extent depends on the numel and the CPU's vector width) differ by up to 1 ulp on some
+    inputs, and the K and M gates put a logit in different places. 1 ulp per gate, through the normalisation
+    w / sum(w), moves a weight by < 4 ulp relative: rtol 2^-20 (~1e-6)."""
     cfg = _config(tmp_path, 8, 3, "token")
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
@@ -86,7 +90,7 @@ def test_sigmoid_fast_route_is_bit_identical(tmp_path):
     assert p_b is None and p_a.shape[-1] == 8
     order_a, order_b = sel_a.argsort(-1), sel_b.argsort(-1)  # topk(sorted=False) order is unspecified
     assert torch.equal(sel_a.gather(-1, order_a), sel_b.gather(-1, order_b))
-    assert torch.equal(w_a.gather(-1, order_a), w_b.gather(-1, order_b))
+    torch.testing.assert_close(w_a.gather(-1, order_a), w_b.gather(-1, order_b), rtol=2**-20, atol=0)
 
 
 @pytest.mark.parametrize("M,K", [(6, 1), (6, 2), (8, 3), (4, 4)])
