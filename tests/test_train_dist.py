@@ -96,5 +96,8 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "scripts.base_train", *flags, "--run-dir", str(ref)], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert losses(run) == losses(ref)  # interrupted + resumed == uninterrupted, bit for bit
+    # interrupted + resumed == uninterrupted, bit for bit: both runs are one process with 1 thread on the same
+    # machine, and the resume restores weights, optimizer state, RNG and loader position, so it replays the same
+    # kernels on the same inputs (deterministic for a fixed thread count)
+    assert losses(run) == losses(ref)
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
