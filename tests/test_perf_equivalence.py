@@ -35,6 +35,22 @@ def _run(block, fused, capture, tokens, xn, v):
     return out, grads, block.capture
 
 
+def assert_same_sums(fast, plain, g_fast, g_plain, n_out, n_grad):
+    """The two paths sum the same float32 terms in different orders (embedding_bag vs gather-mul-sum, fused vs
+    separate GEMMs), so an element may differ by up to n u * sum|terms|, u = 2^-24, whatever its own size: where
+    terms cancel (e.g. the router gradient for K = 1 with a normalised gate, mathematically ~0, float noise of
+    ~1e-6 in both paths) only an absolute bound holds. Terms are taken as no larger than the largest output or
+    gradient; n_out / n_grad: terms per output / gradient element. Plus rtol 1e-5 for the rest."""
+    u = 2.0**-24
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=n_out * u * plain.abs().max().item())
+    scale = max(g.abs().max().item() for g in g_plain if g is not None)
+    for a, b in zip(g_fast, g_plain):
+        if a is None or b is None:
+            assert a is None and b is None
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=n_grad * u * scale)
+
+
 def _inputs(cfg, B=3, T=9):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 8, (B, T), generator=g)  # few distinct tokens: many duplicate table rows
@@ -53,12 +69,8 @@ def test_fast_path_equals_plain(tmp_path, index, M, K, extra):
     tokens, xn, v = _inputs(cfg)
     fast, g_fast, _ = _run(block, fused=True, capture=False, tokens=tokens, xn=xn, v=v)
     plain, g_plain, cap = _run(block, fused=False, capture=True, tokens=tokens, xn=xn, v=v)
-    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
-    for a, b in zip(g_fast, g_plain):
-        if a is None or b is None:
-            assert a is None and b is None
-            continue
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # an output element sums K rows (+ v); a gradient element at most one term per (token, head, slot)
+    assert_same_sums(fast, plain, g_fast, g_plain, K + 1, tokens.numel() * HEADS * K)
     assert set(cap[block.layers[0]]) >= {"slots", "weights", "gamma", "inject_norm", "rows", "probs"}
 
 
@@ -69,10 +81,7 @@ def test_other_routings_fast_equals_plain(tmp_path, routing):
     tokens, xn, v = _inputs(cfg)
     fast, g_fast, _ = _run(block, True, False, tokens, xn, v)
     plain, g_plain, _ = _run(block, False, True, tokens, xn, v)
-    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
-    for a, b in zip(g_fast, g_plain):
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_sums(fast, plain, g_fast, g_plain, 2 + 1, tokens.numel() * HEADS * 2)  # K = 2
 
 
 def test_sigmoid_fast_route_equals_full_route(tmp_path):
