@@ -89,6 +89,8 @@ def test_state_dict_round_trip_continues_identically():
     ob.load_state_dict(oa.state_dict())
     train(a, oa, 2)
     train(b, ob, 2)
+    # bit for bit by construction: one process, one thread count, the same inputs and restored state run the
+    # same kernels in the same order (CPU kernels are deterministic for a fixed thread count)
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa, pb), n
 

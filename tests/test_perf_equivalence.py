@@ -35,6 +35,22 @@ def _run(block, fused, capture, tokens, xn, v):
     return out, grads, block.capture
 
 
+def assert_same_sums(fast, plain, g_fast, g_plain, n_out, n_grad):
+    """The two paths sum the same float32 terms in different orders (embedding_bag vs gather-mul-sum, fused vs
+    separate GEMMs), so an element may differ by up to n u * sum|terms|, u = 2^-24, whatever its own size: where
+    terms cancel (e.g. the router gradient for K = 1 with a normalised gate, mathematically ~0, float noise of
+    ~1e-6 in both paths) only an absolute bound holds. Terms are taken as no larger than the largest output or
+    gradient; n_out / n_grad: terms per output / gradient element. Plus rtol 1e-5 for the rest."""
+    u = 2.0**-24
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=n_out * u * plain.abs().max().item())
+    scale = max(g.abs().max().item() for g in g_plain if g is not None)
+    for a, b in zip(g_fast, g_plain):
+        if a is None or b is None:
+            assert a is None and b is None
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=n_grad * u * scale)
+
+
 def _inputs(cfg, B=3, T=9):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 8, (B, T), generator=g)  # few distinct tokens: many duplicate table rows
@@ -53,12 +69,8 @@ def test_fast_path_equals_plain(tmp_path, index, M, K, extra):
     tokens, xn, v = _inputs(cfg)
     fast, g_fast, _ = _run(block, fused=True, capture=False, tokens=tokens, xn=xn, v=v)
     plain, g_plain, cap = _run(block, fused=False, capture=True, tokens=tokens, xn=xn, v=v)
-    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
-    for a, b in zip(g_fast, g_plain):
-        if a is None or b is None:
-            assert a is None and b is None
-            continue
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # an output element sums K rows (+ v); a gradient element at most one term per (token, head, slot)
+    assert_same_sums(fast, plain, g_fast, g_plain, K + 1, tokens.numel() * HEADS * K)
     assert set(cap[block.layers[0]]) >= {"slots", "weights", "gamma", "inject_norm", "rows", "probs"}
 
 
@@ -69,14 +81,15 @@ def test_other_routings_fast_equals_plain(tmp_path, routing):
     tokens, xn, v = _inputs(cfg)
     fast, g_fast, _ = _run(block, True, False, tokens, xn, v)
     plain, g_plain, _ = _run(block, False, True, tokens, xn, v)
-    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
-    for a, b in zip(g_fast, g_plain):
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_sums(fast, plain, g_fast, g_plain, 2 + 1, tokens.numel() * HEADS * 2)  # K = 2
 
 
-def test_sigmoid_fast_route_is_bit_identical(tmp_path):
-    """route(probs=False) gates only the K selected logits: same slots and bitwise the same weights."""
+def test_sigmoid_fast_route_equals_full_route(tmp_path):
+    """route(probs=False) gates only the K selected logits: the same slots (top-K of the same logits) and the same
+    weights up to the last bits. Not bit for bit: torch's vectorised sigmoid and its scalar loop (used for the
+    tail of a tensor, whose extent depends on the numel and the CPU's vector width) differ by up to 1 ulp on some
+    inputs, and the K and M gates put a logit in different places. 1 ulp per gate, through the normalisation
+    w / sum(w), moves a weight by < 4 ulp relative: rtol 2^-20 (~1e-6)."""
     cfg = _config(tmp_path, 8, 3, "token")
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
@@ -86,7 +99,7 @@ def test_sigmoid_fast_route_is_bit_identical(tmp_path):
     assert p_b is None and p_a.shape[-1] == 8
     order_a, order_b = sel_a.argsort(-1), sel_b.argsort(-1)  # topk(sorted=False) order is unspecified
     assert torch.equal(sel_a.gather(-1, order_a), sel_b.gather(-1, order_b))
-    assert torch.equal(w_a.gather(-1, order_a), w_b.gather(-1, order_b))
+    torch.testing.assert_close(w_a.gather(-1, order_a), w_b.gather(-1, order_b), rtol=2**-20, atol=0)
 
 
 @pytest.mark.parametrize("M,K", [(6, 1), (6, 2), (8, 3), (4, 4)])
@@ -119,10 +132,7 @@ def test_cuda_paths_equal_cpu_paths_on_the_cpu(tmp_path, index, monkeypatch):
     monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", True)
     block.sparse_shared_grad = False  # as on CUDA
     cuda_like, g_cuda, _ = _run(block, fused=False, capture=False, tokens=tokens, xn=xn, v=v)
-    torch.testing.assert_close(cuda_like, cpu, rtol=1e-6, atol=1e-6)
-    for a, b in zip(g_cuda, g_cpu):
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_sums(cuda_like, cpu, g_cuda, g_cpu, 2 + 1, tokens.numel() * HEADS * 2)  # K = 2
 
 
 def test_fused_mix_table_gradient_with_duplicate_ids():

@@ -23,6 +23,8 @@ MOME = ["--memory", "mome", "--mome-slots", "4", "--mome-topk", "2"]
 def assert_losses_close(a: dict, b: dict, steps: set) -> None:
     # Same rows per step by construction (SyntheticLoader); only the fp32 summation order of the gradient
     # average differs (micro-batch accumulation vs reduce-scatter), a ~1e-7 relative effect on the losses.
+    # Not bit for bit by construction (test_distributed is, with a matching association): Adam/NorMuon amplify
+    # last-bit differences of near-zero gradient elements, which a mean loss over 256 tokens barely feels.
     assert a.keys() == b.keys() == steps
     for s in a:
         assert abs(a[s] - b[s]) < 1e-5, (s, a[s], b[s])
@@ -96,5 +98,8 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "scripts.base_train", *flags, "--run-dir", str(ref)], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert losses(run) == losses(ref)  # interrupted + resumed == uninterrupted, bit for bit
+    # interrupted + resumed == uninterrupted, bit for bit: both runs are one process with 1 thread on the same
+    # machine, and the resume restores weights, optimizer state, RNG and loader position, so it replays the same
+    # kernels on the same inputs (deterministic for a fixed thread count)
+    assert losses(run) == losses(ref)
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"

@@ -315,7 +315,8 @@ class MoMEMemory(MemoryBlock):
             _, p = gate_weights(logits, None, self.mode)
             scores = p + self.router_bias[pos][row]  # (B, T, H, M)
         elif not probs and self.mode.startswith("sigmoid"):
-            # sigmoid(l).gather(sel) == sigmoid(top-K values of l): no gather, gate on K logits only (bit-identical)
+            # sigmoid(l).gather(sel) == sigmoid(top-K values of l): no gather, gate on K logits only (equal up to
+            # 1 ulp: torch's vectorised and scalar-tail sigmoid can round differently)
             sel = topk_indices(logits, self.K)  # partial selection, never a full sort of M
             top = logits.gather(-1, sel)
             w = torch.sigmoid(top.to(torch.promote_types(top.dtype, torch.float32)))
