@@ -1,7 +1,10 @@
 """Crash-safe checkpoints: ``<run_dir>/checkpoints/step_<NNNNNN>/{model.pt, state.pt, meta.json}``.
 
 A checkpoint directory is first written as ``.tmp-step_<N>`` (every file fsynced), then renamed into place
-in one ``os.replace``; a crash mid-save therefore never touches the latest good checkpoint. ``meta.json`` holds
+in one ``os.replace``; a crash mid-save therefore never touches the latest good checkpoint. Pruning is crash-safe
+the same way: an old checkpoint is renamed to ``.prune-step_<N>`` before it is deleted, so a kill mid-deletion
+never leaves a half-deleted ``step_<N>``; ``sweep_leftovers`` (run at the start of a run) removes what such a
+kill leaves behind. ``meta.json`` holds
 the model config (enough to rebuild the model), the step and anything the trainer adds. ``state.pt`` holds
 the optimizer state, loop state, dataloader state and RNG states (trainer-defined dict).
 """
@@ -18,6 +21,7 @@ import torch
 from nanochat.families import build_model, config_from_dict
 
 CKPT_DIR = "checkpoints"
+TMP_PREFIX, OLD_PREFIX, PRUNE_PREFIX = ".tmp-", ".old-", ".prune-"
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
@@ -69,7 +73,7 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = step_dir(run_dir, step)
-    tmp = root / f".tmp-{final.name}"
+    tmp = root / f"{TMP_PREFIX}{final.name}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -81,7 +85,7 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
     _write_file(tmp / "meta.json", lambda f: f.write(json.dumps(full_meta, indent=2).encode()))
     _fsync_dir(tmp)
     if final.exists():  # re-saving the same step: move the old one aside first
-        old = root / f".old-{final.name}"
+        old = root / f"{OLD_PREFIX}{final.name}"
         if old.exists():
             shutil.rmtree(old)
         os.replace(final, old)
@@ -91,9 +95,75 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
         os.replace(tmp, final)
     _fsync_dir(root)
     if keep_last > 0:
-        for s in list_steps(run_dir)[:-keep_last]:
-            shutil.rmtree(step_dir(run_dir, s), ignore_errors=True)
+        prune_checkpoints(run_dir, keep_last)
     return final
+
+
+def prune_checkpoints(run_dir, keep_last: int) -> list[int]:
+    """Delete all but the last ``keep_last`` checkpoints: each is renamed away (atomic) before it is deleted."""
+    root = Path(run_dir) / CKPT_DIR
+    old = list_steps(run_dir)[:-keep_last]
+    for s in old:
+        trash = root / f"{PRUNE_PREFIX}{step_dir(run_dir, s).name}"
+        if trash.exists():
+            shutil.rmtree(trash)
+        os.replace(step_dir(run_dir, s), trash)
+    _fsync_dir(root)
+    for s in old:
+        shutil.rmtree(root / f"{PRUNE_PREFIX}{step_dir(run_dir, s).name}", ignore_errors=True)
+    return old
+
+
+def sweep_leftovers(run_dir) -> list[str]:
+    """Remove what a kill during a save or a prune leaves in ``checkpoints/`` and return the names: unfinished
+    ``.tmp-`` writes, ``.prune-`` directories, ``step_N`` directories without meta.json (half deleted by older
+    versions). A ``.old-step_N`` whose ``step_N`` is missing (kill while re-saving a step) is put back instead."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    swept = []
+    for p in sorted(root.iterdir()):
+        if not p.is_dir():
+            continue
+        if p.name.startswith(OLD_PREFIX):
+            final = root / p.name[len(OLD_PREFIX):]
+            if _STEP_RE.match(final.name) and not final.exists() and (p / "meta.json").is_file():
+                os.replace(p, final)
+                swept.append(f"{p.name} (restored as {final.name})")
+                continue
+        if p.name.startswith((TMP_PREFIX, PRUNE_PREFIX, OLD_PREFIX)) or (
+                _STEP_RE.match(p.name) and not (p / "meta.json").is_file()):
+            shutil.rmtree(p, ignore_errors=True)
+            swept.append(p.name)
+    if swept:
+        _fsync_dir(root)
+    return swept
+
+
+def _float_tensors(obj, prefix: str = ""):
+    if torch.is_tensor(obj):
+        if obj.is_floating_point():
+            yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _float_tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _float_tensors(v, f"{prefix}.{i}" if prefix else str(i))
+
+
+def nonfinite_tensors(state) -> list[str]:
+    """Dotted names of the floating-point tensors in ``state`` (nested dicts/lists) holding NaN or inf.
+    Per device one reduction per tensor and one host sync in all."""
+    items = list(_float_tensors(state))
+    by_device: dict = {}
+    for name, t in items:
+        by_device.setdefault(t.device, []).append((name, torch.isfinite(t).all()))
+    bad = []
+    for pairs in by_device.values():
+        flags = torch.stack([ok for _, ok in pairs]).tolist()
+        bad += [name for (name, _), ok in zip(pairs, flags) if not ok]
+    return bad
 
 
 def load_meta(run_dir, step: int | None = None) -> dict:
@@ -102,9 +172,12 @@ def load_meta(run_dir, step: int | None = None) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path.parent} does not exist (available steps: {list_steps(run_dir)})")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8 (UnicodeDecodeError)
         raise ValueError(f"corrupt checkpoint metadata {path}: {e}") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
+        raise ValueError(f"corrupt checkpoint metadata {path}: no 'model_config' object")
+    return meta
 
 
 def _torch_load(path: Path, map_location):

@@ -148,14 +148,23 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_dtype(device_type: str, dtype: str = "auto") -> str:
+    """'auto' -> bfloat16 on CUDA, float32 elsewhere; other values are checked and returned."""
+    if dtype == "auto":
+        return "bfloat16" if device_type == "cuda" else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype must be one of auto, float32, bfloat16 (got {dtype!r})")
+    return dtype
+
+
 def autocast_context(device_type: str, dtype: str = "auto"):
     """bf16 autocast on CUDA by default; fp32 elsewhere unless dtype='bfloat16' is asked for."""
-    if dtype == "auto":
-        dtype = "bfloat16" if device_type == "cuda" else "float32"
+    dtype = resolve_dtype(device_type, dtype)
     if dtype == "float32":
         return nullcontext()
-    if dtype != "bfloat16":
-        raise ValueError(f"--dtype must be one of auto, float32, bfloat16 (got {dtype!r})")
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
 
 

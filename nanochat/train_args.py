@@ -15,6 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
+from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import MODEL_TYPES, family_name, preset_tokens
 from nanochat.memory import add_memory_args
@@ -22,7 +23,6 @@ from nanochat.row_config import check_row_config
 
 WANDB_MODES = ("off", "offline", "online")
 DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
-DTYPES = ("auto", "float32", "bfloat16")
 
 
 def _group_run(p):
@@ -33,6 +33,13 @@ def _group_run(p):
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|auto|STEP",
                    help="resume from a checkpoint in the run dir: 'latest' (error if none), 'auto' (latest if any, "
                         "else start fresh), or a step number")
+    g.add_argument("--resume-override-lr", action="store_true",
+                   help="allow --resume with other learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, "
+                        "--scalar-lr, --memory-lr) than the checkpoint's run, e.g. lower ones after a non-finite "
+                        "loss; the change is recorded in config.json (lr_overrides) and metrics.jsonl")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a run dir that already holds a run, deleting that run (its checkpoints, "
+                        "metrics, config, summary, evals); without it such a fresh start is refused")
     g.add_argument("--resume-new-world-size", action="store_true",
                    help="allow --resume with another number of processes than the checkpoint's run: model and "
                         "optimizer continue exactly, the data order is re-partitioned (not an exact resume)")
@@ -147,8 +154,8 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
     if not file.is_file():
         raise ValueError(f"--config {path}: file not found")
     try:
-        data = tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as e:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"--config {path}: invalid TOML: {e}") from e
     if any(isinstance(v, dict) for v in data.values()):  # a reproduction row config: [row], [train], [paper]
         data = check_row_config(data, file, runner=False)["train"]  # the runner's checks, so they cannot drift
@@ -162,12 +169,13 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
         flag = next(s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-"))
         if isinstance(value, dict):
             raise ValueError(f"--config {path}: key {key!r} is a table; config files are flat key = value lists")
-        if isinstance(action, argparse.BooleanOptionalAction):
-            tokens.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(action, argparse._StoreTrueAction):
-            if not isinstance(value, bool):
-                raise ValueError(f"--config {path}: key {key!r} must be true or false")
-            if value:
+        if isinstance(action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction)):
+            if not isinstance(value, bool):  # a string "false" would read as true
+                raise ValueError(f"--config {path}: key {key!r} must be true or false (a TOML boolean, unquoted), "
+                                 f"got {value!r}")
+            if isinstance(action, argparse.BooleanOptionalAction):
+                tokens.append(flag if value else "--no-" + flag[2:])
+            elif value:
                 tokens.append(flag)
         elif isinstance(value, list):
             tokens += [flag, ",".join(str(v) for v in value)]
@@ -247,6 +255,10 @@ def validate_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive step count or -1 (got {v})")
     if args.resume is not None and args.resume not in ("latest", "auto") and not args.resume.isdigit():
         raise ValueError(f"--resume must be 'latest', 'auto' or a step number (got {args.resume!r})")
+    if args.overwrite and args.resume is not None:
+        raise ValueError("--overwrite (delete the run in --run-dir and start afresh) contradicts --resume; pass one")
+    if args.resume_override_lr and args.resume is None:
+        raise ValueError("--resume-override-lr only applies with --resume")
     if args.eval_batch_size is not None and args.eval_batch_size < 1:
         raise ValueError(f"--eval-batch-size must be >= 1 (got {args.eval_batch_size})")
     if args.run_name is not None and ("/" in args.run_name or args.run_name in ("", ".", "..")):

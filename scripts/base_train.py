@@ -7,16 +7,23 @@
 Outputs in the run dir (default runs/<run-name>): config.json (resolved flags, model config, plan), plan.json,
 metrics.jsonl, checkpoints/step_NNNNNN/, summary.json. ``--resume`` continues bit-exactly on CPU.
 
+The run dir has one owner: run.lock is held for the life of the run (a second run on it is refused). A fresh run
+(no --resume) into a directory that already holds a run is refused unless --overwrite says to delete that run.
+
 Exit codes: 0 = finished, or stopped by SIGINT/SIGTERM after saving a checkpoint (summary.json has
-stop_reason "interrupted"; continue with --resume); 2 = bad flags, data, tokenizer or checkpoint (found before
-the first step, nothing trained); 3 = non-finite loss
-(nothing saved for the bad step, the last good checkpoint is kept); 1 = any other error.
+stop_reason "interrupted"; continue with --resume); 2 = bad flags, data, tokenizer, checkpoint or run dir (found
+before the first step, nothing trained), or a data file found unreadable during training (the message names it);
+3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint was checked finite when it
+was saved, the message names the last one and how to continue from it with lower LRs); 1 = any other error.
+Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
+(see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
 
 import json
 import math
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,16 +33,17 @@ from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
-                             rank0_decides, seed_everything)
+                             rank0_decides, resolve_dtype, seed_everything)
 from nanochat.families import NAMED_SIZES, build_model, config_from_args, model_summary, param_groups
 from nanochat.memory import memory_config_from_args
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW, OptimConfig
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
+from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, on_rank0, remove_run, run_contents, sweep_trash
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
-from nanochat.train_loop import StopSignal, gather_objects, train_step
+from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
 from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,10 +55,22 @@ TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_ba
                    "memory_lr", "memory_beta1", "memory_beta2", "memory_wd", "warmup_ratio", "warmdown_ratio",
                    "final_lr_frac", "muon_momentum_start", "muon_momentum_end", "muon_momentum_ramp", "seed",
                    "data_seed", "synthetic_data", "dtype")
+LR_KEYS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr")  # --resume-override-lr
+# the flag that sets each optimizer group's LR (nanochat.optim.build_param_groups; the rest use --matrix-lr)
+GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
+                 "x0_lambdas": "--scalar-lr", "memory_tables": "--memory-lr"}
 
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+class NonFiniteParams(NonFiniteLoss):
+    """The parameters (or optimizer state) about to be saved hold NaN or inf; ``names`` says which."""
+
+    def __init__(self, message: str, names: list[str]):
+        super().__init__(message)
+        self.names = names
 
 
 @dataclass
@@ -71,6 +91,13 @@ class Run:
     metrics: MetricsLogger | None = None
     loop: dict = field(default_factory=dict)
     last_saved: int = -1
+    lr_overrides: list = field(default_factory=list)  # --resume-override-lr history (config.json, checkpoints)
+    lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
+
+    @property
+    def dtype(self) -> str:
+        """The autocast dtype of training and of the evals during/after it (written into every result)."""
+        return resolve_dtype(self.device.type, self.args.dtype)
 
 
 def model_config(args, vocab_size: int):
@@ -99,7 +126,7 @@ def dry_run(args) -> None:
     plan = build_plan(args, model_summary(config), world)
     run_dir = resolve_run_dir(args)
     if get_dist_info().rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_writable(run_dir, "--run-dir")
         write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
     for key, value in plan.items():
         print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
@@ -107,9 +134,39 @@ def dry_run(args) -> None:
     print0(json.dumps(plan))
 
 
-def build_run(args) -> Run:
-    """Everything before the first step: devices, data, model, optimizer; all flag errors surface here."""
+def claim_run_dir(args, stack: ExitStack) -> None:
+    """Rank 0 takes run.lock (released when ``stack`` closes), refuses a fresh run over an existing one and sweeps
+    what an interrupted save, prune or --overwrite left; rank 0's error is raised on every rank."""
+    run_dir = resolve_run_dir(args)
+
+    def claim() -> list[str]:
+        lock = RunDirLock(run_dir).acquire()
+        stack.callback(lock.release)
+        notes = []
+        if lock.stale:  # printed at once: a refusal below releases the lock and clears the record
+            print0(f"note: {lock.path} was left by {describe_owner(lock.stale)}, which ended without releasing it "
+                   "(killed or crashed); this run takes the directory over")
+        found = run_contents(run_dir)
+        if found and args.resume is None and not args.overwrite:
+            raise ValueError(f"--run-dir {run_dir} already holds a run ({', '.join(found)}) that a fresh start "
+                             "would overwrite: continue it with --resume (or --resume auto), delete it and start "
+                             "afresh with --overwrite, or choose another --run-dir / --run-name")
+        if (run_dir / ckpt.CKPT_DIR).exists():
+            ensure_writable(run_dir / ckpt.CKPT_DIR, "--run-dir")
+        swept = sweep_trash(run_dir) + ckpt.sweep_leftovers(run_dir)
+        if swept:
+            notes.append(f"removed what an interrupted save, prune or --overwrite left in {run_dir}: {', '.join(swept)}")
+        return notes
+
+    for note in on_rank0(claim):
+        print0(note)
+
+
+def build_run(args, stack: ExitStack) -> Run:
+    """Everything before the first step: devices, run dir, data, model, optimizer; all flag errors surface here."""
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
+    stack.callback(compute_cleanup)
+    claim_run_dir(args, stack)  # before any expensive work: a busy or unwritable run dir fails now
     if args.data_seed is None:
         args.data_seed = args.seed
     data = load_run_data(args, info.rank, info.world_size, device)
@@ -138,30 +195,52 @@ def build_run(args) -> Run:
 
 def resolved_config(run: Run) -> dict:
     return {"args": vars(run.args), "model_config": run.config.to_dict(), "plan": run.plan,
-            "world_size": run.world, "device": str(run.device), "data": run.data.describe(),
-            "torch": torch.__version__}
+            "world_size": run.world, "device": str(run.device), "dtype": run.dtype,
+            "data": run.data.describe(), "torch": torch.__version__, "lr_overrides": run.lr_overrides}
 
 
-def check_resume_compatible(run: Run, meta: dict) -> None:
-    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference."""
-    diffs = []
+def check_resume_compatible(run: Run, meta: dict) -> dict:
+    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference.
+    With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
+    diffs, lr_changes = [], {}
     if meta.get("model_config") != run.config.to_dict():
         diffs.append(f"model config {meta.get('model_config')} != {run.config.to_dict()}")
     saved_args = meta.get("config", {}).get("args", {})
     for key in TRAJECTORY_KEYS:
         if key in saved_args and saved_args[key] != getattr(run.args, key):
+            if key in LR_KEYS and run.args.resume_override_lr:
+                lr_changes[key] = [saved_args[key], getattr(run.args, key)]
+                continue
             diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(run.args, key)!r}")
     saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
     if saved_n is not None and saved_n != run.plan["num_iterations"]:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {run.plan['num_iterations']}")
     if diffs:
+        lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS)
         raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
-                         + "\n  ".join(diffs))
+                         + "\n  ".join(diffs) + ("\n  (to continue with other learning rates on purpose, e.g. "
+                                                 "after a non-finite loss, add --resume-override-lr)" if lr_hint else ""))
+    return lr_changes
+
+
+def override_lrs(run: Run, step: int, changes: dict, fresh_initial_lrs: list[float]) -> None:
+    """--resume-override-lr: the groups keep the LRs built from this run's flags (load_state_dict restored the
+    checkpoint's); the change is recorded in config.json (lr_overrides) and metrics.jsonl (kind "resume")."""
+    for group, lr in zip(run.optimizer.param_groups, fresh_initial_lrs):
+        group["initial_lr"] = lr
+    run.lr_override_now = {"step": step, "changes": {k: {"checkpoint": old, "now": new}
+                                                     for k, (old, new) in changes.items()}}
+    run.lr_overrides.append(run.lr_override_now)
+    print0(f"--resume-override-lr: continuing from step {step} with "
+           + ", ".join(f"--{k.replace('_', '-')} {new} (checkpoint {old})" for k, (old, new) in changes.items())
+           + "; recorded in config.json (lr_overrides) and metrics.jsonl")
 
 
 def restore(run: Run, step: int) -> None:
     meta = ckpt.load_meta(run.run_dir, step)
-    check_resume_compatible(run, meta)
+    lr_changes = check_resume_compatible(run, meta)
+    run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
+    fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
     # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
     state = ckpt.load_training_state(run.run_dir, step)
     saved_world = state["world_size"]
@@ -171,6 +250,8 @@ def restore(run: Run, step: int) -> None:
                          "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
     ckpt.load_model_weights(run.model, run.run_dir, step, map_location=run.device)
     run.optimizer.load_state_dict(state["optimizer"])
+    if lr_changes:
+        override_lrs(run, step, lr_changes, fresh_initial_lrs)
     if saved_world == run.world:
         run.data.loader.load_state_dict(state["dataloader"][run.rank])
         ckpt.set_rng_state(state["rng"][run.rank])
@@ -191,15 +272,26 @@ def repartition_data(run: Run, state: dict, step: int) -> None:
 
 
 def save(run: Run, reason: str) -> None:
-    """Collective: every rank contributes its loader and RNG state; rank 0 writes atomically."""
+    """Collective: every rank contributes its loader and RNG state; rank 0 writes atomically.
+
+    Never from non-finite numbers: every rank checks its parameters (rank 0's are the ones written) and rank 0
+    the gathered optimizer state; the verdict is all-reduced, so every rank raises NonFiniteParams together
+    (after the same collectives) and nothing is written."""
     step = run.loop["step"]
     loaders = gather_objects(run.data.loader.state_dict())
     rngs = gather_objects(ckpt.rng_state())
     optimizer_state = run.optimizer.state_dict()  # collective: the sharded state is gathered on every rank
+    bad = ckpt.nonfinite_tensors(run.model.state_dict())
+    if run.rank == 0:
+        bad += [f"optimizer state {name}" for name in ckpt.nonfinite_tensors(optimizer_state)]
+    if any_rank(bool(bad), run.device):
+        raise NonFiniteParams(f"non-finite values after step {step} in "
+                              f"{', '.join(bad[:6]) + (' ...' if len(bad) > 6 else '') if bad else 'another rank'}",
+                              bad)
     if run.rank == 0:
         state = {"optimizer": optimizer_state, "loop": dict(run.loop), "dataloader": loaders,
                  "rng": rngs, "world_size": run.world}
-        meta = {"reason": reason, "config": resolved_config(run), "loop": dict(run.loop),
+        meta = {"reason": reason, "params_finite": True, "config": resolved_config(run), "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset}
         path = ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
         print0(f"saved checkpoint {path} ({reason})")
@@ -236,8 +328,8 @@ def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
         print0(f"step {step:05d} | val bpb {bpb:.6f}")
     if a.core_every > 0 and step > 0 and step % a.core_every == 0 and run.data.bundle is not None:
         res = run_core(run.model, run.data, run.args, run.device, run.autocast)
-        run.metrics.log({"kind": "core", "step": step, "core": res["core"], "label": res["label"]})
-        print0(f"step {step:05d} | {res['label']} {res['core']:.4f}")
+        run.metrics.log({"kind": "core", "step": step, "core": res["core"], "label": res["label"], "dtype": run.dtype})
+        print0(f"step {step:05d} | {res['label']} [{run.dtype}] {res['core']:.4f}")
 
 
 WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
@@ -293,8 +385,9 @@ def final_eval(run: Run) -> dict:
         print0(f"final train bpb {out['train_bpb']:.6f}")
     if a.final_core and run.data.bundle is not None:
         res = run_core(run.model, run.data, a, run.device, run.autocast)
-        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"), core_missing=res.get("missing"))
-        print0(f"final {res['label']} {res['core']:.4f}")
+        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"), core_missing=res.get("missing"),
+                   core_dtype=run.dtype)
+        print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
     run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
     return out
@@ -319,7 +412,8 @@ def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
                "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
                ("params_total", "params_memory", "params_backbone", "flops_per_token", "world_size")},
-               "train_time_s": run.loop["train_time"], "wall_time_s": wall, **throughput(run), **evals}
+               "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype, **throughput(run),
+               **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)
         write_run_report(run.run_dir)
@@ -339,10 +433,47 @@ def prepare_resume(run: Run) -> int | None:
     return resumed_at
 
 
+def lr_flags_for(run: Run, names: list[str]) -> list[str]:
+    """The LR flags of the optimizer groups that hold the named parameters (model state-dict names)."""
+    group_of = {id(p): g["name"] for g in run.optimizer.param_groups for p in g["params"]}
+    flags = []
+    for name, p in run.model.named_parameters():
+        flag = GROUP_LR_FLAG.get(group_of.get(id(p)), "--matrix-lr")
+        if name in names and flag not in flags:
+            flags.append(flag)
+    return flags
+
+
+def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
+    """What to do after a non-finite loss or parameters: the last checkpoint (each was checked finite when it was
+    saved) and the flags that continue from it with lower learning rates."""
+    steps = ckpt.list_steps(run.run_dir)
+    flags = lr_flags_for(run, error.names) if isinstance(error, NonFiniteParams) else []
+    lower = (f"lower {' and '.join(flags)} (the non-finite tensors are trained with {'them' if len(flags) > 1 else 'it'})"
+             if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
+                           "--memory-lr)")
+    if not steps:
+        return (f"error: {error}; stopping without saving. No checkpoint was saved before it: start again with "
+                f"--overwrite and {lower}, or check the data")
+    step = steps[-1]
+    checked = ckpt.load_meta(run.run_dir, step).get("params_finite")
+    return (f"error: {error}; stopping without saving. Last good checkpoint: step {step} in "
+            f"{run.run_dir / ckpt.CKPT_DIR} ("
+            + ("its parameters and optimizer state were checked finite when it was saved" if checked else
+               "written before finite checks existed: not verified") +
+            f"). To continue from it: the same command with --resume {step} --resume-override-lr, and {lower}; "
+            "or check the data")
+
+
 def execute(run: Run, resumed_at: int | None) -> int:
+    from nanochat.dataset import DataError
+
     wall0 = time.time()
     if run.rank == 0:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
+        if run.args.overwrite:
+            removed = remove_run(run.run_dir)
+            if removed:
+                print0(f"--overwrite: deleted the previous run in {run.run_dir} ({', '.join(removed)})")
         write_json(run.run_dir / "config.json", resolved_config(run))
         write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
         record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
@@ -353,18 +484,25 @@ def execute(run: Run, resumed_at: int | None) -> int:
     a = run.args
     run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run),
                                 resume=resumed_at is not None)
+    if run.lr_override_now:
+        run.metrics.log({"kind": "resume", "step": resumed_at, "lr_override": run.lr_override_now["changes"]})
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
     try:
         reason = train(run, resumed_at)
         evals = final_eval(run) if reason == "completed" else {}
     except NonFiniteLoss as e:
-        last = ckpt.list_steps(run.run_dir)
-        print0(f"error: {e}; stopping without saving. Last good checkpoint: "
-               f"{('step ' + str(last[-1])) if last else 'none'} in {run.run_dir / ckpt.CKPT_DIR} "
-               "(resume with --resume after lowering the LRs, or check the data)")
-        write_summary(run, "nonfinite_loss", {}, time.time() - wall0)
+        print0(nonfinite_advice(run, e))
+        write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {},
+                      time.time() - wall0)
         return EXIT_NONFINITE
+    except DataError as e:  # a file the loader's reader thread could not read: named in the message
+        steps = ckpt.list_steps(run.run_dir)
+        print(f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: "
+              f"{f'step {steps[-1]}' if steps else 'none'} in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or "
+              "re-run scripts.prepare_data), then continue with --resume", file=sys.stderr)
+        write_summary(run, "data_error", {}, time.time() - wall0)
+        return 2
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals, time.time() - wall0)
@@ -394,17 +532,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    try:
-        run = build_run(args)
-        resumed_at = prepare_resume(run)
-    except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint problems, before any step
-        print(f"error: {e}", file=sys.stderr)
-        compute_cleanup()
-        return 2
-    try:
+    with ExitStack() as stack:  # on every exit path: release run.lock, then the process group
+        try:
+            run = build_run(args, stack)
+            resumed_at = prepare_resume(run)
+        except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return execute(run, resumed_at)
-    finally:
-        compute_cleanup()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 from nanochat.dataset import (HF_PREFIX, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
                               download_remote_shards, read_jsonl_texts, write_manifest, write_text_shard)
 from nanochat.download import DownloadError
+from nanochat.run_dir import ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -247,6 +248,7 @@ def main(argv=None) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     progress = not args.no_progress
     try:
+        ensure_writable(data_dir, "--data-dir")  # before any download or tokenizing
         if args.dataset in REMOTE_DATASETS:
             manifest = download_remote_shards(args.dataset, data_dir, args.num_shards, base_url=args.base_url,
                                               workers=args.workers, revision=args.revision, progress=progress,
@@ -260,7 +262,7 @@ def main(argv=None) -> int:
             desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
             manifest = build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
                                           val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard or 1000)
-    except (DataError, DownloadError, ValueError) as e:
+    except (DataError, DownloadError, ValueError) as e:  # NotWritable is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1
     rows = {split: sum(manifest["shards"][n]["rows"] for n in manifest[split]) for split in ("train", "val")}

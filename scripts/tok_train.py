@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from nanochat.dataset import DataError, default_data_dir, iter_documents
+from nanochat.run_dir import NotWritable, ensure_writable
 from nanochat.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, TokenizerError, default_tokenizer_dir
 
 
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     out_dir = Path(args.output_dir) if args.output_dir else default_tokenizer_dir()
     try:
+        ensure_writable(out_dir, "--output-dir")  # before the (long) training, not after it
         t0 = time.time()
         tok = Tokenizer.train_from_iterator(capped_texts(data_dir, "train", args.max_chars, args.doc_cap),
                                             vocab_size=args.vocab_size)
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
         tok.save(out_dir)
         val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
         ratio, n_bytes, n_tokens = compression_ratio(tok, val_texts)
-    except (DataError, TokenizerError) as e:
+    except (DataError, TokenizerError, NotWritable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"trained vocab {tok.vocab_size} (bos id {tok.bos_token_id}) in {train_s:.1f}s -> {out_dir}")

@@ -54,8 +54,9 @@ def test_tiny_run_report_has_provenance_and_results(tmp_path):
     sessions = json.loads((run / "environment.json").read_text())["sessions"]
     assert len(sessions) == 2 and all(s["world_size"] == 1 and s["device_type"] == "cpu" for s in sessions)
     assert "Trained in 2 sessions (resumed):" in (run / "report.md").read_text()
-    # a fresh run in the same directory starts the record afresh
-    assert base_train.main([*TINY, "--run-dir", str(run), "--run-name", "tiny", "--num-iterations", "2"]) == 0
+    # a fresh run in the same directory (--overwrite) starts the record afresh
+    assert base_train.main([*TINY, "--run-dir", str(run), "--run-name", "tiny", "--num-iterations", "2",
+                            "--overwrite"]) == 0
     assert len(json.loads((run / "environment.json").read_text())["sessions"]) == 1
     assert "sessions (resumed)" not in (run / "report.md").read_text()
 
@@ -160,3 +161,23 @@ def test_git_state(tmp_path):
     assert report.git_state(tmp_path) == {"commit": head.strip(), "dirty": False}
     (tmp_path / "f.txt").write_text("b")
     assert report.git_state(tmp_path) == {"commit": head.strip(), "dirty": True}
+
+
+def test_check_completed_stops_the_cpu_demo_on_an_interrupted_model(tmp_path, capsys):
+    """speedrun.sh's CPU demo runs `scripts.report --check-completed` after each model: a model stopped by Ctrl-C
+    or SIGTERM (base_train exits 0 after saving) is reported as stopped at its step, not as done."""
+    from scripts.report import main
+
+    done = fake_run(tmp_path, "done", "base")
+    stopped = fake_run(tmp_path, "stopped", "mome", {"stop_reason": "interrupted", "step": 120})
+    killed = fake_run(tmp_path, "killed", "mome")
+    (killed / "summary.json").unlink()
+    assert main([str(done), "--check-completed"]) == 0
+    assert main([str(done), str(stopped), str(killed), "--check-completed"]) == 1
+    err = capsys.readouterr().err
+    assert f"not completed: {stopped}: stopped at step 120 of 300 (stop reason: interrupted)" in err
+    assert f"not completed: {killed}: no summary.json" in err and f"{done}:" not in err
+    demo = (REPO / "speedrun.sh").read_text().split("cpu_demo() {")[1].split("\n}\n")[0]
+    assert "--resume auto" in demo  # running the demo again continues an interrupted model
+    for run in ("base", "mome"):
+        assert demo.index(f'--run-dir "$root/{run}"') < demo.index(f'finished "$root/{run}"') < demo.index("write_report")

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import REPO, run_torchrun
+from nanochat import checkpoint as ckpt
 from test_train_e2e import TINY, losses
 
 BATCH = ["--device-batch-size", "2", "--total-batch-size", "256"]
@@ -103,3 +104,16 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     # kernels on the same inputs (deterministic for a fixed thread count)
     assert losses(run) == losses(ref)
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+def test_nonfinite_weights_on_one_rank_stop_every_rank_without_saving(tmp_path):
+    """The finite check at save time is all-reduced: rank 1's non-finite weights stop rank 0 too (no hang, no
+    checkpoint written from rank 0's finite view)."""
+    run = tmp_path / "r"
+    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2,
+                     [*TINY, *BATCH, "--num-iterations", "4", "--save-every", "2", "--run-dir", str(run)], timeout=120)
+    assert r.returncode != 0
+    assert "non-finite values after step 2 in another rank" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "No checkpoint was saved before it" in r.stdout
+    assert ckpt.list_steps(run) == []
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"

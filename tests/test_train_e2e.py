@@ -104,6 +104,63 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypat
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_loss"
 
 
+def poison_weights_after(monkeypatch, calls_before: int):
+    """train_step that sets one wte weight to inf after step ``calls_before`` but still returns that step's finite
+    loss: the weights go non-finite one step before the loss does (as with a huge --embedding-lr)."""
+    real, calls = base_train.train_step, {"n": 0}
+
+    def poisoned(model, *a, **k):
+        out = real(model, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == calls_before:
+            with torch.no_grad():
+                model.wte.weight[0, 0] = float("inf")
+        return out
+
+    monkeypatch.setattr(base_train, "train_step", poisoned)
+
+
+def test_nonfinite_weights_are_never_saved(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "r"
+    poison_weights_after(monkeypatch, 4)
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == base_train.EXIT_NONFINITE
+    out = capsys.readouterr().out
+    assert ckpt.list_steps(run) == [2]  # the step-4 save was refused
+    assert "non-finite values after step 4 in wte.weight" in out
+    assert "Last good checkpoint: step 2" in out and "checked finite when it was saved" in out
+    assert "--resume 2 --resume-override-lr, and lower --embedding-lr" in out
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"
+    assert json.loads((ckpt.step_dir(run, 2) / "meta.json").read_text())["params_finite"] is True
+
+
+def test_resume_with_lower_lr_after_nonfinite_is_deliberate_and_recorded(tmp_path, monkeypatch, capsys):
+    """The advice printed on a NaN works: --resume STEP --resume-override-lr with a lower LR continues, the new LR
+    is really used (lr_matrix in metrics) and the change is in config.json and metrics.jsonl."""
+    run = tmp_path / "r"
+    poison_weights_after(monkeypatch, 4)
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == base_train.EXIT_NONFINITE
+    before = {r["step"]: r["lr_matrix"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"}
+    monkeypatch.undo()
+    assert train(run, "--num-iterations", "6", "--save-every", "2", "--resume", "2", "--matrix-lr", "0.01") == 2
+    assert "add --resume-override-lr" in capsys.readouterr().err
+    assert train(run, "--num-iterations", "6", "--save-every", "2", "--resume", "2", "--matrix-lr", "0.01",
+                 "--seed", "1", "--resume-override-lr") == 2  # only learning rates may change
+    assert "--seed 42 (checkpoint) != 1" in capsys.readouterr().err
+    assert train(run, "--num-iterations", "6", "--save-every", "2", "--resume", "2", "--matrix-lr", "0.01",
+                 "--resume-override-lr") == 0
+    assert "--resume-override-lr: continuing from step 2 with --matrix-lr 0.01 (checkpoint 0.02)" in capsys.readouterr().out
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    after = {r["step"]: r["lr_matrix"] for r in recs if r["kind"] == "train"}
+    assert after[1] == before[1] and after[3] == pytest.approx(before[3] / 2, rel=1e-12)
+    assert {"kind": "resume", "step": 2, "lr_override": {"matrix_lr": {"checkpoint": 0.02, "now": 0.01}}} in recs
+    override = [{"step": 2, "changes": {"matrix_lr": {"checkpoint": 0.02, "now": 0.01}}}]
+    assert json.loads((run / "config.json").read_text())["lr_overrides"] == override
+    # the history travels with the checkpoints: a later plain resume keeps it
+    assert json.loads((ckpt.step_dir(run, 6) / "meta.json").read_text())["config"]["lr_overrides"] == override
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--total-batch-size", "1000"], "--total-batch-size 1000 is not divisible"),
     (["--memory", "nope"], "--memory: invalid choice: 'nope'"),

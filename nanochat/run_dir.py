@@ -1,0 +1,220 @@
+"""Who owns an output directory: the run-directory lock, "is there a run here already", and writability checks.
+
+A training run directory has one owner at a time. ``RunDirLock`` takes an exclusive ``flock`` on
+``<run_dir>/run.lock`` and writes the owner (pid, host, start time, command) into it; the kernel drops the lock
+when the process ends in any way (SIGKILL and crashes included), so a second process is refused only while the
+owner lives. An owner that died without releasing leaves its record behind: the next owner reports it (stale
+lock: who, when) and takes over. On filesystems without ``flock`` the record alone decides: a live pid on this
+host, or any owner on another host, is refused with the file to delete once that run is really gone.
+
+Every writer checks its output directory with ``ensure_writable`` before the expensive work (data preparation,
+tokenizer training, model setup, evaluation), so a bad path fails in the first second, not after the work.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+LOCK_FILE = "run.lock"
+# what a training run writes into its directory (checkpoints/ only counts when it holds a checkpoint)
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "environment.json", "report.md", "plan.json",
+             "wandb_id.txt")
+RUN_DIRS = ("checkpoints", "eval", "wandb")
+TRASH_PREFIX = ".trash-"
+
+
+class NotWritable(ValueError):
+    """An output directory cannot be created or written; the message names the flag and the path."""
+
+
+class RunDirBusy(ValueError):
+    """Another live process owns the run directory."""
+
+
+def ensure_writable(path, flag: str) -> Path:
+    """Create ``path`` (and parents) and write + delete a probe file in it; raise NotWritable naming ``flag``."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise NotWritable(f"{flag} {path} is not a writable directory ({e.strerror or type(e).__name__}"
+                          f"{': ' + e.filename if e.filename and str(e.filename) != str(path) else ''}); "
+                          f"choose another {flag} or fix its permissions") from e
+    return path
+
+
+def _owner_record() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": shlex.join(getattr(sys, "orig_argv", sys.argv))}
+
+
+def describe_owner(rec: dict) -> str:
+    return (f"pid {rec.get('pid', '?')} on host {rec.get('host', '?')} (started {rec.get('started', '?')}: "
+            f"{rec.get('command', '?')})")
+
+
+def _pid_alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError):
+        return True  # exists but not ours, or unreadable record: assume alive
+    return True
+
+
+class RunDirLock:
+    """Exclusive ownership of a run directory for the life of a run (see the module doc)."""
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+        self.stale: dict | None = None  # the record of an owner that died holding the directory
+        self.created = False  # this lock created run_dir: release() removes it again if nothing else was written
+
+    def acquire(self, flag: str = "--run-dir") -> "RunDirLock":
+        self.created = not self.run_dir.exists()
+        for _ in range(10):  # retry when a releasing owner removed the (empty) directory under us
+            ensure_writable(self.run_dir, flag)
+            fd = self._lock(flag)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return self
+            os.close(fd)
+        raise RunDirBusy(f"{flag} {self.run_dir}: {self.path} keeps being replaced; is another run starting there?")
+
+    def _lock(self, flag: str) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise NotWritable(f"{flag} {self.run_dir}: cannot create {self.path} ({e.strerror})") from e
+        try:
+            previous = self._read(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirBusy(f"{flag} {self.run_dir} is in use by another run: {describe_owner(previous)}. "
+                                 "Wait for it to finish or stop it, or choose another --run-dir / --run-name") from None
+            except OSError as e:  # no flock on this filesystem: the record decides
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                self._check_record_only(previous, flag)
+            previous = self._read(fd)  # re-read under the lock: the owner may have released in between
+            self.stale = previous or None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(_owner_record()) + "\n").encode(), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_record_only(self, rec: dict, flag: str) -> None:
+        if not rec:
+            return
+        if rec.get("host") != socket.gethostname():
+            raise RunDirBusy(f"{flag} {self.run_dir} is recorded as owned by {describe_owner(rec)} and this "
+                             f"filesystem has no file locks to check it; if that run is gone, delete {self.path}")
+        if _pid_alive(rec.get("pid")) and rec.get("pid") != os.getpid():
+            raise RunDirBusy(f"{flag} {self.run_dir} is in use by another run: {describe_owner(rec)}")
+
+    @staticmethod
+    def _read(fd: int) -> dict:
+        raw = os.pread(fd, 1 << 16, 0)
+        if not raw.strip():
+            return {}
+        try:
+            rec = json.loads(raw)
+            return rec if isinstance(rec, dict) else {"command": repr(raw[:200])}
+        except ValueError:
+            return {"command": f"unreadable lock record {raw[:200]!r}"}
+
+    def release(self) -> None:
+        """Clear the owner record and unlock (an empty record = released cleanly, not stale). A directory this
+        lock created and nothing else wrote into (setup failed) is removed again."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+            if self.created and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                self.path.unlink()
+                self.run_dir.rmdir()
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def run_contents(run_dir) -> list[str]:
+    """The run files in ``run_dir`` that a fresh run would overwrite (empty: nothing to lose there)."""
+    run_dir = Path(run_dir)
+    found = [name for name in RUN_FILES if name != "plan.json" and (run_dir / name).exists()]
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir() and any(p.name.startswith("step_") for p in ckpts.iterdir()):
+        found.append("checkpoints/")
+    return found
+
+
+def remove_run(run_dir) -> list[str]:
+    """--overwrite: move every run file and directory into one trash directory (one rename each), then delete it.
+    A kill in between leaves only the trash directory, which ``sweep_trash`` removes on the next start."""
+    run_dir = Path(run_dir)
+    names = [n for n in (*RUN_FILES, *RUN_DIRS) if (run_dir / n).exists()]
+    if not names:
+        return []
+    trash = run_dir / f"{TRASH_PREFIX}{uuid.uuid4().hex[:8]}"
+    trash.mkdir()
+    for name in names:
+        os.replace(run_dir / name, trash / name)
+    shutil.rmtree(trash, ignore_errors=True)
+    return names
+
+
+def sweep_trash(run_dir) -> list[str]:
+    """Delete trash directories an interrupted --overwrite left behind; returns their names."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    gone = [p for p in run_dir.iterdir() if p.name.startswith(TRASH_PREFIX) and p.is_dir()]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return [p.name for p in gone]
+
+
+def on_rank0(fn):
+    """``fn()`` run on rank 0 only, its result on every rank; if it raises, every rank raises ValueError with its
+    message (a collective under torch.distributed: every rank must call it)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return fn()
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [("ok", fn())]
+        except ValueError as e:
+            box = [("error", str(e))]
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    if box[0][0] == "error":
+        raise ValueError(box[0][1])
+    return box[0][1]

@@ -1,0 +1,197 @@
+"""No run can destroy another: the run-dir lock (two processes, stale locks), the fresh-run refusal and
+--overwrite, output directories checked writable before any work, crash-safe checkpoint pruning and the sweep
+of what an interrupted save/prune/overwrite leaves behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from nanochat import checkpoint as ckpt
+from nanochat.run_dir import LOCK_FILE, RunDirBusy, RunDirLock, ensure_writable
+from scripts import base_train
+from test_train_e2e import TINY, train
+
+HOLD_LOCK = "import sys, time; from nanochat.run_dir import RunDirLock; RunDirLock(sys.argv[1]).acquire(); " \
+            "print('held', flush=True); time.sleep(120)"
+
+
+def hold_lock_in_child(run_dir):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_second_process_is_refused_and_a_dead_owner_is_reported(tmp_path, capsys):
+    run = tmp_path / "r"
+    owner = hold_lock_in_child(run)
+    try:
+        assert train(run, "--num-iterations", "2", "--resume", "auto") == 2
+        err = capsys.readouterr().err
+        assert f"--run-dir {run} is in use by another run: pid {owner.pid} on host" in err
+        assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()  # nothing touched
+    finally:
+        owner.send_signal(signal.SIGKILL)  # dies holding it: the record stays, the kernel drops the flock
+        owner.wait(timeout=30)
+    assert json.loads((run / LOCK_FILE).read_text())["pid"] == owner.pid
+    assert train(run, "--num-iterations", "2", "--resume", "auto") == 0
+    out = capsys.readouterr().out
+    assert f"was left by pid {owner.pid} on host" in out and "ended without releasing it" in out
+    assert (run / LOCK_FILE).read_text() == ""  # released cleanly at the end of the run
+    RunDirLock(run).acquire().release()  # and really unlocked
+
+
+def test_training_holds_the_lock_until_it_ends(tmp_path, capsys):
+    """A second base_train (this process) on the directory of a live training (a subprocess) is refused, whatever
+    its flags; the first run is untouched."""
+    run = tmp_path / "r"
+    flags = [*TINY, "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "400",
+             "--run-dir", str(run)]
+    first = subprocess.Popen([sys.executable, "-m", "scripts.base_train", *flags], cwd=REPO,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = run / "metrics.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            time.sleep(0.05)
+        for extra in ([], ["--resume", "auto"], ["--overwrite"]):
+            assert base_train.main([*flags, *extra]) == 2, extra
+            assert f"is in use by another run: pid {first.pid}" in capsys.readouterr().err, extra
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, summary["step"] + 1))  # the first run's metrics, whole
+
+
+def test_fresh_run_into_a_run_dir_is_refused_unless_overwrite(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "2") == 0
+    before = {p: p.read_bytes() for p in [run / "metrics.jsonl", run / "config.json",
+                                           ckpt.step_dir(run, 2) / "model.pt"]}
+    assert train(run, "--num-iterations", "3") == 2
+    err = capsys.readouterr().err
+    assert f"--run-dir {run} already holds a run (config.json, metrics.jsonl" in err and "--overwrite" in err
+    assert all(p.read_bytes() == b for p, b in before.items()) and ckpt.list_steps(run) == [2]
+    (run / "eval").mkdir()  # an evaluation of the old run goes with it
+    assert train(run, "--num-iterations", "3", "--overwrite") == 0
+    assert "--overwrite: deleted the previous run" in capsys.readouterr().out
+    assert ckpt.list_steps(run) == [3] and not (run / "eval").exists()
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 3]
+    with pytest.raises(SystemExit):  # contradictory flags
+        train(run, "--num-iterations", "3", "--overwrite", "--resume")
+    # a dry run's plan.json alone is not a run: a fresh start there is fine
+    assert base_train.main([*TINY, "--run-dir", str(tmp_path / "d"), "--num-iterations", "2", "--dry-run"]) == 0
+    assert train(tmp_path / "d", "--num-iterations", "2") == 0
+
+
+def blocked_path(tmp_path):
+    """A directory path under a regular file: not creatable even by root (chmod cannot show this as root)."""
+    (tmp_path / "file").write_text("x")
+    return tmp_path / "file" / "out"
+
+
+def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, monkeypatch):
+    from nanochat import tokenizer as tokmod
+    from scripts import base_eval, prepare_data, tok_train
+
+    def no_work(*a, **k):
+        raise AssertionError("the expensive work started before the output check")
+
+    bad = blocked_path(tmp_path)
+    monkeypatch.setattr(base_train, "load_run_data", no_work)
+    assert train(bad, "--num-iterations", "2") == 2
+    assert f"--run-dir {bad} is not a writable directory" in capsys.readouterr().err
+
+    monkeypatch.setattr(prepare_data, "embedded_sources", no_work)
+    monkeypatch.setattr(prepare_data, "download_remote_shards", no_work)
+    assert prepare_data.main(["--dataset", "embedded", "--data-dir", str(bad), "--no-progress"]) == 1
+    assert f"--data-dir {bad} is not a writable directory" in capsys.readouterr().err
+
+    monkeypatch.setattr(tokmod.Tokenizer, "train_from_iterator", no_work)
+    assert tok_train.main(["--data-dir", str(tmp_path), "--output-dir", str(bad)]) == 1
+    assert f"--output-dir {bad} is not a writable directory" in capsys.readouterr().err
+
+    run = tmp_path / "run"
+    from conftest import tiny_config
+    from nanochat.gpt import build_model
+    ckpt.save_checkpoint(run, 1, build_model(tiny_config(), seed=0), {})
+    monkeypatch.setattr(base_eval, "load_model", no_work)
+    assert base_eval.main(["--run", str(run), "--out-dir", str(bad), "--device-type", "cpu"]) == 2
+    assert f"--out-dir {bad} is not a writable directory" in capsys.readouterr().err
+
+
+def test_ensure_writable_creates_the_directory(tmp_path):
+    assert ensure_writable(tmp_path / "a" / "b", "--x").is_dir()
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the probe file is gone
+
+
+def test_lock_in_the_same_process_is_exclusive_and_removes_a_directory_it_created(tmp_path):
+    first = RunDirLock(tmp_path / "new").acquire()
+    with pytest.raises(RunDirBusy, match="is in use by another run"):
+        RunDirLock(tmp_path / "new").acquire()
+    first.release()
+    assert not (tmp_path / "new").exists()  # nothing but the lock was written: no empty run dir left behind
+    (tmp_path / "old").mkdir()
+    RunDirLock(tmp_path / "old").acquire().release()
+    assert (tmp_path / "old" / LOCK_FILE).read_text() == ""
+
+
+def save_steps(run, steps, keep_last=0):
+    from conftest import tiny_config
+    from nanochat.gpt import build_model
+
+    model = build_model(tiny_config(), seed=0)
+    for s in steps:
+        ckpt.save_checkpoint(run, s, model, {}, keep_last=keep_last)
+
+
+def test_pruning_is_crash_safe(tmp_path, monkeypatch):
+    """A kill while an old checkpoint is deleted must not leave a half-deleted step_N that looks like a checkpoint
+    directory; what it leaves is swept on the next start."""
+    run = tmp_path / "r"
+    save_steps(run, [1, 2])
+    real_rmtree = ckpt.shutil.rmtree
+
+    def killed_midway(path, *a, **k):  # deletes meta.json, then the process "dies"
+        (path / "meta.json").unlink(missing_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        save_steps(run, [3], keep_last=1)
+    monkeypatch.setattr(ckpt.shutil, "rmtree", real_rmtree)
+    root = run / ckpt.CKPT_DIR
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_000003"]
+    assert ckpt.list_steps(run) == [3]
+    assert ckpt.sweep_leftovers(run) == [".prune-step_000001", ".prune-step_000002"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_000003"]
+
+
+def test_leftovers_are_swept_when_a_run_starts(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "4", "--save-every", "2", "--keep-last", "0") == 0
+    root = run / ckpt.CKPT_DIR
+    os.replace(ckpt.step_dir(run, 4), root / ".old-step_000004")  # killed while re-saving step 4
+    (root / ".tmp-step_000004").mkdir()
+    (root / ".tmp-step_000004" / "model.pt").write_bytes(b"half")
+    (root / "step_000001").mkdir()  # half deleted by an older version's pruning
+    (root / ".prune-step_000000").mkdir()
+    (run / ".trash-0123abcd" / "checkpoints").mkdir(parents=True)  # an interrupted --overwrite
+    assert train(run, "--num-iterations", "4", "--save-every", "2", "--keep-last", "0", "--resume") == 0
+    out = capsys.readouterr().out
+    assert "removed what an interrupted save, prune or --overwrite left" in out
+    assert ".old-step_000004 (restored as step_000004)" in out and "step_000001" in out
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002", "step_000004"]
+    assert not (run / ".trash-0123abcd").exists()
+    assert "resumed from" in out and "step 4/4" in out
