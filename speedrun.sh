@@ -68,10 +68,19 @@ cpu_demo() {
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
                   --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
-                  --dtype bfloat16 --log-every 10 --keep-last 1)
+                  --dtype bfloat16 --log-every 10 --keep-last 1 --resume auto)
+    # a model stopped early (Ctrl-C, SIGTERM) exits 0 after saving: stop here instead of reporting it as done;
+    # running speedrun.sh again continues it from its checkpoint (--resume auto)
+    finished() {
+        python -m scripts.report --check-completed "$1" && return 0
+        echo "[speedrun] CPU demo interrupted: run 'bash speedrun.sh' again to continue from the checkpoint" >&2
+        exit 1
+    }
     python -m scripts.base_train "${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base"
+    finished "$root/base"
     python -m scripts.base_train "${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 \
         --run-name speedrun_cpu_mome --run-dir "$root/mome"
+    finished "$root/mome"
     write_report "$root/report.md" "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)" \
         "$root/base" "$root/mome"
     echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"

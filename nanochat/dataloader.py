@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from nanochat.common import rows_to_device
-from nanochat.dataset import DataError, split_files, validate_parquet
+from nanochat.dataset import DataError, read_row_group_texts, split_files, validate_parquet
 
 STATE_VERSION = 1
 
@@ -110,8 +110,7 @@ class _RowGroupIndex:
         fi, rg, _ = self.units[unit]
         if fi not in self._open:
             self._open[fi] = pq.ParquetFile(self.files[fi])
-        texts = self._open[fi].read_row_group(rg, columns=["text"]).column("text").to_pylist()
-        return [t if t is not None else "" for t in texts]
+        return [t if t is not None else "" for t in read_row_group_texts(self._open[fi], self.files[fi], rg)]
 
 
 class PackedDataLoader:
@@ -183,7 +182,9 @@ class PackedDataLoader:
         return [(int(u), int(r)) for u in self._rank_units(epoch) for r in self._doc_order(epoch, int(u))]
 
     def _produce(self, cursor, out: queue.Queue, stop: threading.Event) -> None:
-        """Background thread: read, shuffle and tokenize documents from ``cursor`` on, forever."""
+        """Background thread: read, shuffle and tokenize documents from ``cursor`` on, forever. An error is handed
+        to the consumer, which raises it in the training loop: a DataError naming the file being read."""
+        where = "the reader thread"
         try:
             epoch, upos, dpos = cursor
             while not stop.is_set():
@@ -192,6 +193,8 @@ class PackedDataLoader:
                     epoch, upos, dpos = epoch + 1, 0, 0
                     continue
                 unit = int(units[upos])
+                fi, rg, _ = self.index.units[unit]
+                where = f"{self.index.files[fi]} (row group {rg})"
                 texts = self.index.read(unit)
                 order = self._doc_order(epoch, unit)
                 while dpos < len(order) and not stop.is_set():
@@ -200,7 +203,13 @@ class PackedDataLoader:
                     after = (epoch, upos, dpos) if dpos < len(order) else (epoch, upos + 1, 0)
                     self._put(out, stop, (_tokenize_docs(self.tokenizer, chunk), after))
                 upos, dpos = upos + 1, 0
-        except BaseException as e:  # surface reader errors in the training loop instead of hanging it
+        except DataError as e:  # surface reader errors in the training loop instead of hanging it
+            self._put(out, stop, e)
+        except Exception as e:  # e.g. the tokenizer failing on this file's text: the same clear error
+            err = DataError(f"reading {where} failed: {type(e).__name__}: {e}")
+            err.__cause__ = e
+            self._put(out, stop, err)
+        except BaseException as e:
             self._put(out, stop, e)
 
     @staticmethod

@@ -72,9 +72,11 @@ def load_manifest(data_dir) -> dict:
         raise DataError(f"{path} not found: prepare the data first, e.g. "
                         f"`python -m scripts.prepare_data --dataset embedded --data-dir {data_dir}`")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8
         raise DataError(f"{path} is not valid JSON ({e}); re-run scripts.prepare_data") from e
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path} is not a JSON object; re-run scripts.prepare_data")
     for key in ("dataset", "train", "val", "shards"):
         if key not in manifest:
             raise DataError(f"{path} has no {key!r} entry; re-run scripts.prepare_data")
@@ -132,6 +134,16 @@ def validate_parquet(path) -> int:
     return meta.num_rows
 
 
+def read_row_group_texts(pf, path, rg: int) -> list:
+    """Column ``text`` of row group ``rg`` of the open ParquetFile ``pf``; unreadable data pages (a file whose footer
+    is intact but whose data is not) raise DataError naming the file and the row group."""
+    try:
+        return pf.read_row_group(rg, columns=["text"]).column("text").to_pylist()
+    except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...) for corrupt pages
+        raise DataError(f"{path}: row group {rg} cannot be read ({type(e).__name__}: {e}); the file is corrupt: "
+                        "delete it and re-run scripts.prepare_data") from e
+
+
 def iter_documents(data_dir, split: str):
     """Yield every document string of ``split`` in manifest / row-group order (one pass)."""
     import pyarrow.parquet as pq
@@ -139,7 +151,7 @@ def iter_documents(data_dir, split: str):
     for path in split_files(data_dir, split):
         pf = pq.ParquetFile(path)
         for rg in range(pf.num_row_groups):
-            yield from pf.read_row_group(rg, columns=["text"]).column("text").to_pylist()
+            yield from read_row_group_texts(pf, path, rg)
 
 
 def write_text_shard(path, texts: list[str], row_group_size: int = 256) -> None:

@@ -14,6 +14,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     """logits (B, V) -> next ids (B,). temperature 0 is greedy."""
     if temperature < 0:
         raise ValueError(f"--temperature must be >= 0 (got {temperature})")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"--top-k must be >= 0 (got {top_k})")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature

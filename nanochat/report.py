@@ -98,7 +98,7 @@ def read_json(path, default=None):
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         return default
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # not JSON, or not UTF-8
         raise ValueError(f"{path} is not valid JSON ({e})") from e
 
 
@@ -116,6 +116,17 @@ def read_metrics(run_dir) -> list[dict]:
             if i < len(lines):
                 raise ValueError(f"{path}:{i}: invalid JSON ({e})") from e
     return rows
+
+
+def unfinished(run_dir) -> str | None:
+    """None when the run trained all its steps; else one line saying where and why it stopped."""
+    summary = read_json(Path(run_dir) / "summary.json")
+    if summary is None:
+        return f"{run_dir}: no summary.json (the run never finished: still running, killed or crashed)"
+    if summary.get("stop_reason") == "completed":
+        return None
+    return (f"{run_dir}: stopped at step {summary.get('step')} of {summary.get('num_iterations')} "
+            f"(stop reason: {summary.get('stop_reason')})")
 
 
 def run_facts(run_dir) -> dict:

@@ -139,15 +139,13 @@ class Tokenizer:
             if not p.is_file():
                 raise TokenizerError(f"tokenizer file {p} is missing; train one with "
                                      f"`python -m scripts.tok_train --output-dir {directory}`")
+        header = _read_header(header_path)
         try:
-            header = json.loads(header_path.read_text())
-        except json.JSONDecodeError as e:
-            raise TokenizerError(f"{header_path} is not valid JSON ({e}); retrain the tokenizer") from e
-        if header.get("format") != FORMAT_VERSION:
-            raise TokenizerError(f"{header_path}: unknown format {header.get('format')!r} "
-                                 f"(expected {FORMAT_VERSION!r}); retrain the tokenizer")
+            lines = ranks_path.read_text(encoding="ascii").splitlines()
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{ranks_path} is not a tokenizer ranks file ({e}); retrain the tokenizer") from e
         ranks = {}
-        for lineno, line in enumerate(ranks_path.read_text().splitlines(), 1):
+        for lineno, line in enumerate(lines, 1):
             try:
                 b64, rank = line.split()
                 ranks[base64.b64decode(b64, validate=True)] = int(rank)
@@ -159,6 +157,30 @@ class Tokenizer:
             raise TokenizerError(f"{directory}: header says vocab {header['vocab_size']} but the files give "
                                  f"{tok.vocab_size}; retrain the tokenizer")
         return tok
+
+
+HEADER_TYPES = {"format": str, "pattern": str, "vocab_size": int, "special_tokens": dict}
+
+
+def _read_header(path: Path) -> dict:
+    """tokenizer.json, checked: a JSON object with the format version and every key the loader needs."""
+    try:
+        header = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise TokenizerError(f"{path} is not valid JSON ({e}); retrain the tokenizer") from e
+    if not isinstance(header, dict):
+        raise TokenizerError(f"{path} is not a JSON object; retrain the tokenizer")
+    if header.get("format") != FORMAT_VERSION:
+        raise TokenizerError(f"{path}: unknown format {header.get('format')!r} "
+                             f"(expected {FORMAT_VERSION!r}); retrain the tokenizer")
+    for key, kind in HEADER_TYPES.items():
+        if not isinstance(header.get(key), kind):
+            raise TokenizerError(f"{path}: {key!r} is missing or not a {kind.__name__}; retrain the tokenizer")
+    specials = header["special_tokens"]
+    if not all(isinstance(k, str) and isinstance(v, int) for k, v in specials.items()) or "<|bos|>" not in specials:
+        raise TokenizerError(f"{path}: 'special_tokens' must map token names (with <|bos|>) to ids; "
+                             "retrain the tokenizer")
+    return header
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -183,12 +205,24 @@ def get_tokenizer(tokenizer_dir=None) -> Tokenizer:
     return Tokenizer.load(directory)
 
 
-def get_token_bytes(tokenizer_dir=None, device="cpu") -> torch.Tensor:
+def get_token_bytes(tokenizer_dir=None, device="cpu", vocab_size: int | None = None) -> torch.Tensor:
+    """token_bytes.pt of a tokenizer directory, checked (1-D integers, ``vocab_size`` entries when given)."""
     directory = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
     path = directory / TOKEN_BYTES_FILE
     if not path.is_file():
         raise TokenizerError(f"{path} is missing; retrain with `python -m scripts.tok_train --output-dir {directory}`")
-    return torch.load(path, map_location=device, weights_only=True)
+    try:
+        token_bytes = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated or foreign file: UnpicklingError, RuntimeError, EOFError, ...
+        raise TokenizerError(f"{path} is not a token-bytes tensor ({type(e).__name__}: {e}); retrain with "
+                             f"`python -m scripts.tok_train --output-dir {directory}`") from e
+    if not torch.is_tensor(token_bytes) or token_bytes.ndim != 1 or token_bytes.is_floating_point():
+        raise TokenizerError(f"{path} must hold a 1-D integer tensor (byte length per token); retrain with "
+                             f"`python -m scripts.tok_train --output-dir {directory}`")
+    if vocab_size is not None and len(token_bytes) != vocab_size:
+        raise TokenizerError(f"{path} has {len(token_bytes)} entries but the tokenizer has {vocab_size} tokens; "
+                             f"retrain with `python -m scripts.tok_train --output-dir {directory}`")
+    return token_bytes
 
 
 def check_vocab_matches(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:

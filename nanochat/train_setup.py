@@ -69,7 +69,7 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
                                      world_size=world)
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
-    token_bytes = get_token_bytes(tok_dir, device="cpu")
+    token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)
     return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
                    train_rows=train_rows, tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()))
 

@@ -6,9 +6,14 @@
     torchrun --standalone --nproc_per_node=N -m scripts.base_eval --run-dir runs/X ...
     (under torchrun spell it --run-dir: torchrun's parser takes "--run" for an abbreviation of its --run-path)
 
-Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json. The tokenizer and data
-directory come from the checkpoint's meta.json ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir
-are given. CORE counts only the tasks whose data files exist and says so in its label (e.g. CORE-21/22).
+Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json (the output directory is checked
+writable before anything is evaluated). The tokenizer and data directory come from the checkpoint's meta.json
+("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given. CORE counts only the tasks whose data
+files exist and says so in its label (e.g. CORE-21/22).
+
+The autocast dtype defaults to the one the run trained (and evaluated) with, from the checkpoint's config, so the
+CORE and bpb printed here equal the ones at the end of training; it is written into core.json/bpb.json and
+printed beside every number, since bf16 and fp32 results differ in the last digits.
 """
 
 import argparse
@@ -17,8 +22,10 @@ import sys
 from pathlib import Path
 
 from nanochat.checkpoint import find_last_step, load_model, require_files
-from nanochat.common import autocast_context, compute_cleanup, compute_init, every_rank_ok, print0, rank0_decides
+from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
+                             rank0_decides, resolve_dtype)
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
+from nanochat.run_dir import ensure_writable
 
 PAPER_EVAL_TOKENS = 20_971_520
 
@@ -43,7 +50,9 @@ def parse_args(argv=None):
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
     ap.add_argument("--data-dir", default=None, help="override meta['data_dir']")
     ap.add_argument("--device-type", default="", help="cuda|cpu|mps (default: autodetect)")
-    ap.add_argument("--dtype", default="auto", help="auto|float32|bfloat16 (autocast)")
+    ap.add_argument("--dtype", default="run", choices=("run", *DTYPES),
+                    help="autocast dtype: run = the dtype the checkpoint's run trained with (auto: bf16 on CUDA, "
+                    "fp32 elsewhere)")
     ap.add_argument("--numerics", default="ours", choices=NUMERICS,
                     help="reference = the authors' eval numerics (bf16 RoPE tables, MoME top-K on router scores in "
                     "the autocast dtype, their token_bytes) to compare with numbers their code prints")
@@ -70,6 +79,20 @@ def resolve_dir(flag_value, meta: dict, key: str, flag: str, default_fn):
     if meta.get(key):
         return Path(meta[key]), f"checkpoint meta '{key}'"
     return Path(default_fn()), f"default (no {flag} and no '{key}' in meta.json)"
+
+
+def eval_dtype(flag: str, meta: dict, device_type: str) -> tuple[str, str]:
+    """(dtype, where it came from): --dtype, else the run's training dtype (config 'dtype'; older checkpoints:
+    their --dtype flag resolved for the device they trained on), else this device's default."""
+    if flag != "run":
+        return resolve_dtype(device_type, flag), "--dtype"
+    config = meta.get("config") or {}
+    if config.get("dtype"):
+        return config["dtype"], "the run's training dtype"
+    trained = config.get("args", {}).get("dtype")
+    if trained and config.get("device"):
+        return resolve_dtype(str(config["device"]).split(":")[0], trained), "the run's training dtype"
+    return resolve_dtype(device_type, "auto"), "default for this device (the checkpoint does not record one)"
 
 
 def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> dict:
@@ -124,17 +147,19 @@ def evaluate(args) -> int:
     run = Path(args.run)
     # rank 0 picks the step; every rank must then load it (under torchrun all ranks take the same branches)
     step = rank0_decides(lambda: args.step if args.step is not None else find_last_step(run))
+    out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
+    rank0_decides(lambda: ensure_writable(out_dir, "--out-dir"))  # rank 0 writes the results: fail now, not after
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
     numerics = apply_numerics(model, args.numerics)
-    autocast_ctx = autocast_context(device.type, args.dtype)
+    dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
+    autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
-           f"numerics {args.numerics}")
+           f"numerics {args.numerics}; dtype {dtype} ({dtype_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}")
-    out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
-    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), **numerics}
+    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, **numerics}
     if "core" in args.evals:
         from nanochat.core_eval import evaluate_core, write_core_report
         from nanochat.eval_bundle import find_bundle
@@ -144,7 +169,7 @@ def evaluate(args) -> int:
                             autocast_ctx, progress=not args.no_progress)
         if rank == 0:
             write_core_report(res, out_dir, header)
-        print0(f"{res['label']}: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
+        print0(f"{res['label']} [{dtype}]: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
                                                         if res["missing"] else ""))
     if "bpb" in args.evals:
         res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx)

@@ -3,6 +3,7 @@
     python -m scripts.report runs/A runs/B ...                       # -> <common parent>/report.md + _curves.png
     python -m scripts.report runs/A runs/B --output OUT.md --title "..."
     python -m scripts.report runs/A --run-report                     # rebuild runs/A/report.md (one run's report)
+    python -m scripts.report runs/A runs/B --check-completed         # exit 1 unless every run trained all steps
     python -m scripts.report runs/speedrun_cpu/base runs/speedrun_cpu/mome --output runs/speedrun_cpu/report.md \\
         --readme README.md                                           # also put the table in the README
 
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, provenance_table, read_metrics, run_facts,
-                             write_run_report)
+                             unfinished, write_run_report)
 
 README_START, README_END = "<!-- cpu-demo-table -->", "<!-- /cpu-demo-table -->"
 
@@ -99,6 +100,8 @@ def parse_args(argv=None):
     p.add_argument("--no-curves", action="store_true", help="skip the PNG")
     p.add_argument("--readme", type=Path, default=None, help="also replace the CPU-demo table in this README")
     p.add_argument("--run-report", action="store_true", help="rebuild each run's own report.md instead")
+    p.add_argument("--check-completed", action="store_true",
+                   help="only check that every run trained all its steps: print where the others stopped, exit 1")
     return p.parse_args(argv)
 
 
@@ -106,6 +109,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "scripts.report", *(sys.argv[1:] if argv is None else argv)])
     try:
+        if args.check_completed:
+            problems = [p for p in map(unfinished, args.run_dirs) if p]
+            for p in problems:
+                print(f"not completed: {p}", file=sys.stderr)
+            return 1 if problems else 0
         if args.run_report:
             for run_dir in args.run_dirs:
                 print(f"wrote {write_run_report(run_dir)}")

@@ -28,6 +28,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.num_samples < 1 or args.max_tokens < 1:
         p.error("--num-samples and --max-tokens must be >= 1")
+    if args.top_k < 0:
+        p.error(f"--top-k must be >= 0 (0 = no top-k filtering), got {args.top_k}")
+    if args.temperature < 0:
+        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
 
     from nanochat.tokenizer import check_vocab_matches, get_tokenizer
 

@@ -190,3 +190,47 @@ def test_torchrun_double_dash_hands_flags_to_the_script():
                         "--config", "configs/d12/ve.toml", "--seed", "43"])
     args = train_args(ns.training_script_args)
     assert (args.memory, args.seed, args.depth) == ("ve", 43, 12)
+
+
+# -- the run's dtype -------------------------------------------------------------------------------------------
+def test_eval_dtype_comes_from_the_run():
+    from scripts.base_eval import eval_dtype
+
+    assert eval_dtype("run", {"config": {"dtype": "bfloat16"}}, "cpu")[0] == "bfloat16"
+    # older checkpoints: the --dtype flag resolved for the device they trained on
+    assert eval_dtype("run", {"config": {"args": {"dtype": "auto"}, "device": "cuda:0"}}, "cpu")[0] == "bfloat16"
+    assert eval_dtype("run", {"config": {"args": {"dtype": "auto"}, "device": "cpu"}}, "cuda")[0] == "float32"
+    assert eval_dtype("run", {}, "cpu") == ("float32", "default for this device (the checkpoint does not record one)")
+    assert eval_dtype("float32", {"config": {"dtype": "bfloat16"}}, "cpu") == ("float32", "--dtype")
+
+
+def test_base_eval_reproduces_the_core_of_training_in_the_runs_dtype(tmp_path, capsys, embedded_data_dir,
+                                                                       tiny_tokenizer_dir):
+    """The same checkpoint, one CORE: base_eval's default is the dtype the run trained and evaluated with (bf16
+    autocast here, on CPU), and every result says which dtype it is."""
+    from scripts import base_eval, base_train
+
+    bundle = write_bundle(tmp_path / "bundle", {"mc": ("multiple_choice", 1, " ", MC_ROWS),
+                                                "lm": ("language_modeling", 1, "\nAnswer: ", LM_ROWS)},
+                          {"mc": 25, "lm": 0})
+    run = tmp_path / "run"
+    assert base_train.main(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--depth", "1", "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64",
+                            "--device-batch-size", "2", "--total-batch-size", "256", "--eval-tokens", "256",
+                            "--eval-every", "-1", "--num-iterations", "3", "--dtype", "bfloat16",
+                            "--bundle", str(bundle), "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["dtype"] == summary["core_dtype"] == "bfloat16"
+    assert f"final CORE [bfloat16] {summary['core']:.4f}" in capsys.readouterr().out
+    common = ["--run", str(run), "--bundle", str(bundle), "--eval", "core", "--device-batch-size", "2",
+              "--no-progress", "--device-type", "cpu"]
+    assert base_eval.main(common) == 0
+    out = capsys.readouterr().out
+    assert "dtype bfloat16 (the run's training dtype)" in out and "CORE [bfloat16]:" in out
+    core = json.loads((run / "eval" / "step_000003" / "core.json").read_text())
+    assert core["dtype"] == "bfloat16" and core["core"] == pytest.approx(summary["core"], abs=1e-9)
+    assert base_eval.main([*common, "--dtype", "float32", "--out-dir", str(tmp_path / "fp32")]) == 0
+    assert json.loads((tmp_path / "fp32" / "core.json").read_text())["dtype"] == "float32"
+
+
+from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
