@@ -4,8 +4,9 @@
     python -m scripts.run configs/d12/mome_c1_m6.toml --seeds 42,43 --nproc-per-node 8 --device-batch-size 16
     python -m scripts.run configs/mini/base.toml -- --num-iterations 50      # extra base_train flags after --
 
-Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json
-present) is never overwritten; an unfinished one is resumed from its latest checkpoint. Seeds run one after
+Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json with
+stop_reason "completed") is never overwritten; an unfinished one (interrupted, crashed, killed) is continued with
+base_train --resume auto (from its latest checkpoint, or from step 0 when it has none). Seeds run one after
 another and the runner stops at the first failure, printing the log path. ``--plan`` prints the exact commands
 and exits without importing torch or touching data. Hardware overrides keep the total batch size fixed (the
 gradient-accumulation count changes instead).
@@ -67,13 +68,14 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
 
 
 def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
-    if (run_dir / "summary.json").is_file():
-        print(f"[run] seed {seed}: finished run in {run_dir} (summary.json exists), not overwriting")
+    from nanochat.report import unfinished
+
+    if (run_dir / "summary.json").is_file() and unfinished(run_dir) is None:
+        print(f"[run] seed {seed}: finished run in {run_dir} (summary.json: completed), not overwriting")
         return
-    resuming = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("step_*/meta.json"))
-    if resuming:
-        cmd = [*cmd, "--resume"]
-        print(f"[run] seed {seed}: resuming the unfinished run in {run_dir}")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        print(f"[run] seed {seed}: continuing the unfinished run in {run_dir} (--resume auto)")
+    cmd = [*cmd, "--resume", "auto"]  # an interrupted (SIGTERM) run has a summary.json too: it is continued
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "train.log"
     (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")

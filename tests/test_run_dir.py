@@ -195,3 +195,20 @@ def test_leftovers_are_swept_when_a_run_starts(tmp_path, capsys):
     assert sorted(p.name for p in root.iterdir()) == ["step_000002", "step_000004"]
     assert not (run / ".trash-0123abcd").exists()
     assert "resumed from" in out and "step 4/4" in out
+
+
+def test_row_runner_continues_an_interrupted_run_and_skips_a_completed_one(tmp_path, capsys):
+    """scripts.run: an interrupted run has a summary.json too; it must be continued (--resume auto), not skipped
+    as finished, and a run dir without checkpoints must not be started fresh over (base_train would refuse)."""
+    from scripts.run import run_one
+
+    run = tmp_path / "seed42"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "interrupted", "step": 3, "num_iterations": 9}))
+    echo = [sys.executable, "-c", "import sys; print('argv', sys.argv[1:])"]
+    run_one(42, run, echo)
+    out = capsys.readouterr().out
+    assert "continuing the unfinished run" in out and "argv ['--resume', 'auto']" in out
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 9, "num_iterations": 9}))
+    run_one(42, run, echo)
+    assert "not overwriting" in capsys.readouterr().out
