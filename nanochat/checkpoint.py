@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from nanochat.families import build_model, config_from_dict
+from nanochat.jsonfile import read_json_object
 
 CKPT_DIR = "checkpoints"
 TMP_PREFIX, OLD_PREFIX, PRUNE_PREFIX = ".tmp-", ".old-", ".prune-"
@@ -171,11 +172,8 @@ def load_meta(run_dir, step: int | None = None) -> dict:
     path = step_dir(run_dir, step) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path.parent} does not exist (available steps: {list_steps(run_dir)})")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not JSON, or not UTF-8 (UnicodeDecodeError)
-        raise ValueError(f"corrupt checkpoint metadata {path}: {e}") from e
-    if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
+    meta = read_json_object(path, ValueError, "corrupt checkpoint metadata: use another step or re-run")
+    if not isinstance(meta.get("model_config"), dict):
         raise ValueError(f"corrupt checkpoint metadata {path}: no 'model_config' object")
     return meta
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from nanochat.download import DownloadError, download_file, hub_file, place_file
+from nanochat.jsonfile import read_json_object
 
 MANIFEST = "manifest.json"
 BASE_URL_ENV = "NANOCHAT_DATA_BASE_URL"
@@ -71,12 +72,7 @@ def load_manifest(data_dir) -> dict:
     if not path.is_file():
         raise DataError(f"{path} not found: prepare the data first, e.g. "
                         f"`python -m scripts.prepare_data --dataset embedded --data-dir {data_dir}`")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise DataError(f"{path} is not valid JSON ({e}); re-run scripts.prepare_data") from e
-    if not isinstance(manifest, dict):
-        raise DataError(f"{path} is not a JSON object; re-run scripts.prepare_data")
+    manifest = read_json_object(path, DataError, "re-run scripts.prepare_data")
     for key in ("dataset", "train", "val", "shards"):
         if key not in manifest:
             raise DataError(f"{path} has no {key!r} entry; re-run scripts.prepare_data")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from nanochat.jsonfile import read_json_object
+
 # GPT-4's split pattern except that numbers are grouped 1-2 digits at a time (nanochat's choice: fewer
 # number tokens are wasted at small vocab sizes).
 SPLIT_PATTERN = (
@@ -164,12 +166,7 @@ HEADER_TYPES = {"format": str, "pattern": str, "vocab_size": int, "special_token
 
 def _read_header(path: Path) -> dict:
     """tokenizer.json, checked: a JSON object with the format version and every key the loader needs."""
-    try:
-        header = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise TokenizerError(f"{path} is not valid JSON ({e}); retrain the tokenizer") from e
-    if not isinstance(header, dict):
-        raise TokenizerError(f"{path} is not a JSON object; retrain the tokenizer")
+    header = read_json_object(path, TokenizerError, "retrain the tokenizer")
     if header.get("format") != FORMAT_VERSION:
         raise TokenizerError(f"{path}: unknown format {header.get('format')!r} "
                              f"(expected {FORMAT_VERSION!r}); retrain the tokenizer")

@@ -40,7 +40,8 @@ from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, t
 from nanochat.optim import MuonAdamW, OptimConfig
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
-from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, on_rank0, remove_run, run_contents, sweep_trash
+from nanochat.run_dir import (RunDirLock, describe_owner, ensure_writable, on_rank0, remove_run, run_contents,
+                              sweep_trash)
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
 from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
@@ -155,7 +156,8 @@ def claim_run_dir(args, stack: ExitStack) -> None:
             ensure_writable(run_dir / ckpt.CKPT_DIR, "--run-dir")
         swept = sweep_trash(run_dir) + ckpt.sweep_leftovers(run_dir)
         if swept:
-            notes.append(f"removed what an interrupted save, prune or --overwrite left in {run_dir}: {', '.join(swept)}")
+            notes.append(f"removed what an interrupted save, prune or --overwrite left in {run_dir}: "
+                         f"{', '.join(swept)}")
         return notes
 
     for note in on_rank0(claim):
@@ -217,9 +219,10 @@ def check_resume_compatible(run: Run, meta: dict) -> dict:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {run.plan['num_iterations']}")
     if diffs:
         lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS)
+        hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
+                "--resume-override-lr)") if lr_hint else ""
         raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
-                         + "\n  ".join(diffs) + ("\n  (to continue with other learning rates on purpose, e.g. "
-                                                 "after a non-finite loss, add --resume-override-lr)" if lr_hint else ""))
+                         + "\n  ".join(diffs) + hint)
     return lr_changes
 
 
@@ -385,8 +388,8 @@ def final_eval(run: Run) -> dict:
         print0(f"final train bpb {out['train_bpb']:.6f}")
     if a.final_core and run.data.bundle is not None:
         res = run_core(run.model, run.data, a, run.device, run.autocast)
-        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"), core_missing=res.get("missing"),
-                   core_dtype=run.dtype)
+        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"),
+                   core_missing=res.get("missing"), core_dtype=run.dtype)
         print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
     run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
@@ -449,7 +452,7 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
     saved) and the flags that continue from it with lower learning rates."""
     steps = ckpt.list_steps(run.run_dir)
     flags = lr_flags_for(run, error.names) if isinstance(error, NonFiniteParams) else []
-    lower = (f"lower {' and '.join(flags)} (the non-finite tensors are trained with {'them' if len(flags) > 1 else 'it'})"
+    lower = (f"lower {' and '.join(flags)} (the LR{'s' if len(flags) > 1 else ''} of the non-finite tensors)"
              if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
                            "--memory-lr)")
     if not steps:

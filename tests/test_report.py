@@ -180,4 +180,5 @@ def test_check_completed_stops_the_cpu_demo_on_an_interrupted_model(tmp_path, ca
     demo = (REPO / "speedrun.sh").read_text().split("cpu_demo() {")[1].split("\n}\n")[0]
     assert "--resume auto" in demo  # running the demo again continues an interrupted model
     for run in ("base", "mome"):
-        assert demo.index(f'--run-dir "$root/{run}"') < demo.index(f'finished "$root/{run}"') < demo.index("write_report")
+        assert demo.index(f'--run-dir "$root/{run}"') < demo.index(f'finished "$root/{run}"') \
+            < demo.index("write_report")

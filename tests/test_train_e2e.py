@@ -149,7 +149,8 @@ def test_resume_with_lower_lr_after_nonfinite_is_deliberate_and_recorded(tmp_pat
     assert "--seed 42 (checkpoint) != 1" in capsys.readouterr().err
     assert train(run, "--num-iterations", "6", "--save-every", "2", "--resume", "2", "--matrix-lr", "0.01",
                  "--resume-override-lr") == 0
-    assert "--resume-override-lr: continuing from step 2 with --matrix-lr 0.01 (checkpoint 0.02)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--resume-override-lr: continuing from step 2 with --matrix-lr 0.01 (checkpoint 0.02)" in out
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     after = {r["step"]: r["lr_matrix"] for r in recs if r["kind"] == "train"}
     assert after[1] == before[1] and after[3] == pytest.approx(before[3] / 2, rel=1e-12)

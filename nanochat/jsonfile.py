@@ -1,0 +1,17 @@
+"""Reading the small JSON files every tool depends on (manifest, tokenizer header, checkpoint meta) with one clear
+error that names the file, whatever is wrong with it: not UTF-8, not JSON, or not a JSON object."""
+
+import json
+from pathlib import Path
+
+
+def read_json_object(path, error: type[Exception], advice: str) -> dict:
+    """The JSON object in ``path``; raises ``error`` naming the file and ending with ``advice`` otherwise."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise error(f"{path} is not valid JSON ({e}); {advice}") from e
+    if not isinstance(obj, dict):
+        raise error(f"{path} is not a JSON object; {advice}")
+    return obj
