@@ -198,23 +198,3 @@ def sweep_trash(run_dir) -> list[str]:
         shutil.rmtree(p, ignore_errors=True)
     return [p.name for p in gone]
 
-
-def on_rank0(fn):
-    """``fn()`` run on rank 0 only, its result on every rank; if it raises, every rank raises ValueError with its
-    message (a collective under torch.distributed: every rank must call it)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return fn()
-    box = [None]
-    if dist.get_rank() == 0:
-        try:
-            box = [("ok", fn())]
-        except ValueError as e:
-            box = [("error", str(e))]
-            dist.broadcast_object_list(box, src=0)
-            raise
-    dist.broadcast_object_list(box, src=0)
-    if box[0][0] == "error":
-        raise ValueError(box[0][1])
-    return box[0][1]

@@ -53,14 +53,15 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         tokenizer = get_tokenizer(tok_dir)
         if args.vocab_size is not None:
             check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
+        token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)
         try:
             load_manifest(data_dir)
-            return tokenizer, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
+            return tokenizer, token_bytes, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
                                                rank=rank, world_size=world, seed=args.data_seed, device=device)
         except DataError as e:
             raise ValueError(f"--data-dir {data_dir}: {e}") from e
 
-    tokenizer, loader = every_rank_ok(open_local)
+    tokenizer, token_bytes, loader = every_rank_ok(open_local)
     try:
         rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
                                world_size=world)
@@ -69,7 +70,6 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
                                      world_size=world)
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
-    token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)
     return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
                    train_rows=train_rows, tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()))
 

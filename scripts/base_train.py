@@ -40,8 +40,7 @@ from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, t
 from nanochat.optim import MuonAdamW, OptimConfig
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
-from nanochat.run_dir import (RunDirLock, describe_owner, ensure_writable, on_rank0, remove_run, run_contents,
-                              sweep_trash)
+from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
 from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
@@ -57,9 +56,9 @@ TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_ba
                    "final_lr_frac", "muon_momentum_start", "muon_momentum_end", "muon_momentum_ramp", "seed",
                    "data_seed", "synthetic_data", "dtype")
 LR_KEYS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr")  # --resume-override-lr
-# the flag that sets each optimizer group's LR (nanochat.optim.build_param_groups; the rest use --matrix-lr)
+# the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
 GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
-                 "x0_lambdas": "--scalar-lr", "memory_tables": "--memory-lr"}
+                 "x0_lambdas": "--scalar-lr", "scalars": "--scalar-lr", "memory_tables": "--memory-lr"}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -160,7 +159,7 @@ def claim_run_dir(args, stack: ExitStack) -> None:
                          f"{', '.join(swept)}")
         return notes
 
-    for note in on_rank0(claim):
+    for note in rank0_decides(claim):
         print0(note)
 
 
@@ -439,9 +438,13 @@ def prepare_resume(run: Run) -> int | None:
 def lr_flags_for(run: Run, names: list[str]) -> list[str]:
     """The LR flags of the optimizer groups that hold the named parameters (model state-dict names)."""
     group_of = {id(p): g["name"] for g in run.optimizer.param_groups for p in g["params"]}
+    tied_to_unembedding = getattr(run.model, "lm_head", 0) is None and \
+        getattr(run.model, "tied_embedding_lr", None) == "unembedding"  # a tied Llama-family wte
     flags = []
     for name, p in run.model.named_parameters():
         flag = GROUP_LR_FLAG.get(group_of.get(id(p)), "--matrix-lr")
+        if group_of.get(id(p)) == "wte" and tied_to_unembedding:
+            flag = "--unembedding-lr"
         if name in names and flag not in flags:
             flags.append(flag)
     return flags
