@@ -21,26 +21,6 @@ bash scripts/setup_env.sh
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1
 
-write_report() {  # write_report OUT TITLE RUN_DIR...  -> a markdown table from each run's summary.json
-    python - "$@" <<'EOF'
-import json, sys
-from pathlib import Path
-out, title, runs = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-lines = [f"# {title}", "", "| run | memory | params total | params memory | steps | tokens | train min | val bpb | CORE |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-for run in runs:
-    s = json.loads((Path(run) / "summary.json").read_text())
-    mem = json.loads((Path(run) / "config.json").read_text())["model_config"]["memory"]
-    core = f"{s['core']:.4f} ({s['core_label']})" if s.get("core") is not None else "n/a (no bundle)"
-    lines.append(f"| {s['run_name']} | {mem} | {s['params_total']:,} | {s['params_memory']:,} | {s['step']} | "
-                 f"{s['tokens']:,} | {s['train_time_s'] / 60:.1f} | {s.get('val_bpb', float('nan')):.4f} | {core} |")
-lines += ["", "Each row: `summary.json`, `config.json` and `metrics.jsonl` in its run directory."]
-out.write_text("\n".join(lines) + "\n")
-print("\n".join(lines))
-print(f"report written to {out}")
-EOF
-}
-
 gpu_run() {
     local ngpu="$1" data="${NANOCHAT_DATA_DIR:-$HOME/.cache/nanochat/data}/fineweb-edu" run=runs/speedrun_d12_mome
     # the paper's d12 row: MoME A2/6 (token index) at 3e18 FLOPs, 524,288-token steps of 2048-token rows
@@ -56,7 +36,8 @@ gpu_run() {
     python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
     [ -f tokenizer/tokenizer.json ] || python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
     torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" --device-batch-size "$device_batch"
-    write_report "$run/report.md" "speedrun: d12 MoME (A2/6) at 3e18 FLOPs" "$run"
+    # base_train wrote $run/report.md (provenance, throughput, metrics); add the table and curves beside it
+    python -m scripts.report "$run" --output "$run/comparison.md" --title "speedrun: d12 MoME (A2/6) at 3e18 FLOPs"
 }
 
 cpu_demo() {
@@ -81,8 +62,8 @@ cpu_demo() {
     python -m scripts.base_train "${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 \
         --run-name speedrun_cpu_mome --run-dir "$root/mome"
     finished "$root/mome"
-    write_report "$root/report.md" "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)" \
-        "$root/base" "$root/mome"
+    python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \
+        --title "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)"
     echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
 }
 

@@ -181,4 +181,4 @@ def test_check_completed_stops_the_cpu_demo_on_an_interrupted_model(tmp_path, ca
     assert "--resume auto" in demo  # running the demo again continues an interrupted model
     for run in ("base", "mome"):
         assert demo.index(f'--run-dir "$root/{run}"') < demo.index(f'finished "$root/{run}"') \
-            < demo.index("write_report")
+            < demo.index("scripts.report \"$root/base\" \"$root/mome\"")
