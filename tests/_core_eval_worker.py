@@ -10,6 +10,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 from _eval_helpers import CharTok, tiny_gpt  # noqa: E402
 
+from nanochat.common import compute_cleanup  # noqa: E402
 from nanochat.core_eval import evaluate_core  # noqa: E402
 from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches  # noqa: E402
 
@@ -25,7 +26,7 @@ def main():
     if rank == 0:
         out.write_text(json.dumps(result))
     dist.barrier()
-    dist.destroy_process_group()
+    compute_cleanup()
 
 
 if __name__ == "__main__":
