@@ -173,9 +173,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos_sin, memory, mem_ctx, kv_cache):
+        h = x
         x = x + self.attn(norm(x), cos_sin, memory, mem_ctx, kv_cache)
-        x = x + self.mlp(norm(x))
-        return x
+        return x + memory.mlp_out(self.attn.layer_idx, h, self.mlp(norm(x)), mem_ctx)
 
 
 class GPT(nn.Module):
@@ -242,7 +242,9 @@ class GPT(nn.Module):
         return 6 * n + attn
 
     # -- forward ------------------------------------------------------------------------------------------
-    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean"):
+    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean", return_aux=False):
+        """-> logits (B, T, V) without targets; else the LM loss, or (LM loss, auxiliary loss) with
+        ``return_aux`` (the memory block's, a 0-dim zero when it has none; the trainer adds it before backward)."""
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
         if pos + T > self.rotary_len:
@@ -262,9 +264,18 @@ class GPT(nn.Module):
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
         if targets is None:
             return logits
-        return F.cross_entropy(
-            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
-        )
+        return lm_loss(logits, targets, loss_reduction, self.memory, mem_ctx, return_aux)
+
+
+def lm_loss(logits, targets, loss_reduction: str, memory, mem_ctx, return_aux: bool):
+    """Cross-entropy over (B, T, V) logits (targets -1 ignored), plus the memory block's auxiliary loss on request;
+    shared by every family's forward."""
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                           reduction=loss_reduction)
+    if not return_aux:
+        return loss
+    aux = memory.aux_loss(mem_ctx)
+    return loss, (aux.float() if aux is not None else torch.zeros((), device=loss.device))
 
 
 def build_model(config: GPTConfig, device: str | torch.device = "cpu", seed: int | None = None) -> GPT:

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanochat.gpt import GPT, VOCAB_PAD_MULTIPLE, causal_attention, rotary_tables
+from nanochat.gpt import GPT, VOCAB_PAD_MULTIPLE, causal_attention, lm_loss, rotary_tables
 from nanochat.memory import build_memory
 from nanochat.optim import OptimConfig, adamw_group, finalize_groups, memory_table_group, shape_routed_groups
 
@@ -156,8 +156,9 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config, layer_idx, has_up=not memory.owns_ffn_up(layer_idx))
 
     def forward(self, x, cos_sin, memory, mem_ctx, kv_cache):
+        h = x
         x = x + self.attn(self.norm_attn(x), cos_sin, memory, mem_ctx, kv_cache)
-        return x + self.mlp(self.norm_mlp(x), memory, mem_ctx)
+        return x + memory.mlp_out(self.mlp.layer_idx, h, self.mlp(self.norm_mlp(x), memory, mem_ctx), mem_ctx)
 
 
 class Llama(nn.Module):
@@ -240,7 +241,7 @@ class Llama(nn.Module):
         return finalize_groups(self, groups)
 
     # -- forward ------------------------------------------------------------------------------------------
-    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean"):
+    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean", return_aux=False):
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
         if pos + T > self.rotary_len:
@@ -258,6 +259,4 @@ class Llama(nn.Module):
         logits = F.linear(x, head)[..., : self.config.vocab_size].float()
         if targets is None:
             return logits
-        return F.cross_entropy(
-            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
-        )
+        return lm_loss(logits, targets, loss_reduction, self.memory, mem_ctx, return_aux)

@@ -34,34 +34,48 @@ def gather_objects(obj) -> list:
 
 
 def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device,
-               stop_requested: bool = False) -> tuple[float, float, bool]:
-    """Run ``grad_accum`` micro-steps and one optimizer step; return (loss, grad norm, stop on any rank).
+               stop_requested: bool = False) -> tuple[float, float, bool, float]:
+    """Run ``grad_accum`` micro-steps and one optimizer step; return (LM loss, grad norm, stop on any rank, aux loss).
 
     Each micro-loss is divided by grad_accum, so the summed gradient equals the gradient of the mean loss over
     the whole per-rank batch; MuonAdamW.step then averages over ranks (its reductions start from gradient hooks
-    during the last micro-step's backward). The returned loss is the mean over micro-steps and ranks (the loss of
-    the full global batch), not rank 0's last micro-batch. The loss, the grad norm and every rank's stop request
-    come back in ONE host sync per step (one small all-reduce with several processes).
+    during the last micro-step's backward). The memory block's auxiliary loss (JTok-M's balance; 0 for most
+    blocks) is added before backward and reported apart from the LM loss. The returned losses are means over
+    micro-steps and ranks (the loss of the full global batch), not rank 0's last micro-batch. The losses, the
+    grad norm and every rank's stop request come back in ONE host sync per step (one small all-reduce with
+    several processes).
     """
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    aux_sum = torch.zeros((), dtype=torch.float64, device=device)
     for micro in range(grad_accum):
         x, y = next(loader)
         with autocast_ctx:
-            loss = model(x, targets=y)
+            loss, aux = model(x, targets=y, return_aux=True)
         loss_sum += loss.detach().double()
+        aux_sum += aux.detach().double()
         if micro == grad_accum - 1:
             optimizer.arm_grad_hooks()
-        (loss / grad_accum).backward()
+        ((loss + aux) / grad_accum).backward()
     optimizer.step()
-    getattr(model, "_orig_mod", model).memory.after_optimizer_step()  # e.g. MoME's balancing-bias update
+    after_optimizer_step(model)
     model.zero_grad(set_to_none=True)
-    shared = torch.stack([loss_sum / grad_accum, torch.tensor(float(stop_requested), dtype=torch.float64,
-                                                                 device=device)])
+    shared = torch.stack([loss_sum / grad_accum, aux_sum / grad_accum,
+                          torch.tensor(float(stop_requested), dtype=torch.float64, device=device)])
     if _dist_on():
         dist.all_reduce(shared, op=dist.ReduceOp.SUM)
-        shared[0] /= dist.get_world_size()
-    loss_mean, stop_count, gnorm = torch.cat([shared, optimizer.grad_norm.double().reshape(1)]).tolist()
-    return loss_mean, gnorm, stop_count > 0
+        shared[:2] /= dist.get_world_size()
+    loss_mean, aux_mean, stop_count, gnorm = torch.cat([shared, optimizer.grad_norm.double().reshape(1)]).tolist()
+    return loss_mean, gnorm, stop_count > 0, aux_mean
+
+
+@torch.no_grad()
+def after_optimizer_step(model) -> None:
+    """Call ``after_optimizer_step()`` of every module that has one, once per optimizer step: the memory block
+    (MoME's balancing-bias update) and backbone parts with state of their own (the MoE FFN's routing bias)."""
+    for module in getattr(model, "_orig_mod", model).modules():
+        hook = getattr(module, "after_optimizer_step", None)
+        if hook is not None:
+            hook()
 
 
 class SyntheticLoader:

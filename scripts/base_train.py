@@ -302,13 +302,14 @@ def save(run: Run, reason: str) -> None:
     run.last_saved = step
 
 
-def log_train(run: Run, loss: float, gnorm: float, sched_vals: dict, dt: float, bar, eta: float) -> None:
+def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: dict, dt: float, bar,
+              eta: float) -> None:
     step, n, tb = run.loop["step"], run.plan["num_iterations"], run.args.total_batch_size
     tok_s = tb / dt if dt > 0 else 0.0
     util = mfu(run.plan["flops_per_token"] * tb, dt, peak_flops(run.device), run.world)
     muon = next(g for g in run.optimizer.param_groups if g["kind"] == "muon")
     rec = {"kind": "train", "step": step, "tokens": step * tb, "flops": step * tb * run.plan["flops_per_token"],
-           "loss": loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
+           "loss": loss, "aux_loss": aux_loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
            "muon_momentum": sched_vals["muon_momentum"], "muon_wd": muon["weight_decay"], "dt": dt,
            "tok_per_sec": tok_s, "mfu": util, "train_time": run.loop["train_time"]}
     rec.update({k: float(v) for k, v in run.model.memory.stats().items()})  # keys are "memory/..."
@@ -360,7 +361,7 @@ def train(run: Run, resumed_at: int | None) -> str:
                 return "interrupted"
             sched_vals = apply_schedules(run.optimizer, step, run.sched)
             t0 = time.perf_counter()
-            loss, gnorm, stop_any = train_step(run.step_model, run.optimizer, run.data.loader,
+            loss, gnorm, stop_any, aux_loss = train_step(run.step_model, run.optimizer, run.data.loader,
                                                run.plan["grad_accum_steps"], run.autocast, run.device,
                                                stop.received is not None)
             dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
@@ -372,7 +373,7 @@ def train(run: Run, resumed_at: int | None) -> str:
             steady = loop["steady_time"] / loop["steady_steps"] if loop["steady_steps"] else float("nan")
             bar.update(1)
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
-                log_train(run, loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
+                log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
     finally:
         stop.uninstall()
         bar.close()

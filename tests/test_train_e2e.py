@@ -91,9 +91,9 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypat
     calls = {"n": 0}
 
     def poisoned(*a, **k):
-        loss, g, stop = real(*a, **k)
+        loss, g, stop, aux = real(*a, **k)
         calls["n"] += 1
-        return (float("nan") if calls["n"] == 3 else loss), g, stop
+        return (float("nan") if calls["n"] == 3 else loss), g, stop, aux
 
     monkeypatch.setattr(base_train, "train_step", poisoned)
     run = tmp_path / "r"

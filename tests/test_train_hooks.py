@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from conftest import tiny_config
@@ -87,3 +88,69 @@ def test_shared_bigram_table_sparse_grad_trains_like_dense(monkeypatch):
         for (name, a), b in zip(sparse_model.named_parameters(), dense_model.parameters()):
             assert torch.equal(a, b), name
     assert compared == 2  # step 1: zero-init output projections, so the table gets gradient from step 2 on
+
+
+class _ToyHookBlock:
+    """A memory block using the two training-time hooks: it scales every FFN increment by ``scale`` (given the
+    block input, which it records) and returns ``weight**2`` as its auxiliary loss."""
+
+    @staticmethod
+    def make(scale: float):
+        from nanochat.memory.base import MemoryBlock
+
+        class Toy(MemoryBlock):
+            def __init__(self, config):
+                super().__init__(config)
+                self.weight = torch.nn.Parameter(torch.empty(()))
+                self.seen = []
+
+            def init_weights(self):
+                self.weight.data.fill_(3.0)
+
+            def scalar_params(self):
+                return [self.weight]
+
+            def prepare(self, idx, state):
+                return {"aux": []}
+
+            def mlp_out(self, layer, h, delta, ctx):
+                self.seen.append((layer, h.shape))
+                ctx["aux"].append(self.weight.square())
+                return delta * scale
+
+            def aux_loss(self, ctx):
+                return torch.stack(ctx["aux"]).mean()
+
+        return Toy
+
+
+@pytest.mark.parametrize("family", ["nanochat", "mobilellm"])
+def test_mlp_out_and_aux_loss_hooks(monkeypatch, family):
+    from nanochat import memory
+    from nanochat.families import FAMILIES, param_groups
+    from nanochat.optim import MuonAdamW, OptimConfig
+
+    monkeypatch.setitem(memory.MEMORY_BLOCKS, "toy", _ToyHookBlock.make(0.0))
+    cfg_cls = FAMILIES[family].config_cls
+    extra = {} if family == "nanochat" else {"ffn_hidden": 64}
+    toy = build_model(cfg_cls(**tiny_config(memory="toy").to_dict() | extra), seed=0)
+    base = build_model(cfg_cls(**tiny_config().to_dict() | extra), seed=0)
+    with torch.no_grad():  # the toy block zeroes every FFN increment: the base model with zero FFN outputs
+        for block in base.blocks:
+            block.mlp.c_proj.weight.zero_()
+        for block in toy.blocks:
+            block.mlp.c_proj.weight.normal_()
+    idx = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(toy(idx), base(idx), rtol=0, atol=0)
+    assert toy.memory.seen[:2] == [(0, (2, 16, 128)), (1, (2, 16, 128))]
+    loss, aux = toy(idx, targets=idx, return_aux=True)
+    assert torch.equal(loss, toy(idx, targets=idx)) and aux.item() == 9.0
+    _, zero = base(idx, targets=idx, return_aux=True)
+    assert zero.item() == 0.0 and zero.shape == ()
+    # the trainer adds the auxiliary loss before backward and reports it apart from the LM loss
+    opt = MuonAdamW(param_groups(toy, OptimConfig()))
+    data = iter([(idx, idx)] * 2)
+    lm, _, _, aux_mean = train_step(toy, opt, data, grad_accum=2, autocast_ctx=torch.autocast("cpu", enabled=False),
+                                    device="cpu")
+    assert aux_mean == 9.0 and abs(lm - loss.item()) < 1e-4
+    assert toy.memory.weight.item() != 3.0  # d aux / d weight = 6 reached the optimizer

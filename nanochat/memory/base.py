@@ -1,13 +1,17 @@
 """The memory-block extension point.
 
 A memory block is one ``nn.Module`` owned by the model (``model.memory``), whatever the backbone family
-(``nanochat.families``). The model calls it at up to four places:
+(``nanochat.families``). The model calls it at up to five places:
 
     ctx = memory.prepare(idx, state)            once per forward, before layer 0 (e.g. hash indices once)
     x   = memory.residual(layer, x, ctx)        every layer, before the block (nanochat: after the resid/x0 mix)
     v   = memory.value(layer, xn, v, ctx)       every layer, inside attention, before RoPE/SDPA
     u   = memory.ffn_up(layer, xn, ctx)         SwiGLU families only, on the layers where owns_ffn_up(layer):
                                                 the block provides the FFN's up-projection output (STEM)
+    dm  = memory.mlp_out(layer, h, dm, ctx)     every layer, on the FFN's output increment before it joins the
+                                                residual; h is the block input (JTok multiplies, JTok-M adds)
+    aux = memory.aux_loss(ctx)                  once per training forward, after the last layer: an auxiliary
+                                                loss (e.g. JTok-M's load balance) the trainer adds to the LM loss
 
 ``idx`` is (B, T) token ids, ``x`` the (B, T, C) residual stream, ``xn`` the normed attention (or FFN) input and
 ``v`` the (B, T, H_kv, d) value heads before the GQA expansion. A block returns its inputs unchanged on layers it
@@ -61,13 +65,18 @@ class MemoryBlock(nn.Module):
         self.opts = parse_options(self.Options, dict(config.memory_options), config.memory)
         self.layers: tuple[int, ...] = ()
         if self.uses_layers:
-            layers = tuple(config.memory_layers) if config.memory_layers else default_memory_layers(config.n_layer)
+            layers = tuple(config.memory_layers) if config.memory_layers else self.default_layers(config.n_layer)
             bad = [i for i in layers if not 0 <= i < config.n_layer]
             if bad or not layers or len(set(layers)) != len(layers):
                 raise ValueError(
                     f"--memory-layers {','.join(map(str, layers))}: need distinct layer ids in [0, {config.n_layer - 1}]"
                 )
             self.layers = tuple(sorted(layers))
+
+    @classmethod
+    def default_layers(cls, n_layer: int) -> tuple[int, ...]:
+        """The layers a block uses when --memory-layers is not given (a block may override this)."""
+        return default_memory_layers(n_layer)
 
     # -- parameters -------------------------------------------------------------------------------------
     def init_weights(self) -> None:
@@ -96,6 +105,14 @@ class MemoryBlock(nn.Module):
     def ffn_up(self, layer: int, xn: torch.Tensor, ctx: Any) -> torch.Tensor:
         """The (B, T, d_ffn) up-projection output on a layer this block owns; called only there."""
         raise NotImplementedError(f"{type(self).__name__} owns no FFN up-projection (layer {layer})")
+
+    def mlp_out(self, layer: int, h: torch.Tensor, delta: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The FFN increment ``delta`` (B, T, C) of ``layer`` before ``x + delta``; ``h`` is the block input."""
+        return delta
+
+    def aux_loss(self, ctx: Any) -> torch.Tensor | None:
+        """An auxiliary training loss built during this forward (None: the block has none)."""
+        return None
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
