@@ -177,6 +177,8 @@ def build_run(args, stack: ExitStack) -> Run:
     data.bundle = resolve_bundle(args)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
+    # e.g. Engram's compression map; on --resume the checkpoint's weights and buffers then replace what this built
+    model.memory.bind_tokenizer(data.tokenizer)
     oc = OptimConfig(embedding_lr=args.embedding_lr, unembedding_lr=args.unembedding_lr, matrix_lr=args.matrix_lr,
                      scalar_lr=args.scalar_lr, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
                      weight_decay=args.weight_decay, memory_lr=args.memory_lr, memory_beta1=args.memory_beta1,

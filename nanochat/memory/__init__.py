@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .base import MemoryBlock, default_memory_layers
 from .bigram import BigramMemory
+from .engram import COMPRESSIONS, EngramMemory
 from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
 from .slot_map import file_sha256
 from .stem import STEMMemory
@@ -22,6 +23,7 @@ MEMORY_BLOCKS: dict[str, type[MemoryBlock]] = {
     "bigram": BigramMemory,
     "mome": MoMEMemory,
     "stem": STEMMemory,
+    "engram": EngramMemory,
 }
 
 # (block, flag, option key, argparse kwargs); the argparse default is the block's Options default.
@@ -40,6 +42,15 @@ BLOCK_FLAGS = [
     ("mome", "--mome-routing", "routing", dict(default="context", choices=ROUTINGS)),
     ("mome", "--mome-balance", "balance", dict(default="none", choices=BALANCES)),
     ("mome", "--mome-balance-lr", "balance_lr", dict(type=float, default=0.001)),
+    ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
+    ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),
+    ("engram", "--engram-dim", "dim", dict(type=int, default=0, help="d_mem per module (0 = n_embd)")),
+    ("engram", "--engram-first-prime", "first_prime", dict(type=int, default=195131,
+                                                            help="table sizes: the distinct primes >= this")),
+    ("engram", "--engram-kernel", "kernel", dict(type=int, default=4, help="causal depthwise conv width")),
+    ("engram", "--engram-compression", "compression", dict(default="tokenizer", choices=COMPRESSIONS,
+                                                           help="vocabulary compression map P (identity: none)")),
+    ("engram", "--engram-seed", "seed", dict(type=int, default=0, help="seed of the hash multipliers")),
 ]
 
 

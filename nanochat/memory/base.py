@@ -82,6 +82,10 @@ class MemoryBlock(nn.Module):
     def init_weights(self) -> None:
         """Set every parameter and buffer (the module was built on the meta device)."""
 
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Given the run's tokenizer (None with --synthetic-data) once, on a fresh training run after
+        ``init_weights`` (Engram builds its compression map here; a checkpoint carries what it builds)."""
+
     def memory_tables(self) -> list[nn.Parameter]:
         return []
 
