@@ -147,6 +147,15 @@ def test_zero_conv_gives_v_tilde():
     torch.testing.assert_close(y[0], v_gated, atol=1e-6, rtol=1e-5)
 
 
+def test_analysis_capture_sees_the_gate():
+    from nanochat.analysis import run_captured
+
+    model = _model().eval()
+    cap = run_captured(model, torch.randint(0, 512, (2, 10), generator=torch.Generator().manual_seed(1)))
+    assert cap["gamma"].shape == cap["inject_norm"].shape == (2, 10, 2, 1)  # (B, T, modules, one gate)
+    assert bool(((cap["gamma"] > 0) & (cap["gamma"] < 1)).all()) and bool((cap["inject_norm"] > 0).all())
+
+
 @torch.no_grad()
 def test_causal():
     model = _model().eval()
@@ -297,6 +306,23 @@ def test_real_tokenizer_map_reaches_the_checkpoint(tmp_path, embedded_data_dir, 
     P = model.memory.compression.tolist()
     assert P[: tok.vocab_size] == expect and len(set(expect)) < tok.vocab_size  # a real, many-to-one map
     assert int(model.memory.pad_id) == P[tok.bos_token_id]
+
+
+@pytest.mark.slow  # ~50 s of compilation on 2 CPU cores
+def test_compiles_fullgraph_in_training_mode():
+    model = _model()
+    ref = _model()
+    model.train()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    data = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+    loss = compiled(data[:, :-1], data[:, 1:])
+    loss.backward()
+    ref_loss = ref(data[:, :-1], data[:, 1:])
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
+    for p, q in ((model.memory.table.weight, ref.memory.table.weight),
+                 (model.memory.fusions[0].conv_weight, ref.memory.fusions[0].conv_weight)):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
 
 
 from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)

@@ -25,7 +25,7 @@ offsets), so ``prepare`` does the hash and ONE embedding lookup per forward. The
 the padded vocab (an upper bound on every compressed id) instead of the demo's |V'|: they are drawn when the model
 is built, before the tokenizer is bound, and x' m < 2^63 still holds; they are a persistent buffer, so a NumPy
 whose stream differs cannot change a trained model. Without a tokenizer (``--engram-compression identity``) the
-pad is the id this repo's tokenizer gives <|bos|> (the first special token: vocab_size - 9). Decoding carries in
+pad is the id this repo's tokenizer gives <|bos|> (the first of the 9 special tokens: vocab_size - 9). Decoding carries in
 ``state`` the last N-1 compressed ids (= P of the raw tokens, the pad before the start) and, per module, the last
 (kernel-1) * N rows of V~ (before the conv's norm).
 """
@@ -39,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from nanochat.tokenizer import SPECIAL_TOKENS
 
 from .base import MemoryBlock
 from .ve import record
@@ -167,7 +169,8 @@ class EngramMemory(MemoryBlock):
         self.dilation, self.span = o.max_order, (o.kernel - 1) * o.max_order  # span: V~ rows the conv looks back
         self.layer_pos = {layer: i for i, layer in enumerate(self.layers)}
         n_mod = len(self.layers)
-        # primes assigned layer -> order -> head; (n_mod, N-1, K) nested lists, recorded for configs and logs
+        # table sizes: primes assigned layer -> order -> head, head_sizes[module][order - 2][head] (d24: 195,131 ..
+        # 195,493); a function of the options alone, so the config determines them
         flat = ascending_primes(o.first_prime, n_mod * per_head)
         it = iter(flat)
         self.head_sizes = [[[next(it) for _ in range(o.heads)] for _ in range(o.max_order - 1)] for _ in range(n_mod)]
@@ -199,7 +202,7 @@ class EngramMemory(MemoryBlock):
         for fusion in self.fusions:
             fusion.init_weights()
         self.compression.copy_(torch.arange(self.padded_vocab))
-        self.pad_id.fill_(max(self.vocab_size - 9, 0))  # nanochat.tokenizer: <|bos|> is the first of 9 specials
+        self.pad_id.fill_(max(self.vocab_size - len(SPECIAL_TOKENS), 0))  # <|bos|>: the first special token
         o = self.opts
         self.multipliers.copy_(torch.tensor([layer_multipliers(o.seed, layer, o.max_order, self.padded_vocab)
                                              for layer in self.layers]))
@@ -269,7 +272,8 @@ class EngramMemory(MemoryBlock):
         alpha = torch.sigmoid(a.sign() * a.abs().clamp_min(1e-6).sqrt())  # (B, T, 1)
         v_gated = alpha * v  # V~ (B, T, C)
         y = F.silu(self.short_conv(pos, v_gated, ctx["state"])) + v_gated
-        record(self.capture, layer, gate=alpha[..., 0], inject_norm=y.float().norm(dim=-1))
+        # analysis (nanochat.analysis): the gate as one "head" of gamma, like VE/Bigram's per-head gates
+        record(self.capture, layer, gamma=alpha, inject_norm=y.float().norm(dim=-1, keepdim=True))
         return x + y.to(x.dtype)
 
     def short_conv(self, pos: int, v_gated: torch.Tensor, state: dict | None) -> torch.Tensor:
@@ -288,4 +292,5 @@ class EngramMemory(MemoryBlock):
         return y.transpose(1, 2)  # (B, T, C)
 
     def stats(self) -> dict[str, float]:
-        return {"memory/engram/compressed_ids": float(self.compression[: self.vocab_size].unique().numel())}
+        return {"memory/engram/compressed_ids": float(self.compression[: self.vocab_size].unique().numel()),
+                "memory/engram/table_rows": float(self.rows)}
