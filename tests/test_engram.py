@@ -237,6 +237,18 @@ def test_optimizer_groups():
     assert model.estimate_flops() - base.estimate_flops() == 6 * extra  # the table is excluded
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--engram-heads", "0"], "--engram-heads must be an integer >= 1"),
+    (["--engram-max-order", "1"], "--engram-max-order must be an integer >= 2"),
+    (["--engram-dim", "100"], "--engram-dim 100 must be divisible by"),
+    (["--memory-layers", "1,99"], "--memory-layers 1,99"),
+])
+def test_flag_errors(tmp_path, capsys, flags, message):
+    argv = ["--depth", "4", "--memory", "engram", *flags, "--dry-run", "--run-dir", str(tmp_path)]
+    assert base_train.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_normaliser():
     assert normalize_token("  Hello\tWorld \n") == "hello world"
     assert normalize_token("Café") == "cafe" and normalize_token("ÉCOLE") == "ecole"

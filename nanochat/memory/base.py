@@ -83,8 +83,9 @@ class MemoryBlock(nn.Module):
         """Set every parameter and buffer (the module was built on the meta device)."""
 
     def bind_tokenizer(self, tokenizer) -> None:
-        """Given the run's tokenizer (None with --synthetic-data) once, on a fresh training run after
-        ``init_weights`` (Engram builds its compression map here; a checkpoint carries what it builds)."""
+        """The trainer passes the run's tokenizer (None with --synthetic-data) right after ``init_weights``, e.g. for
+        Engram's compression map; what it builds must be in the state dict, since a resume, eval or sampling
+        gets it from the checkpoint (a resume loads the checkpoint after this call)."""
 
     def memory_tables(self) -> list[nn.Parameter]:
         return []

@@ -25,9 +25,9 @@ offsets), so ``prepare`` does the hash and ONE embedding lookup per forward. The
 the padded vocab (an upper bound on every compressed id) instead of the demo's |V'|: they are drawn when the model
 is built, before the tokenizer is bound, and x' m < 2^63 still holds; they are a persistent buffer, so a NumPy
 whose stream differs cannot change a trained model. Without a tokenizer (``--engram-compression identity``) the
-pad is the id this repo's tokenizer gives <|bos|> (the first of the 9 special tokens: vocab_size - 9). Decoding carries in
-``state`` the last N-1 compressed ids (= P of the raw tokens, the pad before the start) and, per module, the last
-(kernel-1) * N rows of V~ (before the conv's norm).
+pad is the id this repo's tokenizer gives <|bos|> (the first of its 9 special tokens: vocab_size - 9). Decoding
+carries in ``state`` the last N-1 compressed ids (= P of the raw tokens, the pad before the start) and, per
+module, the last (kernel-1) * N rows of V~ (before the conv's norm).
 """
 
 import math
@@ -132,7 +132,8 @@ class EngramOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{flag} must be an integer >= {low} (got {value!r})")
         if self.compression not in COMPRESSIONS:
-            raise ValueError(f"--engram-compression {self.compression!r} is unknown; allowed: {', '.join(COMPRESSIONS)}")
+            raise ValueError(f"--engram-compression {self.compression!r} is unknown; "
+                             f"allowed: {', '.join(COMPRESSIONS)}")
 
 
 class EngramFusion(nn.Module):
@@ -180,8 +181,9 @@ class EngramMemory(MemoryBlock):
         self.register_buffer("compression", torch.empty(self.padded_vocab, dtype=torch.long))  # P, in checkpoints
         self.register_buffer("pad_id", torch.empty((), dtype=torch.long))  # P(BOS), in checkpoints
         self.register_buffer("multipliers", torch.empty(n_mod, o.max_order, dtype=torch.long))
-        self.register_buffer("primes", torch.empty(n_mod, o.max_order - 1, o.heads, dtype=torch.long), persistent=False)
-        self.register_buffer("offsets", torch.empty(n_mod, o.max_order - 1, o.heads, dtype=torch.long), persistent=False)
+        grid = (n_mod, o.max_order - 1, o.heads)  # head sizes and first rows, rebuilt from the options
+        self.register_buffer("primes", torch.empty(grid, dtype=torch.long), persistent=False)
+        self.register_buffer("offsets", torch.empty(grid, dtype=torch.long), persistent=False)
         self.compression_ready = o.compression == "identity"  # "tokenizer": bind_tokenizer or a checkpoint sets P
         self.register_load_state_dict_post_hook(EngramMemory._loaded)
         self.capture: dict | None = None
@@ -268,12 +270,13 @@ class EngramMemory(MemoryBlock):
         fusion = self.fusions[pos]
         e = ctx["emb"][:, :, pos]  # (B, T, d_mem)
         k, v = fusion.key(e), fusion.value(e)  # (B, T, C) each
-        a = (F.rms_norm(x, (self.n_embd,)) * F.rms_norm(k, (self.n_embd,))).sum(-1, keepdim=True) / math.sqrt(self.n_embd)
+        C = self.n_embd
+        a = (F.rms_norm(x, (C,)) * F.rms_norm(k, (C,))).sum(-1, keepdim=True) / math.sqrt(C)  # (B, T, 1)
         alpha = torch.sigmoid(a.sign() * a.abs().clamp_min(1e-6).sqrt())  # (B, T, 1)
         v_gated = alpha * v  # V~ (B, T, C)
         y = F.silu(self.short_conv(pos, v_gated, ctx["state"])) + v_gated
-        # analysis (nanochat.analysis): the gate as one "head" of gamma, like VE/Bigram's per-head gates
-        record(self.capture, layer, gamma=alpha, inject_norm=y.float().norm(dim=-1, keepdim=True))
+        if self.capture is not None:  # nanochat.analysis: the gate as one "head" of VE/Bigram's per-head gamma
+            record(self.capture, layer, gamma=alpha, inject_norm=y.float().norm(dim=-1, keepdim=True))
         return x + y.to(x.dtype)
 
     def short_conv(self, pos: int, v_gated: torch.Tensor, state: dict | None) -> torch.Tensor:
