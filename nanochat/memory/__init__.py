@@ -12,6 +12,7 @@ from pathlib import Path
 from .base import MemoryBlock, default_memory_layers
 from .bigram import BigramMemory
 from .engram import COMPRESSIONS, EngramMemory
+from .jtok import JTokMemory, JTokMMemory
 from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
 from .slot_map import file_sha256
 from .stem import STEMMemory
@@ -24,6 +25,8 @@ MEMORY_BLOCKS: dict[str, type[MemoryBlock]] = {
     "mome": MoMEMemory,
     "stem": STEMMemory,
     "engram": EngramMemory,
+    "jtok": JTokMemory,
+    "jtokm": JTokMMemory,
 }
 
 # (block, flag, option key, argparse kwargs); the argparse default is the block's Options default.
@@ -51,6 +54,12 @@ BLOCK_FLAGS = [
     ("engram", "--engram-compression", "compression", dict(default="tokenizer", choices=COMPRESSIONS,
                                                            help="vocabulary compression map P (identity: none)")),
     ("engram", "--engram-seed", "seed", dict(type=int, default=0, help="seed of the hash multipliers")),
+    ("jtok", "--jtok-eps", "eps", dict(type=float, default=1e-6, help="eps of Norm(u) = u / (||u||_2 + eps)")),
+    ("jtokm", "--jtokm-experts", "experts", dict(type=int, default=4, help="n_e, tables in each layer's pool")),
+    ("jtokm", "--jtokm-topk", "topk", dict(type=int, default=2, help="K, tables mixed per token (K >= 2)")),
+    ("jtokm", "--jtokm-aux-weight", "aux_weight", dict(type=float, default=1e-4,
+                                                         help="lambda of the load-balance loss, per layer")),
+    ("jtokm", "--jtokm-eps", "eps", dict(type=float, default=1e-6, help="eps of Norm(u) = u / (||u||_2 + eps)")),
 ]
 
 
