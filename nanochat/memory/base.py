@@ -93,6 +93,11 @@ class MemoryBlock(nn.Module):
     def scalar_params(self) -> list[nn.Parameter]:
         return []
 
+    def active_table_params(self) -> int:
+        """Table parameters one token reads (the "active/token" count of ``GPT.num_params``; FLOPs never count
+        tables). Default: all of them, an upper bound; a block whose lookups touch a known part overrides it."""
+        return sum(p.numel() for p in self.memory_tables())
+
     # -- forward hooks ----------------------------------------------------------------------------------
     def prepare(self, idx: torch.Tensor, state: dict | None) -> Any:
         return None
