@@ -147,10 +147,11 @@ class MoEFFN(nn.Module):
         w = s.gather(-1, sel)
         return sel, w / w.sum(dim=-1, keepdim=True)
 
-    def _use_grouped(self, dtype: torch.dtype, n_embd: int) -> bool:
+    def _use_grouped(self, x: torch.Tensor, dtype: torch.dtype) -> bool:
         if GROUPED_MM is not None:
             return GROUPED_MM
-        return dtype == torch.bfloat16 and n_embd % 8 == 0 and self.hidden % 8 == 0
+        aligned = x.size(-1) % 8 == 0 and self.hidden % 8 == 0  # 16-byte row strides in bf16
+        return dtype == torch.bfloat16 and x.device.type in ("cuda", "cpu") and aligned
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -162,9 +163,9 @@ class MoEFFN(nn.Module):
                 self.balance_counts += counts
                 self.load_counts += counts
         order = torch.argsort(sel.reshape(-1), stable=True)  # (N*K,) assignment ids grouped by expert
-        xs = x[order // self.K]  # (N*K, C) each assignment's token, in expert order
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        if self._use_grouped(dtype, C):
+        xs = x.to(dtype)[order // self.K]  # (N*K, C) each assignment's token, in expert order (cast first: K x)
+        if self._use_grouped(x, dtype):
             ys = _grouped_experts(self.experts, xs, counts, dtype)
         else:
             ys = _looped_experts(self.experts, xs, counts)

@@ -186,6 +186,21 @@ def test_d24_stored_and_active_counts():
     assert dense["params_total"] == dense["params_active"] == D24_DENSE
 
 
+def test_active_memory_entries_per_block():
+    """A token reads <= min(M, H*K) distinct d-wide slots per MoME layer (+ its H*M logits row with token-only
+    routing); blocks without an override count every table parameter (an upper bound)."""
+    cfg = dict(n_layer=4, n_head=2, n_kv_head=2)  # C = 128, d = 64, memory layers 1 and 3
+    mome = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": 6, "topk": 2}))
+    assert mome["params_total"] - mome["params_active"] == mome["params_memory"] - 2 * min(6, 2 * 2) * 64
+    few = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": 3, "topk": 2}))
+    assert few["params_total"] - few["params_active"] == few["params_memory"] - 2 * 3 * 64
+    tok = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": 6, "topk": 2,
+                                                                         "routing": "token-only"}))
+    assert tok["params_total"] - tok["params_active"] == tok["params_memory"] - 2 * 4 * 64 - 2 * 6
+    ve = model_summary(tiny_config(**cfg, memory="ve"))
+    assert ve["params_active"] == ve["params_total"]
+
+
 def test_flops_count_active_experts_only():
     B = 1_048_576
     moe, dense = model_summary(GPTConfig.from_depth(24, **MOE)), model_summary(GPTConfig.from_depth(24))
@@ -325,7 +340,11 @@ def test_trains_on_cpu_with_decreasing_loss(tmp_path, memory):
         assert "memory/maxvio/layer1" in train[-1]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["params_active"] < summary["params_total"]
-    assert weights(run, 30)["blocks.0.mlp.bias"].abs().sum() > 0  # the balancing bias moved and was saved
+    w = weights(run, 30)
+    assert w["blocks.0.mlp.bias"].abs().sum() > 0  # the balancing bias moved and was saved
+    for i in range(2):  # every expert left its zero-init output projection: each one was trained
+        assert all(w[f"blocks.{i}.mlp.{part}.c_proj.weight"].abs().sum() > 0
+                   for part in ["shared.0", *(f"experts.{e}" for e in range(6))])
 
 
 def test_resume_is_bit_exact_with_the_saved_bias(tmp_path):
