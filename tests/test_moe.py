@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, run_torchrun, tiny_config
+from conftest import REPO, load_bench, run_torchrun, tiny_config
 from nanochat import checkpoint as ckpt
 from nanochat import moe as moe_module
 from nanochat.families import config_from_dict
@@ -372,6 +372,13 @@ def test_kv_cache_decoding_equals_the_full_forward():
     cache = KVCache.for_model(model, batch_size=2, max_len=12)
     parts = [model(idx[:, :5], kv_cache=cache)] + [model(idx[:, t : t + 1], kv_cache=cache) for t in range(5, 12)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_runs_every_design():
+    out = load_bench("moe").main(["--device", "cpu", "--tokens", "64", "--width", "64", "--reps", "1", "--warmup", "0"])
+    assert set(out["designs"]) == {"dense", "moe_grouped", "moe_looped"} and out["hidden"] == 64
+    assert out["designs"]["dense"]["ratio_to_dense"] == 1.0 and all(d["ms"] > 0 for d in out["designs"].values())
+    assert moe_module.GROUPED_MM is None  # the bench leaves the module's dispatch choice as it found it
 
 
 # -- CUDA ------------------------------------------------------------------------------------------------------
