@@ -323,6 +323,13 @@ def test_configs_without_ffn_fields_load_as_dense():
         GPTConfig(mlp="sparse")
 
 
+def test_reference_export_refuses_moe():
+    from nanochat.reference_format import ReferenceFormatError, reference_from_config
+
+    with pytest.raises(ReferenceFormatError, match="--mlp moe has no counterpart in the authors' code"):
+        reference_from_config(tiny_config(**MOE))
+
+
 # -- training through base_train -------------------------------------------------------------------------------
 @pytest.mark.parametrize("memory", [[], ["--memory", "mome", "--mome-slots", "4"]], ids=["moe", "moe_mome"])
 def test_trains_on_cpu_with_decreasing_loss(tmp_path, memory):
