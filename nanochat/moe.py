@@ -102,9 +102,9 @@ def _looped_experts(experts, xs: torch.Tensor, counts: torch.Tensor) -> torch.Te
 def _grouped_experts(experts, xs: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Same as ``_looped_experts`` with one grouped GEMM per matrix; offsets = segment ends, on the device."""
     offs = counts.cumsum(0).to(torch.int32)
-    w_fc = torch.stack([e.c_fc.weight for e in experts]).to(dtype)  # (E, h, C)
-    w_proj = torch.stack([e.c_proj.weight for e in experts]).to(dtype)  # (E, C, h)
-    hidden = torch._grouped_mm(xs.to(dtype), w_fc.transpose(-2, -1), offs=offs)  # (N*K, h)
+    w_fc = torch.stack([e.c_fc.weight.to(dtype) for e in experts])  # (E, h, C)
+    w_proj = torch.stack([e.c_proj.weight.to(dtype) for e in experts])  # (E, C, h)
+    hidden = torch._grouped_mm(xs, w_fc.transpose(-2, -1), offs=offs)  # (N*K, h); xs already in dtype
     return torch._grouped_mm(F.relu(hidden).square(), w_proj.transpose(-2, -1), offs=offs)  # (N*K, C)
 
 
