@@ -23,8 +23,8 @@ for bigram hashing.
 
 A block also declares which of its parameters are memory tables (excluded from FLOPs, own AdamW group) and
 which are scalars (x0-like AdamW group, excluded from FLOPs), and how many table parameters one token reads
-(``active_table_params``: the memory part of the "active/token" count). Everything else it owns is routed by shape:
-2-D matrices to Muon, the rest to AdamW. See ``nanochat.optim.build_param_groups``.
+(``active_table_params``: the memory part of the "active/token" count). Everything else it owns is routed by
+shape: 2-D matrices to Muon, the rest to AdamW. See ``nanochat.optim.build_param_groups``.
 """
 
 from dataclasses import dataclass, fields
