@@ -16,13 +16,14 @@ Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` li
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
 
 from nanochat.gpt import GPT, GPTConfig
 from nanochat.llama import Llama, LlamaConfig, llama_ffn_hidden
+from nanochat.moe import FFN_FIELDS
 from nanochat.optim import OptimConfig, build_param_groups
 from nanochat.qwen3 import Qwen3, Qwen3Config, qwen3_ffn_hidden
 
@@ -92,6 +93,15 @@ def config_from_args(args, vocab_size: int, memory: dict):
     name = family_name(args.model_type)
     fam = FAMILIES[name]
     common = dict(sequence_len=args.max_seq_len, vocab_size=vocab_size, **memory)
+    ffn = {key: getattr(args, key) for key in FFN_FIELDS}  # --mlp, --moe-*: the nanochat GPT's FFN
+    if fam.ffn_rule is None:
+        common.update(ffn)
+    else:
+        defaults = {f.name: f.default for f in fields(GPTConfig)}
+        changed = ["--" + k.replace("_", "-") for k, v in ffn.items() if v != defaults[k]]
+        if changed:
+            raise ValueError(f"{', '.join(changed)}: the MoE FFN is a --model-type nanochat option (relu^2 experts); "
+                             f"--model-type {name} has a SwiGLU FFN")
     if fam.ffn_rule is None:
         for flag, value in (("--num-kv-heads", args.num_kv_heads), ("--ffn-dim", args.ffn_dim),
                             ("--tie-embeddings", args.tie_embeddings)):

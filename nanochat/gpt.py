@@ -4,13 +4,14 @@ Architecture (paper appendix / reference spec §1): param-free RMSNorm everywher
 (base 10000, half-split) then QK-norm, full causal attention, relu^2 MLP of width 4C, no biases, per-layer
 ``x <- resid_lambdas[i] * x + x0_lambdas[i] * x0`` with x0 the normed token embedding, logit softcap 15.
 The memory block (``nanochat.memory``) may add to the residual stream and/or to the attention values.
+``mlp="moe"`` replaces every layer's MLP by a sparse MoE FFN (``nanochat.moe``), whatever the memory block.
 
 ``GPT.__init__`` is meant to run on the meta device: every real value is set in ``init_weights()``.
 """
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nanochat.memory import build_memory
+from nanochat.moe import MoEFFN, ReluSquaredMLP, check_mlp_config, inactive_expert_params
 
 ROPE_BASE = 10000.0
 LOGIT_SOFTCAP = 15.0
@@ -36,9 +38,21 @@ class GPTConfig:
     memory: str = "base"  # a key of nanochat.memory.MEMORY_BLOCKS
     memory_layers: tuple[int, ...] = ()  # empty = alternating layers ending at the last one
     memory_options: dict = field(default_factory=dict)  # block-specific, validated by the block
+    mlp: str = "dense"  # "dense" (relu^2 4C) or "moe" (nanochat.moe; the moe_* fields below)
+    moe_experts: int = 6  # E routed experts per layer
+    moe_topk: int = 2  # K routed experts per token
+    moe_shared: int = 1  # always-on shared experts per layer
+    moe_hidden: int = 0  # expert width; 0 = 4C/(shared+topk) rounded to x64 (2048 at C=1536)
+    moe_balance_lr: float = 1e-3  # loss-free balancing step of the selection bias per optimizer step
 
     def __post_init__(self):
         self.memory_layers = tuple(self.memory_layers)
+        check_mlp_config(self)
+        if self.mlp == "dense":
+            changed = [f.name for f in fields(self) if f.name.startswith("moe_") and getattr(self, f.name) != f.default]
+            if changed:
+                flags = ", ".join("--" + n.replace("_", "-") for n in changed)
+                raise ValueError(f"{flags}: only for --mlp moe (got --mlp dense)")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         if self.n_head % self.n_kv_head:
@@ -67,8 +81,12 @@ class GPTConfig:
         return math.sqrt(3.0 / self.n_embd)
 
     def to_dict(self) -> dict:
+        """JSON-ready fields; a dense model leaves out the FFN fields, so its meta.json is the one it was before
+        they existed (and checkpoints written before them still resume: the configs compare equal)."""
         d = asdict(self)
         d["memory_layers"] = list(self.memory_layers)
+        if self.mlp == "dense":
+            d = {k: v for k, v in d.items() if k != "mlp" and not k.startswith("moe_")}
         return d
 
 
@@ -156,21 +174,16 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.reshape(B, T, C))
 
 
-class MLP(nn.Module):
+class MLP(ReluSquaredMLP):
     def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
-
-    def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+        super().__init__(config.n_embd, 4 * config.n_embd)
 
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.mlp = MLP(config)
+        self.mlp = MoEFFN(config, layer_idx) if config.mlp == "moe" else MLP(config)
 
     def forward(self, x, cos_sin, memory, mem_ctx, kv_cache):
         h = x
@@ -208,10 +221,10 @@ class GPT(nn.Module):
         nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.001)
         for block in self.blocks:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 nn.init.uniform_(lin.weight, -s, s)
+            block.mlp.init_weights(s)  # c_fc (every expert's, the router) uniform, c_proj zero
             nn.init.zeros_(block.attn.c_proj.weight)
-            nn.init.zeros_(block.mlp.c_proj.weight)
         self.resid_lambdas.fill_(1.0)
         self.x0_lambdas.fill_(0.1)
         self.memory.init_weights()
@@ -229,14 +242,20 @@ class GPT(nn.Module):
         return [self.resid_lambdas, self.x0_lambdas, *self.memory.scalar_params()]
 
     def num_params(self) -> dict[str, int]:
+        """Stored counts (total = backbone + memory tables) and ``params_active``, the parameters one token uses
+        (the appendix's "active/token": full embeddings, routers, dense and shared parameters, the K selected
+        experts, and the memory table entries it reads, ``MemoryBlock.active_table_params``)."""
         total = sum(p.numel() for p in self.parameters())
         memory = sum(p.numel() for p in self.memory_table_params())
-        return {"params_total": total, "params_memory": memory, "params_backbone": total - memory}
+        inactive = inactive_expert_params(self) + memory - self.memory.active_table_params()
+        return {"params_total": total, "params_memory": memory, "params_backbone": total - memory,
+                "params_active": total - inactive}
 
     def estimate_flops(self) -> int:
-        """FLOPs per token: 6 x (params minus wte, memory tables, scalars) + attention 12*H*d*T per layer."""
+        """FLOPs per token: 6 x (params minus wte, memory tables, scalars, unselected MoE experts) + attention
+        12*H*d*T per layer. MoE layers count their ACTIVE experts: stored ones would stop a FLOP target early."""
         excluded = {id(p) for p in [self.wte.weight, *self.memory_table_params(), *self.scalar_params()]}
-        n = sum(p.numel() for p in self.parameters() if id(p) not in excluded)
+        n = sum(p.numel() for p in self.parameters() if id(p) not in excluded) - inactive_expert_params(self)
         cfg = self.config
         attn = cfg.n_layer * 12 * cfg.n_head * cfg.head_dim * cfg.sequence_len
         return 6 * n + attn

@@ -75,7 +75,7 @@ def batch_lr_scale(total_batch_size: int) -> float:
 def build_plan(args, summary: dict, world_size: int) -> dict:
     """The plan dict printed by --dry-run and stored in plan.json / config.json for every run.
 
-    ``summary`` is ``nanochat.gpt.model_summary`` (params_total/memory/backbone, flops_per_token). The
+    ``summary`` is ``nanochat.gpt.model_summary`` (params_total/memory/backbone/active, flops_per_token). The
     param:data ratio counts backbone params: memory tables are excluded so that adding memory does not buy
     extra data (spec: report scaling, table and total params separately).
     """
@@ -87,6 +87,7 @@ def build_plan(args, summary: dict, world_size: int) -> dict:
         "params_total": summary["params_total"],
         "params_memory": summary["params_memory"],
         "params_backbone": summary["params_backbone"],
+        "params_active": summary["params_active"],  # per token (MoE: K of E routed experts; memory: rows read)
         "flops_per_token": summary["flops_per_token"],
         "num_iterations": n,
         "horizon_source": source,

@@ -172,6 +172,8 @@ def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
 
 def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
     """(model_type, model_config) in their format for our config; refuses designs their code lacks."""
+    if config.mlp != "dense":
+        raise ReferenceFormatError(f"--mlp {config.mlp} has no counterpart in the authors' code (dense MLP only)")
     cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_balance_lr=0.0,
                moe_ve_bias_update="none", **{k: getattr(config, k) for k in
                                              ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")})

@@ -8,6 +8,7 @@ and later (command-line) values win. Unknown keys are an error naming the key.
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -18,7 +19,9 @@ else:  # pragma: no cover - exercised only on 3.10
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import MODEL_TYPES, family_name, preset_tokens
+from nanochat.gpt import GPTConfig
 from nanochat.memory import add_memory_args
+from nanochat.moe import MLP_KINDS
 from nanochat.row_config import check_row_config
 
 WANDB_MODES = ("off", "offline", "online")
@@ -73,6 +76,17 @@ def _group_model(p):
     g.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="use wte as the output head (default: tied for mobilellm/qwen3; nanochat is always untied)")
     g.add_argument("--max-seq-len", type=int, default=2048, help="context length (tokens)")
+    ffn = {f.name: f.default for f in fields(GPTConfig)}
+    g.add_argument("--mlp", choices=MLP_KINDS, default=ffn["mlp"],
+                   help="FFN of every layer (--model-type nanochat): the dense relu^2 4C MLP, or a sparse MoE FFN "
+                        "(nanochat/moe.py: sigmoid top-K routing, loss-free balancing, dropless), any --memory")
+    g.add_argument("--moe-experts", type=int, default=ffn["moe_experts"], help="E, routed experts per layer")
+    g.add_argument("--moe-topk", type=int, default=ffn["moe_topk"], help="K, routed experts per token (>= 2)")
+    g.add_argument("--moe-shared", type=int, default=ffn["moe_shared"], help="always-on shared experts per layer")
+    g.add_argument("--moe-hidden", type=int, default=ffn["moe_hidden"],
+                   help="expert hidden width (0 = 4C / (shared + topk) rounded to a multiple of 64: 2048 at d24)")
+    g.add_argument("--moe-balance-lr", type=float, default=ffn["moe_balance_lr"],
+                   help="loss-free balancing: selection-bias step per optimizer step (0 = no balancing)")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="vocabulary size; must match the tokenizer (default: the tokenizer's; 32768 for --dry-run)")
 

@@ -78,6 +78,18 @@ def after_optimizer_step(model) -> None:
             hook()
 
 
+@torch.no_grad()
+def module_stats(model) -> dict[str, float]:
+    """The ``stats()`` of every module that has one (the memory block's "memory/...", each MoE FFN's "moe/..."),
+    merged for a metrics record; called at log steps only (they may sync with the device)."""
+    out = {}
+    for module in getattr(model, "_orig_mod", model).modules():
+        stats = getattr(module, "stats", None)
+        if callable(stats):
+            out.update({k: float(v) for k, v in stats().items()})
+    return out
+
+
 class SyntheticLoader:
     """Seeded stand-in for PackedDataLoader (``--synthetic-data``): learnable token rows, no files, no tokenizer.
 

@@ -43,7 +43,7 @@ from nanochat.report import record_environment, write_run_report
 from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
-from nanochat.train_loop import StopSignal, any_rank, gather_objects, train_step
+from nanochat.train_loop import StopSignal, any_rank, gather_objects, module_stats, train_step
 from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def resolve_run_dir(args) -> Path:
     if args.run_name is None:
         size = f"d{args.depth}" if args.model_type == "nanochat" else (
             args.model_type if args.model_type in NAMED_SIZES else f"{args.model_type}-d{args.depth}")
-        args.run_name = f"{size}-{args.memory}"
+        args.run_name = f"{size}{'-moe' if args.mlp == 'moe' else ''}-{args.memory}"
     return Path(args.run_dir) if args.run_dir else REPO / "runs" / args.run_name
 
 
@@ -314,7 +314,7 @@ def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: 
            "loss": loss, "aux_loss": aux_loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
            "muon_momentum": sched_vals["muon_momentum"], "muon_wd": muon["weight_decay"], "dt": dt,
            "tok_per_sec": tok_s, "mfu": util, "train_time": run.loop["train_time"]}
-    rec.update({k: float(v) for k, v in run.model.memory.stats().items()})  # keys are "memory/..."
+    rec.update(module_stats(run.model))  # keys are "memory/..." and "moe/..."
     run.metrics.log(rec)
     if run.rank == 0:
         line = format_step_line(step, n, loss, sched_vals["lrm"], dt, tok_s, util, eta)
@@ -416,7 +416,8 @@ def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
     summary = {"run_name": run.args.run_name, "run_dir": str(run.run_dir), "stop_reason": stop_reason,
                "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
-               ("params_total", "params_memory", "params_backbone", "flops_per_token", "world_size")},
+               ("params_total", "params_memory", "params_backbone", "params_active", "flops_per_token",
+                "world_size")},
                "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype, **throughput(run),
                **evals}
     if run.rank == 0:

@@ -22,8 +22,9 @@ relu^2 MLP) refuse blocks that own one.
 for bigram hashing.
 
 A block also declares which of its parameters are memory tables (excluded from FLOPs, own AdamW group) and
-which are scalars (x0-like AdamW group, excluded from FLOPs). Everything else it owns is routed by shape:
-2-D matrices to Muon, the rest to AdamW. See ``nanochat.optim.build_param_groups``.
+which are scalars (x0-like AdamW group, excluded from FLOPs), and how many table parameters one token reads
+(``active_table_params``: the memory part of the "active/token" count). Everything else it owns is routed by
+shape: 2-D matrices to Muon, the rest to AdamW. See ``nanochat.optim.build_param_groups``.
 """
 
 from dataclasses import dataclass, fields
@@ -92,6 +93,11 @@ class MemoryBlock(nn.Module):
 
     def scalar_params(self) -> list[nn.Parameter]:
         return []
+
+    def active_table_params(self) -> int:
+        """Table parameters one token reads (the "active/token" count of ``GPT.num_params``; FLOPs never count
+        tables). Default: all of them, an upper bound; a block whose lookups touch a known part overrides it."""
+        return sum(p.numel() for p in self.memory_tables())
 
     # -- forward hooks ----------------------------------------------------------------------------------
     def prepare(self, idx: torch.Tensor, state: dict | None) -> Any:

@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from nanochat.balance import loss_free_bias_update
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
@@ -279,6 +280,13 @@ class MoMEMemory(MemoryBlock):
         extra = [self.route_table.weight] if hasattr(self, "route_table") else []
         return [t.weight for t in self._tables()] + extra
 
+    def active_table_params(self) -> int:
+        """Per memory layer a token reads one row n_t, where its H heads pick at most min(M, H*K) distinct slots
+        of width d (the appendix's "<= 12 distinct slots x 128 per layer" at A2/12, H = 12); token-only routing
+        also reads its H*M logits row."""
+        route = self.H * self.M if hasattr(self, "route_table") else 0
+        return len(self.layers) * min(self.M, self.H * self.K) * self.d + route
+
     # -- forward ----------------------------------------------------------------------------------------
     def prepare(self, idx, state):
         """Row ids n_t = f(x_t), (B, T) int64, computed once per forward (the bigram hash carries state)."""
@@ -382,13 +390,8 @@ class MoMEMemory(MemoryBlock):
         """Sign update of the selection bias from the counts since the last call (call after optimizer.step())."""
         if not hasattr(self, "router_bias"):
             return
-        counts = self.balance_counts
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(counts, op=dist.ReduceOp.SUM)  # every rank then applies the same update
-        total = counts.sum(dim=-1, keepdim=True)  # (L, N, H, 1) visits of each (row, head)
-        step = torch.sign(total / self.M - counts) * (total > 0)
-        self.router_bias.add_(self.opts.balance_lr * step)
-        counts.zero_()
+        # counts (L, N, H, M): one routing site per (layer, row, head); all-reduced, so every rank updates alike
+        loss_free_bias_update(self.router_bias, self.balance_counts, self.opts.balance_lr)
 
     # -- logging ----------------------------------------------------------------------------------------
     @torch.no_grad()
