@@ -13,6 +13,7 @@ from .base import MemoryBlock, default_memory_layers
 from .bigram import BigramMemory
 from .engram import COMPRESSIONS, EngramMemory
 from .jtok import JTokMemory, JTokMMemory
+from .move_input import MoVEInputMemory
 from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
 from .slot_map import file_sha256
 from .stem import STEMMemory
@@ -27,6 +28,7 @@ MEMORY_BLOCKS: dict[str, type[MemoryBlock]] = {
     "engram": EngramMemory,
     "jtok": JTokMemory,
     "jtokm": JTokMMemory,
+    "move_input": MoVEInputMemory,
 }
 
 # (block, flag, option key, argparse kwargs); the argparse default is the block's Options default.
@@ -60,6 +62,9 @@ BLOCK_FLAGS = [
     ("jtokm", "--jtokm-aux-weight", "aux_weight", dict(type=float, default=1e-4,
                                                          help="lambda of the load-balance loss, per layer")),
     ("jtokm", "--jtokm-eps", "eps", dict(type=float, default=1e-6, help="eps of Norm(u) = u / (||u||_2 + eps)")),
+    ("move_input", "--move-experts", "experts", dict(type=int, default=12, help="E, hash-routed experts shared by "
+                                                      "all memory layers")),
+    ("move_input", "--move-rank", "rank", dict(type=int, default=64, help="r, hidden width of each expert")),
 ]
 
 
