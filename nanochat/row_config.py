@@ -1,6 +1,8 @@
 """Reproduction configs: one TOML file per paper table row (``configs/<table>/<row>.toml``).
 
-    [row]    table, name, label, seeds (default seeds of the row), nproc_per_node (paper hardware)
+    [row]    table, name, label, seeds (default seeds of the row), nproc_per_node (paper hardware), notes,
+             reconstructed (true when the design's structure was inferred from the paper's parameter total:
+             results tables mark the row)
     [train]  defaults for scripts.base_train, keyed by flag name without the leading dashes
     [paper]  the paper's reported numbers for the row (train_bpb, val_bpb, core, params_memory_m, ...)
 
@@ -16,7 +18,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-ROW_KEYS = {"table", "name", "label", "seeds", "nproc_per_node", "notes"}
+ROW_KEYS = {"table", "name", "label", "seeds", "nproc_per_node", "notes", "reconstructed"}
 
 
 def load_row_config(path) -> dict:
@@ -45,6 +47,8 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
     for key in ("table", "name"):
         if not isinstance(row.get(key), str) or not row[key]:
             raise ValueError(f"config {path}: [row] needs a non-empty string '{key}'")
+    if not isinstance(row.get("reconstructed", False), bool):
+        raise ValueError(f"config {path}: [row] 'reconstructed' must be true or false (a TOML boolean)")
     for key in ("total-batch-size", "max-seq-len", "device-batch-size") if runner else ():
         if key not in train:
             raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")

@@ -5,7 +5,9 @@
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
 are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params and throughput.
-Writes <out>/<table>.md, .csv and .tex and prints the markdown.
+Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
+(a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
+and the markdown explains the mark under the table.
 """
 
 import argparse
@@ -25,6 +27,9 @@ METRICS = [  # (summary key, paper key, column title, format)
 # columns shown only for tables whose [paper] reports them (the families table): BigBench mean accuracy (%) and
 # training wall time relative to the block's Base row (rows <block>_<name>, Base = <block>_base; ours from tok/s)
 OPTIONAL_METRICS = [("bb_avg", "bb_avg", "BB-avg", "{:.2f}"), ("wall_ratio", "wall_ratio", "Wall", "{:.2f}")]
+RECONSTRUCTED_MARK = " [reconstructed]"
+RECONSTRUCTED_NOTE = ("[reconstructed]: the design's structure is inferred from the paper's parameter total, not "
+                      "published (see the row config's notes)")
 BIGBENCH = ("bigbench_qa_wikidata", "bigbench_dyck_languages", "bigbench_cs_algorithms", "bigbench_operators",
             "bigbench_repeat_copy_logic", "bigbench_language_identification")
 
@@ -53,13 +58,14 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
             summaries.append(json.loads(path.read_text()))
         except json.JSONDecodeError as e:
             raise ValueError(f"corrupt {path}: {e}") from e
-    out = {"table": row["table"], "row": row["name"], "label": row.get("label", row["name"]),
+    label = row.get("label", row["name"]) + (RECONSTRUCTED_MARK if row.get("reconstructed") else "")
+    out = {"table": row["table"], "row": row["name"], "label": label, "reconstructed": bool(row.get("reconstructed")),
            "seeds": len(summaries), "paper": cfg.get("paper", {})}
     for key, _, _, _ in METRICS:
         out[key] = mean_std([s.get(key) for s in summaries])
     out["core_label"] = sorted({s.get("core_label") for s in summaries if s.get("core_label")})
     out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
-    for key in ("params_memory", "params_total", "tok_per_sec"):
+    for key in ("params_memory", "params_total", "params_active", "tok_per_sec"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
     return out
 
@@ -86,6 +92,10 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     for _, _, title, _ in metrics:
         header += [title, f"paper {title}", "Δ"]
     header += ["mem/total params (M)", "paper mem/total (M)", "tok/s"]
+    # the sparse-MoE table also reports active parameters per token and the paper's own throughput
+    active = any("params_active_m" in r["paper"] for r in rows)
+    paper_tps = any("tok_per_sec" in r["paper"] for r in rows)
+    header += (["active params (M)", "paper active (M)"] if active else []) + (["paper tok/s"] if paper_tps else [])
     body = []
     for r in rows:
         line = [r["label"], str(r["seeds"])]
@@ -100,6 +110,11 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         line.append("–" if paper_m is None and paper_t is None else f"{paper_m if paper_m is not None else '–'} / "
                     f"{paper_t if paper_t is not None else '–'}")
         line.append("–" if math.isnan(r["tok_per_sec"]) else f"{r['tok_per_sec']:,.0f}")
+        if active:
+            line.append("–" if math.isnan(r["params_active"]) else f"{r['params_active'] / 1e6:.1f}")
+            line.append(str(r["paper"].get("params_active_m", "–")))
+        if paper_tps:
+            line.append(f"{r['paper']['tok_per_sec']:,.0f}" if "tok_per_sec" in r["paper"] else "–")
         body.append(line)
     return header, body
 
@@ -142,6 +157,8 @@ def main(argv=None) -> None:
         rows = [r for r in rows if r["seeds"] > 0] or rows
         header, body = table_rows(rows)
         md = to_markdown(header, body)
+        if any(r["reconstructed"] for r in rows):
+            md += f"\n{RECONSTRUCTED_NOTE}\n"
         (out_dir / f"{table}.md").write_text(md)
         (out_dir / f"{table}.tex").write_text(to_latex(header, body))
         with open(out_dir / f"{table}.csv", "w", newline="") as f:

@@ -13,7 +13,8 @@ from nanochat.row_config import check_row_config, find_configs, load_row_config,
 from nanochat.memory.slot_map import write_slot_map
 
 CONFIGS = find_configs()
-TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 7, "d24": 9, "mini": 5, "families": 14, "families_mini": 8}
+TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 7, "d24": 9, "mini": 5, "families": 14, "families_mini": 8,
+          "d24_token_memory": 7, "d24_sparse_moe": 3, "appendix_mini": 6}
 
 
 def test_inventory():
@@ -92,6 +93,97 @@ def test_family_mini_rows_have_matched_memory(slot_maps):
         assert s[f"{fam}_stem"]["params_memory"] == 2 * 32768 * 768  # 2 layers x V x F (F = 768 for C = 256)
 
 
+# spec appendix_adaptations.md §2: exact totals (stored, and active per token for the sparse-MoE table)
+APPENDIX_TOTALS = {
+    "d24_token_memory/bigram_12v": 1_384_125_000, "d24_token_memory/engram": 1_389_579_120,
+    "d24_token_memory/jtok": 1_384_138_800, "d24_token_memory/jtokm": 1_384_143_408,
+    "d24_token_memory/move_input": 1_386_700_848, "d24_token_memory/mome_a2_m12": 1_386_780_912,
+    "d24_token_memory/dense": 780_140_592,
+    "d24_sparse_moe/mome_a2_m12": (1_386_780_912, 782_819_568), "d24_sparse_moe/moe": (1_384_341_552, 780_361_776),
+    "d24_sparse_moe/moe_mome": (1_990_981_872, 783_040_752),
+}
+# spec §1: FLOP-target steps at 6e19 (active parameters for MoE); unlisted rows stay within 35 steps of dense
+APPENDIX_STEPS = {"dense": 10_827, "mome_a2_m12": 10_795, "engram": 10_712, "moe": 10_825, "moe_mome": 10_792}
+RECONSTRUCTED = {"engram", "jtokm", "move_input"}
+
+
+@pytest.mark.parametrize("key", sorted(APPENDIX_TOTALS))
+def test_appendix_rows_exact_totals_steps_and_paper_rounding(key, slot_maps):
+    cfg, s = _summary(REPO / "configs" / f"{key}.toml", slot_maps)
+    stored, active = APPENDIX_TOTALS[key] if isinstance(APPENDIX_TOTALS[key], tuple) else (APPENDIX_TOTALS[key], None)
+    assert s["params_total"] == stored
+    paper = cfg["paper"]["params_total_m"]
+    assert (round(stored / 1e6) if paper == 780 else round(stored / 1e5) / 10) == paper
+    if active is not None:
+        assert s["params_active"] == active and round(active / 1e5) / 10 == cfg["paper"]["params_active_m"]
+    steps = round(6e19 / (s["flops_per_token"] * 1_048_576))
+    name = key.split("/")[1]
+    assert steps == APPENDIX_STEPS[name] if name in APPENDIX_STEPS else abs(steps - 10_827) <= 35, steps
+
+
+def test_reconstructed_rows_are_flagged():
+    rows = [load_row_config(p) for p in CONFIGS if p.parent.name in ("d24_token_memory", "d24_sparse_moe", "appendix_mini")]
+    assert len(rows) == 16
+    for cfg in rows:
+        row = cfg["row"]
+        assert row.get("reconstructed", False) == (row["name"] in RECONSTRUCTED), row["name"]
+        assert ("RECONSTRUCTED" in row["notes"]) == (row["name"] in RECONSTRUCTED), row["name"]
+    assert sum(cfg["row"].get("reconstructed", False) for cfg in rows) == 6
+
+
+def test_appendix_mini_memory_budgets(slot_maps):
+    s = {p.stem: _summary(p, slot_maps)[1]["params_memory"] for p in CONFIGS if p.parent.name == "appendix_mini"}
+    ve = 2 * 32768 * 256  # the mini VE row: 2 odd layers x V x C
+    assert s["jtok"] == s["move_input"] == s["moe_mome"] == ve and s["moe"] == 0
+    assert s["jtokm"] == 4 * 32768 * 256  # one layer of 4 tables
+
+    def primes_from(start, n):
+        out, p = [], start
+        while len(out) < n:
+            out += [p] if p > 1 and all(p % d for d in range(2, int(p ** 0.5) + 1)) else []
+            p += 1
+        return out
+
+    assert s["engram"] == sum(primes_from(2048, 32)) * 32  # 2 modules x 2 orders x 8 heads, 256 / 8 wide
+
+
+def test_reconstructed_rows_are_marked_in_results_tables(tmp_path):
+    from scripts import results
+
+    runs = tmp_path / "runs"
+    for row in ("move_input", "mome_a2_m12"):
+        d = runs / "d24_token_memory" / row / "seed42"
+        d.mkdir(parents=True)
+        d.joinpath("summary.json").write_text(json.dumps({"val_bpb": 0.7, "core": 0.28, "tok_per_sec": 1000.0,
+                                                          "params_memory": 1, "params_total": 2}))
+    out = tmp_path / "res"
+    results.main(["--table", "d24_token_memory", "--runs-root", str(runs), "--out", str(out)])
+    md = (out / "d24_token_memory.md").read_text()
+    line = next(l for l in md.splitlines() if "MoVE-Input" in l)
+    assert line.startswith("| MoVE-Input adaptation [reconstructed] |")
+    assert "[reconstructed]" not in next(l for l in md.splitlines() if "MoME A2/12" in l)
+    assert results.RECONSTRUCTED_NOTE in md
+    assert "MoVE-Input adaptation [reconstructed]" in (out / "d24_token_memory.csv").read_text()
+    assert "MoVE-Input adaptation [reconstructed]" in (out / "d24_token_memory.tex").read_text()
+
+
+def test_sparse_moe_results_show_active_params_and_paper_throughput(tmp_path):
+    from scripts import results
+
+    d = tmp_path / "runs" / "d24_sparse_moe" / "moe" / "seed42"
+    d.mkdir(parents=True)
+    d.joinpath("summary.json").write_text(json.dumps({"val_bpb": 0.69, "core": 0.29, "tok_per_sec": 600000.0,
+                                                      "params_memory": 0, "params_total": 1_384_341_552,
+                                                      "params_active": 780_361_776}))
+    results.main(["--table", "d24_sparse_moe", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
+    md = (tmp_path / "res" / "d24_sparse_moe.md").read_text()
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    cells = [c.strip() for c in next(l for l in md.splitlines() if "MoE-FFN" in l).strip("|").split("|")]
+    row = dict(zip(header, cells))
+    assert (row["active params (M)"], row["paper active (M)"], row["tok/s"], row["paper tok/s"]) == \
+        ("780.4", "780.4", "600,000", "653,033")
+
+
 def test_family_rows_bb_avg_is_the_mean_of_the_six_bigbench_tasks():
     rows = [load_row_config(p) for p in CONFIGS if p.parent.name == "families"]
     for cfg in rows:
@@ -146,6 +238,9 @@ def test_bad_config_files(tmp_path):
         load_row_config(bad)
     cfg = tomllib.loads(bad.read_text())
     assert check_row_config(cfg, bad, runner=False)["train"] == {"depth": 2}  # base_train needs no batch keys
+    bad.write_text('[row]\ntable = "x"\nname = "y"\nreconstructed = "yes"\n[train]\ndepth = 2\n')
+    with pytest.raises(ValueError, match="'reconstructed' must be true or false"):
+        check_row_config(tomllib.loads(bad.read_text()), bad, runner=False)
     bad.write_text('[row]\ntable = "x"\nname = "y"\ncolor = 1\n')
     with pytest.raises(ValueError, match="color"):
         load_row_config(bad)
