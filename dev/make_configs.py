@@ -275,9 +275,9 @@ for name, label, train, stored, active, tps, vals in [
         {"params_total_m": stored, "params_active_m": active, "tok_per_sec": tps, "val_bpb": vals[0], "core": vals[1]},
         FA3 + (f"; MoE as a backbone FFN option ({SPEC} §6)" if "mlp" in train else ""))
 # CPU-sized rows of the new designs on the MINI recipe (4 layers x 256, V = 4096): memory budgets near the mini VE
-# row's 2 x V x 256 = 2.1M (Engram: 32 primes from 2048 x 32 wide = 2.2M), except JTok-M (one layer of 4 tables).
+# row's 2 x V x 256 = 2.1M (Engram: 32 primes from 4096, 16 wide = 2.1M), except JTok-M (one layer of 4 tables).
 for name, label, train in [
-    ("engram", "Engram (mini)", {"memory": "engram", "engram-compression": "tokenizer", "engram-first-prime": 2048}),
+    ("engram", "Engram (mini)", {"memory": "engram", "engram-compression": "tokenizer", "engram-first-prime": 4096}),
     ("jtok", "JTok (mini)", {"memory": "jtok"}),
     ("jtokm", "JTok-M (mini)", {"memory": "jtokm", "memory-layers": "3", "jtokm-experts": 4, "jtokm-topk": 2}),
     ("move_input", "MoVE-Input (mini)", {"memory": "move_input"}),

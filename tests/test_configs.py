@@ -144,7 +144,7 @@ def test_appendix_mini_memory_budgets(slot_maps):
             p += 1
         return out
 
-    assert s["engram"] == sum(primes_from(2048, 32)) * 32  # 2 modules x 2 orders x 8 heads, 256 / 8 wide
+    assert s["engram"] == sum(primes_from(4096, 32)) * 16  # 2 modules x 2 orders x 8 heads, 256 / 16 wide
 
 
 def test_reconstructed_rows_are_marked_in_results_tables(tmp_path):

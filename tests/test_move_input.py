@@ -126,6 +126,7 @@ def test_d24_parameter_total_and_flops():
     s = model_summary(GPTConfig.from_depth(24, memory="move_input"))  # meta device
     assert s["params_total"] == 1_386_700_848  # spec §2: bb + 12 V C + 12 (2 r C) + 12 H C
     assert s["params_memory"] == 12 * 32768 * 1536
+    assert s["params_active"] == s["params_total"] - s["params_memory"] + 12 * 2 * 1536  # two rows per layer
     base = model_summary(GPTConfig.from_depth(24))
     assert s["flops_per_token"] - base["flops_per_token"] == 6 * (12 * 2 * 64 * 1536 + 12 * 12 * 1536)
     assert abs(round(6e19 / (s["flops_per_token"] * 1048576)) - 10827) <= 35  # spec §1: within 35 steps of base

@@ -107,6 +107,11 @@ class MoVEInputMemory(MemoryBlock):
     def memory_tables(self) -> list[nn.Parameter]:
         return [t.weight for t in self.tables]
 
+    def active_table_params(self) -> int:
+        """A token reads two rows (x_{t-1}, x_t) of each layer's base table (one when they are equal: an upper
+        bound). Only one of the E experts runs per token, but experts are not tables: they count as stored."""
+        return len(self.layers) * 2 * self.n_embd
+
     def prepare(self, idx, state):
         prev, expert = bigram_experts(idx, self.E, state)
         return {"cur": idx, "prev": prev, "expert": expert}
