@@ -1,7 +1,9 @@
-"""Throughput of the real training step for the paper's d12 designs (Table 1): tokens/s, MFU, peak memory.
+"""Throughput of the real training step for the paper's d12 designs (Table 1) and, with ``--designs all``, the
+appendix designs (Engram, JTok, JTok-M, MoVE-Input, MoE-FFN, MoE + MoME) at the same size: tokens/s, MFU, peak memory.
 
     python bench/train_step.py                                   # CUDA: d12, seq 2048, bf16, compiled
     python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
+    python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
 
 Each design runs in a FRESH process (its own compile, its own peak-memory counter) and calls the trainer's
@@ -26,15 +28,24 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# label -> (--memory, options, paper row config under configs/d12 or None)
+# key -> (label, --memory, options, paper row config under configs/d12 or None, backbone config fields)
 DESIGNS = {
-    "base": ("Base", "base", {}, "base"),
-    "ve": ("VE", "ve", {}, "ve"),
-    "bigram": ("Bigram 6V", "bigram", {"factor": 6}, "bigram"),
-    "mome": ("MoME A2/6 token", "mome", {"slots": 6, "topk": 2}, "mome_c1_m6"),
+    "base": ("Base", "base", {}, "base", {}),
+    "ve": ("VE", "ve", {}, "ve", {}),
+    "bigram": ("Bigram 6V", "bigram", {"factor": 6}, "bigram", {}),
+    "mome": ("MoME A2/6 token", "mome", {"slots": 6, "topk": 2}, "mome_c1_m6", {}),
     "mome-bigram": ("MoME A2/6 bigram-idx n6", "mome", {"slots": 6, "topk": 2, "index": "bigram",
-                                                       "bigram_factor": 6}, None),
+                                                       "bigram_factor": 6}, None, {}),
+    # the appendix designs (configs/d24_token_memory, d24_sparse_moe) at the benchmark's depth; Engram's
+    # compression map does not change the work per token, so the identity map stands in for a tokenizer's
+    "engram": ("Engram (2 modules)", "engram", {"compression": "identity"}, None, {}),
+    "jtok": ("JTok", "jtok", {}, None, {}),
+    "jtokm": ("JTok-M n_e 4 K 2", "jtokm", {}, None, {}),
+    "move_input": ("MoVE-Input E12 r64", "move_input", {}, None, {}),
+    "moe": ("MoE-FFN E6/K2 +1 shared", "base", {}, None, {"mlp": "moe"}),
+    "moe-mome": ("MoE-FFN + MoME A2/6", "mome", {"slots": 6, "topk": 2}, None, {"mlp": "moe"}),
 }
+TABLE1 = ("base", "ve", "bigram", "mome", "mome-bigram")  # the default set
 PAPER_GPUS = 4  # Table 1 throughput is for 4 GPUs
 
 
@@ -61,9 +72,9 @@ def measure_one(args) -> dict:
     _, device = compute_init(args.device)
     mome_module.FUSED_MIX = {"auto": None, "bag": True, "plain": False}[args.mix]
     mome_module.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
-    label, memory, options, _ = DESIGNS[args.one]
+    label, memory, options, _, backbone = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
-                               memory_options=options)
+                               memory_options=options, **backbone)
     model = build_model(cfg, device=device, seed=0)
     opt = build_optimizer(model)
     step_model = torch.compile(model, dynamic=False) if args.compile else model
@@ -140,7 +151,8 @@ def table(rows: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--designs", default=",".join(DESIGNS), help=f"comma list of {', '.join(DESIGNS)}")
+    p.add_argument("--designs", default=",".join(TABLE1),
+                   help=f"comma list of {', '.join(DESIGNS)}, or 'all' (default: the Table 1 designs)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -162,6 +174,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="", help="JSON path (default bench/results/train_step_<device>.json)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: one design in this process
     args = p.parse_args(argv)
+    if args.designs == "all":
+        args.designs = ",".join(DESIGNS)
     unknown = [d for d in args.designs.split(",") if d not in DESIGNS]
     if unknown:
         p.error(f"--designs: unknown {unknown}; allowed: {', '.join(DESIGNS)}")

@@ -90,6 +90,14 @@ def print_summary(results: dict, layers) -> None:
         print(f"{name:<28} " + " ".join(f"{c:<13}" for c in cells))
 
 
+def injection_sites(block) -> str:
+    """Where the block writes into the model: the hooks it overrides ("residual", "value", ...), comma-joined."""
+    from nanochat.memory.base import MemoryBlock
+
+    hooks = ("residual", "value", "ffn_up", "mlp_out")
+    return ",".join(h for h in hooks if getattr(type(block), h) is not getattr(MemoryBlock, h))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -103,7 +111,7 @@ def main(argv=None) -> int:
     results = memory_use(model, domains, args.batch_size, tokenizer.bos_token_id, not args.no_progress)
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
     header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
-              "injection": "residual" if model.config.memory == "bigram" else "value"}
+              "injection": injection_sites(block)}
     write_outputs(results, block.layers, out_dir, header)
     print_summary(results, block.layers)
     print(f"wrote {out_dir}/memory_use.json, memory_use.csv, memory_gamma.png, memory_inject_norm.png")

@@ -76,6 +76,7 @@ def test_analyze_memory_outputs_and_gamma_equal_direct_computation(tmp_path, mem
     res = json.loads((out / "memory_use.json").read_text())
     layers = res["layers"]
     assert layers == [1, 3]
+    assert res["injection"] == {"mome": "value", "ve": "value", "bigram": "residual"}[memory]
     dom = res["domains"]["notes"]
     gamma, norm = torch.tensor(dom["gamma"]), torch.tensor(dom["inject_norm"])
     assert gamma.shape == norm.shape == (2, 2)  # layers x heads

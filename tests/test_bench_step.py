@@ -112,6 +112,22 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
     assert "| VE |" in table and "| MoME A2/6 token |" in table
 
 
+def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):
+    """Every appendix design builds and steps through the trainer's train_step in the bench (Engram's d24-sized
+    prime tables are too large for a smoke test: its training is tested in tests/test_engram.py)."""
+    bench = load_bench("train_step")
+    out = tmp_path / "ts.json"
+    designs = ["jtok", "jtokm", "move_input", "moe", "moe-mome"]
+    bench.main(["--device", "cpu", "--designs", ",".join(designs), "--depth", "2", "--seq-len", "16",
+                "--vocab-size", "256", "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1", "--warmup", "1",
+                "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == set(designs) and not any("error" in r for r in rows.values()), rows
+    assert rows["moe"]["params_memory"] == 0 and rows["moe-mome"]["params_memory"] > 0
+    assert "| MoE-FFN E6/K2 +1 shared |" in capsys.readouterr().out
+    assert set(bench.parse_args(["--designs", "all"]).designs.split(",")) == set(bench.DESIGNS)
+
+
 def test_dist_optim_bench_counts_collectives_old_and_new(tmp_path):
     from conftest import REPO, run_torchrun
 

@@ -188,7 +188,7 @@ def test_d24_stored_and_active_counts():
 
 def test_active_memory_entries_per_block():
     """A token reads <= min(M, H*K) distinct d-wide slots per MoME layer (+ its H*M logits row with token-only
-    routing); blocks without an override count every table parameter (an upper bound)."""
+    routing); VE/Bigram/JTok one row per table, JTok-M K rows per layer, Engram d_mem per module."""
     cfg = dict(n_layer=4, n_head=2, n_kv_head=2)  # C = 128, d = 64, memory layers 1 and 3
     mome = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": 6, "topk": 2}))
     assert mome["params_total"] - mome["params_active"] == mome["params_memory"] - 2 * min(6, 2 * 2) * 64
@@ -197,8 +197,20 @@ def test_active_memory_entries_per_block():
     tok = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": 6, "topk": 2,
                                                                          "routing": "token-only"}))
     assert tok["params_total"] - tok["params_active"] == tok["params_memory"] - 2 * 4 * 64 - 2 * 6
+    backbone = model_summary(tiny_config(**cfg))["params_total"]
     ve = model_summary(tiny_config(**cfg, memory="ve"))
-    assert ve["params_active"] == ve["params_total"]
+    assert ve["params_active"] == ve["params_total"] - ve["params_memory"] + 2 * 128  # one (H*d)-wide row per layer
+    bigram = model_summary(tiny_config(**cfg, memory="bigram"))
+    assert bigram["params_active"] == bigram["params_total"] - bigram["params_memory"] + 128  # one shared row
+    jtok = model_summary(tiny_config(**cfg, memory="jtok"))
+    assert jtok["params_active"] == jtok["params_total"] - jtok["params_memory"] + 2 * 128
+    jtokm = model_summary(tiny_config(**cfg, memory="jtokm", memory_layers=(1, 3),
+                                      memory_options={"experts": 4, "topk": 3}))
+    assert jtokm["params_active"] == jtokm["params_total"] - jtokm["params_memory"] + 2 * 3 * 128
+    engram = model_summary(tiny_config(**cfg, memory="engram", memory_options={"compression": "identity",
+                                                                               "first_prime": 101}))
+    assert engram["params_active"] == engram["params_total"] - engram["params_memory"] + 2 * 128  # d_mem = C
+    assert ve["params_total"] - ve["params_memory"] > backbone  # the gates are counted as backbone, not memory
 
 
 def test_flops_count_active_experts_only():

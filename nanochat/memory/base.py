@@ -96,8 +96,9 @@ class MemoryBlock(nn.Module):
 
     def active_table_params(self) -> int:
         """Table parameters one token reads (the "active/token" count of ``GPT.num_params``; FLOPs never count
-        tables). Default: all of them, an upper bound; a block whose lookups touch a known part overrides it."""
-        return sum(p.numel() for p in self.memory_tables())
+        tables). Default: one row of each table (VE, Bigram, STEM, JTok); a block that reads several rows of a
+        table, or parts of a row, overrides it."""
+        return sum(p.shape[-1] for p in self.memory_tables())
 
     # -- forward hooks ----------------------------------------------------------------------------------
     def prepare(self, idx: torch.Tensor, state: dict | None) -> Any:

@@ -233,6 +233,10 @@ class EngramMemory(MemoryBlock):
     def memory_tables(self) -> list[nn.Parameter]:
         return [self.table.weight]
 
+    def active_table_params(self) -> int:
+        """A token reads one head_dim row per (module, order, head): d_mem per module."""
+        return len(self.layers) * self.d_mem
+
     def hash_rows(self, idx: torch.Tensor, state: dict | None) -> torch.Tensor:
         """idx (B, T) -> table rows (B, T, n_mod, N-1, K) int64; carries the last N-1 compressed ids in ``state``."""
         B, T = idx.shape

@@ -154,6 +154,10 @@ class JTokMMemory(_ScaledTokenTables):
     def pool_size(self) -> int:
         return self.opts.experts
 
+    def active_table_params(self) -> int:
+        """A token reads the rows of its K selected tables on each JTok-M layer."""
+        return len(self.layers) * self.K * self.n_embd
+
     @classmethod
     def default_layers(cls, n_layer: int) -> tuple[int, ...]:
         """3 layers ending at the last one, n_layer // 3 apart (d24: 7, 15, 23); fewer when n_layer < 3."""
