@@ -74,27 +74,35 @@ FAMILY_FULL = {  # small models of the other families, GQA 6/3 heads, memory on 
 
 
 def family_designs(family: str) -> list[tuple[str, str, dict, bool]]:
-    """(label, --memory, options, fused) of the paper's family rows: Base, STEM, VE, MoME A1/3 (= VE's table
+    """(label, --memory, options, mix) of the paper's family rows: Base, STEM, VE, MoME A1/3 (= VE's table
     size with M = H_kv = 3) and A2/6, routed from the values (MobileLLM) or the hidden state (Qwen3)."""
     router = "value" if family == "mobilellm" else "hidden"
-    return [("Base", "base", {}, True), ("STEM", "stem", {}, True), ("VE", "ve", {}, True),
-            ("MoME A1/3", "mome", {"slots": 3, "topk": 1, "router_input": router}, True),
-            ("MoME A2/6", "mome", {"slots": 6, "topk": 2, "router_input": router}, True)]
+    return [("Base", "base", {}, None), ("STEM", "stem", {}, None), ("VE", "ve", {}, None),
+            ("MoME A1/3", "mome", {"slots": 3, "topk": 1, "router_input": router}, None),
+            ("MoME A2/6", "mome", {"slots": 6, "topk": 2, "router_input": router}, None)]
 
 
-def designs(l_mem: int, slot_map: str, plain: bool) -> list[tuple[str, str, dict, bool]]:
-    """(label, --memory, options, fused) at equal table memory for l_mem memory layers."""
+def designs(l_mem: int, slot_map: str, variants: bool) -> list[tuple[str, str, dict, str | None]]:
+    """(label, --memory, options, mix) at equal table memory for l_mem memory layers; mix: ``mome.MIX`` (None =
+    the model's default: row for the bigram-indexed table, else embedding_bag on CPU and plain on CUDA). ``variants``
+    adds MoME rows with other mixes."""
+    token = {"slots": 6, "topk": 2}
+    bigram_idx = {"slots": 6, "topk": 2, "index": "bigram", "bigram_factor": l_mem}
     out = [
-        ("Base", "base", {}, True),
-        ("VE", "ve", {}, True),
-        ("Bigram", "bigram", {"factor": l_mem}, True),
-        ("MoME A2/6 token", "mome", {"slots": 6, "topk": 2}, True),
+        ("Base", "base", {}, None),
+        ("VE", "ve", {}, None),
+        ("Bigram", "bigram", {"factor": l_mem}, None),
+        ("MoME A2/6 token", "mome", token, None),
         ("MoME A2/12 c2 grouped", "mome", {"slots": 12, "topk": 2, "index": "grouped", "group_size": 2,
-                                           "slot_map": slot_map}, True),
-        ("MoME A2/6 bigram-idx", "mome", {"slots": 6, "topk": 2, "index": "bigram", "bigram_factor": l_mem}, True),
+                                           "slot_map": slot_map}, None),
+        ("MoME A2/6 bigram-idx", "mome", bigram_idx, None),
     ]
-    if plain:
-        out.append(("MoME A2/6 token, plain mix", "mome", {"slots": 6, "topk": 2}, False))
+    if variants:
+        out += [("MoME A2/6 token, plain mix", "mome", token, "plain"),
+                ("MoME A2/6 token, bag mix", "mome", token, "bag"),
+                ("MoME A2/6 token, row mix", "mome", token, "row"),
+                ("MoME A2/6 bigram-idx, plain mix", "mome", bigram_idx, "plain"),
+                ("MoME A2/6 bigram-idx, bag mix", "mome", bigram_idx, "bag")]
     return out
 
 
@@ -181,8 +189,8 @@ def harness_optimizer(h: nn.Module) -> MuonAdamW:
 class Case:
     """A model + optimizer + fixed batch; ``step()`` returns (forward, backward, optimizer) seconds."""
 
-    def __init__(self, label, memory, opts, fused, kind, args, device, seed=0):
-        self.label, self.fused, self.kind, self.device = label, fused, kind, device
+    def __init__(self, label, memory, opts, mix, kind, args, device, seed=0):
+        self.label, self.mix, self.kind, self.device = label, mix, kind, device
         torch.manual_seed(seed)
         g = torch.Generator().manual_seed(seed)
         V = args.vocab_size
@@ -212,11 +220,13 @@ class Case:
             self.opt = MuonAdamW(families.param_groups(self.model, OptimConfig()))
         self.model.train()
         self.table_params = sum(p.numel() for p in self.model.memory.memory_tables())
+        if args.compile:  # every case recompiles the same forward code (new model, MIX guard): keep them all compiled
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.forward = torch.compile(self.model) if args.compile else self.model
         self.autocast = autocast_context(device.type, args.dtype)
 
     def loss(self):
-        mome_module.FUSED_MIX = self.fused  # set before every call: the designs share the module
+        mome_module.MIX = self.mix  # set before every call: the designs share the module
         with self.autocast:
             if self.kind in HARNESSES:
                 outs = self.forward(self.idx, self.x)
@@ -272,8 +282,8 @@ def round_robin(cases: list[Case], reps: int, warmup: int, fn: str = "step") -> 
 # -- sections --------------------------------------------------------------------------------------------
 def step_section(kind: str, args, device, slot_map: str) -> dict:
     l_mem = 1 if kind in HARNESSES else len(FULL["memory_layers"])
-    specs = family_designs(kind) if kind in FAMILY_FULL else designs(l_mem, slot_map, args.plain)
-    cases = [Case(lbl, mem, o, fused, kind, args, device) for lbl, mem, o, fused in specs]
+    specs = family_designs(kind) if kind in FAMILY_FULL else designs(l_mem, slot_map, args.variants)
+    cases = [Case(lbl, mem, o, mix, kind, args, device) for lbl, mem, o, mix in specs]
     raw = round_robin(cases, args.reps, args.warmup)
     rows = {}
     for c in cases:
@@ -291,7 +301,7 @@ def step_section(kind: str, args, device, slot_map: str) -> dict:
 def mscale_section(args, device) -> dict:
     """MoME token layer forward at K=2 for growing M; the router matmul timed alone on the same input."""
     slots = (6, 12, 24, 48)
-    cases = [Case(f"M={m}", "mome", {"slots": m, "topk": 2}, True, "hook", args, device) for m in slots]
+    cases = [Case(f"M={m}", "mome", {"slots": m, "topk": 2}, None, "hook", args, device) for m in slots]
     routers = []
     for m, c in zip(slots, cases):
         lin = c.model.memory.routers[0]
@@ -340,7 +350,7 @@ def probe_memory(args, device, label: str, slot_map: str) -> dict:
     """Runs inside a fresh subprocess: one --probe-kind harness case; the peak of its second step (the first
     allocates the optimizer state, which stays live and is counted)."""
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    spec = {lbl: (mem, o, fused) for lbl, mem, o, fused in designs(1, slot_map, True)}[label]
+    spec = {lbl: (mem, o, mix) for lbl, mem, o, mix in designs(1, slot_map, True)}[label]
     case = Case(label, *spec, args.probe_kind, args, device)
     case.step()
     if device.type == "cuda":
@@ -357,7 +367,7 @@ def profile_design(args, device, label: str, slot_map: str, kind: str) -> str:
     """torch.profiler table (self time per op and input shape, per step) of one design's harness steps."""
     from torch.profiler import profile
 
-    specs = {lbl: (mem, o, fused) for lbl, mem, o, fused in designs(1, slot_map, True)}
+    specs = {lbl: (mem, o, mix) for lbl, mem, o, mix in designs(1, slot_map, True)}
     if label not in specs:
         raise SystemExit(f"--profile {label!r} is not a design; allowed: {', '.join(specs)}")
     case = Case(label, *specs[label], kind, args, device)
@@ -374,7 +384,7 @@ def profile_design(args, device, label: str, slot_map: str, kind: str) -> str:
 
 def memory_section(args, slot_map: str, kind: str) -> dict:
     out = {}
-    for label, *_ in designs(1, slot_map, args.plain):
+    for label, *_ in designs(1, slot_map, args.variants):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-memory", label, "--probe-kind", kind,
                "--slot-map", slot_map, "--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens),
                "--vocab-size", str(args.vocab_size)]
@@ -430,7 +440,8 @@ def parse_args(argv=None):
     p.add_argument("--sections", default="layer,hook,full,family,mscale,memory",
                    help="comma list of layer, hook, full, family, mscale, memory")
     p.add_argument("--vocab-size", type=int, default=32768, help="V (32768 = d12; smaller only for smoke tests)")
-    p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain-mix MoME row")
+    p.add_argument("--no-variants", dest="variants", action="store_false",
+                   help="skip the MoME rows with a forced mix (plain, bag, row)")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch default)")
     p.add_argument("--out", default="", help="JSON path (default bench/results/step_<device>_<dtype>.json)")
     p.add_argument("--profile", default="", metavar="DESIGN",

@@ -3,6 +3,8 @@ appendix designs (Engram, JTok, JTok-M, MoVE-Input, MoE-FFN, MoE + MoME) at the 
 
     python bench/train_step.py                                   # CUDA: d12, seq 2048, bf16, compiled
     python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
+    python bench/train_step.py --designs ve,mome,mome-bigram --mix auto,row   # each MoME design once per mix
+    python bench/train_step.py --rounds 2        # every process twice (order reversed): the median of the rounds
     python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
 
@@ -46,6 +48,7 @@ DESIGNS = {
     "moe-mome": ("MoE-FFN + MoME A2/6", "mome", {"slots": 6, "topk": 2}, None, {"mlp": "moe"}),
 }
 TABLE1 = ("base", "ve", "bigram", "mome", "mome-bigram")  # the default set
+MIXES = ("auto", "bag", "plain", "row")  # --mix: nanochat.memory.mome.MIX (auto = None)
 PAPER_GPUS = 4  # Table 1 throughput is for 4 GPUs
 
 
@@ -70,7 +73,7 @@ def measure_one(args) -> dict:
     from nanochat.train_loop import train_step
 
     _, device = compute_init(args.device)
-    mome_module.FUSED_MIX = {"auto": None, "bag": True, "plain": False}[args.mix]
+    mome_module.MIX = None if args.mix == "auto" else args.mix
     mome_module.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
     label, memory, options, _, backbone = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
@@ -127,17 +130,36 @@ def measure_one(args) -> dict:
             "torch": torch.__version__}
 
 
+def merge_rounds(results: list[dict]) -> dict:
+    """One design's per-round results -> step time = the median of the rounds' medians (tok/s and MFU follow from
+    it; min/max and peak memory over all rounds), each round's step time kept; an error if any round failed."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return failed[0]
+    step_ms = statistics.median(r["step_ms"] for r in results)
+    first = results[0]
+    return {**first, "step_ms": step_ms, "tok_per_sec": first["tokens_per_step"] / step_ms * 1e3,
+            "mfu": first["mfu"] * first["step_ms"] / step_ms if first["mfu"] is not None else None,
+            "step_ms_min": min(r["step_ms_min"] for r in results), "step_ms_max": max(r["step_ms_max"] for r in results),
+            "peak_mem_gb": max((r["peak_mem_gb"] for r in results if r["peak_mem_gb"] is not None), default=None),
+            "round_step_ms": [r["step_ms"] for r in results]}
+
+
+def design_of(row_key: str) -> str:
+    return row_key.split("@")[0]  # "mome@row" -> "mome"
+
+
 def table(rows: dict) -> str:
     ve, base = rows.get("ve"), rows.get("base")
     lines = ["| design | step ms [min-max] | tok/s | MFU % | step/VE | step/Base | peak GB | paper tok/s per GPU |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
         if "error" in r:
-            lines.append(f"| {DESIGNS[key][0]} | failed: {r['error'][-120:]} | | | | | | |")
+            lines.append(f"| {DESIGNS[design_of(key)][0]} | failed: {r['error'][-120:]} | | | | | | |")
             continue
-        paper = paper_tok_per_sec(DESIGNS[key][3])
+        paper = paper_tok_per_sec(DESIGNS[design_of(key)][3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else ""]
-        variant = ", ".join(v for v in variant if v) if DESIGNS[key][1] == "mome" else ""
+        variant = ", ".join(v for v in variant if v) if DESIGNS[design_of(key)][1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
                  f"{r['mfu']:.1f}" if r["mfu"] is not None else "n/a",
@@ -157,9 +179,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on for CUDA)")
-    p.add_argument("--mix", default="auto", choices=("auto", "bag", "plain"),
-                   help="MoME top-K mix: one embedding_bag (bag) or gather + weighted sum (plain); auto = the "
-                        "model's default (plain on CUDA, bag on CPU)")
+    p.add_argument("--mix", default="auto",
+                   help="MoME mix, or a comma list to run every MoME design once per mix: bag (one embedding_bag), "
+                        "plain (gather + weighted sum), row (all M slots of the row, zero weight off the top-K); "
+                        "auto = the model's default (row for the bigram-indexed table; else plain on CUDA, bag on CPU)")
     p.add_argument("--topk", default="auto", choices=("auto", "argmax", "topk"),
                    help="MoME top-K selection: masked argmax passes or torch.topk; auto = the model's default "
                         "(argmax on CUDA)")
@@ -170,6 +193,9 @@ def parse_args(argv=None):
     p.add_argument("--grad-accum", type=int, default=2, help="micro-steps per optimizer step")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the list of design processes this many times, alternating its order, and report the "
+                        "median of each design's per-round medians (separates design from run-to-run drift)")
     p.add_argument("--profile-dir", default="", help="also write a torch.profiler op table of one step per design")
     p.add_argument("--out", default="", help="JSON path (default bench/results/train_step_<device>.json)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: one design in this process
@@ -179,6 +205,13 @@ def parse_args(argv=None):
     unknown = [d for d in args.designs.split(",") if d not in DESIGNS]
     if unknown:
         p.error(f"--designs: unknown {unknown}; allowed: {', '.join(DESIGNS)}")
+    bad = [m for m in args.mix.split(",") if m not in MIXES]
+    if bad or not args.mix:
+        p.error(f"--mix: unknown {bad}; allowed: {', '.join(MIXES)} (or a comma list of them)")
+    if args.one and "," in args.mix:
+        p.error("--mix: one value per design process")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1 (got {args.rounds})")
     if args.compile is None:
         args.compile = args.device == "cuda"
     return args
@@ -191,16 +224,25 @@ def main(argv=None):
         return
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
     rows = {}
-    for key in args.designs.split(","):
-        cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key,
-               "--compile" if args.compile else "--no-compile"]
-        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-        if res.returncode != 0:
-            rows[key] = {"error": res.stderr.strip()}
-            print(f"{key}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
-        else:
-            rows[key] = json.loads(res.stdout.strip().splitlines()[-1])
-            print(f"{key}: {rows[key]['step_ms']:.1f} ms/step, {rows[key]['tok_per_sec']:,.0f} tok/s", flush=True)
+    mixes = args.mix.split(",")
+    runs = [(key, mix) for key in args.designs.split(",")
+            for mix in (mixes if DESIGNS[key][1] == "mome" else ["auto"])]
+    rounds: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        for key, mix in (runs if r % 2 == 0 else runs[::-1]):
+            row_key = key if len(mixes) == 1 or DESIGNS[key][1] != "mome" else f"{key}@{mix}"
+            cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key, "--mix", mix,
+                   "--compile" if args.compile else "--no-compile"]
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if res.returncode != 0:
+                rounds.setdefault(row_key, []).append({"error": res.stderr.strip()})
+                print(f"{row_key}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
+                continue
+            one = json.loads(res.stdout.strip().splitlines()[-1])
+            rounds.setdefault(row_key, []).append(one)
+            print(f"{row_key} (round {r + 1}): {one['step_ms']:.1f} ms/step, {one['tok_per_sec']:,.0f} tok/s",
+                  flush=True)
+    rows = {key: merge_rounds(results) for key, results in rounds.items()}
     head = next((r for r in rows.values() if "error" not in r), {})
     print(f"\n### d{args.depth} training step, {args.device_batch_size} x {args.seq_len} tokens x {args.grad_accum} "
           f"micro-steps, {args.device} ({head.get('device_name', '?')}, torch {head.get('torch', '?')}), "

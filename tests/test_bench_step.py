@@ -13,7 +13,7 @@ from nanochat.memory import mome
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.setattr(mome, "FUSED_MIX", mome.FUSED_MIX)  # the benchmark flips this module switch per case
+    monkeypatch.setattr(mome, "MIX", mome.MIX)  # the benchmark flips this module switch per case
     return load_bench("step")
 
 
@@ -23,7 +23,8 @@ def test_step_bench_sections_run_at_equal_table_memory(bench, tmp_path, capsys):
                 "--warmup", "0", "--out", str(out)])
     result = json.loads(out.read_text())
     labels = ["Base", "VE", "Bigram", "MoME A2/6 token", "MoME A2/12 c2 grouped", "MoME A2/6 bigram-idx",
-              "MoME A2/6 token, plain mix"]
+              "MoME A2/6 token, plain mix", "MoME A2/6 token, bag mix", "MoME A2/6 token, row mix",
+              "MoME A2/6 bigram-idx, plain mix", "MoME A2/6 bigram-idx, bag mix"]
     for kind in ("layer", "hook"):
         rows = result[kind]
         assert list(rows) == labels
@@ -101,15 +102,33 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
     bench = load_bench("train_step")
     out = tmp_path / "ts.json"
     bench.main(["--device", "cpu", "--designs", "ve,mome", "--depth", "1", "--seq-len", "16", "--vocab-size", "256",
-                "--device-batch-size", "2", "--grad-accum", "2", "--steps", "2", "--warmup", "1", "--out", str(out)])
+                "--device-batch-size", "2", "--grad-accum", "2", "--steps", "2", "--warmup", "1", "--mix", "auto,row",
+                "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert set(rows) == {"ve", "mome"} and not any("error" in r for r in rows.values())
+    assert set(rows) == {"ve", "mome@auto", "mome@row"} and not any("error" in r for r in rows.values())
+    assert rows["mome@row"]["mix"] == "row" and rows["mome@auto"]["mix"] == "auto" and rows["ve"]["mix"] == "auto"
+    rows["mome"] = rows["mome@row"]
     for r in rows.values():
         assert r["tokens_per_step"] == 2 * 16 * 2 and r["tok_per_sec"] > 0 and r["step_ms_min"] <= r["step_ms"]
     # depth 1: one head of 128, one memory layer; VE is V x H*d, MoME A2/6 is V x 6 x d
     assert rows["ve"]["params_memory"] == 256 * 128 and rows["mome"]["params_memory"] == 256 * 6 * 128
     table = capsys.readouterr().out
-    assert "| VE |" in table and "| MoME A2/6 token |" in table
+    assert "| VE |" in table and "| MoME A2/6 token |" in table and "| MoME A2/6 token (row mix) |" in table
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--mix", "auto,fused"])
+
+
+def test_train_step_bench_rounds_take_the_median_of_round_medians():
+    bench = load_bench("train_step")
+    rounds = [{"step_ms": ms, "step_ms_min": ms - 1, "step_ms_max": ms + 1, "tokens_per_step": 1000, "mfu": 40.0 * 100 / ms,
+               "peak_mem_gb": gb, "label": "VE"} for ms, gb in ((100.0, 3.0), (110.0, 2.0), (90.0, 2.5))]
+    row = bench.merge_rounds(rounds)
+    assert row["step_ms"] == 100.0 and row["tok_per_sec"] == pytest.approx(10_000.0) and row["mfu"] == pytest.approx(40.0)
+    assert (row["step_ms_min"], row["step_ms_max"], row["peak_mem_gb"]) == (89.0, 111.0, 3.0)
+    assert row["round_step_ms"] == [100.0, 110.0, 90.0]
+    assert bench.merge_rounds(rounds[:1] + [{"error": "OOM"}]) == {"error": "OOM"}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
 
 
 def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):

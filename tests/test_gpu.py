@@ -79,12 +79,12 @@ def test_bf16_autocast_train_step_every_memory_block(name):
         assert all(v.is_cuda for v in st.values()), {k: v.device for k, v in st.items()}
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["embedding_bag", "plain"])
+@pytest.mark.parametrize("mix", ["bag", "plain", "row"])
 @pytest.mark.parametrize("index", ["token", "bigram"])
-def test_compile_fullgraph_mome_matches_eager(fused, index, monkeypatch):
+def test_compile_fullgraph_mome_matches_eager(mix, index, monkeypatch):
     """fp32 (TF32 off): compiled and eager compute the same function to float rounding. (Under bf16 autocast the
     router gradient of two fusions differs by ~10%: it is a small difference of saturated sigmoid slopes.)"""
-    monkeypatch.setattr(mome_module, "FUSED_MIX", fused)
+    monkeypatch.setattr(mome_module, "MIX", mix)
     tf32 = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module: monkeypatch cannot set it
     torch.backends.cuda.matmul.allow_tf32 = False
     try:

@@ -19,15 +19,15 @@ def _block(cfg, seed=0):
     return random_block(cfg, seed)
 
 
-def _run(block, fused, capture, tokens, xn, v):
-    """value() of the first memory layer and the gradients of a random projection of it."""
+def _run(block, mix, capture, tokens, xn, v):
+    """value() of the first memory layer and the gradients of a random projection of it; mix: mome.MIX."""
     block.capture = {} if capture else None
-    old = mome_module.FUSED_MIX
-    mome_module.FUSED_MIX = fused
+    old = mome_module.MIX
+    mome_module.MIX = mix
     try:
         out = block.value(block.layers[0], xn, v, block.prepare(tokens, None))
     finally:
-        mome_module.FUSED_MIX = old
+        mome_module.MIX = old
     proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     params = [p for p in block.parameters() if p.requires_grad]
     grads = torch.autograd.grad((out * proj).sum(), [xn, v, *params], allow_unused=True)
@@ -67,8 +67,8 @@ def test_fast_path_equals_plain(tmp_path, index, M, K, extra):
     cfg = _config(tmp_path, M, K, index, **extra)
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
-    fast, g_fast, _ = _run(block, fused=True, capture=False, tokens=tokens, xn=xn, v=v)
-    plain, g_plain, cap = _run(block, fused=False, capture=True, tokens=tokens, xn=xn, v=v)
+    fast, g_fast, _ = _run(block, "bag", capture=False, tokens=tokens, xn=xn, v=v)
+    plain, g_plain, cap = _run(block, "plain", capture=True, tokens=tokens, xn=xn, v=v)
     # an output element sums K rows (+ v); a gradient element at most one term per (token, head, slot)
     assert_same_sums(fast, plain, g_fast, g_plain, K + 1, tokens.numel() * HEADS * K)
     assert set(cap[block.layers[0]]) >= {"slots", "weights", "gamma", "inject_norm", "rows", "probs"}
@@ -79,8 +79,8 @@ def test_other_routings_fast_equals_plain(tmp_path, routing):
     cfg = _config(tmp_path, 6, 2, "token", routing=routing)
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
-    fast, g_fast, _ = _run(block, True, False, tokens, xn, v)
-    plain, g_plain, _ = _run(block, False, True, tokens, xn, v)
+    fast, g_fast, _ = _run(block, "bag", False, tokens, xn, v)
+    plain, g_plain, _ = _run(block, "plain", True, tokens, xn, v)
     assert_same_sums(fast, plain, g_fast, g_plain, 2 + 1, tokens.numel() * HEADS * 2)  # K = 2
 
 
@@ -128,10 +128,10 @@ def test_cuda_paths_equal_cpu_paths_on_the_cpu(tmp_path, index, monkeypatch):
     cfg = _config(tmp_path, 6, 2, index)
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
-    cpu, g_cpu, _ = _run(block, fused=True, capture=False, tokens=tokens, xn=xn, v=v)
+    cpu, g_cpu, _ = _run(block, "bag", capture=False, tokens=tokens, xn=xn, v=v)
     monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", True)
     block.sparse_shared_grad = False  # as on CUDA
-    cuda_like, g_cuda, _ = _run(block, fused=False, capture=False, tokens=tokens, xn=xn, v=v)
+    cuda_like, g_cuda, _ = _run(block, "plain", capture=False, tokens=tokens, xn=xn, v=v)
     assert_same_sums(cuda_like, cpu, g_cuda, g_cpu, 2 + 1, tokens.numel() * HEADS * 2)  # K = 2
 
 
@@ -161,3 +161,153 @@ def test_training_forward_has_no_graph_breaks(opts):
     explanation = torch._dynamo.explain(model)(data[:, :-1], data[:, 1:])
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("index", ["token", "grouped", "bigram"])
+@pytest.mark.parametrize("M,K", [(6, 1), (6, 2), (9, 3)])
+@pytest.mark.parametrize("argmax", [False, True], ids=["topk", "argmax"])
+def test_row_mix_equals_plain(tmp_path, index, M, K, argmax, monkeypatch):
+    """The row mix (all M slots of n_t, zero weight off the top-K) computes the top-K mix: same output and
+    gradients (router, gate, table, inputs) up to float summation order."""
+    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", argmax)
+    cfg = _config(tmp_path, M, K, index)
+    block = _block(cfg)
+    block.sparse_shared_grad = False  # both paths dense (the sparse variant is compared below)
+    tokens, xn, v = _inputs(cfg)
+    row, g_row, _ = _run(block, "row", capture=False, tokens=tokens, xn=xn, v=v)
+    plain, g_plain, _ = _run(block, "plain", capture=True, tokens=tokens, xn=xn, v=v)
+    # an output element sums M terms (K of them non-zero) + v; a table-gradient element one term per (token, head)
+    assert_same_sums(row, plain, g_row, g_plain, M + 1, tokens.numel() * HEADS * M)
+
+
+def test_row_mix_sparse_shared_table_gradient_equals_dense(tmp_path, monkeypatch):
+    """CPU eager training keeps the shared bigram table's gradient sparse; densified, it is the dense one."""
+    monkeypatch.setattr(mome_module, "MIX", "row")
+    cfg = _config(tmp_path, 6, 2, "bigram")
+    tokens, xn, v = _inputs(cfg)
+    grads = []
+    for sparse in (True, False):
+        block = _block(cfg)
+        block.sparse_shared_grad = sparse
+        out = block.value(block.layers[0], xn, v, block.prepare(tokens, None))
+        out.square().sum().backward()
+        assert block.table.weight.grad.is_sparse == sparse
+        grads.append(block.table.weight.grad.to_dense())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-6)
+
+
+def test_slot_weights_spread_topk_weights_exactly():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 5, 3, 8, generator=g)
+    sel = scores.topk(3, dim=-1, sorted=False).indices
+    w = torch.rand(4, 5, 3, 3, generator=g)
+    dense = mome_module.slot_weights(sel, w, 8)
+    assert dense.shape == (4, 5, 3, 8)
+    assert torch.equal(dense.gather(-1, sel), w)  # bit for bit: one weight plus zeros
+    assert torch.equal(dense.scatter(-1, sel, 0.0), torch.zeros_like(dense))
+
+
+def test_row_mix_compiled_form_equals_eager_form(monkeypatch):
+    """mome_row_mix's two formulas (einsum in eager, broadcast-sum when inductor traces it) agree."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(2, 5, 6, 16, generator=g, dtype=torch.float64)
+    w = torch.rand(2, 5, 3, 6, generator=g, dtype=torch.float64)
+    eager = mome_module.mome_row_mix(rows, w)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = mome_module.mome_row_mix(rows, w)
+    naive = torch.stack([sum(w[:, :, h, m, None] * rows[:, :, m] for m in range(6)) for h in range(3)], dim=2)
+    assert eager.shape == traced.shape == (2, 5, 3, 16)
+    torch.testing.assert_close(eager, naive, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(traced, naive, rtol=1e-12, atol=1e-12)
+
+
+def _table_gathers(model, loss) -> int:
+    """Backward nodes that feed the shared MoME table's gradient directly (one per gather of the table)."""
+    seen, stack, count = set(), [loss.grad_fn], 0
+    target = model.memory.table.weight
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for nxt, _ in fn.next_functions:
+            count += nxt is not None and getattr(nxt, "variable", None) is target
+            stack.append(nxt)
+    return count
+
+
+@pytest.mark.parametrize("mix,gathers", [("bag", 2), ("plain", 2), ("row", 1)])
+def test_row_mix_gathers_the_shared_table_once_per_forward(mix, gathers, monkeypatch):
+    """With the row mix the bigram-indexed table (shared by the memory layers) is read once per forward, so its
+    backward builds one table-sized gradient, not one per memory layer. Same loss either way."""
+    monkeypatch.setattr(mome_module, "MIX", mix)
+    model = build_model(tiny_config(memory="mome", memory_options={"index": "bigram", "bigram_factor": 2},
+                                    n_layer=2, memory_layers=(0, 1)), seed=0)
+    model.train()
+    data = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+    loss = model(data[:, :-1], data[:, 1:])
+    assert len(model.memory.layers) == 2
+    assert _table_gathers(model, loss) == gathers
+
+
+@pytest.mark.parametrize("mix,table_sized", [("plain", 7), ("row", 1)])
+def test_compiled_backward_builds_one_shared_table_gradient_with_row_mix(mix, table_sized, monkeypatch):
+    """The graph torch.compile hands to inductor (AOT autograd's backward, captured without compiling it): with
+    4 memory layers reading the shared bigram-indexed table, the plain mix makes 4 table-sized gradients and 3
+    table-sized sums; the row mix one table-sized gradient. Structure, not timing (bench/train_step.py times it)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    monkeypatch.setattr(mome_module, "MIX", mix)
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    model = build_model(tiny_config(memory="mome", memory_options={"index": "bigram", "bigram_factor": 2},
+                                    n_layer=4, memory_layers=(0, 1, 2, 3)), seed=0)
+    model.train()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")),
+                             fullgraph=True)
+    data = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+    compiled(data[:, :-1], data[:, 1:]).backward()
+    torch._dynamo.reset()
+    n = model.memory.table.weight.numel()
+    sized = [node.target for node in graphs["bw"].graph.nodes if node.op == "call_function"
+             and getattr(node.meta.get("val"), "shape", None) is not None and node.meta["val"].numel() == n]
+    assert len(sized) == table_sized, sized
+    assert sum(t == torch.ops.aten.embedding_dense_backward.default for t in sized) == (4 if mix == "plain" else 1)
+    assert model.memory.table.weight.grad is not None
+
+
+def test_shared_table_default_row_mix_equals_plain_in_a_full_model(monkeypatch):
+    """Four memory layers reading the shared bigram-indexed table through the rows gathered once in prepare (the
+    default, sparse table gradient in CPU training) == the per-layer plain mix: loss and every gradient."""
+    cfg = tiny_config(memory="mome", n_layer=4, memory_layers=(0, 1, 2, 3),
+                      memory_options={"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2})
+    data = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
+    results = []
+    for mix in (None, "plain"):
+        monkeypatch.setattr(mome_module, "MIX", mix)
+        model = build_model(cfg, seed=0)
+        with torch.no_grad():  # non-zero routers and output projections: every parameter gets a gradient
+            g = torch.Generator().manual_seed(1)
+            for p in list(model.memory.routers.parameters()) + [b.attn.c_proj.weight for b in model.blocks]:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        model.memory.sparse_shared_grad = mix is None
+        loss = model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        grads = {n: p.grad.to_dense() if p.grad.is_sparse else p.grad for n, p in model.named_parameters()
+                 if p.grad is not None}
+        results.append((loss.detach(), grads, model.memory.table.weight.grad.is_sparse))
+    (loss_row, g_row, sparse), (loss_plain, g_plain, dense_is_sparse) = results
+    assert sparse and not dense_is_sparse
+    torch.testing.assert_close(loss_row, loss_plain, rtol=1e-6, atol=0)
+    assert set(g_row) == set(g_plain) and "memory.table.weight" in g_row
+    assert g_plain["memory.table.weight"].abs().sum() > 0
+    for name in g_plain:
+        torch.testing.assert_close(g_row[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)

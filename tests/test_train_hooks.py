@@ -46,6 +46,7 @@ def test_shared_bigram_table_sparse_grad_trains_like_dense(monkeypatch):
         return out
 
     monkeypatch.setattr(mome, "mome_mix", recording_mix)
+    monkeypatch.setattr(mome, "MIX", "bag")  # the K-row mix per layer (the default for this table is the row mix)
     cfg = tiny_config(memory="mome", n_layer=4, memory_options={"slots": 4, "topk": 2, "index": "bigram",
                                                                  "bigram_factor": 2})
     models = [build_model(cfg, seed=0), build_model(cfg, seed=0)]

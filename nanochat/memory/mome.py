@@ -36,7 +36,17 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   tensor either) with a scatter-add backward, measured 4% faster per d12 training step than embedding_bag's
   sort-based backward on an H100; and the top-K selection as K masked argmax passes over the M logits, which
   inductor fuses, instead of ``torch.topk``'s radix select (0.5 ms per layer call at d12 for M = 6).
-``FUSED_MIX`` / ``TOPK_BY_ARGMAX`` (None = by device) force one path; the tests compare them.
+* The row mix: gather ALL M slots of n_t once per token, (B, T, M, d), and mix them per head with weights that are
+  zero off the top-K, (B, T, H, M) (equal to the top-K mix: the extra terms are exact zeros). Used for K == M, and
+  by default for the bigram-indexed table: that table is shared by every memory layer and n_t is the same for all
+  of them, so ``prepare`` gathers it ONCE per forward and its backward builds one table-sized gradient instead of
+  one per memory layer plus their sum (L - 1 table-sized zero-fills, scatters and additions per micro-step: at
+  the d12 compound-scaling row n24/M6 each is 604M fp32 entries). Measured on CPU (fwd+bwd 2.5% faster in eager
+  mode); on the GPU still to be timed (``bench/train_step.py --designs ve,mome-bigram --mix auto,plain``).
+  For a per-layer table the row mix scatters M*d values per token (VE's count at equal memory) instead of H*K*d;
+  it is not the default there (slower on CPU in eager mode, untimed on the GPU).
+``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
+path for every table; the tests compare them.
 """
 
 from dataclasses import dataclass
@@ -60,7 +70,8 @@ ROUTINGS = ("context", "token-only", "fixed-random")
 BALANCES = ("none", "bias")
 NORM_EPS = 1e-10
 FIXED_RANDOM_SEED = 1234
-FUSED_MIX: bool | None = None  # embedding_bag mix; None = on CPU only (see the module docstring)
+MIXES = ("bag", "plain", "row")
+MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
 TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
 
 
@@ -167,8 +178,24 @@ def mome_mix_fused(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, spa
 
 
 def mome_mix(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, sparse: bool = False) -> torch.Tensor:
-    fused = (not table.is_cuda) if FUSED_MIX is None else FUSED_MIX
+    """The K-row mix by ``MIX``: "bag" or "plain"; None (and "row", which only MoME's per-head mix has) by device."""
+    fused = MIX == "bag" or (MIX != "plain" and not table.is_cuda)
     return mome_mix_fused(table, flat, w, sparse) if fused or sparse else mome_mix_reference(table, flat, w)
+
+
+def slot_weights(sel: torch.Tensor, w: torch.Tensor, M: int) -> torch.Tensor:
+    """Top-K weights spread over all M slots: sel, w (..., K) -> (..., M), zero off the selection. Exact: a
+    head's K slots are distinct, so each output is one weight plus zeros."""
+    hits = sel[..., None] == torch.arange(M, device=sel.device)  # (..., K, M)
+    return (hits.to(w.dtype) * w[..., None]).sum(dim=-2)
+
+
+def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-head mix of a token's M slots: rows (B, T, M, d), w (B, T, H, M) -> (B, T, H, d)."""
+    w = w.to(rows.dtype)
+    if torch.compiler.is_compiling():  # a broadcast reduction over M that inductor fuses with the gather
+        return (w[..., None] * rows[:, :, None]).sum(dim=-2)
+    return torch.einsum("bthm,btmd->bthd", w, rows)  # eager: batched GEMMs, no (B, T, H, M, d) temporary
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -297,7 +324,19 @@ class MoMEMemory(MemoryBlock):
             row = self.slot_map[idx]
         else:
             row = idx.long()
-        return idx, row
+        # the shared table's M slots of n_t, read by every memory layer: gathered once (see "row mix" above)
+        rows = self._gather_rows(self.table.weight, row) if hasattr(self, "table") and self._row_mix() else None
+        return idx, row, rows
+
+    def _row_mix(self) -> bool:
+        if self.K == self.M:
+            return True
+        return hasattr(self, "table") if MIX is None else MIX == "row"  # by default for the shared table only
+
+    def _gather_rows(self, table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        """All M slots of rows n_t: (B, T) -> (B, T, M, d)."""
+        flat = row[..., None] * self.M + torch.arange(self.M, device=row.device)  # (B, T, M) flat row ids
+        return F.embedding(flat, table, sparse=self._sparse_grad(table))
 
     def route(self, pos: int, xn, v, idx, row, probs: bool = True):
         """Selected slots sel (B, T, H, K) (None when K == M: all slots in order), weights (B, T, H, K or M),
@@ -345,12 +384,12 @@ class MoMEMemory(MemoryBlock):
         pos = self.layer_pos.get(layer)
         if pos is None:
             return v
-        idx, row = ctx
+        idx, row, rows = ctx
         sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None)
         table = self._table(pos)
-        if sel is None:  # K == M: the M rows of n_t are shared by all heads -> gather once, mix per head
-            flat = row[..., None] * self.M + torch.arange(self.M, device=v.device)  # (B, T, M)
-            mem = torch.einsum("bthm,btmd->bthd", w.to(table.dtype), F.embedding(flat, table))
+        if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
+            rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
+            mem = mome_row_mix(rows, w if sel is None else slot_weights(sel, w, self.M))
         else:
             flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
             mem = mome_mix(table, flat, w, self._sparse_grad(table))  # (B, T, H, d)
