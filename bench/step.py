@@ -73,7 +73,7 @@ FAMILY_FULL = {  # small models of the other families, GQA 6/3 heads, memory on 
 }
 
 
-def family_designs(family: str) -> list[tuple[str, str, dict, bool]]:
+def family_designs(family: str) -> list[tuple[str, str, dict, str | None]]:
     """(label, --memory, options, mix) of the paper's family rows: Base, STEM, VE, MoME A1/3 (= VE's table
     size with M = H_kv = 3) and A2/6, routed from the values (MobileLLM) or the hidden state (Qwen3)."""
     router = "value" if family == "mobilellm" else "hidden"
