@@ -1,5 +1,6 @@
 """Throughput of the real training step for the paper's d12 designs (Table 1) and, with ``--designs all``, the
-appendix designs (Engram, JTok, JTok-M, MoVE-Input, MoE-FFN, MoE + MoME) at the same size: tokens/s, MFU, peak memory.
+largest compound-scaling row and the appendix designs (Engram, JTok, JTok-M, MoVE-Input, MoE-FFN, MoE + MoME) at
+the same size: tokens/s, MFU, peak memory.
 
     python bench/train_step.py                                   # CUDA: d12, seq 2048, bf16, compiled
     python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
@@ -38,6 +39,9 @@ DESIGNS = {
     "mome": ("MoME A2/6 token", "mome", {"slots": 6, "topk": 2}, "mome_c1_m6", {}),
     "mome-bigram": ("MoME A2/6 bigram-idx n6", "mome", {"slots": 6, "topk": 2, "index": "bigram",
                                                        "bigram_factor": 6}, None, {}),
+    # the largest compound-scaling row (configs/d12_compound/mome_n24_m6): a 604M-entry table shared by 6 layers
+    "mome-bigram-n24": ("MoME A2/6 bigram-idx n24", "mome", {"slots": 6, "topk": 2, "index": "bigram",
+                                                             "bigram_factor": 24}, None, {}),
     # the appendix designs (configs/d24_token_memory, d24_sparse_moe) at the benchmark's depth; Engram's
     # compression map does not change the work per token, so the identity map stands in for a tokenizer's
     "engram": ("Engram (2 modules)", "engram", {"compression": "identity"}, None, {}),
