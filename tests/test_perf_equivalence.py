@@ -311,3 +311,17 @@ def test_shared_table_default_row_mix_equals_plain_in_a_full_model(monkeypatch):
     assert g_plain["memory.table.weight"].abs().sum() > 0
     for name in g_plain:
         torch.testing.assert_close(g_row[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_row_mix_stays_in_the_table_dtype_under_autocast():
+    """Like the K-row mixes (elementwise, or embedding_bag in the table's dtype), the row mix's eager einsum must
+    not be cast to bf16 by autocast (it is a bmm): the table gradient would be computed in bf16."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(2, 5, 6, 16, generator=g, requires_grad=True)
+    w = torch.rand(2, 5, 3, 6, generator=g)
+    want = mome_module.mome_row_mix(rows, w)
+    (grad_want,) = torch.autograd.grad(want.sum(), rows)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mome_module.mome_row_mix(rows, w)
+    (grad_got,) = torch.autograd.grad(got.sum(), rows)
+    assert got.dtype == torch.float32 and torch.equal(got, want) and torch.equal(grad_got, grad_want)

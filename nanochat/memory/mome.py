@@ -196,7 +196,10 @@ def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     w = w.to(rows.dtype)
     if torch.compiler.is_compiling():  # a broadcast reduction over M that inductor fuses with the gather
         return (w[..., None] * rows[:, :, None]).sum(dim=-2)
-    return torch.einsum("bthm,btmd->bthd", w, rows)  # eager: batched GEMMs, no (B, T, H, M, d) temporary
+    # eager: batched GEMMs, no (B, T, H, M, d) temporary; in the table's dtype, like the K-row mixes (autocast
+    # would run this bmm, and so the table gradient, in bf16)
+    with torch.autocast(rows.device.type, enabled=False):
+        return torch.einsum("bthm,btmd->bthd", w, rows)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
