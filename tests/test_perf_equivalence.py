@@ -325,3 +325,12 @@ def test_row_mix_stays_in_the_table_dtype_under_autocast():
         got = mome_module.mome_row_mix(rows, w)
     (grad_got,) = torch.autograd.grad(got.sum(), rows)
     assert got.dtype == torch.float32 and torch.equal(got, want) and torch.equal(grad_got, grad_want)
+
+
+def test_unknown_mix_switch_is_refused(tmp_path, monkeypatch):
+    cfg = _config(tmp_path, 6, 2, "token")
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    monkeypatch.setattr(mome_module, "MIX", "fused")
+    with pytest.raises(ValueError, match="MIX 'fused' is unknown; allowed: None, bag, plain, row"):
+        block.value(block.layers[0], xn, v, block.prepare(tokens, None))

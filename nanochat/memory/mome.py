@@ -178,9 +178,16 @@ def mome_mix_fused(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, spa
     return out.view(*lead, table.size(-1))  # (B, T, H, d)
 
 
+def forced_mix() -> str | None:
+    if MIX is not None and MIX not in MIXES:
+        raise ValueError(f"nanochat.memory.mome.MIX {MIX!r} is unknown; allowed: None, {', '.join(MIXES)}")
+    return MIX
+
+
 def mome_mix(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, sparse: bool = False) -> torch.Tensor:
     """The K-row mix by ``MIX``: "bag" or "plain"; None (and "row", which only MoME's per-head mix has) by device."""
-    fused = MIX == "bag" or (MIX != "plain" and not table.is_cuda)
+    mix = forced_mix()
+    fused = mix == "bag" or (mix != "plain" and not table.is_cuda)
     return mome_mix_fused(table, flat, w, sparse) if fused or sparse else mome_mix_reference(table, flat, w)
 
 
@@ -335,7 +342,8 @@ class MoMEMemory(MemoryBlock):
     def _row_mix(self) -> bool:
         if self.K == self.M:
             return True
-        return hasattr(self, "table") if MIX is None else MIX == "row"  # by default for the shared table only
+        mix = forced_mix()
+        return hasattr(self, "table") if mix is None else mix == "row"  # by default for the shared table only
 
     def _gather_rows(self, table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         """All M slots of rows n_t: (B, T) -> (B, T, M, d)."""
