@@ -116,7 +116,8 @@ def _group_schedule(p):
     g.add_argument("--num-iterations", type=int, default=None, help="optimizer steps (wins over the next two)")
     g.add_argument("--target-flops", type=float, default=None, help="FLOP budget: steps = round(F / (flops/token x batch))")
     g.add_argument("--target-param-data-ratio", type=float, default=8.0,
-                   help="fallback horizon: tokens = ratio x backbone params")
+                   help="fallback horizon: tokens = ratio x stored backbone params (an MoE FFN counts every "
+                        "expert; the paper's MoE rows use --target-flops)")
     g.add_argument("--warmup-ratio", type=float, default=0.0, help="fraction of steps with linear LR warmup")
     g.add_argument("--warmdown-ratio", type=float, default=0.4, help="fraction of steps with linear LR decay at the end")
     g.add_argument("--final-lr-frac", type=float, default=0.0, help="LR multiplier at the end of warmdown")
