@@ -158,12 +158,13 @@ def table(rows: dict) -> str:
     lines = ["| design | step ms [min-max] | tok/s | MFU % | step/VE | step/Base | peak GB | paper tok/s per GPU |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
+        design = DESIGNS[design_of(key)]
         if "error" in r:
-            lines.append(f"| {DESIGNS[design_of(key)][0]} | failed: {r['error'][-120:]} | | | | | | |")
+            lines.append(f"| {design[0]} | failed: {r['error'][-120:]} | | | | | | |")
             continue
-        paper = paper_tok_per_sec(DESIGNS[design_of(key)][3])
+        paper = paper_tok_per_sec(design[3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else ""]
-        variant = ", ".join(v for v in variant if v) if DESIGNS[design_of(key)][1] == "mome" else ""
+        variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
                  f"{r['mfu']:.1f}" if r["mfu"] is not None else "n/a",
@@ -229,12 +230,15 @@ def main(argv=None):
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
     rows = {}
     mixes = args.mix.split(",")
-    runs = [(key, mix) for key in args.designs.split(",")
-            for mix in (mixes if DESIGNS[key][1] == "mome" else ["auto"])]
+    runs = []  # (design, mix, row key): a MoME design once per mix, keyed design@mix when there are several
+    for key in args.designs.split(","):
+        if DESIGNS[key][1] != "mome":
+            runs.append((key, "auto", key))
+        else:
+            runs += [(key, mix, key if len(mixes) == 1 else f"{key}@{mix}") for mix in mixes]
     rounds: dict[str, list[dict]] = {}
     for r in range(args.rounds):
-        for key, mix in (runs if r % 2 == 0 else runs[::-1]):
-            row_key = key if len(mixes) == 1 or DESIGNS[key][1] != "mome" else f"{key}@{mix}"
+        for key, mix, row_key in (runs if r % 2 == 0 else runs[::-1]):
             cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key, "--mix", mix,
                    "--compile" if args.compile else "--no-compile"]
             res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -239,7 +239,7 @@ def _table_gathers(model, loss) -> int:
 @pytest.mark.parametrize("mix,gathers", [("bag", 2), ("plain", 2), ("row", 1)])
 def test_row_mix_gathers_the_shared_table_once_per_forward(mix, gathers, monkeypatch):
     """With the row mix the bigram-indexed table (shared by the memory layers) is read once per forward, so its
-    backward builds one table-sized gradient, not one per memory layer. Same loss either way."""
+    backward builds one table-sized gradient, not one per memory layer (values: the full-model test below)."""
     monkeypatch.setattr(mome_module, "MIX", mix)
     model = build_model(tiny_config(memory="mome", memory_options={"index": "bigram", "bigram_factor": 2},
                                     n_layer=2, memory_layers=(0, 1)), seed=0)
