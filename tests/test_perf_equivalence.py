@@ -221,10 +221,11 @@ def test_row_mix_compiled_form_equals_eager_form(monkeypatch):
     torch.testing.assert_close(traced, naive, rtol=1e-12, atol=1e-12)
 
 
-def _table_gathers(model, loss) -> int:
-    """Backward nodes that feed the shared MoME table's gradient directly (one per gather of the table)."""
+def _table_gathers(model, loss, target=None) -> int:
+    """Backward nodes that feed ``target``'s gradient directly (one per gather of it; default: the shared MoME
+    table)."""
     seen, stack, count = set(), [loss.grad_fn], 0
-    target = model.memory.table.weight
+    target = model.memory.table.weight if target is None else target
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:
@@ -248,6 +249,28 @@ def test_row_mix_gathers_the_shared_table_once_per_forward(mix, gathers, monkeyp
     loss = model(data[:, :-1], data[:, 1:])
     assert len(model.memory.layers) == 2
     assert _table_gathers(model, loss) == gathers
+
+
+def test_token_only_routing_looks_its_logits_up_once_per_forward():
+    """Token-only routing has one logit table for every memory layer: one lookup per forward, so one gradient
+    (not one per layer). That the lookup gives the same routing: the next test."""
+    model = build_model(tiny_config(memory="mome", memory_options={"routing": "token-only"}, n_layer=3,
+                                    memory_layers=(0, 1, 2)), seed=0)
+    model.train()
+    data = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+    loss = model(data[:, :-1], data[:, 1:])
+    assert len(model.memory.layers) == 3
+    assert _table_gathers(model, loss, model.memory.route_table.weight) == 1
+
+
+def test_token_only_logits_from_prepare_equal_a_per_layer_lookup(tmp_path):
+    cfg = _config(tmp_path, 6, 2, "token", routing="token-only")
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    idx, row, _, token_logits = block.prepare(tokens, None)
+    assert token_logits.shape == (*tokens.shape, HEADS * 6)
+    for a, b in zip(block.route(0, xn, v, idx, row), block.route(0, xn, v, idx, row, token_logits=token_logits)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("mix,table_sized", [("plain", 7), ("row", 1)])

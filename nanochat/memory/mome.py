@@ -337,7 +337,9 @@ class MoMEMemory(MemoryBlock):
             row = idx.long()
         # the shared table's M slots of n_t, read by every memory layer: gathered once (see "row mix" above)
         rows = self._gather_rows(self.table.weight, row) if hasattr(self, "table") and self._row_mix() else None
-        return idx, row, rows
+        # token-only routing: one logit table for every layer, so one lookup (and one gradient) per forward
+        token_logits = self.route_table(idx) if self.opts.routing == "token-only" else None  # (B, T, H*M)
+        return idx, row, rows, token_logits
 
     def _row_mix(self) -> bool:
         if self.K == self.M:
@@ -350,17 +352,18 @@ class MoMEMemory(MemoryBlock):
         flat = row[..., None] * self.M + torch.arange(self.M, device=row.device)  # (B, T, M) flat row ids
         return F.embedding(flat, table, sparse=self._sparse_grad(table))
 
-    def route(self, pos: int, xn, v, idx, row, probs: bool = True):
+    def route(self, pos: int, xn, v, idx, row, probs: bool = True, token_logits=None):
         """Selected slots sel (B, T, H, K) (None when K == M: all slots in order), weights (B, T, H, K or M),
         scores p over all M (B, T, H, M) or None (fixed-random, or ``probs=False`` on the sigmoid fast path,
-        which then never evaluates the gate on the M - K unselected logits)."""
+        which then never evaluates the gate on the M - K unselected logits). ``token_logits``: token-only
+        routing's lookup from ``prepare`` (looked up here when None)."""
         o, (B, T, H, _) = self.opts, v.shape
         if o.routing == "fixed-random":
             offset = self.fixed_offset[idx]  # (B, T, H)
             sel = (offset[..., None] + torch.arange(self.K, device=v.device)) % self.M  # (B, T, H, K)
             return sel, torch.full(sel.shape, 1.0 / self.K, device=v.device), None
         if o.routing == "token-only":
-            logits = self.route_table(idx).view(B, T, H, self.M)
+            logits = (self.route_table(idx) if token_logits is None else token_logits).view(B, T, H, self.M)
         elif o.router_input == "hidden":
             logits = self.routers[pos](xn).view(B, T, H, self.M)  # (B, T, H*M) -> per-head logits
         else:
@@ -396,8 +399,8 @@ class MoMEMemory(MemoryBlock):
         pos = self.layer_pos.get(layer)
         if pos is None:
             return v
-        idx, row, rows = ctx
-        sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None)
+        idx, row, rows, token_logits = ctx
+        sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits)
         table = self._table(pos)
         if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
