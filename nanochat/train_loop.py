@@ -4,6 +4,7 @@ accumulation, the synthetic data stand-in, cross-rank helpers, and the stop-sign
 
 import math
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -148,11 +149,18 @@ def synthetic_eval_rows(vocab_size: int, seq_len: int, num_tokens: int, seed: in
 
 
 class StopSignal:
-    """Latch SIGINT/SIGTERM so the loop can save at the next step boundary; a second signal aborts at once."""
+    """Latch SIGINT/SIGTERM so the loop can save at the next step boundary. Only a second Ctrl-C (SIGINT) at
+    least ``abort_after_s`` after the first signal aborts at once: a scheduler's cancel or time limit (Slurm)
+    sends SIGTERM to the launcher AND every worker, and torchrun forwards its own, so a worker sees two SIGTERMs
+    (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save."""
 
-    def __init__(self):
+    abort_after_s = 1.0
+
+    def __init__(self, clock=time.monotonic):
         self.received: str | None = None
         self._previous = {}
+        self._clock = clock
+        self._first_at = 0.0
 
     def install(self) -> "StopSignal":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -160,10 +168,11 @@ class StopSignal:
         return self
 
     def _handle(self, signum, frame):
-        if self.received is not None:  # second Ctrl-C: the user really wants out now
-            self.uninstall()
+        if self.received is None:
+            self.received, self._first_at = signal.Signals(signum).name, self._clock()
+        elif signum == signal.SIGINT and self._clock() - self._first_at >= self.abort_after_s:
+            self.uninstall()  # a later Ctrl-C: the user really wants out now
             raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
 
     def uninstall(self) -> None:
         for sig, prev in self._previous.items():

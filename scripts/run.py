@@ -15,6 +15,7 @@ gradient-accumulation count changes instead).
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,16 +85,30 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
     if "torch.distributed.run" in cmd:
         env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless the user says otherwise
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
+        # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
+        # a later Ctrl-C. (In one process group the child would get the terminal's SIGINT plus a forwarded one.)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        received = []
+
+        def forward(signum, frame):
+            received.append(signum)
+            proc.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            for line in proc.stdout:
+            for line in proc.stdout:  # until the child exits: its "saved checkpoint" lines reach the log too
                 sys.stdout.write(line)
                 log.write(line)
+                log.flush()  # `tail -f train.log` follows the run live
             code = proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()  # base_train saves a checkpoint on SIGTERM, so the run stays resumable
-            proc.wait()
-            raise SystemExit(f"[run] interrupted; seed {seed} can be resumed by re-running. Log: {log_path}")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if received:
+        raise SystemExit(f"[run] interrupted (child exit code {code}); seed {seed} is resumed by re-running the "
+                         f"same command. Log: {log_path}")
     if code != 0:
         raise SystemExit(f"[run] seed {seed} failed with exit code {code}; see {log_path}")
 

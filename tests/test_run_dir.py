@@ -212,3 +212,35 @@ def test_row_runner_continues_an_interrupted_run_and_skips_a_completed_one(tmp_p
     (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 9, "num_iterations": 9}))
     run_one(42, run, echo)
     assert "not overwriting" in capsys.readouterr().out
+
+
+_SIGNAL_COUNTER = r"""
+import signal, sys, time
+got = []
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda s, f: got.append(signal.Signals(s).name))
+print("ready", flush=True)
+while not got:
+    time.sleep(0.01)
+time.sleep(0.5)  # any further signal of the same Ctrl-C arrives meanwhile
+print("child got", got, flush=True)
+"""
+
+
+def test_row_runner_forwards_one_ctrl_c_to_its_child(tmp_path):
+    """A terminal's Ctrl-C goes to the runner's whole process group. The child (base_train) must see it once: a
+    second signal right after the first would be indistinguishable from "abort now". The runner then stops with
+    a resumable message and does not go on to the next seed."""
+    run = tmp_path / "seed42"
+    child = [sys.executable, "-c", _SIGNAL_COUNTER]
+    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
+                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
+    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, like a terminal's foreground job
+    deadline = time.time() + 60
+    while time.time() < deadline and "ready" not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "child got ['SIGINT']" in out, out + err
+    assert proc.returncode == 1 and "interrupted" in err and "resumed by re-running" in err

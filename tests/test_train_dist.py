@@ -117,3 +117,57 @@ def test_nonfinite_weights_on_one_rank_stop_every_rank_without_saving(tmp_path):
     assert "No checkpoint was saved before it" in r.stdout
     assert ckpt.list_steps(run) == []
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_stop_signal_repeated_sigterm_still_saves():
+    """A scheduler's cancel reaches a worker twice within milliseconds (its own SIGTERM and torchrun's forwarded
+    one): the latch keeps the request to save; only a later Ctrl-C aborts at once."""
+    from nanochat.train_loop import StopSignal
+
+    clock = _Clock()
+    stop = StopSignal(clock)
+    stop._handle(signal.SIGTERM, None)
+    clock.now += 0.01
+    stop._handle(signal.SIGTERM, None)
+    clock.now += 30.0
+    stop._handle(signal.SIGTERM, None)  # repeated SIGTERMs never abort: the scheduler's SIGKILL is the deadline
+    assert stop.received == "SIGTERM"
+    stop = StopSignal(clock)
+    stop._handle(signal.SIGINT, None)
+    stop._handle(signal.SIGINT, None)  # the same Ctrl-C delivered twice (terminal + launcher): not an abort
+    assert stop.received == "SIGINT"
+    clock.now += stop.abort_after_s
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)  # a second, later Ctrl-C
+
+
+def test_sigterm_to_launcher_and_workers_saves(tmp_path):
+    """Slurm's scancel / time limit: SIGTERM to torchrun and to every worker (each process of the job; torchrun
+    starts its workers in sessions of their own, so a process-group kill would miss them), and torchrun forwards
+    one more, so each worker gets two SIGTERMs. The run still saves a checkpoint and a resumable summary."""
+    run = tmp_path / "r"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
+           *TINY, *BATCH, "--num-iterations", "400", "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2
+    for pid in [proc.pid, *map(int, workers)]:
+        os.kill(pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and 3 <= summary["step"] < 400, out[-3000:]
+    assert ckpt.list_steps(run) == [summary["step"]], out[-3000:]
+    assert "KeyboardInterrupt" not in out
