@@ -23,6 +23,7 @@ from nanochat.gpt import GPTConfig
 from nanochat.memory import add_memory_args
 from nanochat.moe import MLP_KINDS
 from nanochat.row_config import check_row_config
+from nanochat.schedules import ScheduleConfig
 
 WANDB_MODES = ("off", "offline", "online")
 DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
@@ -155,8 +156,10 @@ def _group_data(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: the pre-parser of --config/--model-type/--memory takes full names only, so an accepted
+    # prefix (--conf FILE) would silently skip the config file
     p = argparse.ArgumentParser(prog="python -m scripts.base_train", description="Pretrain a GPT with a memory block.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     for add in (_group_run, _group_model, _group_optim, _group_schedule, _group_eval, _group_data):
         add(p)
     add_memory_args(p)
@@ -260,6 +263,8 @@ def validate_args(args: argparse.Namespace) -> None:
     for name in ("adam_beta1", "adam_beta2", "memory_beta1", "memory_beta2", "muon_momentum_start", "muon_momentum_end"):
         if not 0 <= getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1) (got {getattr(args, name)})")
+    # the schedule's own checks, with a stand-in horizon: the real one needs the model (FLOP target)
+    ScheduleConfig(1, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
     if args.keep_last < 0:
         raise ValueError(f"--keep-last must be >= 0 (got {args.keep_last})")
     if args.log_every < 1:

@@ -67,7 +67,7 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
                                world_size=world)
         # the paper's "train bpb": the same budget on the first documents of the train split (seen data)
         train_rows = build_eval_rows(data_dir, "train", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
-                                     world_size=world)
+                                     world_size=world) if args.final_train_bpb else None
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
     return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",

@@ -110,3 +110,24 @@ def test_row_config_is_validated_and_booleans_false_are_kept(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--config", str(row)])
     assert "[row] needs a non-empty string 'table'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--warmup-ratio", "0.8"], "--warmup-ratio + --warmdown-ratio must be <= 1"),
+    (["--final-lr-frac", "2"], "--final-lr-frac must be in [0, 1]"),
+    (["--warmdown-ratio=-0.5"], "--warmdown-ratio must be in [0, 1]"),
+])
+def test_dry_run_checks_the_schedule_flags(tmp_path, capsys, argv, needle):
+    """speedrun's preflight is a dry run: a bad schedule must stop there, before any download or tokenizing."""
+    with pytest.raises(SystemExit) as e:
+        base_train.main(["--dry-run", "--target-flops", "3e18", "--run-dir", str(tmp_path), *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--conf", "--model-t", "--mem"])
+def test_abbreviated_flags_are_refused(tmp_path, capsys, flag):
+    """The config file, model type and memory are read by a full-name pre-parser first: an abbreviation the main
+    parser accepted would train without the config file or the family's preset geometry."""
+    with pytest.raises(SystemExit) as e:
+        parse_args([flag, "x"])
+    assert e.value.code == 2 and f"unrecognized arguments: {flag} x" in capsys.readouterr().err

@@ -199,3 +199,23 @@ def test_real_data_resume_and_vocab_check(tmp_path, capsys, embedded_data_dir, t
 
 
 from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
+
+
+def test_no_final_train_bpb_builds_no_train_rows(tmp_path, monkeypatch, embedded_data_dir, tiny_tokenizer_dir):
+    """The train-split rows serve only the final "train bpb": without it they are neither tokenized at startup nor
+    required to exist (a train split smaller than --eval-tokens must not fail the run)."""
+    import nanochat.dataloader as dataloader
+
+    built = []
+    real = dataloader.build_eval_rows
+    monkeypatch.setattr(dataloader, "build_eval_rows", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    common = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--depth", "1",
+              "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64", "--device-batch-size", "2",
+              "--total-batch-size", "256", "--eval-tokens", "512", "--eval-every", "-1", "--no-final-core",
+              "--num-iterations", "1"]
+    assert base_train.main([*common, "--run-dir", str(tmp_path / "a"), "--no-final-train-bpb"]) == 0
+    assert built == ["val"]
+    assert "train_bpb" not in json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert base_train.main([*common, "--run-dir", str(tmp_path / "b")]) == 0
+    assert built == ["val", "val", "train"]
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["train_bpb"] > 0
