@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from nanochat.jsonfile import read_json_object
 
 CKPT_DIR = "checkpoints"
 TMP_PREFIX, OLD_PREFIX, PRUNE_PREFIX = ".tmp-", ".old-", ".prune-"
+SUPERSEDED_PREFIX = "superseded-"  # checkpoints of a continuation abandoned by resuming from an earlier step
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
@@ -113,6 +115,27 @@ def prune_checkpoints(run_dir, keep_last: int) -> list[int]:
     for s in old:
         shutil.rmtree(root / f"{PRUNE_PREFIX}{step_dir(run_dir, s).name}", ignore_errors=True)
     return old
+
+
+def set_aside_later(run_dir, step: int) -> tuple[list[int], Path | None]:
+    """Resuming from an earlier step abandons the checkpoints after it: move them (kept, never listed again)
+    into ``checkpoints/superseded-<time>-after-step_N/``, so that pruning, ``--resume latest/auto`` and
+    evaluation of the "last" checkpoint follow the new continuation, not the abandoned one. -> (steps, folder)."""
+    later = [s for s in list_steps(run_dir) if s > step]
+    if not later:
+        return [], None
+    root = Path(run_dir) / CKPT_DIR
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    name = f"{SUPERSEDED_PREFIX}{stamp}-after-{step_dir(run_dir, step).name}"
+    dest, n = root / name, 1
+    while dest.exists():  # a second rewind within the same second
+        dest, n = root / f"{name}-{n}", n + 1
+    dest.mkdir()
+    for s in sorted(later, reverse=True):  # the latest first: a kill midway leaves the fewest later steps listed
+        os.replace(step_dir(run_dir, s), dest / step_dir(run_dir, s).name)
+    _fsync_dir(dest)
+    _fsync_dir(root)
+    return later, dest
 
 
 def sweep_leftovers(run_dir) -> list[str]:

@@ -489,6 +489,10 @@ def execute(run: Run, resumed_at: int | None) -> int:
         record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
         if resumed_at is not None:
             truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at)
+            later, folder = ckpt.set_aside_later(run.run_dir, resumed_at)
+            if later:
+                print0(f"--resume {resumed_at}: the checkpoints of later steps {later} belong to the abandoned "
+                       f"continuation; moved to {folder} (not deleted)")
         elif (run.run_dir / "metrics.jsonl").exists():
             (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
     a = run.args

@@ -219,3 +219,32 @@ def test_no_final_train_bpb_builds_no_train_rows(tmp_path, monkeypatch, embedded
     assert base_train.main([*common, "--run-dir", str(tmp_path / "b")]) == 0
     assert built == ["val", "val", "train"]
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["train_bpb"] > 0
+
+
+def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path, monkeypatch, capsys):
+    """--resume 2 with checkpoints 4 and 6 of the first continuation on disk: those are abandoned. Pruning by step
+    number would otherwise delete the new step-4 checkpoint and keep the old step 6, and after a crash
+    --resume latest would silently continue the abandoned continuation."""
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == 0
+    assert ckpt.list_steps(run) == [2, 4, 6]
+    calls = {"n": 0}
+    real = base_train.train_step
+
+    def crash_in_step_5(*a, **k):  # a node failure after the new continuation saved step 4
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return real(*a, **k)
+
+    monkeypatch.setattr(base_train, "train_step", crash_in_step_5)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(run, "--num-iterations", "6", "--save-every", "2", "--keep-last", "1", "--resume", "2",
+              "--matrix-lr", "0.01", "--resume-override-lr")
+    assert "later steps [4, 6] belong to the abandoned continuation" in capsys.readouterr().out
+    assert ckpt.list_steps(run) == [4] and ckpt.resolve_resume_step(run, "latest") == 4
+    assert ckpt.load_meta(run, 4)["config"]["args"]["matrix_lr"] == 0.01  # the new continuation's
+    aside = [p for p in (run / ckpt.CKPT_DIR).iterdir() if p.name.startswith(ckpt.SUPERSEDED_PREFIX)]
+    assert len(aside) == 1 and aside[0].name.endswith("-after-step_000002")
+    assert sorted(p.name for p in aside[0].iterdir()) == ["step_000004", "step_000006"]
+    assert json.loads((aside[0] / "step_000006" / "meta.json").read_text())["config"]["args"]["matrix_lr"] == 0.02
