@@ -44,7 +44,7 @@ def load_run(run, step=None, device="cpu", tokenizer_dir=None):
     model.eval()
     tok_dir = meta_dir(tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
     tokenizer = get_tokenizer(tok_dir)
-    check_vocab_matches(tokenizer, model.config.vocab_size, f"--run {run}")
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"--run {run}", meta)
     return model, meta, tokenizer
 
 

@@ -12,6 +12,7 @@ The remote datasets (FineWeb-Edu, ClimbMix) come from the Hugging Face hub throu
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -77,6 +78,14 @@ def load_manifest(data_dir) -> dict:
         if key not in manifest:
             raise DataError(f"{path} has no {key!r} entry; re-run scripts.prepare_data")
     return manifest
+
+
+def manifest_fingerprint(manifest: dict) -> str:
+    """sha256 of the splits' shard lists with each shard's row count and size (not of paths or the source):
+    the same data prepared in another directory has the same fingerprint."""
+    shards = manifest["shards"]
+    splits = {split: [[name, shards.get(name)] for name in manifest[split]] for split in ("train", "val")}
+    return hashlib.sha256(json.dumps(splits, sort_keys=True).encode()).hexdigest()
 
 
 def split_files(data_dir, split: str) -> list[Path]:

@@ -13,6 +13,7 @@ vocab of 32768 the BPE part has 32759 tokens and ``<|bos|>`` is id 32759.
 """
 
 import base64
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -118,6 +119,14 @@ class Tokenizer:
             lengths[rank] = len(tok)
         return lengths
 
+    def fingerprint(self) -> str:
+        """sha256 of what decides the token ids (merges, split pattern, special tokens), not of the files'
+        paths: a resumed run must tokenize exactly as the checkpoint's run did."""
+        h = hashlib.sha256(json.dumps([self.pattern, self.special_tokens]).encode())
+        for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1]):
+            h.update(b"%d:" % rank + tok)
+        return h.hexdigest()
+
     # ---- persistence ----------------------------------------------------------------------------------
     def save(self, directory) -> None:
         """Write the three tokenizer files; each is written to a temp name and renamed (no half files)."""
@@ -222,9 +231,15 @@ def get_token_bytes(tokenizer_dir=None, device="cpu", vocab_size: int | None = N
     return token_bytes
 
 
-def check_vocab_matches(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:
-    """Raise if a model (config/checkpoint named by ``source``) expects a different vocab than the tokenizer."""
+def check_vocab_matches(tokenizer: Tokenizer, vocab_size: int, source: str, meta: dict | None = None) -> None:
+    """Raise if a model (config/checkpoint named by ``source``) expects a different vocab than the tokenizer, or
+    (given the checkpoint's ``meta`` with a recorded fingerprint) was trained with other merges of the same size."""
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"tokenizer vocab size {tokenizer.vocab_size} does not match vocab_size {vocab_size} "
                          f"of {source}; use the tokenizer the model was trained with (NANOCHAT_TOKENIZER_DIR) "
                          "or retrain the tokenizer with --vocab-size matching the model")
+    trained = (meta or {}).get("tokenizer_sha256")
+    if trained is not None and trained != tokenizer.fingerprint():
+        raise ValueError(f"the tokenizer is not the one {source} was trained with (same vocab size, other merges, "
+                         f"pattern or special tokens; sha256 {tokenizer.fingerprint()[:12]} vs {trained[:12]}); "
+                         f"use the training run's tokenizer ({meta.get('tokenizer_dir')}) via --tokenizer-dir")

@@ -27,6 +27,8 @@ class RunData:
     train_rows: torch.Tensor | None = None  # fixed rows of the train split for the final "train bpb"
     tokenizer_dir: str | None = None  # resolved absolute paths, recorded in checkpoint meta for eval/analysis
     data_dir: str | None = None
+    tokenizer_sha256: str | None = None  # content fingerprints, checked on --resume (paths may move)
+    data_sha256: str | None = None
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -43,7 +45,7 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         # no train rows: the synthetic stream has no separate train split, so a "train bpb" would repeat val bpb
         return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
     from nanochat.dataloader import PackedDataLoader, build_eval_rows
-    from nanochat.dataset import DataError, default_data_dir, load_manifest
+    from nanochat.dataset import DataError, default_data_dir, load_manifest, manifest_fingerprint
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_token_bytes, get_tokenizer
 
     tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
@@ -55,13 +57,13 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
             check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
         token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)
         try:
-            load_manifest(data_dir)
-            return tokenizer, token_bytes, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
+            manifest = load_manifest(data_dir)
+            return tokenizer, token_bytes, manifest, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
                                                rank=rank, world_size=world, seed=args.data_seed, device=device)
         except DataError as e:
             raise ValueError(f"--data-dir {data_dir}: {e}") from e
 
-    tokenizer, token_bytes, loader = every_rank_ok(open_local)
+    tokenizer, token_bytes, manifest, loader = every_rank_ok(open_local)
     try:
         rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
                                world_size=world)
@@ -71,7 +73,8 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
     return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
-                   train_rows=train_rows, tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()))
+                   train_rows=train_rows, tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()),
+                   tokenizer_sha256=tokenizer.fingerprint(), data_sha256=manifest_fingerprint(manifest))
 
 
 def resolve_bundle(args) -> Path | None:

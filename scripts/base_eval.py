@@ -158,7 +158,7 @@ def evaluate(args) -> int:
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
            f"numerics {args.numerics}; dtype {dtype} ({dtype_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
-    check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}")
+    check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}", meta)
     header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, **numerics}
     if "core" in args.evals:
         from nanochat.core_eval import evaluate_core, write_core_report

@@ -215,6 +215,12 @@ def check_resume_compatible(run: Run, meta: dict) -> dict:
                 lr_changes[key] = [saved_args[key], getattr(run.args, key)]
                 continue
             diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(run.args, key)!r}")
+    for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
+                                   ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
+        saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
+        if saved is not None and saved != getattr(run.data, key):
+            diffs.append(f"{flag}: the {what} of {getattr(run.data, where)} differs from the checkpoint's "
+                         f"({meta.get(where)})")
     saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
     if saved_n is not None and saved_n != run.plan["num_iterations"]:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {run.plan['num_iterations']}")
@@ -296,7 +302,8 @@ def save(run: Run, reason: str) -> None:
         state = {"optimizer": optimizer_state, "loop": dict(run.loop), "dataloader": loaders,
                  "rng": rngs, "world_size": run.world}
         meta = {"reason": reason, "params_finite": True, "config": resolved_config(run), "loop": dict(run.loop),
-                "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset}
+                "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
+                "tokenizer_sha256": run.data.tokenizer_sha256, "data_sha256": run.data.data_sha256}
         path = ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
         print0(f"saved checkpoint {path} ({reason})")
     if dist.is_available() and dist.is_initialized():

@@ -51,7 +51,7 @@ def export_reference(args) -> Path:
     model_type, model_config = reference_from_config(config)
     tok_dir = meta_dir(args.tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
     tok = get_tokenizer(tok_dir)
-    check_vocab_matches(tok, config.vocab_size, f"--run {args.run}")
+    check_vocab_matches(tok, config.vocab_size, f"--run {args.run}", meta)
     state = state_to_reference(model.state_dict(), config)
 
     out = Path(args.out)

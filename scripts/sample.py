@@ -38,7 +38,7 @@ def main(argv=None):
     device = args.device_type or autodetect_device()
     model, meta = load_model(args.run, args.step, device=device)
     tokenizer = get_tokenizer(args.tokenizer_dir or meta.get("tokenizer_dir"))
-    check_vocab_matches(tokenizer, model.config.vocab_size, f"checkpoint {args.run}")
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"checkpoint {args.run}", meta)
     for prompt in args.prompt:
         ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
         outs = generate(model, ids, args.max_tokens, num_samples=args.num_samples, temperature=args.temperature,

@@ -101,6 +101,23 @@ def test_vocab_mismatch_and_bad_vocab_flag(tiny_tokenizer):  # noqa: F811
         Tokenizer.train_from_iterator(iter(["abc"]), vocab_size=100)
 
 
+def test_fingerprint_names_the_token_ids_not_the_files(tiny_tokenizer, tmp_path):  # noqa: F811
+    """A saved-and-reloaded copy has the same fingerprint; two merges swapped (same vocab size) do not, and a
+    checkpoint's meta with the other fingerprint is refused naming its tokenizer dir."""
+    tiny_tokenizer.save(tmp_path / "copy")
+    assert Tokenizer.load(tmp_path / "copy").fingerprint() == tiny_tokenizer.fingerprint()
+    ranks = dict(tiny_tokenizer.mergeable_ranks)
+    (a, ra), (b, rb) = sorted(ranks.items(), key=lambda kv: kv[1])[300:302]
+    ranks[a], ranks[b] = rb, ra
+    other = Tokenizer(ranks, pattern=tiny_tokenizer.pattern, special_tokens=list(tiny_tokenizer.special_tokens))
+    assert other.vocab_size == tiny_tokenizer.vocab_size and other.fingerprint() != tiny_tokenizer.fingerprint()
+    meta = {"tokenizer_sha256": tiny_tokenizer.fingerprint(), "tokenizer_dir": "/runs/x/tok"}
+    check_vocab_matches(tiny_tokenizer, tiny_tokenizer.vocab_size, "run x", meta)
+    check_vocab_matches(other, other.vocab_size, "run x", {})  # older checkpoints: no fingerprint, vocab only
+    with pytest.raises(ValueError, match=r"not the one run x was trained with .* \(/runs/x/tok\) via --tokenizer-dir"):
+        check_vocab_matches(other, other.vocab_size, "run x", meta)
+
+
 def test_tok_train_cli_reports_compression(embedded_data_dir, tmp_path, capsys):  # noqa: F811
     from scripts.tok_train import main
 

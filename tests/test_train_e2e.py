@@ -248,3 +248,50 @@ def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path
     assert len(aside) == 1 and aside[0].name.endswith("-after-step_000002")
     assert sorted(p.name for p in aside[0].iterdir()) == ["step_000004", "step_000006"]
     assert json.loads((aside[0] / "step_000006" / "meta.json").read_text())["config"]["args"]["matrix_lr"] == 0.02
+
+
+def test_resume_refuses_other_data_or_tokenizer_but_not_a_moved_copy(tmp_path, capsys, embedded_data_dir,
+                                                                      tiny_tokenizer_dir):
+    """The checkpoint records content fingerprints of the tokenizer and the prepared data: the same files in
+    another directory resume; other shards under the same names, or other merges, are refused naming the flag."""
+    import shutil
+
+    from nanochat.dataset import load_manifest, write_manifest, write_text_shard
+    from nanochat.tokenizer import Tokenizer
+
+    common = ["--depth", "1", "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64",
+              "--device-batch-size", "2", "--total-batch-size", "256", "--eval-tokens", "512", "--eval-every", "-1",
+              "--no-final-core", "--no-final-train-bpb", "--num-iterations", "4", "--save-every", "2"]
+    run = tmp_path / "run"
+    assert base_train.main([*common, "--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--run-dir", str(run)]) == 0
+    meta = ckpt.load_meta(run, 2)
+    assert len(meta["tokenizer_sha256"]) == len(meta["data_sha256"]) == 64
+    moved_data, moved_tok = tmp_path / "data_copy", tmp_path / "tok_copy"
+    shutil.copytree(embedded_data_dir, moved_data)
+    shutil.copytree(tiny_tokenizer_dir, moved_tok)
+
+    def resume(data_dir, tok_dir) -> int:
+        return base_train.main([*common, "--data-dir", str(data_dir), "--tokenizer-dir", str(tok_dir),
+                                "--run-dir", str(run), "--resume", "2"])
+
+    assert resume(moved_data, moved_tok) == 0
+    capsys.readouterr()
+    # same shard names, other text: drop the last document of the first train shard
+    manifest = load_manifest(moved_data)
+    first = moved_data / manifest["train"][0]
+    import pyarrow.parquet as pq
+
+    texts = pq.read_table(first).column("text").to_pylist()
+    write_text_shard(first, texts[:-1])
+    write_manifest(moved_data, manifest["dataset"], manifest["train"], manifest["val"], manifest["source"])
+    assert resume(moved_data, moved_tok) == 2
+    assert f"--data-dir: the prepared data (shards, rows, sizes) of {moved_data}" in capsys.readouterr().err
+    # same vocab size, two merges swapped: other token ids
+    tok = Tokenizer.load(tiny_tokenizer_dir)
+    ranks = dict(tok.mergeable_ranks)
+    (a, ra), (b, rb) = sorted(ranks.items(), key=lambda kv: kv[1])[300:302]
+    ranks[a], ranks[b] = rb, ra
+    Tokenizer(ranks, pattern=tok.pattern, special_tokens=list(tok.special_tokens)).save(moved_tok)
+    assert resume(embedded_data_dir, moved_tok) == 2
+    assert f"--tokenizer-dir: the tokenizer of {moved_tok.resolve()}" in capsys.readouterr().err
