@@ -15,13 +15,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "configs"
 
+# GPU rows checkpoint periodically, keeping only the latest (plus the final one), so a crash, an OOM, a NCCL
+# timeout or a scheduler's kill costs at most this many steps when scripts.run continues the row (--resume auto)
+CHECKPOINTS = {"save-every": 500, "keep-last": 1}
 D12 = {  # the common nanochat d12 recipe (FineWeb-Edu, 3e18 FLOPs, 524,288-token batches)
     "dataset": "fineweb-edu", "depth": 12, "max-seq-len": 2048, "total-batch-size": 524288, "device-batch-size": 32,
-    "target-flops": 3e18, "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True,
+    "target-flops": 3e18, "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True, **CHECKPOINTS,
 }
 D24 = {  # the d24 ClimbMix recipe (1,048,576-token batches)
     "dataset": "climbmix", "depth": 24, "max-seq-len": 2048, "total-batch-size": 1048576, "device-batch-size": 16,
-    "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True,
+    "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True, **CHECKPOINTS,
 }
 MINI = {  # CPU-sized (the speedrun CPU demo's model): embedded corpus, 4 layers x 256 wide, a few hundred steps
     "dataset": "embedded", "depth": 4, "head-dim": 64, "max-seq-len": 256, "total-batch-size": 4096,
@@ -147,7 +150,7 @@ for name, label, memory in [
 # appendix version; seed 42). Recipes from the reference configs (families spec §5-§7): fixed horizons, warmup (Qwen3
 # only) + flat + linear warmdown over the last 40%, per-family memory-table AdamW, STEM tables trained like wte.
 FAMILY = {"dataset": "fineweb-edu", "max-seq-len": 2048, "total-batch-size": 524288, "eval-tokens": 2097152,
-          "core-every": -1, "compile": True}
+          "core-every": -1, "compile": True, **CHECKPOINTS}
 TASKS = ["hellaswag_zeroshot", "jeopardy", "arc_easy", "arc_challenge", "copa", "commonsense_qa", "piqa", "openbook_qa",
          "lambada_openai", "hellaswag", "winograd", "winogrande", "agi_eval_lsat_ar", "squad", "coqa", "boolq",
          "bigbench_qa_wikidata", "bigbench_dyck_languages", "bigbench_cs_algorithms", "bigbench_operators",
