@@ -16,6 +16,9 @@ Exact resume: ``state_dict()`` records the cursor of the last chunk the *consume
 background thread has read ahead) plus the packing buffer (documents are stored with their insertion number
 so best-fit ties break identically). Restoring it and restarting the reader at the cursor reproduces the
 uninterrupted stream token for token. The buffer costs ~4 bytes x buffered tokens (a few MB per rank).
+
+Resume on another number of ranks (``repartition``) is not token-exact: within the current epoch the new ranks
+read exactly the row groups no old rank had started (see ``PackedDataLoader.repartition``).
 """
 
 import math
@@ -133,7 +136,8 @@ class PackedDataLoader:
                             "smaller row groups (scripts.prepare_data --docs-per-shard / row_group_size)")
         self.packer = BestFitPacker(seq_len + 1, buffer_docs)
         self.cursor = (0, 0, 0)  # (epoch, position in this rank's unit list, document within the unit)
-        self.remaining = None  # (epoch, unread units of that epoch) after a world-size change, see repartition()
+        self.remaining = None  # (epoch, (n,) unit ids read in that epoch instead of its permutation), set by
+        # repartition() after a world-size change
         self._queue = self._thread = self._stop = None
 
     # ---- deterministic document order ---------------------------------------------------------------------
@@ -148,30 +152,49 @@ class PackedDataLoader:
     def repartition(self, old_states: list[dict]) -> dict:
         """Continue from the states of a run with another world size (``--resume-new-world-size``).
 
-        The row groups of the old ranks' current epoch that no old rank had started are split among the new
-        ranks (perm order, ``[rank::world_size]``); later epochs use the normal partition. Lost for good: the
-        documents in the old ranks' packing buffers and the unread rest of row groups they were reading. The
-        old streams cannot be continued token for token with another number of ranks. Returns a summary."""
+        ``old_states[r]`` is old rank r's ``state_dict()``. Let E be the newest epoch an old rank is in. The new
+        ranks first read, as their epoch E, every unit that no old rank has started: the unread rest of the
+        earlier epochs of old ranks that were behind (in epoch order), then the units of epoch E; this list
+        (``self.remaining``) is the same on every new rank and split ``[rank::world_size]``. Later epochs use
+        the normal partition. Within an epoch each unit is read once, by the old or by the new ranks; repeated
+        changes work because an old rank's units come from its saved ``remaining`` list where it applies.
+
+        Lost for good (the old streams cannot be continued token for token with another number of ranks): the
+        documents in the old ranks' packing buffers and the unread rest of the row groups they were reading,
+        which count as read. Carried-over units are read with epoch E's document order (one list per loader keeps
+        the state format). Returns a summary."""
         for key in ("seed", "seq_len", "files"):
             mine = {"seed": self.seed, "seq_len": self.seq_len, "files": list(self.file_names)}[key]
             if any(s.get(key) != mine for s in old_states):
                 raise ValueError(f"dataloader state has a different {key} than this loader; "
                                  "the data files, --data-seed and seq len must match the checkpoint's run")
+        if any(s.get("remaining") != old_states[0].get("remaining") for s in old_states):
+            raise ValueError("the old ranks' dataloader states disagree on their re-partitioned unit list")
         old_world = len(old_states)
-        epoch = max(int(s["cursor"][0]) for s in old_states)
-        perm = self._epoch_perm(epoch)
-        started = set()
-        for r, s in enumerate(old_states):
-            e, upos, dpos = (int(c) for c in s["cursor"])
-            if e == epoch:  # units before upos are done; upos itself counts as started if any document was read
-                started.update(int(u) for u in perm[r::old_world][:upos + (1 if dpos else 0)])
-            else:  # this rank had finished the epoch before (fewer units than others)
-                started.update(int(u) for u in perm[r::old_world])
+        cursors = [tuple(int(c) for c in s["cursor"]) for s in old_states]  # (epoch, unit position, document)
+        epoch = max(e for e, _, _ in cursors)
+        left = []  # unit ids no old rank has started, in reading order; may repeat an id across epochs
+        for ep in range(min(e for e, _, _ in cursors), epoch + 1):
+            units = self._old_units(old_states[0], ep)  # (n,) old rank r read units[r::old_world] in epoch ep
+            # position in old rank r's list from which nothing was started: all of it if the rank is in an
+            # earlier epoch, none if in a later one; a unit with some documents read counts as started
+            first_unread = [0 if e < ep else len(units) if e > ep else upos + (1 if dpos else 0)
+                            for e, upos, dpos in cursors]
+            carried = len(left)  # in the last iteration (ep == epoch): the units carried from earlier epochs
+            left += [int(u) for i, u in enumerate(units) if i // old_world >= first_unread[i % old_world]]
         self.close()
-        self.remaining = (epoch, np.array([u for u in perm if int(u) not in started], dtype=np.int64))
+        self.remaining = (epoch, np.array(left, dtype=np.int64))
         self.cursor = (epoch, 0, 0)
         self.packer = BestFitPacker(self.packer.row_len, self.packer.buffer_docs)
-        return {"epoch": epoch, "units_left": len(self.remaining[1]), "units_skipped_or_read": len(started)}
+        return {"epoch": epoch, "units_left": len(left), "units_carried_over": carried}
+
+    def _old_units(self, old_state: dict, epoch: int) -> np.ndarray:
+        """The unit list the old ranks striped in ``epoch``: their ``remaining`` list (the same on every old rank,
+        set by an earlier repartition) if it is for that epoch, else the epoch's permutation."""
+        remaining = old_state.get("remaining")
+        if remaining is not None and int(remaining[0]) == epoch:
+            return np.array(remaining[1], dtype=np.int64)
+        return self._epoch_perm(epoch)
 
     def _doc_order(self, epoch: int, unit: int) -> np.ndarray:
         rows = self.index.units[unit][2]

@@ -192,3 +192,99 @@ def test_eval_rows_tokenized_across_ranks_equal_one_process(embedded_data_dir, t
     assert torch.equal(res["rows"], one)
     a, b = res["docs_tokenized"]
     assert abs(a - b) <= 128 and a + b >= 2 * 128  # chunks of 128 documents alternate between the ranks
+
+
+# ---- --resume-new-world-size: PackedDataLoader.repartition --------------------------------------------------
+# Unit-level accounting from cursors (what a checkpoint records): a rank at cursor (e, upos, dpos) has started
+# the units of its lists before epoch e, the first upos of its epoch-e list, and the unit at upos if dpos > 0.
+# A started unit counts as read (the repartition policy drops the unread rest of a half-read unit).
+
+def _started_units(dl, from_epoch, cursor):
+    e, upos, dpos = cursor
+    out = []
+    for ep in range(from_epoch, e + 1):
+        units = dl._rank_units(ep)
+        out += [int(u) for u in (units if ep < e else units[:upos + (1 if dpos else 0)])]
+    return out
+
+
+def _run_phases(data_dir, tok, phases, through_epoch):
+    """Phases [(world size, cursor of each rank at save time)], each resumed from the previous one's states with
+    repartition(); the last phase reads to the end of ``through_epoch``. Returns a Counter of unit reads."""
+    from collections import Counter
+
+    reads, states = Counter(), None
+    for world, cursors in phases:
+        dls = [loader(data_dir, tok, rank=r, world_size=world, seed=7) for r in range(world)]
+        if states is not None:
+            for dl in dls:
+                dl.repartition(states)
+            # every new rank derives the same unit list from the same old states
+            assert all(np.array_equal(dl.remaining[1], dls[0].remaining[1]) for dl in dls)
+        start = dls[0].cursor[0]
+        cursors = cursors or [(through_epoch + 1, 0, 0)] * world
+        states = []
+        for dl, c in zip(dls, cursors):
+            assert c[0] > start or c[1] <= len(dl._rank_units(c[0])), "test cursor past the rank's unit list"
+            reads.update(_started_units(dl, start, c))
+            dl.cursor = c
+            states.append(dl.state_dict())
+    return reads
+
+
+REPARTITION_CASES = {
+    # one rank behind: rank 1 is half way through epoch 0 (inside a unit) while rank 0 is in epoch 1
+    "behind_2_to_1": [(2, [(1, 2, 0), (0, 3, 5)]), (1, None)],
+    "behind_2_to_3": [(2, [(1, 1, 4), (0, 2, 0)]), (3, None)],
+    # a rank that finished epoch 0 but whose cursor has not rolled over to epoch 1 yet
+    "finished_not_rolled": [(2, [(1, 1, 3), (0, 6, 0)]), (1, None)],
+    "behind_two_epochs": [(2, [(2, 1, 0), (0, 4, 0)]), (1, None)],
+    # 12 units over 5 ranks: 3, 3, 2, 2, 2 units each
+    "uneven_5_to_2": [(5, [(1, 0, 3), (0, 3, 0), (0, 2, 0), (1, 1, 0), (0, 1, 1)]), (2, None)],
+    "uneven_2_to_5": [(2, [(0, 4, 1), (0, 1, 0)]), (5, None)],
+    # two world-size changes within one epoch
+    "2_to_1_to_2": [(2, [(0, 2, 0), (0, 1, 4)]), (1, [(0, 3, 2)]), (2, None)],
+    "2_to_3_to_2": [(2, [(0, 1, 0), (0, 2, 1)]), (3, [(0, 1, 1), (0, 0, 0), (0, 1, 0)]), (2, None)],
+    "2_to_1_to_2_unit_boundary": [(2, [(0, 3, 0), (0, 3, 0)]), (1, [(0, 4, 0)]), (2, None)],
+    # after a re-partition, a rank behind in the re-partitioned epoch while another is in the next one
+    "2_to_3_behind_to_2": [(2, [(0, 1, 0), (0, 2, 1)]), (3, [(1, 0, 2), (0, 2, 0), (0, 1, 1)]), (2, None)],
+}
+
+
+@pytest.mark.parametrize("case", REPARTITION_CASES)
+def test_repartition_reads_every_unit_once_per_epoch(case, synthetic_dir, tiny_tokenizer):  # noqa: F811
+    phases = REPARTITION_CASES[case]
+    through = max(c[0] for _, cursors in phases if cursors for c in cursors)
+    for extra in (0, 1):  # through the re-partitioned epoch, and one normal epoch after it
+        reads = _run_phases(synthetic_dir, tiny_tokenizer, phases, through + extra)
+        assert sorted(reads) == list(range(12))
+        assert dict(reads) == {u: through + extra + 1 for u in range(12)}, "some unit read twice or never"
+
+
+def test_repartition_after_real_reading_2_to_1_to_2(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    """Cursors from actually consuming batches (background reader), resumed 2 -> 1 -> 2 within epoch 0."""
+    from collections import Counter
+
+    reads = Counter()
+    kw = dict(seed=7, tokenize_chunk=3)  # 3-document chunks: cursors can stop inside a row group
+    old = [loader(synthetic_dir, tiny_tokenizer, rank=r, world_size=2, **kw) for r in range(2)]
+    for dl in old:
+        take(dl, 1)
+        dl.close()
+        reads.update(_started_units(dl, 0, dl.cursor))
+    states = [dl.state_dict() for dl in old]
+    one = loader(synthetic_dir, tiny_tokenizer, **kw)
+    one.repartition(states)
+    take(one, 2)
+    one.close()
+    assert one.cursor[0] == 0, "test needs the world-1 run to stop inside epoch 0"
+    reads.update(_started_units(one, 0, one.cursor))
+    two = [loader(synthetic_dir, tiny_tokenizer, rank=r, world_size=2, **kw) for r in range(2)]
+    for dl in two:
+        dl.repartition([one.state_dict()])
+        reads.update(_started_units(dl, 0, (1, 0, 0)))
+    assert dict(reads) == {u: 1 for u in range(12)}
+    x, _ = next(two[1])  # the re-partitioned loaders stream normally
+    assert (x[:, 0] == tiny_tokenizer.bos_token_id).all()
+    for dl in two:
+        dl.close()
