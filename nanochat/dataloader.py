@@ -350,7 +350,7 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
         if not packer.fill_row(rows[i], refill):
             raise DataError(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
                             f"(~{i * seq_len:,} tokens) but {num_tokens:,} eval tokens were asked for; "
-                            "lower the eval token count (--eval-tokens) or prepare a larger val split")
+                            f"lower the eval token count (--eval-tokens) or prepare a larger {split} split")
     return torch.from_numpy(rows)
 
 

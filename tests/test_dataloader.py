@@ -174,8 +174,9 @@ def test_eval_rows_independent_of_world_and_batch_size(embedded_data_dir, tiny_t
                 assert x.shape[0] <= batch and torch.equal(x[:, 1:], y[:, :-1])
                 seen += map(tuple, x.tolist())
         assert sorted(seen) == reference
-    with pytest.raises(DataError, match="--eval-tokens"):
-        build_eval_rows(embedded_data_dir, "val", tiny_tokenizer, 128, 10**9)
+    for split in ("val", "train"):  # the message names the split that is too small
+        with pytest.raises(DataError, match=f"the {split} split .*--eval-tokens.* a larger {split} split"):
+            build_eval_rows(embedded_data_dir, split, tiny_tokenizer, 128, 10**9)
 
 
 def test_eval_rows_tokenized_across_ranks_equal_one_process(embedded_data_dir, tiny_tokenizer_dir, tmp_path):  # noqa: F811
