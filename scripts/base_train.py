@@ -443,6 +443,7 @@ def prepare_resume(run: Run) -> int | None:
         every_rank_ok(lambda: restore(run, resumed_at))  # e.g. a file corrupt on one node only
     elif run.args.resume == "auto":
         print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
+    every_rank_ok(run.model.memory.check_ready)  # e.g. a slot map neither on disk nor in the checkpoint
     return resumed_at
 
 

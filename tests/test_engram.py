@@ -264,7 +264,9 @@ def test_bind_tokenizer_and_checkpoint_keep_the_map(tmp_path):
     tok = Tokenizer(ranks)  # vocab 260 + 9 specials
     cfg = tiny_config(vocab_size=tok.vocab_size, memory="engram", memory_options={**OPTS, "compression": "tokenizer"})
     model = build_model(cfg, seed=0)
-    with pytest.raises(RuntimeError, match="--engram-compression identity"):
+    with pytest.raises(ValueError, match="--engram-compression identity"):
+        model.memory.check_ready()  # what the trainer asks before the first step
+    with pytest.raises(ValueError, match="--engram-compression identity"):
         model(torch.zeros(1, 4, dtype=torch.long))  # no silent identity map
     with pytest.raises(ValueError, match="--engram-compression identity"):
         model.memory.bind_tokenizer(None)

@@ -89,9 +89,48 @@ def test_grouped_model_uses_the_map_and_checks_it(tmp_path):
     assert model.memory.slot_map.tolist() == [i // 2 for i in range(512)]
     assert model.memory.tables[0].weight.shape == (256 * 6, 64)
     write_slot_map(tmp_path / "w.json", [list(range(i, i + 2)) for i in range(0, 256, 2)], 256, 2)
+    wrong = build_model(tiny_config(memory="mome", memory_options={**opts, "slot_map": str(tmp_path / "w.json"),
+                                                                   "slot_map_sha256": ""}))
+    # a bad map is refused when nothing replaces it: before training (check_ready) and at any forward
+    with pytest.raises(ValueError, match="--mome-slot-map .*vocab size 256.*no checkpoint supplied the map"):
+        wrong.memory.check_ready()
     with pytest.raises(ValueError, match="--mome-slot-map .*vocab size 256"):
-        build_model(tiny_config(memory="mome", memory_options={**opts, "slot_map": str(tmp_path / "w.json"),
-                                                               "slot_map_sha256": ""}))
+        wrong(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_grouped_checkpoint_carries_its_map_without_the_file(tmp_path):
+    """Evaluating or resuming elsewhere: the checkpoint holds the exact map, so the file may be gone or rebuilt
+    (another hash); the checkpoint's map is used, not the file's."""
+    from nanochat.checkpoint import load_model, save_checkpoint
+    from nanochat.gpt import build_model
+
+    path = tmp_path / "m.json"
+    digest = write_slot_map(path, [list(range(i, i + 2)) for i in range(0, 512, 2)], 512, 2)
+    opts = dict(index="grouped", group_size=2, slots=6, slot_map=str(path), slot_map_sha256=digest)
+    model = build_model(tiny_config(memory="mome", memory_options=opts), seed=0).eval()
+    save_checkpoint(tmp_path / "run", 1, model, {})
+    idx = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(0))
+    path.unlink()
+    loaded, _ = load_model(tmp_path / "run")
+    assert loaded.memory.slot_map.tolist() == [i // 2 for i in range(512)]
+    torch.testing.assert_close(loaded.eval()(idx), model(idx), rtol=0, atol=0)
+    write_slot_map(path, [[i, (i + 256) % 512] for i in range(256)], 512, 2)  # rebuilt: another grouping
+    loaded, _ = load_model(tmp_path / "run")
+    assert loaded.memory.slot_map.tolist() == [i // 2 for i in range(512)]
+
+
+def test_fresh_training_without_the_slot_map_fails_before_the_first_step(tmp_path, capsys):
+    from scripts import base_train
+
+    rc = base_train.main(["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32",
+                          "--head-dim", "32", "--max-seq-len", "32", "--eval-tokens", "256", "--no-final-core",
+                          "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "2",
+                          "--memory", "mome", "--mome-index", "grouped", "--mome-group-size", "2",
+                          "--mome-slot-map", str(tmp_path / "missing.json"), "--run-dir", str(tmp_path / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--mome-slot-map" in err and "missing.json: file does not exist" in err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
 def test_build_slot_map_script(tmp_path):

@@ -257,11 +257,14 @@ class EngramMemory(MemoryBlock):
         mix = torch.stack(mixes, dim=-1)  # (B, T, n_mod, N-1), >= 0
         return mix[..., None] % self.primes + self.offsets  # (B, T, n_mod, N-1, K)
 
-    def prepare(self, idx, state):
+    def check_ready(self) -> None:
         if not self.compression_ready:
-            raise RuntimeError("--engram-compression tokenizer: the compression map was never built; a training run "
-                               "builds it from its tokenizer (bind_tokenizer), a checkpoint carries it, and a model "
-                               "without a tokenizer needs --engram-compression identity")
+            raise ValueError("--engram-compression tokenizer: the compression map was never built; a training run "
+                             "builds it from its tokenizer (bind_tokenizer), a checkpoint carries it, and a model "
+                             "without a tokenizer needs --engram-compression identity")
+
+    def prepare(self, idx, state):
+        self.check_ready()
         B, T = idx.shape
         rows = self.hash_rows(idx, state)
         e = self.table(rows.flatten(2))  # (B, T, n_mod*(N-1)*K, d_head): one lookup for every module

@@ -262,11 +262,15 @@ class MoMEMemory(MemoryBlock):
         if o.index == "grouped":
             # read and validated now (host side), before any device allocation. Shapes depend on c only, so a
             # plan (--dry-run: built on the meta device) works before the file exists; init_weights needs it.
-            self._slot_map_cpu = None
+            # A missing, changed or invalid file is an error only if no checkpoint supplies the map: evaluating or
+            # resuming a run elsewhere must not need the file (check_ready / prepare raise the message).
+            self._slot_map_cpu, self._slot_map_error = None, None
             if Path(o.slot_map).is_file() or torch.get_default_device().type != "meta":
-                self._slot_map_cpu = self._load_slot_map(config.vocab_size)
+                self._try_load_slot_map(config.vocab_size)
             # persistent: checkpoints carry the exact map they were trained with
             self.register_buffer("slot_map", torch.empty(config.vocab_size, dtype=torch.long))
+            self.slot_map_ready = False
+            self.register_load_state_dict_post_hook(MoMEMemory._loaded)
         if o.balance == "bias":
             self.register_buffer("router_bias", torch.empty(L, self.rows, H, M, dtype=torch.float32))
             self.register_buffer("balance_counts", torch.empty(L, self.rows, H, M, dtype=torch.float32),
@@ -280,9 +284,22 @@ class MoMEMemory(MemoryBlock):
         self.sparse_shared_grad = o.index == "bigram"
 
     # -- parameters -------------------------------------------------------------------------------------
-    def _load_slot_map(self, vocab_size: int) -> torch.Tensor:
+    def _try_load_slot_map(self, vocab_size: int) -> None:
         o = self.opts
-        return load_slot_map(o.slot_map, vocab_size, o.group_size, o.slot_map_sha256 or None).token_to_row
+        try:
+            loaded = load_slot_map(o.slot_map, vocab_size, o.group_size, o.slot_map_sha256 or None)
+            self._slot_map_cpu = loaded.token_to_row
+        except ValueError as e:
+            self._slot_map_error = str(e)
+
+    @staticmethod
+    def _loaded(module, incompatible_keys) -> None:
+        if not any(k.endswith("slot_map") for k in incompatible_keys.missing_keys):
+            module.slot_map_ready = True  # the checkpoint's map, whatever the file says now
+
+    def check_ready(self) -> None:
+        if hasattr(self, "slot_map") and not self.slot_map_ready:
+            raise ValueError(f"{self._slot_map_error} (no checkpoint supplied the map either)")
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -299,9 +316,13 @@ class MoMEMemory(MemoryBlock):
         for gate in self.gates:
             gate.init_weights()
         if hasattr(self, "slot_map"):
-            if self._slot_map_cpu is None:
-                self._slot_map_cpu = self._load_slot_map(self.slot_map.numel())
-            self.slot_map.copy_(self._slot_map_cpu)
+            if self._slot_map_cpu is None and self._slot_map_error is None:  # built on the meta device
+                self._try_load_slot_map(self.slot_map.numel())
+            self.slot_map_ready = self._slot_map_cpu is not None
+            if self.slot_map_ready:
+                self.slot_map.copy_(self._slot_map_cpu)
+            else:
+                self.slot_map.zero_()  # a placeholder until a checkpoint is loaded; prepare refuses it
         if hasattr(self, "router_bias"):
             self.router_bias.zero_()
             self.balance_counts.zero_()
@@ -332,6 +353,7 @@ class MoMEMemory(MemoryBlock):
         if index == "bigram":
             row = prepare_bigram_rows(idx, self.rows, state)
         elif index == "grouped":
+            self.check_ready()
             row = self.slot_map[idx]
         else:
             row = idx.long()
