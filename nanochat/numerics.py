@@ -4,7 +4,8 @@
 that an evaluation of the same weights can see, plus their bits-per-byte bookkeeping:
 
 1. RoPE tables rounded to bf16 (theirs are cast to bf16 at construction; ours are fp32 and cast to q/k's dtype
-   at use, so under bf16 autocast the two already agree and this changes fp32 evaluation only);
+   at use, so under bf16 autocast the two already agree and this changes fp32 evaluation only); not for
+   MobileLLM, whose reference keeps fp32 tables;
 2. MoME selection and weights in the router's output dtype: top-K on sigmoid(l) (softmax(l)), which is bf16
    under bf16 autocast, instead of top-K on l with fp32 weights (``MoMEMemory.reference_gating``);
 3. ``token_bytes`` = UTF-8 length of each decoded token (partial UTF-8 counts 3 bytes, as in their file).
@@ -29,9 +30,14 @@ def apply_numerics(model, mode: str) -> dict:
     check_numerics(mode)
     if mode == "ours":
         return {"numerics": "ours"}
-    for buf in (model.rope_cos, model.rope_sin):
-        buf.copy_(buf.to(torch.bfloat16).to(buf.dtype))
-    out = {"numerics": "reference", "rotary_tables": "bf16-rounded", "token_bytes": "utf8-of-decoded-token"}
+    # the authors' MobileLLM keeps its RoPE tables in fp32; their nanochat and Qwen3 models cast them to bf16
+    # (families spec §8)
+    fp32_rope = getattr(model.config, "family", "nanochat") == "mobilellm"
+    if not fp32_rope:
+        for buf in (model.rope_cos, model.rope_sin):
+            buf.copy_(buf.to(torch.bfloat16).to(buf.dtype))
+    out = {"numerics": "reference", "rotary_tables": "fp32" if fp32_rope else "bf16-rounded",
+           "token_bytes": "utf8-of-decoded-token"}
     memory = model.memory
     if hasattr(memory, "reference_gating"):
         if memory.opts.routing != "context" or hasattr(memory, "router_bias"):

@@ -172,6 +172,10 @@ def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
 
 def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
     """(model_type, model_config) in their format for our config; refuses designs their code lacks."""
+    family = getattr(config, "family", "nanochat")
+    if family != "nanochat":  # their family models are separate scripts with no checkpoint format of this kind
+        raise ReferenceFormatError(f"--model-type {family} has no counterpart in the authors' gpt / "
+                                   "bigram_engram_gpt checkpoint format (nanochat backbone only)")
     if config.mlp != "dense":
         raise ReferenceFormatError(f"--mlp {config.mlp} has no counterpart in the authors' code (dense MLP only)")
     cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_balance_lr=0.0,

@@ -197,6 +197,11 @@ def test_active_memory_entries_per_block():
     tok = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": 6, "topk": 2,
                                                                          "routing": "token-only"}))
     assert tok["params_total"] - tok["params_active"] == tok["params_memory"] - 2 * 4 * 64 - 2 * 6
+    # the shared bigram-indexed table: every layer reads the same row n_t, min(M, L*H*K) distinct slots in all
+    for M, distinct in ((6, 6), (12, 2 * 2 * 2)):
+        shared = model_summary(tiny_config(**cfg, memory="mome", memory_options={"slots": M, "topk": 2,
+                                                                                "index": "bigram"}))
+        assert shared["params_total"] - shared["params_active"] == shared["params_memory"] - distinct * 64
     backbone = model_summary(tiny_config(**cfg))["params_total"]
     ve = model_summary(tiny_config(**cfg, memory="ve"))
     assert ve["params_active"] == ve["params_total"] - ve["params_memory"] + 2 * 128  # one (H*d)-wide row per layer

@@ -120,6 +120,23 @@ def test_export_refuses_designs_their_code_lacks(tmp_path, capsys):
         assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model_type", ["mobilellm-125m", "qwen3-0.6b"])
+def test_export_refuses_other_backbone_families(tmp_path, capsys, model_type):
+    from nanochat.families import build_model
+    from nanochat.train_args import parse_args
+    from scripts.base_train import model_config
+
+    tok_dir = tmp_path / "our_tok"
+    make_their_files(tmp_path, "base")
+    vocab = get_tokenizer(tok_dir).vocab_size
+    args = parse_args(["--model-type", model_type, "--depth", "2", "--model-dim", "64", "--num-heads", "4",
+                       "--num-kv-heads", "2", "--head-dim", "16", "--max-seq-len", "32", "--memory", "ve"])
+    run = tmp_path / "run"
+    save_checkpoint(run, 1, build_model(model_config(args, vocab), seed=0), {"tokenizer_dir": str(tok_dir)})
+    assert export_reference.main(["--run", str(run), "--out", str(tmp_path / "x")]) == 2
+    assert f"--model-type {model_type.split('-')[0]} has no counterpart" in capsys.readouterr().err
+
+
 # -- errors -----------------------------------------------------------------------------------------------
 def _edit_meta(src, **fields):
     path = src / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json"

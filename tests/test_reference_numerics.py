@@ -140,6 +140,25 @@ def test_reference_rounds_rotary_tables_to_bf16():
     assert not torch.equal(model.rope_cos, cos)
 
 
+@pytest.mark.parametrize("model_type, rounded", [("mobilellm-125m", False), ("qwen3-0.6b", True)])
+def test_reference_rotary_tables_follow_each_family(model_type, rounded):
+    """The authors' MobileLLM keeps fp32 RoPE tables, their Qwen3 bf16 ones (families spec §8)."""
+    from nanochat.families import build_model
+    from nanochat.numerics import apply_numerics
+    from nanochat.train_args import parse_args
+    from scripts.base_train import model_config
+
+    args = parse_args(["--model-type", model_type, "--depth", "2", "--model-dim", "64", "--num-heads", "4",
+                       "--num-kv-heads", "2", "--head-dim", "16", "--max-seq-len", "32", "--vocab-size", "320"])
+    model = build_model(model_config(args, 320), seed=0).eval()
+    before = model.rope_cos.clone(), model.rope_sin.clone()
+    info = apply_numerics(model, "reference")
+    assert info["rotary_tables"] == ("bf16-rounded" if rounded else "fp32")
+    for buf, old in zip((model.rope_cos, model.rope_sin), before):
+        assert torch.equal(buf, old.bfloat16().float() if rounded else old)
+    assert not torch.equal(before[0], before[0].bfloat16().float())  # the rounding is visible at all
+
+
 def _their_route(logits, K, mode):
     """The authors' top-K rule written out from the spec (§3.6, §3.8), independently of nanochat.memory.mome."""
     p = torch.softmax(logits, -1) if mode.startswith("softmax") else torch.sigmoid(logits)

@@ -341,10 +341,14 @@ class MoMEMemory(MemoryBlock):
 
     def active_table_params(self) -> int:
         """Per memory layer a token reads one row n_t, where its H heads pick at most min(M, H*K) distinct slots
-        of width d (the appendix's "<= 12 distinct slots x 128 per layer" at A2/12, H = 12); token-only routing
-        also reads its H*M logits row."""
+        of width d (the appendix's "<= 12 distinct slots x 128 per layer" at A2/12, H = 12); the shared
+        bigram-indexed table is one row n_t for every layer, so at most min(M, L*H*K) distinct slots in all.
+        Token-only routing also reads its H*M logits row."""
         route = self.H * self.M if hasattr(self, "route_table") else 0
-        return len(self.layers) * min(self.M, self.H * self.K) * self.d + route
+        L = len(self.layers)
+        if hasattr(self, "table"):
+            return min(self.M, L * self.H * self.K) * self.d + route
+        return L * min(self.M, self.H * self.K) * self.d + route
 
     # -- forward ----------------------------------------------------------------------------------------
     def prepare(self, idx, state):
