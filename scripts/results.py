@@ -4,7 +4,9 @@
     python -m scripts.results --table d12 --out results/
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
-are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params and throughput.
+(stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
+and throughput; unfinished seeds, and CORE values over different task sets, are listed under the table instead.
+A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22").
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
@@ -50,20 +52,32 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def collect_row(cfg: dict, runs_root: Path) -> dict:
+    """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); unfinished seeds
+    are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
+    "CORE-21/22", ...) are not averaged together either."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
-    summaries = []
+    summaries, notes = [], []
     for path in sorted(row_dir.glob("seed*/summary.json")):
         try:
-            summaries.append(json.loads(path.read_text()))
+            summary = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"corrupt {path}: {e}") from e
+        if summary.get("stop_reason") == "completed":
+            summaries.append(summary)
+        else:
+            notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
+                         "not averaged")
     label = row.get("label", row["name"]) + (RECONSTRUCTED_MARK if row.get("reconstructed") else "")
     out = {"table": row["table"], "row": row["name"], "label": label, "reconstructed": bool(row.get("reconstructed")),
            "seeds": len(summaries), "paper": cfg.get("paper", {})}
     for key, _, _, _ in METRICS:
         out[key] = mean_std([s.get(key) for s in summaries])
-    out["core_label"] = sorted({s.get("core_label") for s in summaries if s.get("core_label")})
+    out["core_label"] = sorted({s.get("core_label") or "CORE" for s in summaries if s.get("core") is not None})
+    if len(out["core_label"]) > 1:
+        out["core"] = (float("nan"), float("nan"))
+        notes.append(f"CORE over different task sets ({', '.join(out['core_label'])}), not averaged")
+    out["notes"] = notes
     out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
     for key in ("params_memory", "params_total", "params_active", "tok_per_sec"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
@@ -103,7 +117,10 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             ours, std = r.get(key, (float("nan"), float("nan")))
             paper = r["paper"].get(paper_key)
             delta = "–" if paper is None or math.isnan(ours) else f"{ours - paper:+.4f}"
-            line += [_fmt(ours, std, fmt), "–" if paper is None else fmt.format(paper), delta]
+            cell = _fmt(ours, std, fmt)
+            if key == "core" and r.get("core_label", ["CORE"]) != ["CORE"] and not math.isnan(ours):
+                cell += f" ({r['core_label'][0]})"  # fewer tasks than the paper's CORE
+            line += [cell, "–" if paper is None else fmt.format(paper), delta]
         pm, pt = r["params_memory"], r["params_total"]
         line.append("–" if math.isnan(pt) else f"{pm / 1e6:.1f} / {pt / 1e6:.1f}")
         paper_m, paper_t = r["paper"].get("params_memory_m"), r["paper"].get("params_total_m")
@@ -154,11 +171,14 @@ def main(argv=None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for table, rows in sorted(by_table.items()):
         add_wall_ratios(rows)
-        rows = [r for r in rows if r["seeds"] > 0] or rows
+        rows = [r for r in rows if r["seeds"] > 0 or r["notes"]] or rows
         header, body = table_rows(rows)
         md = to_markdown(header, body)
         if any(r["reconstructed"] for r in rows):
             md += f"\n{RECONSTRUCTED_NOTE}\n"
+        notes = [f"- {r['label']}: {n}" for r in rows for n in r["notes"]]
+        if notes:
+            md += "\n" + "\n".join(notes) + "\n"
         (out_dir / f"{table}.md").write_text(md)
         (out_dir / f"{table}.tex").write_text(to_latex(header, body))
         with open(out_dir / f"{table}.csv", "w", newline="") as f:

@@ -154,7 +154,8 @@ def test_reconstructed_rows_are_marked_in_results_tables(tmp_path):
     for row in ("move_input", "mome_a2_m12"):
         d = runs / "d24_token_memory" / row / "seed42"
         d.mkdir(parents=True)
-        d.joinpath("summary.json").write_text(json.dumps({"val_bpb": 0.7, "core": 0.28, "tok_per_sec": 1000.0,
+        d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.7, "core": 0.28,
+                                                          "tok_per_sec": 1000.0,
                                                           "params_memory": 1, "params_total": 2}))
     out = tmp_path / "res"
     results.main(["--table", "d24_token_memory", "--runs-root", str(runs), "--out", str(out)])
@@ -172,7 +173,8 @@ def test_sparse_moe_results_show_active_params_and_paper_throughput(tmp_path):
 
     d = tmp_path / "runs" / "d24_sparse_moe" / "moe" / "seed42"
     d.mkdir(parents=True)
-    d.joinpath("summary.json").write_text(json.dumps({"val_bpb": 0.69, "core": 0.29, "tok_per_sec": 600000.0,
+    d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.69, "core": 0.29,
+                                                      "tok_per_sec": 600000.0,
                                                       "params_memory": 0, "params_total": 1_384_341_552,
                                                       "params_active": 780_361_776}))
     results.main(["--table", "d24_sparse_moe", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
@@ -182,6 +184,35 @@ def test_sparse_moe_results_show_active_params_and_paper_throughput(tmp_path):
     row = dict(zip(header, cells))
     assert (row["active params (M)"], row["paper active (M)"], row["tok/s"], row["paper tok/s"]) == \
         ("780.4", "780.4", "600,000", "653,033")
+
+
+def test_results_average_only_finished_seeds_and_one_core_task_set(tmp_path):
+    """An interrupted seed is listed, not averaged (nor counted, nor in tok/s); a CORE over fewer tasks carries
+    its label, and CORE values over different task sets are not averaged together."""
+    from scripts import results
+
+    def write(row, seed, **summary):
+        d = tmp_path / "runs" / "d12" / row / f"seed{seed}"
+        d.mkdir(parents=True)
+        d.joinpath("summary.json").write_text(json.dumps(summary))
+
+    done = dict(stop_reason="completed", params_memory=0, params_total=135_000_000)
+    write("base", 42, **done, val_bpb=0.88, core=0.15, core_label="CORE-21/22", tok_per_sec=1000.0)
+    write("base", 43, **done, val_bpb=0.90, core=0.17, core_label="CORE-21/22", tok_per_sec=1200.0)
+    write("base", 44, stop_reason="interrupted", step=10, tok_per_sec=10.0)
+    write("ve", 42, **done, val_bpb=0.86, core=0.15, core_label="CORE", tok_per_sec=900.0)
+    write("ve", 43, **done, val_bpb=0.87, core=0.16, core_label="CORE-21/22", tok_per_sec=900.0)
+    results.main(["--table", "d12", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
+    md = (tmp_path / "res" / "d12.md").read_text()
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    rows = {cells[0]: dict(zip(header, cells)) for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:] if line.startswith("|"))}
+    assert rows["Base"]["seeds"] == "2" and rows["Base"]["val bpb"] == "0.8900 ± 0.0141"
+    assert rows["Base"]["tok/s"] == "1,100"
+    assert rows["Base"]["CORE"] == "0.1600 ± 0.0141 (CORE-21/22)"
+    assert rows["VEmbedding"]["CORE"] == "–" and rows["VEmbedding"]["val bpb"] == "0.8650 ± 0.0071"
+    assert "- Base: seed44 not finished (stop_reason 'interrupted'), not averaged" in md
+    assert "- VEmbedding: CORE over different task sets (CORE, CORE-21/22), not averaged" in md
 
 
 def test_family_rows_bb_avg_is_the_mean_of_the_six_bigbench_tasks():
