@@ -2,7 +2,9 @@
 
 For every core.yaml task whose file exists in the source bundle, keep the first N rows (default 100) of the
 file after the evaluator's own shuffle (random.Random(1337)), i.e. exactly the examples that
-``--max-per-task N`` evaluates on the full bundle (the few-shot pool is then these N rows, as it is there).
+``--max-per-task N`` evaluates on the full bundle, stored so that the evaluator's shuffle of the subset file
+gives them back in that order: every example gets the same few-shot examples as there, so the subset reproduces
+``--max-per-task N`` on the full bundle example for example.
 hellaswag.jsonl is missing from ../shared/eval_bundle; it is taken from
 ../shared/data/hellaswag_val_full/hellaswag_core_approx.jsonl (all 10,042 rows; differs from the real file
 only by a missing leading space on some WikiHow endings), so the hellaswag tasks are marked approximate.
@@ -23,13 +25,23 @@ HELLASWAG_APPROX = "data/hellaswag_val_full/hellaswag_core_approx.jsonl"
 
 
 def subset_rows(path: Path, task_type: str, n: int) -> list[dict]:
-    rows = load_task_data(path, task_type)
-    random.Random(1337).shuffle(rows)  # same order the evaluator uses, so the subset = its first n examples
-    return rows[:n]
+    """The first n examples of the evaluator's order (``order_task_data``), written in the order that its own
+    shuffle of the subset file turns back into exactly that order: the same examples at the same positions, so
+    each gets the same few-shot examples (``fewshot_for`` draws by position) as ``--max-per-task n``."""
+    from nanochat.core_eval import order_task_data
+
+    target = order_task_data(load_task_data(path, task_type), n)
+    perm = list(range(len(target)))
+    random.Random(1337).shuffle(perm)  # the evaluator's shuffle of a len(target)-row file: k-th <- file[perm[k]]
+    rows = [None] * len(target)
+    for k, src in enumerate(perm):
+        rows[src] = target[k]
+    return rows
 
 
 def build(src: Path, out: Path, n: int) -> dict:
     bundle = src / "eval_bundle"
+    readme = (out / "README.md").read_text(encoding="utf-8") if (out / "README.md").is_file() else None
     if out.exists():
         shutil.rmtree(out)
     (out / "eval_data").mkdir(parents=True)
@@ -55,6 +67,8 @@ def build(src: Path, out: Path, n: int) -> dict:
         info["tasks"][task.label] = {"file": task.dataset_uri, "source": str(source.relative_to(src)),
                                      "source_sha256": digest, "rows": sum(1 for _ in open(dest, encoding="utf-8"))}
     (out / "SUBSET.json").write_text(json.dumps(info, indent=2) + "\n")
+    if readme is not None:  # hand-written provenance notes survive a rebuild
+        (out / "README.md").write_text(readme, encoding="utf-8")
     return info
 
 

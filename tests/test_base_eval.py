@@ -168,6 +168,34 @@ def test_subset_rebuild_is_identical(shared_dir, tmp_path):
             assert (tmp_path / "s" / p.relative_to(eb.SUBSET_DIR)).read_bytes() == p.read_bytes(), p
 
 
+def test_subset_file_evaluates_like_max_per_task_on_the_full_file(tmp_path):
+    """The evaluator shuffles every task file and draws few-shot examples by position: the subset must give the
+    same ordered examples as --max-per-task on the full file (not only the same set), for 100 and fewer rows."""
+    from nanochat.core_eval import fewshot_for, order_task_data
+    from scripts.make_core_subset import subset_rows
+
+    for n_rows, n in ((250, 100), (32, 100)):
+        rows = [{"query": f"q{i}", "choices": ["a", "b"], "gold": i % 2} for i in range(n_rows)]
+        full = tmp_path / f"full{n_rows}.jsonl"
+        full.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        sub = subset_rows(full, "multiple_choice", n)
+        expect = order_task_data(rows, n)
+        assert order_task_data(sub) == expect
+        assert all(fewshot_for(order_task_data(sub), i, 5) == fewshot_for(expect, i, 5) for i in range(len(expect)))
+
+
+def test_shipped_subset_equals_max_per_task_100(shared_dir):
+    bundle = shared_dir / "eval_bundle"
+    for task in eb.load_core_tasks(bundle):
+        full = bundle / "eval_data" / task.dataset_uri
+        if not full.is_file():
+            continue
+        from nanochat.core_eval import order_task_data
+
+        sub = eb.load_task_data(eb.SUBSET_DIR / "eval_data" / task.dataset_uri, task.task_type)
+        assert order_task_data(sub) == order_task_data(eb.load_task_data(full, task.task_type), 100), task.label
+
+
 def test_shared_bundle_n_comes_from_file(shared_dir):
     arc = eb.load_task_data(shared_dir / "eval_bundle/eval_data/world_knowledge/arc_challenge.jsonl", "multiple_choice")
     assert len(arc) == 1172  # eval_meta_data.csv claims 2,376
