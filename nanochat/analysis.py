@@ -51,7 +51,8 @@ def load_run(run, step=None, device="cpu", tokenizer_dir=None):
 def memory_block(model, need_routing: bool = False):
     block = model.memory
     if not hasattr(block, "capture") or not block.layers:
-        raise ValueError(f"--memory {model.config.memory} has no memory layers to analyse (needs ve, bigram or mome)")
+        raise ValueError(f"--memory {model.config.memory} has no memory layers to analyse (needs ve, bigram, mome, "
+                         "engram or move_input)")
     if need_routing and not hasattr(block, "route"):
         raise ValueError(f"routing analysis needs a MoME model (this run uses --memory {model.config.memory})")
     return block

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from nanochat.common import rank0_decides
+from nanochat.common import every_rank_ok, rank0_decides
 from nanochat.eval_bundle import bundle_info, load_core_tasks, load_random_baselines, load_task_data, TaskSpec
 
 
@@ -198,13 +198,20 @@ def evaluate_task(model, tokenizer, data: list[dict], task: TaskSpec, batch_size
     is counted as incorrect, so n and the random baseline stay comparable, and reported in ``too_long``."""
     rank, world = _dist_rank_world()
     max_len = model.max_seq_len  # AttributeError on purpose: cropping is part of the protocol
-    examples, too_long = [], 0
-    for i in range(rank, len(data), world):
-        ex = prepare_example(tokenizer, data[i], task, fewshot_for(data, i, task.num_fewshot), f"{where} example {i}")
-        try:
-            examples.append(crop_left(ex, max_len, f"{where} example {i}"))
-        except RegionTooLong:
-            too_long += 1
+
+    def prepare_mine():
+        examples, too_long = [], 0
+        for i in range(rank, len(data), world):
+            ex = prepare_example(tokenizer, data[i], task, fewshot_for(data, i, task.num_fewshot),
+                                 f"{where} example {i}")
+            try:
+                examples.append(crop_left(ex, max_len, f"{where} example {i}"))
+            except RegionTooLong:
+                too_long += 1
+        return examples, too_long
+
+    # a bad example on one rank stops every rank (none waits alone in the all_reduce below)
+    examples, too_long = every_rank_ok(prepare_mine)
     bar = tqdm(total=len(examples), desc=f"{task.label:<34}", leave=False, disable=not progress or rank != 0)
     scores = score_examples(model, examples, task.task_type, tokenizer.bos_token_id, batch_size, device,
                             autocast_ctx, bar)

@@ -172,8 +172,30 @@ def load_task_data(path: Path, task_type: str) -> list[dict]:
             missing = [k for k in REQUIRED_KEYS[task_type] if not isinstance(row, dict) or k not in row]
             if missing:
                 raise ValueError(f"{path}:{lineno}: {task_type} row lacks key(s) {missing}")
+            problem = _row_problem(row, task_type)
+            if problem:
+                raise ValueError(f"{path}:{lineno}: {task_type} row: {problem}")
             rows.append(row)
     return rows
+
+
+def _row_problem(row: dict, task_type: str) -> str | None:
+    """What is wrong with a row's values (None if nothing): a gold index out of range would otherwise be scored
+    as a wrong answer, or fail only when the row is drawn as a few-shot example."""
+    def strings(v) -> bool:
+        return isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v)
+
+    options = {"multiple_choice": "choices", "schema": "context_options"}.get(task_type)
+    if options is not None:
+        if not strings(row[options]):
+            return f"{options!r} must be a non-empty list of strings"
+        gold = row["gold"]
+        if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(row[options]):
+            return f"'gold' must be an index into {options!r} (0..{len(row[options]) - 1}), got {gold!r}"
+    text_keys = {"multiple_choice": ("query",), "schema": ("continuation",),
+                 "language_modeling": ("context", "continuation")}[task_type]
+    bad = [k for k in text_keys if not isinstance(row[k], str)]
+    return f"{bad[0]!r} must be a string" if bad else None
 
 
 def bundle_info(bundle_dir: Path) -> dict:

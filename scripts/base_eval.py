@@ -68,6 +68,8 @@ def parse_args(argv=None):
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             ap.error(f"--bpb-corpus expects NAME=PATH, got {spec!r}")
+        if not Path(path).is_file():  # now, not after CORE and the split bpbs have run
+            ap.error(f"--bpb-corpus {spec}: file {path} does not exist")
         args.corpora[name] = Path(path)
     return args
 
@@ -131,9 +133,11 @@ def load_chosen_checkpoint(run: Path, step: int, device):
 
 def main(argv=None) -> int:
     """Exit 2 with one error line for a bad run dir, checkpoint, tokenizer, data or bundle."""
+    from nanochat.dataset import DataError
+
     try:
         return evaluate(parse_args(argv))
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, ValueError, KeyError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         compute_cleanup()
         return 2

@@ -19,6 +19,13 @@ def main():
     bundle, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if sys.argv[3:] == ["bad-example-on-rank-1"] and rank == 1:  # e.g. a tokenizer prefix failure seen there only
+        import nanochat.core_eval as ce
+
+        def bad(*args):
+            raise ValueError(f"{args[-1]}: the tokens of the prompt without continuation are not a strict prefix")
+
+        ce.prepare_example = bad
     model = tiny_gpt(seq_len=256)
     result = evaluate_core(model, CharTok(), bundle, batch_size=4, progress=False)
     x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)

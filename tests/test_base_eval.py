@@ -80,6 +80,22 @@ def test_base_eval_flag_errors(tiny_run):
         parse_args(["--run", "x", "--bpb-corpus", "no_equals_sign"])
 
 
+def test_base_eval_bad_data_and_corpus_are_one_line_errors(tiny_run, tmp_path, capsys):
+    """A missing data dir is exit 2 with one line (not a traceback); a missing --bpb-corpus file is found before
+    CORE and the split bpbs run, not after."""
+    from scripts.base_eval import main
+
+    root, _, _, _ = tiny_run
+    common = ["--run", str(root / "run"), "--eval", "bpb", "--eval-tokens", "256", "--no-progress",
+              "--device-type", "cpu", "--out-dir", str(tmp_path / "o")]
+    assert main([*common, "--data-dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "manifest.json not found" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:
+        main([*common, "--bpb-corpus", f"x={tmp_path / 'missing.txt'}"])
+    assert e.value.code == 2 and "missing.txt does not exist" in capsys.readouterr().err
+
+
 # -- bundle locating / downloading -------------------------------------------------------------------------
 def _serve(directory: Path):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))

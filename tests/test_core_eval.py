@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -209,6 +210,40 @@ def test_two_process_equals_one_process_core_and_bpb(tmp_path):
     x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)
     bpb = evaluate_bpb(tiny_gpt(seq_len=256), iter_row_batches(x, y, 2), CharTok().token_bytes())
     assert two["bpb"] == pytest.approx(bpb, rel=1e-6)
+
+
+def test_an_example_that_fails_on_one_rank_stops_every_rank(tmp_path):
+    """Examples are prepared per rank: a bad one on rank 1 must stop rank 0 too with the same message (no rank
+    left waiting alone in the all_reduce, which NCCL would only end at its timeout)."""
+    mc, _ = _hand_rows(6)
+    bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 0, " ", mc)}, {"mc": 25})
+    res = run_torchrun(Path(__file__).parent / "_core_eval_worker.py", 2,
+                       [str(bundle), str(tmp_path / "out.json"), "bad-example-on-rank-1"], timeout=120)
+    assert res.returncode != 0 and not (tmp_path / "out.json").exists()
+    assert res.stderr.count("ValueError: rank 1 of 2: ") == 2, res.stderr[-3000:]  # raised on both ranks
+
+
+@pytest.mark.parametrize("row, needle", [
+    ({"query": "q", "choices": ["a", "b"], "gold": 2}, "'gold' must be an index into 'choices' (0..1), got 2"),
+    ({"query": "q", "choices": ["a", "b"], "gold": "0"}, "'gold' must be an index into 'choices' (0..1), got '0'"),
+    ({"query": "q", "choices": [], "gold": 0}, "'choices' must be a non-empty list of strings"),
+    ({"query": 3, "choices": ["a"], "gold": 0}, "'query' must be a string"),
+])
+def test_bad_row_values_name_file_and_line(tmp_path, row, needle):
+    """A gold index out of range would be scored as a wrong answer (0-shot) or crash only when the row is drawn
+    as a few-shot example: refused when the file is read."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps(MC_ROWS[0]) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: multiple_choice row: " + re.escape(needle)):
+        load_task_data(p, "multiple_choice")
+    s = tmp_path / "s.jsonl"
+    s.write_text(json.dumps({"context_options": ["a", "b"], "continuation": "c", "gold": -1}) + "\n")
+    with pytest.raises(ValueError, match=r"s\.jsonl:1: schema row: 'gold' must be an index"):
+        load_task_data(s, "schema")
+    lm = tmp_path / "lm.jsonl"
+    lm.write_text(json.dumps({"context": "a", "continuation": None}) + "\n")
+    with pytest.raises(ValueError, match=r"lm\.jsonl:1: language_modeling row: 'continuation' must be a string"):
+        load_task_data(lm, "language_modeling")
 
 
 def test_missing_baseline_and_empty_file_fail_up_front(tmp_path):
