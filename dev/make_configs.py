@@ -102,10 +102,18 @@ for blocks, (bg, mo) in SWEEP.items():
 # Compound scaling: Bigram-indexed MoME with one table shared by all memory layers (seeds 42, 43 as in the reference)
 add("d12_compound", "bigram", "Bigram (6V)", [42, 43, 44], 4, D12, {"memory": "bigram", "bigram-factor": 6},
     {"train_bpb": 0.8632, "val_bpb": 0.8636, "params_memory_m": 151})
-for n, m, tr, va, mem in [(6, 6, 0.8618, 0.8624, 151), (12, 6, 0.8576, 0.8582, 302), (6, 12, 0.8582, 0.8588, 302),
-                          (12, 12, 0.8540, 0.8546, 604), (24, 6, 0.8541, 0.8547, 604), (6, 24, 0.8544, 0.8550, 604)]:
+# the appendix's full table (tab:appendix-compound-scaling): + total params, CORE and stds, and the 8V x A2/9 row
+for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
+    (6, 6, 151, 286.4, (0.8618, 0.0010), (0.8624, 0.0010), (0.1647, 0.0023)),
+    (12, 6, 302, 437.4, (0.8576, 0.0008), (0.8582, 0.0007), (0.1549, 0.0084)),
+    (8, 9, 302, 437.5, (0.8579, 0.0010), (0.8585, 0.0010), (0.1551, 0.0088)),
+    (6, 12, 302, 437.6, (0.8582, 0.0008), (0.8588, 0.0008), (0.1544, 0.0095)),
+    (12, 12, 604, 739.6, (0.8540, 0.0002), (0.8546, 0.0001), (0.1604, 0.0050)),
+    (24, 6, 604, 739.4, (0.8541, 0.0011), (0.8547, 0.0012), (0.1590, 0.0096)),
+    (6, 24, 604, 739.9, (0.8544, 0.0012), (0.8550, 0.0012), (0.1614, 0.0108)),
+]:
     add("d12_compound", f"mome_n{n}_m{m}", f"MoME {n}V x {m}", [42, 43], 4, D12, mome(m, index="bigram", bigram_factor=n),
-        {"train_bpb": tr, "val_bpb": va, "params_memory_m": mem})
+        paper_d12(tr, va, co, mem, total, None, tr_s, va_s, co_s))
 
 # d24 on ClimbMix: 100B tokens (100,000 steps of 1,048,576) and the 6e19-FLOP controls (seed 42, 8 GPUs)
 OOD = "bpb on FineWeb-Edu/enwik9/Shakespeare: python -m scripts.base_eval --bpb-corpus NAME=PATH (document-reset protocol)"

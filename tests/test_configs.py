@@ -13,7 +13,7 @@ from nanochat.row_config import check_row_config, find_configs, load_row_config,
 from nanochat.memory.slot_map import write_slot_map
 
 CONFIGS = find_configs()
-TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 7, "d24": 9, "mini": 5, "families": 14, "families_mini": 8,
+TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 8, "d24": 9, "mini": 5, "families": 14, "families_mini": 8,
           "d24_token_memory": 7, "d24_sparse_moe": 3, "appendix_mini": 6}
 
 
