@@ -6,12 +6,14 @@
 - AdamW (eps 1e-10, decoupled decay p <- p*(1 - lr*wd)) for embeddings, unembedding, scalars, memory tables
   and every other non-matrix parameter; torch's fused kernel, fp32 params and state.
 
-Distributed (no DDP wrapper; ``nanochat.optim_dist`` holds the pieces): gradients are reduce-scattered in one
+Distributed (no DDP wrapper; ``nanochat.optim_shard`` holds the pieces): gradients are reduce-scattered in one
 bucket per Muon group (same-shape matrices stacked, split by matrix across ranks) and per large AdamW parameter
 (split by rows, ZeRO-2: each rank keeps the Adam state of its rows only); the small AdamW parameters share one
 all-reduced bucket. Each rank updates only its shard, then the updated shards are all-gathered. Buckets are
 launched from post-accumulate-grad hooks during the last micro-step's backward when the trainer arms them
-(``arm_grad_hooks``), otherwise at the start of ``step()``. With one process the same code runs without any
+(``arm_grad_hooks``), otherwise at the start of ``step()``, always in one order shared by every rank (rank 0's
+order of readiness in the first armed step): a parameter without gradient on some ranks only delays its bucket
+there, and never pairs one rank's bucket with another rank's. With one process the same code runs without any
 collective and is today's exact single-process update. ``state_dict()`` is world-size independent (the full,
 unsharded state, gathered collectively: call it on every rank); ``load_state_dict`` takes each rank's shard.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nanochat.optim_shard import build_buckets, load_packed_state_dict, pack_state_dict, world_info
+from nanochat.optim_shard import Bucket, build_buckets, load_packed_state_dict, pack_state_dict, world_info
 
 # Polar Express coefficients (Amsel et al. 2025): 5 steps of X <- aX + (bA + cA^2)X with A = XX^T.
 POLAR_EXPRESS_COEFFS = (
@@ -166,6 +168,9 @@ class MuonAdamW(torch.optim.Optimizer):
         self._armed = False
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._hooks = []
+        self._next = 0  # buckets[:_next] are launched this step; collectives start in list order on every rank
+        self._seen: list[Bucket] | None = None  # readiness order observed in the first armed step (then None)
+        self._order_fixed = self.world == 1
 
     # -- gradient hooks: launch a bucket's reduction as soon as its last gradient is final ------------------
     def arm_grad_hooks(self) -> None:
@@ -177,18 +182,41 @@ class MuonAdamW(torch.optim.Optimizer):
         if not self._hooks:
             for b in self.buckets:
                 for p in b.params:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                    if p.requires_grad:
+                        self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        if not self._order_fixed and self._seen is None:
+            self._seen = []
         self._armed = True
 
     def _grad_ready(self, p: torch.Tensor) -> None:
-        if self._armed:
-            self._bucket_of[id(p)].param_ready()
+        if not self._armed:
+            return
+        bucket = self._bucket_of[id(p)]
+        bucket.param_ready()
+        if self._seen is not None and bucket.ready():
+            self._seen.append(bucket)
+        # never skip ahead: a bucket waits for every earlier one, so all ranks issue the same collective sequence
+        while self._next < len(self.buckets) and self.buckets[self._next].ready():
+            self.buckets[self._next].launch()
+            self._next += 1
+
+    def _fix_launch_order(self) -> None:
+        """After the first armed step: order the buckets as rank 0 saw them become ready in its backward (the
+        others after, in their order), the same on every rank, so later steps launch each one as early as the
+        in-order rule allows."""
+        from nanochat.common import broadcast_object
+
+        index = {id(b): i for i, b in enumerate(self.buckets)}
+        seen = [index[id(b)] for b in self._seen]
+        order = broadcast_object(seen + [i for i in range(len(self.buckets)) if i not in seen])
+        self.buckets = [self.buckets[i] for i in order]
+        self._seen, self._order_fixed = None, True
 
     # -- step -------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
         self._armed = False
-        for b in self.buckets:  # buckets the hooks did not launch (not armed, unused params, sparse grads)
+        for b in self.buckets[self._next:]:  # not launched by the hooks (not armed, no gradient, sparse grads)
             b.launch()
         sq = []
         for b in self.buckets:  # in launch order: later buckets' reductions overlap earlier buckets' updates
@@ -199,6 +227,9 @@ class MuonAdamW(torch.optim.Optimizer):
             b.launch_gather()
         for b in self.buckets:
             b.finish()
+        self._next = 0
+        if self._seen is not None:
+            self._fix_launch_order()
         total = torch.stack(sq).sum() if sq else torch.zeros(())
         if self.world > 1:
             dist.all_reduce(total)

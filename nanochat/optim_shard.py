@@ -44,14 +44,17 @@ class Bucket:
 
     def __init__(self, params: list, groups: list[dict], world: int, rank: int):
         self.params, self.groups, self.world, self.rank = params, groups, world, rank
+        self.trainable = sum(p.requires_grad for p in params)  # frozen params never fire a gradient hook
         self._ready = 0
         self._work = None
         self.launched = False
 
     def param_ready(self) -> None:
         self._ready += 1
-        if self._ready == len(self.params):
-            self.launch()
+
+    def ready(self) -> bool:
+        """Every trainable parameter's gradient of this step is final (a bucket of frozen params never is)."""
+        return 0 < self.trainable == self._ready
 
     def launch(self) -> None:
         if not self.launched:
@@ -99,10 +102,15 @@ class Bucket:
         raise NotImplementedError
 
 
-def _to_param_device(value, p: torch.Tensor):
+def _to_param_device(value, p: torch.Tensor, name: str = ""):
+    """A loaded state tensor on p's device: Adam's moments in p's dtype (as ``_adamw_update`` creates them; the
+    fused kernel refuses a mix), every other floating tensor (step counts, Muon buffers) in fp32."""
     if not torch.is_tensor(value):
         return value
-    return value.to(device=p.device, dtype=torch.float32 if value.is_floating_point() else value.dtype).clone()
+    dtype = value.dtype
+    if value.is_floating_point():
+        dtype = p.dtype if name in ("exp_avg", "exp_avg_sq") else torch.float32
+    return value.to(device=p.device, dtype=dtype).clone()
 
 
 class ReplicatedBucket(Bucket):
@@ -145,7 +153,7 @@ class ReplicatedBucket(Bucket):
     def load_full_state(self, state: dict, full: dict) -> None:
         for p in self.params:
             if p in full:
-                state[p] = {k: _to_param_device(v, p) for k, v in full[p].items()}
+                state[p] = {k: _to_param_device(v, p, k) for k, v in full[p].items()}
 
 
 class RowShardBucket(Bucket):
@@ -198,7 +206,7 @@ class RowShardBucket(Bucket):
     def load_full_state(self, state: dict, full: dict) -> None:
         p = self.params[0]
         if p in full:
-            state[p] = {k: _to_param_device(v if v.dim() == 0 else v[self.rows], p) for k, v in full[p].items()}
+            state[p] = {k: _to_param_device(v if v.dim() == 0 else v[self.rows], p, k) for k, v in full[p].items()}
 
 
 class MuonBucket(Bucket):

@@ -130,3 +130,37 @@ def test_training_state_is_loaded_on_the_cpu(tmp_path):
     loaded = ckpt.load_training_state(tmp_path, 1)
     assert loaded["rng"][0]["torch"].device.type == "cpu"
     ckpt.set_rng_state(loaded["rng"][0])
+
+
+def test_bf16_parameters_keep_bf16_adam_moments_across_a_checkpoint():
+    """Adam's moments are created in the parameter's dtype; loading a state must keep them so (the fused kernel
+    refuses a bf16 parameter with fp32 moments), while step counts and Muon buffers stay fp32."""
+    from nanochat.optim import MuonAdamW
+
+    def make():
+        torch.manual_seed(0)
+        a = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.bfloat16))
+        t = torch.nn.Parameter(torch.randn(10, 4, dtype=torch.bfloat16))
+        opt = MuonAdamW([dict(kind="adamw", name="t", params=[t], lr=0.1, betas=(0.8, 0.95), eps=1e-10,
+                              weight_decay=0.1),
+                         dict(kind="muon", name="m", params=[a], lr=0.02, momentum=0.95, beta2=0.95, weight_decay=0.5,
+                              ns_steps=5)])
+        return a, t, opt
+
+    a, t, opt = make()
+    for _ in range(2):
+        a.grad, t.grad = torch.randn_like(a), torch.randn_like(t)
+        opt.step()
+    a2, t2, opt2 = make()
+    with torch.no_grad():  # a checkpoint restores the weights too
+        a2.copy_(a)
+        t2.copy_(t)
+    opt2.load_state_dict(opt.state_dict())
+    assert opt2.state[t2]["exp_avg"].dtype == opt2.state[t2]["exp_avg_sq"].dtype == torch.bfloat16
+    assert opt2.state[t2]["step"].dtype == torch.float32
+    assert all(v.dtype == torch.float32 for v in opt2.state[a2].values())
+    g = torch.randn_like(t)
+    a.grad, t.grad, a2.grad, t2.grad = torch.zeros_like(a), g, torch.zeros_like(a), g.clone()
+    opt.step()
+    opt2.step()  # raised "expected scalar type BFloat16 but found Float" before
+    assert torch.equal(t2, t)

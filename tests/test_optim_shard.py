@@ -85,3 +85,20 @@ def test_state_dict_moves_between_world_sizes(results):
         for name, p in c["params"].items():
             assert torch.allclose(p, other["params"][name], rtol=1e-5, atol=1e-6), name
         assert_state_close(c["state_dict"], other["state_dict"])
+
+
+def test_a_gradient_missing_on_one_rank_never_pairs_different_buckets(tmp_path):
+    """Buckets launch in one order on every rank: U's bucket is complete on rank 0 during backward but only at
+    step() on rank 1 (no gradient there). Launching in readiness order would reduce rank 0's U with rank 1's V
+    (same sizes: silently wrong numbers). A frozen parameter in a group does not break arming the hooks
+    (registering a hook on it raises)."""
+    import json
+
+    out = tmp_path / "order.json"
+    r = run_torchrun(REPO / "tests" / "_grad_order_worker.py", 2, [str(out)], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    first, second = res["steps"]
+    # exp_avg = (1 - beta1) * g after one step, then beta1 * m + (1 - beta1) * g (the averaged gradients 0.5, 10.5)
+    assert first["U"] == pytest.approx([0.1]) and first["V"] == pytest.approx([2.1])
+    assert second["U"] == pytest.approx([0.18]) and second["V"] == pytest.approx([3.78])
