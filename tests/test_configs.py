@@ -298,9 +298,12 @@ def test_grouped_dry_run_needs_no_slot_map_but_a_real_run_does(tmp_path, capsys)
             "--mome-group-size", "2", "--mome-slots", "4", "--mome-slot-map", str(missing)]
     assert base_train.main([*tiny, "--run-dir", str(tmp_path / "r")]) == 2
     assert f"--mome-slot-map {missing}: file does not exist" in capsys.readouterr().err
-    # a model built without the file (meta device) cannot be initialised: the same clear error, not a crash
+    # a model built without the file (a checkpoint may still supply the map) cannot run: the same clear error
     options = {"slots": 4, "index": "grouped", "group_size": 2, "slot_map": str(missing)}
     config = GPTConfig(sequence_len=32, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
                        memory_options=options)
+    model = build_model(config, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="k2.json: file does not exist"):
-        build_model(config, device=torch.device("cpu"))
+        model.memory.check_ready()
+    with pytest.raises(ValueError, match="k2.json: file does not exist"):
+        model(torch.zeros(1, 4, dtype=torch.long))

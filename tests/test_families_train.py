@@ -133,7 +133,8 @@ def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
     for row, tps in (("m125_base", 100.0), ("m125_mome_a2_6", 80.0)):
         d = runs / "families" / row / "seed42"
         d.mkdir(parents=True)
-        d.joinpath("summary.json").write_text(json.dumps({"val_bpb": 0.9, "train_bpb": 0.91, "core": 0.15,
+        d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.9, "train_bpb": 0.91,
+                                                          "core": 0.15,
                                                           "core_tasks": bigbench, "tok_per_sec": tps,
                                                           "params_memory": 188_743_680, "params_total": 313_828_794}))
     results.main(["--table", "families", "--runs-root", str(runs), "--out", str(tmp_path / "res")])
