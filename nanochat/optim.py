@@ -14,7 +14,10 @@ launched from post-accumulate-grad hooks during the last micro-step's backward w
 (``arm_grad_hooks``), otherwise at the start of ``step()``, always in one order shared by every rank (rank 0's
 order of readiness in the first armed step): a parameter without gradient on some ranks only delays its bucket
 there, and never pairs one rank's bucket with another rank's. With one process the same code runs without any
-collective and is today's exact single-process update. ``state_dict()`` is world-size independent (the full,
+collective and is today's exact single-process update. A parameter that got no gradient in a step is left as
+it is by one process, but counts as a zero gradient with several (every rank joins every collective), so Adam
+and Muon still move it (momentum, decay): give every trained parameter a gradient each step, or freeze it
+(frozen parameters are left out of the groups). ``state_dict()`` is world-size independent (the full,
 unsharded state, gathered collectively: call it on every rank); ``load_state_dict`` takes each rank's shard.
 """
 
@@ -120,7 +123,9 @@ def memory_table_group(memory, oc: OptimConfig, width_scale: float) -> list[dict
 
 
 def finalize_groups(model, groups: list[dict]) -> list[dict]:
-    """Check that every parameter of ``model`` is in exactly one group (raises naming them); set initial_lr."""
+    """Check that every parameter of ``model`` is in exactly one group (raises naming them); set initial_lr.
+    Frozen parameters (requires_grad False) are then left out: nothing updates them, with any number of ranks
+    (with several, a parameter without gradient would otherwise count as a zero gradient: decay and momentum)."""
     counts: dict[int, int] = {}
     for g in groups:
         for p in g["params"]:
@@ -132,7 +137,8 @@ def finalize_groups(model, groups: list[dict]) -> list[dict]:
         raise RuntimeError(f"optimizer grouping error: duplicated {bad}, missing {missing}")
     for g in groups:
         g["initial_lr"] = g["lr"]
-    return groups
+        g["params"] = [p for p in g["params"] if p.requires_grad]
+    return [g for g in groups if g["params"]]
 
 
 def build_param_groups(model, oc: OptimConfig) -> list[dict]:

@@ -164,3 +164,19 @@ def test_bf16_parameters_keep_bf16_adam_moments_across_a_checkpoint():
     opt.step()
     opt2.step()  # raised "expected scalar type BFloat16 but found Float" before
     assert torch.equal(t2, t)
+
+
+def test_frozen_parameters_are_left_out_of_the_groups():
+    """Nothing may update a frozen parameter, with any number of ranks: it is in no group (and a group left
+    empty is dropped), while every trainable parameter is still in exactly one."""
+    from conftest import tiny_config
+    from nanochat.gpt import build_model
+    from nanochat.optim import OptimConfig, build_param_groups
+
+    model = build_model(tiny_config(memory="ve"), seed=0)
+    model.wte.weight.requires_grad_(False)
+    groups = build_param_groups(model, OptimConfig())
+    grouped = [p for g in groups for p in g["params"]]
+    assert all(p is not model.wte.weight for p in grouped) and "wte" not in [g["name"] for g in groups]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(grouped) == len(trainable) and {id(p) for p in grouped} == {id(p) for p in trainable}
