@@ -53,10 +53,15 @@ class GPTConfig:
             if changed:
                 flags = ", ".join("--" + n.replace("_", "-") for n in changed)
                 raise ValueError(f"{flags}: only for --mlp moe (got --mlp dense)")
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "sequence_len", "vocab_size"):
+            if getattr(self, name) < 1:  # the CLI checks its flags; this covers configs built in Python
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
+        if self.head_dim % 2:
+            raise ValueError(f"head size n_embd / n_head = {self.head_dim} must be even (RoPE rotates pairs)")
 
     @classmethod
     def from_depth(cls, depth: int, aspect_ratio: int = 64, head_dim: int = 128, **kwargs) -> "GPTConfig":

@@ -14,6 +14,19 @@ def test_geometry_from_depth():
     assert GPTConfig.from_depth(3).n_embd == 256  # 192 rounded up
 
 
+@pytest.mark.parametrize("fields, needle", [
+    (dict(n_layer=0), "n_layer must be >= 1"), (dict(n_head=0), "n_head must be >= 1"),
+    (dict(n_kv_head=0), "n_kv_head must be >= 1"), (dict(n_embd=96, n_head=2, n_kv_head=2, sequence_len=0),
+                                                     "sequence_len must be >= 1"),
+    (dict(n_embd=96, n_head=32, n_kv_head=32), "head size n_embd / n_head = 3 must be even"),
+])
+def test_config_built_in_python_is_checked(fields, needle):
+    """The CLI validates its flags; a GPTConfig built in Python gets the same geometry checks (not a division
+    by zero, a 0-layer model that silently runs, or a RoPE shape error at the first forward)."""
+    with pytest.raises(ValueError, match=needle):
+        tiny_config(**fields)
+
+
 def test_d12_exact_param_count_and_flops():
     s = model_summary(GPTConfig.from_depth(12))
     assert s["params_total"] == 2 * 25_165_824 + 12 * 7_077_888 + 24 == 135_266_328
