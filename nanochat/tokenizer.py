@@ -239,7 +239,10 @@ def check_vocab_matches(tokenizer: Tokenizer, vocab_size: int, source: str, meta
                          f"of {source}; use the tokenizer the model was trained with (NANOCHAT_TOKENIZER_DIR) "
                          "or retrain the tokenizer with --vocab-size matching the model")
     trained = (meta or {}).get("tokenizer_sha256")
-    if trained is not None and trained != tokenizer.fingerprint():
+    if trained is None:
+        return
+    mine = tokenizer.fingerprint()  # hashes every merge: once
+    if trained != mine:
         raise ValueError(f"the tokenizer is not the one {source} was trained with (same vocab size, other merges, "
-                         f"pattern or special tokens; sha256 {tokenizer.fingerprint()[:12]} vs {trained[:12]}); "
+                         f"pattern or special tokens; sha256 {mine[:12]} vs {trained[:12]}); "
                          f"use the training run's tokenizer ({meta.get('tokenizer_dir')}) via --tokenizer-dir")
