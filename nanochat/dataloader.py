@@ -25,12 +25,13 @@ import math
 import queue
 import threading
 from bisect import bisect_left, bisect_right, insort
+from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from nanochat.common import rows_to_device
-from nanochat.dataset import DataError, read_row_group_texts, split_files, validate_parquet
+from nanochat.dataset import DataError, open_parquet, read_row_group_texts, split_files, validate_parquet
 
 STATE_VERSION = 1
 
@@ -92,6 +93,9 @@ def _tokenize_docs(tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.array([bos, *ids], dtype=np.int32) for ids in tokenizer.encode_batch(texts)]
 
 
+MAX_OPEN_SHARDS = 64  # parquet files kept open between reads (the least recently read ones are closed)
+
+
 class _RowGroupIndex:
     """All non-empty row groups (file index, row group index, rows) of a list of parquet files."""
 
@@ -102,17 +106,22 @@ class _RowGroupIndex:
         self.units = []
         for fi, path in enumerate(self.files):
             validate_parquet(path)
-            meta = pq.ParquetFile(path).metadata
+            with pq.ParquetFile(path) as pf:
+                meta = pf.metadata
             self.units += [(fi, rg, meta.row_group(rg).num_rows) for rg in range(meta.num_row_groups)
                            if meta.row_group(rg).num_rows > 0]
-        self._open = {}
+        # units are shuffled over all shards, so every rank reads every shard in an epoch: keep a bounded set
+        # open (thousands of shards would exceed the process's open-file limit)
+        self._open: OrderedDict = OrderedDict()
 
     def read(self, unit: int) -> list[str]:
-        import pyarrow.parquet as pq
-
         fi, rg, _ = self.units[unit]
-        if fi not in self._open:
-            self._open[fi] = pq.ParquetFile(self.files[fi])
+        if fi in self._open:
+            self._open.move_to_end(fi)
+        else:
+            if len(self._open) >= MAX_OPEN_SHARDS:
+                self._open.popitem(last=False)[1].close()
+            self._open[fi] = open_parquet(self.files[fi])
         return [t if t is not None else "" for t in read_row_group_texts(self._open[fi], self.files[fi], rg)]
 
 

@@ -22,6 +22,7 @@ from nanochat.download import DownloadError, download_file, hub_file, place_file
 from nanochat.jsonfile import read_json_object
 
 MANIFEST = "manifest.json"
+DATASET_MARK = ".dataset"  # remote datasets: which dataset this directory's shard_NNNNN.parquet files belong to
 BASE_URL_ENV = "NANOCHAT_DATA_BASE_URL"
 
 # name -> (Hugging Face dataset repo, number of shards, validation shard index)
@@ -100,7 +101,26 @@ def split_files(data_dir, split: str) -> list[Path]:
         if not f.is_file():
             raise DataError(f"shard {f} listed in the manifest is missing; re-run scripts.prepare_data "
                             f"(it re-downloads or rebuilds missing shards)")
+        expected = manifest["shards"].get(f.name, {}).get("bytes")
+        if expected is not None and f.stat().st_size != expected:  # overwritten since: not the data it describes
+            raise DataError(f"shard {f} has {f.stat().st_size} bytes, the manifest says {expected}; re-run "
+                            "scripts.prepare_data (the shard was changed after the manifest was written)")
     return files
+
+
+def start_rebuild(data_dir) -> None:
+    """Before a builder (re)writes shards into ``data_dir``: drop the old manifest, so that a run failing midway
+    leaves no manifest (loaders refuse) rather than an old one listing a mix of old and new shards."""
+    (Path(data_dir) / MANIFEST).unlink(missing_ok=True)
+
+
+def remove_unlisted_shards(data_dir, manifest: dict, patterns: tuple[str, ...]) -> None:
+    """Delete the files matching ``patterns`` that ``manifest`` does not list (shards of an earlier, larger run)."""
+    listed = set(manifest["train"]) | set(manifest["val"])
+    for pattern in patterns:
+        for path in Path(data_dir).glob(pattern):
+            if path.name not in listed:
+                path.unlink()
 
 
 def write_manifest(data_dir, dataset: str, train: list[str], val: list[str], source: str, **extra) -> dict:
@@ -121,16 +141,22 @@ def write_manifest(data_dir, dataset: str, train: list[str], val: list[str], sou
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
-def validate_parquet(path) -> int:
-    """Return the row count; raise DataError if the file is unreadable, has no ``text`` column or no rows."""
+def open_parquet(path):
+    """``pyarrow.parquet.ParquetFile(path)``; an unreadable file (truncated, garbage) raises DataError naming it."""
     import pyarrow.parquet as pq
 
-    path = Path(path)
     try:
-        meta = pq.ParquetFile(path).metadata
+        return pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for truncated/garbage files
         raise DataError(f"{path} is not a readable parquet file ({type(e).__name__}: {e}); "
                         "delete it and re-run scripts.prepare_data") from e
+
+
+def validate_parquet(path) -> int:
+    """Return the row count; raise DataError if the file is unreadable, has no ``text`` column or no rows."""
+    path = Path(path)
+    with open_parquet(path) as pf:
+        meta = pf.metadata
     if "text" not in meta.schema.names:
         raise DataError(f"{path} has no 'text' column (columns: {meta.schema.names}); "
                         "every shard needs one document per row in a column named 'text'")
@@ -151,12 +177,10 @@ def read_row_group_texts(pf, path, rg: int) -> list:
 
 def iter_documents(data_dir, split: str):
     """Yield every document string of ``split`` in manifest / row-group order (one pass)."""
-    import pyarrow.parquet as pq
-
     for path in split_files(data_dir, split):
-        pf = pq.ParquetFile(path)
-        for rg in range(pf.num_row_groups):
-            yield from read_row_group_texts(pf, path, rg)
+        with open_parquet(path) as pf:
+            for rg in range(pf.num_row_groups):
+                yield from read_row_group_texts(pf, path, rg)
 
 
 def write_text_shard(path, texts: list[str], row_group_size: int = 256) -> None:
@@ -204,6 +228,7 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
     is hard-linked into ``data_dir``), or from a plain-HTTP mirror holding ``<base_url>/shard_NNNNN.parquet``
     when ``base_url`` / NANOCHAT_DATA_BASE_URL is set (``download_file``: retries, resumable ``.part`` files).
     """
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
@@ -212,10 +237,22 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
     repo_id = REMOTE_DATASETS[dataset][0]
     url = resolve_base_url(base_url)
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    claim_for_dataset(data_dir, dataset)
+
+    failed = threading.Event()
 
     def fetch(index: int) -> str | None:
-        """Download one shard into data_dir; returns the hub commit it came from (None: mirror or already there)."""
+        """Download one shard into data_dir; returns the hub commit it came from (None: mirror, already there, or
+        skipped because another shard failed: the first failure is what gets reported)."""
+        if failed.is_set():
+            return None
+        try:
+            return fetch_one(index)
+        except BaseException:
+            failed.set()
+            raise
+
+    def fetch_one(index: int) -> str | None:
         name = shard_name(index)
         if (data_dir / name).is_file():  # a re-run: only the missing shards are fetched (validated below)
             return None
@@ -235,9 +272,14 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
     commits = set()
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
             tqdm(total=len(indices), desc=f"{dataset} shards", unit="shard", disable=not progress) as bar:
-        for job in [pool.submit(fetch, i) for i in indices]:
-            commits.add(job.result())
-            bar.update(1)
+        jobs = [pool.submit(fetch, i) for i in indices]
+        try:
+            for job in jobs:
+                commits.add(job.result())
+                bar.update(1)
+        except BaseException:  # the first failure (or Ctrl-C) is reported now, not after every queued shard's retries
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     if url:
         source, provenance = url, {}
     else:
@@ -246,6 +288,18 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
         provenance = {"hub_repo": repo_id, "hub_revision": sorted({*previous, *(c for c in commits if c)})}
     return write_manifest(data_dir, dataset, [shard_name(i) for i in train_idx], [shard_name(val_idx)],
                           source=source, train_indices=train_idx, val_index=val_idx, **provenance)
+
+
+def claim_for_dataset(data_dir: Path, dataset: str) -> None:
+    """Mark ``data_dir`` as holding ``dataset``'s shards, refusing a directory that holds another dataset's: remote
+    shards are reused by name (shard_NNNNN.parquet), so the other dataset's files would be taken as this one's."""
+    mark = data_dir / DATASET_MARK
+    held = mark.read_text().strip() if mark.is_file() else _previous_manifest(data_dir).get("dataset")
+    if held and held != dataset:
+        raise DataError(f"--data-dir {data_dir} holds the {held!r} dataset; give --dataset {dataset} a directory "
+                        "of its own (the default is one per dataset)")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    mark.write_text(dataset + "\n")
 
 
 def _previous_manifest(data_dir: Path) -> dict:

@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -143,8 +144,51 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
     dest = Path(dest)
     if dest.is_file():
         return dest
-    hint = f"; {hint}" if hint else ""
     part = dest.with_name(dest.name + ".part")
+    with _locked_part(part) as locked:  # another process (a rank, a second run) fetching the same file waits
+        try:
+            if not dest.is_file():  # else another process finished it while this one waited
+                _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint)
+                os.replace(part, dest)
+        finally:
+            if locked(part) and part.stat().st_size == 0:
+                part.unlink()  # nothing received (or only the lock's empty file): no .part to resume from
+    return dest
+
+
+@contextmanager
+def _locked_part(part: Path):
+    """Hold an exclusive ``flock`` on ``part`` (created empty if missing) for the block, which gets a function
+    telling whether a path is still the locked file. A waiter that wakes up to find ``part`` renamed (done) or
+    deleted (failed) locks the file now at that path instead."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no protection against a concurrent download of the same file
+        yield Path.exists
+        return
+    while True:
+        f = open(part, "ab")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        ino = os.fstat(f.fileno()).st_ino
+
+        def locked(path) -> bool:
+            try:
+                return os.stat(path).st_ino == ino
+            except FileNotFoundError:
+                return False
+
+        if locked(part):
+            break
+        f.close()
+    try:
+        yield locked
+    finally:
+        f.close()
+
+
+def _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint) -> None:
+    """``download_file``'s retries and checks, into ``part`` (locked by the caller)."""
+    hint = f"; {hint}" if hint else ""
     last_error = None
     for attempt in range(max_attempts):
         if attempt:
@@ -158,7 +202,7 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
         except Exception as e:  # network errors, 5xx, truncated bodies: retry and resume
             last_error = e
     else:
-        resume = f"; re-running resumes from {part.name}" if part.exists() else ""
+        resume = f"; re-running resumes from {part.name}" if part.exists() and part.stat().st_size else ""
         raise DownloadError(f"could not download {url} after {max_attempts} attempts "
                             f"({type(last_error).__name__}: {last_error}){hint}{resume}")
     if sha256:
@@ -173,8 +217,6 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
         except Exception as e:
             part.unlink(missing_ok=True)
             raise DownloadError(f"downloaded {url} but the file is invalid: {e}") from e
-    os.replace(part, dest)
-    return dest
 
 
 class _PermanentHTTPError(Exception):
@@ -190,7 +232,7 @@ def _fetch_into(url: str, part: Path, timeout: float, progress: bool) -> None:
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     with requests.get(url, stream=True, timeout=timeout, headers=headers) as r:
         if r.status_code == 416:  # our .part is not a prefix of this file any more: start over
-            part.unlink(missing_ok=True)
+            part.write_bytes(b"")  # emptied in place: the file stays the one locked by download_file
             raise IOError("range not satisfiable; restarting the download from scratch")
         if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
             raise _PermanentHTTPError(f"HTTP {r.status_code}")

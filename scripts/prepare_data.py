@@ -20,13 +20,16 @@ import math
 import sys
 from pathlib import Path
 
+from nanochat.cli_types import positive_int
 from nanochat.dataset import (HF_PREFIX, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
-                              download_remote_shards, read_jsonl_texts, write_manifest, write_text_shard)
+                              download_remote_shards, read_jsonl_texts, remove_unlisted_shards, start_rebuild,
+                              write_manifest, write_text_shard)
 from nanochat.download import DownloadError
 from nanochat.run_dir import ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+OWN_SHARDS = ("train_[0-9]*.parquet", "val_[0-9]*.parquet")  # what the builders write
 
 
 def split_paragraph_documents(text: str, doc_chars: int) -> list[str]:
@@ -47,22 +50,33 @@ def split_paragraph_documents(text: str, doc_chars: int) -> list[str]:
 
 
 def read_source_documents(path: Path, doc_chars: int) -> list[str]:
-    """Documents of one source file (.txt/.txt.xz: paragraph groups; .jsonl: field text; .parquet: column text)."""
+    """Documents of one source file (.txt/.txt.xz: paragraph groups; .jsonl: field text; .parquet: column text).
+    Rows whose text is missing (null) or not a string are skipped with a warning naming the file."""
     name = path.name
-    if name.endswith(".txt.xz"):
-        return split_paragraph_documents(lzma.decompress(path.read_bytes()).decode("utf-8"), doc_chars)
-    if name.endswith(".txt"):
-        return split_paragraph_documents(path.read_text(encoding="utf-8"), doc_chars)
-    if name.endswith(".jsonl"):
-        return read_jsonl_texts(path, DataError)
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
+    try:
+        if name.endswith(".txt.xz"):
+            return split_paragraph_documents(lzma.decompress(path.read_bytes()).decode("utf-8"), doc_chars)
+        if name.endswith(".txt"):
+            return split_paragraph_documents(path.read_text(encoding="utf-8"), doc_chars)
+        if name.endswith(".jsonl"):
+            texts = read_jsonl_texts(path, DataError)
+        elif name.endswith(".parquet"):
+            import pyarrow.parquet as pq
 
-        from nanochat.dataset import validate_parquet
+            from nanochat.dataset import validate_parquet
 
-        validate_parquet(path)
-        return pq.read_table(path, columns=["text"]).column("text").to_pylist()
-    raise DataError(f"{path}: unsupported file type; use one of {LOCAL_SUFFIXES}")
+            validate_parquet(path)
+            texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+        else:
+            raise DataError(f"{path}: unsupported file type; use one of {LOCAL_SUFFIXES}")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8 or leave it out of --text-dir") from e
+    docs = [t for t in texts if isinstance(t, str)]
+    if len(docs) < len(texts):
+        skipped = len(texts) - len(docs)
+        print(f"warning: {path}: skipped {skipped} row{'s' * (skipped > 1)} whose text is null or not a string",
+              file=sys.stderr)
+    return docs
 
 
 def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source_desc: str,
@@ -87,10 +101,13 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
         raise DataError(f"the corpus ({source_desc}) is too small: {len(train_docs)} train and {len(val_docs)} val "
                         "documents; give more text (at least 2 paragraphs/documents in some file)")
     data_dir.mkdir(parents=True, exist_ok=True)
+    start_rebuild(data_dir)
     train_names = _write_shards(data_dir, "train", train_docs, docs_per_shard, row_group_size)
     val_names = _write_shards(data_dir, "val", val_docs, docs_per_shard, row_group_size)
-    return write_manifest(data_dir, dataset, train_names, val_names, source=source_desc,
-                          documents={"train": len(train_docs), "val": len(val_docs)})
+    manifest = write_manifest(data_dir, dataset, train_names, val_names, source=source_desc,
+                              documents={"train": len(train_docs), "val": len(val_docs)})
+    remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
+    return manifest
 
 
 def _write_shards(data_dir: Path, prefix: str, docs: list[str], docs_per_shard: int, row_group_size: int):
@@ -109,13 +126,20 @@ def embedded_sources() -> list[Path]:
     return files
 
 
-def local_sources(text_dir) -> list[Path]:
+def local_sources(text_dir, data_dir=None) -> list[Path]:
+    """The input files under ``text_dir``, leaving out ``data_dir`` (the output) when it lies inside it: a
+    re-run would otherwise read the previous run's shards, val included, back in as input."""
     if text_dir is None:
         raise DataError("--dataset local needs --text-dir DIR (a directory of .txt/.jsonl/.parquet files)")
     text_dir = Path(text_dir)
     if not text_dir.is_dir():
         raise DataError(f"--text-dir {text_dir} is not a directory")
-    return sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+    out = Path(data_dir).resolve() if data_dir is not None else None
+    if out is not None and out == text_dir.resolve():
+        raise DataError(f"--data-dir {data_dir} is --text-dir: the shards would be written among the inputs; "
+                        "give --data-dir another directory")
+    return sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
+                  and (out is None or out not in p.resolve().parents))
 
 
 # ---- any Hugging Face dataset ------------------------------------------------------------------------------
@@ -179,6 +203,7 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
         raise DataError(f"--dataset {dataset} --split {split}: cannot open the dataset "
                         f"({type(e).__name__}: {_one_line(e)})") from e
     data_dir.mkdir(parents=True, exist_ok=True)
+    start_rebuild(data_dir)
     writers = {s: ShardWriter(data_dir, s, docs_per_shard, row_group_size) for s in ("train", "val")}
     kept = skipped = 0
     rows = iter(stream)
@@ -214,8 +239,10 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
     hf = {"path": path, "config": config, "split": split, "revision": revision, "text_column": text_column,
           "max_docs": max_docs, "val_fraction": val_fraction, "skipped_rows": skipped}
     source = f"{dataset} split={split}" + (f" revision={revision}" if revision else "")
-    return write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
-                          documents={s: w.count for s, w in writers.items()}, hf=hf)
+    manifest = write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
+                              documents={s: w.count for s, w in writers.items()}, hf=hf)
+    remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
+    return manifest
 
 
 def parse_args(argv=None):
@@ -223,22 +250,22 @@ def parse_args(argv=None):
     p.add_argument("--dataset", required=True, type=check_dataset_name, metavar="DATASET",
                    help="fineweb-edu, climbmix (hub shards), embedded, local, or hf:ORG/NAME[:CONFIG]")
     p.add_argument("--data-dir", default=None, help="output directory (default: $NANOCHAT_DATA_DIR/<dataset>)")
-    p.add_argument("--num-shards", type=int, default=8, help="remote datasets: number of train shards")
+    p.add_argument("--num-shards", type=positive_int, default=8, help="remote datasets: number of train shards")
     p.add_argument("--base-url", default=None, help="remote datasets: a plain-HTTP mirror holding "
                    "shard_NNNNN.parquet instead of the hub (also env NANOCHAT_DATA_BASE_URL; hub mirrors: HF_ENDPOINT)")
     p.add_argument("--revision", default=None, help="remote and hf: datasets: hub branch, tag or commit")
-    p.add_argument("--workers", type=int, default=4, help="remote datasets: parallel downloads")
-    p.add_argument("--max-attempts", type=int, default=5, help="remote datasets: attempts per file")
+    p.add_argument("--workers", type=positive_int, default=4, help="remote datasets: parallel downloads")
+    p.add_argument("--max-attempts", type=positive_int, default=5, help="remote datasets: attempts per file")
     p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files")
-    p.add_argument("--doc-chars", type=int, default=1200, 
+    p.add_argument("--doc-chars", type=positive_int, default=1200,
                    help="text files: paragraphs are grouped into documents of up to this many characters")
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="embedded/local: held-out fraction per file; hf: one val document in every 1/fraction")
-    p.add_argument("--docs-per-shard", type=int, default=None,
+    p.add_argument("--docs-per-shard", type=positive_int, default=None,
                    help="embedded/local/hf: documents per shard (default 1000; hf: 20000)")
     p.add_argument("--split", default="train", help="hf: the dataset split to stream")
     p.add_argument("--text-column", default="text", help="hf: the column holding the document text")
-    p.add_argument("--max-docs", type=int, default=None, help="hf: stop after this many documents (default: all)")
+    p.add_argument("--max-docs", type=positive_int, default=None, help="hf: stop after this many documents (default: all)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p.parse_args(argv)
 
@@ -258,7 +285,7 @@ def main(argv=None) -> int:
                                         args.val_fraction, args.docs_per_shard or 20_000, args.revision,
                                         progress=progress)
         else:
-            sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir)
+            sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir, data_dir)
             desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
             manifest = build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
                                           val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard or 1000)

@@ -289,3 +289,21 @@ def test_repartition_after_real_reading_2_to_1_to_2(synthetic_dir, tiny_tokenize
     assert (x[:, 0] == tiny_tokenizer.bos_token_id).all()
     for dl in two:
         dl.close()
+
+
+def test_open_parquet_files_are_bounded(tmp_path):
+    """The loader kept every shard it had read open: with more shards than the open-file limit (fineweb-edu has
+    1822 train shards; `ulimit -n` is often 1024), reading failed mid-epoch with 'Too many open files'."""
+    from nanochat.dataloader import MAX_OPEN_SHARDS, _RowGroupIndex
+    from nanochat.dataset import write_text_shard
+
+    files = []
+    for i in range(MAX_OPEN_SHARDS + 5):
+        files.append(tmp_path / f"s{i}.parquet")
+        write_text_shard(files[-1], [f"file {i} doc {j}" for j in range(3)], row_group_size=2)
+    index = _RowGroupIndex(files)
+    order = np.random.default_rng(0).permutation(len(index.units))
+    texts = {t for unit in order for t in index.read(int(unit))}
+    assert texts == {f"file {i} doc {j}" for i in range(len(files)) for j in range(3)}
+    assert len(index._open) == MAX_OPEN_SHARDS
+    assert all(index.read(u) == index.read(u) for u in range(4))  # reopening a closed file reads the same rows

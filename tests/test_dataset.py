@@ -190,3 +190,85 @@ def test_hf_dataset_undecodable_rows_give_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: --dataset hf:{src} --split train: reading the stream failed after 1 rows")
     assert err.count("\n") == 1 and not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_failed_rerun_leaves_no_manifest_describing_a_mix_of_shards(tmp_path, capsys):
+    """A re-run into an existing --data-dir that fails midway (a dropped stream) had overwritten shards the OLD
+    manifest still listed: val documents of one run showed up as train documents of the other."""
+    src = tmp_path / "ds"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(100)))
+    out = tmp_path / "out"
+    args = ["--dataset", f"hf:{src}", "--docs-per-shard", "10", "--data-dir", str(out), "--no-progress"]
+    assert main(args + ["--val-fraction", "0.5"]) == 0
+    (src / "b.jsonl").write_text(json.dumps({"text": "x", "extra": 1}) + "\n")  # the stream breaks after 100 rows
+    assert main(args + ["--val-fraction", "0.05"]) == 1
+    capsys.readouterr()
+    with pytest.raises(DataError, match="manifest.json not found: prepare the data first"):
+        split_files(out, "train")
+    (src / "b.jsonl").unlink()
+    assert main(args + ["--val-fraction", "0.05"]) == 0  # a successful re-run: only its own shards remain
+    m = load_manifest(out)
+    assert sorted(p.name for p in out.glob("*.parquet")) == sorted(m["train"] + m["val"])
+    assert not set(iter_documents(out, "train")) & set(iter_documents(out, "val"))
+
+
+def test_a_shard_changed_after_the_manifest_is_refused(tmp_path, embedded_data_dir):  # noqa: F811
+    import shutil
+
+    data = tmp_path / "d"
+    shutil.copytree(embedded_data_dir, data)
+    name = load_manifest(data)["train"][0]
+    pq.write_table(pa.table({"text": ["a different document"]}), data / name)
+    with pytest.raises(DataError, match=f"{name} has .* bytes, the manifest says .*; re-run scripts.prepare_data"):
+        split_files(data, "train")
+
+
+def test_data_dir_inside_text_dir_is_not_read_back(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(40)))
+    out = src / "prepared"
+    for _ in range(2):  # the second run must not read the first run's shards as input
+        assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out)]) == 0
+        assert load_manifest(out)["documents"] == {"train": 38, "val": 2}
+    with pytest.raises(DataError, match="--data-dir .* is --text-dir"):
+        build_text_dataset(local_sources(src, data_dir=src), src, "local", str(src))
+
+
+def test_local_sources_with_null_or_non_text_rows_and_bad_encoding(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"text": ["doc a", None, "doc b", "doc c"]}), src / "a.parquet")
+    (src / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ["doc d", None, 7, "doc e", "doc f"]))
+    out = tmp_path / "out"
+    assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{src / 'a.parquet'}: skipped 1 row" in err and f"{src / 'b.jsonl'}: skipped 2 rows" in err
+    assert sorted([*iter_documents(out, "train"), *iter_documents(out, "val")]) == [f"doc {c}" for c in "abcdef"]
+    (src / "c.txt").write_bytes("caf\xe9 latin-1 text\n\nmore".encode("latin-1"))
+    assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(tmp_path / "o2")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"error: {src / 'c.txt'} is not UTF-8 text") and err[0].startswith("warning:")
+
+
+def test_iter_documents_names_a_truncated_shard(tmp_path, embedded_data_dir):  # noqa: F811
+    import shutil
+
+    data = tmp_path / "d"
+    shutil.copytree(embedded_data_dir, data)
+    name = load_manifest(data)["val"][0]
+    path = data / name
+    body = path.read_bytes()
+    path.write_bytes(body[: len(body) // 2])
+    with pytest.raises(DataError, match=f"{name}"):
+        list(iter_documents(data, "val"))
+
+
+@pytest.mark.parametrize("flag", ["--docs-per-shard", "--max-attempts", "--workers", "--doc-chars", "--num-shards"])
+def test_prepare_data_count_flags_must_be_positive(flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--dataset", "embedded", "--data-dir", str(tmp_path / "o"), flag, "0"])
+    assert e.value.code == 2
+    assert f"argument {flag}: must be an integer >= 1 (got '0')" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

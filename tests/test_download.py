@@ -7,13 +7,14 @@ import io
 import os
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nanochat.dataset import REMOTE_DATASETS, download_remote_shards, iter_documents, load_manifest, validate_parquet
+from nanochat.dataset import REMOTE_DATASETS, DataError, download_remote_shards, iter_documents, load_manifest, validate_parquet
 from nanochat.download import DownloadError, download_file, hub_file
 
 
@@ -33,10 +34,11 @@ class FlakyServer:
     'error' -> HTTP 503, 'truncate' -> full Content-Length header but only half the body. Honors Range.
     Every response also carries what the hub sends (X-Repo-Commit, ETag = sha256 of the file unless
     ``etags[path]`` says otherwise), so huggingface_hub can use it as an HF_ENDPOINT. ``requests`` records
-    (method, path, Range, Authorization) of GETs and HEADs."""
+    (method, path, Range, Authorization) of GETs and HEADs; ``delay`` holds every response back."""
 
     def __init__(self, files: dict[str, bytes]):
         self.files, self.fail, self.etags, self.requests = files, {}, {}, []
+        self.delay = 0.0  # seconds every response waits before its headers
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,6 +54,7 @@ class FlakyServer:
             def respond(self, head: bool):
                 server.requests.append((self.command, self.path, self.headers.get("Range"),
                                         self.headers.get("Authorization")))
+                time.sleep(server.delay)
                 body = server.files.get(self.path)
                 if body is None:  # as the hub answers for a file a repo lacks
                     self.send_response(404)
@@ -135,13 +138,14 @@ def test_invalid_content_and_404_leave_no_files(server, tmp_path):
 
 
 def test_gives_up_after_max_attempts_keeping_part_for_resume(server, tmp_path):
-    server.fail["/shard_00000.parquet"] = ["truncate", "truncate", "truncate"]
+    # the large shard: a half body spans several read chunks, so bytes reach the .part (an empty one is removed)
+    server.fail["/shard_00001.parquet"] = ["truncate", "truncate", "truncate"]
     with pytest.raises(DownloadError, match="after 3 attempts.*resumes from s.parquet.part"):
-        download_file(f"{server.url}/shard_00000.parquet", tmp_path / "s.parquet", max_attempts=3, backoff=0.01,
+        download_file(f"{server.url}/shard_00001.parquet", tmp_path / "s.parquet", max_attempts=3, backoff=0.01,
                       progress=False)
-    assert not (tmp_path / "s.parquet").exists() and (tmp_path / "s.parquet.part").exists()
-    download_file(f"{server.url}/shard_00000.parquet", tmp_path / "s.parquet", progress=False)
-    assert (tmp_path / "s.parquet").read_bytes() == server.files["/shard_00000.parquet"]
+    assert not (tmp_path / "s.parquet").exists() and (tmp_path / "s.parquet.part").stat().st_size > 0
+    download_file(f"{server.url}/shard_00001.parquet", tmp_path / "s.parquet", progress=False)
+    assert (tmp_path / "s.parquet").read_bytes() == server.files["/shard_00001.parquet"]
 
 
 def test_remote_dataset_manifest_pins_val_shard(server, tmp_path):
@@ -152,7 +156,7 @@ def test_remote_dataset_manifest_pins_val_shard(server, tmp_path):
     assert m["shards"]["shard_00369.parquet"]["rows"] == 10 and m["val_index"] == 369
     assert load_manifest(tmp_path)["source"] == server.url
     assert len(list(iter_documents(tmp_path, "train"))) == 50
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "shard_00000.parquet",
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dataset", "manifest.json", "shard_00000.parquet",
                                                           "shard_00001.parquet", "shard_00369.parquet"]
 
 
@@ -171,7 +175,7 @@ def test_cli_env_base_url_and_unreachable_network(server, tmp_path, monkeypatch,
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # earlier stderr lines are tqdm bars
     assert err.count("error:") == 1 and last.startswith("error: could not download") and "--base-url" in last
-    assert "resumes from" not in last and not list((tmp_path / "d").iterdir())
+    assert "resumes from" not in last and [p.name for p in (tmp_path / "d").iterdir()] == [".dataset"]
 
 
 def test_sha256_mismatch_deletes_the_file_and_names_both_hashes(server, tmp_path):
@@ -269,3 +273,44 @@ def test_hub_errors_are_clear(hub, tmp_path, monkeypatch, capsys):
     assert err[-1].startswith("error: dataset repo karpathy/fineweb-edu-100b-shuffle, file shard_00369.parquet: "
                               "not in the hub cache and the hub cannot be reached")
     assert "HF_HUB_OFFLINE" in err[-1] and not list((tmp_path / "d").glob("*.parquet"))
+
+
+def test_a_directory_of_one_remote_dataset_is_not_reused_for_another(server, tmp_path):
+    """Remote shards are reused by name: climbmix into fineweb-edu's directory took fineweb's shard_00000/1."""
+    download_remote_shards("fineweb-edu", tmp_path, 2, base_url=server.url, progress=False)
+    with pytest.raises(DataError, match=f"--data-dir {tmp_path} holds the 'fineweb-edu' dataset; give --dataset "
+                                        "climbmix a directory of its own"):
+        download_remote_shards("climbmix", tmp_path, 2, base_url=server.url, progress=False)
+    (tmp_path / "manifest.json").unlink()  # an interrupted first download has no manifest, only the mark
+    with pytest.raises(DataError, match="holds the 'fineweb-edu' dataset"):
+        download_remote_shards("climbmix", tmp_path, 2, base_url=server.url, progress=False)
+    assert download_remote_shards("fineweb-edu", tmp_path, 2, base_url=server.url, progress=False)["train"]
+
+
+def test_the_first_failed_shard_stops_the_download_without_trying_the_queued_ones(server, tmp_path):
+    server.fail.update({f"/shard_{i:05d}.parquet": ["error"] * 9 for i in (0, 1, 369)})
+    with pytest.raises(DownloadError, match="after 2 attempts"):
+        download_remote_shards("fineweb-edu", tmp_path, 2, base_url=server.url, workers=1, max_attempts=2,
+                               backoff=0.01, progress=False)
+    assert len(server.requests) == 2  # the val shard's 2 attempts; the 2 queued train shards were cancelled
+
+
+def test_two_processes_downloading_one_file_both_get_it(server, tmp_path):
+    """Two ranks (or runs) fetching the same shard shared one .part file: one renamed it under the other."""
+    server.delay = 0.3  # every response waits, so both downloads overlap
+    url, dest = f"{server.url}/shard_00001.parquet", tmp_path / "s.parquet"
+    results = []
+
+    def fetch():
+        try:
+            results.append(download_file(url, dest, validate=validate_parquet, backoff=0.01, progress=False))
+        except Exception as e:  # noqa: BLE001 (recorded for the assertion)
+            results.append(e)
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [dest, dest] and dest.read_bytes() == server.files["/shard_00001.parquet"]
+    assert sum(r[0] == "GET" for r in server.requests) == 1
