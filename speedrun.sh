@@ -11,7 +11,8 @@
 # * GPUs that torch cannot use (a CPU torch in .venv, a driver too old for the wheel) or no internet on a GPU
 #   machine: stop with what to do; a GPU machine never runs the CPU demo unless asked (SPEEDRUN_MODE=cpu).
 #
-# Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), SHARDS (GPU train shards, default 100),
+# Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), NANOCHAT_DATA_DIR (root of the prepared data,
+# default ~/.cache/nanochat/data), SHARDS (GPU train shards, default 100),
 # DEVICE_BATCH (largest GPU rows per micro-batch, default 32), DEMO_STEPS (CPU steps per model, default 300),
 # DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
 set -euo pipefail

@@ -18,16 +18,19 @@ ROOT = Path(__file__).resolve().parents[1] / "configs"
 # GPU rows checkpoint periodically, keeping only the latest (plus the final one), so a crash, an OOM, a NCCL
 # timeout or a scheduler's kill costs at most this many steps when scripts.run continues the row (--resume auto)
 CHECKPOINTS = {"save-every": 500, "keep-last": 1}
+# every row pins its vocabulary: base_train otherwise takes the size of whatever tokenizer the directory holds
+PAPER_VOCAB = {"vocab-size": 32768}  # the paper's 32k BPE (tokenizer/, the default --tokenizer-dir)
+MINI_VOCAB = {"vocab-size": 4096, "tokenizer-dir": "tokenizer/v4096"}  # the CPU rows' tokenizer, kept apart
 D12 = {  # the common nanochat d12 recipe (FineWeb-Edu, 3e18 FLOPs, 524,288-token batches)
-    "dataset": "fineweb-edu", "depth": 12, "max-seq-len": 2048, "total-batch-size": 524288, "device-batch-size": 32,
+    "dataset": "fineweb-edu", **PAPER_VOCAB, "depth": 12, "max-seq-len": 2048, "total-batch-size": 524288, "device-batch-size": 32,
     "target-flops": 3e18, "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True, **CHECKPOINTS,
 }
 D24 = {  # the d24 ClimbMix recipe (1,048,576-token batches)
-    "dataset": "climbmix", "depth": 24, "max-seq-len": 2048, "total-batch-size": 1048576, "device-batch-size": 16,
+    "dataset": "climbmix", **PAPER_VOCAB, "depth": 24, "max-seq-len": 2048, "total-batch-size": 1048576, "device-batch-size": 16,
     "eval-every": -1, "eval-tokens": 20971520, "core-every": -1, "compile": True, **CHECKPOINTS,
 }
 MINI = {  # CPU-sized (the speedrun CPU demo's model): embedded corpus, 4 layers x 256 wide, a few hundred steps
-    "dataset": "embedded", "depth": 4, "head-dim": 64, "max-seq-len": 256, "total-batch-size": 4096,
+    "dataset": "embedded", **MINI_VOCAB, "depth": 4, "head-dim": 64, "max-seq-len": 256, "total-batch-size": 4096,
     "device-batch-size": 16, "num-iterations": 300, "eval-every": 100, "eval-tokens": 65536, "core-every": -1,
     "bundle": "subset", "core-max-per-task": 24, "dtype": "bfloat16", "save-every": 100, "log-every": 10,
 }
@@ -78,26 +81,42 @@ for c, m, tr, va, co, mem, tot, tp, stds in [
 ]:
     memory = mome(m) if c == 1 else mome(m, index="grouped", group=c)
     note = "" if c == 1 else (f"needs a c_grp={c} slot map: python -m scripts.build_slot_map --checkpoint <trained d12 run> "
-                              f"--group-size {c} --output runs/slotmaps/k{c}.json (the paper built it from a d24 VE run)")
+                              f"--group-size {c} --output runs/slotmaps/k{c}.json (the paper built its maps from a lightly trained d12 base run, ~1e18 FLOPs)")
     add("d12", f"mome_c{c}_m{m}", f"MoME (c_grp={c}) A2/{m}", S3, 4, D12, memory, paper_d12(tr, va, co, mem, tot, tp, *stds), note)
 
 # Memory-size sweep (d12, 3e18, blocks 3..24; each block = V x 768 = 25.2M params)
-SWEEP = {  # blocks: (bigram train, val, core, wall), (mome train, val, core, wall)
-    3: ((0.8668, 0.8672, 0.1513, 106.72), (0.8667, 0.8669, 0.1476, 109.77)),
-    6: ((0.8632, 0.8636, 0.1533, 108.80), (0.8618, 0.8621, 0.1571, 111.89)),
-    9: ((0.8615, 0.8619, 0.1562, 110.55), (0.8589, 0.8591, 0.1627, 113.48)),
-    12: ((0.8602, 0.8606, 0.1497, 112.49), (0.8567, 0.8569, 0.1635, 115.68)),
-    15: ((0.8592, 0.8597, 0.1551, 114.35), (0.8558, 0.8561, 0.1599, 117.59)),
-    18: ((0.8581, 0.8586, 0.1608, 116.34), (0.8550, 0.8552, 0.1602, 119.76)),
-    21: ((0.8571, 0.8576, 0.1494, 118.28), (0.8541, 0.8544, 0.1584, 121.85)),
-    24: ((0.8564, 0.8571, 0.1613, 120.17), (0.8530, 0.8533, 0.1586, 123.70)),
+SWEEP = {  # blocks: bigram, mome; each (mean, std) of train bpb, val bpb, CORE, wall minutes over the 3 seeds
+    3: (((0.8668, 0.0006), (0.8672, 0.0005), (0.1513, 0.0160), (106.72, 0.70)),
+        ((0.8667, 0.0005), (0.8669, 0.0005), (0.1476, 0.0035), (109.77, 0.82))),
+    6: (((0.8632, 0.0009), (0.8636, 0.0009), (0.1533, 0.0116), (108.80, 0.47)),
+        ((0.8618, 0.0002), (0.8621, 0.0003), (0.1571, 0.0030), (111.89, 0.59))),
+    9: (((0.8615, 0.0012), (0.8619, 0.0011), (0.1562, 0.0080), (110.55, 0.50)),
+        ((0.8589, 0.0003), (0.8591, 0.0003), (0.1627, 0.0063), (113.48, 0.59))),
+    12: (((0.8602, 0.0013), (0.8606, 0.0012), (0.1497, 0.0035), (112.49, 0.38)),
+         ((0.8567, 0.0002), (0.8569, 0.0002), (0.1635, 0.0067), (115.68, 0.54))),
+    15: (((0.8592, 0.0015), (0.8597, 0.0015), (0.1551, 0.0105), (114.35, 0.43)),
+         ((0.8558, 0.0005), (0.8561, 0.0005), (0.1599, 0.0068), (117.59, 0.57))),
+    18: (((0.8581, 0.0015), (0.8586, 0.0014), (0.1608, 0.0052), (116.34, 0.60)),
+         ((0.8550, 0.0003), (0.8552, 0.0003), (0.1602, 0.0027), (119.76, 0.51))),
+    21: (((0.8571, 0.0013), (0.8576, 0.0012), (0.1494, 0.0091), (118.28, 0.40)),
+         ((0.8541, 0.0004), (0.8544, 0.0004), (0.1584, 0.0003), (121.85, 0.60))),
+    24: (((0.8564, 0.0011), (0.8571, 0.0010), (0.1613, 0.0034), (120.17, 0.45)),
+         ((0.8530, 0.0003), (0.8533, 0.0003), (0.1586, 0.0025), (123.70, 0.51))),
 }
-for blocks, (bg, mo) in SWEEP.items():
-    mem = round(blocks * 25.165824, 1)
+
+
+def paper_sweep(stats, mem):
+    keys = ("train_bpb", "val_bpb", "core", "wall_min")
+    return {**{k: mean for k, (mean, _) in zip(keys, stats)}, **{f"{k}_std": std for k, (_, std) in zip(keys, stats)},
+            "params_memory_m": mem}
+
+
+for blocks, (bg, _) in SWEEP.items():  # the paper's order: every Bigram row, then every MoME row
     add("d12_scaling", f"bigram_b{blocks:02d}", f"Bigram {blocks}V", S3, 4, D12, {"memory": "bigram", "bigram-factor": blocks},
-        {"train_bpb": bg[0], "val_bpb": bg[1], "core": bg[2], "wall_min": bg[3], "params_memory_m": mem})
+        paper_sweep(bg, round(blocks * 25.165824, 1)))
+for blocks, (_, mo) in SWEEP.items():
     add("d12_scaling", f"mome_b{blocks:02d}", f"MoME A2/{blocks}", S3, 4, D12, mome(blocks),
-        {"train_bpb": mo[0], "val_bpb": mo[1], "core": mo[2], "wall_min": mo[3], "params_memory_m": mem})
+        paper_sweep(mo, round(blocks * 25.165824, 1)))
 
 # Compound scaling: Bigram-indexed MoME with one table shared by all memory layers (seeds 42, 43 as in the reference)
 add("d12_compound", "bigram", "Bigram (6V)", [42, 43, 44], 4, D12, {"memory": "bigram", "bigram-factor": 6},
@@ -115,24 +134,28 @@ for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
     add("d12_compound", f"mome_n{n}_m{m}", f"MoME {n}V x {m}", [42, 43], 4, D12, mome(m, index="bigram", bigram_factor=n),
         paper_d12(tr, va, co, mem, total, None, tr_s, va_s, co_s))
 
-# d24 on ClimbMix: 100B tokens (100,000 steps of 1,048,576) and the 6e19-FLOP controls (seed 42, 8 GPUs)
+# d24 on ClimbMix: 100B tokens (100,000 steps of 1,048,576; 8 GPUs) and the 6e19-FLOP controls (seed 42; "the d24
+# control reruns use four H100 GPUs")
 OOD = "bpb on FineWeb-Edu/enwik9/Shakespeare: python -m scripts.base_eval --bpb-corpus NAME=PATH (document-reset protocol)"
-for name, label, memory, mem, vals in [
-    ("dense", "Dense", {"memory": "base"}, 0.0, (0.6639, 0.7677, 0.9037, 1.4993, 0.3441)),
-    ("ve", "VEmbedding", {"memory": "ve"}, 0.60, (0.6463, 0.7549, 0.8860, 1.4823, 0.3484)),
-    ("mome_a2_m12", "MoME-A2/12", mome(12), 0.61, (0.6504, 0.7548, 0.8850, 1.4789, 0.3687)),
+for name, label, memory, mem, score_tput, vals in [
+    ("dense", "Dense", {"memory": "base"}, 0.0, None, (0.6639, 0.7677, 0.9037, 1.4993, 0.3441)),
+    ("ve", "VEmbedding", {"memory": "ve"}, 0.60, 64.0, (0.6463, 0.7549, 0.8860, 1.4823, 0.3484)),
+    ("mome_a2_m12", "MoME-A2/12", mome(12), 0.61, 58.4, (0.6504, 0.7548, 0.8850, 1.4789, 0.3687)),
 ]:
     add("d24", name, label + " (100B)", [42], 8, {**D24, "num-iterations": 100000}, memory,
         {"val_bpb": vals[0], "fineweb_edu_bpb": vals[1], "enwik9_bpb": vals[2], "shakespeare_bpb": vals[3], "core": vals[4],
-         "params_network_b": 0.78, "params_memory_b": mem}, OOD + ("; the paper's 0.61B memory column appears to count "
+         "params_network_b": 0.78, "params_memory_b": mem,
+         **({"score_tok_per_sec_k": score_tput} if score_tput else {})}, OOD + ("; the paper's 0.61B memory column appears to count "
          "the routers (2.7M) with the 604M tables" if mem == 0.61 else ""))
-for name, label, memory, total, vals in [
-    ("ctrl_mome_context", "MoME, hidden-state routing", mome(12), 1386.8, (0.6990, 0.2941)),
-    ("ctrl_mome_token_only", "MoME, learned token-only routing", mome(12, routing="token-only"), 1388.8, (0.7044, 0.2853)),
-    ("ctrl_mome_fixed_random", "MoME, fixed-random routing", mome(12, routing="fixed-random"), 1384.1, (0.7018, 0.2768)),
+for name, label, memory, total, vals, ood in [
+    # hidden-state routing is also the MoME row of the dense-scaling table (FineWeb-Edu, enwik9, Shakespeare bpb)
+    ("ctrl_mome_context", "MoME, hidden-state routing", mome(12), 1386.8, (0.6990, 0.2941), (0.8045, 0.9712, 1.5531)),
+    ("ctrl_mome_token_only", "MoME, learned token-only routing", mome(12, routing="token-only"), 1388.8, (0.7044, 0.2853), None),
+    ("ctrl_mome_fixed_random", "MoME, fixed-random routing", mome(12, routing="fixed-random"), 1384.1, (0.7018, 0.2768), None),
 ]:
-    add("d24", name, label + " (6e19)", [42], 8, {**D24, "target-flops": 6e19}, memory,
-        {"val_bpb": vals[0], "core": vals[1], "params_total_m": total})
+    extra = {"fineweb_edu_bpb": ood[0], "enwik9_bpb": ood[1], "shakespeare_bpb": ood[2]} if ood else {}
+    add("d24", name, label + " (6e19)", [42], 4, {**D24, "target-flops": 6e19}, memory,
+        {"val_bpb": vals[0], "core": vals[1], **extra, "params_total_m": total}, OOD if ood else "")
 for name, label, geometry, total, vals in [
     ("ctrl_dense_w1536", "Pure dense d24/w1536", {}, 780, (0.7042, 0.8105, 0.9775, 1.5610, 0.2843)),
     ("ctrl_dense_w1728", "Latency-matched dense d24/w1728", {"model-dim": 1728, "num-heads": 12}, 973,
@@ -140,7 +163,7 @@ for name, label, geometry, total, vals in [
     ("ctrl_dense_d25_w2048", "Matched-total dense d25/w2048", {"depth": 25, "model-dim": 2048, "num-heads": 16}, 1393,
      (0.7033, 0.8092, 0.9780, 1.5584, 0.2871)),
 ]:
-    add("d24", name, label + " (6e19)", [42], 8, {**D24, "target-flops": 6e19, **geometry}, {"memory": "base"},
+    add("d24", name, label + " (6e19)", [42], 4, {**D24, "target-flops": 6e19, **geometry}, {"memory": "base"},
         {"val_bpb": vals[0], "fineweb_edu_bpb": vals[1], "enwik9_bpb": vals[2], "shakespeare_bpb": vals[3], "core": vals[4],
          "params_total_m": total, "params_memory_m": 0}, OOD)
 
@@ -157,7 +180,7 @@ for name, label, memory in [
 # Iso-token table "Llama/MobileLLM and Qwen3 backbone families" (paper tab:mobilenet125-summary and its 22-task
 # appendix version; seed 42). Recipes from the reference configs (families spec §5-§7): fixed horizons, warmup (Qwen3
 # only) + flat + linear warmdown over the last 40%, per-family memory-table AdamW, STEM tables trained like wte.
-FAMILY = {"dataset": "fineweb-edu", "max-seq-len": 2048, "total-batch-size": 524288, "eval-tokens": 2097152,
+FAMILY = {"dataset": "fineweb-edu", **PAPER_VOCAB, "max-seq-len": 2048, "total-batch-size": 524288, "eval-tokens": 2097152,
           "core-every": -1, "compile": True, **CHECKPOINTS}
 TASKS = ["hellaswag_zeroshot", "jeopardy", "arc_easy", "arc_challenge", "copa", "commonsense_qa", "piqa", "openbook_qa",
          "lambada_openai", "hellaswag", "winograd", "winogrande", "agi_eval_lsat_ar", "squad", "coqa", "boolq",
@@ -312,10 +335,10 @@ def toml_value(v):
     return repr(v)
 
 
-def render(table, name, label, seeds, nproc, train, paper, notes, reconstructed=False) -> str:
+def render(table, name, label, seeds, nproc, train, paper, notes, reconstructed=False, order=0) -> str:
     lines = [f"# {table}/{name}: {label}. Generated by dev/make_configs.py; paper numbers from ../shared/spec/paper.tex.",
              "", "[row]", f"table = {toml_value(table)}", f"name = {toml_value(name)}", f"label = {toml_value(label)}",
-             f"seeds = {toml_value(seeds)}", f"nproc_per_node = {nproc}"]
+             f"order = {order}", f"seeds = {toml_value(seeds)}", f"nproc_per_node = {nproc}"]
     if notes:
         lines.append(f"notes = {toml_value(notes)}")
     if reconstructed:
@@ -330,7 +353,8 @@ def main():
     for row in ROWS:
         path = ROOT / row[0] / f"{row[1]}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(*row))
+        order = [r[0] for r in ROWS[:ROWS.index(row)]].count(row[0])  # results list rows in the paper's order
+        path.write_text(render(*row, order=order))
     print(f"wrote {len(ROWS)} configs under {ROOT}")
 
 

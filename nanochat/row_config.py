@@ -1,6 +1,7 @@
 """Reproduction configs: one TOML file per paper table row (``configs/<table>/<row>.toml``).
 
-    [row]    table, name, label, seeds (default seeds of the row), nproc_per_node (paper hardware), notes,
+    [row]    table, name, label, order (the row's place in the paper's table), seeds (default seeds of the row),
+             nproc_per_node (paper hardware), notes,
              reconstructed (true when the design's structure was inferred from the paper's parameter total:
              results tables mark the row)
     [train]  defaults for scripts.base_train, keyed by flag name without the leading dashes
@@ -18,7 +19,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-ROW_KEYS = {"table", "name", "label", "seeds", "nproc_per_node", "notes", "reconstructed"}
+ROW_KEYS = {"table", "name", "label", "order", "seeds", "nproc_per_node", "notes", "reconstructed"}
 
 
 def load_row_config(path) -> dict:
@@ -49,6 +50,8 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
             raise ValueError(f"config {path}: [row] needs a non-empty string '{key}'")
     if not isinstance(row.get("reconstructed", False), bool):
         raise ValueError(f"config {path}: [row] 'reconstructed' must be true or false (a TOML boolean)")
+    if not isinstance(row.get("order", 0), int) or isinstance(row.get("order"), bool):
+        raise ValueError(f"config {path}: [row] 'order' must be an integer (the row's place in its table)")
     for key in ("total-batch-size", "max-seq-len", "device-batch-size") if runner else ():
         if key not in train:
             raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")

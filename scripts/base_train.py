@@ -124,14 +124,34 @@ def dry_run(args) -> None:
     world = get_dist_info().world_size
     config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
     plan = build_plan(args, model_summary(config), world)
+    check_pinned_vocab(args)
     run_dir = resolve_run_dir(args)
-    if get_dist_info().rank == 0:
+    existing_run = run_contents(run_dir) if run_dir.is_dir() else []
+    if get_dist_info().rank == 0 and not existing_run:
         ensure_writable(run_dir, "--run-dir")
         write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
     for key, value in plan.items():
         print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
-    print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
+    if existing_run:  # its plan.json is the run's own (written when it started)
+        print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
+    else:
+        print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
     print0(json.dumps(plan))
+
+
+def check_pinned_vocab(args) -> None:
+    """--dry-run needs no tokenizer, but when --vocab-size is given (every config row pins it) and the tokenizer
+    directory already holds one, their sizes must agree: caught here, before a speedrun downloads anything."""
+    from nanochat.tokenizer import HEADER_FILE, default_tokenizer_dir, get_tokenizer
+
+    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
+    if args.vocab_size is None or args.synthetic_data or not (tok_dir / HEADER_FILE).is_file():
+        return
+    size = get_tokenizer(tok_dir).vocab_size
+    if size != args.vocab_size:
+        raise ValueError(f"--tokenizer-dir {tok_dir} holds a tokenizer of vocab size {size}, but this run needs "
+                         f"--vocab-size {args.vocab_size}: train one there with `python -m scripts.tok_train "
+                         f"--vocab-size {args.vocab_size} --output-dir DIR` and pass --tokenizer-dir DIR")
 
 
 def claim_run_dir(args, stack: ExitStack) -> None:

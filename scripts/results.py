@@ -69,7 +69,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
             notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
                          "not averaged")
     label = row.get("label", row["name"]) + (RECONSTRUCTED_MARK if row.get("reconstructed") else "")
-    out = {"table": row["table"], "row": row["name"], "label": label, "reconstructed": bool(row.get("reconstructed")),
+    out = {"table": row["table"], "row": row["name"], "label": label, "order": row.get("order", 0), "reconstructed": bool(row.get("reconstructed")),
            "seeds": len(summaries), "paper": cfg.get("paper", {})}
     for key, _, _, _ in METRICS:
         out[key] = mean_std([s.get(key) for s in summaries])
@@ -120,7 +120,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             cell = _fmt(ours, std, fmt)
             if key == "core" and r.get("core_label", ["CORE"]) != ["CORE"] and not math.isnan(ours):
                 cell += f" ({r['core_label'][0]})"  # fewer tasks than the paper's CORE
-            line += [cell, "–" if paper is None else fmt.format(paper), delta]
+            paper_std = r["paper"].get(f"{paper_key}_std")
+            line += [cell, "–" if paper is None else _fmt(paper, paper_std, fmt), delta]
         pm, pt = r["params_memory"], r["params_total"]
         line.append("–" if math.isnan(pt) else f"{pm / 1e6:.1f} / {pt / 1e6:.1f}")
         paper_m, paper_t = r["paper"].get("params_memory_m"), r["paper"].get("params_total_m")
@@ -170,6 +171,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"no configs found under {args.configs} (tables: {args.table or 'all'})")
     out_dir.mkdir(parents=True, exist_ok=True)
     for table, rows in sorted(by_table.items()):
+        rows.sort(key=lambda r: r["order"])  # the paper's order (stable: file order among equal ones)
         add_wall_ratios(rows)
         rows = [r for r in rows if r["seeds"] > 0 or r["notes"]] or rows
         header, body = table_rows(rows)
@@ -184,7 +186,7 @@ def main(argv=None) -> None:
         with open(out_dir / f"{table}.csv", "w", newline="") as f:
             csv.writer(f).writerows([header, *body])
         print(f"## {table}\n\n{md}")
-    print(f"[results] wrote {out_dir}/<table>.md/.csv/.tex")
+    print(f"[results] wrote {', '.join(sorted(by_table))} to {out_dir} (.md, .csv, .tex each)")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@
 Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json with
 stop_reason "completed") is never overwritten; an unfinished one (interrupted, crashed, killed) is continued with
 base_train --resume auto (from its latest checkpoint, or from step 0 when it has none). Seeds run one after
-another and the runner stops at the first failure, printing the log path. ``--plan`` prints the exact commands
-and exits without importing torch or touching data. Hardware overrides keep the total batch size fixed (the
-gradient-accumulation count changes instead).
+another and the runner stops at the first failure, printing the log path (``-- --overwrite`` or ``-- --resume STEP``
+replaces ``--resume auto``). ``--plan`` prints the exact commands and exits without importing torch or touching
+data. Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch
+flags given to base_train after ``--`` are checked the same way.
 """
 
 import argparse
@@ -51,15 +52,31 @@ def check_hardware(train: dict, nproc: int, device_batch: int) -> int:
     return total // per_step
 
 
+BATCH_FLAGS = ("--total-batch-size", "--max-seq-len", "--device-batch-size")
+
+
+def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
+    """The batch flags among the base_train flags after ``--`` ({config key: value}) and the other flags; the
+    runner checks the batch split with them, as base_train will see it."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in BATCH_FLAGS:
+        parser.add_argument(flag, type=int)
+    known, rest = parser.parse_known_args(extra)
+    return {flag[2:]: getattr(known, flag[2:].replace("-", "_")) for flag in BATCH_FLAGS
+            if getattr(known, flag[2:].replace("-", "_")) is not None}, rest
+
+
 def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, runs_root: Path,
                    extra: list[str]) -> list[tuple[int, Path, list[str]]]:
+    """One command per seed; ``--resume auto`` (continue an unfinished run) unless ``extra`` says how to start."""
     row = cfg["row"]
     out = []
+    start = [] if any(f.split("=")[0] in ("--resume", "--overwrite") for f in extra) else ["--resume", "auto"]
     for seed in seeds:
         run_dir = runs_root / row["table"] / row["name"] / f"seed{seed}"
         train_cmd = ["-m", "scripts.base_train", "--config", cfg["path"], "--seed", str(seed),
                      "--device-batch-size", str(device_batch), "--run-dir", str(run_dir),
-                     "--run-name", f"{row['table']}_{row['name']}_seed{seed}", *extra]
+                     "--run-name", f"{row['table']}_{row['name']}_seed{seed}", *extra, *start]
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *train_cmd]
         else:
@@ -74,9 +91,9 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
     if (run_dir / "summary.json").is_file() and unfinished(run_dir) is None:
         print(f"[run] seed {seed}: finished run in {run_dir} (summary.json: completed), not overwriting")
         return
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(run_dir.iterdir()) and cmd[-2:] == ["--resume", "auto"]:
+        # an interrupted (SIGTERM) run has a summary.json too: it is continued
         print(f"[run] seed {seed}: continuing the unfinished run in {run_dir} (--resume auto)")
-    cmd = [*cmd, "--resume", "auto"]  # an interrupted (SIGTERM) run has a summary.json too: it is continued
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "train.log"
     (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
@@ -131,9 +148,14 @@ def main(argv=None) -> None:
         cfg = load_row_config(args.config)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else [int(s) for s in cfg["row"]["seeds"]]
         nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
-        device_batch = (args.device_batch_size if args.device_batch_size is not None
-                        else int(cfg["train"]["device-batch-size"]))
-        accum = check_hardware(cfg["train"], nproc, device_batch)
+        batch, extra = split_batch_flags(extra)
+        if "device-batch-size" in batch and args.device_batch_size is not None:
+            raise ValueError("--device-batch-size is given both to the runner and after --; give it once")
+        device_batch = batch.pop("device-batch-size", args.device_batch_size)
+        if device_batch is None:
+            device_batch = int(cfg["train"]["device-batch-size"])
+        accum = check_hardware({**cfg["train"], **batch}, nproc, device_batch)
+        extra = [*(f"--{key}={value}" for key, value in batch.items()), *extra]
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
     commands = build_commands(cfg, seeds, nproc, device_batch, Path(args.runs_root), extra)

@@ -307,3 +307,48 @@ def test_grouped_dry_run_needs_no_slot_map_but_a_real_run_does(tmp_path, capsys)
         model.memory.check_ready()
     with pytest.raises(ValueError, match="k2.json: file does not exist"):
         model(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_plan_shows_the_resume_flag_and_checks_batch_flags_given_after_the_separator():
+    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--", "--device-batch-size", "8"])
+    assert r.returncode == 0, r.stderr
+    assert "device batch 8, grad accum 2" in r.stdout  # 4096 / (8 x 256)
+    cmd = r.stdout.splitlines()[1]
+    assert cmd.count("--device-batch-size") == 1 and "--device-batch-size 8" in cmd and cmd.endswith("--resume auto")
+    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--nproc-per-node", "2", "--plan", "--",
+              "--total-batch-size", "8192"])
+    assert r.returncode == 0 and "grad accum 1" in r.stdout and "--total-batch-size=8192" in r.stdout, r.stderr
+    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--", "--max-seq-len", "100"])
+    assert r.returncode == 2 and "not divisible" in r.stderr and "seq 100" in r.stderr
+    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--", "--overwrite"])
+    assert r.returncode == 0 and "--resume" not in r.stdout and r.stdout.splitlines()[1].endswith("--overwrite")
+    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--device-batch-size", "4", "--",
+              "--device-batch-size", "8"])
+    assert r.returncode == 2 and "given both" in r.stderr
+
+
+def test_every_row_pins_its_vocabulary():
+    """Without it base_train takes whatever tokenizer the directory holds (a CPU row's 4096 for a d12 row)."""
+    for path in CONFIGS:
+        train = load_row_config(path)["train"]
+        if path.parent.name.endswith("mini"):
+            assert (train["vocab-size"], train["tokenizer-dir"]) == (4096, "tokenizer/v4096"), path
+        else:
+            assert train["vocab-size"] == 32768 and "tokenizer-dir" not in train, path
+
+
+def test_results_rows_follow_the_paper_table_and_show_the_paper_std(tmp_path):
+    from scripts import results
+
+    results.main(["--table", "d12", "--table", "d12_scaling", "--runs-root", str(tmp_path / "runs"),
+                  "--out", str(tmp_path / "res")])
+    md = (tmp_path / "res" / "d12.md").read_text().splitlines()
+    header = [c.strip() for c in md[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in md[2:] if line.startswith("|")]
+    assert [r["row"] for r in rows] == ["Base", "Bigram (6V)", "VEmbedding", "MoME (c_grp=1) A2/6", "MoME (c_grp=2) A2/12",
+                                        "MoME (c_grp=4) A2/24", "MoME (c_grp=1) A2/12", "MoME (c_grp=2) A2/24",
+                                        "MoME (c_grp=4) A2/48"]
+    assert rows[0]["paper val bpb"] == "0.8785 ± 0.0010" and rows[0]["paper CORE"] == "0.1447 ± 0.0064"
+    scaling = (tmp_path / "res" / "d12_scaling.md").read_text()
+    assert scaling.index("| Bigram 3V |") < scaling.index("| Bigram 24V |") < scaling.index("| MoME A2/3 |")
+    assert "| 0.8667 ± 0.0005 |" in scaling  # MoME A2/3 paper train bpb with its std

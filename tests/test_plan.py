@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO
+from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from nanochat.gpt import GPTConfig, model_summary
 from nanochat.plan import batch_lr_scale, build_plan, grad_accum_steps, resolve_num_iterations
 from nanochat.train_args import parse_args
@@ -131,3 +132,24 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys, flag):
     with pytest.raises(SystemExit) as e:
         parse_args([flag, "x"])
     assert e.value.code == 2 and f"unrecognized arguments: {flag} x" in capsys.readouterr().err
+
+
+def test_dry_run_refuses_a_tokenizer_of_another_size_than_the_pinned_one(tmp_path, capsys, tiny_tokenizer_dir):  # noqa: F811
+    """The config rows pin --vocab-size; a 4096-token tokenizer left in the tokenizer dir (the CPU rows') would
+    otherwise train a d12 row at V = 4096 without a word, and the speedrun preflight would not notice."""
+    flags = ["--dry-run", "--depth", "2", "--run-dir", str(tmp_path), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    assert base_train.main([*flags, "--vocab-size", "32768"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tokenizer-dir") and "vocab size 1024" in err and "--vocab-size 32768" in err
+    assert base_train.main([*flags, "--vocab-size", "1024"]) == 0
+    assert base_train.main([*flags[:-2], "--tokenizer-dir", str(tmp_path / "none"), "--vocab-size", "32768"]) == 0
+
+
+def test_dry_run_leaves_the_plan_of_an_existing_run_alone(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "plan.json").write_text('{"num_iterations": 2}')
+    assert base_train.main(["--dry-run", "--depth", "2", "--num-iterations", "7", "--run-dir", str(run)]) == 0
+    assert json.loads((run / "plan.json").read_text()) == {"num_iterations": 2}
+    assert f"plan not written: {run} holds a run" in capsys.readouterr().out

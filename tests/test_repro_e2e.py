@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+from data_fixtures import TINY_VOCAB, embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 
 TINY = ["--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024", "--num-iterations", "6",
         "--eval-every", "-1", "--eval-tokens", "2048", "--core-max-per-task", "2", "--save-every", "-1",
@@ -20,7 +20,7 @@ def _run(args, tmp_path):
 
 def test_two_mini_rows_to_results_and_plot(tmp_path, embedded_data_dir, tiny_tokenizer_dir):
     runs = tmp_path / "runs"
-    data = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    data = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--vocab-size", str(TINY_VOCAB)]
     for row in ("base", "mome_c1_m4"):
         r = _run(["-m", "scripts.run", f"configs/mini/{row}.toml", "--runs-root", str(runs), "--", *TINY, *data], tmp_path)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
