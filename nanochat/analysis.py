@@ -50,9 +50,12 @@ def load_run(run, step=None, device="cpu", tokenizer_dir=None):
 
 def memory_block(model, need_routing: bool = False):
     block = model.memory
-    if not hasattr(block, "capture") or not block.layers:
+    if not block.layers:
         raise ValueError(f"--memory {model.config.memory} has no memory layers to analyse (needs ve, bigram, mome, "
                          "engram or move_input)")
+    if not hasattr(block, "capture"):
+        raise ValueError(f"--memory {model.config.memory}: the analyses cannot capture its memory layers (capture "
+                         "is implemented for ve, bigram, mome, engram and move_input)")
     if need_routing and not hasattr(block, "route"):
         raise ValueError(f"routing analysis needs a MoME model (this run uses --memory {model.config.memory})")
     return block
@@ -92,7 +95,8 @@ def text_rows(tokenizer, documents: list[str], seq_len: int) -> list[torch.Tenso
     return [r for r in rows if len(r) > 0]
 
 
-def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: int) -> list[Domain]:
+def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: int,
+                 flag: str = "--corpus") -> list[Domain]:
     """One domain per CORE task: every rendered row the evaluator executes (all multiple-choice candidates count,
     as in the paper's audit), with the evaluator's few-shot sampling and shuffle; rows longer than seq_len keep
     their last seq_len tokens like the evaluator's left crop (no scored-region check: nothing is scored here)."""
@@ -104,13 +108,13 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
         specs = [t for t in specs if t.label == which]
         if not specs:
             labels = ", ".join(t.label for t in load_core_tasks(Path(bundle_dir)))
-            raise ValueError(f"--corpus core:{which}: no such task in {bundle_dir}/core.yaml; known: {labels}")
+            raise ValueError(f"{flag} core:{which}: no such task in {bundle_dir}/core.yaml; known: {labels}")
     out = []
     for task in specs:
         path = Path(bundle_dir) / "eval_data" / task.dataset_uri
         if not path.is_file():
             if which != "all":
-                raise FileNotFoundError(f"--corpus core:{which}: data file {path} is missing")
+                raise FileNotFoundError(f"{flag} core:{which}: data file {path} is missing")
             continue
         data = order_task_data(load_task_data(path, task.task_type), max_per_task)
         rows = []
@@ -122,8 +126,9 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
 
 
 def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, bundle=None,
-                  max_tokens: int | None = None, max_per_task: int = -1) -> list[Domain]:
-    """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem)."""
+                  max_tokens: int | None = None, max_per_task: int = -1, flag: str = "--corpus") -> list[Domain]:
+    """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem); ``flag``
+    is the option the specs came from, named in errors."""
     domains = []
     for spec in specs:
         kind, _, arg = spec.partition(":")
@@ -131,26 +136,26 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
             from nanochat.dataloader import build_eval_rows
 
             if data_dir is None:
-                raise ValueError(f"--corpus {spec}: no data directory (pass --data-dir or use a run whose meta has one)")
+                raise ValueError(f"{flag} {spec}: no data directory (pass --data-dir or use a run whose meta has one)")
             n = max_tokens or 65536
             rows = build_eval_rows(data_dir, kind, tokenizer, seq_len, n)[:, :-1]
             domains.append(Domain(kind, list(rows), "split"))
         elif kind == "core" and arg:
             from nanochat.eval_bundle import find_bundle
 
-            for d in core_domains(tokenizer, find_bundle(bundle), arg, seq_len, max_per_task):
+            for d in core_domains(tokenizer, find_bundle(bundle), arg, seq_len, max_per_task, flag):
                 domains.append(Domain(d.name, _cap_rows(d.rows, max_tokens), "core"))
         elif kind == "file" and arg:
             from nanochat.loss_eval import read_corpus
 
             path = Path(arg)
             if not path.is_file():
-                raise FileNotFoundError(f"--corpus {spec}: file {path} does not exist")
+                raise FileNotFoundError(f"{flag} {spec}: file {path} does not exist")
             domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, read_corpus(path), seq_len), max_tokens)))
         else:
-            raise ValueError(f"--corpus {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
+            raise ValueError(f"{flag} {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
     if not domains or any(not d.rows for d in domains):
-        raise ValueError(f"--corpus {' '.join(specs)}: a domain produced no token rows")
+        raise ValueError(f"{flag} {' '.join(specs)}: a domain produced no token rows")
     return domains
 
 

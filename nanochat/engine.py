@@ -47,7 +47,7 @@ def generate(model, prompt_ids: list[int], max_tokens: int, num_samples: int = 1
     logits = model(idx, kv_cache=cache)[:, -1]
     out = [[] for _ in range(num_samples)]
     done = torch.zeros(num_samples, dtype=torch.bool, device=device)
-    for _ in range(max_tokens):
+    for step in range(max_tokens):
         nxt = sample_next(logits, temperature, top_k, generator)  # (num_samples,)
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
@@ -56,8 +56,8 @@ def generate(model, prompt_ids: list[int], max_tokens: int, num_samples: int = 1
             done |= torch.tensor([t in stop_ids for t in nxt.tolist()], device=device)
             if bool(done.all()):
                 break
-        if cache.pos >= max_len:
-            break
+        if step == max_tokens - 1:
+            break  # the last token's logits would never be used
         logits = model(nxt[:, None], kv_cache=cache)[:, -1]
     return out
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from nanochat.cli_types import device_name, positive_int
 from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run, memory_block,
                                meta_dir, write_json)
 
@@ -33,10 +34,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain (0 = all for core/file)")
     ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset' (see scripts/base_eval.py)")
-    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
+    ap.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
     ap.add_argument("--data-dir", default=None, help="override meta['data_dir'] (for --corpus val/train)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

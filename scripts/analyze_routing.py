@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from nanochat.cli_types import device_name, positive_int
 from nanochat.analysis import (Domain, RoutingAccumulator, build_domains, iter_captured, load_run, memory_block,
                                meta_dir, pad_rows, run_captured, single_token_at, write_json)
 
@@ -56,15 +57,15 @@ def parse_args(argv=None):
     ap.add_argument("--reference", default="val", help="corpus spec of the JSD reference domain ('' = no JSD)")
     ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain")
     ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
-    ap.add_argument("--min-count", type=int, default=32, help="per-token effective slots: min occurrences")
+    ap.add_argument("--min-count", type=positive_int, default=32, help="per-token effective slots: min occurrences")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset'")
     ap.add_argument("--words", default="", help="comma-separated target words for semantic routes")
     ap.add_argument("--prompts", default=None, help="prompt file for --words (one per line, optional label<TAB>)")
     ap.add_argument("--sites", default="", help="figure columns for --words as layer:head list (default: all)")
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=positive_int, default=8)
     ap.add_argument("--tokenizer-dir", default=None)
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -183,7 +184,8 @@ def routes_markdown(routes: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def parse_sites(text: str, layers) -> list[tuple[int, int]] | None:
+def parse_sites(text: str, layers, n_heads: int) -> list[tuple[int, int]] | None:
+    """--sites "layer:head,..." -> (memory-layer position, KV head) pairs; None = every site."""
     if not text:
         return None
     out = []
@@ -194,6 +196,8 @@ def parse_sites(text: str, layers) -> list[tuple[int, int]] | None:
             raise ValueError(f"--sites {text!r}: expected layer:head pairs such as 3:0,5:2") from None
         if layer not in layers:
             raise ValueError(f"--sites: layer {layer} is not a memory layer ({list(layers)})")
+        if not 0 <= head < n_heads:
+            raise ValueError(f"--sites: head {head} is not a KV head (0..{n_heads - 1})")
         out.append((list(layers).index(layer), head))
     return out
 
@@ -242,7 +246,7 @@ def write_routes(routes, skipped, out_dir: Path, header: dict, sites) -> None:
     routes_figure(routes, out_dir / "semantic_routes.png", sites)
 
 
-def run_words(args, model, tokenizer, out_dir: Path, header: dict) -> None:
+def run_words(args, model, tokenizer, out_dir: Path, header: dict, sites) -> None:
     words = [w.strip() for w in args.words.split(",") if w.strip()]
     if args.prompts:
         lines = read_prompts(args.prompts)
@@ -259,7 +263,7 @@ def run_words(args, model, tokenizer, out_dir: Path, header: dict) -> None:
     if not hits:
         raise ValueError(f"--words {args.words}: no prompt holds a target word as a single token")
     routes = semantic_routes(model, tokenizer, hits)
-    write_routes(routes, skipped, out_dir, header, parse_sites(args.sites, memory_block(model).layers))
+    write_routes(routes, skipped, out_dir, header, sites)
     print(routes_markdown(routes))
     print(f"wrote {out_dir}/semantic_routes.md, .csv, .json, .png")
 
@@ -268,7 +272,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
-        memory_block(model, need_routing=True)
+        block = memory_block(model, need_routing=True)
+        sites = parse_sites(args.sites, block.layers, block.H)  # checked before any forward
         out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
         header = {"run": str(args.run), "step": meta["step"], "memory_options": model.config.memory_options}
         if args.corpus:
@@ -277,7 +282,7 @@ def main(argv=None) -> int:
             domains = build_domains(args.corpus, tokenizer, model.max_seq_len, **common)
             reference = None
             if args.reference:
-                refs = build_domains([args.reference], tokenizer, model.max_seq_len, **common)
+                refs = build_domains([args.reference], tokenizer, model.max_seq_len, **common, flag="--reference")
                 if len(refs) != 1:
                     raise ValueError(f"--reference {args.reference}: must name exactly one domain")
                 reference = refs[0]
@@ -287,7 +292,7 @@ def main(argv=None) -> int:
             print(audit_markdown(rows, reference.name if reference else None))
             print(f"wrote {out_dir}/routing_audit.md, .csv, .json")
         if args.words:
-            run_words(args, model, tokenizer, out_dir, header)
+            run_words(args, model, tokenizer, out_dir, header, sites)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

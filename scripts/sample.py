@@ -9,6 +9,7 @@ import argparse
 import torch
 
 from nanochat.checkpoint import load_model
+from nanochat.cli_types import device_name
 from nanochat.common import autodetect_device
 from nanochat.engine import generate
 
@@ -24,7 +25,7 @@ def main(argv=None):
     p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer-dir", default=None, help="default: the one recorded in the checkpoint")
-    p.add_argument("--device-type", default="", help="cuda|mps|cpu (default: autodetect)")
+    p.add_argument("--device-type", type=device_name, default=None, help="cuda|mps|cpu (default: autodetect)")
     args = p.parse_args(argv)
     if args.num_samples < 1 or args.max_tokens < 1:
         p.error("--num-samples and --max-tokens must be >= 1")
@@ -45,6 +46,8 @@ def main(argv=None):
                         top_k=args.top_k or None, seed=args.seed, stop_ids={tokenizer.bos_token_id})
         for i, out in enumerate(outs):
             print(f"--- sample {i} (step {meta['step']}) ---")
+            if out and out[-1] == tokenizer.bos_token_id:
+                out = out[:-1]  # the stop token ends the sample; it is not text
             print(prompt + tokenizer.decode(out))
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nanochat.cli_types import device_name, positive_int
 from nanochat.analysis import heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at, top_ranks, write_json
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
@@ -286,9 +287,9 @@ def parse_args(argv=None):
     ap.add_argument("--taus", default="0.1,0.2,0.25", help="gate thresholds for min(gamma1, gamma2) >= tau")
     ap.add_argument("--distribution", default="scores", choices=("scores", "executed"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--batch-size", type=positive_int, default=32)
     ap.add_argument("--tokenizer-dir", default=None)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis/wic")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

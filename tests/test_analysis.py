@@ -39,7 +39,7 @@ def make_run(tmp_path, memory="mome", seed=0, family="nanochat", **options):
 
     tok_dir = tmp_path / "tok"
     tok = make_tokenizer(tok_dir)
-    opts = {"mome": dict(slots=6, topk=2), "ve": {}, "bigram": dict(factor=2)}[memory]
+    opts = {"mome": dict(slots=6, topk=2), "bigram": dict(factor=2)}.get(memory, {})
     opts.update(options)
     geometry = dict(vocab_size=tok.vocab_size, n_layer=4, n_embd=64, n_head=2, n_kv_head=2, memory=memory,
                     memory_options=opts, sequence_len=64)
@@ -282,3 +282,36 @@ def test_core_domains_and_task_balanced_average(tmp_path):
     want = (torch.tensor(dom["copa"]["gamma"]) + torch.tensor(dom["piqa"]["gamma"])) / 2  # every task weighs 1
     assert torch.allclose(torch.tensor(dom["CORE"]["gamma"]), want)
     assert analyze_memory.main(["--run", str(run), "--corpus", "core:nope", "--bundle", "subset"]) == 2
+
+
+def test_analysis_flags_are_checked_and_errors_name_them(tmp_path, capsys):
+    from scripts import analyze_memory, analyze_routing, wic_probe
+
+    run, model, tok = make_run(tmp_path, "mome")
+    text = write_text(tmp_path / "a.txt")
+    base = ["--run", str(run), "--no-progress", "--out-dir", str(tmp_path / "o")]
+    # a head out of range was an IndexError traceback; a negative head plotted "h-1"
+    for sites in ("1:7", "1:-1"):
+        assert analyze_routing.main([*base, "--words", "bank", "--sites", sites]) == 2
+        assert f"--sites: head {sites.split(':')[1]} is not a KV head (0..1)" in capsys.readouterr().err
+    # the default --reference val failed as "--corpus val" on a run without a data directory
+    assert analyze_routing.main([*base, "--corpus", f"file:{text}"]) == 2  # the run's meta names no data dir
+    assert "--reference val" in capsys.readouterr().err
+    for main, extra in ((analyze_routing.main, ["--corpus", f"file:{text}"]),
+                        (analyze_memory.main, ["--corpus", f"file:{text}"]),
+                        (wic_probe.main, ["--wic", str(text)])):
+        for flag, value in (("--batch-size", "0"), ("--device", "gpu")):
+            with pytest.raises(SystemExit) as e:
+                main([*base, *extra, flag, value])
+            assert e.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        analyze_routing.main([*base, "--corpus", f"file:{text}", "--min-count", "0"])
+    assert "argument --min-count: must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_capture_error_names_what_is_missing_for_designs_with_memory_layers(tmp_path):
+    from nanochat.analysis import memory_block
+
+    _, model, _ = make_run(tmp_path, "jtok")
+    with pytest.raises(ValueError, match="--memory jtok: the analyses cannot capture its memory layers"):
+        memory_block(model)

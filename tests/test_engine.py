@@ -49,3 +49,36 @@ def test_stop_ids_end_generation():
     first = generate(model, [1, 2], max_tokens=1, temperature=0.0)[0][0]
     out = generate(model, [1, 2], max_tokens=8, temperature=0.0, stop_ids={first})[0]
     assert out == [first]
+
+
+def test_generate_runs_no_forward_past_the_last_token():
+    model = _model()
+    calls = []
+    hook = model.register_forward_hook(lambda *a: calls.append(1))
+    generate(model, [1, 2, 3], max_tokens=4, temperature=0.0)
+    hook.remove()
+    assert len(calls) == 4  # the prefill and 3 decode steps: the 4th token's logits are never needed
+
+
+def test_sample_script_does_not_print_the_stop_token(tmp_path, capsys, monkeypatch):
+    from scripts import sample
+
+    class Tok:
+        bos_token_id = 9
+
+        def encode(self, text):
+            return [1]
+
+        def decode(self, ids):
+            return "".join("<|bos|>" if i == 9 else f"<{i}>" for i in ids)
+
+    meta = {"step": 3}
+    monkeypatch.setattr(sample, "load_model", lambda *a, **k: (_model(), meta))
+    monkeypatch.setattr(sample, "generate", lambda *a, **k: [[4, 5, 9]])
+    monkeypatch.setattr("nanochat.tokenizer.get_tokenizer", lambda *a: Tok())
+    monkeypatch.setattr("nanochat.tokenizer.check_vocab_matches", lambda *a: None)
+    sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "cpu"])
+    assert capsys.readouterr().out.splitlines()[-1] == "hi<4><5>"
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "gpu"])
+    assert e.value.code == 2

@@ -210,10 +210,13 @@ def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest scores over the last dim, unordered like ``topk(sorted=False)`` (ties: the first).
+    """Indices of the k largest scores over the last dim, unordered like ``topk(sorted=False)``.
 
     On CUDA (or with TOPK_BY_ARGMAX) as k masked argmax passes: elementwise work and tiny reductions over M that
-    inductor fuses with the router's output, where ``torch.topk`` is a separate radix-select kernel."""
+    inductor fuses with the router's output, where ``torch.topk`` is a separate radix-select kernel. Exact ties
+    (every slot at init: the routers start at zero) are broken differently: the argmax passes take the lowest
+    indices, CPU ``torch.topk`` others (e.g. slots 3 and 5 of 6 for k = 2), so step 0 may route to other (equally
+    initialised) slots on CPU than on CUDA; the outputs are the same set of equal scores either way."""
     by_argmax = scores.is_cuda if TOPK_BY_ARGMAX is None else TOPK_BY_ARGMAX
     if not by_argmax:
         return scores.topk(k, dim=-1, sorted=False).indices
