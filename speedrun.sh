@@ -46,7 +46,8 @@ cpu_demo() {
     echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, about 10 min on 2 cores)"
     [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
     python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
-    python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
+    [ -f "$root/tokenizer/tokenizer.json" ] || \
+        python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
                   --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from nanochat.dataset import DataError, default_data_dir, iter_documents
 from nanochat.run_dir import NotWritable, ensure_writable
-from nanochat.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, TokenizerError, default_tokenizer_dir
+from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, Tokenizer, TokenizerError, default_tokenizer_dir,
+                                get_tokenizer)
 
 
 def capped_texts(data_dir, split: str, max_chars: int, doc_cap: int):
@@ -51,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-chars", type=int, default=5_000_000, help="held-out val text used for the ratio")
     p.add_argument("--output-dir", default=None, help="tokenizer directory (default: $NANOCHAT_TOKENIZER_DIR "
                    "or <repo>/tokenizer)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a tokenizer already in --output-dir (runs trained with it can no longer use it)")
     return p.parse_args(argv)
 
 
@@ -59,6 +62,10 @@ def main(argv=None) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     out_dir = Path(args.output_dir) if args.output_dir else default_tokenizer_dir()
     try:
+        if (out_dir / HEADER_FILE).is_file() and not args.overwrite:
+            raise TokenizerError(f"--output-dir {out_dir} already holds a tokenizer (vocab "
+                                 f"{get_tokenizer(out_dir).vocab_size}); runs trained with it need it: give another "
+                                 "--output-dir, or --overwrite to replace it")
         ensure_writable(out_dir, "--output-dir")  # before the (long) training, not after it
         t0 = time.time()
         tok = Tokenizer.train_from_iterator(capped_texts(data_dir, "train", args.max_chars, args.doc_cap),

@@ -205,7 +205,7 @@ def test_row_runner_continues_an_interrupted_run_and_skips_a_completed_one(tmp_p
     run = tmp_path / "seed42"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"stop_reason": "interrupted", "step": 3, "num_iterations": 9}))
-    echo = [sys.executable, "-c", "import sys; print('argv', sys.argv[1:])"]
+    echo = [sys.executable, "-c", "import sys; print('argv', sys.argv[1:])", "--resume", "auto"]  # build_commands' tail
     run_one(42, run, echo)
     out = capsys.readouterr().out
     assert "continuing the unfinished run" in out and "argv ['--resume', 'auto']" in out
