@@ -198,6 +198,9 @@ def load_meta(run_dir, step: int | None = None) -> dict:
     meta = read_json_object(path, ValueError, "corrupt checkpoint metadata: use another step or re-run")
     if not isinstance(meta.get("model_config"), dict):
         raise ValueError(f"corrupt checkpoint metadata {path}: no 'model_config' object")
+    for key in ("tokenizer_dir", "data_dir"):  # a relative path names a directory inside the run (it moves along)
+        if isinstance(meta.get(key), str) and meta[key] and not Path(meta[key]).is_absolute():
+            meta[key] = str(Path(run_dir).resolve() / meta[key])
     return meta
 
 
@@ -275,6 +278,9 @@ def require_files(run_dir, step: int, names=("meta.json", "model.pt", "state.pt"
     on rank 0 and this node has no shared filesystem with it)."""
     d = step_dir(run_dir, step)
     missing = [n for n in names if not (d / n).is_file()]
+    if missing == ["state.pt"] and load_meta(run_dir, step).get("reason") == "imported":
+        raise ValueError(f"checkpoint step {step} of {run_dir} was imported (weights only: no optimizer or "
+                         "data-loader state), so it cannot be resumed; evaluate or sample it, or export it")
     if missing:
         raise FileNotFoundError(f"checkpoint {d} (chosen on rank 0) lacks {', '.join(missing)} here: every rank "
                                 "must see the same run dir (a shared filesystem, or a copy of it on every node)")

@@ -21,6 +21,7 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import ExitStack
@@ -93,6 +94,11 @@ class Run:
     last_saved: int = -1
     lr_overrides: list = field(default_factory=list)  # --resume-override-lr history (config.json, checkpoints)
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
+    session_start: float = 0.0  # time.time() when this session's execute() began
+
+    def wall_time(self) -> float:
+        """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
+        return self.loop.get("wall_time", 0.0) + time.time() - self.session_start
 
     @property
     def dtype(self) -> str:
@@ -319,7 +325,7 @@ def save(run: Run, reason: str) -> None:
                               f"{', '.join(bad[:6]) + (' ...' if len(bad) > 6 else '') if bad else 'another rank'}",
                               bad)
     if run.rank == 0:
-        state = {"optimizer": optimizer_state, "loop": dict(run.loop), "dataloader": loaders,
+        state = {"optimizer": optimizer_state, "loop": {**run.loop, "wall_time": run.wall_time()}, "dataloader": loaders,
                  "rng": rngs, "world_size": run.world}
         meta = {"reason": reason, "params_finite": True, "config": resolved_config(run), "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
@@ -438,8 +444,9 @@ def throughput(run: Run) -> dict:
             "tok_per_sec_all_steps": loop["step"] * tb / max(loop["train_time"], 1e-9)}
 
 
-def write_summary(run: Run, stop_reason: str, evals: dict, wall: float) -> dict:
+def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
     step, tb = run.loop["step"], run.args.total_batch_size
+    wall = run.wall_time()
     summary = {"run_name": run.args.run_name, "run_dir": str(run.run_dir), "stop_reason": stop_reason,
                "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
@@ -503,10 +510,27 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
             "or check the data")
 
 
+def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None) -> None:
+    """summary.json / report.md of a later step describe the abandoned continuation: a run killed after the
+    rewind must not read as that run's result ("completed", its val bpb). Moved beside its checkpoints."""
+    summary = run_dir / "summary.json"
+    try:
+        stale = json.loads(summary.read_text()).get("step", 0) > resumed_at
+    except (OSError, ValueError):
+        stale = False
+    for name in ("summary.json", "report.md") if stale else ():
+        path = run_dir / name
+        if path.exists():
+            if folder is not None:
+                os.replace(path, folder / name)
+            else:  # its checkpoints are gone already: nothing to keep it with
+                path.unlink()
+
+
 def execute(run: Run, resumed_at: int | None) -> int:
     from nanochat.dataset import DataError
 
-    wall0 = time.time()
+    run.session_start = time.time()
     if run.rank == 0:
         if run.args.overwrite:
             removed = remove_run(run.run_dir)
@@ -521,6 +545,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
             if later:
                 print0(f"--resume {resumed_at}: the checkpoints of later steps {later} belong to the abandoned "
                        f"continuation; moved to {folder} (not deleted)")
+            set_aside_stale_results(run.run_dir, resumed_at, folder)
         elif (run.run_dir / "metrics.jsonl").exists():
             (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
     a = run.args
@@ -535,19 +560,18 @@ def execute(run: Run, resumed_at: int | None) -> int:
         evals = final_eval(run) if reason == "completed" else {}
     except NonFiniteLoss as e:
         print0(nonfinite_advice(run, e))
-        write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {},
-                      time.time() - wall0)
+        write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
         return EXIT_NONFINITE
     except DataError as e:  # a file the loader's reader thread could not read: named in the message
         steps = ckpt.list_steps(run.run_dir)
         print(f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: "
               f"{f'step {steps[-1]}' if steps else 'none'} in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or "
               "re-run scripts.prepare_data), then continue with --resume", file=sys.stderr)
-        write_summary(run, "data_error", {}, time.time() - wall0)
+        write_summary(run, "data_error", {})
         return 2
     finally:
         run.metrics.close()
-    summary = write_summary(run, reason, evals, time.time() - wall0)
+    summary = write_summary(run, reason, evals)
     if reason == "interrupted":
         print0(f"interrupted at step {run.loop['step']}: checkpoint saved; continue with --resume")
     print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))

@@ -128,7 +128,8 @@ def import_reference(args) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tok.save(tmp / "tokenizer")
-    extra = {"reason": "imported", "tokenizer_dir": str((run_dir / "tokenizer").resolve()), "imported_from": imported}
+    # relative: the run's own tokenizer, found again after the run directory is moved or copied (load_meta)
+    extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "imported_from": imported}
     if args.dataset:
         extra["dataset"] = args.dataset
     save_checkpoint(tmp, step, model, extra)

@@ -2,6 +2,7 @@
 scripts/export_reference.py), against synthetic checkpoints written from the spec's name tables."""
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -335,3 +336,28 @@ def test_export_of_an_imported_run_and_a_shared_base_dir(tmp_path, capsys):
     # a second run into the same base dir shares the (identical) tokenizer
     assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out), "--model-tag", "other"]) == 0
     assert sorted(p.name for p in (out / "tokenizer").iterdir()) == ["token_bytes.pt", "tokenizer.pkl"]
+
+
+def test_an_imported_run_still_works_after_it_is_moved_and_cannot_be_resumed(tmp_path, capsys):
+    """Its meta held the absolute path of its own tokenizer: a moved (or copied) run pointed at the old place.
+    base_train --resume on it blamed the filesystem for the missing optimizer state."""
+    from scripts import base_train, sample
+
+    src, source, tok = make_their_files(tmp_path, next(iter(DESIGNS)))
+    run = tmp_path / "run"
+    assert run_import(src, run) == 0
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    run.rename(moved)
+    model, meta = load_model(moved)
+    assert Path(meta["tokenizer_dir"]) == moved / "tokenizer"
+    assert get_tokenizer(meta["tokenizer_dir"]).encode(TEXT) == tok.encode(TEXT)
+    sample.main(["--run", str(moved), "--prompt", "the bank", "--max-tokens", "2", "--device-type", "cpu"])
+    assert "--- sample 0" in capsys.readouterr().out
+    cfg = model.config
+    rc = base_train.main(["--synthetic-data", "--vocab-size", str(cfg.vocab_size), "--depth", str(cfg.n_layer),
+                          "--model-dim", str(cfg.n_embd), "--num-heads", str(cfg.n_head), "--max-seq-len", "32",
+                          "--num-iterations", str(STEP + 1), "--run-dir", str(moved), "--resume", str(STEP)])
+    assert rc == 2
+    assert f"checkpoint step {STEP} of {moved} was imported (weights only: no optimizer or data-loader state)" \
+        in capsys.readouterr().err

@@ -246,8 +246,32 @@ def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path
     assert ckpt.load_meta(run, 4)["config"]["args"]["matrix_lr"] == 0.01  # the new continuation's
     aside = [p for p in (run / ckpt.CKPT_DIR).iterdir() if p.name.startswith(ckpt.SUPERSEDED_PREFIX)]
     assert len(aside) == 1 and aside[0].name.endswith("-after-step_000002")
-    assert sorted(p.name for p in aside[0].iterdir()) == ["step_000004", "step_000006"]
+    # the completed run's summary and report belong to the abandoned continuation too: a run killed after the
+    # rewind must not read as "completed, step 6" (scripts.run would skip it, results would average it)
+    assert sorted(p.name for p in aside[0].iterdir()) == ["report.md", "step_000004", "step_000006", "summary.json"]
+    assert json.loads((aside[0] / "summary.json").read_text())["stop_reason"] == "completed"
+    assert not (run / "summary.json").exists() and not (run / "report.md").exists()
     assert json.loads((aside[0] / "step_000006" / "meta.json").read_text())["config"]["args"]["matrix_lr"] == 0.02
+
+
+def test_wall_time_adds_up_over_resumed_sessions(tmp_path, monkeypatch):
+    """summary.json's wall time covered only the last session while its train time covered all of them."""
+    run = tmp_path / "r"
+    clock = {"t": 1000.0}
+
+    def fake_time():
+        clock["t"] += 1.0  # every call to time.time() advances one second
+        return clock["t"]
+
+    assert train(run, "--num-iterations", "4", "--save-every", "2") == 0
+    one_session = json.loads((run / "summary.json").read_text())["wall_time_s"]
+    monkeypatch.setattr(base_train.time, "time", fake_time)
+    assert train(run, "--num-iterations", "4", "--save-every", "2", "--resume", "2") == 0
+    state = torch.load(ckpt.step_dir(run, 2) / "state.pt", weights_only=False)  # the first session's step 2
+    first_part = state["loop"]["wall_time"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0 < first_part < one_session
+    assert summary["wall_time_s"] > first_part + 1.0  # this session's fake seconds come on top of it
 
 
 def test_resume_refuses_other_data_or_tokenizer_but_not_a_moved_copy(tmp_path, capsys, embedded_data_dir,
