@@ -117,6 +117,9 @@ def _mome_options(cfg: dict) -> dict:
     index = cfg["moe_ve_slot_index_mode"]
     if index not in ("token", "bigram"):
         _refuse("moe_ve_slot_index_mode", index, "expected token or bigram")
+    if index == "bigram" and not (isinstance(cfg["moe_ve_bigram_slot_factor"], int)
+                                  and cfg["moe_ve_bigram_slot_factor"] >= 1):
+        _refuse("moe_ve_bigram_slot_factor", cfg["moe_ve_bigram_slot_factor"], "must be an integer >= 1")
     shared_table = bool(cfg["moe_ve_network_shared_table"])
     if shared_table != (index == "bigram"):
         _refuse("moe_ve_network_shared_table", shared_table, f"with moe_ve_slot_index_mode {index}: ours has "

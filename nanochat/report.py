@@ -155,8 +155,11 @@ def _manifest(args: dict) -> dict:
 
 # ---- formatting --------------------------------------------------------------------------------------------
 def fmt(value, spec: str = "", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and value != value):
+    """None (not measured) is n/a; NaN (a diverged run) stays visible as NaN."""
+    if value is None:
         return NA
+    if isinstance(value, float) and value != value:
+        return "NaN"
     return f"{value:{spec}}{suffix}"
 
 

@@ -12,6 +12,7 @@ mean (with ±std) beside the paper's value; rows without finished runs show the 
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from nanochat import report
@@ -92,7 +93,9 @@ def plot_families(configs_root, runs_root, table, out: Path) -> list[Path]:
     if not blocks:
         raise SystemExit(f"no configs of table {table!r} under {configs_root}")
     fig, axes = plt.subplots(2, len(blocks), figsize=(4.5 * len(blocks), 6), squeeze=False)
-    for col, (block, rows) in enumerate(sorted(blocks.items())):
+    blocks = dict(sorted(blocks.items(), key=lambda kv: min(r["order"] for r in kv[1])))  # the paper's order
+    for col, (block, rows) in enumerate(blocks.items()):
+        rows = sorted(rows, key=lambda r: r["order"])
         names = [r["label"].split(" ", 1)[-1] for r in rows]
         x = range(len(rows))
         for ax, (key, title) in zip(axes[:, col], [("val_bpb", "val bpb"), ("core", "CORE")]):
@@ -125,11 +128,18 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
+    plotted = 0
     for run_dir in run_dirs:
-        rows = [r for r in read_metrics(run_dir) if metric in r and "step" in r]
-        if not rows:
-            raise SystemExit(f"{run_dir}/metrics.jsonl has no {metric!r} values")
+        has_metrics = (Path(run_dir) / "metrics.jsonl").is_file()
+        rows = [r for r in read_metrics(run_dir) if metric in r and "step" in r] if has_metrics else []
+        if not rows:  # one run without the metric (killed early, never evaluated) does not stop the others
+            print(f"{Path(run_dir).name}: no {metric!r} values, left out of the plot", file=sys.stderr)
+            continue
         ax.plot([r["step"] for r in rows], [r[metric] for r in rows], label=str(run_dir))
+        plotted += 1
+    if not plotted:
+        plt.close(fig)
+        raise SystemExit(f"no run has {metric!r} values in its metrics.jsonl")
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)

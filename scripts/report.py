@@ -7,8 +7,8 @@
     python -m scripts.report runs/speedrun_cpu/base runs/speedrun_cpu/mome --output runs/speedrun_cpu/report.md \\
         --readme README.md                                           # also put the table in the README
 
-The table (printed too) has one row per run: params, steps, tokens, train minutes, tok/s, val bpb, CORE; then
-throughput and MFU, and where each run came from (commit, dirty flag, hardware, world size, versions).
+The table (printed too) has one row per run: params, steps, tokens, train minutes, val bpb, CORE; then
+throughput (tok/s) and MFU, and where each run came from (commit, dirty flag, hardware, world size, versions).
 ``--readme FILE`` replaces the table between the ``<!-- cpu-demo-table -->`` and ``<!-- /cpu-demo-table -->``
 lines of FILE, so the README shows exactly what the last CPU demo printed.
 """
@@ -32,8 +32,11 @@ def default_output(run_dirs: list[Path]) -> Path:
 
 
 def curve_series(run_dir: Path) -> dict:
-    """{"loss": [(tokens, train loss)], "val_bpb": [(tokens, val bpb)]} from metrics.jsonl."""
+    """{"loss": [(tokens, train loss)], "val_bpb": [(tokens, val bpb)]} from metrics.jsonl (empty without one:
+    a run killed before its first log)."""
     out = {"loss": [], "val_bpb": []}
+    if not (Path(run_dir) / "metrics.jsonl").is_file():
+        return out
     for r in read_metrics(run_dir):
         if r.get("kind") == "train" and "loss" in r:
             out["loss"].append((r.get("tokens", r["step"]), r["loss"]))
@@ -69,6 +72,9 @@ def comparison_report(facts: list[dict], title: str, curves: Path | None, comman
     lines = [f"# {title}", "", *comparison_table(facts), ""]
     if curves is not None:
         lines += [f"![train loss and val bpb against tokens]({curves.name})", ""]
+        lines += [f"- {f['run_name']}: no metrics.jsonl (stopped before its first log): no curves" for f in facts
+                  if not (Path(f["run_dir"]) / "metrics.jsonl").is_file()]
+        lines += [""] if lines[-1] != "" else []
     lines += ["## Throughput", "", "| run | tok/s | MFU | wall min |", "|---|---|---|---:|"]
     for f in facts:
         wall = f["summary"].get("wall_time_s")

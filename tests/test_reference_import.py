@@ -158,6 +158,8 @@ def _edit_meta(src, **fields):
     ({"dense_ve_enabled": True}, "'dense_ve_enabled', 'moe_ve_enabled'"),
     ({"value_embeds_layers": [3, 1]}, "value_embeds_layers=[3, 1]"),
     ({"fancy_new_field": 1}, "unknown field(s) ['fancy_new_field']"),
+    ({"moe_ve_slot_index_mode": "bigram", "moe_ve_network_shared_table": True, "moe_ve_bigram_slot_factor": 0},
+     "moe_ve_bigram_slot_factor=0: must be an integer >= 1"),  # their field, not our --mome-bigram-factor
 ])
 def test_unsupported_design_fields_are_refused_by_name(tmp_path, capsys, fields, needle):
     src, _, _ = make_their_files(tmp_path, "mome_token")

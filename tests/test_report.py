@@ -182,3 +182,23 @@ def test_check_completed_stops_the_cpu_demo_on_an_interrupted_model(tmp_path, ca
     for run in ("base", "mome"):
         assert demo.index(f'--run-dir "$root/{run}"') < demo.index(f'finished "$root/{run}"') \
             < demo.index("scripts.report \"$root/base\" \"$root/mome\"")
+
+
+def test_comparison_and_curves_with_a_run_killed_before_its_first_log_and_a_diverged_one(tmp_path, capsys):
+    """One run without metrics.jsonl stopped the whole comparison; a NaN val bpb read "n/a" like "not evaluated",
+    hiding the divergence; `plot curves` stopped when one run lacked the metric."""
+    from scripts import plot
+
+    a = fake_run(tmp_path / "runs", "a", "base")
+    b = fake_run(tmp_path / "runs", "b", "mome", {"val_bpb": float("nan"), "stop_reason": "nonfinite_loss"})
+    (b / "metrics.jsonl").unlink()
+    assert report_cli.main([str(a), str(b), "--output", str(tmp_path / "c.md")]) == 0
+    md = (tmp_path / "c.md").read_text()
+    assert "| b | mome |" in md and "| NaN |" in md
+    assert "b: no metrics.jsonl (stopped before its first log): no curves" in md
+    assert (tmp_path / "c_curves.png").is_file()
+    out = tmp_path / "curves"
+    paths = plot.plot_curves([a, b], "val_bpb", out)
+    assert paths and "b: no 'val_bpb' values, left out of the plot" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no run has 'grad_norm' values"):
+        plot.plot_curves([a, b], "grad_norm", out)
