@@ -25,6 +25,14 @@ from nanochat.memory.mome import MoMEOptions
 
 COMPILE_PREFIX = "_orig_mod."
 ROTARY_KEYS = ("cos", "sin")  # their rotary tables; recomputed by our model, never stored
+# their MoME layers' balance bookkeeping (load and MaxVio metrics; the selection bias, read by training forwards
+# only): no effect on what an imported model computes; the spec calls router_bias non-persistent and does not say
+# for the metric buffers, so a checkpoint may carry them
+BOOKKEEPING_BUFFERS = ("router_bias", "maxvio_counts", "last_load", "last_maxvio")
+
+
+def _dropped(key: str) -> bool:
+    return key in ROTARY_KEYS or (key.startswith("embed_value_moe.") and key.rsplit(".", 1)[-1] in BOOKKEEPING_BUFFERS)
 MODEL_TYPES = ("gpt", "bigram_engram_gpt")
 META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
 
@@ -260,9 +268,9 @@ def state_from_reference(state: dict, config: GPTConfig) -> tuple[dict, dict]:
         if key in stripped:
             raise ReferenceFormatError(f"state dict key {key!r} appears with and without the {COMPILE_PREFIX} prefix")
         stripped[key] = v
-    dropped = sorted(k for k in stripped if k in ROTARY_KEYS)
+    dropped = sorted(k for k in stripped if _dropped(k))
     theirs_to_ours = {t: o for o, t in name_map(config).items()}
-    unknown = sorted(k for k in stripped if k not in theirs_to_ours and k not in ROTARY_KEYS)
+    unknown = sorted(k for k in stripped if k not in theirs_to_ours and not _dropped(k))
     if unknown:
         raise ReferenceFormatError(f"unknown state dict key(s) for this model_config: {unknown[:5]}"
                                    f"{' ...' if len(unknown) > 5 else ''}")

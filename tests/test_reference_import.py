@@ -71,6 +71,17 @@ def test_import_drops_rotary_buffers_and_reads_unprefixed_fp32(tmp_path):
     model, meta = load_model(tmp_path / "run")
     assert meta["imported_from"]["dropped_keys"] == ["cos", "sin"] and meta["imported_from"]["upcast_tensors"] == {}
     assert torch.equal(logits(model.eval()), logits(source))
+    # their MoME layers' balance bookkeeping buffers, if a checkpoint carries them: metrics only, dropped by name
+    extra = {f"embed_value_moe.layers.0.{name}": torch.zeros(3) for name in ("last_load", "maxvio_counts",
+                                                                             "last_maxvio", "router_bias")}
+    torch.save({**state, **extra}, ckpt / f"model_{STEP:06d}.pt")
+    assert run_import(src, tmp_path / "run2") == 0
+    model, meta = load_model(tmp_path / "run2")
+    assert meta["imported_from"]["dropped_keys"] == ["cos", *sorted(extra), "sin"]
+    assert torch.equal(logits(model.eval()), logits(source))
+    state["embed_value_moe.layers.0.other_buffer"] = torch.zeros(3)  # anything else is still refused
+    torch.save(state, ckpt / f"model_{STEP:06d}.pt")
+    assert run_import(src, tmp_path / "run3") == 2
 
 
 @pytest.mark.parametrize("design", ["base", "ve", "bigram", "mome_token", "mome_bigram", "mome_value", "mome_full"])
