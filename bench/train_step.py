@@ -136,17 +136,19 @@ def measure_one(args) -> dict:
 
 def merge_rounds(results: list[dict]) -> dict:
     """One design's per-round results -> step time = the median of the rounds' medians (tok/s and MFU follow from
-    it; min/max and peak memory over all rounds), each round's step time kept; an error if any round failed."""
-    failed = [r for r in results if "error" in r]
-    if failed:
-        return failed[0]
+    it; min/max and peak memory over all rounds), each round's step time kept; failed rounds are listed under
+    ``failed_rounds`` (the row is an error only when every round failed)."""
+    failed = [r["error"] for r in results if "error" in r]
+    results = [r for r in results if "error" not in r]
+    if not results:
+        return {"error": failed[0]}
     step_ms = statistics.median(r["step_ms"] for r in results)
     first = results[0]
     return {**first, "step_ms": step_ms, "tok_per_sec": first["tokens_per_step"] / step_ms * 1e3,
             "mfu": first["mfu"] * first["step_ms"] / step_ms if first["mfu"] is not None else None,
             "step_ms_min": min(r["step_ms_min"] for r in results), "step_ms_max": max(r["step_ms_max"] for r in results),
             "peak_mem_gb": max((r["peak_mem_gb"] for r in results if r["peak_mem_gb"] is not None), default=None),
-            "round_step_ms": [r["step_ms"] for r in results]}
+            "round_step_ms": [r["step_ms"] for r in results], **({"failed_rounds": failed} if failed else {})}
 
 
 def design_of(row_key: str) -> str:
@@ -236,6 +238,16 @@ def main(argv=None):
             runs.append((key, "auto", key))
         else:
             runs += [(key, mix, key if len(mixes) == 1 else f"{key}@{mix}") for mix in mixes]
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"train_step_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(rounds: dict, complete: bool) -> dict:
+        """Written after every process too: a run killed at a time limit keeps the rows measured so far."""
+        rows = {key: merge_rounds(results) for key, results in rounds.items()}
+        out.write_text(json.dumps({"command": " ".join(["bench/train_step.py", *forwarded]), "args": vars(args),
+                                   "complete": complete, "rows": rows}, indent=1))
+        return rows
+
     rounds: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for key, mix, row_key in (runs if r % 2 == 0 else runs[::-1]):
@@ -245,21 +257,18 @@ def main(argv=None):
             if res.returncode != 0:
                 rounds.setdefault(row_key, []).append({"error": res.stderr.strip()})
                 print(f"{row_key}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
-                continue
-            one = json.loads(res.stdout.strip().splitlines()[-1])
-            rounds.setdefault(row_key, []).append(one)
-            print(f"{row_key} (round {r + 1}): {one['step_ms']:.1f} ms/step, {one['tok_per_sec']:,.0f} tok/s",
-                  flush=True)
-    rows = {key: merge_rounds(results) for key, results in rounds.items()}
+            else:
+                one = json.loads(res.stdout.strip().splitlines()[-1])
+                rounds.setdefault(row_key, []).append(one)
+                print(f"{row_key} (round {r + 1}): {one['step_ms']:.1f} ms/step, {one['tok_per_sec']:,.0f} tok/s",
+                      flush=True)
+            save(rounds, complete=False)
+    rows = save(rounds, complete=True)
     head = next((r for r in rows.values() if "error" not in r), {})
     print(f"\n### d{args.depth} training step, {args.device_batch_size} x {args.seq_len} tokens x {args.grad_accum} "
           f"micro-steps, {args.device} ({head.get('device_name', '?')}, torch {head.get('torch', '?')}), "
           f"{'compiled' if args.compile else 'eager'}, MoME mix: {args.mix}, selection: {args.topk}\n")
     print(table(rows))
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"train_step_{args.device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["bench/train_step.py", *forwarded]), "args": vars(args),
-                               "rows": rows}, indent=1))
     print(f"\nwrote {out}")
 
 

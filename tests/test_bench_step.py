@@ -126,9 +126,35 @@ def test_train_step_bench_rounds_take_the_median_of_round_medians():
     assert row["step_ms"] == 100.0 and row["tok_per_sec"] == pytest.approx(10_000.0) and row["mfu"] == pytest.approx(40.0)
     assert (row["step_ms_min"], row["step_ms_max"], row["peak_mem_gb"]) == (89.0, 111.0, 3.0)
     assert row["round_step_ms"] == [100.0, 110.0, 90.0]
-    assert bench.merge_rounds(rounds[:1] + [{"error": "OOM"}]) == {"error": "OOM"}
+    # a failed round is recorded beside the good ones, not instead of them
+    partial = bench.merge_rounds(rounds[:1] + [{"error": "OOM"}])
+    assert partial["step_ms"] == 100.0 and partial["failed_rounds"] == ["OOM"]
+    assert bench.merge_rounds([{"error": "OOM"}, {"error": "OOM again"}]) == {"error": "OOM"}
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
+
+
+def test_train_step_bench_writes_what_it_has_after_every_process(tmp_path, monkeypatch):
+    """A device call killed at its time limit lost every row: the JSON was only written after the last process."""
+    import subprocess
+
+    bench = load_bench("train_step")
+    out = tmp_path / "ts.json"
+    one = {"step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tokens_per_step": 64, "tok_per_sec": 6400.0,
+           "mfu": None, "peak_mem_gb": None, "label": "VE", "params_memory": 0}
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the time limit's kill
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(one) + "\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--device", "cpu", "--designs", "ve,mome", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is False and list(saved["rows"]) == ["ve"] and saved["rows"]["ve"]["step_ms"] == 10.0
 
 
 def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):

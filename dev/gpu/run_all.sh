@@ -9,8 +9,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 while [ $# -gt 0 ]; do
   case "$1" in
     tests) python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15; shift ;;
-    bench) python3 bench/train_step.py --designs "$2" --mix "$3" --topk "$4" --out "$OUT/train_step_${3//,/_}_$4.json" $BENCH_ARGS \
-             --profile-dir "$OUT/prof" 2>&1 | tee "$OUT/bench_${3//,/_}_$4.log" | grep -v "^ " | tail -14; shift 4 ;;
+    bench) name="${2//,/_}_${3//,/_}_$4"  # designs in the name: two bench calls with one mix write two files
+           python3 bench/train_step.py --designs "$2" --mix "$3" --topk "$4" --out "$OUT/train_step_$name.json" $BENCH_ARGS \
+             --profile-dir "$OUT/prof" 2>&1 | tee "$OUT/bench_$name.log" | grep -v "^ " | tail -14; shift 4 ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done
