@@ -176,6 +176,15 @@ def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
         for b, t, h, k in torch.cartesian_prod(*(torch.arange(n) for n in sel.shape)).tolist():
             naive[h, sel[b, t, h, k]] += 1
         assert torch.equal(mem.load_counts[pos], naive), layer
+    # the logged statistics from those counts: per layer, the load of each slot summed over heads
+    s = mem.stats()
+    for layer, pos in mem.layer_pos.items():
+        load = mem.capture[layer]["slots"].flatten().bincount(minlength=mem.M).double()  # (M,)
+        mean = load.sum() / mem.M
+        frac = load / load.sum()
+        entropy = -(frac * frac.clamp_min(1e-30).log()).sum() / torch.log(torch.tensor(6.0, dtype=torch.float64))
+        assert s[f"memory/maxvio/layer{layer}"] == pytest.approx(float((load.max() - mean) / mean), rel=1e-6)
+        assert s[f"memory/load_entropy/layer{layer}"] == pytest.approx(float(entropy), rel=1e-6)
 
 
 # -- bad input --------------------------------------------------------------------------------------------

@@ -158,3 +158,53 @@ def test_gate_overrides(tmp_path, gate):
     assert cap["probs"].shape == (2, 5, HEADS, 6) and cap["gamma"].shape == (2, 5, HEADS)
     if gate == "softmax":  # not renormalised: the top-2 of 6 softmax weights sum to less than 1
         assert (cap["weights"].sum(-1) < 1).all()
+
+
+def test_fixed_random_routing_equals_its_definition(tmp_path):
+    """Appendix control: head i of token x reads the K consecutive slots (mod M) from a fixed pseudo-random
+    offset, each with weight 1/K (no router). Loop written from that definition."""
+    cfg = _config(tmp_path, 6, 2, "token", routing="fixed-random")
+    block = _block(cfg)
+    tokens, xn, v = _inputs(cfg)
+    fast = block.value(1, xn, v, block.prepare(tokens, None))
+    table, gate_w, (B, T, H, d) = block.tables[0].weight, block.gates[0].proj.weight, v.shape
+    offsets = block.fixed_offset
+    assert len({tuple(offsets[x].tolist()) for x in range(VOCAB)}) > 20  # of 36 (offset per head) pairs: they vary
+    out = torch.empty_like(v)
+    for b in range(B):
+        for t in range(T):
+            x = int(tokens[b, t])
+            gamma = 2 * torch.sigmoid(gate_w @ xn[b, t, :32])
+            for i in range(H):
+                slots = [(int(offsets[x, i]) + j) % 6 for j in range(2)]
+                out[b, t, i] = v[b, t, i] + gamma[i] * sum(table[x * 6 + a] for a in slots) / 2
+    torch.testing.assert_close(fast, out, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("index", ["token", "bigram"])
+def test_balance_bias_moves_the_selection_but_not_the_weights(tmp_path, index):
+    """Loss-free balancing: TopK over p + b (b: router_bias of the (row, head)), weights from p alone."""
+    cfg = _config(tmp_path, 6, 2, index, balance="bias")
+    block = _block(cfg)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():  # large enough to overturn the router's choice for many (token, head) pairs
+        block.router_bias.copy_(torch.rand(block.router_bias.shape, generator=g, dtype=torch.float64) * 0.6)
+    block.capture = {}
+    tokens, xn, v = _inputs(cfg, T=8)
+    fast = block.value(1, xn, v, block.prepare(tokens, None))
+    router, table = block.routers[0], block._table(0)
+    gate_w, (B, T, H, d) = block.gates[0].proj.weight, v.shape
+    out, moved = torch.empty_like(v), 0
+    for b in range(B):
+        for t in range(T):
+            n = _row_of(cfg, block, tokens, b, t)
+            gamma = 2 * torch.sigmoid(gate_w @ xn[b, t, :32])
+            for i in range(H):
+                p = torch.sigmoid(router.weight.view(H, 6, -1)[i] @ xn[b, t] + router.bias.view(H, 6)[i])
+                scores = p + block.router_bias[0, n, i]
+                active = sorted(range(6), key=lambda a: -float(scores[a].detach()))[:2]
+                moved += set(active) != set(sorted(range(6), key=lambda a: -float(p[a].detach()))[:2])
+                denom = sum(p[a] for a in active) + 1e-10
+                out[b, t, i] = v[b, t, i] + gamma[i] * sum(p[a] / denom * table[n * 6 + a] for a in active)
+    assert moved >= B * T * H // 4  # the bias really changes which slots are read
+    torch.testing.assert_close(fast, out, rtol=1e-10, atol=1e-10)

@@ -22,12 +22,15 @@ def _block(cfg, seed=0):
 def _run(block, mix, capture, tokens, xn, v):
     """value() of the first memory layer and the gradients of a random projection of it; mix: mome.MIX."""
     block.capture = {} if capture else None
-    old = mome_module.MIX
+    old, old_sparse = mome_module.MIX, block.sparse_shared_grad
     mome_module.MIX = mix
+    # a sparse table gradient (the shared table on CPU) always takes embedding_bag: "plain" must be dense to run
+    # the plain mix at all
+    block.sparse_shared_grad = old_sparse and mix != "plain"
     try:
         out = block.value(block.layers[0], xn, v, block.prepare(tokens, None))
     finally:
-        mome_module.MIX = old
+        mome_module.MIX, block.sparse_shared_grad = old, old_sparse
     proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     params = [p for p in block.parameters() if p.requires_grad]
     grads = torch.autograd.grad((out * proj).sum(), [xn, v, *params], allow_unused=True)
