@@ -157,6 +157,7 @@ def test_train_step_bench_writes_what_it_has_after_every_process(tmp_path, monke
     assert saved["complete"] is False and list(saved["rows"]) == ["ve"] and saved["rows"]["ve"]["step_ms"] == 10.0
 
 
+@pytest.mark.slow  # 22 s: one process per design; the designs' training is tested in their own files
 def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):
     """Every appendix design builds and steps through the trainer's train_step in the bench (Engram's d24-sized
     prime tables are too large for a smoke test: its training is tested in tests/test_engram.py)."""
