@@ -350,10 +350,11 @@ def render(table, name, label, seeds, nproc, train, paper, notes, reconstructed=
 
 
 def main():
+    seen: dict[str, int] = {}  # rows written per table so far: each row's place (results list the paper's order)
     for row in ROWS:
         path = ROOT / row[0] / f"{row[1]}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        order = [r[0] for r in ROWS[:ROWS.index(row)]].count(row[0])  # results list rows in the paper's order
+        order = seen[row[0]] = seen.get(row[0], -1) + 1
         path.write_text(render(*row, order=order))
     print(f"wrote {len(ROWS)} configs under {ROOT}")
 

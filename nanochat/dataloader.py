@@ -100,13 +100,11 @@ class _RowGroupIndex:
     """All non-empty row groups (file index, row group index, rows) of a list of parquet files."""
 
     def __init__(self, files):
-        import pyarrow.parquet as pq
-
         self.files = list(files)
         self.units = []
         for fi, path in enumerate(self.files):
             validate_parquet(path)
-            with pq.ParquetFile(path) as pf:
+            with open_parquet(path) as pf:
                 meta = pf.metadata
             self.units += [(fi, rg, meta.row_group(rg).num_rows) for rg in range(meta.num_row_groups)
                            if meta.row_group(rg).num_rows > 0]

@@ -29,12 +29,13 @@ ROTARY_KEYS = ("cos", "sin")  # their rotary tables; recomputed by our model, ne
 # only): no effect on what an imported model computes; the spec calls router_bias non-persistent and does not say
 # for the metric buffers, so a checkpoint may carry them
 BOOKKEEPING_BUFFERS = ("router_bias", "maxvio_counts", "last_load", "last_maxvio")
+MODEL_TYPES = ("gpt", "bigram_engram_gpt")
+META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
 
 
 def _dropped(key: str) -> bool:
+    """Their keys that carry nothing our model computes with: rotary tables and MoME balance bookkeeping."""
     return key in ROTARY_KEYS or (key.startswith("embed_value_moe.") and key.rsplit(".", 1)[-1] in BOOKKEEPING_BUFFERS)
-MODEL_TYPES = ("gpt", "bigram_engram_gpt")
-META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
 
 # Their GPTConfig fields with their defaults (reference spec: model §1.1). A field missing from a meta file takes
 # this default, as their own loader would; a field not listed here is refused, except stem_* (read only by their

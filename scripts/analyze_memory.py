@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from nanochat.cli_types import device_name, positive_int
 from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run, memory_block,
                                meta_dir, write_json)
+from nanochat.cli_types import device_name, positive_int
 
 
 def parse_args(argv=None):
@@ -40,10 +40,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
-    if args.batch_size < 1:
-        ap.error("--batch-size must be >= 1")
-    return args
+    return ap.parse_args(argv)
 
 
 def memory_use(model, domains, batch_size: int, bos_id: int, progress: bool = True) -> dict:

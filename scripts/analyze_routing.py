@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from nanochat.cli_types import device_name, positive_int
 from nanochat.analysis import (Domain, RoutingAccumulator, build_domains, iter_captured, load_run, memory_block,
                                meta_dir, pad_rows, run_captured, single_token_at, write_json)
+from nanochat.cli_types import device_name, positive_int
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),

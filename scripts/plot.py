@@ -85,17 +85,15 @@ def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[
 
 def plot_families(configs_root, runs_root, table, out: Path) -> list[Path]:
     plt = _plt()
-    blocks: dict[str, list[dict]] = {}
-    for path in find_configs(configs_root):
-        cfg = load_row_config(path)
-        if cfg["row"]["table"] == table:
-            blocks.setdefault(cfg["row"]["name"].split("_")[0], []).append(collect_row(cfg, Path(runs_root)))
+    configs = [load_row_config(path) for path in find_configs(configs_root)]
+    rows = [collect_row(cfg, Path(runs_root)) for cfg in configs if cfg["row"]["table"] == table]
+    blocks: dict[str, list[dict]] = {}  # per backbone block, blocks and rows in the paper's order
+    for r in sorted(rows, key=lambda r: r["order"]):
+        blocks.setdefault(r["row"].split("_")[0], []).append(r)
     if not blocks:
         raise SystemExit(f"no configs of table {table!r} under {configs_root}")
     fig, axes = plt.subplots(2, len(blocks), figsize=(4.5 * len(blocks), 6), squeeze=False)
-    blocks = dict(sorted(blocks.items(), key=lambda kv: min(r["order"] for r in kv[1])))  # the paper's order
     for col, (block, rows) in enumerate(blocks.items()):
-        rows = sorted(rows, key=lambda r: r["order"])
         names = [r["label"].split(" ", 1)[-1] for r in rows]
         x = range(len(rows))
         for ax, (key, title) in zip(axes[:, col], [("val_bpb", "val bpb"), ("core", "CORE")]):

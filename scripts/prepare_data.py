@@ -110,13 +110,33 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
     return manifest
 
 
+class ShardWriter:
+    """Buffers documents of one split and writes ``<prefix>_NNNNN.parquet`` shards of ``docs_per_shard`` each."""
+
+    def __init__(self, data_dir: Path, prefix: str, docs_per_shard: int, row_group_size: int):
+        self.data_dir, self.prefix, self.size, self.row_group_size = data_dir, prefix, docs_per_shard, row_group_size
+        self.buffer, self.names, self.count = [], [], 0
+
+    def add(self, doc: str) -> None:
+        self.buffer.append(doc)
+        self.count += 1
+        if len(self.buffer) == self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            name = f"{self.prefix}_{len(self.names):05d}.parquet"
+            write_text_shard(self.data_dir / name, self.buffer, row_group_size=self.row_group_size)
+            self.names.append(name)
+            self.buffer = []
+
+
 def _write_shards(data_dir: Path, prefix: str, docs: list[str], docs_per_shard: int, row_group_size: int):
-    names = []
-    for i, start in enumerate(range(0, len(docs), docs_per_shard)):
-        name = f"{prefix}_{i:05d}.parquet"
-        write_text_shard(data_dir / name, docs[start:start + docs_per_shard], row_group_size=row_group_size)
-        names.append(name)
-    return names
+    writer = ShardWriter(data_dir, prefix, docs_per_shard, row_group_size)
+    for doc in docs:
+        writer.add(doc)
+    writer.flush()
+    return writer.names
 
 
 def embedded_sources() -> list[Path]:
@@ -158,27 +178,6 @@ def is_val_doc(index: int, val_fraction: float) -> bool:
 
 def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
-
-
-class ShardWriter:
-    """Buffers documents of one split and writes ``<prefix>_NNNNN.parquet`` shards of ``docs_per_shard`` each."""
-
-    def __init__(self, data_dir: Path, prefix: str, docs_per_shard: int, row_group_size: int):
-        self.data_dir, self.prefix, self.size, self.row_group_size = data_dir, prefix, docs_per_shard, row_group_size
-        self.buffer, self.names, self.count = [], [], 0
-
-    def add(self, doc: str) -> None:
-        self.buffer.append(doc)
-        self.count += 1
-        if len(self.buffer) == self.size:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.buffer:
-            name = f"{self.prefix}_{len(self.names):05d}.parquet"
-            write_text_shard(self.data_dir / name, self.buffer, row_group_size=self.row_group_size)
-            self.names.append(name)
-            self.buffer = []
 
 
 def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_column: str = "text",

@@ -62,8 +62,8 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
     for flag in BATCH_FLAGS:
         parser.add_argument(flag, type=int)
     known, rest = parser.parse_known_args(extra)
-    return {flag[2:]: getattr(known, flag[2:].replace("-", "_")) for flag in BATCH_FLAGS
-            if getattr(known, flag[2:].replace("-", "_")) is not None}, rest
+    values = {flag[2:]: getattr(known, flag[2:].replace("-", "_")) for flag in BATCH_FLAGS}
+    return {key: value for key, value in values.items() if value is not None}, rest
 
 
 def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, runs_root: Path,

@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanochat.cli_types import device_name, positive_int
 from nanochat.analysis import heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at, top_ranks, write_json
+from nanochat.cli_types import device_name, positive_int
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
 MIN_PAIRS = 10  # thresholded cells with fewer pairs in either class are flagged (grey), as in the paper
