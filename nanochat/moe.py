@@ -111,6 +111,8 @@ def _grouped_experts(experts, xs: torch.Tensor, counts: torch.Tensor, dtype: tor
 class MoEFFN(nn.Module):
     """The MoE FFN of one layer: (B, T, C) normed input -> (B, T, C) increment; see the module docstring."""
 
+    STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         check_mlp_config(config)

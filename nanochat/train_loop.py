@@ -79,10 +79,49 @@ def after_optimizer_step(model) -> None:
             hook()
 
 
+def stats_buffers(model) -> dict[str, torch.Tensor]:
+    """The counters behind ``module_stats`` accumulated since the last log step (slot/expert loads, gate sums),
+    by qualified buffer name: each module names its own in ``STATS_BUFFERS``. They are per process until
+    ``module_stats`` sums them over the ranks."""
+    out = {}
+    for prefix, module in getattr(model, "_orig_mod", model).named_modules():
+        for name in getattr(module, "STATS_BUFFERS", ()):
+            out[f"{prefix}.{name}" if prefix else name] = getattr(module, name)
+    return out
+
+
+@torch.no_grad()
+def summed_stats_buffers(model) -> dict[str, torch.Tensor]:
+    """Collective: copies of ``stats_buffers`` summed over the ranks, on the CPU (for a checkpoint)."""
+    out = {}
+    for name, buf in stats_buffers(model).items():
+        total = buf.detach().clone()
+        if _dist_on():
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        out[name] = total.cpu()
+    return out
+
+
+@torch.no_grad()
+def restore_stats_buffers(model, saved: dict[str, torch.Tensor], rank: int) -> None:
+    """Put a checkpoint's summed counters back: on rank 0, zero elsewhere, so the next sum over the ranks (at the
+    next log step) equals the uninterrupted run's for any world size. Checkpoints from before they were saved
+    have none: the counters then start from zero (only the first stats record after the resume differs)."""
+    for name, buf in stats_buffers(model).items():
+        if rank == 0 and name in saved:
+            buf.copy_(saved[name])
+        else:
+            buf.zero_()
+
+
 @torch.no_grad()
 def module_stats(model) -> dict[str, float]:
     """The ``stats()`` of every module that has one (the memory block's "memory/...", each MoE FFN's "moe/..."),
-    merged for a metrics record; called at log steps only (they may sync with the device)."""
+    merged for a metrics record; called at log steps only (they may sync with the device). Collective: the
+    counters are first summed over the ranks, so the record describes the whole global batch, not rank 0's."""
+    if _dist_on():
+        for buf in stats_buffers(model).values():
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
     out = {}
     for module in getattr(model, "_orig_mod", model).modules():
         stats = getattr(module, "stats", None)

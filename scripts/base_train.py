@@ -44,7 +44,8 @@ from nanochat.report import record_environment, write_run_report
 from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import parse_args
-from nanochat.train_loop import StopSignal, any_rank, gather_objects, module_stats, train_step
+from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
+                                 summed_stats_buffers, train_step)
 from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -293,6 +294,7 @@ def restore(run: Run, step: int) -> None:
         ckpt.set_rng_state(state["rng"][run.rank])
     else:
         repartition_data(run, state, step)
+    restore_stats_buffers(run.model, state.get("stats", {}), run.rank)
     run.loop = dict(state["loop"])
     run.last_saved = step
     print0(f"resumed from {ckpt.step_dir(run.run_dir, step)} (step {step}/{run.plan['num_iterations']})")
@@ -317,6 +319,7 @@ def save(run: Run, reason: str) -> None:
     loaders = gather_objects(run.data.loader.state_dict())
     rngs = gather_objects(ckpt.rng_state())
     optimizer_state = run.optimizer.state_dict()  # collective: the sharded state is gathered on every rank
+    stats = summed_stats_buffers(run.model)  # collective: routing-stats counters since the last log step
     bad = ckpt.nonfinite_tensors(run.model.state_dict())
     if run.rank == 0:
         bad += [f"optimizer state {name}" for name in ckpt.nonfinite_tensors(optimizer_state)]
@@ -326,7 +329,7 @@ def save(run: Run, reason: str) -> None:
                               bad)
     if run.rank == 0:
         state = {"optimizer": optimizer_state, "loop": {**run.loop, "wall_time": run.wall_time()}, "dataloader": loaders,
-                 "rng": rngs, "world_size": run.world}
+                 "rng": rngs, "world_size": run.world, "stats": stats}
         meta = {"reason": reason, "params_finite": True, "config": resolved_config(run), "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
                 "tokenizer_sha256": run.data.tokenizer_sha256, "data_sha256": run.data.data_sha256}

@@ -64,6 +64,30 @@ def test_resume_is_bit_exact(tmp_path):
     assert cfg["plan"]["num_iterations"] == 6 and cfg["model_config"]["memory"] == "mome"
 
 
+def stat_records(run_dir) -> dict[int, dict]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith(("memory/", "moe/"))}
+            for r in recs if r["kind"] == "train"}
+
+
+def test_resume_between_log_steps_keeps_the_routing_stats(tmp_path):
+    # the load counts and gate sums behind memory/* and moe/* cover the steps since the last log step: a checkpoint
+    # at step 3 with logs at 4 and 8 must carry step 3's counts, or the resumed step-4 record covers 1 step, not 4
+    run = tmp_path / "r"
+    flags = ["--num-iterations", "8", "--save-every", "3", "--log-every", "4", "--memory", "mome", "--mome-slots", "4",
+             "--mome-topk", "1", "--mlp", "moe", "--moe-experts", "4", "--moe-topk", "2"]
+    assert train(run, *flags) == 0
+    full = stat_records(run)
+    assert set(full) == {4, 8} and any(k.startswith("memory/maxvio") for k in full[4])
+    assert any(k.startswith("moe/load") for k in full[4]) and any(k.startswith("memory/gamma_mean") for k in full[4])
+    import shutil
+    for step in ckpt.list_steps(run):
+        if step > 3:
+            shutil.rmtree(ckpt.step_dir(run, step))
+    assert train(run, *flags, "--resume") == 0
+    assert stat_records(run) == full
+
+
 def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
     run = tmp_path / "r"
     assert train(run, "--num-iterations", "2") == 0

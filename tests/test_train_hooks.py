@@ -155,3 +155,30 @@ def test_mlp_out_and_aux_loss_hooks(monkeypatch, family):
                                     device="cpu")
     assert aux_mean == 9.0 and abs(lm - loss.item()) < 1e-4
     assert toy.memory.weight.item() != 3.0  # d aux / d weight = 6 reached the optimizer
+
+
+
+def test_logged_routing_stats_cover_every_rank(tmp_path):
+    """Two gloo ranks, each with its own token rows: the logged memory/* and moe/* records equal what one process
+    computes from the two ranks' counters added up (not rank 0's tokens alone), on both ranks."""
+    from _stats_worker import model_for
+    from conftest import REPO, run_torchrun
+    from nanochat.train_loop import module_stats, stats_buffers
+
+    r = run_torchrun(REPO / "tests" / "_stats_worker.py", 2, [str(tmp_path / "out")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"out.rank{i}.pt") for i in range(2)]
+    for name in ranks[0]:
+        local = [ranks[i][name]["local"] for i in range(2)]
+        model = model_for(name)
+        for key, buf in stats_buffers(model).items():
+            if not key.endswith(".count"):  # forwards per rank: equal by design
+                assert not torch.equal(local[0][key], local[1][key]), (name, key)  # the sum over ranks matters
+            buf.copy_(local[0][key] + local[1][key])
+        want = module_stats(model)
+        assert any(k.endswith(("maxvio/layer0", "maxvio/layer1")) for k in want), (name, want)
+        for i in range(2):
+            assert ranks[i][name]["stats"] == want, (name, i)
+        for key, buf in stats_buffers(model).items():  # rank 0's tokens alone give other numbers
+            buf.copy_(local[0][key])
+        assert module_stats(model) != want, name

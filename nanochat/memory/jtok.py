@@ -141,6 +141,7 @@ class JTokMemory(_ScaledTokenTables):
 
 class JTokMMemory(_ScaledTokenTables):
     Options = JTokMOptions
+    STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
 
     def __init__(self, config):
         super().__init__(config)

@@ -234,6 +234,7 @@ class MoMEMemory(MemoryBlock):
     uses_layers = True
     table_weight_decay = 0.001
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
+    STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
 
     def __init__(self, config):
         super().__init__(config)  # parses and validates the options: every flag error is raised before allocation

@@ -44,6 +44,8 @@ class GammaTracker(nn.Module):
     """Running mean of the gate gamma per memory layer, accumulated in training forwards (no host sync) and
     read and reset by ``stats()`` at log steps."""
 
+    STATS_BUFFERS = ("gamma_sum", "count")  # summed over ranks before stats() and kept in checkpoints
+
     def __init__(self, n_layers: int):
         super().__init__()
         self.register_buffer("gamma_sum", torch.zeros(n_layers), persistent=False)
