@@ -44,48 +44,36 @@ def test_grad_accum_matches_bigger_batch(tmp_path):
         assert torch.allclose(wa[k], wb[k], atol=1e-2, rtol=0), k
 
 
-def test_resume_is_bit_exact(tmp_path):
-    run = tmp_path / "r"
-    assert train(run, "--num-iterations", "6", "--save-every", "3", "--memory", "mome", "--mome-slots", "2") == 0
-    full = losses(run)
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "completed" and summary["step"] == 6 and math.isfinite(summary["val_bpb"])
-    # "kill" after the step-3 checkpoint: drop what came later, then resume
-    import shutil
-    shutil.rmtree(ckpt.step_dir(run, 6))
-    assert ckpt.list_steps(run) == [3]
-    assert train(run, "--num-iterations", "6", "--save-every", "3", "--memory", "mome", "--mome-slots", "2",
-                 "--resume") == 0
-    resumed = losses(run)
-    # identical floats, and metrics.jsonl reads like one uninterrupted run: the same process and thread count
-    # replay the same deterministic CPU kernels from the restored state (weights, optimizer, RNG, loader)
-    assert resumed == full
-    cfg = json.loads((run / "config.json").read_text())
-    assert cfg["plan"]["num_iterations"] == 6 and cfg["model_config"]["memory"] == "mome"
-
-
 def stat_records(run_dir) -> dict[int, dict]:
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: {k: v for k, v in r.items() if k.startswith(("memory/", "moe/"))}
             for r in recs if r["kind"] == "train"}
 
 
-def test_resume_between_log_steps_keeps_the_routing_stats(tmp_path):
-    # the load counts and gate sums behind memory/* and moe/* cover the steps since the last log step: a checkpoint
-    # at step 3 with logs at 4 and 8 must carry step 3's counts, or the resumed step-4 record covers 1 step, not 4
+def test_resume_is_bit_exact(tmp_path):
     run = tmp_path / "r"
-    flags = ["--num-iterations", "8", "--save-every", "3", "--log-every", "4", "--memory", "mome", "--mome-slots", "4",
+    # MoME top-1 of 4 slots and an MoE FFN: routing stats (memory/*, moe/*) in every record. The counters behind a
+    # record cover the steps since the previous one, so the step-3 checkpoint must carry step 3's counts, or the
+    # resumed step-4 record would cover step 4 alone.
+    flags = ["--num-iterations", "6", "--save-every", "3", "--log-every", "2", "--memory", "mome", "--mome-slots", "4",
              "--mome-topk", "1", "--mlp", "moe", "--moe-experts", "4", "--moe-topk", "2"]
     assert train(run, *flags) == 0
-    full = stat_records(run)
-    assert set(full) == {4, 8} and any(k.startswith("memory/maxvio") for k in full[4])
-    assert any(k.startswith("moe/load") for k in full[4]) and any(k.startswith("memory/gamma_mean") for k in full[4])
+    full, full_stats = losses(run), stat_records(run)
+    assert set(full_stats) == {2, 4, 6} and any(k.startswith("memory/maxvio") for k in full_stats[4])
+    assert any(k.startswith("moe/load") for k in full_stats[4])
+    assert any(k.startswith("memory/gamma_mean") for k in full_stats[4])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["step"] == 6 and math.isfinite(summary["val_bpb"])
+    # "kill" after the step-3 checkpoint: drop what came later, then resume
     import shutil
-    for step in ckpt.list_steps(run):
-        if step > 3:
-            shutil.rmtree(ckpt.step_dir(run, step))
+    shutil.rmtree(ckpt.step_dir(run, 6))
+    assert ckpt.list_steps(run) == [3]
     assert train(run, *flags, "--resume") == 0
-    assert stat_records(run) == full
+    # identical floats, and metrics.jsonl reads like one uninterrupted run: the same process and thread count
+    # replay the same deterministic CPU kernels from the restored state (weights, optimizer, RNG, loader, counters)
+    assert losses(run) == full and stat_records(run) == full_stats
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["plan"]["num_iterations"] == 6 and cfg["model_config"]["memory"] == "mome"
 
 
 def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
