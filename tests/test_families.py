@@ -207,6 +207,22 @@ def test_mobilellm_init_truncated_fan_in():
     table = model.memory.tables[0].weight
     assert table.abs().max() <= std and table.abs().max() > 0.99 * std  # U(+-C^-0.5), not sqrt(3/C)
     assert torch.all(model.memory.routers[0].weight == 0) and torch.all(model.memory.gates[0].proj.weight == 0)
+    # the untied head of MobileLLM-350M: the token table's init too (families spec §2.4), not nanochat's 0.001
+    untied = build_model(tiny("mobilellm", tie=False, n_embd=256, ffn_hidden=768, head_dim=64, vocab_size=1024), seed=0)
+    head = untied.lm_head.weight
+    assert head.abs().max() <= 3 * std + 1e-7 and abs(head.std().item() - 0.986 * std) < 0.03 * std
+
+
+def test_norm_eps_per_family():
+    """RMSNorm eps (families spec §2.1, §3.1): MobileLLM 1e-5 everywhere; Qwen3 1e-6 in the blocks, the final norm
+    and the per-head QK-norm (which the naive-forward tests cannot tell from 1e-5: q and k are large next to eps)."""
+    for family, eps in (("mobilellm", 1e-5), ("qwen3", 1e-6)):
+        with torch.device("meta"):
+            model = family_of(tiny(family)).model_cls(tiny(family))
+        norms = [m for m in model.modules() if type(m).__name__ == "RMSNorm"]
+        per_block = 4 if family == "qwen3" else 2  # + q_norm, k_norm
+        assert len(norms) == per_block * len(model.blocks) + 1
+        assert {m.eps for m in norms} == {eps}, family
 
 
 def test_qwen3_init_normal_002():

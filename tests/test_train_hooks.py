@@ -150,12 +150,17 @@ def test_mlp_out_and_aux_loss_hooks(monkeypatch, family):
     assert zero.item() == 0.0 and zero.shape == ()
     # the trainer adds the auxiliary loss before backward and reports it apart from the LM loss
     opt = MuonAdamW(param_groups(toy, OptimConfig()))
+    grads = []
+    step = opt.step
+    monkeypatch.setattr(opt, "step", lambda: (grads.append(toy.memory.weight.grad.clone()), step()))
     data = iter([(idx, idx)] * 2)
     lm, _, _, aux_mean = train_step(toy, opt, data, grad_accum=2, autocast_ctx=torch.autocast("cpu", enabled=False),
                                     device="cpu")
     assert aux_mean == 9.0 and abs(lm - loss.item()) < 1e-4
-    assert toy.memory.weight.item() != 3.0  # d aux / d weight = 6 reached the optimizer
-
+    # the aux loss is divided by grad_accum like the LM loss: the weight's gradient is d aux / d weight = 2 * 3 once
+    # per optimizer step, not once per micro-step (JTok-M's lambda would otherwise grow with the accumulation)
+    assert [g.item() for g in grads] == [6.0]
+    assert toy.memory.weight.item() != 3.0
 
 
 def test_logged_routing_stats_cover_every_rank(tmp_path):
