@@ -3,9 +3,10 @@
 ``reference`` reproduces the two numerical differences listed in ``../shared/spec/reference_checkpoint_names.md``
 that an evaluation of the same weights can see, plus their bits-per-byte bookkeeping:
 
-1. RoPE tables rounded to bf16 (theirs are cast to bf16 at construction; ours are fp32 and cast to q/k's dtype
-   at use, so under bf16 autocast the two already agree and this changes fp32 evaluation only); not for
-   MobileLLM, whose reference keeps fp32 tables;
+1. RoPE tables rounded to bf16 (theirs are cast to bf16 at construction); not for MobileLLM, whose reference
+   keeps fp32 tables. The nanochat GPT casts its fp32 tables to q/k's dtype at use, so under bf16 autocast the
+   two already agree there and this changes fp32 evaluation only. Qwen3 rotates in fp32 (``rope_half_split``),
+   so this changes its bf16 evaluation too, and still does not match the reference's rotation in bf16;
 2. MoME selection and weights in the router's output dtype: top-K on sigmoid(l) (softmax(l)), which is bf16
    under bf16 autocast, instead of top-K on l with fp32 weights (``MoMEMemory.reference_gating``);
 3. ``token_bytes`` = UTF-8 length of each decoded token (partial UTF-8 counts 3 bytes, as in their file).
