@@ -285,6 +285,12 @@ class PackedDataLoader:
             self.packer.fill_row(row, self._refill)
         return rows_to_device(torch.from_numpy(batch), self.device)
 
+    def passes(self) -> float:
+        """Passes over this rank's share of the split so far (1.28 = the second epoch, 28% in), counted at the
+        documents taken into the packing buffer (up to ``buffer_docs`` ahead of the rows handed out)."""
+        epoch, position, _ = self.cursor
+        return epoch + position / max(len(self._rank_units(epoch)), 1)
+
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
                 "seq_len": self.seq_len, "files": list(self.file_names), "cursor": list(self.cursor),

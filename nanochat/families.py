@@ -16,7 +16,7 @@ Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` li
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import torch
@@ -55,6 +55,8 @@ MODEL_TYPES = (*FAMILIES, *NAMED_SIZES)
 # The reference recipe's defaults per family (families spec §4-§7), also presets that flags override: Qwen3 warms
 # up over 1% of the steps; MobileLLM's VE/MoME tables use AdamW lr 0.1 with betas (0.8, 0.95) (Qwen3 keeps the
 # nanochat 0.2 / (0.8, 0.995)); STEM tables train like the embedding (lr 0.3, betas (0.8, 0.95), no decay).
+# MoME's router input is not a preset, although every MobileLLM row of the paper routes from the values: it is a
+# row setting (configs/families set --mome-router-input value), and a preset would refuse --mome-routing token-only.
 FAMILY_RECIPES = {"qwen3": {"warmup-ratio": 0.01}}
 TABLE_RECIPES = {("mobilellm", "ve"): {"memory-lr": 0.1, "memory-beta2": 0.95},
                  ("mobilellm", "mome"): {"memory-lr": 0.1, "memory-beta2": 0.95},
@@ -160,3 +162,19 @@ def param_groups(model, oc: OptimConfig) -> list[dict]:
     if model.config.family == "nanochat":
         return build_param_groups(model, oc)
     return model.param_groups(oc)
+
+
+def optimizer_fields_without_effect(config, oc: OptimConfig, names) -> list[str]:
+    """The fields among ``names`` that no optimizer group of ``config``'s model reads (e.g. ``memory_lr`` without
+    memory tables, ``scalar_lr`` on a family whose memory block has no scalars, ``embedding_lr`` with a tied
+    head): the groups' hyperparameters come out the same for another value. Built on the meta device."""
+    with torch.device("meta"):
+        model = family_of(config).model_cls(config)
+
+    def hyperparameters(o: OptimConfig) -> list[dict]:
+        return [{**{k: v for k, v in g.items() if k != "params"}, "params": len(g["params"])}
+                for g in param_groups(model, o)]
+
+    used = hyperparameters(oc)
+    return [name for name in names
+            if hyperparameters(replace(oc, **{name: 0.5 * (getattr(oc, name) or 0.0) + 0.123})) == used]

@@ -247,8 +247,16 @@ def validate_args(args: argparse.Namespace) -> None:
         split = family_name(args.model_type) != "qwen3"  # qwen3's head size is --head-dim, not model-dim / heads
         if split and (args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2):
             raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
+        size = args.model_dim // args.num_heads
+        if split and args.head_dim not in (size, build_parser().get_default("head_dim")):
+            raise ValueError(f"--head-dim {args.head_dim} has no effect with --num-heads: the head size is --model-dim "
+                             f"{args.model_dim} / --num-heads {args.num_heads} = {size}; drop --head-dim or change "
+                             "--num-heads")
     elif args.model_dim != -1 and args.model_dim % args.head_dim:
         raise ValueError(f"--model-dim {args.model_dim} is not a multiple of --head-dim {args.head_dim}; pass --num-heads")
+    if args.model_dim != -1 and args.aspect_ratio != build_parser().get_default("aspect_ratio"):
+        raise ValueError(f"--aspect-ratio {args.aspect_ratio} has no effect with --model-dim {args.model_dim} (the width "
+                         "is --depth x --aspect-ratio only without it); drop one of them")
     if args.target_flops is not None and not args.target_flops > 0:
         raise ValueError(f"--target-flops must be > 0 (got {args.target_flops})")
     if args.target_param_data_ratio is not None and not args.target_param_data_ratio > 0:

@@ -35,7 +35,8 @@ from tqdm import tqdm
 from nanochat import checkpoint as ckpt
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              rank0_decides, resolve_dtype, seed_everything)
-from nanochat.families import NAMED_SIZES, build_model, config_from_args, model_summary, param_groups
+from nanochat.families import (NAMED_SIZES, build_model, config_from_args, model_summary,
+                               optimizer_fields_without_effect, param_groups)
 from nanochat.memory import memory_config_from_args
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW, OptimConfig
@@ -43,7 +44,7 @@ from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
 from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
-from nanochat.train_args import parse_args
+from nanochat.train_args import build_parser, parse_args
 from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
                                  summed_stats_buffers, train_step)
 from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
@@ -108,8 +109,24 @@ class Run:
 
 
 def model_config(args, vocab_size: int):
-    """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry."""
-    return config_from_args(args, vocab_size, memory_config_from_args(args))
+    """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry.
+    An optimizer flag that this model would not use is an error here (so --dry-run reports it too)."""
+    config = config_from_args(args, vocab_size, memory_config_from_args(args))
+    changed = [name for name in OPTIM_FLAGS if getattr(args, name) != build_parser().get_default(name)]
+    unused = optimizer_fields_without_effect(config, optim_config(args), changed)
+    if unused:
+        flags = ", ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in unused)
+        raise ValueError(f"{flags}: no optimizer group of this model uses it (--model-type {args.model_type}, "
+                         f"--memory {args.memory}); drop the flag")
+    return config
+
+
+OPTIM_FLAGS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
+               "memory_lr", "memory_beta1", "memory_beta2", "memory_wd")
+
+
+def optim_config(args, lr_scale: float = 1.0) -> OptimConfig:
+    return OptimConfig(lr_scale=lr_scale, **{name: getattr(args, name) for name in OPTIM_FLAGS})
 
 
 def resolve_run_dir(args) -> Path:
@@ -206,11 +223,7 @@ def build_run(args, stack: ExitStack) -> Run:
     model = build_model(config, device=device, seed=args.seed)
     # e.g. Engram's compression map; on --resume the checkpoint's weights and buffers then replace what this built
     model.memory.bind_tokenizer(data.tokenizer)
-    oc = OptimConfig(embedding_lr=args.embedding_lr, unembedding_lr=args.unembedding_lr, matrix_lr=args.matrix_lr,
-                     scalar_lr=args.scalar_lr, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
-                     weight_decay=args.weight_decay, memory_lr=args.memory_lr, memory_beta1=args.memory_beta1,
-                     memory_beta2=args.memory_beta2, memory_wd=args.memory_wd, lr_scale=plan["batch_lr_scale"])
-    optimizer = MuonAdamW(param_groups(model, oc))
+    optimizer = MuonAdamW(param_groups(model, optim_config(args, plan["batch_lr_scale"])))
     init_schedule_state(optimizer)
     sched = ScheduleConfig(plan["num_iterations"], args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
                            args.muon_momentum_start, args.muon_momentum_end, args.muon_momentum_ramp)
@@ -350,6 +363,8 @@ def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: 
            "loss": loss, "aux_loss": aux_loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
            "muon_momentum": sched_vals["muon_momentum"], "muon_wd": muon["weight_decay"], "dt": dt,
            "tok_per_sec": tok_s, "mfu": util, "train_time": run.loop["train_time"]}
+    if hasattr(run.data.loader, "passes"):  # data passes: a budget longer than the split repeats documents
+        rec["data_passes"] = run.data.loader.passes()
     rec.update(module_stats(run.model))  # keys are "memory/..." and "moe/..."
     run.metrics.log(rec)
     if run.rank == 0:

@@ -132,6 +132,19 @@ def test_resume_is_exact_across_epochs(synthetic_dir, tiny_tokenizer):  # noqa: 
         resumed.close()
 
 
+def test_passes_count_epochs_and_the_share_of_the_current_one(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    dl = loader(synthetic_dir, tiny_tokenizer, seed=5)
+    assert dl.passes() == 0.0
+    seen = []
+    for _ in range(40):  # several passes over the ~3k-token corpus
+        next(dl)
+        epoch, position, _ = dl.cursor
+        seen.append(dl.passes())
+        assert seen[-1] == epoch + position / len(dl._rank_units(epoch))
+    assert seen == sorted(seen) and seen[-1] > 2  # never backwards; whole passes counted
+    dl.close()
+
+
 def test_seed_changes_order_reproducibly(synthetic_dir, tiny_tokenizer):  # noqa: F811
     def first_batches(seed):
         dl = loader(synthetic_dir, tiny_tokenizer, seed=seed)

@@ -181,6 +181,11 @@ def test_resume_with_lower_lr_after_nonfinite_is_deliberate_and_recorded(tmp_pat
     (["--num-iterations", "0"], "--num-iterations must be >= 1"),
     (["--warmup-ratio", "0.8"], "--warmup-ratio + --warmdown-ratio"),
     (["--mome-slots", "4"], "--mome-slots only applies to --memory mome"),
+    # flags that would change nothing: the head size, the width, an optimizer group the model does not have
+    (["--model-type", "mobilellm", "--model-dim", "64", "--num-heads", "4"], "--head-dim 32 has no effect with --num-heads"),
+    (["--model-dim", "64"], "--aspect-ratio 32 has no effect with --model-dim 64"),
+    (["--memory-lr", "0.5"], "--memory-lr 0.5: no optimizer group of this model uses it"),
+    (["--model-type", "mobilellm", "--memory", "ve", "--scalar-lr", "9"], "--scalar-lr 9.0: no optimizer group"),
 ])
 def test_bad_flags_fail_before_any_work(tmp_path, capsys, argv, needle):
     run = tmp_path / "r"
@@ -202,6 +207,9 @@ def test_real_data_resume_and_vocab_check(tmp_path, capsys, embedded_data_dir, t
     assert base_train.main([*common, "--run-dir", str(run)]) == 0
     full = losses(run)
     assert json.loads((run / "summary.json").read_text())["val_bpb"] > 0
+    passes = [r["data_passes"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"]
+    assert len(passes) == 4 and 0 < passes[0] <= passes[-1] < 1  # 4 x 256 tokens: part of the first pass
     import shutil
     shutil.rmtree(ckpt.step_dir(run, 4))
     assert base_train.main([*common, "--run-dir", str(run), "--resume"]) == 0
