@@ -36,6 +36,15 @@ MINI = {  # CPU-sized (the speedrun CPU demo's model): embedded corpus, 4 layers
 }
 
 
+# The reference's --attention per config (../shared/spec/mome_reference_training.md §4.1-4.2, §7 item 11): the d12
+# Base/Bigram/VE/grouped-MoME configs on SDPA, the bigram-indexed MoME and Qwen3 configs on "auto". [paper]
+# attention records the kernel a row's numbers (its throughput) came from, only where the spec says which.
+SDPA_PAPER = {"attention": "sdpa"}
+AUTO = {"attention": "auto"}  # FA3 on a Hopper GPU (when it loads), else SDPA
+AUTO_NOTE = ("attention auto as in the reference (FA3 on a Hopper GPU, else SDPA); the paper does not say which GPUs "
+             "ran this row (it used H100s and RTX PRO 6000 Blackwells), so [paper] records no attention kernel")
+
+
 def mome(slots, index="token", group=1, bigram_factor=None, routing=None, slot_map=None):
     m = {"memory": "mome", "mome-slots": slots, "mome-topk": 2, "mome-index": index}
     if index == "grouped":
@@ -48,8 +57,9 @@ def mome(slots, index="token", group=1, bigram_factor=None, routing=None, slot_m
     return m
 
 
-def paper_d12(train, val, core, mem, total, tput=None, train_std=None, val_std=None, core_std=None):
-    p = {"train_bpb": train, "val_bpb": val, "core": core, "params_memory_m": mem, "params_total_m": total}
+def paper_d12(train, val, core, mem, total, tput=None, train_std=None, val_std=None, core_std=None,
+              attention=SDPA_PAPER):
+    p = {"train_bpb": train, "val_bpb": val, "core": core, "params_memory_m": mem, "params_total_m": total, **attention}
     if tput:
         p["tok_per_sec_m"] = tput
     for k, v in (("train_bpb_std", train_std), ("val_bpb_std", val_std), ("core_std", core_std)):
@@ -105,22 +115,24 @@ SWEEP = {  # blocks: bigram, mome; each (mean, std) of train bpb, val bpb, CORE,
 }
 
 
-def paper_sweep(stats, mem):
+def paper_sweep(stats, mem, attention=None):
     keys = ("train_bpb", "val_bpb", "core", "wall_min")
     return {**{k: mean for k, (mean, _) in zip(keys, stats)}, **{f"{k}_std": std for k, (_, std) in zip(keys, stats)},
-            "params_memory_m": mem}
+            "params_memory_m": mem, **(attention or {})}
 
 
+# [paper] attention: the sweep rows that are Table 1's runs (the same numbers: d12_bigram.sh, d12_mome_c1_m6.sh,
+# d12_mome_c1_m12.sh) ran on SDPA; the spec says nothing about the others
 for blocks, (bg, _) in SWEEP.items():  # the paper's order: every Bigram row, then every MoME row
     add("d12_scaling", f"bigram_b{blocks:02d}", f"Bigram {blocks}V", S3, 4, D12, {"memory": "bigram", "bigram-factor": blocks},
-        paper_sweep(bg, round(blocks * 25.165824, 1)))
+        paper_sweep(bg, round(blocks * 25.165824, 1), SDPA_PAPER if blocks == 6 else None))
 for blocks, (_, mo) in SWEEP.items():
     add("d12_scaling", f"mome_b{blocks:02d}", f"MoME A2/{blocks}", S3, 4, D12, mome(blocks),
-        paper_sweep(mo, round(blocks * 25.165824, 1)))
+        paper_sweep(mo, round(blocks * 25.165824, 1), SDPA_PAPER if blocks in (6, 12) else None))
 
 # Compound scaling: Bigram-indexed MoME with one table shared by all memory layers (seeds 42, 43 as in the reference)
 add("d12_compound", "bigram", "Bigram (6V)", [42, 43, 44], 4, D12, {"memory": "bigram", "bigram-factor": 6},
-    {"train_bpb": 0.8632, "val_bpb": 0.8636, "params_memory_m": 151})
+    {"train_bpb": 0.8632, "val_bpb": 0.8636, "params_memory_m": 151, **SDPA_PAPER})
 # the appendix's full table (tab:appendix-compound-scaling): + total params, CORE and stds, and the 8V x A2/9 row
 for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
     (6, 6, 151, 286.4, (0.8618, 0.0010), (0.8624, 0.0010), (0.1647, 0.0023)),
@@ -131,8 +143,9 @@ for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
     (24, 6, 604, 739.4, (0.8541, 0.0011), (0.8547, 0.0012), (0.1590, 0.0096)),
     (6, 24, 604, 739.9, (0.8544, 0.0012), (0.8550, 0.0012), (0.1614, 0.0108)),
 ]:
-    add("d12_compound", f"mome_n{n}_m{m}", f"MoME {n}V x {m}", [42, 43], 4, D12, mome(m, index="bigram", bigram_factor=n),
-        paper_d12(tr, va, co, mem, total, None, tr_s, va_s, co_s))
+    add("d12_compound", f"mome_n{n}_m{m}", f"MoME {n}V x {m}", [42, 43], 4, D12,
+        {**mome(m, index="bigram", bigram_factor=n), **AUTO},
+        paper_d12(tr, va, co, mem, total, None, tr_s, va_s, co_s, attention={}), AUTO_NOTE)
 
 # d24 on ClimbMix: 100B tokens (100,000 steps of 1,048,576; 8 GPUs) and the 6e19-FLOP controls (seed 42; "the d24
 # control reruns use four H100 GPUs")
@@ -196,15 +209,18 @@ def family_mome(slots, topk, router):
             "mome-router-input": router}
 
 
+WARMDOWN = "the paper text says cosine decay or warmdown, the configs use the linear warmdown"  # families spec §11.3
 DISCREPANCIES = {
     "mobilellm-125m": "tied wte trains at --embedding-lr (0.3 x s_d) as in the reference; the paper trained 5B tokens on "
-                      "the first 160 shards (one pass); the paper text says cosine decay or warmdown, the configs use the "
-                      "linear warmdown",
+                      "the first 160 shards (one pass); " + WARMDOWN,
     "mobilellm-350m": "untied as in the reference (real MobileLLM-350M ties); the paper text says launcher-default wd for "
-                      "the memory tables but the reference configs pass 0.001; 520 shards (one pass)",
+                      "the memory tables but the reference configs pass 0.001; 520 shards (one pass); " + WARMDOWN,
     "qwen3-0.6b": "tied wte trains at --unembedding-lr (0.004 x s_d) as in the reference; RoPE base 1e4 (not 1e6); 369 "
-                  "shards for 20B tokens (about 1.28 passes); the paper says 8 GPUs but only STEM used 8 (the others 4)",
+                  "shards for 20B tokens (about 1.28 passes); the paper says 8 GPUs but only STEM used 8 (the others "
+                  "4); " + WARMDOWN + "; " + AUTO_NOTE,
 }
+# the reference's MobileLLM model ignores its attention flag: SDPA always (families spec §7, §11.9); Qwen3 ran on auto
+FAMILY_ATTENTION = {"mobilellm-125m": ({}, SDPA_PAPER), "mobilellm-350m": ({}, SDPA_PAPER), "qwen3-0.6b": (AUTO, {})}
 # (size, row, label, memory, nproc, device batch, eval every, Mem (M, full-table precision), wall, bb-avg,
 #  train bpb, val bpb, CORE, 22 accuracies in TASKS order)
 FAMILY_ROWS = [
@@ -245,10 +261,11 @@ FAMILY_ROWS = [
 HORIZON = {"mobilellm-125m": (9536, 0.0), "mobilellm-350m": (38146, 0.0), "qwen3-0.6b": (38146, 0.01)}
 for size, name, label, memory, nproc, dbs, eval_every, mem, wall, bb, tr, va, core, accs in FAMILY_ROWS:
     steps, warmup = HORIZON[size]
+    attention, paper_attention = FAMILY_ATTENTION[size]
     train = {**FAMILY, "model-type": size, "num-iterations": steps, "warmup-ratio": warmup, "device-batch-size": dbs,
-             "eval-every": eval_every, "memory": "base", **memory}
+             "eval-every": eval_every, "memory": "base", **memory, **attention}
     paper = {"train_bpb": tr, "val_bpb": va, "core": core, "params_memory_m": mem, "wall_ratio": wall, "bb_avg": bb,
-             **{f"acc_{task}": acc for task, acc in zip(TASKS, accs)}}
+             **{f"acc_{task}": acc for task, acc in zip(TASKS, accs)}, **paper_attention}
     notes = DISCREPANCIES[size]
     if mem == 94.4:
         notes += "; the summary table prints 95M memory, the exact count (and the paper's full table) is 94.4M"
@@ -272,6 +289,10 @@ D24_6E19 = {**D24, "target-flops": 6e19}
 ENGRAM = {"memory": "engram", "memory-layers": "1,11", "engram-compression": "tokenizer"}
 JTOKM = {"memory": "jtokm", "memory-layers": "7,15,23", "jtokm-experts": 4, "jtokm-topk": 2}
 MOE = {"mlp": "moe", "moe-experts": 6, "moe-topk": 2, "moe-shared": 1}
+# JTok's and JTok-M's optimizer group for s is the spec's choice (the paper names none)
+JTOK_SCALE = ("the C-wide scale vector s of each memory layer trains in the per-layer scalar AdamW group (x0_lambdas: "
+              "lr 0.5 x batch scale, betas (0.96, 0.95), as the spec's J5 says): the first setting to check if the "
+              "row underperforms")
 RECON = {
     "engram": f"RECONSTRUCTED table layout ({SPEC} §3.2-3.3): the paper gives only the 1,389.6M total; 2 modules at "
               "layers 1 and 11 (Engram-27B's placement rescaled) with d_mem = C, 8 heads x 2 orders, 32 consecutive "
@@ -287,8 +308,9 @@ for name, label, memory, total, vals, notes in [
      "one hashed-bigram table of 12V x C shared by the 12 odd layers"),
     ("engram", "Canonical Engram adaptation", ENGRAM, 1389.6, (0.7029, 0.2698), RECON["engram"]),
     ("jtok", "JTok adaptation", {"memory": "jtok"}, 1384.1, (0.6974, 0.2764),
-     f"structure forced by the total ({SPEC} §4.2): a V x C table and scale s per odd layer, modulating the MLP output"),
-    ("jtokm", "JTok-M adaptation", JTOKM, 1384.1, (0.7003, 0.2756), RECON["jtokm"]),
+     f"structure forced by the total ({SPEC} §4.2): a V x C table and scale s per odd layer, modulating the MLP "
+     "output; " + JTOK_SCALE),
+    ("jtokm", "JTok-M adaptation", JTOKM, 1384.1, (0.7003, 0.2756), RECON["jtokm"] + "; " + JTOK_SCALE),
     ("move_input", "MoVE-Input adaptation", {"memory": "move_input", "move-experts": 12, "move-rank": 64}, 1386.7,
      (0.7016, 0.2744), RECON["move_input"]),
     ("mome_a2_m12", "MoME A2/12", mome(12), 1386.8, (0.6990, 0.2941), "the same run as d24/ctrl_mome_context"),
@@ -297,16 +319,18 @@ for name, label, memory, total, vals, notes in [
 ]:
     add("d24_token_memory", name, label, [42], 4, D24_6E19, memory,
         {"val_bpb": vals[0], "core": vals[1], "params_total_m": total}, notes, reconstructed=name in RECON)
-FA3 = ("train tok/s as the paper measured it: 8xH100, native FA3 (NANOCHAT_ATTN=flash), the same global batch; "
-       "params_active_m = parameters one token uses (full embeddings, routers, dense/shared parts, the selected "
-       "experts and memory slots)")
+FA3 = ("train tok/s as the paper measured it: 8xH100, native FA3, the same global batch (attention auto runs FA3 "
+       "on Hopper GPUs when flash_attn_interface or the kernels package is installed, see README; results mark a "
+       "tok/s measured on another kernel); params_active_m = parameters one token uses (full embeddings, routers, "
+       "dense/shared parts, the selected experts and memory slots)")
 for name, label, train, stored, active, tps, vals in [
     ("mome_a2_m12", "MoME (odd layers, A2/12)", mome(12), 1386.8, 782.8, 796258, (0.6990, 0.2941)),
     ("moe", "MoE-FFN E6/K2/24 (+1 shared)", {"memory": "base", **MOE}, 1384.3, 780.4, 653033, (0.6903, 0.2886)),
     ("moe_mome", "MoE-FFN E6/K2/24 + MoME", {**MOE, **mome(12)}, 1991.0, 783.0, 611249, (0.6913, 0.2986)),
 ]:
-    add("d24_sparse_moe", name, label, [42], 8, D24_6E19, train,
-        {"params_total_m": stored, "params_active_m": active, "tok_per_sec": tps, "val_bpb": vals[0], "core": vals[1]},
+    add("d24_sparse_moe", name, label, [42], 8, D24_6E19, {**train, **AUTO},
+        {"params_total_m": stored, "params_active_m": active, "tok_per_sec": tps, "val_bpb": vals[0], "core": vals[1],
+         "attention": "fa3"},
         FA3 + (f"; MoE as a backbone FFN option ({SPEC} §6)" if "mlp" in train else ""))
 # CPU-sized rows of the new designs on the MINI recipe (4 layers x 256, V = 4096): memory budgets near the mini VE
 # row's 2 x V x 256 = 2.1M (Engram: 32 primes from 4096, 16 wide = 2.1M), except JTok-M (one layer of 4 tables).

@@ -10,7 +10,7 @@ The memory block (``nanochat.memory``) may add to the residual stream and/or to 
 """
 
 import math
-import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
@@ -119,27 +119,108 @@ def rotary_tables(length: int, head_dim: int, device=None) -> tuple[torch.Tensor
     return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
 
 
-def _flash_attn_func():
-    """Optional CUDA fast path (NANOCHAT_ATTN=flash and the flash_attn package installed)."""
-    if os.environ.get("NANOCHAT_ATTN", "sdpa") != "flash":
-        return None
-    try:
-        from flash_attn import flash_attn_func  # type: ignore
-    except ImportError as e:  # explicit request must not silently fall back
-        raise RuntimeError("NANOCHAT_ATTN=flash but the flash_attn package is not installed") from e
+ATTENTION_BACKENDS = ("sdpa", "fa2", "fa3", "auto")  # --attention
+FA3_HUB_KERNEL = "varunneal/flash-attention-3"  # FA3 on the Hugging Face kernels hub (nanochat and the authors load it)
+ATTENTION_INSTALL = {
+    "fa2": "pip install flash-attn --no-build-isolation (FlashAttention-2)",
+    "fa3": "FlashAttention-3 (Hopper): build flash_attn_interface from the hopper/ directory of "
+           "github.com/Dao-AILab/flash-attention, or pip install kernels (fetches " + FA3_HUB_KERNEL + " from the "
+           "Hugging Face hub on first use)",
+}
+ATTENTION_GPU = {"fa2": "an Ampere or newer GPU (compute capability >= 8.0)",
+                 "fa3": "a Hopper GPU (compute capability 9.x)"}
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """The resolved --attention: what ``causal_attention`` runs for forwards without a KV cache on CUDA."""
+    name: str = "sdpa"  # sdpa, fa2 or fa3 (never auto): recorded in config.json and summary.json
+    func: Callable | None = None  # flash_attn_func(q, k, v, causal=True) of fa2/fa3; None = SDPA
+    device_type: str = "cuda"  # the flash kernels run on this device type only; other tensors take SDPA
+    reason: str = ""  # why auto chose what it chose (printed at startup)
+
+
+# Set once at startup (set_attention_backend), before the model is built and compiled (a compiled graph keeps the
+# kernel it traced), the same on every rank. SDPA until then: evaluation scripts, tests, notebooks.
+_ATTENTION = AttentionBackend()
+
+
+def set_attention_backend(backend: AttentionBackend) -> None:
+    global _ATTENTION
+    _ATTENTION = backend
+
+
+def _load_fa2() -> Callable:
+    from flash_attn import flash_attn_func  # type: ignore
+
     return flash_attn_func
+
+
+def _load_fa3() -> Callable:
+    """FlashAttention-3's flash_attn_func: a local flash_attn_interface build first, else the kernels hub's build."""
+    try:
+        from flash_attn_interface import flash_attn_func  # type: ignore
+
+        return flash_attn_func
+    except ImportError as e:
+        local = e
+    try:
+        from kernels import get_kernel  # type: ignore
+    except ImportError as e:
+        raise ImportError(f"no flash_attn_interface module ({local}) and no kernels package ({e})") from e
+    return get_kernel(FA3_HUB_KERNEL).flash_attn_interface.flash_attn_func
+
+
+def resolve_attention(requested: str, device, capability: tuple[int, int] | None = None) -> AttentionBackend:
+    """--attention -> the backend of this process. Depends only on the device kind and the installed packages, so
+    every rank of a run resolves alike. ``capability`` is the CUDA compute capability (default: the device's).
+
+    auto = FA3 on a Hopper GPU (compute capability 9.x) when FA3 loads, else SDPA (the reason is returned). An
+    explicit fa2/fa3 that cannot run here is an error naming --attention, never a silent SDPA."""
+    allowed = ", ".join(ATTENTION_BACKENDS)
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(f"--attention must be one of {allowed} (got {requested!r})")
+    device = torch.device(device)
+    if requested == "sdpa":
+        return AttentionBackend()
+    if device.type != "cuda":
+        if requested == "auto":
+            return AttentionBackend(reason=f"--attention auto: FA3 needs CUDA, this run is on {device.type}")
+        raise ValueError(f"--attention {requested}: FlashAttention runs on CUDA GPUs only, this run is on "
+                         f"{device.type}; use --attention sdpa or auto (allowed: {allowed})")
+    major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
+    want = "fa3" if requested == "auto" else requested
+    if not (major == 9 if want == "fa3" else major >= 8):
+        if requested == "auto":
+            return AttentionBackend(reason=f"--attention auto: FA3 needs {ATTENTION_GPU['fa3']}, this GPU is "
+                                           f"{major}.{minor}")
+        raise ValueError(f"--attention {requested} needs {ATTENTION_GPU[want]}, this GPU is {major}.{minor}; "
+                         f"use another of {allowed}")
+    try:
+        func = _load_fa2() if want == "fa2" else _load_fa3()
+    except Exception as e:  # noqa: BLE001 - import errors, or the kernels hub's download/build errors
+        if requested == "auto":
+            return AttentionBackend(reason=f"--attention auto: FA3 could not be loaded ({e}); to use it: "
+                                           f"{ATTENTION_INSTALL['fa3']}")
+        raise ValueError(f"--attention {requested}: cannot load it ({e}); install {ATTENTION_INSTALL[want]}, "
+                         f"or use another of {allowed}") from e
+    return AttentionBackend(want, func, reason="--attention auto: a Hopper GPU and FA3" if requested == "auto" else "")
 
 
 def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0) -> torch.Tensor:
     """Causal attention of q (B, T, H, d) over k, v (B, T, H_kv, d) -> (B, T, H, d), shared by every family.
 
-    GQA: KV head j serves query heads j*H/H_kv ... (j+1)*H/H_kv - 1. flash_attn when requested (training only),
-    else SDPA; with a KV cache the new k/v are appended first and the T new queries attend to the whole prefix."""
+    GQA: KV head j serves query heads j*H/H_kv ... (j+1)*H/H_kv - 1. The --attention backend (FlashAttention-2/3)
+    for forwards without a KV cache on its device, else SDPA; with a KV cache the new k/v are appended first and the
+    T new queries attend to the whole prefix."""
     T = q.size(1)
-    flash = _flash_attn_func() if (q.is_cuda and kv_cache is None) else None
-    if flash is not None:  # flash_attn takes 16-bit inputs only (QK-norm may have produced fp32 q/k)
+    flash = _ATTENTION
+    if flash.func is not None and kv_cache is None and q.device.type == flash.device_type:
+        # FlashAttention takes 16-bit inputs only (QK-norm may have produced fp32 q/k); GQA is native
         dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        return flash(q.to(dt), k.to(dt), v.to(dt), causal=True).to(v.dtype)  # (B, T, H, d)
+        y = flash.func(q.to(dt), k.to(dt), v.to(dt), causal=True)
+        y = y[0] if isinstance(y, tuple) else y  # some FA3 builds return (out, softmax_lse)
+        return y.to(v.dtype)  # (B, T, H, d)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d)
     gqa = q.size(1) != k.size(1)
     if kv_cache is None:

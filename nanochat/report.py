@@ -187,9 +187,11 @@ def fmt_mfu(summary: dict, env: dict) -> str:
 
 
 def fmt_throughput(summary: dict) -> str:
-    """Steady-state tok/s with what it covers (tok_per_sec_steps / _note), the all-steps figure, any other
-    tok_per_sec_* key as it is."""
+    """Steady-state tok/s with its attention kernel, what it covers (tok_per_sec_steps / _note), the all-steps
+    figure, any other tok_per_sec_* key as it is."""
     value, notes = summary.get("tok_per_sec"), []
+    if summary.get("attention"):  # throughput depends on it (--attention); absent in older summaries
+        notes.append(f"attention {summary['attention']}")
     if summary.get("tok_per_sec_note"):
         notes.append(str(summary["tok_per_sec_note"]))
     if summary.get("tok_per_sec_steps") is not None:

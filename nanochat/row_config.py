@@ -5,7 +5,8 @@
              reconstructed (true when the design's structure was inferred from the paper's parameter total:
              results tables mark the row)
     [train]  defaults for scripts.base_train, keyed by flag name without the leading dashes
-    [paper]  the paper's reported numbers for the row (train_bpb, val_bpb, core, params_memory_m, ...)
+    [paper]  the paper's reported numbers for the row (train_bpb, val_bpb, core, params_memory_m, ...) and, where
+             the reference says so, ``attention``: the kernel its throughput was measured with (sdpa, fa2, fa3)
 
 This module imports no torch, so ``scripts/run.py --plan`` works on a bare Python.
 """
@@ -20,6 +21,7 @@ else:  # pragma: no cover
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"table", "name", "label", "order", "seeds", "nproc_per_node", "notes", "reconstructed"}
+PAPER_ATTENTION = ("sdpa", "fa2", "fa3")  # [paper] attention: a resolved kernel (--attention auto is not one)
 
 
 def load_row_config(path) -> dict:
@@ -55,7 +57,10 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
     for key in ("total-batch-size", "max-seq-len", "device-batch-size") if runner else ():
         if key not in train:
             raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")
-    cfg.setdefault("paper", {})
+    paper_attention = cfg.setdefault("paper", {}).get("attention", "sdpa")
+    if paper_attention not in PAPER_ATTENTION:
+        raise ValueError(f"config {path}: [paper] 'attention' must be one of {', '.join(PAPER_ATTENTION)} (the kernel "
+                         f"the paper's throughput was measured with), got {paper_attention!r}")
     row.setdefault("seeds", [42])
     row.setdefault("nproc_per_node", 1)
     cfg["path"] = str(path.resolve())  # the runner starts base_train from the repo root

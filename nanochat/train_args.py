@@ -7,6 +7,7 @@ and later (command-line) values win. Unknown keys are an error naming the key.
 """
 
 import argparse
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -19,7 +20,7 @@ else:  # pragma: no cover - exercised only on 3.10
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import MODEL_TYPES, family_name, preset_tokens
-from nanochat.gpt import GPTConfig
+from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig
 from nanochat.memory import add_memory_args
 from nanochat.moe import MLP_KINDS
 from nanochat.row_config import check_row_config
@@ -27,6 +28,7 @@ from nanochat.schedules import ScheduleConfig
 
 WANDB_MODES = ("off", "offline", "online")
 DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
+LEGACY_ATTENTION_ENV = "NANOCHAT_ATTN"  # replaced by --attention
 
 
 def _group_run(p):
@@ -52,6 +54,11 @@ def _group_run(p):
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 elsewhere)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on for CUDA, off elsewhere; --no-compile disables)")
+    g.add_argument("--attention", choices=ATTENTION_BACKENDS, default="sdpa",
+                   help="attention kernel on CUDA for forwards without a KV cache (training, bpb, CORE): PyTorch "
+                        "SDPA, FlashAttention-2 (flash_attn package), FlashAttention-3 (flash_attn_interface, or the "
+                        "kernels hub), or auto = fa3 on a Hopper GPU when it loads, else sdpa; the resolved one is in "
+                        "config.json and summary.json")
     g.add_argument("--seed", type=int, default=42, help="model init (and default data order) seed")
     g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")
@@ -227,6 +234,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Checks that need no model, data or devices: bad values fail before any work is done."""
+    if LEGACY_ATTENTION_ENV in os.environ:  # its old users must not silently lose their flash setting
+        raise ValueError(f"{LEGACY_ATTENTION_ENV} is set ({os.environ[LEGACY_ATTENTION_ENV]!r}) but no longer read: "
+                         f"choose the attention kernel with --attention {{{','.join(ATTENTION_BACKENDS)}}} (or "
+                         f"attention = \"...\" in a --config file; {LEGACY_ATTENTION_ENV}=flash was --attention fa2) "
+                         f"and unset {LEGACY_ATTENTION_ENV}")
     positive = ["depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "device_batch_size",
                 "eval_tokens"]
     for name in positive:

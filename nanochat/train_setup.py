@@ -1,4 +1,5 @@
-"""Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle.
+"""Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle, the
+attention kernel.
 
 Kept apart from scripts/base_train.py so the loop reads top to bottom and so --dry-run never imports or
 touches any of this (it needs no data and no tokenizer).
@@ -10,7 +11,8 @@ from pathlib import Path
 import torch
 
 from nanochat.common import every_rank_ok, print0, rank0_decides
-from nanochat.train_loop import SyntheticLoader, synthetic_eval_rows
+from nanochat.gpt import resolve_attention, set_attention_backend
+from nanochat.train_loop import SyntheticLoader, gather_objects, synthetic_eval_rows
 
 SYNTHETIC_VOCAB = 32768
 
@@ -33,6 +35,20 @@ class RunData:
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
                 "bundle": str(self.bundle) if self.bundle else None}
+
+
+def setup_attention(requested: str, device) -> str:
+    """Resolve --attention once, before the model is built and compiled, and install it for ``causal_attention``;
+    returns the resolved name. Every rank resolves alike (device kind and packages), but a kernels-hub download can
+    fail on one node only: ranks that disagree stop the run rather than train with mixed kernels."""
+    backend = every_rank_ok(lambda: resolve_attention(requested, device))
+    names = gather_objects(backend.name)
+    if len(set(names)) > 1:
+        raise ValueError(f"--attention {requested} resolved to {names} on ranks 0..{len(names) - 1}: install the same "
+                         "attention packages on every node, or pass --attention sdpa, fa2 or fa3")
+    set_attention_backend(backend)
+    print0(f"attention: {backend.name}" + (f" ({backend.reason})" if backend.reason else ""))
+    return backend.name
 
 
 def load_run_data(args, rank: int, world: int, device) -> RunData:

@@ -47,7 +47,7 @@ from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_st
 from nanochat.train_args import build_parser, parse_args
 from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
                                  summed_stats_buffers, train_step)
-from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb
+from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb, setup_attention
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
@@ -97,6 +97,7 @@ class Run:
     lr_overrides: list = field(default_factory=list)  # --resume-override-lr history (config.json, checkpoints)
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
     session_start: float = 0.0  # time.time() when this session's execute() began
+    attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
 
     def wall_time(self) -> float:
         """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
@@ -211,6 +212,7 @@ def build_run(args, stack: ExitStack) -> Run:
     """Everything before the first step: devices, run dir, data, model, optimizer; all flag errors surface here."""
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
+    attention = setup_attention(args.attention, device)  # before the model is built and compiled
     claim_run_dir(args, stack)  # before any expensive work: a busy or unwritable run dir fails now
     if args.data_seed is None:
         args.data_seed = args.seed
@@ -233,12 +235,12 @@ def build_run(args, stack: ExitStack) -> Run:
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
-               data, autocast, loop=loop)
+               data, autocast, loop=loop, attention=attention)
 
 
 def resolved_config(run: Run) -> dict:
     return {"args": vars(run.args), "model_config": run.config.to_dict(), "plan": run.plan,
-            "world_size": run.world, "device": str(run.device), "dtype": run.dtype,
+            "world_size": run.world, "device": str(run.device), "dtype": run.dtype, "attention": run.attention,
             "data": run.data.describe(), "torch": torch.__version__, "lr_overrides": run.lr_overrides}
 
 
@@ -398,6 +400,8 @@ def train(run: Run, resumed_at: int | None) -> str:
     stop, stop_any, first = StopSignal().install(), False, loop["step"]
     loop.setdefault("steady_steps", 0)
     loop.setdefault("steady_time", 0.0)
+    if run.attention not in loop.setdefault("attention", []):  # a resume on another kernel: tok/s mixes both
+        loop["attention"].append(run.attention)
     try:
         while True:
             step = loop["step"]
@@ -470,7 +474,8 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
                ("params_total", "params_memory", "params_backbone", "params_active", "flops_per_token",
                 "world_size")},
-               "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype, **throughput(run),
+               "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype,
+               "attention": "+".join(run.loop.get("attention") or [run.attention]), **throughput(run),
                **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)

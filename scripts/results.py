@@ -10,6 +10,9 @@ A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22").
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
+Throughput depends on the attention kernel: a row's tok/s names the kernel its runs used (summary.json
+"attention"; runs from before it was recorded ran on SDPA) when that differs from the paper's (``[paper]
+attention``), e.g. "412,000 (sdpa; paper fa3)", or when the table's rows ran on different kernels.
 """
 
 import argparse
@@ -78,6 +81,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         out["core"] = (float("nan"), float("nan"))
         notes.append(f"CORE over different task sets ({', '.join(out['core_label'])}), not averaged")
     out["notes"] = notes
+    out["attention"] = sorted({s.get("attention", "sdpa") for s in summaries})  # unrecorded: older runs, SDPA
     out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
     for key in ("params_memory", "params_total", "params_active", "tok_per_sec"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
@@ -91,6 +95,15 @@ def add_wall_ratios(rows: list[dict]) -> None:
         base = by_name.get(r["row"].split("_")[0] + "_base")
         ok = base is not None and not math.isnan(base["tok_per_sec"]) and r["tok_per_sec"] > 0
         r["wall_ratio"] = (base["tok_per_sec"] / r["tok_per_sec"] if ok else float("nan"), float("nan"))
+
+
+def attention_mark(row: dict, mixed_table: bool) -> str:
+    """' (sdpa; paper fa3)' after a tok/s measured on another attention kernel than the paper's, ' (fa3)' in a
+    table whose rows used different kernels; '' when the numbers compare like for like (or nothing is known)."""
+    ours, paper = row["attention"], row["paper"].get("attention")
+    if paper is not None and ours != [paper]:
+        return f" ({', '.join(ours)}; paper {paper})"
+    return f" ({', '.join(ours)})" if mixed_table else ""
 
 
 def _fmt(value: float, std: float | None, fmt: str) -> str:
@@ -110,6 +123,7 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     active = any("params_active_m" in r["paper"] for r in rows)
     paper_tps = any("tok_per_sec" in r["paper"] for r in rows)
     header += (["active params (M)", "paper active (M)"] if active else []) + (["paper tok/s"] if paper_tps else [])
+    mixed_table = len({a for r in rows if not math.isnan(r["tok_per_sec"]) for a in r["attention"]}) > 1
     body = []
     for r in rows:
         line = [r["label"], str(r["seeds"])]
@@ -127,7 +141,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         paper_m, paper_t = r["paper"].get("params_memory_m"), r["paper"].get("params_total_m")
         line.append("–" if paper_m is None and paper_t is None else f"{paper_m if paper_m is not None else '–'} / "
                     f"{paper_t if paper_t is not None else '–'}")
-        line.append("–" if math.isnan(r["tok_per_sec"]) else f"{r['tok_per_sec']:,.0f}")
+        tok_s = r["tok_per_sec"]
+        line.append("–" if math.isnan(tok_s) else f"{tok_s:,.0f}" + attention_mark(r, mixed_table))
         if active:
             line.append("–" if math.isnan(r["params_active"]) else f"{r['params_active'] / 1e6:.1f}")
             line.append(str(r["paper"].get("params_active_m", "–")))

@@ -174,7 +174,7 @@ def test_sparse_moe_results_show_active_params_and_paper_throughput(tmp_path):
     d = tmp_path / "runs" / "d24_sparse_moe" / "moe" / "seed42"
     d.mkdir(parents=True)
     d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.69, "core": 0.29,
-                                                      "tok_per_sec": 600000.0,
+                                                      "tok_per_sec": 600000.0, "attention": "fa3",
                                                       "params_memory": 0, "params_total": 1_384_341_552,
                                                       "params_active": 780_361_776}))
     results.main(["--table", "d24_sparse_moe", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
@@ -352,3 +352,85 @@ def test_results_rows_follow_the_paper_table_and_show_the_paper_std(tmp_path):
     scaling = (tmp_path / "res" / "d12_scaling.md").read_text()
     assert scaling.index("| Bigram 3V |") < scaling.index("| Bigram 24V |") < scaling.index("| MoME A2/3 |")
     assert "| 0.8667 ± 0.0005 |" in scaling  # MoME A2/3 paper train bpb with its std
+
+
+# the reference's attention per row (../shared/spec/mome_reference_training.md §4.1-4.2; appendix_adaptations.md §1)
+AUTO_ROWS = {f"d12_compound/{p.stem}" for p in CONFIGS if p.parent.name == "d12_compound" and p.stem != "bigram"} | \
+    {f"families/qwen3_{r}" for r in ("base", "stem", "ve", "mome_a2_8")} | \
+    {f"d24_sparse_moe/{r}" for r in ("mome_a2_m12", "moe", "moe_mome")}
+PAPER_SDPA = {f"d12/{p.stem}" for p in CONFIGS if p.parent.name == "d12"} | \
+    {"d12_compound/bigram", "d12_scaling/bigram_b06", "d12_scaling/mome_b06", "d12_scaling/mome_b12"} | \
+    {f"families/{p.stem}" for p in CONFIGS if p.parent.name == "families" and p.stem.startswith(("m125", "m350"))}
+
+
+def test_rows_train_and_record_the_references_attention_kernel():
+    for path in CONFIGS:
+        cfg, key = load_row_config(path), f"{path.parent.name}/{path.stem}"
+        assert cfg["train"].get("attention", "sdpa") == ("auto" if key in AUTO_ROWS else "sdpa"), key
+        want = "fa3" if key.startswith("d24_sparse_moe/") else "sdpa" if key in PAPER_SDPA else None
+        assert cfg["paper"].get("attention") == want, key
+        notes = cfg["row"].get("notes", "")
+        assert "NANOCHAT_ATTN" not in notes, key
+        if key in AUTO_ROWS and not key.startswith("d24_sparse_moe/"):
+            assert "[paper] records no attention kernel" in notes, key
+    assert len(PAPER_SDPA) == 9 + 4 + 10 and len(AUTO_ROWS) == 14
+
+
+def test_row_notes_warmdown_for_every_family_and_the_jtok_scale_group():
+    for path in CONFIGS:
+        cfg = load_row_config(path)
+        if path.parent.name == "families":
+            assert "the paper text says cosine decay or warmdown, the configs use the linear warmdown" in \
+                cfg["row"]["notes"], path
+        if path.parent.name == "d24_token_memory" and path.stem in ("jtok", "jtokm"):
+            assert "scalar AdamW group (x0_lambdas: lr 0.5 x batch scale, betas (0.96, 0.95)" in cfg["row"]["notes"]
+
+
+def test_bad_paper_attention_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"\[paper\] 'attention' must be one of sdpa, fa2, fa3 .* got 'auto'"):
+        check_row_config({"row": {"table": "t", "name": "n"}, "train": {}, "paper": {"attention": "auto"}},
+                         tmp_path / "x.toml", runner=False)
+
+
+def _results_rows(tmp_path, table, runs: dict) -> dict:
+    from scripts import results
+
+    for row, summaries in runs.items():
+        for seed, extra in enumerate(summaries, 42):
+            d = tmp_path / "runs" / table / row / f"seed{seed}"
+            d.mkdir(parents=True)
+            d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.7,
+                                                              "params_memory": 0, "params_total": 1, **extra}))
+    results.main(["--table", table, "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
+    md = (tmp_path / "res" / f"{table}.md").read_text().splitlines()
+    header = [c.strip() for c in md[0].strip("|").split("|")]
+    return {cells[0]: dict(zip(header, cells)) for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|"))}
+
+
+def test_results_mark_throughput_from_another_attention_kernel(tmp_path):
+    """Against the paper's FA3 tok/s: SDPA runs (recorded, or older runs without the record) and a run resumed on
+    another kernel are marked with the paper's kernel; an FA3 row only names its kernel, as the table mixes them
+    (one FA3 row alone: test_sparse_moe_results_show_active_params_and_paper_throughput, unmarked)."""
+    rows = _results_rows(tmp_path / "a", "d24_sparse_moe", {
+        "mome_a2_m12": [{"tok_per_sec": 800000.0, "attention": "fa3"}],
+        "moe": [{"tok_per_sec": 412000.0, "attention": "sdpa"}],
+        "moe_mome": [{"tok_per_sec": 400000.0}]})
+    assert rows["MoME (odd layers, A2/12)"]["tok/s"] == "800,000 (fa3)"
+    assert rows["MoE-FFN E6/K2/24 (+1 shared)"]["tok/s"] == "412,000 (sdpa; paper fa3)"
+    assert rows["MoE-FFN E6/K2/24 + MoME"]["tok/s"] == "400,000 (sdpa; paper fa3)"
+    rows = _results_rows(tmp_path / "b", "d24_sparse_moe", {"moe": [{"tok_per_sec": 5.0, "attention": "sdpa+fa3"}]})
+    assert rows["MoE-FFN E6/K2/24 (+1 shared)"]["tok/s"] == "5 (sdpa+fa3; paper fa3)"
+
+
+def test_results_name_the_kernels_of_a_table_whose_rows_mix_them(tmp_path):
+    """d12_compound: the Bigram row on SDPA (as the paper), the bigram-indexed MoME rows on auto = FA3 on Hopper
+    (the paper's kernel unknown): every tok/s names its kernel; seeds on different kernels are both named."""
+    rows = _results_rows(tmp_path, "d12_compound", {
+        "bigram": [{"tok_per_sec": 100.0}],
+        "mome_n6_m6": [{"tok_per_sec": 150.0, "attention": "fa3"}],
+        "mome_n12_m6": [{"tok_per_sec": 150.0, "attention": "fa3"}, {"tok_per_sec": 130.0, "attention": "sdpa"}]})
+    assert rows["Bigram (6V)"]["tok/s"] == "100 (sdpa)" and rows["MoME 6V x 6"]["tok/s"] == "150 (fa3)"
+    assert rows["MoME 12V x 6"]["tok/s"] == "140 (fa3, sdpa)"
+    alone = _results_rows(tmp_path / "c", "d12_compound", {"bigram": [{"tok_per_sec": 100.0}]})
+    assert alone["Bigram (6V)"]["tok/s"] == "100"  # like the paper's kernel, nothing to mark

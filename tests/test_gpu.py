@@ -2,7 +2,8 @@
 
 Run on a GPU machine with ``python -m pytest -m gpu tests/test_gpu.py``: a bf16-autocast training step of every
 memory block, ``torch.compile(fullgraph=True)`` of a MoME model, the trainer's resume on CUDA, and the
-flash-attention path when ``flash_attn`` is importable.
+``--attention fa2/fa3`` paths where FlashAttention-2 (``flash_attn``) / FlashAttention-3 (``flash_attn_interface``
+or the ``kernels`` package, Hopper only) can be loaded (skipped, with the reason, where not).
 """
 
 import json
@@ -158,16 +159,31 @@ def test_resume_on_cuda_continues_the_run(tmp_path):
     assert summary["stop_reason"] == "completed" and summary["step"] == 6
 
 
-def test_flash_attention_path_matches_sdpa(monkeypatch):
-    pytest.importorskip("flash_attn", reason="flash_attn is not installed")
-    cfg = tiny_config(**MEMORIES["mome"])
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_flash_attention_path_matches_sdpa(monkeypatch, backend):
+    from nanochat import gpt
+
+    try:
+        flash = gpt.resolve_attention(backend, "cuda")
+    except ValueError as e:  # the package is not installed, or this GPU cannot run it: the message says which
+        pytest.skip(str(e))
+    cfg = tiny_config(**MEMORIES["mome"], n_kv_head=1)  # GQA: 2 query heads share one KV head
     model = build_model(cfg, device="cuda", seed=0)
     x, _ = _batch(2)
     with torch.no_grad(), autocast_context("cuda", "bfloat16"):
         sdpa = model(x)
-        monkeypatch.setenv("NANOCHAT_ATTN", "flash")
-        flash = model(x)
-    assert ((flash - sdpa).norm() / sdpa.norm()) < 2e-2
+        monkeypatch.setattr(gpt, "_ATTENTION", flash)
+        out = model(x)
+    assert ((out - sdpa).norm() / sdpa.norm()) < 2e-2
+
+
+def test_attention_auto_is_resolved_and_recorded_on_cuda(tmp_path):
+    """auto = fa3 on a Hopper GPU with FA3 installed, else sdpa: what the trainer resolved is in summary.json."""
+    from nanochat.gpt import resolve_attention
+
+    _train(tmp_path / "r", "--attention", "auto")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["attention"] == resolve_attention("auto", "cuda").name
 
 
 # -- the MobileLLM and Qwen3 families (nanochat.families) -------------------------------------------------------
@@ -188,8 +204,8 @@ def _family_config(family, block, tie=True):
 @pytest.mark.parametrize("family", ["mobilellm", "qwen3"])
 @pytest.mark.parametrize("block", list(FAMILY_BLOCKS))
 def test_bf16_autocast_train_step_every_family(family, block):
-    """bf16 autocast on CUDA vs fp32 on the CPU (same weights), then one step of the family's optimizer groups;
-    with flash_attn installed the attention takes the flash path (GQA, Qwen3's head_dim 48 != C/H)."""
+    """bf16 autocast on CUDA vs fp32 on the CPU (same weights), then one step of the family's optimizer groups
+    (SDPA attention: GQA, Qwen3's head_dim 48 != C/H)."""
     from nanochat.families import build_model as build_family, param_groups
     from nanochat.optim import MuonAdamW, OptimConfig
 

@@ -41,8 +41,8 @@ def test_tiny_run_report_has_provenance_and_results(tmp_path):
     assert table_value(md, "val bpb") == f"{summary['val_bpb']:.6f}" and table_value(md, "CORE") == "n/a"
     assert table_value(md, "tokens") == "1,024" and table_value(md, "parameters").endswith(" total, 0 memory")
     assert table_value(md, "throughput (tok/s)") == (
-        f"{summary['tok_per_sec']:,.0f} (steady state: steps after the first 3 of each process; timed steps: 1; "
-        f"all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f})")
+        f"{summary['tok_per_sec']:,.0f} (attention sdpa; steady state: steps after the first 3 of each process; "
+        f"timed steps: 1; all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f})")
     if not torch.cuda.is_available():  # CPU: no peak FLOP/s, so the MFU of 0 is reported as unknown
         cpu = json.loads((run / "environment.json").read_text())["sessions"][0]["device_name"]
         assert table_value(md, "MFU") == f"n/a (no peak FLOP/s known for {cpu})"
