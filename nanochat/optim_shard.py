@@ -6,8 +6,10 @@ A bucket is one collective's worth of gradients and the parameters updated from 
   to a multiple of the world size W, reduce-scattered so rank r owns matrices [r*c, (r+1)*c), c = K_pad / W
   (padding matrices are zeros and own nothing). Rank r keeps the Muon state of its c matrices only, updates them,
   and the updated (c, m, n) chunks are all-gathered back into every rank's parameters.
-* ``RowShardBucket``: one large AdamW parameter (>= SHARD_MIN_NUMEL elements, rows divisible by W) reduce-scattered
-  by rows; rank r keeps the Adam moments of its rows only (ZeRO-2) and all-gathers its updated rows.
+* ``RowShardBucket``: one large AdamW parameter (>= SHARD_MIN_NUMEL elements, >= W rows) reduce-scattered by rows;
+  rank r keeps the Adam moments of its R // W rows only (ZeRO-2) and all-gathers its updated rows. When W does not
+  divide the row count R (Engram's table is a sum of primes), the last R % W < W rows are all-reduced and updated
+  on every rank instead: no padded copy of a table-sized gradient.
 * ``ReplicatedBucket``: every other AdamW parameter (scalars, biases, small gates), flattened into one buffer,
   all-reduced; every rank applies the same (cheap) update.
 
@@ -157,36 +159,53 @@ class ReplicatedBucket(Bucket):
 
 
 class RowShardBucket(Bucket):
-    """One large AdamW parameter split by rows: rank r owns rows [r*R/W, (r+1)*R/W)."""
+    """One large AdamW parameter of R rows split by rows: with c = R // W, rank r owns rows [r*c, (r+1)*c) and
+    every rank owns the tail rows [W*c, R) (fewer than W; none when W divides R), all-reduced and updated alike.
+    The tail's Adam moments live under their own state key (``self.tail_key``); the state dict joins them."""
 
     def __init__(self, p, group, world, rank):
         super().__init__([p], [group], world, rank)
         rows = p.shape[0] // world
         self.rows = slice(rank * rows, (rank + 1) * rows)
-        self.local_grad = None
+        self.main = rows * world  # rows [0, main) are sharded, [main, R) are the tail
+        self.tail_key = ("row-shard tail", id(p)) if self.main < p.shape[0] else None
+        self.local_grad = self.tail_grad = self._tail_work = None
 
     def _start_reduce(self):
         p = self.params[0]
         grad = _dense_grad(p)
         self.local_grad = torch.empty_like(p[self.rows])
-        return dist.reduce_scatter_tensor(self.local_grad, grad, op=dist.ReduceOp.SUM, async_op=True)
+        if self.tail_key is not None:  # a few rows: cheaper to all-reduce than to pad the whole gradient
+            self.tail_grad = grad[self.main:].contiguous()
+            self._tail_work = dist.all_reduce(self.tail_grad, op=dist.ReduceOp.SUM, async_op=True)
+        return dist.reduce_scatter_tensor(self.local_grad, grad[:self.main], op=dist.ReduceOp.SUM, async_op=True)
 
     def _after_reduce(self) -> None:
         self.local_grad.div_(self.world)
+        if self._tail_work is not None:
+            self._tail_work.wait()
+            self._tail_work = None
+            self.tail_grad.div_(self.world)
 
     def adamw_items(self, group: dict) -> list[tuple]:
         p = self.params[0]
-        return [(p, p.data[self.rows], self.local_grad)]  # a contiguous row block: updated in place
+        items = [(p, p.data[self.rows], self.local_grad)]  # a contiguous row block: updated in place
+        if self.tail_key is not None:
+            items.append((self.tail_key, p.data[self.main:], self.tail_grad))
+        return items
 
     def grad_sq_sum(self) -> torch.Tensor:
-        return self.local_grad.float().square().sum()
+        total = self.local_grad.float().square().sum()
+        if self.tail_key is not None and self.rank == 0:  # replicated rows: counted once, by rank 0
+            total = total + self.tail_grad.float().square().sum()
+        return total
 
     def _start_gather(self):
         p = self.params[0]
-        return dist.all_gather_into_tensor(p.data, p.data[self.rows].clone(), async_op=True)
+        return dist.all_gather_into_tensor(p.data[:self.main], p.data[self.rows].clone(), async_op=True)
 
     def _after_gather(self) -> None:
-        self.local_grad = None
+        self.local_grad = self.tail_grad = None
         self.params[0].grad = None  # the full gradient is stale (only the local rows were averaged)
 
     def full_state(self, state: dict) -> dict:
@@ -195,18 +214,25 @@ class RowShardBucket(Bucket):
             return {}
         out = {}
         for k, v in state[p].items():
-            if v.dim() == 0:  # the step count: the same on every rank
+            if v.dim() == 0:  # the step count: the same on every rank (and for the tail)
                 out[k] = v.detach().cpu().clone()
-            else:
-                full = torch.empty((v.shape[0] * self.world, *v.shape[1:]), dtype=v.dtype, device=v.device)
-                dist.all_gather_into_tensor(full, v.contiguous())
-                out[k] = full.cpu()
+                continue
+            full = torch.empty((v.shape[0] * self.world, *v.shape[1:]), dtype=v.dtype, device=v.device)
+            dist.all_gather_into_tensor(full, v.contiguous())
+            if self.tail_key is not None:
+                full = torch.cat([full, state[self.tail_key][k]])
+            out[k] = full.cpu()
         return {p: out}
 
     def load_full_state(self, state: dict, full: dict) -> None:
         p = self.params[0]
-        if p in full:
-            state[p] = {k: _to_param_device(v if v.dim() == 0 else v[self.rows], p, k) for k, v in full[p].items()}
+        if p not in full:
+            return
+        saved = full[p]
+        state[p] = {k: _to_param_device(v if v.dim() == 0 else v[self.rows], p, k) for k, v in saved.items()}
+        if self.tail_key is not None:
+            state[self.tail_key] = {k: _to_param_device(v if v.dim() == 0 else v[self.main:], p, k)
+                                    for k, v in saved.items()}
 
 
 class MuonBucket(Bucket):
@@ -306,7 +332,7 @@ def build_buckets(param_groups: list[dict], world: int, rank: int) -> list[Bucke
             buckets.append(MuonBucket(group, world, rank))
             continue
         for p in group["params"]:
-            if world > 1 and p.numel() >= SHARD_MIN_NUMEL and p.shape[0] % world == 0:
+            if world > 1 and p.numel() >= SHARD_MIN_NUMEL and p.shape[0] >= world:
                 buckets.append(RowShardBucket(p, group, world, rank))
             else:
                 small.append(p)

@@ -1,0 +1,56 @@
+"""Worker for test_optim_shard's row-shard tail check (torchrun, gloo; importable for the 1-process run).
+
+    python -m torch.distributed.run --nproc_per_node=W tests/_row_tail_worker.py OUT [LOAD]
+
+One AdamW group of two large tables, one with a row count that W does not divide (37 rows: Engram's table is a sum
+of primes, 6,249,886 rows at d24) and one that it does (36), driven for 3 steps by dyadic gradients that every world
+size averages to the same numbers exactly (see _shard_worker.py). Rank 0 writes OUT: the tables, the full state
+dict, the bucket kinds and every rank's optimizer-state size. With LOAD, that state dict is loaded first.
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+from nanochat import optim_shard
+from nanochat.optim import MuonAdamW, OptimConfig, adamw_group
+
+VIRTUAL, STEPS = 4, 3
+
+
+def run(load=None) -> dict:
+    world, rank = optim_shard.world_info()
+    if world > 1:  # (a separate process) so the tiny tables take the row-sharded path
+        optim_shard.SHARD_MIN_NUMEL = 1024
+    gen = torch.Generator().manual_seed(0)
+    tables = [torch.nn.Parameter(torch.randn(rows, 64, generator=gen)) for rows in (37, 36)]
+    group = adamw_group("tables", tables, 0.01, OptimConfig(), wd=0.1)
+    group["initial_lr"] = group["lr"]
+    opt = MuonAdamW([group])
+    if load is not None:
+        opt.load_state_dict(torch.load(load, weights_only=False)["state_dict"])
+    mine = range(rank * VIRTUAL // world, (rank + 1) * VIRTUAL // world)
+    for step in range(STEPS):
+        gen = torch.Generator().manual_seed(1000 + step)
+        for p in tables:
+            virtual = [torch.randint(-8, 9, p.shape, generator=gen).float() / 8 for _ in range(VIRTUAL)]
+            p.grad = sum(virtual[v] for v in mine) * (world / VIRTUAL)
+        opt.step()
+        for p in tables:
+            p.grad = None
+    numel = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim())
+    sizes = [numel] * world
+    if world > 1:
+        dist.all_gather_object(sizes, numel)
+    return {"tables": [p.detach().clone() for p in tables], "state_dict": opt.state_dict(), "state_numel": sizes,
+            "bucket_kinds": sorted(type(b).__name__ for b in opt.buckets), "grad_norm": float(opt.grad_norm)}
+
+
+if __name__ == "__main__":
+    from nanochat.common import compute_cleanup, compute_init
+
+    info, _ = compute_init("cpu")
+    out = run(sys.argv[2] if len(sys.argv) > 2 else None)
+    if info.rank == 0:
+        torch.save(out, sys.argv[1])
+    compute_cleanup()
