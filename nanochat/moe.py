@@ -22,7 +22,10 @@ deterministic). Two ways to run the segments (``GROUPED_MM``, None = by dtype):
   kernel per matrix for all experts, no host sync, and it compiles (``torch.compile`` traces it only in bf16,
   the CUDA training dtype, and its kernels want row strides in multiples of 16 bytes: C and h multiples of 8).
 * looped: one F.linear per expert on its slice, the slice lengths read on the host (one sync per layer); the
-  loop is ``torch.compiler.disable``-d, i.e. ONE graph break per MoE layer when an fp32 model is compiled (CPU).
+  loop is ``torch.compiler.disable``-d. Compiled in fp32 (CPU, ``--dtype float32``, or C, h not multiples of 8),
+  that break sits inside GPT.forward's loop over the blocks, so dynamo compiles each Block on its own instead,
+  recompiling per layer up to its recompile limit (8): deeper layers then run eager. Results are unchanged
+  (compiled == eager, measured); only speed suffers. The CUDA training path (bf16, grouped) compiles whole.
 
 Parameters (spec F5): every expert matrix is its own 2-D parameter (experts.i.c_fc (h, C), experts.i.c_proj
 (C, h), shared.j.* alike), so the optimizer's shape routing sends them to Muon unchanged and each expert is
