@@ -295,6 +295,34 @@ def test_every_block_trains_on_every_family(family, memory, opts):
     assert all(not torch.equal(a, b) for a, b in zip(tables, model.memory.memory_tables()))  # memory learns
 
 
+COMPILE_CASES = [("qwen3", "jtokm", {}), ("mobilellm", "mome", dict(slots=3, topk=1, **VALUE)),
+                 ("qwen3", "stem", {}), ("mobilellm", "engram", {"compression": "identity"}),
+                 ("mobilellm", "move_input", {})]
+
+
+@pytest.mark.parametrize("family,memory,opts", [pytest.param(*c, marks=[pytest.mark.slow] if i else [],
+                                                              id=f"{c[0]}-{c[1]}") for i, c in enumerate(COMPILE_CASES)])
+def test_training_forward_compiles_as_one_graph(family, memory, opts):
+    """CUDA runs compile by default: the families' training forward and backward trace with no graph break
+    (dynamo + AOTAutograd, fullgraph=True; 4-13 s each here, so only the first case runs by default) and give the
+    eager loss and gradients."""
+    model = build_model(tiny(family, memory, opts), seed=0)
+    model.train()
+    data = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    loss = torch.compile(model, fullgraph=True, backend="aot_eager")(data[:, :-1], data[:, 1:])
+    loss.backward()
+    torch._dynamo.reset()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    eager = model(data[:, :-1], data[:, 1:])
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
 @pytest.mark.parametrize("family", ["mobilellm", "qwen3"])
 @pytest.mark.parametrize("memory,opts", BLOCKS, ids=lambda x: str(x))
 def test_cached_decoding_equals_full_forward(family, memory, opts):
