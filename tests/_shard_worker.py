@@ -23,68 +23,74 @@ from nanochat.optim import build_optimizer
 VIRTUAL = 4
 STEPS = 3
 
-out_path = sys.argv[1]
-load_path = sys.argv[2] if len(sys.argv) > 2 else None
-optim_shard.SHARD_MIN_NUMEL = 1024  # so the tiny tables and the embeddings take the row-sharded path
-info, _ = compute_init("cpu")
-W, rank = info.world_size, info.rank
 
-calls = {"n": 0, "bytes": 0}
-if W > 1:  # count every collective the optimizer issues
-    for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
-        real = getattr(dist, name)
+def main(out_path, load_path=None) -> None:
+    """The whole run; importable so that the 1-process case runs inside the test (no torchrun start-up)."""
+    info, _ = compute_init("cpu")
+    W, rank = info.world_size, info.rank
+    if W > 1:  # (its own process) so the tiny tables and the embeddings take the row-sharded path
+        optim_shard.SHARD_MIN_NUMEL = 1024
 
-        def counted(*args, _real=real, **kwargs):
-            calls["n"] += 1
-            calls["bytes"] += args[1].numel() * args[1].element_size() if len(args) > 1 else \
-                args[0].numel() * args[0].element_size()
-            return _real(*args, **kwargs)
+    calls = {"n": 0, "bytes": 0}
+    if W > 1:  # count every collective the optimizer issues
+        for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
+            real = getattr(dist, name)
 
-        setattr(dist, name, counted)
-        setattr(optim_shard.dist, name, counted)
+            def counted(*args, _real=real, **kwargs):
+                calls["n"] += 1
+                calls["bytes"] += args[1].numel() * args[1].element_size() if len(args) > 1 else \
+                    args[0].numel() * args[0].element_size()
+                return _real(*args, **kwargs)
 
-cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
-                memory_options={"slots": 4, "topk": 2})
-model = build_model(cfg, seed=0)
-opt = build_optimizer(model)
-if load_path:
-    opt.load_state_dict(torch.load(load_path, weights_only=False)["state_dict"])
+            setattr(dist, name, counted)
+            setattr(optim_shard.dist, name, counted)
 
-mine = range(rank * VIRTUAL // W, (rank + 1) * VIRTUAL // W)
-per_step = []
-for step in range(STEPS):
-    gen = torch.Generator().manual_seed(1000 + step)
-    for p in model.parameters():
-        virtual = [torch.randint(-8, 9, p.shape, generator=gen).float() / 8 for _ in range(VIRTUAL)]
-        p.grad = sum(virtual[v] for v in mine) * (W / VIRTUAL)
-    before = dict(calls)
-    opt.step()
-    per_step.append({"collectives": calls["n"] - before["n"], "bytes": calls["bytes"] - before["bytes"]})
+    cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
+                    memory_options={"slots": 4, "topk": 2})
+    model = build_model(cfg, seed=0)
+    opt = build_optimizer(model)
+    if load_path:
+        opt.load_state_dict(torch.load(load_path, weights_only=False)["state_dict"])
+
+    mine = range(rank * VIRTUAL // W, (rank + 1) * VIRTUAL // W)
+    per_step = []
+    for step in range(STEPS):
+        gen = torch.Generator().manual_seed(1000 + step)
+        for p in model.parameters():
+            virtual = [torch.randint(-8, 9, p.shape, generator=gen).float() / 8 for _ in range(VIRTUAL)]
+            p.grad = sum(virtual[v] for v in mine) * (W / VIRTUAL)
+        before = dict(calls)
+        opt.step()
+        per_step.append({"collectives": calls["n"] - before["n"], "bytes": calls["bytes"] - before["bytes"]})
+        model.zero_grad(set_to_none=True)
+
+    state_numel = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+    sizes = [None] * W
+    if W > 1:
+        dist.all_gather_object(sizes, state_numel)
+    else:
+        sizes = [state_numel]
+    state_dict = opt.state_dict()  # collective
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grad_norm = float(opt.grad_norm)
+
+    # the hooks: armed before a real backward, every bucket is launched before step() is called
     model.zero_grad(set_to_none=True)
+    idx = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(7 + rank))
+    opt.arm_grad_hooks()
+    model(idx[:, :-1], idx[:, 1:]).backward()
+    launched_in_backward = [b.launched for b in opt.buckets]
+    opt.step()
 
-state_numel = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
-sizes = [None] * W
-if W > 1:
-    dist.all_gather_object(sizes, state_numel)
-else:
-    sizes = [state_numel]
-state_dict = opt.state_dict()  # collective
-params = {n: p.detach().clone() for n, p in model.named_parameters()}
-grad_norm = float(opt.grad_norm)
+    if rank == 0:
+        torch.save({"params": params, "state_dict": state_dict, "grad_norm": grad_norm,
+                    "per_step": per_step, "state_numel": sizes, "buckets": len(opt.buckets),
+                    "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
+                    "launched_in_backward": launched_in_backward}, out_path)
+    if dist.is_initialized():
+        dist.barrier()
+    compute_cleanup()
 
-# the hooks: armed before a real backward, every bucket is launched before step() is called
-model.zero_grad(set_to_none=True)
-idx = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(7 + rank))
-opt.arm_grad_hooks()
-model(idx[:, :-1], idx[:, 1:]).backward()
-launched_in_backward = [b.launched for b in opt.buckets]
-opt.step()
 
-if rank == 0:
-    torch.save({"params": params, "state_dict": state_dict, "grad_norm": grad_norm,
-                "per_step": per_step, "state_numel": sizes, "buckets": len(opt.buckets),
-                "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
-                "launched_in_backward": launched_in_backward}, out_path)
-if dist.is_initialized():
-    dist.barrier()
-compute_cleanup()
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
