@@ -119,9 +119,12 @@ def module_stats(model) -> dict[str, float]:
     """The ``stats()`` of every module that has one (the memory block's "memory/...", each MoE FFN's "moe/..."),
     merged for a metrics record; called at log steps only (they may sync with the device). Collective: the
     counters are first summed over the ranks, so the record describes the whole global batch, not rank 0's."""
-    if _dist_on():
-        for buf in stats_buffers(model).values():
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    buffers = list(stats_buffers(model).values())
+    if _dist_on() and buffers:  # one collective for all of them (an MoE FFN has its counters in every layer)
+        flat = torch.cat([b.reshape(-1).float() for b in buffers])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for buf, total in zip(buffers, flat.split([b.numel() for b in buffers])):
+            buf.copy_(total.view_as(buf))
     out = {}
     for module in getattr(model, "_orig_mod", model).modules():
         stats = getattr(module, "stats", None)
