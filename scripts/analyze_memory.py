@@ -30,7 +30,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/")
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
-    ap.add_argument("--corpus", nargs="+", default=["val"], help="val | train | core:<task> | core:all | file:PATH")
+    ap.add_argument("--corpus", nargs="+", action="extend", default=None,
+                    help="val | train | core:<task> | core:all | file:PATH (several; repeatable; default val)")
     ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain (0 = all for core/file)")
     ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset' (see scripts/base_eval.py)")
@@ -40,7 +41,9 @@ def parse_args(argv=None):
     ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
     ap.add_argument("--no-progress", action="store_true")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.corpus = args.corpus or ["val"]  # a list default would be extended, not replaced
+    return args
 
 
 def memory_use(model, domains, batch_size: int, bos_id: int, progress: bool = True) -> dict:

@@ -53,7 +53,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/ (a MoME run)")
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
-    ap.add_argument("--corpus", nargs="*", default=[], help="val | train | core:<task> | core:all | file:PATH")
+    ap.add_argument("--corpus", nargs="*", action="extend", default=[],
+                    help="val | train | core:<task> | core:all | file:PATH (several; repeatable)")
     ap.add_argument("--reference", default="val", help="corpus spec of the JSD reference domain ('' = no JSD)")
     ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain")
     ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")

@@ -315,3 +315,16 @@ def test_capture_error_names_what_is_missing_for_designs_with_memory_layers(tmp_
     _, model, _ = make_run(tmp_path, "jtok")
     with pytest.raises(ValueError, match="--memory jtok: the analyses cannot capture its memory layers"):
         memory_block(model)
+
+
+def test_corpus_flag_accumulates_when_repeated():
+    """`--corpus val --corpus core:all` (the README's form) analyses both corpora, like `--corpus val core:all`;
+    argparse's plain nargs would keep only the last one, silently."""
+    from scripts import analyze_memory, analyze_routing
+
+    for argv, want in ((["--corpus", "val", "--corpus", "core:all"], ["val", "core:all"]),
+                       (["--corpus", "val", "core:all"], ["val", "core:all"]),
+                       (["--corpus", "file:x.txt"], ["file:x.txt"])):
+        assert analyze_memory.parse_args(["--run", "r", *argv]).corpus == want
+        assert analyze_routing.parse_args(["--run", "r", *argv]).corpus == want
+    assert analyze_memory.parse_args(["--run", "r"]).corpus == ["val"]
