@@ -5,7 +5,8 @@
     torchrun --standalone --nproc_per_node=8 bench/dist_optim.py --device cuda --depth 12   # GPUs, nccl
 
 * new: ``nanochat.optim.MuonAdamW``: one reduce-scatter + one all-gather per Muon group and per large AdamW
-  parameter, one all-reduce for the small parameters, one for the grad norm; each rank updates its shard only.
+  parameter (+ one all-reduce of its last R mod W rows when W does not divide them), one all-reduce for the small
+  parameters, one for the grad norm; each rank updates its shard only.
 * old: the optimizer before the sharding (``ReplicatedMuonAdamW`` below): one all-reduce per parameter, then
   every rank runs the full Muon and AdamW update.
 

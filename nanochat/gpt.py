@@ -3,7 +3,8 @@
 Architecture (paper appendix / reference spec §1): param-free RMSNorm everywhere, untied wte/lm_head, RoPE
 (base 10000, half-split) then QK-norm, full causal attention, relu^2 MLP of width 4C, no biases, per-layer
 ``x <- resid_lambdas[i] * x + x0_lambdas[i] * x0`` with x0 the normed token embedding, logit softcap 15.
-The memory block (``nanochat.memory``) may add to the residual stream and/or to the attention values.
+The memory block (``nanochat.memory``) may add to the residual stream, the attention values and/or the FFN
+increment (JTok/JTok-M).
 ``mlp="moe"`` replaces every layer's MLP by a sparse MoE FFN (``nanochat.moe``), whatever the memory block.
 
 ``GPT.__init__`` is meant to run on the meta device: every real value is set in ``init_weights()``.

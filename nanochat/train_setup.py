@@ -1,8 +1,8 @@
 """Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle, the
 attention kernel.
 
-Kept apart from scripts/base_train.py so the loop reads top to bottom and so --dry-run never imports or
-touches any of this (it needs no data and no tokenizer).
+Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run calls none of this: it needs no
+data (it only reads an existing tokenizer's size) and does not resolve --attention.
 """
 
 from dataclasses import dataclass

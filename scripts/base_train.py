@@ -1,4 +1,4 @@
-"""Pretrain a GPT with a memory block (base, ve, bigram, mome).
+"""Pretrain a GPT (any --model-type family) with a memory block (any --memory: base, ve, bigram, mome, ...).
 
     python -m scripts.base_train --depth 12 --memory mome --target-flops 3e18
     torchrun --standalone --nproc_per_node=8 -m scripts.base_train --config configs/....toml

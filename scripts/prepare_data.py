@@ -10,8 +10,9 @@
 Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>).
 For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
 (deterministic, disjoint from train, and drawn from every source so it matches the train distribution).
-An hf: dataset is streamed with `datasets` (nothing but the shards is kept) and every round(1/--val-fraction)-th
-document goes to val, so the split is deterministic and spread over the whole stream.
+An hf: dataset is streamed with `datasets` (nothing but the shards is kept) and a --val-fraction f of its documents
+goes to val, evenly spread (document i is val when floor((i+1)f) > floor(i f)), so the split is deterministic and
+spread over the whole stream.
 """
 
 import argparse

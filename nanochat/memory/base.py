@@ -1,7 +1,7 @@
 """The memory-block extension point.
 
 A memory block is one ``nn.Module`` owned by the model (``model.memory``), whatever the backbone family
-(``nanochat.families``). The model calls it at up to five places:
+(``nanochat.families``). The model calls it at up to six places:
 
     ctx = memory.prepare(idx, state)            once per forward, before layer 0 (e.g. hash indices once)
     x   = memory.residual(layer, x, ctx)        every layer, before the block (nanochat: after the resid/x0 mix)
