@@ -269,7 +269,8 @@ class RoutingAccumulator:
         row = {
             "marginal_effective_slots": effective_count(member).mean().item(),
             "weight_effective_slots": effective_count(weight).mean().item(),
-            "largest_slot_mass": member.max(-1).values.mean().item(),
+            "largest_slot_mass": weight.max(-1).values.mean().item(),  # see routing_metrics.audit
+            "largest_slot_positions": (self.member.max(-1).values / self.token_counts.sum().clamp_min(1)).mean().item(),
             "per_token_effective_slots": self.per_token_effective(min_count),
             "inactive_cells": int((self.member == 0).sum()),
             "total_cells": self.member.numel(),

@@ -45,7 +45,8 @@ BUILTIN_PROMPTS = {
               ("storage", "He saved the files on the hard drive")],
 }
 AUDIT_COLUMNS = [("marginal_effective_slots", "Marginal effective slots"), ("weight_effective_slots",
-                 "Weight-effective slots"), ("largest_slot_mass", "Largest-slot mass"),
+                 "Weight-effective slots"), ("largest_slot_mass", "Largest-slot mass (weight)"),
+                 ("largest_slot_positions", "Largest-slot share of positions"),
                  ("per_token_effective_slots", "Per-token effective slots")]
 
 
@@ -99,7 +100,8 @@ def audit_markdown(rows: dict[str, dict], reference: str | None) -> str:
     lines = ["| Domain | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for name, r in rows.items():
         cells = [f"{r['marginal_effective_slots']:.3f}", f"{r['weight_effective_slots']:.3f}",
-                 f"{100 * r['largest_slot_mass']:.2f}%", f"{r['per_token_effective_slots']:.3f}",
+                 f"{100 * r['largest_slot_mass']:.2f}%", f"{100 * r['largest_slot_positions']:.2f}%",
+                 f"{r['per_token_effective_slots']:.3f}",
                  f"{r['inactive_cells']} / {r['total_cells']:,}"]
         if reference:
             cells.append(f"{r['jsd_mean']:.4f} / {r['jsd_max']:.4f}")

@@ -63,9 +63,16 @@ def test_audit_row_and_reference_jsd():
     topk = torch.tensor([[[0, 1]], [[1, 2]]])
     w = torch.tensor([[[0.75, 0.25]], [[0.5, 0.5]]])
     row = audit(topk, w, torch.tensor([1, 2]), M=4, reference_weight_dist=weight_distribution(topk, w, 4))
-    assert row["largest_slot_mass"] == pytest.approx(0.5)
+    # weight mass per slot (0.75, 0.75, 0.5, 0) / 2; slot 1 is in the top-2 of both positions
+    assert row["largest_slot_mass"] == pytest.approx(0.375) and row["largest_slot_positions"] == pytest.approx(1.0)
     assert row["inactive_cells"] == 1 and row["total_cells"] == 4
     assert row["jsd_mean"] == pytest.approx(0.0, abs=1e-12)
+    # one slot chosen everywhere with weight 0.7 (the paper's 60-64% is possible only in these readings: the top-K
+    # membership share is at most 1/K)
+    topk = torch.tensor([[[0, j]] for j in (1, 2, 3, 1)])
+    w = torch.tensor([[[0.7, 0.3]]] * 4)
+    row = audit(topk, w, torch.tensor([1, 2, 3, 4]), M=4)
+    assert row["largest_slot_mass"] == pytest.approx(0.7) and row["largest_slot_positions"] == pytest.approx(1.0)
 
 
 def test_stratified_bootstrap_keeps_class_sizes():
