@@ -3,15 +3,18 @@
     python -m scripts.build_slot_map --checkpoint RUN_DIR --group-size 2 [--source wte|ve] [--step N]
            [--tokenizer-dir DIR] --output slot_map_c2.json
 
-Takes the token embedding (``wte``, default) or the first VE table (``ve``, needs a --memory ve run) of the
-checkpoint, groups the vocabulary into V/c rows of exactly c mutually near tokens by cosine similarity and writes
-a versioned JSON file (format in nanochat/memory/slot_map.py). With --tokenizer-dir the special tokens are read
-from the tokenizer header and kept in rows of their own, and the tokenizer's hash is recorded.
+Takes the token embedding (``wte``, default) or the last (deepest) VE table (``ve``, needs a --memory ve run) of
+the checkpoint, groups the vocabulary into V/c rows of exactly c mutually near tokens by cosine similarity and
+writes a versioned JSON file (format in nanochat/memory/slot_map.py). The tokenizer (--tokenizer-dir, default the
+checkpoint's run's) gives the special tokens, kept in rows of their own, and its fingerprint and BOS id, recorded
+so that a run on another tokenizer refuses the map.
+
+Not the authors' builder (not public): theirs also counted token frequencies over 20M tokens and orders slots by
+frequency (slot 0 = {" the", " The"}); this one seeds the tightest neighbourhoods first and records no counts.
+Their own maps (``nanochat_slot_map_v1``) load directly with --mome-slot-map.
 """
 
 import argparse
-import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -22,16 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
 
 
-def tokenizer_info(directory) -> tuple[list[int], str]:
-    """Special-token ids and a sha256 over the tokenizer's header and merge files."""
-    directory = Path(directory)
-    header_path, ranks_path = directory / "tokenizer.json", directory / "tokenizer.bpe"
-    for p in (header_path, ranks_path):
-        if not p.is_file():
-            raise SystemExit(f"--tokenizer-dir {directory}: missing {p.name}")
-    header = json.loads(header_path.read_text())
-    h = hashlib.sha256(header_path.read_bytes() + ranks_path.read_bytes()).hexdigest()
-    return sorted(int(i) for i in header.get("special_tokens", {}).values()), h
+def run_tokenizer(directory, meta: dict):
+    """--tokenizer-dir, else the tokenizer the checkpoint's run trained with; refused when neither is there (the
+    specials would be grouped with ordinary tokens and the map could not be checked against a run's tokenizer)."""
+    from nanochat.tokenizer import HEADER_FILE, get_tokenizer
+
+    directory = directory or meta.get("tokenizer_dir")
+    if not directory or not (Path(directory) / HEADER_FILE).is_file():
+        raise SystemExit(f"error: no tokenizer at {directory!r} (the checkpoint's run records "
+                         f"{meta.get('tokenizer_dir')!r}): pass --tokenizer-dir DIR, the run's tokenizer")
+    return get_tokenizer(directory)
 
 
 def source_embedding(model, source: str) -> torch.Tensor:
@@ -51,7 +54,8 @@ def main(argv=None) -> None:
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--group-size", type=int, required=True, help="c_grp: tokens per row")
     ap.add_argument("--source", default="wte", choices=("wte", "ve"))
-    ap.add_argument("--tokenizer-dir", default=None, help="tokenizer of the run (specials + hash)")
+    ap.add_argument("--tokenizer-dir", default=None,
+                    help="tokenizer of the run (specials, fingerprint, BOS; default: the checkpoint run's)")
     ap.add_argument("--knn", type=int, default=64, help="neighbour-list length of the greedy pass")
     ap.add_argument("--output", required=True)
     args = ap.parse_args(argv)
@@ -63,14 +67,16 @@ def main(argv=None) -> None:
     V = model.config.vocab_size
     if V % args.group_size:
         raise SystemExit(f"--group-size {args.group_size} must divide the vocab size {V}")
-    specials, tok_hash = tokenizer_info(args.tokenizer_dir) if args.tokenizer_dir else ([], None)
+    tokenizer = run_tokenizer(args.tokenizer_dir, meta)
+    specials = sorted(int(i) for i in tokenizer.special_tokens.values())
     if any(not 0 <= i < V for i in specials):
         raise SystemExit(f"--tokenizer-dir: special ids {specials} do not fit the model vocab {V}")
     emb = source_embedding(model, args.source)
     rows = build_groups(emb, args.group_size, special_ids=specials, k=args.knn)
     source_ckpt = f"{Path(args.checkpoint).resolve()}@step{meta['step']}"
     digest = write_slot_map(args.output, rows, V, args.group_size, source_checkpoint=source_ckpt, source=args.source,
-                            tokenizer_sha256=tok_hash, special_token_ids=specials)
+                            tokenizer_fingerprint=tokenizer.fingerprint(), bos_token_id=tokenizer.bos_token_id,
+                            special_token_ids=specials)
     load_slot_map(args.output, V, args.group_size, digest)  # round-trip check of what was just written
     print(f"wrote {args.output}: {len(rows)} rows of {args.group_size} tokens (vocab {V}, source {args.source}, "
           f"sha256 {digest[:12]})")

@@ -48,7 +48,7 @@ def test_builder_falls_back_to_exact_search_when_lists_run_out():
 def test_round_trip_and_validation(tmp_path):
     rows = [[2 * i + 1, 2 * i] for i in range(8)]
     path = tmp_path / "m.json"
-    digest = write_slot_map(path, rows, 16, 2, source_checkpoint="run@step5", tokenizer_sha256="abc")
+    digest = write_slot_map(path, rows, 16, 2, source_checkpoint="run@step5", tokenizer_fingerprint="abc")
     sm = load_slot_map(path, 16, 2, digest)
     assert sm.token_to_row.tolist() == [i // 2 for i in range(16)]
     assert sm.header["source_checkpoint"] == "run@step5" and sm.header["num_rows"] == 8
@@ -68,6 +68,7 @@ def test_round_trip_and_validation(tmp_path):
     ([[0, 1, 2], [3, 4, 5]], "exactly 2"),
     ([[0, 1], [2, 9]], "in \\[0, 4\\)"),
     ([[0, 1]], "expected vocab 4"),
+    ([[0.9, 1.2], [2.0, 3.7]], "must be integers"),  # torch.tensor would have truncated them to a valid map
 ])
 def test_bad_partitions(tmp_path, rows, msg):
     path = tmp_path / "bad.json"
@@ -133,23 +134,92 @@ def test_fresh_training_without_the_slot_map_fails_before_the_first_step(tmp_pat
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
-def test_build_slot_map_script(tmp_path):
+def test_build_slot_map_script(tmp_path, tiny_tokenizer_dir, tiny_tokenizer):
     from nanochat.checkpoint import save_checkpoint
     from nanochat.gpt import build_model
 
-    model = build_model(tiny_config(memory="ve"), seed=0)
-    save_checkpoint(tmp_path / "run", 3, model, meta={})
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    (tok / "tokenizer.json").write_text(json.dumps({"special_tokens": {"<|bos|>": 510, "<|x|>": 511}}))
-    (tok / "tokenizer.bpe").write_text("")
-    out = tmp_path / "map.json"
-    r = subprocess.run([sys.executable, "scripts/build_slot_map.py", "--checkpoint", str(tmp_path / "run"),
-                        "--group-size", "4", "--source", "ve", "--tokenizer-dir", str(tok), "--output", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    model = build_model(tiny_config(memory="ve", vocab_size=1024), seed=0)
+    save_checkpoint(tmp_path / "run", 3, model, meta={"tokenizer_dir": str(tiny_tokenizer_dir)})
+    save_checkpoint(tmp_path / "bare", 3, model, meta={})
+
+    def build(run, *extra):
+        return subprocess.run([sys.executable, "scripts/build_slot_map.py", "--checkpoint", str(tmp_path / run),
+                               "--group-size", "4", "--source", "ve", *extra, "--output", str(tmp_path / f"{run}.json")],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    r = build("run")  # the tokenizer the checkpoint's run recorded
     assert r.returncode == 0, r.stderr
-    sm = load_slot_map(out, 512, 4, file_sha256(out))
-    assert sm.header["special_token_ids"] == [510, 511] and sm.header["source"] == "ve"
-    assert sm.header["tokenizer_sha256"] and "step3" in sm.header["source_checkpoint"]
-    assert int(sm.token_to_row[510]) == int(sm.token_to_row[511])
-    assert torch.bincount(sm.token_to_row).tolist() == [4] * 128
+    out = tmp_path / "run.json"
+    sm = load_slot_map(out, 1024, 4, file_sha256(out))
+    specials = sorted(tiny_tokenizer.special_tokens.values())
+    assert sm.header["special_token_ids"] == specials and sm.header["source"] == "ve"
+    assert sm.header["tokenizer_fingerprint"] == tiny_tokenizer.fingerprint()
+    assert sm.header["bos_token_id"] == tiny_tokenizer.bos_token_id and "step3" in sm.header["source_checkpoint"]
+    assert len({int(sm.token_to_row[i]) for i in specials}) == -(-len(specials) // 4)  # specials keep to themselves
+    assert torch.bincount(sm.token_to_row).tolist() == [4] * 256
+    r = build("bare")  # no tokenizer anywhere: refused (specials would be grouped with ordinary tokens)
+    assert r.returncode != 0 and "--tokenizer-dir" in r.stderr
+    assert build("bare", "--tokenizer-dir", str(tiny_tokenizer_dir)).returncode == 0
+
+
+def _reference_map(tok, rows) -> dict:
+    """A small file in the authors' nanochat_slot_map_v1 layout (reference notes §3.11)."""
+    def text(i):
+        return tok.decode_bytes([i]).decode("utf-8", errors="replace")
+
+    return {"format": "nanochat_slot_map_v1", "mapping": "table", "vocab_size": tok.vocab_size,
+            "slot_vocab_size": len(rows), "slot_factor": len(rows[0]),
+            "tokenizer": {"vocab_size": tok.vocab_size, "bos_token_id": tok.bos_token_id},
+            "slot_size_histogram": {str(len(rows[0])): len(rows)}, "stats": {}, "metadata": {},
+            "slots": [{"slot_id": i, "token_ids": r, "token_texts": [text(t) for t in r],
+                       "token_texts_visible": [text(t) for t in r], "sample_counts": [0] * len(r),
+                       "sample_count_sum": 0, "sample_share_sum": 0.0} for i, r in enumerate(rows)]}
+
+
+def test_the_authors_slot_maps_load_and_are_checked_against_the_tokenizer(tmp_path, tiny_tokenizer):
+    """Their format gives the same map as ours for the same rows, and a map of another tokenizer is refused:
+    BOS id, vocab size, token texts (theirs) or fingerprint (ours)."""
+    from nanochat.memory.slot_map import check_slot_map_tokenizer
+
+    tok = tiny_tokenizer
+    V = tok.vocab_size
+    rows = [[i, (i + V // 2)] for i in range(V // 2)]
+    theirs, ours = tmp_path / "theirs.json", tmp_path / "ours.json"
+    theirs.write_text(json.dumps(_reference_map(tok, rows)))
+    write_slot_map(ours, rows, V, 2, tokenizer_fingerprint=tok.fingerprint(), bos_token_id=tok.bos_token_id)
+    a, b = load_slot_map(theirs, V, 2), load_slot_map(ours, V, 2)
+    assert torch.equal(a.token_to_row, b.token_to_row)
+    for sm, path in ((a, theirs), (b, ours)):
+        check_slot_map_tokenizer(sm.header, tok, path)  # built for this tokenizer: accepted
+    with pytest.raises(ValueError, match="--mome-group-size is 4"):
+        load_slot_map(theirs, V, 4)
+    data = _reference_map(tok, rows)
+    data["slots"][1]["slot_id"] = 5
+    theirs.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="slot 1 must be an object with slot_id 1"):
+        load_slot_map(theirs, V, 2)
+    data = _reference_map(tok, rows)
+    data["tokenizer"]["bos_token_id"] = tok.bos_token_id - 1
+    theirs.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="BOS id"):
+        check_slot_map_tokenizer(load_slot_map(theirs, V, 2).header, tok, theirs)
+    data = _reference_map(tok, rows)
+    ascii_id = tok.encode("the")[0]
+    slot = data["slots"][ascii_id % (V // 2)]
+    slot["token_texts"][slot["token_ids"].index(ascii_id)] = "not it"
+    theirs.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="1 token texts differ"):
+        check_slot_map_tokenizer(load_slot_map(theirs, V, 2).header, tok, theirs)
+    write_slot_map(ours, rows, V, 2, tokenizer_fingerprint="0" * 64)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        check_slot_map_tokenizer(load_slot_map(ours, V, 2).header, tok, ours)
+    # the model asks when the trainer binds the run's tokenizer (build_run), before any step
+    from nanochat.gpt import build_model
+
+    opts = dict(index="grouped", group_size=2, slots=4, slot_map=str(ours))
+    model = build_model(tiny_config(memory="mome", memory_options=opts, vocab_size=V), seed=0)
+    with pytest.raises(ValueError, match="--mome-slot-map .*another tokenizer"):
+        model.memory.bind_tokenizer(tok)
+
+
+from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)

@@ -61,7 +61,7 @@ from nanochat.balance import loss_free_bias_update
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
-from .slot_map import load_slot_map
+from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
 
 GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
@@ -292,7 +292,7 @@ class MoMEMemory(MemoryBlock):
         o = self.opts
         try:
             loaded = load_slot_map(o.slot_map, vocab_size, o.group_size, o.slot_map_sha256 or None)
-            self._slot_map_cpu = loaded.token_to_row
+            self._slot_map_cpu, self._slot_map_header = loaded.token_to_row, loaded.header
         except ValueError as e:
             self._slot_map_error = str(e)
 
@@ -300,6 +300,12 @@ class MoMEMemory(MemoryBlock):
     def _loaded(module, incompatible_keys) -> None:
         if not any(k.endswith("slot_map") for k in incompatible_keys.missing_keys):
             module.slot_map_ready = True  # the checkpoint's map, whatever the file says now
+
+    def bind_tokenizer(self, tokenizer) -> None:
+        """A grouped map read from its file must have been built for this run's tokenizer (a resume then loads the
+        checkpoint's map, checked when its run started)."""
+        if tokenizer is not None and getattr(self, "_slot_map_cpu", None) is not None:
+            check_slot_map_tokenizer(self._slot_map_header, tokenizer, self.opts.slot_map)
 
     def check_ready(self) -> None:
         if hasattr(self, "slot_map") and not self.slot_map_ready:

@@ -3,8 +3,15 @@
 File format (JSON, ``format = "mome_nanochat_slot_map"``, ``version = 1``)::
 
     {"format": ..., "version": 1, "vocab_size": V, "group_size": c, "num_rows": N = V / c,
-     "source_checkpoint": str | null, "source": "wte" | "ve" | ..., "tokenizer_sha256": str | null,
-     "special_token_ids": [...], "rows": [[token ids of row 0], [row 1], ...]}
+     "source_checkpoint": str | null, "source": "wte" | "ve" | ..., "tokenizer_fingerprint": str | null,
+     "bos_token_id": int | null, "special_token_ids": [...], "rows": [[token ids of row 0], [row 1], ...]}
+
+The authors' ``nanochat_slot_map_v1`` files (reference notes §3.11: ``slots`` of ``{slot_id, token_ids,
+token_texts, ...}``, ``slot_factor``, ``tokenizer {vocab_size, bos_token_id}``) load too, so the exact maps of the
+paper's grouped rows can be used. Either way the map is checked against the run's tokenizer (``bind_tokenizer``):
+our files by the tokenizer's fingerprint and BOS id, theirs by vocab size, BOS id and every token text that is
+valid UTF-8 (a map built on another tokenizer of the same size would silently group unrelated tokens). Files
+written before the fingerprint was recorded (``tokenizer_sha256``, a hash of the files) are not checked.
 
 Every row holds EXACTLY c token ids and the rows partition [0, V) (disjoint, complete), so N = V / c and the
 MoME table has exactly N*M rows regardless of the map (param counts are known without reading the file).
@@ -29,6 +36,7 @@ import torch.nn.functional as F
 
 FORMAT_NAME = "mome_nanochat_slot_map"
 FORMAT_VERSION = 1
+REFERENCE_FORMAT = "nanochat_slot_map_v1"  # the authors' files
 FLAG = "--mome-slot-map"
 
 
@@ -64,10 +72,9 @@ def _validate_rows(rows, vocab_size, group_size, path):
     bad = [i for i, r in enumerate(rows) if len(r) != group_size]
     if bad:
         _fail(path, f"row {bad[0]} has {len(rows[bad[0]])} tokens, every row must have exactly {group_size}")
-    try:
-        flat = torch.tensor(rows, dtype=torch.long).view(-1)  # (N*c,)
-    except (TypeError, ValueError) as e:
-        _fail(path, f"token ids must be integers ({e})")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for r in rows for t in r):
+        _fail(path, "token ids must be integers")  # torch.tensor would truncate 0.9 to 0
+    flat = torch.tensor(rows, dtype=torch.long).view(-1)  # (N*c,)
     if flat.numel() and (flat.min() < 0 or flat.max() >= vocab_size):
         _fail(path, f"token ids must lie in [0, {vocab_size}) (found {int(flat.min())}..{int(flat.max())})")
     counts = torch.bincount(flat, minlength=vocab_size)
@@ -93,8 +100,11 @@ def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = N
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         _fail(path, f"corrupt file, not valid JSON ({e})")
+    if isinstance(data, dict) and data.get("format") == REFERENCE_FORMAT:
+        rows, header = _reference_rows(data, path, vocab_size, group_size)
+        return SlotMap(validate_rows(rows, vocab_size, group_size, path), header, digest)
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        _fail(path, f"not a slot map (format must be {FORMAT_NAME!r})")
+        _fail(path, f"not a slot map (format must be {FORMAT_NAME!r} or {REFERENCE_FORMAT!r})")
     if data.get("version") != FORMAT_VERSION:
         _fail(path, f"unsupported version {data.get('version')!r} (this code reads version {FORMAT_VERSION})")
     for key in ("vocab_size", "group_size", "num_rows", "rows"):
@@ -111,14 +121,75 @@ def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = N
     return SlotMap(token_to_row, header, digest)
 
 
+def _reference_rows(data: dict, path, vocab_size: int, group_size: int) -> tuple[list, dict]:
+    """The rows of an authors' ``nanochat_slot_map_v1`` file, with their loader's structural checks, and a header
+    that keeps what the tokenizer check needs (``tokenizer``, the token texts)."""
+    if data.get("mapping") != "table":
+        _fail(path, f"{REFERENCE_FORMAT} with mapping {data.get('mapping')!r}: only 'table' maps are slot maps")
+    for key in ("vocab_size", "slot_vocab_size", "slot_factor", "slots"):
+        if key not in data:
+            _fail(path, f"missing key {key!r}")
+    if data["vocab_size"] != vocab_size:
+        _fail(path, f"was built for vocab size {data['vocab_size']} but the model has vocab size {vocab_size}")
+    if data["slot_factor"] != group_size:
+        _fail(path, f"has slot_factor {data['slot_factor']} but --mome-group-size is {group_size}")
+    slots = data["slots"]
+    if not isinstance(slots, list) or len(slots) != data["slot_vocab_size"]:
+        _fail(path, f"has {len(slots) if isinstance(slots, list) else 'no'} slots, slot_vocab_size says "
+                    f"{data['slot_vocab_size']}")
+    texts = {}
+    for i, slot in enumerate(slots):
+        if not isinstance(slot, dict) or slot.get("slot_id") != i or "token_ids" not in slot:
+            _fail(path, f"slot {i} must be an object with slot_id {i} and token_ids (slots in slot_id order)")
+        for key in ("token_texts", "token_texts_visible", "sample_counts"):
+            if key in slot and len(slot[key]) != len(slot["token_ids"]):
+                _fail(path, f"slot {i}: {key} has {len(slot[key])} entries for {len(slot['token_ids'])} token ids")
+        texts.update(zip(slot["token_ids"], slot.get("token_texts", [])))
+    header = {k: v for k, v in data.items() if k != "slots"}
+    header["token_texts"] = texts
+    return [slot["token_ids"] for slot in slots], header
+
+
+def check_slot_map_tokenizer(header: dict, tokenizer, path) -> None:
+    """Refuse a map built on another tokenizer (see the module docstring); a no-op when the file records none."""
+    if header.get("format") == REFERENCE_FORMAT:
+        tok = header.get("tokenizer") or {}
+        if tok.get("vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
+            _fail(path, f"was built for a tokenizer of {tok['vocab_size']} tokens, this run's has {tokenizer.vocab_size}")
+        bos = tok.get("bos_token_id")
+        texts = header.get("token_texts", {})
+        bad = [(i, t) for i, t in texts.items() if _utf8_text(tokenizer, i) not in (None, t)]
+    else:
+        bos = header.get("bos_token_id")
+        fingerprint = header.get("tokenizer_fingerprint")
+        if fingerprint is not None and fingerprint != tokenizer.fingerprint():
+            _fail(path, "was built with another tokenizer (its tokenizer_fingerprint differs from this run's "
+                        "tokenizer): rebuild it with scripts/build_slot_map.py --tokenizer-dir <this run's tokenizer>")
+        bad = []
+    if bos is not None and bos != tokenizer.bos_token_id:
+        _fail(path, f"was built for BOS id {bos}, this run's tokenizer has {tokenizer.bos_token_id}")
+    if bad:
+        shown = ", ".join(f"{i}: {t!r} (here {_utf8_text(tokenizer, i)!r})" for i, t in bad[:3])
+        _fail(path, f"{len(bad)} token texts differ from this run's tokenizer ({shown}): it was built for another "
+                    "tokenizer")
+
+
+def _utf8_text(tokenizer, token_id: int) -> str | None:
+    """The token's text, or None when its bytes are not valid UTF-8 on their own (then texts are not comparable)."""
+    try:
+        return tokenizer.decode_bytes([int(token_id)]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def write_slot_map(path, rows: list[list[int]], vocab_size: int, group_size: int, *, source_checkpoint=None,
-                   source="wte", tokenizer_sha256=None, special_token_ids=()) -> str:
+                   source="wte", tokenizer_fingerprint=None, bos_token_id=None, special_token_ids=()) -> str:
     """Validate and write a slot-map file; returns its sha256."""
     validate_rows(rows, vocab_size, group_size, path)
     data = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": vocab_size, "group_size": group_size,
             "num_rows": len(rows), "source_checkpoint": source_checkpoint, "source": source,
-            "tokenizer_sha256": tokenizer_sha256, "special_token_ids": sorted(int(i) for i in special_token_ids),
-            "rows": rows}
+            "tokenizer_fingerprint": tokenizer_fingerprint, "bos_token_id": bos_token_id,
+            "special_token_ids": sorted(int(i) for i in special_token_ids), "rows": rows}
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, separators=(",", ":")))
