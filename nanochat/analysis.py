@@ -309,16 +309,21 @@ def single_token_at(tokenizer, text: str, char_start: int, char_end: int) -> tup
 
 # -- outputs -------------------------------------------------------------------------------------------------
 def write_json(path: Path, obj) -> None:
+    """Strict JSON: NaN (e.g. a threshold cell with an empty class) is written as null, not as bare NaN."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    path.write_text(json.dumps(_nan_to_none(obj), indent=2, allow_nan=False) + "\n")
 
 
-def _json_default(x):
+def _nan_to_none(x):
     if isinstance(x, torch.Tensor):
-        return x.tolist()
-    if isinstance(x, float) and math.isnan(x):
+        x = x.tolist()
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_none(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
         return None
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+    return x
 
 
 def heatmaps(panels: dict[str, torch.Tensor], path: Path, layers, *, vmin=None, vmax=None, cmap="viridis",

@@ -328,3 +328,19 @@ def test_corpus_flag_accumulates_when_repeated():
         assert analyze_memory.parse_args(["--run", "r", *argv]).corpus == want
         assert analyze_routing.parse_args(["--run", "r", *argv]).corpus == want
     assert analyze_memory.parse_args(["--run", "r"]).corpus == ["val"]
+
+
+def test_analysis_json_is_strict_json(tmp_path):
+    """wic.json and the other outputs: NaN (a threshold cell with an empty class) becomes null, not bare NaN, which
+    strict JSON readers refuse; tensors become lists."""
+    import json
+
+    from nanochat.analysis import write_json
+
+    path = tmp_path / "out.json"
+    write_json(path, {"a": float("nan"), "b": [1.5, float("inf")], "t": torch.tensor([[1.0, float("nan")]])})
+
+    def refuse(name):
+        raise ValueError(name)
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [1.5, None], "t": [[1.0, None]]}
