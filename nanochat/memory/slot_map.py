@@ -107,13 +107,7 @@ def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = N
         _fail(path, f"not a slot map (format must be {FORMAT_NAME!r} or {REFERENCE_FORMAT!r})")
     if data.get("version") != FORMAT_VERSION:
         _fail(path, f"unsupported version {data.get('version')!r} (this code reads version {FORMAT_VERSION})")
-    for key in ("vocab_size", "group_size", "num_rows", "rows"):
-        if key not in data:
-            _fail(path, f"missing key {key!r}")
-    if data["vocab_size"] != vocab_size:
-        _fail(path, f"was built for vocab size {data['vocab_size']} but the model has vocab size {vocab_size}")
-    if data["group_size"] != group_size:
-        _fail(path, f"has group size {data['group_size']} but --mome-group-size is {group_size}")
+    _check_sizes(data, path, ("num_rows", "rows"), vocab_size, "group_size", group_size)
     if data["num_rows"] != len(data["rows"]):
         _fail(path, f"header says {data['num_rows']} rows but the file has {len(data['rows'])}")
     token_to_row = validate_rows(data["rows"], vocab_size, group_size, path)
@@ -121,18 +115,23 @@ def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = N
     return SlotMap(token_to_row, header, digest)
 
 
+def _check_sizes(data: dict, path, keys, vocab_size: int, group_key: str, group_size: int) -> None:
+    """The keys are there, and the vocab and group sizes are the model's (``group_key``: the format's name)."""
+    for key in ("vocab_size", group_key, *keys):
+        if key not in data:
+            _fail(path, f"missing key {key!r}")
+    if data["vocab_size"] != vocab_size:
+        _fail(path, f"was built for vocab size {data['vocab_size']} but the model has vocab size {vocab_size}")
+    if data[group_key] != group_size:
+        _fail(path, f"has {group_key} {data[group_key]} but --mome-group-size is {group_size}")
+
+
 def _reference_rows(data: dict, path, vocab_size: int, group_size: int) -> tuple[list, dict]:
     """The rows of an authors' ``nanochat_slot_map_v1`` file, with their loader's structural checks, and a header
     that keeps what the tokenizer check needs (``tokenizer``, the token texts)."""
     if data.get("mapping") != "table":
         _fail(path, f"{REFERENCE_FORMAT} with mapping {data.get('mapping')!r}: only 'table' maps are slot maps")
-    for key in ("vocab_size", "slot_vocab_size", "slot_factor", "slots"):
-        if key not in data:
-            _fail(path, f"missing key {key!r}")
-    if data["vocab_size"] != vocab_size:
-        _fail(path, f"was built for vocab size {data['vocab_size']} but the model has vocab size {vocab_size}")
-    if data["slot_factor"] != group_size:
-        _fail(path, f"has slot_factor {data['slot_factor']} but --mome-group-size is {group_size}")
+    _check_sizes(data, path, ("slot_vocab_size", "slots"), vocab_size, "slot_factor", group_size)
     slots = data["slots"]
     if not isinstance(slots, list) or len(slots) != data["slot_vocab_size"]:
         _fail(path, f"has {len(slots) if isinstance(slots, list) else 'no'} slots, slot_vocab_size says "
