@@ -1,4 +1,5 @@
-"""Command line of ``scripts/base_train.py``: argparse flags, ``--config FILE.toml`` defaults, validation.
+"""Command line of ``scripts/base_train.py``: argparse flags, ``--config FILE.toml`` defaults, validation, and the
+model and optimizer configs the flags describe (``model_config``, ``optim_config``).
 
 Config files are flat TOML tables whose keys are flag names (``matrix-lr`` or ``matrix_lr``); a row config
 (``configs/<table>/<row>.toml`` with [row]/[train]/[paper] tables) contributes its [train] table. They are turned
@@ -19,10 +20,12 @@ else:  # pragma: no cover - exercised only on 3.10
 
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
-from nanochat.families import MODEL_TYPES, family_name, preset_tokens
+from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
+                               preset_tokens)
 from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig
-from nanochat.memory import add_memory_args
+from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.moe import MLP_KINDS
+from nanochat.optim import OptimConfig
 from nanochat.row_config import check_row_config
 from nanochat.schedules import ScheduleConfig
 
@@ -303,3 +306,24 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--eval-batch-size must be >= 1 (got {args.eval_batch_size})")
     if args.run_name is not None and ("/" in args.run_name or args.run_name in ("", ".", "..")):
         raise ValueError(f"--run-name must be a plain name without '/' (got {args.run_name!r}); use --run-dir for paths")
+
+
+def model_config(args, vocab_size: int):
+    """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry.
+    An optimizer flag that this model would not use is an error here (so --dry-run reports it too)."""
+    config = config_from_args(args, vocab_size, memory_config_from_args(args))
+    changed = [name for name in OPTIM_FLAGS if getattr(args, name) != build_parser().get_default(name)]
+    unused = optimizer_fields_without_effect(config, optim_config(args), changed)
+    if unused:
+        flags = ", ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in unused)
+        raise ValueError(f"{flags}: no optimizer group of this model uses it (--model-type {args.model_type}, "
+                         f"--memory {args.memory}); drop the flag")
+    return config
+
+
+OPTIM_FLAGS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
+               "memory_lr", "memory_beta1", "memory_beta2", "memory_wd")
+
+
+def optim_config(args, lr_scale: float = 1.0) -> OptimConfig:
+    return OptimConfig(lr_scale=lr_scale, **{name: getattr(args, name) for name in OPTIM_FLAGS})

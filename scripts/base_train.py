@@ -35,16 +35,14 @@ from tqdm import tqdm
 from nanochat import checkpoint as ckpt
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              rank0_decides, resolve_dtype, seed_everything)
-from nanochat.families import (NAMED_SIZES, build_model, config_from_args, model_summary,
-                               optimizer_fields_without_effect, param_groups)
-from nanochat.memory import memory_config_from_args
+from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
-from nanochat.optim import MuonAdamW, OptimConfig
+from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
 from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
-from nanochat.train_args import build_parser, parse_args
+from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
                                  summed_stats_buffers, train_step)
 from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb, setup_attention
@@ -107,27 +105,6 @@ class Run:
     def dtype(self) -> str:
         """The autocast dtype of training and of the evals during/after it (written into every result)."""
         return resolve_dtype(self.device.type, self.args.dtype)
-
-
-def model_config(args, vocab_size: int):
-    """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry.
-    An optimizer flag that this model would not use is an error here (so --dry-run reports it too)."""
-    config = config_from_args(args, vocab_size, memory_config_from_args(args))
-    changed = [name for name in OPTIM_FLAGS if getattr(args, name) != build_parser().get_default(name)]
-    unused = optimizer_fields_without_effect(config, optim_config(args), changed)
-    if unused:
-        flags = ", ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in unused)
-        raise ValueError(f"{flags}: no optimizer group of this model uses it (--model-type {args.model_type}, "
-                         f"--memory {args.memory}); drop the flag")
-    return config
-
-
-OPTIM_FLAGS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
-               "memory_lr", "memory_beta1", "memory_beta2", "memory_wd")
-
-
-def optim_config(args, lr_scale: float = 1.0) -> OptimConfig:
-    return OptimConfig(lr_scale=lr_scale, **{name: getattr(args, name) for name in OPTIM_FLAGS})
 
 
 def resolve_run_dir(args) -> Path:
