@@ -318,7 +318,7 @@ def test_capture_error_names_what_is_missing_for_designs_with_memory_layers(tmp_
 
 
 def test_corpus_flag_accumulates_when_repeated():
-    """`--corpus val --corpus core:all` (the README's form) analyses both corpora, like `--corpus val core:all`;
+    """`--corpus val --corpus core:all` (a repeated flag) analyses both corpora, like `--corpus val core:all`;
     argparse's plain nargs would keep only the last one, silently."""
     from scripts import analyze_memory, analyze_routing
 
