@@ -8,6 +8,7 @@ and later (command-line) values win. Unknown keys are an error naming the key.
 """
 
 import argparse
+import functools
 import os
 import sys
 from dataclasses import fields
@@ -235,6 +236,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@functools.cache
+def _default_parser() -> argparse.ArgumentParser:
+    return build_parser()
+
+
+def flag_default(dest: str):
+    """The parser's default of a flag (``dest`` spelling): the checks below tell a flag the user set from one left
+    alone. The parser is built once, not once per check."""
+    return _default_parser().get_default(dest)
+
+
 def validate_args(args: argparse.Namespace) -> None:
     """Checks that need no model, data or devices: bad values fail before any work is done."""
     if LEGACY_ATTENTION_ENV in os.environ:  # its old users must not silently lose their flash setting
@@ -263,13 +275,13 @@ def validate_args(args: argparse.Namespace) -> None:
         if split and (args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2):
             raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
         size = args.model_dim // args.num_heads
-        if split and args.head_dim not in (size, build_parser().get_default("head_dim")):
+        if split and args.head_dim not in (size, flag_default("head_dim")):
             raise ValueError(f"--head-dim {args.head_dim} has no effect with --num-heads: the head size is --model-dim "
                              f"{args.model_dim} / --num-heads {args.num_heads} = {size}; drop --head-dim or change "
                              "--num-heads")
     elif args.model_dim != -1 and args.model_dim % args.head_dim:
         raise ValueError(f"--model-dim {args.model_dim} is not a multiple of --head-dim {args.head_dim}; pass --num-heads")
-    if args.model_dim != -1 and args.aspect_ratio != build_parser().get_default("aspect_ratio"):
+    if args.model_dim != -1 and args.aspect_ratio != flag_default("aspect_ratio"):
         raise ValueError(f"--aspect-ratio {args.aspect_ratio} has no effect with --model-dim {args.model_dim} (the width "
                          "is --depth x --aspect-ratio only without it); drop one of them")
     if args.target_flops is not None and not args.target_flops > 0:
@@ -312,7 +324,7 @@ def model_config(args, vocab_size: int):
     """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry.
     An optimizer flag that this model would not use is an error here (so --dry-run reports it too)."""
     config = config_from_args(args, vocab_size, memory_config_from_args(args))
-    changed = [name for name in OPTIM_FLAGS if getattr(args, name) != build_parser().get_default(name)]
+    changed = [name for name in OPTIM_FLAGS if getattr(args, name) != flag_default(name)]
     unused = optimizer_fields_without_effect(config, optim_config(args), changed)
     if unused:
         flags = ", ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in unused)

@@ -91,15 +91,22 @@ def stats_buffers(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
+def _sum_over_ranks_(tensors: list[torch.Tensor]) -> None:
+    """In place: each tensor summed over the ranks, in ONE collective (an MoE FFN has its counters in every layer).
+    Collective with several processes; a no-op with one."""
+    if _dist_on() and tensors:
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for t, total in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(total.view_as(t))
+
+
+@torch.no_grad()
 def summed_stats_buffers(model) -> dict[str, torch.Tensor]:
     """Collective: copies of ``stats_buffers`` summed over the ranks, on the CPU (for a checkpoint)."""
-    out = {}
-    for name, buf in stats_buffers(model).items():
-        total = buf.detach().clone()
-        if _dist_on():
-            dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        out[name] = total.cpu()
-    return out
+    copies = {name: buf.detach().clone() for name, buf in stats_buffers(model).items()}
+    _sum_over_ranks_(list(copies.values()))
+    return {name: total.cpu() for name, total in copies.items()}
 
 
 @torch.no_grad()
@@ -119,12 +126,7 @@ def module_stats(model) -> dict[str, float]:
     """The ``stats()`` of every module that has one (the memory block's "memory/...", each MoE FFN's "moe/..."),
     merged for a metrics record; called at log steps only (they may sync with the device). Collective: the
     counters are first summed over the ranks, so the record describes the whole global batch, not rank 0's."""
-    buffers = list(stats_buffers(model).values())
-    if _dist_on() and buffers:  # one collective for all of them (an MoE FFN has its counters in every layer)
-        flat = torch.cat([b.reshape(-1).float() for b in buffers])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        for buf, total in zip(buffers, flat.split([b.numel() for b in buffers])):
-            buf.copy_(total.view_as(buf))
+    _sum_over_ranks_(list(stats_buffers(model).values()))
     out = {}
     for module in getattr(model, "_orig_mod", model).modules():
         stats = getattr(module, "stats", None)
