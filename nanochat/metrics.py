@@ -110,23 +110,38 @@ def wandb_run_id(run_dir: Path, resume: bool) -> str:
     return run_id
 
 
+def _init_wandb(run_dir: Path, mode: str, common: dict, resume_step: int | None):
+    import wandb  # imported lazily: optional and slow to import
+
+    run_id = wandb_run_id(run_dir, resume=resume_step is not None)
+    if mode == "online" and resume_step is not None:
+        try:
+            return wandb.init(**common, resume_from=f"{run_id}?_step={resume_step}")
+        except Exception as e:  # noqa: BLE001 (any refusal: a server without rewind, a run that was never synced)
+            print(f"warning: could not rewind W&B run {run_id} to step {resume_step} ({type(e).__name__}: {e}); "
+                  "continuing it as it is: its steps after the checkpoint stay and hide the resumed ones")
+    return wandb.init(**common, id=run_id, resume="allow")
+
+
 class MetricsLogger:
     """Appends records to ``<run_dir>/metrics.jsonl`` and mirrors them to W&B; a no-op on ranks != 0.
 
-    ``resume=True`` continues the run dir's W&B run (same id, so the curves join up); a fresh start gets a new one.
+    ``resume_step`` (the checkpoint step of a resume) continues the run dir's W&B run (same id, so the curves join
+    up); a fresh start gets a new one. Online, the run is rewound to ``resume_step`` first: W&B drops a logged step
+    that is not above the run's last one, so the steps the interrupted session logged after its checkpoint would
+    otherwise hide the resumed ones until they were passed. Rewinding is a W&B beta feature (untested here: no
+    network); when the server refuses it, the run continues without it and a warning says so.
     """
 
     def __init__(self, run_dir: Path, rank: int, wandb_mode: str = "off", project: str = "mome-nanochat",
-                 run_name: str = "", config: dict | None = None, resume: bool = False):
+                 run_name: str = "", config: dict | None = None, resume_step: int | None = None):
         self.enabled = rank == 0
         self.path = Path(run_dir) / "metrics.jsonl"
         self._file = open(self.path, "a") if self.enabled else None
         self._wandb = None
         if self.enabled and wandb_mode != "off":
-            import wandb  # imported lazily: optional and slow to import
-
-            self._wandb = wandb.init(project=project, name=run_name, config=config or {}, mode=wandb_mode,
-                                     dir=str(run_dir), id=wandb_run_id(run_dir, resume), resume="allow")
+            self._wandb = _init_wandb(run_dir, wandb_mode, dict(project=project, name=run_name, config=config or {},
+                                                               mode=wandb_mode, dir=str(run_dir)), resume_step)
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -550,7 +550,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
             (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
     a = run.args
     run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run),
-                                resume=resumed_at is not None)
+                                resume_step=resumed_at)
     if run.lr_override_now:
         run.metrics.log({"kind": "resume", "step": resumed_at, "lr_override": run.lr_override_now["changes"]})
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "

@@ -96,14 +96,38 @@ def test_wandb_resume_reuses_the_run_id(tmp_path, monkeypatch):
     first = MetricsLogger(tmp_path, 0, "offline", "proj", "r", {})
     first.log({"kind": "train", "step": 1, "loss": 2.0})
     first.close()
-    MetricsLogger(tmp_path, 0, "offline", "proj", "r", {}, resume=True).close()
-    MetricsLogger(tmp_path, 0, "offline", "proj", "r", {}, resume=False).close()  # a fresh start: a new W&B run
+    MetricsLogger(tmp_path, 0, "offline", "proj", "r", {}, resume_step=1).close()
+    MetricsLogger(tmp_path, 0, "offline", "proj", "r", {}).close()  # a fresh start: a new W&B run
     ids = [kw["id"] for kw in fake.inits]
     assert ids[0] == ids[1] != ids[2] and all(kw["resume"] == "allow" for kw in fake.inits)
     assert (tmp_path / WANDB_ID_FILE).read_text().strip() == ids[2]
     assert fake.logged == [(ids[0], 1, {"train/loss": 2.0})]
-    MetricsLogger(tmp_path, 1, "offline", "proj", "r", {}, resume=True).close()  # ranks != 0 never call W&B
+    MetricsLogger(tmp_path, 1, "offline", "proj", "r", {}, resume_step=1).close()  # ranks != 0 never call W&B
     assert len(fake.inits) == 3
+
+
+def test_online_resume_rewinds_the_wandb_run_to_the_checkpoint_step(tmp_path, monkeypatch, capsys):
+    """Steps logged after the checkpoint by the interrupted session are cut from the W&B run (its "rewind"), so the
+    resumed steps are not dropped as non-monotonic; a server that cannot rewind still gets the run, with a warning."""
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    MetricsLogger(tmp_path, 0, "online", "proj", "r", {}).close()
+    run_id = fake.inits[0]["id"]
+    MetricsLogger(tmp_path, 0, "online", "proj", "r", {}, resume_step=40).close()
+    rewind = fake.inits[1]
+    assert rewind["resume_from"] == f"{run_id}?_step=40" and "resume" not in rewind and "id" not in rewind
+
+    def init_without_rewind(**kwargs):
+        if "resume_from" in kwargs:
+            raise RuntimeError("rewind is not enabled on this server")
+        return FakeWandb.init(fake, **kwargs)
+
+    fake.init = init_without_rewind
+    logger = MetricsLogger(tmp_path, 0, "online", "proj", "r", {}, resume_step=40)
+    logger.log({"kind": "train", "step": 41, "loss": 1.5})
+    assert fake.inits[-1]["id"] == run_id and fake.inits[-1]["resume"] == "allow"
+    assert fake.logged[-1] == (run_id, 41, {"train/loss": 1.5})
+    assert "could not rewind W&B run" in capsys.readouterr().out
 
 
 def test_trainer_resume_continues_the_wandb_run(tmp_path, monkeypatch):
