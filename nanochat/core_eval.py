@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from nanochat.common import every_rank_ok, rank0_decides
 from nanochat.eval_bundle import bundle_info, load_core_tasks, load_random_baselines, load_task_data, TaskSpec
+from nanochat.jsonfile import write_text_atomic
 
 
 # -- prompt rendering (same strings nanochat's Jinja templates produce) ---------------------------------------
@@ -291,24 +292,18 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
 
 
 # -- reports ----------------------------------------------------------------------------------------------
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None:
     """core.json (everything), core.csv (task, accuracy, centered, n + the CORE row), core.md (table)."""
     import json
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / "core.json", json.dumps({**results, **(extra or {})}, indent=2) + "\n")
+    write_text_atomic(out_dir / "core.json", json.dumps({**results, **(extra or {})}, indent=2) + "\n")
     tasks = results["tasks"]
     csv = ["task,accuracy,centered,n"] + [f"{k},{v['accuracy']:.6f},{v['centered']:.6f},{v['n']}"
                                            for k, v in tasks.items()]
     csv.append(f"{results['label']},,{results['core']:.6f},{sum(v['n'] for v in tasks.values())}")
-    _atomic_write(out_dir / "core.csv", "\n".join(csv) + "\n")
+    write_text_atomic(out_dir / "core.csv", "\n".join(csv) + "\n")
     approx = (results.get("subset") or {}).get("approx_tasks", {})
     md = ["| task | accuracy | centered | n | random baseline % |", "|---|---:|---:|---:|---:|"]
     md += [f"| {k}{' (approx.)' if k in approx else ''} | {v['accuracy']:.4f} | {v['centered']:.4f} | {v['n']} | "
@@ -325,4 +320,4 @@ def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None
                      + ", ".join(f"{k} {n}" for k, n in long.items()) + ".")
     if results.get("max_per_task", -1) > 0:
         notes.append(f"At most {results['max_per_task']} examples per task (--max-per-task).")
-    _atomic_write(out_dir / "core.md", "\n".join(md + [""] + notes) + "\n")
+    write_text_atomic(out_dir / "core.md", "\n".join(md + [""] + notes) + "\n")
