@@ -11,9 +11,10 @@ writable before anything is evaluated). The tokenizer and data directory come fr
 ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given. CORE counts only the tasks whose data
 files exist and says so in its label (e.g. CORE-21/22).
 
-The autocast dtype defaults to the one the run trained (and evaluated) with, from the checkpoint's config, so the
-CORE and bpb printed here equal the ones at the end of training; it is written into core.json/bpb.json and
-printed beside every number, since bf16 and fp32 results differ in the last digits.
+The autocast dtype and the attention kernel default to the ones the run trained (and evaluated) with, from the
+checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; both are written into
+core.json/bpb.json, and the dtype is printed beside every number, since bf16 and fp32 results differ in the last
+digits.
 
 Nothing finished is lost: every CORE task and bpb split/corpus is kept in <out>/core.partial.json and
 <out>/bpb.partial.json as soon as it is done, and running the same command again after Ctrl-C, SIGTERM (a Slurm
@@ -30,6 +31,7 @@ from nanochat.checkpoint import find_last_step, load_model, require_files, step_
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              rank0_decides, resolve_dtype)
 from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, interrupts_raise
+from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import ensure_writable
@@ -63,6 +65,10 @@ def parse_args(argv=None):
     ap.add_argument("--numerics", default="ours", choices=NUMERICS,
                     help="reference = the authors' eval numerics (bf16 RoPE tables, MoME top-K on router scores in "
                     "the autocast dtype, their token_bytes) to compare with numbers their code prints")
+    ap.add_argument("--attention", default="run", choices=("run", *ATTENTION_BACKENDS),
+                    help="attention kernel on CUDA (as base_train's --attention): run = the kernel the checkpoint's "
+                    f"run trained with (its config.json 'attention'; runs that record none, e.g. imported ones, get "
+                    f"the code's default, {AttentionBackend().name}); the CPU runs sdpa only")
     ap.add_argument("--out-dir", default=None, help="default: <run>/eval/step_NNNNNN")
     ap.add_argument("--fresh", action="store_true", help="ignore the results an earlier, interrupted run of this "
                     "evaluation finished (<out-dir>/*.partial.json) and compute everything")
@@ -104,6 +110,32 @@ def eval_dtype(flag: str, meta: dict, device_type: str) -> tuple[str, str]:
     if trained and config.get("device"):
         return resolve_dtype(str(config["device"]).split(":")[0], trained), "the run's training dtype"
     return resolve_dtype(device_type, "auto"), "default for this device (the checkpoint does not record one)"
+
+
+def eval_attention(flag: str, meta: dict) -> tuple[str, str]:
+    """(requested kernel, where it came from): --attention, else the kernel the run trained with (config
+    'attention'), else the code's default (runs that record none: imported ones, runs older than --attention)."""
+    if flag != "run":
+        return flag, "--attention"
+    recorded = (meta.get("config") or {}).get("attention")
+    if recorded:
+        return recorded, "the run's kernel"
+    return AttentionBackend().name, "the code's default (the checkpoint does not record a kernel)"
+
+
+def setup_eval_attention(flag: str, meta: dict, device) -> tuple[str, str]:
+    """Resolve and install the kernel with training's own checks and errors (setup_attention); returns (its name,
+    where the request came from)."""
+    from nanochat.train_setup import setup_attention
+
+    requested, source = eval_attention(flag, meta)
+    try:
+        return setup_attention(requested, device), source
+    except ValueError as e:
+        if flag != "run":
+            raise
+        raise ValueError(f"--attention run: the run trained with {requested}, which cannot run here ({e}); pass "
+                         f"--attention {AttentionBackend().name} to evaluate with another kernel") from e
 
 
 def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
@@ -186,20 +218,22 @@ def evaluate(args) -> int:
     model.eval()
     numerics = apply_numerics(model, args.numerics)
     dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
+    attention, attention_source = setup_eval_attention(args.attention, meta, device)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
-           f"numerics {args.numerics}; dtype {dtype} ({dtype_source})")
+           f"numerics {args.numerics}; dtype {dtype} ({dtype_source}); attention {attention} ({attention_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}", meta)
-    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, **numerics}
+    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, "attention": attention,
+              **numerics}
     # everything besides an item's own inputs that can change a number, down to its last digits: the batch size and
     # the world size decide which rows share a forward (CORE pads them to a common length, which moves float32
     # logits in the last bits) and the order of the bpb sums
     def settings():
         return eval_settings(step_dir(run, step) / "model.pt", run, step, device,
                              tokenizer_sha256=tokenizer.fingerprint(), dtype=dtype, numerics=numerics,
-                             device_batch_size=args.device_batch_size, world_size=world)
+                             attention=attention, device_batch_size=args.device_batch_size, world_size=world)
 
     stores = {name: FinishedResults.open(out_dir, name, settings, args.fresh) for name in args.evals}
     try:

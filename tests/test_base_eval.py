@@ -379,6 +379,36 @@ def test_changed_settings_or_fresh_recompute(tiny_run, tmp_path, monkeypatch, ca
     assert interrupted_then() == ["lm"]  # the same command: mc is reused
 
 
+# -- the attention kernel ---------------------------------------------------------------------------------------
+def test_eval_attention_comes_from_the_run():
+    from scripts.base_eval import eval_attention
+
+    assert eval_attention("run", {"config": {"attention": "fa3"}}) == ("fa3", "the run's kernel")
+    assert eval_attention("run", {"reason": "imported"}) == (
+        "sdpa", "the code's default (the checkpoint does not record a kernel)")
+    assert eval_attention("sdpa", {"config": {"attention": "fa3"}}) == ("sdpa", "--attention")
+
+
+def test_attention_flag_on_cpu(tiny_run, tmp_path, capsys):
+    """fa2/fa3 cannot run on the CPU: an explicit one and a run's recorded one are one-line errors naming
+    --attention; the kernel used is written next to the dtype."""
+    from nanochat.checkpoint import save_checkpoint
+    from scripts.base_eval import main
+
+    root, _, model, bundle = tiny_run
+    common = ["--eval", "core", "--bundle", str(bundle), "--no-progress", "--device-type", "cpu"]
+    assert main(["--run", str(root / "run"), *common, "--attention", "fa3", "--out-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --attention fa3: FlashAttention runs on CUDA GPUs only") and err.count("\n") == 1
+    run = tmp_path / "fa3_run"
+    save_checkpoint(run, 1, model, {"tokenizer_dir": str(root / "tok"), "config": {"attention": "fa3"}})
+    assert main(["--run", str(run), *common]) == 2
+    assert "error: --attention run: the run trained with fa3, which cannot run here" in capsys.readouterr().err
+    assert main(["--run", str(run), *common, "--attention", "sdpa", "--max-per-task", "1"]) == 0
+    core = json.loads((run / "eval" / "step_000001" / "core.json").read_text())
+    assert (core["attention"], core["dtype"]) == ("sdpa", "float32")
+
+
 @pytest.mark.slow
 def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path):
     """Under torchrun (2 gloo ranks) SIGTERM on every rank during the second CORE task: exit with one line (rank 0),
