@@ -9,6 +9,10 @@
 Shapes: a capture batch holds ``(B, T, L, H, ...)`` tensors (L memory layers in ``block.layers`` order, H heads);
 a *site* is one (layer, head) pair, flattened as s = l*H + h. BOS positions are excluded everywhere (they are
 a fixed start symbol, not text) and so is right padding of variable-length rows.
+
+The analyses run the model in fp32 (no autocast) with PyTorch SDPA attention, whatever dtype and --attention the
+run trained with: they measure gates and routes, not a loss to compare with training's, and FlashAttention would
+round q/k/v to bf16.
 """
 
 import json

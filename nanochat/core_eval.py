@@ -14,7 +14,7 @@ import math
 import random
 from typing import NamedTuple
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +23,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from nanochat.common import every_rank_ok, rank0_decides
+from nanochat.download import file_sha256
 from nanochat.eval_bundle import bundle_info, load_core_tasks, load_random_baselines, load_task_data, TaskSpec
+from nanochat.jsonfile import write_text_atomic
 
 
 # -- prompt rendering (same strings nanochat's Jinja templates produce) ---------------------------------------
@@ -265,13 +267,20 @@ def _task_rows(path: Path, task: TaskSpec, max_per_task: int) -> list[dict]:
     return data
 
 
+def _task_inputs(task: TaskSpec, path: Path, max_per_task: int) -> dict:
+    """What decides a task's counts besides the model and the evaluation settings."""
+    return {"task": asdict(task), "file_sha256": file_sha256(path), "max_per_task": max_per_task}
+
+
 def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_size: int = 16, device="cpu",
-                  autocast_ctx=None, progress: bool = True) -> dict:
+                  autocast_ctx=None, progress: bool = True, finished=None) -> dict:
     """Evaluate every core.yaml task whose data file exists. See summarize_core for the result layout;
     also carries "bundle", "max_per_task" and, for the shipped subset, "subset" info.
 
     Under torch.distributed only rank 0 reads the bundle (task list, baselines, rows) and broadcasts it, so
     every rank scores the same tasks and enters the same collectives even if its own view of the files differs.
+    ``finished`` (nanochat.eval_resume.FinishedResults, base_eval) keeps every task's counts on disk as soon as
+    the task is done and hands back those an interrupted earlier run finished with the same inputs.
     """
     bundle_dir = Path(bundle_dir)
     specs, baselines, present, info = rank0_decides(lambda: _core_plan(bundle_dir))
@@ -280,10 +289,17 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     results = {}
     for task in present:
         path = bundle_dir / "eval_data" / task.dataset_uri
-        data = rank0_decides(lambda: _task_rows(path, task, max_per_task))
-        correct, n, too_long = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx, progress,
-                                             where=f"{path} (task {task.label})")
-        results[task.label] = {"accuracy": correct / n if n else float("nan"), "n": n, "too_long": too_long}
+
+        def score() -> dict:
+            data = rank0_decides(lambda: _task_rows(path, task, max_per_task))
+            correct, n, too_long = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx,
+                                                 progress, where=f"{path} (task {task.label})")
+            return {"accuracy": correct / n if n else float("nan"), "n": n, "too_long": too_long}
+
+        if finished is None:
+            results[task.label] = score()
+        else:
+            results[task.label] = finished.get_or_run(task.label, lambda: _task_inputs(task, path, max_per_task), score)
     model.train(was_training)
     out = summarize_core(results, baselines, [t.label for t in specs])
     out.update(bundle=str(bundle_dir), max_per_task=max_per_task, subset=info)
@@ -291,24 +307,18 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
 
 
 # -- reports ----------------------------------------------------------------------------------------------
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None:
     """core.json (everything), core.csv (task, accuracy, centered, n + the CORE row), core.md (table)."""
     import json
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / "core.json", json.dumps({**results, **(extra or {})}, indent=2) + "\n")
+    write_text_atomic(out_dir / "core.json", json.dumps({**results, **(extra or {})}, indent=2) + "\n")
     tasks = results["tasks"]
     csv = ["task,accuracy,centered,n"] + [f"{k},{v['accuracy']:.6f},{v['centered']:.6f},{v['n']}"
                                            for k, v in tasks.items()]
     csv.append(f"{results['label']},,{results['core']:.6f},{sum(v['n'] for v in tasks.values())}")
-    _atomic_write(out_dir / "core.csv", "\n".join(csv) + "\n")
+    write_text_atomic(out_dir / "core.csv", "\n".join(csv) + "\n")
     approx = (results.get("subset") or {}).get("approx_tasks", {})
     md = ["| task | accuracy | centered | n | random baseline % |", "|---|---:|---:|---:|---:|"]
     md += [f"| {k}{' (approx.)' if k in approx else ''} | {v['accuracy']:.4f} | {v['centered']:.4f} | {v['n']} | "
@@ -325,4 +335,4 @@ def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None
                      + ", ".join(f"{k} {n}" for k, n in long.items()) + ".")
     if results.get("max_per_task", -1) > 0:
         notes.append(f"At most {results['max_per_task']} examples per task (--max-per-task).")
-    _atomic_write(out_dir / "core.md", "\n".join(md + [""] + notes) + "\n")
+    write_text_atomic(out_dir / "core.md", "\n".join(md + [""] + notes) + "\n")

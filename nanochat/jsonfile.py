@@ -1,5 +1,6 @@
-"""Reading the small JSON files every tool depends on (manifest, tokenizer header, checkpoint meta) with one clear
-error that names the file, whatever is wrong with it: not UTF-8, not JSON, or not a JSON object."""
+"""The small JSON files every tool depends on (manifest, tokenizer header, checkpoint meta, eval reports): reading
+them with one clear error that names the file, whatever is wrong with it (not UTF-8, not JSON, not a JSON object),
+and writing text so that a reader never sees half a file."""
 
 import json
 from pathlib import Path
@@ -15,3 +16,12 @@ def read_json_object(path, error: type[Exception], advice: str) -> dict:
     if not isinstance(obj, dict):
         raise error(f"{path} is not a JSON object; {advice}")
     return obj
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Write ``text`` to a temp name beside ``path``, then rename it over ``path``: a kill mid-write leaves the old
+    file (or none), never a torn one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -11,9 +11,15 @@ writable before anything is evaluated). The tokenizer and data directory come fr
 ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given. CORE counts only the tasks whose data
 files exist and says so in its label (e.g. CORE-21/22).
 
-The autocast dtype defaults to the one the run trained (and evaluated) with, from the checkpoint's config, so the
-CORE and bpb printed here equal the ones at the end of training; it is written into core.json/bpb.json and
-printed beside every number, since bf16 and fp32 results differ in the last digits.
+The autocast dtype and the attention kernel default to the ones the run trained (and evaluated) with, from the
+checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; both are written into
+core.json/bpb.json, and the dtype is printed beside every number, since bf16 and fp32 results differ in the last
+digits.
+
+Nothing finished is lost: every CORE task and bpb split/corpus is kept in <out>/core.partial.json and
+<out>/bpb.partial.json as soon as it is done, and running the same command again after Ctrl-C, SIGTERM (a Slurm
+time limit) or a crash continues from there; results computed under other settings are recomputed, never mixed
+(nanochat/eval_resume.py). --fresh starts over.
 """
 
 import argparse
@@ -21,9 +27,12 @@ import json
 import sys
 from pathlib import Path
 
-from nanochat.checkpoint import find_last_step, load_model, require_files
+from nanochat.checkpoint import find_last_step, load_model, require_files, step_dir
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              rank0_decides, resolve_dtype)
+from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, interrupts_raise
+from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
+from nanochat.jsonfile import write_text_atomic
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import ensure_writable
 
@@ -56,7 +65,13 @@ def parse_args(argv=None):
     ap.add_argument("--numerics", default="ours", choices=NUMERICS,
                     help="reference = the authors' eval numerics (bf16 RoPE tables, MoME top-K on router scores in "
                     "the autocast dtype, their token_bytes) to compare with numbers their code prints")
+    ap.add_argument("--attention", default="run", choices=("run", *ATTENTION_BACKENDS),
+                    help="attention kernel on CUDA (as base_train's --attention): run = the kernel the checkpoint's "
+                    f"run trained with (its config.json 'attention'; runs that record none, e.g. imported ones, get "
+                    f"the code's default, {AttentionBackend().name}); the CPU runs sdpa only")
     ap.add_argument("--out-dir", default=None, help="default: <run>/eval/step_NNNNNN")
+    ap.add_argument("--fresh", action="store_true", help="ignore the results an earlier, interrupted run of this "
+                    "evaluation finished (<out-dir>/*.partial.json) and compute everything")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = ap.parse_args(argv)
     args.evals = [e for e in args.eval.split(",") if e]
@@ -97,9 +112,36 @@ def eval_dtype(flag: str, meta: dict, device_type: str) -> tuple[str, str]:
     return resolve_dtype(device_type, "auto"), "default for this device (the checkpoint does not record one)"
 
 
-def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> dict:
+def eval_attention(flag: str, meta: dict) -> tuple[str, str]:
+    """(requested kernel, where it came from): --attention, else the kernel the run trained with (config
+    'attention'), else the code's default (runs that record none: imported ones, runs older than --attention)."""
+    if flag != "run":
+        return flag, "--attention"
+    recorded = (meta.get("config") or {}).get("attention")
+    if recorded:
+        return recorded, "the run's kernel"
+    return AttentionBackend().name, "the code's default (the checkpoint does not record a kernel)"
+
+
+def setup_eval_attention(flag: str, meta: dict, device) -> tuple[str, str]:
+    """Resolve and install the kernel with training's own checks and errors (setup_attention); returns (its name,
+    where the request came from)."""
+    from nanochat.train_setup import setup_attention
+
+    requested, source = eval_attention(flag, meta)
+    try:
+        return setup_attention(requested, device), source
+    except ValueError as e:
+        if flag != "run":
+            raise
+        raise ValueError(f"--attention run: the run trained with {requested}, which cannot run here ({e}); pass "
+                         f"--attention {AttentionBackend().name} to evaluate with another kernel") from e
+
+
+def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
     from nanochat.dataloader import build_eval_rows, iter_eval_batches
-    from nanochat.dataset import default_data_dir, load_manifest
+    from nanochat.dataset import default_data_dir, load_manifest, manifest_fingerprint
+    from nanochat.download import file_sha256
     from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
 
     token_bytes = eval_token_bytes(tokenizer, args.numerics).to(device)
@@ -111,18 +153,31 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx) -> 
                                        lambda: default_data_dir(meta.get("dataset", "embedded")))
         print0(f"bpb data: {data_dir} ({source})")
         out["data_dir"] = str(data_dir)
-        every_rank_ok(lambda: load_manifest(data_dir))  # build_eval_rows is collective: fail together, before it
+        # build_eval_rows is collective: fail together, before it
+        data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
+                "eval_tokens": args.eval_tokens}
         for split in splits:
-            rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank, world_size=world)
-            bpb = evaluate_bpb(model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx)
-            out["splits"][split] = bpb
+            def score_split():
+                rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank,
+                                       world_size=world)
+                return evaluate_bpb(model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx)
+
+            out["splits"][split] = bpb = finished.get_or_run(f"split {split}", lambda: data, score_split)
             print0(f"{split} bpb: {bpb:.6f}")
     for name, path in args.corpora.items():
-        x, y = every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len,
-                                                        max_tokens=args.eval_tokens))
-        bpb = evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
+        def score_corpus():
+            x, y = every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len,
+                                                            max_tokens=args.eval_tokens))
+            return evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
+
+        def corpus_inputs():
+            return {"file_sha256": file_sha256(path), "eval_tokens": args.eval_tokens}
+
+        bpb = finished.get_or_run(f"corpus {name}", corpus_inputs, score_corpus)
         out["corpora"][name] = {"bpb": bpb, "path": str(path), "protocol": "document-reset"}
         print0(f"{name} bpb (document-reset): {bpb:.6f}")
+    if finished.reused:
+        print0(finished.reuse_note("bpb results", len(out["splits"]) + len(out["corpora"])))
     return out
 
 
@@ -132,15 +187,21 @@ def load_chosen_checkpoint(run: Path, step: int, device):
 
 
 def main(argv=None) -> int:
-    """Exit 2 with one error line for a bad run dir, checkpoint, tokenizer, data or bundle."""
+    """Exit 2 with one error line for a bad run dir, checkpoint, tokenizer, data or bundle; 128 + the signal number
+    with one line after Ctrl-C or SIGTERM (what finished is kept)."""
     from nanochat.dataset import DataError
 
     try:
-        return evaluate(parse_args(argv))
+        args = parse_args(argv)
+        with interrupts_raise():
+            return evaluate(args)
     except (FileNotFoundError, ValueError, KeyError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         compute_cleanup()
         return 2
+    except Interrupted as e:  # during the setup (evaluate handles the evaluation itself)
+        print0(f"base_eval: interrupted ({e}) before anything was evaluated", file=sys.stderr)
+        return 128 + e.signum
 
 
 def evaluate(args) -> int:
@@ -157,32 +218,57 @@ def evaluate(args) -> int:
     model.eval()
     numerics = apply_numerics(model, args.numerics)
     dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
+    attention, attention_source = setup_eval_attention(args.attention, meta, device)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
-           f"numerics {args.numerics}; dtype {dtype} ({dtype_source})")
+           f"numerics {args.numerics}; dtype {dtype} ({dtype_source}); attention {attention} ({attention_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}", meta)
-    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, **numerics}
-    if "core" in args.evals:
-        from nanochat.core_eval import evaluate_core, write_core_report
-        from nanochat.eval_bundle import find_bundle
+    header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, "attention": attention,
+              **numerics}
+    # everything besides an item's own inputs that can change a number, down to its last digits: the batch size and
+    # the world size decide which rows share a forward (CORE pads them to a common length, which moves float32
+    # logits in the last bits) and the order of the bpb sums
+    def settings():
+        return eval_settings(step_dir(run, step) / "model.pt", run, step, device,
+                             tokenizer_sha256=tokenizer.fingerprint(), dtype=dtype, numerics=numerics,
+                             attention=attention, device_batch_size=args.device_batch_size, world_size=world)
 
-        bundle = rank0_decides(lambda: find_bundle(args.bundle))  # only rank 0 reads it (see evaluate_core)
-        res = evaluate_core(model, tokenizer, bundle, args.max_per_task, args.device_batch_size, device,
-                            autocast_ctx, progress=not args.no_progress)
-        if rank == 0:
-            write_core_report(res, out_dir, header)
-        print0(f"{res['label']} [{dtype}]: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
-                                                        if res["missing"] else ""))
-    if "bpb" in args.evals:
-        res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx)
-        if rank == 0:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "bpb.json").write_text(json.dumps({**header, **res}, indent=2) + "\n")
+    stores = {name: FinishedResults.open(out_dir, name, settings, args.fresh) for name in args.evals}
+    try:
+        if "core" in args.evals:
+            run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir, header, stores["core"], rank)
+        if "bpb" in args.evals:
+            res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, stores["bpb"])
+            if rank == 0:
+                write_text_atomic(out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n")
+    except Interrupted as e:
+        kept = ", ".join(f"{len(store.items)} {name}" for name, store in stores.items())
+        print0(f"base_eval: interrupted ({e}); finished results ({kept}) are kept in {out_dir}: run the same "
+               "command again to continue", file=sys.stderr)
+        return 128 + e.signum
+    for store in stores.values():
+        store.discard()
     print0(f"results in {out_dir}")
     compute_cleanup()
     return 0
+
+
+def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, header: dict,
+                  finished: FinishedResults, rank: int) -> None:
+    from nanochat.core_eval import evaluate_core, write_core_report
+    from nanochat.eval_bundle import find_bundle
+
+    bundle = rank0_decides(lambda: find_bundle(args.bundle))  # only rank 0 reads it (see evaluate_core)
+    res = evaluate_core(model, tokenizer, bundle, args.max_per_task, args.device_batch_size, device,
+                        autocast_ctx, progress=not args.no_progress, finished=finished)
+    if finished.reused:
+        print0(finished.reuse_note("CORE tasks", len(res["tasks"])))
+    if rank == 0:
+        write_core_report(res, out_dir, header)
+    print0(f"{res['label']} [{header['dtype']}]: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
+                                                                 if res["missing"] else ""))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
     python -m scripts.sample --run runs/X --prompt "The capital of France is" [--step S] [--num-samples 3]
         [--max-tokens 64] [--temperature 0.8] [--top-k 50] [--seed 0]
+
+Decoding runs in fp32 with a KV cache, so attention is always PyTorch SDPA (the --attention kernels serve forwards
+without a cache only), whatever the run trained with.
 """
 
 import argparse

@@ -278,3 +278,155 @@ def test_base_eval_reproduces_the_core_of_training_in_the_runs_dtype(tmp_path, c
 
 
 from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
+
+
+# -- an interrupted evaluation continues -------------------------------------------------------------------------
+REPORTS = ("core.json", "core.csv", "core.md", "bpb.json")
+
+
+def _eval_args(root, bundle, out, *extra):
+    return ["--run", str(root / "run"), "--bundle", str(bundle), "--eval-tokens", "256", "--device-batch-size", "3",
+            "--bpb-corpus", f"ood={root / 'ood.txt'}", "--no-progress", "--device-type", "cpu", "--dtype", "float32",
+            "--out-dir", str(out), *extra]
+
+
+def _sigterm_after(monkeypatch, module, name: str, calls_before: int) -> list:
+    """Wrap module.name: the call after ``calls_before`` calls sends this process a real SIGTERM, as a Slurm time
+    limit would (base_eval must have turned SIGTERM into an exception: the default action would end pytest).
+    Returns the list of calls made."""
+    import os
+    import signal
+    import time
+
+    real, calls = getattr(module, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > calls_before:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGTERM is not handled"
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in here
+            raise AssertionError("SIGTERM did not interrupt base_eval")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+    return calls
+
+
+def _count_calls(monkeypatch, module, name: str) -> list:
+    return _sigterm_after(monkeypatch, module, name, 10**9)
+
+
+def test_interrupted_eval_continues_to_the_same_reports(tiny_run, tmp_path, monkeypatch, capsys):
+    """SIGTERM in CORE, then in bpb: each rerun keeps what finished (never scoring it again) and the final reports
+    equal those of an uninterrupted run byte for byte."""
+    from nanochat import core_eval, loss_eval
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    assert main(_eval_args(root, bundle, tmp_path / "whole")) == 0
+    out = tmp_path / "resumed"
+    with monkeypatch.context() as m:
+        _sigterm_after(m, core_eval, "evaluate_task", 1)  # the first task (mc) finishes, the second is cut
+        assert main(_eval_args(root, bundle, out)) == 128 + 15
+    err = capsys.readouterr().err
+    assert "interrupted (SIGTERM); finished results (1 core, 0 bpb) are kept in" in err and "Traceback" not in err
+    assert list(json.loads((out / "core.partial.json").read_text())["items"]) == ["mc"]
+    assert not (out / "core.json").exists()
+    with monkeypatch.context() as m:
+        tasks = _count_calls(m, core_eval, "evaluate_task")
+        _sigterm_after(m, loss_eval, "evaluate_bpb", 1)  # train bpb finishes, val is cut
+        assert main(_eval_args(root, bundle, out)) == 128 + 15
+    assert [a[3].label for a in tasks] == ["lm"]  # mc was not scored again
+    assert "CORE tasks: 1 of 2 reused from" in capsys.readouterr().out
+    assert list(json.loads((out / "bpb.partial.json").read_text())["items"]) == ["split train"]
+    with monkeypatch.context() as m:
+        tasks, bpbs = _count_calls(m, core_eval, "evaluate_task"), _count_calls(m, loss_eval, "evaluate_bpb")
+        assert main(_eval_args(root, bundle, out)) == 0
+    assert (len(tasks), len(bpbs)) == (0, 2)  # val and ood
+    assert "bpb results: 1 of 3 reused from" in capsys.readouterr().out
+    for name in REPORTS:
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted(REPORTS)  # the partial files are gone
+
+
+def test_changed_settings_or_fresh_recompute(tiny_run, tmp_path, monkeypatch, capsys):
+    """Finished tasks are reused only under the same settings and inputs: another --dtype (a setting of the whole
+    evaluation), another --max-per-task (an input of each task) or --fresh recompute every task."""
+    from nanochat import core_eval
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    out = tmp_path / "o"
+
+    def interrupted_then(*extra) -> list:
+        with monkeypatch.context() as m:
+            _sigterm_after(m, core_eval, "evaluate_task", 1)
+            assert main(_eval_args(root, bundle, out, "--eval", "core")) == 143
+        with monkeypatch.context() as m:
+            tasks = _count_calls(m, core_eval, "evaluate_task")
+            assert main(_eval_args(root, bundle, out, "--eval", "core", *extra)) == 0
+        return [a[3].label for a in tasks]
+
+    assert interrupted_then("--dtype", "bfloat16") == ["mc", "lm"]
+    assert "computed with other settings (dtype 'float32' -> 'bfloat16'); recomputing them" in capsys.readouterr().out
+    assert json.loads((out / "core.json").read_text())["dtype"] == "bfloat16"
+    assert interrupted_then("--max-per-task", "2") == ["mc", "lm"]
+    assert "the inputs of mc changed (max_per_task -1 -> 2); recomputing it" in capsys.readouterr().out
+    assert json.loads((out / "core.json").read_text())["tasks"]["mc"]["n"] == 2
+    assert interrupted_then("--fresh") == ["mc", "lm"]
+    assert "--fresh: 1 finished result(s) in" in capsys.readouterr().out
+    assert interrupted_then() == ["lm"]  # the same command: mc is reused
+
+
+# -- the attention kernel ---------------------------------------------------------------------------------------
+def test_eval_attention_comes_from_the_run():
+    from scripts.base_eval import eval_attention
+
+    assert eval_attention("run", {"config": {"attention": "fa3"}}) == ("fa3", "the run's kernel")
+    assert eval_attention("run", {"reason": "imported"}) == (
+        "sdpa", "the code's default (the checkpoint does not record a kernel)")
+    assert eval_attention("sdpa", {"config": {"attention": "fa3"}}) == ("sdpa", "--attention")
+
+
+def test_attention_flag_on_cpu(tiny_run, tmp_path, capsys):
+    """fa2/fa3 cannot run on the CPU: an explicit one and a run's recorded one are one-line errors naming
+    --attention; the kernel used is written next to the dtype."""
+    from nanochat.checkpoint import save_checkpoint
+    from scripts.base_eval import main
+
+    root, _, model, bundle = tiny_run
+    common = ["--eval", "core", "--bundle", str(bundle), "--no-progress", "--device-type", "cpu"]
+    assert main(["--run", str(root / "run"), *common, "--attention", "fa3", "--out-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --attention fa3: FlashAttention runs on CUDA GPUs only") and err.count("\n") == 1
+    run = tmp_path / "fa3_run"
+    save_checkpoint(run, 1, model, {"tokenizer_dir": str(root / "tok"), "config": {"attention": "fa3"}})
+    assert main(["--run", str(run), *common]) == 2
+    assert "error: --attention run: the run trained with fa3, which cannot run here" in capsys.readouterr().err
+    assert main(["--run", str(run), *common, "--attention", "sdpa", "--max-per-task", "1"]) == 0
+    core = json.loads((run / "eval" / "step_000001" / "core.json").read_text())
+    assert (core["attention"], core["dtype"]) == ("sdpa", "float32")
+
+
+@pytest.mark.slow
+def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path):
+    """Under torchrun (2 gloo ranks) SIGTERM on every rank during the second CORE task: exit with one line (rank 0),
+    the first task kept; the rerun reuses it on both ranks (rank 0 decides) and finishes. Slow: two torchrun
+    launches, ~30 s on 2 cores."""
+    from conftest import run_torchrun
+
+    root, _, _, bundle = tiny_run
+    worker = Path(__file__).parent / "_base_eval_worker.py"
+    args = ["--run-dir", str(root / "run"), "--bundle", str(bundle), "--eval", "core", "--no-progress",
+            "--device-type", "cpu", "--out-dir", str(tmp_path / "o")]
+    res = run_torchrun(worker, 2, ["--sigterm-at-task", "1", *args], timeout=120)
+    assert res.returncode != 0 and res.stderr.count("base_eval: interrupted (SIGTERM)") == 1, res.stderr[-3000:]
+    saved = json.loads((tmp_path / "o" / "core.partial.json").read_text())
+    assert list(saved["items"]) == ["mc"] and saved["settings"]["world_size"] == 2
+    res = run_torchrun(worker, 2, args, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "CORE tasks: 1 of 2 reused from" in res.stdout
+    core = json.loads((tmp_path / "o" / "core.json").read_text())
+    assert (core["tasks"]["mc"]["n"], core["tasks"]["lm"]["n"]) == (4, 3)
+    assert not (tmp_path / "o" / "core.partial.json").exists()

@@ -1,0 +1,153 @@
+"""Finished parts of an evaluation kept on disk, so an interrupted base_eval (Ctrl-C, a Slurm time limit, a crash)
+continues where it stopped instead of from zero.
+
+Every finished CORE task and bpb split/corpus is written at once to ``<out>/core.partial.json`` or
+``<out>/bpb.partial.json`` (temp file + rename, rank 0 only) together with two fingerprints: the settings of the
+whole evaluation (checkpoint, tokenizer, dtype, numerics, attention kernel, device, batch size, world size: all
+that can change a number, down to its last digits) and the item's own inputs (task file and --max-per-task, data
+manifest or corpus file and --eval-tokens). A rerun reuses an item only when both are equal, so a report never
+mixes numbers computed under different settings: it equals, to the byte, the report of an uninterrupted run. The
+files are deleted once the whole evaluation has finished, so a rerun of a completed evaluation computes everything
+again (as one with --fresh does).
+
+Which items are reused is decided on rank 0 and broadcast (``rank0_decides``): ranks never disagree about which
+items to score, so they enter the same collectives.
+"""
+
+import json
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from nanochat.common import is_dist, rank0_decides
+from nanochat.jsonfile import write_text_atomic
+
+
+def checkpoint_fingerprint(model_pt: Path, run: Path, step: int) -> dict:
+    """Run, step, and size + modification time of model.pt. Not a sha256: hashing the 5.5 GB of a d24 checkpoint
+    would hold every rank for many seconds at each start, and a re-saved model.pt is always a new file (written
+    under a temp name, then renamed), so its mtime changes. A copy that keeps the mtime (rsync -a, cp -p) keeps the
+    bytes; one that does not merely recomputes."""
+    stat = model_pt.stat()
+    return {"run": str(run.resolve()), "step": step, "model_pt_bytes": stat.st_size,
+            "model_pt_mtime_ns": stat.st_mtime_ns}
+
+
+def device_fingerprint(device: torch.device) -> str:
+    """The device kind, and the GPU model on CUDA: kernels (and their rounding) are chosen per architecture."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def eval_settings(model_pt: Path, run: Path, step: int, device: torch.device, **settings) -> dict:
+    """The fingerprint shared by every item of an evaluation: checkpoint, device, torch version and ``settings``
+    (the caller's: tokenizer, dtype, numerics, kernel, batch size, world size)."""
+    return {"checkpoint": checkpoint_fingerprint(model_pt, run, step), "device": device_fingerprint(device),
+            "torch": torch.__version__, **settings}
+
+
+def _as_json(obj):
+    return json.loads(json.dumps(obj))
+
+
+def _differences(old: dict, new: dict) -> str:
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
+
+
+class FinishedResults:
+    """The finished items of one evaluation (``core`` or ``bpb``) in ``<out_dir>/<name>.partial.json``.
+
+    Build it with ``open`` on every rank (a collective); ``get_or_run`` is then called for each item in the same
+    order on every rank."""
+
+    def __init__(self, path: Path, settings: dict, items: dict | None = None):
+        self.path = path
+        self.settings = settings
+        self.items = items or {}  # {item: {"key": {...}, "result": ...}}
+        self.reused: list[str] = []  # the items this run took from the file
+
+    @classmethod
+    def open(cls, out_dir: Path, name: str, settings_fn, fresh: bool) -> "FinishedResults":
+        """Read the earlier run's file on rank 0 (with ``settings_fn()`` computed there) and broadcast it."""
+        return rank0_decides(lambda: cls._read(Path(out_dir) / f"{name}.partial.json", settings_fn(), fresh))
+
+    @classmethod
+    def _read(cls, path: Path, settings: dict, fresh: bool) -> "FinishedResults":
+        settings = _as_json(settings)  # compared with what the file gives back
+        if not path.is_file():
+            return cls(path, settings)
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            items, old_settings = dict(saved["items"]), saved["settings"]
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"{path} is unreadable ({type(e).__name__}: {e}); its results are recomputed", flush=True)
+            return cls(path, settings)
+        if fresh:
+            print(f"--fresh: {len(items)} finished result(s) in {path} ignored; everything is recomputed", flush=True)
+            return cls(path, settings)
+        if old_settings != settings:
+            print(f"{path}: {len(items)} finished result(s) were computed with other settings "
+                  f"({_differences(old_settings, settings)}); recomputing them", flush=True)
+            return cls(path, settings)
+        return cls(path, settings, items)
+
+    def _earlier(self, item: str, key: dict):
+        """(key, result of an earlier run or None); rank 0."""
+        key = _as_json(key)
+        saved = self.items.get(item)
+        if saved is None:
+            return key, None
+        if saved["key"] != key:
+            print(f"{self.path}: the inputs of {item} changed ({_differences(saved['key'], key)}); recomputing it",
+                  flush=True)
+            return key, None
+        return key, saved["result"]
+
+    def get_or_run(self, item: str, key_fn, run):
+        """The earlier run's result of ``item`` when its inputs ``key_fn()`` (computed on rank 0) are unchanged,
+        else ``run()`` on every rank (it may be collective), kept on disk before it is returned."""
+        key, result = rank0_decides(lambda: self._earlier(item, key_fn()))
+        if result is not None:
+            self.reused.append(item)
+            return result
+        result = run()
+        self.items[item] = {"key": key, "result": result}
+        if not is_dist() or torch.distributed.get_rank() == 0:
+            write_text_atomic(self.path, json.dumps({"settings": self.settings, "items": self.items}, indent=1) + "\n")
+        return result
+
+    def reuse_note(self, what: str, total: int) -> str:
+        """A line for the progress output."""
+        return f"{what}: {len(self.reused)} of {total} reused from {self.path} (finished by an earlier run)"
+
+    def discard(self) -> None:
+        """Delete the file once the evaluation's report is written (rank 0)."""
+        if not is_dist() or torch.distributed.get_rank() == 0:
+            self.path.unlink(missing_ok=True)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (a Slurm time limit, torchrun passing on its own) arrived during the evaluation."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def interrupts_raise():
+    """Turn SIGINT and SIGTERM into ``Interrupted`` (SIGTERM would otherwise kill the process without a word).
+    Nothing is saved on the way out: every finished item is already on disk."""
+    def handle(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
