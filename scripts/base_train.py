@@ -21,7 +21,6 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import ExitStack
@@ -40,7 +39,7 @@ from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, t
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
-from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
+from nanochat.run_dir import claim_run_dir, ensure_writable, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
@@ -156,41 +155,13 @@ def check_pinned_vocab(args) -> None:
                          f"--vocab-size {args.vocab_size} --output-dir DIR` and pass --tokenizer-dir DIR")
 
 
-def claim_run_dir(args, stack: ExitStack) -> None:
-    """Rank 0 takes run.lock (released when ``stack`` closes), refuses a fresh run over an existing one and sweeps
-    what an interrupted save, prune or --overwrite left; rank 0's error is raised on every rank."""
-    run_dir = resolve_run_dir(args)
-
-    def claim() -> list[str]:
-        lock = RunDirLock(run_dir).acquire()
-        stack.callback(lock.release)
-        notes = []
-        if lock.stale:  # printed at once: a refusal below releases the lock and clears the record
-            print0(f"note: {lock.path} was left by {describe_owner(lock.stale)}, which ended without releasing it "
-                   "(killed or crashed); this run takes the directory over")
-        found = run_contents(run_dir)
-        if found and args.resume is None and not args.overwrite:
-            raise ValueError(f"--run-dir {run_dir} already holds a run ({', '.join(found)}) that a fresh start "
-                             "would overwrite: continue it with --resume (or --resume auto), delete it and start "
-                             "afresh with --overwrite, or choose another --run-dir / --run-name")
-        if (run_dir / ckpt.CKPT_DIR).exists():
-            ensure_writable(run_dir / ckpt.CKPT_DIR, "--run-dir")
-        swept = sweep_trash(run_dir) + ckpt.sweep_leftovers(run_dir)
-        if swept:
-            notes.append(f"removed what an interrupted save, prune or --overwrite left in {run_dir}: "
-                         f"{', '.join(swept)}")
-        return notes
-
-    for note in rank0_decides(claim):
-        print0(note)
-
-
 def build_run(args, stack: ExitStack) -> Run:
     """Everything before the first step: devices, run dir, data, model, optimizer; all flag errors surface here."""
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
-    claim_run_dir(args, stack)  # before any expensive work: a busy or unwritable run dir fails now
+    # before any expensive work: a busy or unwritable run dir fails now
+    claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:
         args.data_seed = args.seed
     data = load_run_data(args, info.rank, info.world_size, device)
@@ -508,23 +479,6 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
                "written before finite checks existed: not verified") +
             f"). To continue from it: the same command with --resume {step} --resume-override-lr, and {lower}; "
             "or check the data")
-
-
-def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None) -> None:
-    """summary.json / report.md of a later step describe the abandoned continuation: a run killed after the
-    rewind must not read as that run's result ("completed", its val bpb). Moved beside its checkpoints."""
-    summary = run_dir / "summary.json"
-    try:
-        stale = json.loads(summary.read_text()).get("step", 0) > resumed_at
-    except (OSError, ValueError):
-        stale = False
-    for name in ("summary.json", "report.md") if stale else ():
-        path = run_dir / name
-        if path.exists():
-            if folder is not None:
-                os.replace(path, folder / name)
-            else:  # its checkpoints are gone already: nothing to keep it with
-                path.unlink()
 
 
 def execute(run: Run, resumed_at: int | None) -> int:
