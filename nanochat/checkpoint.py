@@ -280,7 +280,8 @@ def require_files(run_dir, step: int, names=("meta.json", "model.pt", "state.pt"
     missing = [n for n in names if not (d / n).is_file()]
     if missing == ["state.pt"] and load_meta(run_dir, step).get("reason") == "imported":
         raise ValueError(f"checkpoint step {step} of {run_dir} was imported (weights only: no optimizer or "
-                         "data-loader state), so it cannot be resumed; evaluate or sample it, or export it")
+                         "data-loader state), so it cannot be resumed; evaluate, sample or export it, or start a "
+                         "new run from its weights with --init-from")
     if missing:
         raise FileNotFoundError(f"checkpoint {d} (chosen on rank 0) lacks {', '.join(missing)} here: every rank "
                                 "must see the same run dir (a shared filesystem, or a copy of it on every node)")

@@ -242,6 +242,16 @@ def fmt_data(facts: dict) -> str:
     return text
 
 
+def fmt_init(config: dict, args: dict) -> str:
+    """Where the weights came from: a random init (its seed) or an --init-from source (tokens/FLOPs above are
+    this run's only)."""
+    source = config.get("init_from")
+    if not source:
+        return f"random init (--seed {fmt(args.get('seed'))})"
+    return (f"--init-from `{source['run_dir']}` step {source['step']} (model.pt sha256 "
+            f"{source['model_sha256'][:12]}); tokens and FLOPs below are this run's only")
+
+
 def _kv_table(rows: list[tuple[str, str]]) -> list[str]:
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
@@ -258,7 +268,7 @@ def run_report(run_dir) -> str:
                         ("hardware", fmt_hardware(env)), ("world size", fmt(env.get("world_size"))),
                         ("platform", env.get("platform") or NA), ("started (UTC)", env.get("started_utc") or NA),
                         ("command", f"`{env['command']}`" if env.get("command") else NA),
-                        ("data", fmt_data(f))])
+                        ("data", fmt_data(f)), ("initial weights", fmt_init(f["config"], args))])
     if len(f["sessions"]) > 1:
         lines += ["", f"Trained in {len(f['sessions'])} sessions (resumed):", "",
                   "| session | started (UTC) | code | hardware | world size |", "|---:|---|---|---|---:|"]

@@ -198,3 +198,51 @@ def sweep_trash(run_dir) -> list[str]:
         shutil.rmtree(p, ignore_errors=True)
     return [p.name for p in gone]
 
+
+
+def claim_run_dir(run_dir: Path, resume: str | None, overwrite: bool, stack) -> None:
+    """base_train: rank 0 takes run.lock (released when the ExitStack ``stack`` closes), refuses a fresh run (no
+    --resume) over an existing one unless --overwrite, and sweeps what an interrupted save, prune or --overwrite
+    left; rank 0's error is raised on every rank."""
+    from nanochat import checkpoint as ckpt
+    from nanochat.common import print0, rank0_decides
+
+    def claim() -> list[str]:
+        lock = RunDirLock(run_dir).acquire()
+        stack.callback(lock.release)
+        notes = []
+        if lock.stale:  # printed at once: a refusal below releases the lock and clears the record
+            print0(f"note: {lock.path} was left by {describe_owner(lock.stale)}, which ended without releasing it "
+                   "(killed or crashed); this run takes the directory over")
+        found = run_contents(run_dir)
+        if found and resume is None and not overwrite:
+            raise ValueError(f"--run-dir {run_dir} already holds a run ({', '.join(found)}) that a fresh start "
+                             "would overwrite: continue it with --resume (or --resume auto), delete it and start "
+                             "afresh with --overwrite, or choose another --run-dir / --run-name")
+        if (run_dir / ckpt.CKPT_DIR).exists():
+            ensure_writable(run_dir / ckpt.CKPT_DIR, "--run-dir")
+        swept = sweep_trash(run_dir) + ckpt.sweep_leftovers(run_dir)
+        if swept:
+            notes.append(f"removed what an interrupted save, prune or --overwrite left in {run_dir}: "
+                         f"{', '.join(swept)}")
+        return notes
+
+    for note in rank0_decides(claim):
+        print0(note)
+
+
+def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None) -> None:
+    """summary.json / report.md of a later step describe the abandoned continuation: a run killed after the
+    rewind must not read as that run's result ("completed", its val bpb). Moved beside its checkpoints."""
+    summary = run_dir / "summary.json"
+    try:
+        stale = json.loads(summary.read_text()).get("step", 0) > resumed_at
+    except (OSError, ValueError):
+        stale = False
+    for name in ("summary.json", "report.md") if stale else ():
+        path = run_dir / name
+        if path.exists():
+            if folder is not None:
+                os.replace(path, folder / name)
+            else:  # its checkpoints are gone already: nothing to keep it with
+                path.unlink()

@@ -236,8 +236,8 @@ def check_vocab_matches(tokenizer: Tokenizer, vocab_size: int, source: str, meta
     (given the checkpoint's ``meta`` with a recorded fingerprint) was trained with other merges of the same size."""
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"tokenizer vocab size {tokenizer.vocab_size} does not match vocab_size {vocab_size} "
-                         f"of {source}; use the tokenizer the model was trained with (NANOCHAT_TOKENIZER_DIR) "
-                         "or retrain the tokenizer with --vocab-size matching the model")
+                         f"of {source}; use the tokenizer the model was trained with (--tokenizer-dir or "
+                         "NANOCHAT_TOKENIZER_DIR) or retrain the tokenizer with --vocab-size matching the model")
     trained = (meta or {}).get("tokenizer_sha256")
     if trained is None:
         return

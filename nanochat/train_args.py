@@ -47,6 +47,13 @@ def _group_run(p):
                    help="allow --resume with other learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, "
                         "--scalar-lr, --memory-lr) than the checkpoint's run, e.g. lower ones after a non-finite "
                         "loss; the change is recorded in config.json (lr_overrides) and metrics.jsonl")
+    g.add_argument("--init-from", type=str, default=None, metavar="RUN_DIR[:STEP]",
+                   help="start from the weights of another run's checkpoint (STEP: a step number or 'latest', the "
+                        "default), e.g. to fine-tune or continue pretraining, also the authors' model after "
+                        "scripts.import_reference; its model config and tokenizer must equal this run's (checked "
+                        "before training, and by --dry-run). Optimizer, LR schedule, step count and data order start "
+                        "fresh; the source (dir, step, model.pt sha256) is recorded in config.json and summary.json. "
+                        "A --resume continues from the run's own checkpoint and needs the same --init-from")
     g.add_argument("--overwrite", action="store_true",
                    help="start afresh in a run dir that already holds a run, deleting that run (its checkpoints, "
                         "metrics, config, summary, evals); without it such a fresh start is refused")
@@ -314,6 +321,8 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError("--overwrite (delete the run in --run-dir and start afresh) contradicts --resume; pass one")
     if args.resume_override_lr and args.resume is None:
         raise ValueError("--resume-override-lr only applies with --resume")
+    if args.init_from is not None and not args.init_from.strip():
+        raise ValueError("--init-from needs a run directory (RUN_DIR[:STEP])")
     if args.eval_batch_size is not None and args.eval_batch_size < 1:
         raise ValueError(f"--eval-batch-size must be >= 1 (got {args.eval_batch_size})")
     if args.run_name is not None and ("/" in args.run_name or args.run_name in ("", ".", "..")):

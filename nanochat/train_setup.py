@@ -1,8 +1,9 @@
 """Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle, the
 attention kernel.
 
-Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run calls none of this: it needs no
-data (it only reads an existing tokenizer's size) and does not resolve --attention.
+Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run needs no data and does not
+resolve --attention: of this it only reads an existing tokenizer (``existing_tokenizer``: its size, and for
+--init-from its fingerprint).
 """
 
 from dataclasses import dataclass
@@ -51,6 +52,22 @@ def setup_attention(requested: str, device) -> str:
     return backend.name
 
 
+def tokenizer_dir(args) -> Path:
+    """--tokenizer-dir, else the default tokenizer directory (NANOCHAT_TOKENIZER_DIR or tokenizer/)."""
+    from nanochat.tokenizer import default_tokenizer_dir
+
+    return Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
+
+
+def existing_tokenizer(args):
+    """The tokenizer a run of these flags would train with, if it exists already (--dry-run needs none yet);
+    None with --synthetic-data."""
+    from nanochat.tokenizer import HEADER_FILE, get_tokenizer
+
+    tok_dir = tokenizer_dir(args)
+    return None if args.synthetic_data or not (tok_dir / HEADER_FILE).is_file() else get_tokenizer(tok_dir)
+
+
 def load_run_data(args, rank: int, world: int, device) -> RunData:
     """Tokenizer (vocab checked against --vocab-size), the per-rank train loader and the fixed val rows."""
     if args.synthetic_data:
@@ -62,9 +79,9 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
         return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
     from nanochat.dataloader import PackedDataLoader, build_eval_rows
     from nanochat.dataset import DataError, default_data_dir, load_manifest, manifest_fingerprint
-    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import check_vocab_matches, get_token_bytes, get_tokenizer
 
-    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
+    tok_dir = tokenizer_dir(args)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
 
     def open_local():  # per-rank files: every rank must have them before the collective row building below

@@ -21,7 +21,6 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import ExitStack
@@ -33,6 +32,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
+from nanochat import init_from
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              rank0_decides, resolve_dtype, seed_everything)
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
@@ -40,12 +40,13 @@ from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, t
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
-from nanochat.run_dir import RunDirLock, describe_owner, ensure_writable, remove_run, run_contents, sweep_trash
+from nanochat.run_dir import claim_run_dir, ensure_writable, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
                                  summed_stats_buffers, train_step)
-from nanochat.train_setup import RunData, load_run_data, resolve_bundle, run_core, run_split_bpb, setup_attention
+from nanochat.train_setup import (RunData, existing_tokenizer, load_run_data, resolve_bundle, run_core, run_split_bpb,
+                                  setup_attention, tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
@@ -96,6 +97,7 @@ class Run:
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
     session_start: float = 0.0  # time.time() when this session's execute() began
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
+    init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
 
     def wall_time(self) -> float:
         """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
@@ -128,6 +130,8 @@ def dry_run(args) -> None:
     plan = build_plan(args, model_summary(config), world)
     check_pinned_vocab(args)
     run_dir = resolve_run_dir(args)
+    source_line = init_from.check_for_dry_run(args, run_dir, existing_tokenizer(args),
+                                              lambda vocab: model_config(args, vocab)) if args.init_from else None
     existing_run = run_contents(run_dir) if run_dir.is_dir() else []
     if get_dist_info().rank == 0 and not existing_run:
         ensure_writable(run_dir, "--run-dir")
@@ -138,51 +142,22 @@ def dry_run(args) -> None:
         print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
     else:
         print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
+    if source_line:
+        print0(source_line)
     print0(json.dumps(plan))
 
 
 def check_pinned_vocab(args) -> None:
     """--dry-run needs no tokenizer, but when --vocab-size is given (every config row pins it) and the tokenizer
     directory already holds one, their sizes must agree: caught here, before a speedrun downloads anything."""
-    from nanochat.tokenizer import HEADER_FILE, default_tokenizer_dir, get_tokenizer
-
-    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
-    if args.vocab_size is None or args.synthetic_data or not (tok_dir / HEADER_FILE).is_file():
+    tokenizer = existing_tokenizer(args) if args.vocab_size is not None else None
+    if tokenizer is None:
         return
-    size = get_tokenizer(tok_dir).vocab_size
-    if size != args.vocab_size:
-        raise ValueError(f"--tokenizer-dir {tok_dir} holds a tokenizer of vocab size {size}, but this run needs "
-                         f"--vocab-size {args.vocab_size}: train one there with `python -m scripts.tok_train "
-                         f"--vocab-size {args.vocab_size} --output-dir DIR` and pass --tokenizer-dir DIR")
-
-
-def claim_run_dir(args, stack: ExitStack) -> None:
-    """Rank 0 takes run.lock (released when ``stack`` closes), refuses a fresh run over an existing one and sweeps
-    what an interrupted save, prune or --overwrite left; rank 0's error is raised on every rank."""
-    run_dir = resolve_run_dir(args)
-
-    def claim() -> list[str]:
-        lock = RunDirLock(run_dir).acquire()
-        stack.callback(lock.release)
-        notes = []
-        if lock.stale:  # printed at once: a refusal below releases the lock and clears the record
-            print0(f"note: {lock.path} was left by {describe_owner(lock.stale)}, which ended without releasing it "
-                   "(killed or crashed); this run takes the directory over")
-        found = run_contents(run_dir)
-        if found and args.resume is None and not args.overwrite:
-            raise ValueError(f"--run-dir {run_dir} already holds a run ({', '.join(found)}) that a fresh start "
-                             "would overwrite: continue it with --resume (or --resume auto), delete it and start "
-                             "afresh with --overwrite, or choose another --run-dir / --run-name")
-        if (run_dir / ckpt.CKPT_DIR).exists():
-            ensure_writable(run_dir / ckpt.CKPT_DIR, "--run-dir")
-        swept = sweep_trash(run_dir) + ckpt.sweep_leftovers(run_dir)
-        if swept:
-            notes.append(f"removed what an interrupted save, prune or --overwrite left in {run_dir}: "
-                         f"{', '.join(swept)}")
-        return notes
-
-    for note in rank0_decides(claim):
-        print0(note)
+    if tokenizer.vocab_size != args.vocab_size:
+        raise ValueError(f"--tokenizer-dir {tokenizer_dir(args)} holds a tokenizer of vocab size "
+                         f"{tokenizer.vocab_size}, but this run needs --vocab-size {args.vocab_size}: train one there "
+                         f"with `python -m scripts.tok_train --vocab-size {args.vocab_size} --output-dir DIR` and "
+                         "pass --tokenizer-dir DIR")
 
 
 def build_run(args, stack: ExitStack) -> Run:
@@ -190,7 +165,8 @@ def build_run(args, stack: ExitStack) -> Run:
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
-    claim_run_dir(args, stack)  # before any expensive work: a busy or unwritable run dir fails now
+    # before any expensive work: a busy or unwritable run dir fails now
+    claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:
         args.data_seed = args.seed
     data = load_run_data(args, info.rank, info.world_size, device)
@@ -200,7 +176,7 @@ def build_run(args, stack: ExitStack) -> Run:
     data.bundle = resolve_bundle(args)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
-    # e.g. Engram's compression map; on --resume the checkpoint's weights and buffers then replace what this built
+    # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
     model.memory.bind_tokenizer(data.tokenizer)
     optimizer = MuonAdamW(param_groups(model, optim_config(args, plan["batch_lr_scale"])))
     init_schedule_state(optimizer)
@@ -218,7 +194,8 @@ def build_run(args, stack: ExitStack) -> Run:
 def resolved_config(run: Run) -> dict:
     return {"args": vars(run.args), "model_config": run.config.to_dict(), "plan": run.plan,
             "world_size": run.world, "device": str(run.device), "dtype": run.dtype, "attention": run.attention,
-            "data": run.data.describe(), "torch": torch.__version__, "lr_overrides": run.lr_overrides}
+            "data": run.data.describe(), "torch": torch.__version__, "lr_overrides": run.lr_overrides,
+            "init_from": run.init_from}
 
 
 def check_resume_compatible(run: Run, meta: dict) -> dict:
@@ -240,6 +217,7 @@ def check_resume_compatible(run: Run, meta: dict) -> dict:
         if saved is not None and saved != getattr(run.data, key):
             diffs.append(f"{flag}: the {what} of {getattr(run.data, where)} differs from the checkpoint's "
                          f"({meta.get(where)})")
+    diffs += init_from.resume_differences(meta.get("config", {}).get("init_from"), run.args.init_from)
     saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
     if saved_n is not None and saved_n != run.plan["num_iterations"]:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {run.plan['num_iterations']}")
@@ -269,6 +247,7 @@ def restore(run: Run, step: int) -> None:
     meta = ckpt.load_meta(run.run_dir, step)
     lr_changes = check_resume_compatible(run, meta)
     run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
+    run.init_from = meta.get("config", {}).get("init_from")  # recorded when the run started; not read again
     fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
     # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
     state = ckpt.load_training_state(run.run_dir, step)
@@ -453,7 +432,7 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
                 "world_size")},
                "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype,
                "attention": "+".join(run.loop.get("attention") or [run.attention]), **throughput(run),
-               **evals}
+               "init_from": run.init_from, **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)
         write_run_report(run.run_dir)
@@ -470,6 +449,9 @@ def prepare_resume(run: Run) -> int | None:
         every_rank_ok(lambda: restore(run, resumed_at))  # e.g. a file corrupt on one node only
     elif run.args.resume == "auto":
         print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
+    if resumed_at is None and run.args.init_from:
+        run.init_from = init_from.start_from_source(run.model, run.args, run.run_dir, run.config, run.data.tokenizer,
+                                                    run.device)
     every_rank_ok(run.model.memory.check_ready)  # e.g. a slot map neither on disk nor in the checkpoint
     return resumed_at
 
@@ -508,23 +490,6 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
                "written before finite checks existed: not verified") +
             f"). To continue from it: the same command with --resume {step} --resume-override-lr, and {lower}; "
             "or check the data")
-
-
-def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None) -> None:
-    """summary.json / report.md of a later step describe the abandoned continuation: a run killed after the
-    rewind must not read as that run's result ("completed", its val bpb). Moved beside its checkpoints."""
-    summary = run_dir / "summary.json"
-    try:
-        stale = json.loads(summary.read_text()).get("step", 0) > resumed_at
-    except (OSError, ValueError):
-        stale = False
-    for name in ("summary.json", "report.md") if stale else ():
-        path = run_dir / name
-        if path.exists():
-            if folder is not None:
-                os.replace(path, folder / name)
-            else:  # its checkpoints are gone already: nothing to keep it with
-                path.unlink()
 
 
 def execute(run: Run, resumed_at: int | None) -> int:
@@ -594,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         try:
             dry_run(args)
-        except ValueError as e:
+        except (ValueError, FileNotFoundError) as e:  # flags, tokenizer, --init-from source
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0

@@ -372,5 +372,6 @@ def test_an_imported_run_still_works_after_it_is_moved_and_cannot_be_resumed(tmp
                           "--model-dim", str(cfg.n_embd), "--num-heads", str(cfg.n_head), "--max-seq-len", "32",
                           "--num-iterations", str(STEP + 1), "--run-dir", str(moved), "--resume", str(STEP)])
     assert rc == 2
-    assert f"checkpoint step {STEP} of {moved} was imported (weights only: no optimizer or data-loader state)" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"checkpoint step {STEP} of {moved} was imported (weights only: no optimizer or data-loader state)" in err
+    assert "start a new run from its weights with --init-from" in err

@@ -1,0 +1,178 @@
+"""``base_train --init-from RUN_DIR[:STEP]``: start a run from another run's weights (fine-tuning, continued
+pretraining, or the authors' released model after ``scripts.import_reference``).
+
+Only the weights come from the source checkpoint, loaded strictly into the model this run built from its own flags;
+the optimizer state, step counter, LR schedule, data order (this run's seeds) and routing statistics start fresh.
+Buffers that are part of the model (a grouped MoME slot map, Engram's compression map, balancing biases) come with
+the weights, so a slot-map file that is no longer on disk is not needed. Before any weight is read the source is
+checked: its model config must equal this run's field for field, and its tokenizer (the fingerprint its
+checkpoint records, or for an imported run the tokenizer inside its run dir) must be this run's.
+
+The source (resolved run dir, step, sha256 of its model.pt) is recorded in config.json, every checkpoint's meta
+and summary.json (``init_from``). A resume takes the weights from the run's own checkpoint and never reads the
+source again, but refuses an --init-from that names another source than the recorded one.
+"""
+
+import dataclasses
+from pathlib import Path
+
+from nanochat import checkpoint as ckpt
+from nanochat.common import every_rank_ok, print0, rank0_decides
+from nanochat.families import config_from_dict
+from nanochat.memory import MEMORY_BLOCKS
+from nanochat.memory.base import parse_options
+
+FLAG = "--init-from"
+SLOT_MAP_SHA = "memory_options.slot_map_sha256"
+
+
+def parse_spec(spec: str) -> tuple[Path, str]:
+    """'RUN_DIR[:STEP]' -> (run dir, 'latest' or the step number as text)."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and (tail.isdigit() or tail == "latest"):
+        return Path(head), tail
+    return Path(spec), "latest"
+
+
+def resolve_source(spec: str, own_run_dir: Path) -> tuple[Path, int, dict]:
+    """The source checkpoint of ``spec`` -> (run dir, step, meta); clear errors for a missing directory, a file,
+    a directory without checkpoints, a missing step (listing the available ones), a step without weights, or this
+    run's own directory (which --overwrite would delete)."""
+    run_dir, step_spec = parse_spec(spec)
+    if run_dir.resolve() == Path(own_run_dir).resolve():
+        raise ValueError(f"{FLAG} {spec}: that is this run's own --run-dir; continue that run with --resume, or "
+                         "write the new run to another --run-dir")
+    if run_dir.is_file():
+        raise ValueError(f"{FLAG} {spec}: {run_dir} is a file, not a run directory (pass the directory that holds "
+                         "checkpoints/step_NNNNNN/, e.g. runs/NAME or runs/NAME:STEP)")
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{FLAG} {spec}: no such run directory {run_dir} ({FLAG} RUN_DIR[:STEP], STEP a "
+                                "step number or 'latest')")
+    steps = ckpt.list_steps(run_dir)
+    if not steps:
+        raise FileNotFoundError(f"{FLAG} {spec}: {run_dir} holds no checkpoint (no {ckpt.CKPT_DIR}/step_NNNNNN/"
+                                "meta.json): not a run directory of base_train or scripts.import_reference")
+    step = steps[-1] if step_spec == "latest" else int(step_spec)
+    if step not in steps:
+        raise FileNotFoundError(f"{FLAG} {spec}: no checkpoint step_{step:06d} in {run_dir / ckpt.CKPT_DIR} "
+                                f"(available steps: {steps})")
+    meta = ckpt.load_meta(run_dir, step)
+    if not (ckpt.step_dir(run_dir, step) / "model.pt").is_file():
+        raise FileNotFoundError(f"{FLAG} {spec}: checkpoint {ckpt.step_dir(run_dir, step)} has no model.pt")
+    return run_dir.resolve(), step, meta
+
+
+def _comparable(model_config: dict) -> dict:
+    """A model config as flat fields that compare equal when the architectures are equal: block options parsed
+    (defaults spelled out or not), memory layers resolved, the slot map's path dropped (the weights carry the map)."""
+    config = config_from_dict(model_config)
+    block = MEMORY_BLOCKS[config.memory]
+    fields = {"family": config.family, **dataclasses.asdict(config)}
+    layers = tuple(config.memory_layers) or (block.default_layers(config.n_layer) if block.uses_layers else ())
+    fields["memory_layers"] = list(layers)
+    options = dataclasses.asdict(parse_options(block.Options, dict(fields.pop("memory_options")), config.memory))
+    options.pop("slot_map", None)
+    return {**fields, **{f"memory_options.{k}": v for k, v in options.items()}}
+
+
+def config_differences(source: dict, ours: dict) -> list[str]:
+    """'field source-value (source) vs our-value (this run)' for each model-config field that differs."""
+    a, b = _comparable(source), _comparable(ours)
+    if a["family"] != b["family"]:
+        return [f"family {a['family']!r} (source) vs {b['family']!r} (this run)"]
+    if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the source's map is used
+        a.pop(SLOT_MAP_SHA, None), b.pop(SLOT_MAP_SHA, None)
+    return [f"{k} {a.get(k)!r} (source) vs {b.get(k)!r} (this run)" for k in [*a, *(k for k in b if k not in a)]
+            if a.get(k) != b.get(k)]
+
+
+def source_tokenizer_sha256(meta: dict) -> str | None:
+    """The tokenizer fingerprint a checkpoint records; an imported run records none but keeps its tokenizer in
+    its run dir (meta tokenizer_dir), which is fingerprinted instead. None: no tokenizer (synthetic data)."""
+    from nanochat.tokenizer import HEADER_FILE, get_tokenizer
+
+    if meta.get("tokenizer_sha256"):
+        return meta["tokenizer_sha256"]
+    tok_dir = meta.get("tokenizer_dir")
+    if tok_dir and (Path(tok_dir) / HEADER_FILE).is_file():
+        return get_tokenizer(tok_dir).fingerprint()
+    return None
+
+
+def check_source(run_dir: Path, step: int, meta: dict, config, tokenizer, synthetic: bool) -> str:
+    """Refuse a source whose tokenizer or model config differs from this run's (a synthetic-data run has no
+    tokenizer, and neither may its source). ``tokenizer`` None on a run with data: a --dry-run before the tokenizer
+    exists, which cannot compare fingerprints yet (the returned note says so)."""
+    from nanochat.tokenizer import check_vocab_matches
+
+    where = f"{FLAG} source {ckpt.step_dir(run_dir, step)}"
+    trained = source_tokenizer_sha256(meta)
+    note = "architecture and tokenizer match"
+    if synthetic:
+        if trained is not None:
+            raise ValueError(f"{where} was trained with the tokenizer in {meta.get('tokenizer_dir')} but this run "
+                             "has none (--synthetic-data): train on data with that tokenizer (--tokenizer-dir)")
+    elif trained is None:
+        raise ValueError(f"{where} records no tokenizer (trained on --synthetic-data, or its tokenizer directory "
+                         f"{meta.get('tokenizer_dir')} is gone), so its token ids cannot be checked against "
+                         "--tokenizer-dir")
+    elif tokenizer is None:
+        note = "architecture matches; tokenizer not checked (none in --tokenizer-dir yet)"
+    else:
+        check_vocab_matches(tokenizer, meta["model_config"].get("vocab_size"), where,
+                            {**meta, "tokenizer_sha256": trained})
+    diffs = config_differences(meta["model_config"], config.to_dict())
+    if diffs:
+        raise ValueError(f"{where}: its model differs from the one this run's flags build: {'; '.join(diffs)} "
+                         "(pass the source's architecture flags: its config.json or meta.json model_config)")
+    return note
+
+
+def describe(record: dict) -> str:
+    return f"{record['run_dir']} step {record['step']}"
+
+
+def start_from_source(model, args, run_dir: Path, config, tokenizer, device) -> dict:
+    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank (a rank
+    that cannot stops them all). Collective. Returns the record for config.json, checkpoints and summary.json."""
+    from nanochat.download import file_sha256
+
+    def decide() -> dict:
+        source, step, meta = resolve_source(args.init_from, run_dir)
+        check_source(source, step, meta, config, tokenizer, args.synthetic_data)
+        return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
+                "model_sha256": file_sha256(ckpt.step_dir(source, step) / "model.pt")}
+
+    record = rank0_decides(decide)
+    every_rank_ok(lambda: ckpt.load_model_weights(model, record["run_dir"], record["step"], map_location=device))
+    print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}); optimizer, "
+           "LR schedule, step count and data order start fresh")
+    return record
+
+
+def check_for_dry_run(args, run_dir: Path, tokenizer, build_config) -> str:
+    """--dry-run: resolve and check the source without loading its weights; ``build_config(vocab)`` is this run's
+    model config. The vocab is the pinned one, else the existing tokenizer's, else the source's (unknown yet)."""
+    source, step, meta = resolve_source(args.init_from, run_dir)
+    vocab = args.vocab_size or (tokenizer.vocab_size if tokenizer is not None else None)
+    if vocab is None and args.synthetic_data:
+        from nanochat.train_setup import SYNTHETIC_VOCAB
+
+        vocab = SYNTHETIC_VOCAB
+    config = build_config(vocab or meta["model_config"]["vocab_size"])
+    note = check_source(source, step, meta, config, tokenizer, args.synthetic_data)
+    return f"{'init from':>26}: {source} step {step} ({note})"
+
+
+def resume_differences(recorded: dict | None, spec: str | None) -> list[str]:
+    """On --resume: the source given now must be the one the run started from (the step may be left out)."""
+    if recorded is None and spec is None:
+        return []
+    if recorded is None:
+        return [f"{FLAG} {spec}: the checkpoint's run did not start from another run's weights (no {FLAG})"]
+    if spec is None:
+        return [f"{FLAG}: the checkpoint's run started from {describe(recorded)}; pass {FLAG} {recorded['spec']}"]
+    run_dir, step = parse_spec(spec)
+    if str(run_dir.resolve()) != recorded["run_dir"] or step not in ("latest", str(recorded["step"])):
+        return [f"{FLAG} {spec}: the checkpoint's run started from {describe(recorded)} ({FLAG} {recorded['spec']})"]
+    return []

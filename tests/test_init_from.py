@@ -1,0 +1,217 @@
+"""base_train --init-from RUN_DIR[:STEP]: a run that starts from another run's weights (nanochat/init_from.py)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+from nanochat import checkpoint as ckpt
+from nanochat.download import file_sha256
+from scripts import base_train
+from test_train_e2e import losses, train
+
+MOME = ["--memory", "mome", "--mome-slots", "4", "--mome-topk", "2"]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A trained tiny MoME run (synthetic data) with checkpoints at steps 2 and 3: its routers are no longer zero."""
+    run = tmp_path_factory.mktemp("init_from") / "source"
+    assert train(run, *MOME, "--num-iterations", "3", "--save-every", "2") == 0
+    return run
+
+
+def record_first_step(monkeypatch) -> dict:
+    """Patch base_train's train_step to keep, at the first step, the weights it starts from and its micro-batches."""
+    first, real = {}, base_train.train_step
+
+    def recording(model, optimizer, loader, *a, **k):
+        if first:
+            return real(model, optimizer, loader, *a, **k)
+        first["weights"] = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        first["batches"] = []
+
+        class Tap:
+            def __next__(self):
+                first["batches"].append(next(loader))
+                return first["batches"][-1]
+
+        return real(model, optimizer, Tap(), *a, **k)
+
+    monkeypatch.setattr(base_train, "train_step", recording)
+    return first
+
+
+def assert_starts_from(first: dict, source_run, step: int) -> None:
+    """The weights of the first step are the source checkpoint's, tensor for tensor, bit for bit."""
+    saved = torch.load(ckpt.step_dir(source_run, step) / "model.pt")
+    assert sorted(first["weights"]) == sorted(saved)
+    for name, tensor in saved.items():
+        assert torch.equal(first["weights"][name], tensor), name
+
+
+def source_loss(source_run, step: int, batches) -> float:
+    """The loss train_step reports for these micro-batches, computed with the source checkpoint's model: the same
+    forward on the same rows and the same float64 mean, so an exact match is expected (same process, threads)."""
+    model, _ = ckpt.load_model(source_run, step)
+    total = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for x, y in batches:
+            total += model.train()(x, targets=y).double()
+    return (total / len(batches)).item()
+
+
+def test_weights_and_first_loss_are_the_sources_and_runs_repeat(tmp_path, source, monkeypatch):
+    first = record_first_step(monkeypatch)
+    flags = [*MOME, "--num-iterations", "2", "--seed", "7", "--init-from", f"{source}:2"]
+    assert train(tmp_path / "a", *flags) == 0
+    assert_starts_from(first, source, 2)
+    assert losses(tmp_path / "a")[1] == source_loss(source, 2, first["batches"])
+    # provenance: the same record in config.json, every checkpoint's meta and summary.json
+    record = json.loads((tmp_path / "a" / "config.json").read_text())["init_from"]
+    assert record == {"spec": f"{source}:2", "run_dir": str(source.resolve()), "step": 2, "reason": "periodic",
+                      "model_sha256": file_sha256(ckpt.step_dir(source, 2) / "model.pt")}
+    assert ckpt.load_meta(tmp_path / "a", 2)["config"]["init_from"] == record
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["init_from"] == record
+    assert json.loads((source / "summary.json").read_text())["init_from"] is None  # a scratch run says so
+    assert f"--init-from `{source.resolve()}` step 2" in (tmp_path / "a" / "report.md").read_text()
+    assert "random init (--seed 42)" in (source / "report.md").read_text()
+    # everything else is fresh: this run's step count and schedule, and the same flags give the same floats
+    assert train(tmp_path / "b", *flags) == 0
+    assert losses(tmp_path / "b") == losses(tmp_path / "a") and list(losses(tmp_path / "a")) == [1, 2]
+
+
+def test_resume_continues_bit_exactly_without_reading_the_source_again(tmp_path, source, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    run = tmp_path / "run"
+    flags = [*MOME, "--num-iterations", "4", "--save-every", "2", "--init-from", str(src), "--resume", "auto"]
+    assert train(run, *flags) == 0  # --resume auto without a checkpoint: starts from the source
+    full = losses(run)
+    shutil.rmtree(ckpt.step_dir(run, 4))  # "killed" after the step-2 checkpoint
+    (ckpt.step_dir(src, 3) / "model.pt").write_bytes(b"gone")  # a resume must not read the source
+    assert train(run, *flags) == 0
+    assert losses(run) == full
+    capsys.readouterr()
+    for other in ([*MOME, "--num-iterations", "4", "--init-from", f"{src}:2", "--resume"],
+                  [*MOME, "--num-iterations", "4", "--resume"]):
+        assert train(run, *other) == 2
+        err = capsys.readouterr().err
+        assert f"the checkpoint's run started from {src.resolve()} step 3" in err, err
+    assert losses(run) == full
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--mome-slots", "6"], "memory_options.slots 4 (source) vs 6 (this run)"),
+    (["--depth", "3"], "n_layer 2 (source) vs 3 (this run)"),
+])
+def test_other_architecture_is_refused_before_training_and_by_dry_run(tmp_path, source, capsys, extra, needle):
+    run = tmp_path / "r"
+    for dry in ([], ["--dry-run"]):
+        assert train(run, *MOME, *extra, "--num-iterations", "2", "--init-from", str(source), *dry) == 2
+        err = capsys.readouterr().err
+        assert needle in err and str(ckpt.step_dir(source, 3)) in err, err
+        assert not (run / "metrics.jsonl").exists() and not (run / "plan.json").exists()
+
+
+def test_dry_run_checks_the_source(tmp_path, source, capsys):
+    def dry(spec) -> tuple[int, str]:
+        rc = train(tmp_path / "r", *MOME, "--num-iterations", "2", "--init-from", str(spec), "--dry-run")
+        out = capsys.readouterr()
+        return rc, out.out + out.err
+
+    rc, out = dry(source)
+    assert rc == 0 and f"init from: {source.resolve()} step 3 (architecture and tokenizer match)" in out
+    (tmp_path / "r" / "plan.json").unlink()
+    assert dry(f"{source}:2")[0] == 0
+    (tmp_path / "r" / "plan.json").unlink()
+    for spec, needle in ((tmp_path / "missing", "no such run directory"),
+                         (f"{source}:5", "no checkpoint step_000005 in"),
+                         (ckpt.step_dir(source, 3) / "model.pt", "is a file, not a run directory"),
+                         (tmp_path, "holds no checkpoint"),
+                         (tmp_path / "r", "is this run's own --run-dir")):
+        rc, out = dry(spec)
+        assert rc == 2 and f"error: --init-from {spec}: " in out and needle in out, out
+    assert "(available steps: [2, 3])" in dry(f"{source}:5")[1]
+    assert not (tmp_path / "r" / "plan.json").exists()
+
+
+def test_grouped_mome_source_without_its_slot_map_file(tmp_path, capsys):
+    """The source checkpoint carries its slot map: the file may be gone; a different file is refused."""
+    from nanochat.memory.slot_map import write_slot_map
+
+    path = tmp_path / "map.json"
+    pairs = [[i, i + 128] for i in range(128)]  # not the identity grouping: a zero or default map would differ
+    write_slot_map(path, pairs, 256, 2)
+    flags = ["--memory", "mome", "--mome-index", "grouped", "--mome-group-size", "2", "--mome-slots", "4",
+             "--mome-slot-map", str(path), "--num-iterations", "1"]
+    assert train(tmp_path / "src", *flags) == 0
+    path.unlink()
+    assert train(tmp_path / "a", *flags, "--init-from", str(tmp_path / "src")) == 0
+    model, _ = ckpt.load_model(tmp_path / "a")
+    assert model.memory.slot_map.tolist() == [i % 128 for i in range(256)]
+    write_slot_map(path, [[2 * i, 2 * i + 1] for i in range(128)], 256, 2)  # another map under the same name
+    capsys.readouterr()
+    assert train(tmp_path / "b", *flags, "--init-from", str(tmp_path / "src")) == 2
+    assert "memory_options.slot_map_sha256" in capsys.readouterr().err
+
+
+def test_the_authors_imported_checkpoint_is_a_source(tmp_path, monkeypatch, capsys, embedded_data_dir,
+                                                      tiny_tokenizer_dir, source):
+    """An import of their files (weights only, no training state; its tokenizer inside the run dir) trains on."""
+    from nanochat.tokenizer import Tokenizer
+    from reference_fixtures import make_their_files
+    from scripts import import_reference
+
+    their, _, tok = make_their_files(tmp_path, "mome_token")
+    imported = tmp_path / "imported"
+    assert import_reference.main([str(their), "--run-dir", str(imported)]) == 0
+    common = ["--data-dir", str(embedded_data_dir), "--depth", "4", "--model-dim", "64", "--num-heads", "2",
+              "--max-seq-len", "64", "--memory", "mome", "--mome-slots", "6", "--device-batch-size", "2",
+              "--total-batch-size", "128", "--eval-tokens", "128", "--eval-every", "-1", "--no-final-core",
+              "--no-final-train-bpb", "--num-iterations", "1", "--init-from", str(imported)]
+    first = record_first_step(monkeypatch)
+    assert base_train.main([*common, "--tokenizer-dir", str(imported / "tokenizer"), "--run-dir",
+                            str(tmp_path / "a")]) == 0
+    assert_starts_from(first, imported, 5)
+    assert losses(tmp_path / "a")[1] == source_loss(imported, 5, first["batches"])
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["init_from"]["reason"] == "imported"
+    capsys.readouterr()
+    # other tokenizers: another vocab (dry run), the same vocab with two merges swapped (before training)
+    assert base_train.main([*common, "--tokenizer-dir", str(tiny_tokenizer_dir), "--run-dir", str(tmp_path / "b"),
+                            "--dry-run"]) == 2
+    assert "vocab size 1024 does not match vocab_size 439 of --init-from source" in capsys.readouterr().err
+    ranks = dict(tok.mergeable_ranks)
+    (a, ra), (b, rb) = sorted(ranks.items(), key=lambda kv: kv[1])[300:302]
+    ranks[a], ranks[b] = rb, ra
+    Tokenizer(ranks, pattern=tok.pattern, special_tokens=list(tok.special_tokens)).save(tmp_path / "swapped")
+    assert base_train.main([*common, "--tokenizer-dir", str(tmp_path / "swapped"), "--run-dir",
+                            str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "the tokenizer is not the one --init-from source" in err and "via --tokenizer-dir" in err
+    assert not (tmp_path / "c" / "metrics.jsonl").exists()
+    assert train(tmp_path / "d", "--init-from", str(imported), "--dry-run") == 2  # synthetic data: no tokenizer
+    assert "this run has none (--synthetic-data)" in capsys.readouterr().err
+    assert base_train.main(["--tokenizer-dir", str(tiny_tokenizer_dir), "--depth", "2", "--aspect-ratio", "32",
+                            "--head-dim", "32", "--max-seq-len", "32", *MOME, "--init-from", str(source),
+                            "--run-dir", str(tmp_path / "e"), "--dry-run"]) == 2  # the other way round
+    assert "records no tokenizer (trained on --synthetic-data" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ~30 s on 2 cores (torchrun start-up): RUN_SLOW=1
+def test_two_processes_start_from_the_same_weights(tmp_path, source):
+    """Under torchrun rank 0 checks the source and every rank loads it: the losses equal the 1-process run's up
+    to the gradient-average summation order (test_train_dist.assert_losses_close)."""
+    from conftest import run_torchrun
+    from test_train_dist import BATCH, SCRIPT, assert_losses_close
+    from test_train_e2e import TINY
+
+    flags = [*TINY, *BATCH, *MOME, "--num-iterations", "2", "--init-from", str(source)]
+    assert train(tmp_path / "w1", *MOME, "--num-iterations", "2", "--init-from", str(source),
+                 batch=BATCH) == 0
+    r = run_torchrun(SCRIPT, 2, [*flags, "--run-dir", str(tmp_path / "w2")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_losses_close(losses(tmp_path / "w2"), losses(tmp_path / "w1"), {1, 2})
+    assert json.loads((tmp_path / "w2" / "config.json").read_text())["init_from"]["step"] == 3
