@@ -75,14 +75,17 @@ def _comparable(model_config: dict) -> dict:
     return {**fields, **{f"memory_options.{k}": v for k, v in options.items()}}
 
 
-def config_differences(source: dict, ours: dict) -> list[str]:
-    """'field source-value (source) vs our-value (this run)' for each model-config field that differs."""
+def config_differences(source: dict, ours: dict, theirs: str = "source", ignore: tuple[str, ...] = ()) -> list[str]:
+    """'field source-value (source) vs our-value (this run)' for each model-config field that differs (``theirs``
+    names the checkpoint's side: the --init-from source, or the checkpoint a --resume continues), except ``ignore``."""
     a, b = _comparable(source), _comparable(ours)
+    for k in ignore:
+        a.pop(k, None), b.pop(k, None)
     if a["family"] != b["family"]:
-        return [f"family {a['family']!r} (source) vs {b['family']!r} (this run)"]
-    if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the source's map is used
+        return [f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"]
+    if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the checkpoint's is used
         a.pop(SLOT_MAP_SHA, None), b.pop(SLOT_MAP_SHA, None)
-    return [f"{k} {a.get(k)!r} (source) vs {b.get(k)!r} (this run)" for k in [*a, *(k for k in b if k not in a)]
+    return [f"{k} {a.get(k)!r} ({theirs}) vs {b.get(k)!r} (this run)" for k in [*a, *(k for k in b if k not in a)]
             if a.get(k) != b.get(k)]
 
 
@@ -121,10 +124,15 @@ def check_source(run_dir: Path, step: int, meta: dict, config, tokenizer, synthe
     else:
         check_vocab_matches(tokenizer, meta["model_config"].get("vocab_size"), where,
                             {**meta, "tokenizer_sha256": trained})
-    diffs = config_differences(meta["model_config"], config.to_dict())
+    # No weight's shape depends on the context length (RoPE tables are rebuilt, not loaded), so a fine-tune may
+    # train at another one: said, not refused.
+    diffs = config_differences(meta["model_config"], config.to_dict(), ignore=("sequence_len",))
     if diffs:
         raise ValueError(f"{where}: its model differs from the one this run's flags build: {'; '.join(diffs)} "
                          "(pass the source's architecture flags: its config.json or meta.json model_config)")
+    trained_len = meta["model_config"].get("sequence_len")
+    if trained_len != config.sequence_len:
+        note += f"; context {config.sequence_len} tokens, the source trained at {trained_len}"
     return note
 
 
@@ -139,14 +147,15 @@ def start_from_source(model, args, run_dir: Path, config, tokenizer, device) -> 
 
     def decide() -> dict:
         source, step, meta = resolve_source(args.init_from, run_dir)
-        check_source(source, step, meta, config, tokenizer, args.synthetic_data)
+        note = check_source(source, step, meta, config, tokenizer, args.synthetic_data)
         return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
-                "model_sha256": file_sha256(ckpt.step_dir(source, step) / "model.pt")}
+                "model_sha256": file_sha256(ckpt.step_dir(source, step) / "model.pt"), "note": note}
 
     record = rank0_decides(decide)
     every_rank_ok(lambda: ckpt.load_model_weights(model, record["run_dir"], record["step"], map_location=device))
-    print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}); optimizer, "
-           "LR schedule, step count and data order start fresh")
+    note = record.pop("note")  # printed, not recorded: config.json has both models' configs
+    print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}; "
+           f"{note}); optimizer, LR schedule, step count and data order start fresh")
     return record
 
 

@@ -202,8 +202,8 @@ def check_resume_compatible(run: Run, meta: dict) -> dict:
     """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference.
     With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
     diffs, lr_changes = [], {}
-    if meta.get("model_config") != run.config.to_dict():
-        diffs.append(f"model config {meta.get('model_config')} != {run.config.to_dict()}")
+    diffs += [f"model config: {d}" for d in
+              init_from.config_differences(meta["model_config"], run.config.to_dict(), theirs="checkpoint")]
     saved_args = meta.get("config", {}).get("args", {})
     for key in TRAJECTORY_KEYS:
         if key in saved_args and saved_args[key] != getattr(run.args, key):

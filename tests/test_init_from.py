@@ -215,3 +215,13 @@ def test_two_processes_start_from_the_same_weights(tmp_path, source):
     assert r.returncode == 0, r.stderr[-3000:]
     assert_losses_close(losses(tmp_path / "w2"), losses(tmp_path / "w1"), {1, 2})
     assert json.loads((tmp_path / "w2" / "config.json").read_text())["init_from"]["step"] == 3
+
+
+def test_another_context_length_is_a_fine_tune_not_an_error(tmp_path, source, monkeypatch, capsys):
+    """No weight depends on the context length: a run at 64 tokens starts from the 32-token source's weights."""
+    first = record_first_step(monkeypatch)
+    assert train(tmp_path / "a", *MOME, "--max-seq-len", "64", "--num-iterations", "1", "--init-from",
+                 str(source)) == 0
+    assert_starts_from(first, source, 3)
+    assert first["batches"][0][0].shape[1] == 64
+    assert "context 64 tokens, the source trained at 32" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """Slot maps: the kNN builder yields exact groups of near tokens, files round-trip, bad files are rejected."""
 
+import shutil
 import json
 import subprocess
 import sys
@@ -223,3 +224,24 @@ def test_the_authors_slot_maps_load_and_are_checked_against_the_tokenizer(tmp_pa
 
 
 from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
+
+
+def test_resume_without_the_slot_map_file_takes_the_checkpoints_map(tmp_path):
+    """The checkpoint holds the map, so a resume needs no file (moved to another cluster, or rebuilt): the resumed
+    run continues with the checkpoint's map, bit-exactly like an uninterrupted run."""
+    from nanochat import checkpoint as ckpt
+    from test_train_e2e import losses, train
+
+    path = tmp_path / "map.json"
+    write_slot_map(path, [[i, i + 128] for i in range(128)], 256, 2)
+    flags = ["--memory", "mome", "--mome-index", "grouped", "--mome-group-size", "2", "--mome-slots", "4",
+             "--mome-slot-map", str(path), "--num-iterations", "4", "--save-every", "2"]
+    assert train(tmp_path / "full", *flags) == 0
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    shutil.rmtree(ckpt.step_dir(tmp_path / "cut", 4))
+    (tmp_path / "cut" / "summary.json").unlink()
+    path.unlink()
+    assert train(tmp_path / "cut", *flags, "--resume", "latest") == 0
+    assert losses(tmp_path / "cut") == losses(tmp_path / "full")
+    model, _ = ckpt.load_model(tmp_path / "cut")
+    assert model.memory.slot_map.tolist() == [i % 128 for i in range(256)]

@@ -81,6 +81,9 @@ def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
     assert train(run, "--num-iterations", "2") == 0
     assert train(run, "--num-iterations", "2", "--matrix-lr", "0.03", "--resume") == 2
     assert "--matrix-lr 0.02 (checkpoint) != 0.03" in capsys.readouterr().err
+    # the model: field by field (depth is also a trajectory flag, the context length only a model field)
+    assert train(run, "--num-iterations", "2", "--max-seq-len", "16", "--resume") == 2
+    assert "model config: sequence_len 32 (checkpoint) vs 16 (this run)" in capsys.readouterr().err
 
 
 def test_missing_and_corrupt_checkpoint_errors(tmp_path, capsys):

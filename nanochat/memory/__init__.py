@@ -95,8 +95,8 @@ def _parse_layers(text: str) -> list[int]:
 def memory_config_from_args(args) -> dict:
     """-> {"memory", "memory_layers", "memory_options"}; a flag of another block set to a non-default is an error.
 
-    Files (the slot map) must exist, except under ``args.dry_run`` (a plan needs shapes, not contents) and
-    ``args.init_from`` (the source checkpoint carries the map)."""
+    Files (the slot map) must exist, except under ``args.dry_run`` (a plan needs shapes, not contents),
+    ``args.init_from`` and ``args.resume`` (the checkpoint carries the map)."""
     memory = args.memory
     if memory not in MEMORY_BLOCKS:
         raise ValueError(f"--memory {memory!r} is unknown; allowed: {', '.join(MEMORY_BLOCKS)}")
@@ -115,8 +115,8 @@ def memory_config_from_args(args) -> dict:
         options["slot_map"] = str(path)
         if path.is_file():
             options["slot_map_sha256"] = file_sha256(path)
-        elif getattr(args, "init_from", None):
-            pass  # the source checkpoint's weights carry the map (check_ready refuses a source without one)
+        elif getattr(args, "init_from", None) or getattr(args, "resume", None):
+            pass  # the (source or resumed) checkpoint carries the map; check_ready refuses a start without one
         elif getattr(args, "dry_run", False):  # shapes depend on the group size only (N = V / c rows)
             warnings.warn(f"--mome-slot-map {path} does not exist yet: fine for --dry-run (the table has V / "
                           f"--mome-group-size rows whatever the map), a real run needs the file "
