@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_config
-from nanochat.memory.slot_map import build_groups, file_sha256, load_slot_map, write_slot_map
+from nanochat.download import file_sha256
+from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map
 
 
 def _clustered(V=120, c=3, D=16, seed=0):

@@ -15,7 +15,7 @@ from .engram import COMPRESSIONS, EngramMemory
 from .jtok import JTokMemory, JTokMMemory
 from .move_input import MoVEInputMemory
 from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
-from .slot_map import file_sha256
+from nanochat.download import file_sha256
 from .stem import STEMMemory
 from .ve import ValueEmbedding
 

@@ -25,7 +25,6 @@ top-k neighbour lists computed in chunks (a 32768 x 32768 similarity matrix is n
 greedy pass that seeds the tightest neighbourhoods first and gives each seed its c-1 nearest unassigned tokens.
 """
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from nanochat.download import file_sha256
 
 FORMAT_NAME = "mome_nanochat_slot_map"
 FORMAT_VERSION = 1
@@ -45,10 +46,6 @@ class SlotMap:
     token_to_row: torch.Tensor  # (V,) int64
     header: dict  # every top-level key except "rows"
     sha256: str
-
-
-def file_sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _fail(path, msg):
