@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nanochat.jsonfile import write_text_atomic
 from nanochat.routing_metrics import effective_count, jsd_base2
 
 
@@ -315,7 +316,7 @@ def single_token_at(tokenizer, text: str, char_start: int, char_end: int) -> tup
 def write_json(path: Path, obj) -> None:
     """Strict JSON: NaN (e.g. a threshold cell with an empty class) is written as null, not as bare NaN."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_nan_to_none(obj), indent=2, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(_nan_to_none(obj), indent=2, allow_nan=False) + "\n")
 
 
 def _nan_to_none(x):

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from nanochat.download import DownloadError, download_file, hub_file, place_file
-from nanochat.jsonfile import read_json_object
+from nanochat.jsonfile import read_json_object, write_text_atomic
 
 MANIFEST = "manifest.json"
 DATASET_MARK = ".dataset"  # remote datasets: which dataset this directory's shard_NNNNN.parquet files belong to
@@ -134,9 +134,7 @@ def write_manifest(data_dir, dataset: str, train: list[str], val: list[str], sou
         shards[name] = {"rows": validate_parquet(path), "bytes": path.stat().st_size}
     manifest = {"dataset": dataset, "source": source, "train": list(train), "val": list(val),
                 "shards": shards, **extra}
-    tmp = data_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, data_dir / MANIFEST)
+    write_text_atomic(data_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -7,12 +7,13 @@ file holds the whole run.
 
 import json
 import math
-import os
 import re
 import secrets
 from pathlib import Path
 
 import torch
+
+from nanochat.jsonfile import write_text_atomic
 
 # Dense BF16 tensor-core peak FLOP/s of one GPU, matched against torch.cuda.get_device_name() in order (first match
 # wins, so variants precede their family: "H100 PCIe" before "H100", "GB200" before "B200", "GH200" before "H200").
@@ -92,9 +93,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             continue
         if rec.get("step", 0) <= last_step and rec.get("kind") != "final":
             kept.append(line)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(k + "\n" for k in kept))
 
 
 WANDB_ID_FILE = "wandb_id.txt"

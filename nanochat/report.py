@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from nanochat.jsonfile import write_text_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 ENVIRONMENT = "environment.json"
 REPORT = "report.md"
@@ -88,7 +90,7 @@ def record_environment(run_dir, device, world_size: int, fresh: bool) -> dict:
     sessions = [] if fresh else read_json(path, {}).get("sessions", [])
     session = environment(device, world_size)
     sessions.append(session)
-    _write_text(path, json.dumps({"sessions": sessions}, indent=2) + "\n")
+    write_text_atomic(path, json.dumps({"sessions": sessions}, indent=2) + "\n")
     return session
 
 
@@ -305,7 +307,7 @@ def _last_train_loss(run_dir) -> float | None:
 def write_run_report(run_dir) -> Path:
     """Write ``<run_dir>/report.md`` (atomically) and return its path."""
     path = Path(run_dir) / REPORT
-    _write_text(path, run_report(run_dir))
+    write_text_atomic(path, run_report(run_dir))
     return path
 
 
@@ -334,9 +336,3 @@ def provenance_table(facts: list[dict]) -> list[str]:
         lines.append(f"| {f['run_name']} | {fmt_code(env)} | {fmt_hardware(env)} | {fmt(env.get('world_size'))} | "
                      f"{fmt_software(env)} |")
     return lines
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

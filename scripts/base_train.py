@@ -36,6 +36,7 @@ from nanochat import init_from
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              rank0_decides, resolve_dtype, seed_everything)
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
+from nanochat.jsonfile import write_text_atomic
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
@@ -118,9 +119,7 @@ def resolve_run_dir(args) -> Path:
 
 
 def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def dry_run(args) -> None:
