@@ -5,7 +5,8 @@
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
 (stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
-and throughput; unfinished seeds, and CORE values over different task sets, are listed under the table instead.
+and throughput; unfinished seeds, runs started from another run's weights (--init-from) and CORE values over
+different task sets are listed under the table instead.
 A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22").
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
@@ -56,7 +57,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def collect_row(cfg: dict, runs_root: Path) -> dict:
     """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); unfinished seeds
-    are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
+    and runs started from another run's weights (--init-from) are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
     "CORE-21/22", ...) are not averaged together either."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
@@ -66,7 +67,11 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
             summary = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"corrupt {path}: {e}") from e
-        if summary.get("stop_reason") == "completed":
+        source = summary.get("init_from")
+        if source:  # the paper's rows train from scratch: a fine-tune's numbers are not a seed of the row
+            notes.append(f"{path.parent.name} started from the weights of {source['run_dir']} step {source['step']} "
+                         "(--init-from), not averaged")
+        elif summary.get("stop_reason") == "completed":
             summaries.append(summary)
         else:
             notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
