@@ -27,10 +27,11 @@ SLOT_MAP_SHA = "memory_options.slot_map_sha256"
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:
-    """'RUN_DIR[:STEP]' -> (run dir, 'latest' or the step number as text)."""
+    """'RUN_DIR[:STEP]' -> (run dir, 'latest' or the step number as text, unpadded). A directory whose own name
+    ends in ':digits' is that directory (its steps: 'DIR:STEP')."""
     head, sep, tail = spec.rpartition(":")
-    if sep and (tail.isdigit() or tail == "latest"):
-        return Path(head), tail
+    if sep and (tail.isdigit() or tail == "latest") and not Path(spec).is_dir():
+        return Path(head), str(int(tail)) if tail.isdigit() else tail
     return Path(spec), "latest"
 
 
@@ -140,14 +141,31 @@ def describe(record: dict) -> str:
     return f"{record['run_dir']} step {record['step']}"
 
 
-def start_from_source(model, args, run_dir: Path, config, tokenizer, device) -> dict:
+def data_seed(args: dict) -> int:
+    return args["seed"] if args.get("data_seed") is None else args["data_seed"]
+
+
+def same_data_order_note(meta: dict, args, data_sha256: str | None) -> str:
+    """Continued pretraining on the source's own data with its data seed reads the source's documents again, first
+    and in the same order (the order depends only on the seed, the world size and the files): say so."""
+    source_args = meta.get("config", {}).get("args", {})
+    if data_sha256 is None or meta.get("data_sha256") != data_sha256 or "seed" not in source_args \
+            or data_seed(source_args) != data_seed(vars(args)):
+        return ""
+    return (f"; NOTE: same data and data seed ({data_seed(vars(args))}) as the source, so this run reads the "
+            "source's training documents first, in the source's order: pass another --data-seed to start elsewhere")
+
+
+def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
     """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank (a rank
-    that cannot stops them all). Collective. Returns the record for config.json, checkpoints and summary.json."""
+    that cannot stops them all). Collective. Returns the record for config.json, checkpoints and summary.json.
+    ``data_sha256``: this run's prepared data (None: synthetic), to tell whether the source read it in this order."""
     from nanochat.download import file_sha256
 
     def decide() -> dict:
         source, step, meta = resolve_source(args.init_from, run_dir)
         note = check_source(source, step, meta, config, tokenizer, args.synthetic_data)
+        note += same_data_order_note(meta, args, data_sha256)
         return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
                 "model_sha256": file_sha256(ckpt.step_dir(source, step) / "model.pt"), "note": note}
 
@@ -182,6 +200,8 @@ def resume_differences(recorded: dict | None, spec: str | None) -> list[str]:
     if spec is None:
         return [f"{FLAG}: the checkpoint's run started from {describe(recorded)}; pass {FLAG} {recorded['spec']}"]
     run_dir, step = parse_spec(spec)
+    if spec == recorded["spec"]:  # the command that started the run (its source may have moved on since)
+        return []
     if str(run_dir.resolve()) != recorded["run_dir"] or step not in ("latest", str(recorded["step"])):
         return [f"{FLAG} {spec}: the checkpoint's run started from {describe(recorded)} ({FLAG} {recorded['spec']})"]
     return []

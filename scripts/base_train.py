@@ -129,8 +129,12 @@ def dry_run(args) -> None:
     plan = build_plan(args, model_summary(config), world)
     check_pinned_vocab(args)
     run_dir = resolve_run_dir(args)
-    source_line = init_from.check_for_dry_run(args, run_dir, existing_tokenizer(args),
-                                              lambda vocab: model_config(args, vocab)) if args.init_from else None
+    source_line = None
+    if args.init_from and args.resume and ckpt.list_steps(run_dir):  # a resume never reads the source
+        source_line = f"{'init from':>26}: {args.init_from} not read: --resume continues this run's checkpoints"
+    elif args.init_from:
+        source_line = init_from.check_for_dry_run(args, run_dir, existing_tokenizer(args),
+                                                  lambda vocab: model_config(args, vocab))
     existing_run = run_contents(run_dir) if run_dir.is_dir() else []
     if get_dist_info().rank == 0 and not existing_run:
         ensure_writable(run_dir, "--run-dir")
@@ -450,8 +454,9 @@ def prepare_resume(run: Run) -> int | None:
         print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
     if resumed_at is None and run.args.init_from:
         run.init_from = init_from.start_from_source(run.model, run.args, run.run_dir, run.config, run.data.tokenizer,
-                                                    run.device)
-    every_rank_ok(run.model.memory.check_ready)  # e.g. a slot map neither on disk nor in the checkpoint
+                                                    run.device, run.data.data_sha256)
+    # e.g. a slot map neither on disk nor in the checkpoint, or on disk but not the checkpoint's
+    every_rank_ok(lambda: run.model.memory.check_ready(training=True))
     return resumed_at
 
 

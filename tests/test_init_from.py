@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,7 +95,10 @@ def test_resume_continues_bit_exactly_without_reading_the_source_again(tmp_path,
     (ckpt.step_dir(src, 3) / "model.pt").write_bytes(b"gone")  # a resume must not read the source
     assert train(run, *flags) == 0
     assert losses(run) == full
+    shutil.rmtree(src)  # the requeue command's dry run (speedrun preflight) does not need the source either
     capsys.readouterr()
+    assert train(run, *flags, "--dry-run") == 0
+    assert "not read: --resume continues this run's checkpoints" in capsys.readouterr().out
     for other in ([*MOME, "--num-iterations", "4", "--init-from", f"{src}:2", "--resume"],
                   [*MOME, "--num-iterations", "4", "--resume"]):
         assert train(run, *other) == 2
@@ -156,6 +160,9 @@ def test_grouped_mome_source_without_its_slot_map_file(tmp_path, capsys):
     capsys.readouterr()
     assert train(tmp_path / "b", *flags, "--init-from", str(tmp_path / "src")) == 2
     assert "memory_options.slot_map_sha256" in capsys.readouterr().err
+    # run "a" started without the file, so it records no hash to compare: its map is compared with the file's
+    assert train(tmp_path / "c", *flags, "--init-from", str(tmp_path / "a")) == 2
+    assert "map.json holds another map than the one in the checkpoint" in capsys.readouterr().err
 
 
 def test_the_authors_imported_checkpoint_is_a_source(tmp_path, monkeypatch, capsys, embedded_data_dir,
@@ -225,3 +232,40 @@ def test_another_context_length_is_a_fine_tune_not_an_error(tmp_path, source, mo
     assert_starts_from(first, source, 3)
     assert first["batches"][0][0].shape[1] == 64
     assert "context 64 tokens, the source trained at 32" in capsys.readouterr().out
+
+
+def test_spec_parsing(tmp_path):
+    from nanochat.init_from import parse_spec, resume_differences
+
+    assert parse_spec("runs/a:000002") == (Path("runs/a"), "2")  # padded like the step_NNNNNN folders
+    assert parse_spec("runs/a:latest") == (Path("runs/a"), "latest") and parse_spec("runs/a") == (Path("runs/a"), "latest")
+    odd = tmp_path / "x:30"  # a run directory whose name ends in ':digits' is that directory
+    odd.mkdir()
+    assert parse_spec(str(odd)) == (odd, "latest") and parse_spec(f"{odd}:2") == (odd, "2")
+    recorded = {"spec": f"{tmp_path}:000002", "run_dir": str(tmp_path.resolve()), "step": 2}
+    assert resume_differences(recorded, f"{tmp_path}:000002") == []
+    assert resume_differences(recorded, f"{tmp_path}:2") == [] and resume_differences(recorded, str(tmp_path)) == []
+    assert resume_differences(recorded, f"{tmp_path}:3")
+
+
+def test_continuing_on_the_sources_data_with_its_seed_says_it_rereads_it(tmp_path, monkeypatch, capsys,
+                                                                        embedded_data_dir, tiny_tokenizer_dir):
+    """The data order depends on the seed, the world size and the files only: a run started from a source on the
+    same data and data seed reads the source's first batches again, and says so; another --data-seed does not."""
+    common = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--depth", "1",
+              "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64", "--device-batch-size", "2",
+              "--total-batch-size", "128", "--eval-tokens", "128", "--eval-every", "-1", "--no-final-core",
+              "--no-final-train-bpb", "--num-iterations", "1"]
+    first = record_first_step(monkeypatch)
+    assert base_train.main([*common, "--run-dir", str(tmp_path / "src")]) == 0
+    source_batches = first.pop("batches")
+    first.clear()
+    capsys.readouterr()
+    assert base_train.main([*common, "--run-dir", str(tmp_path / "a"), "--init-from", str(tmp_path / "src")]) == 0
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(first["batches"], source_batches))
+    assert "NOTE: same data and data seed (42) as the source" in capsys.readouterr().out
+    first.clear()
+    assert base_train.main([*common, "--run-dir", str(tmp_path / "b"), "--init-from", str(tmp_path / "src"),
+                            "--data-seed", "7"]) == 0
+    assert not torch.equal(first["batches"][0][0], source_batches[0][0])
+    assert "NOTE: same data" not in capsys.readouterr().out

@@ -115,12 +115,14 @@ def memory_config_from_args(args) -> dict:
         options["slot_map"] = str(path)
         if path.is_file():
             options["slot_map_sha256"] = file_sha256(path)
-        elif getattr(args, "init_from", None) or getattr(args, "resume", None):
-            pass  # the (source or resumed) checkpoint carries the map; check_ready refuses a start without one
+        elif getattr(args, "init_from", None):
+            pass  # the source checkpoint carries the map; check_ready refuses a source without one
+        elif getattr(args, "resume", None) and not getattr(args, "dry_run", False):
+            pass  # the run's checkpoint carries the map; a fresh start (--resume auto, none yet) is refused later
         elif getattr(args, "dry_run", False):  # shapes depend on the group size only (N = V / c rows)
             warnings.warn(f"--mome-slot-map {path} does not exist yet: fine for --dry-run (the table has V / "
                           f"--mome-group-size rows whatever the map), a real run needs the file "
-                          f"(scripts/build_slot_map.py)")
+                          f"(scripts/build_slot_map.py) unless it resumes a checkpoint, which carries the map")
         else:
             raise ValueError(f"--mome-slot-map {path}: file does not exist (build one with scripts/build_slot_map.py)")
     MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists

@@ -88,9 +88,11 @@ class MemoryBlock(nn.Module):
         Engram's compression map; what it builds must be in the state dict, since a resume, eval or sampling
         gets it from the checkpoint (a resume loads the checkpoint after this call)."""
 
-    def check_ready(self) -> None:
+    def check_ready(self, training: bool = False) -> None:
         """Raise ValueError (naming the flag) if something the forward needs was neither built nor loaded from a
-        checkpoint, e.g. a grouped MoME slot map whose file is missing; the trainer asks before the first step."""
+        checkpoint, e.g. a grouped MoME slot map whose file is missing. ``training``: the trainer asks before the
+        first step, and then a file given by a flag must also agree with what a checkpoint supplied (evaluation
+        uses the checkpoint's, whatever the file says now)."""
 
     def memory_tables(self) -> list[nn.Parameter]:
         return []

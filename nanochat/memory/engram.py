@@ -257,7 +257,7 @@ class EngramMemory(MemoryBlock):
         mix = torch.stack(mixes, dim=-1)  # (B, T, n_mod, N-1), >= 0
         return mix[..., None] % self.primes + self.offsets  # (B, T, n_mod, N-1, K)
 
-    def check_ready(self) -> None:
+    def check_ready(self, training: bool = False) -> None:
         if not self.compression_ready:
             raise ValueError("--engram-compression tokenizer: the compression map was never built; a training run "
                              "builds it from its tokenizer (bind_tokenizer), a checkpoint carries it, and a model "

@@ -307,9 +307,17 @@ class MoMEMemory(MemoryBlock):
         if tokenizer is not None and getattr(self, "_slot_map_cpu", None) is not None:
             check_slot_map_tokenizer(self._slot_map_header, tokenizer, self.opts.slot_map)
 
-    def check_ready(self) -> None:
+    def check_ready(self, training: bool = False) -> None:
         if hasattr(self, "slot_map") and not self.slot_map_ready:
             raise ValueError(f"{self._slot_map_error} (no checkpoint supplied the map either)")
+        file_map = getattr(self, "_slot_map_cpu", None)
+        if training and file_map is not None and not torch.equal(self.slot_map.cpu(), file_map):
+            # e.g. a run that started without the file (so recorded no hash) continued with another file:
+            # the model keeps the checkpoint's map, and this run's config would record the other file's hash
+            raise ValueError(f"--mome-slot-map {self.opts.slot_map} holds another map than the one in the "
+                             "checkpoint this run continues (--resume or --init-from): pass the file the "
+                             "checkpoint's map was built from, or a path that does not exist (the checkpoint "
+                             "carries its map)")
 
     @torch.no_grad()
     def init_weights(self) -> None:
