@@ -99,26 +99,28 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 WANDB_ID_FILE = "wandb_id.txt"
 
 
-def wandb_run_id(run_dir: Path, resume: bool) -> str:
-    """The W&B run id of ``run_dir``: the recorded one when resuming, else a new one (recorded for later resumes)."""
+def wandb_run_id(run_dir: Path, resume: bool) -> tuple[str, bool]:
+    """(the W&B run id of ``run_dir``, whether it was recorded before): the recorded one when resuming, else a new
+    one (recorded for later resumes)."""
     path = Path(run_dir) / WANDB_ID_FILE
     if resume and path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
+        return path.read_text().strip(), True
     run_id = secrets.token_hex(4)  # W&B ids are short [a-z0-9] strings
     path.write_text(run_id + "\n")
-    return run_id
+    return run_id, False
 
 
 def _init_wandb(run_dir: Path, mode: str, common: dict, resume_step: int | None):
     import wandb  # imported lazily: optional and slow to import
 
-    run_id = wandb_run_id(run_dir, resume=resume_step is not None)
-    if mode == "online" and resume_step is not None:
+    run_id, recorded = wandb_run_id(run_dir, resume=resume_step is not None)
+    if mode == "online" and recorded:  # a resume of a run that logged to W&B before
         try:
             return wandb.init(**common, resume_from=f"{run_id}?_step={resume_step}")
         except Exception as e:  # noqa: BLE001 (any refusal: a server without rewind, a run that was never synced)
             print(f"warning: could not rewind W&B run {run_id} to step {resume_step} ({type(e).__name__}: {e}); "
-                  "continuing it as it is: its steps after the checkpoint stay and hide the resumed ones")
+                  "trying to continue it without a rewind (its steps after the checkpoint would hide the resumed "
+                  "ones)")
     return wandb.init(**common, id=run_id, resume="allow")
 
 

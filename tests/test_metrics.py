@@ -128,6 +128,11 @@ def test_online_resume_rewinds_the_wandb_run_to_the_checkpoint_step(tmp_path, mo
     assert fake.inits[-1]["id"] == run_id and fake.inits[-1]["resume"] == "allow"
     assert fake.logged[-1] == (run_id, 41, {"train/loss": 1.5})
     assert "could not rewind W&B run" in capsys.readouterr().out
+    # a resume of a run that never logged to W&B (no recorded id): a new W&B run, nothing to rewind
+    (tmp_path / WANDB_ID_FILE).unlink()
+    MetricsLogger(tmp_path, 0, "online", "proj", "r", {}, resume_step=40).close()
+    assert "resume_from" not in fake.inits[-1] and fake.inits[-1]["id"] != run_id
+    assert "could not rewind" not in capsys.readouterr().out
 
 
 def test_trainer_resume_continues_the_wandb_run(tmp_path, monkeypatch):
