@@ -370,6 +370,7 @@ def test_an_imported_run_still_works_after_it_is_moved_and_cannot_be_resumed(tmp
     cfg = model.config
     rc = base_train.main(["--synthetic-data", "--vocab-size", str(cfg.vocab_size), "--depth", str(cfg.n_layer),
                           "--model-dim", str(cfg.n_embd), "--num-heads", str(cfg.n_head), "--max-seq-len", "32",
+                          "--eval-tokens", "256",  # the default 20M builds 655k synthetic eval rows (~25 s) first
                           "--num-iterations", str(STEP + 1), "--run-dir", str(moved), "--resume", str(STEP)])
     assert rc == 2
     err = capsys.readouterr().err
