@@ -3,8 +3,8 @@ continues where it stopped instead of from zero.
 
 Every finished CORE task and bpb split/corpus is written at once to ``<out>/core.partial.json`` or
 ``<out>/bpb.partial.json`` (temp file + rename, rank 0 only) together with two fingerprints: the settings of the
-whole evaluation (checkpoint, tokenizer, dtype, numerics, attention kernel, device, batch size, world size: all
-that can change a number, down to its last digits) and the item's own inputs (task file and --max-per-task, data
+whole evaluation (checkpoint, tokenizer, dtype, numerics, attention kernel, device, torch and code versions,
+batch size, world size: all that can change a number, down to its last digits) and the item's own inputs (task file and --max-per-task, data
 manifest or corpus file and --eval-tokens). A rerun reuses an item only when both are equal, so a report never
 mixes numbers computed under different settings: it equals, to the byte, the report of an uninterrupted run. The
 files are deleted once the whole evaluation has finished, so a rerun of a completed evaluation computes everything
@@ -42,11 +42,18 @@ def device_fingerprint(device: torch.device) -> str:
     return device.type
 
 
+def code_version() -> dict:
+    """This code's git commit and uncommitted changes: a fix between an interrupt and the rerun is other code."""
+    from nanochat.report import code_version as git_code_version
+
+    return git_code_version()
+
+
 def eval_settings(model_pt: Path, run: Path, step: int, device: torch.device, **settings) -> dict:
-    """The fingerprint shared by every item of an evaluation: checkpoint, device, torch version and ``settings``
-    (the caller's: tokenizer, dtype, numerics, kernel, batch size, world size)."""
+    """The fingerprint shared by every item of an evaluation: checkpoint, device, torch version, this code's
+    version and ``settings`` (the caller's: tokenizer, dtype, numerics, kernel, batch size, world size)."""
     return {"checkpoint": checkpoint_fingerprint(model_pt, run, step), "device": device_fingerprint(device),
-            "torch": torch.__version__, **settings}
+            "torch": torch.__version__, "code": code_version(), **settings}
 
 
 def _as_json(obj):

@@ -50,6 +50,18 @@ def git_state(repo: Path = REPO) -> dict:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+def code_version(repo: Path = REPO, paths=("nanochat", "scripts")) -> dict:
+    """{"trees", "diff_sha256"}: git's ids of the committed ``paths`` (the code) and a hash of their uncommitted
+    changes (None when clean): another commit that leaves the code alone (docs, tests) keeps the version, an edit
+    of the code after the commit changes it. Both None outside a git checkout."""
+    import hashlib
+
+    trees = _run(["git", "rev-parse", *(f"HEAD:{p}" for p in paths)], cwd=repo)
+    diff = _run(["git", "diff", "HEAD", "--", *paths], cwd=repo) if trees else None
+    return {"trees": trees.split() if trees else None,
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None}
+
+
 def nvidia_driver_version() -> str | None:
     out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     return out.splitlines()[0].strip() if out else None

@@ -109,8 +109,9 @@ class RunDirLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                other = "--run-dir / --run-name" if flag == "--run-dir" else flag
                 raise RunDirBusy(f"{flag} {self.run_dir} is in use by another run: {describe_owner(previous)}. "
-                                 "Wait for it to finish or stop it, or choose another --run-dir / --run-name") from None
+                                 f"Wait for it to finish or stop it, or choose another {other}") from None
             except OSError as e:  # no flock on this filesystem: the record decides
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                     raise
@@ -145,14 +146,18 @@ class RunDirLock:
         except ValueError:
             return {"command": f"unreadable lock record {raw[:200]!r}"}
 
-    def release(self) -> None:
+    def release(self, remove_file: bool = False) -> None:
         """Clear the owner record and unlock (an empty record = released cleanly, not stale). A directory this
-        lock created and nothing else wrote into (setup failed) is removed again."""
+        lock created and nothing else wrote into (setup failed) is removed again; ``remove_file`` removes the lock
+        file in any case (a directory that is not a run's, e.g. an evaluation's output; a process waiting on the
+        removed file sees it replaced and retries, see acquire)."""
         if self._fd is None:
             return
         try:
             os.ftruncate(self._fd, 0)
-            if self.created and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+            if remove_file:
+                self.path.unlink(missing_ok=True)
+            elif self.created and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
                 self.path.unlink()
                 self.run_dir.rmdir()
             fcntl.flock(self._fd, fcntl.LOCK_UN)

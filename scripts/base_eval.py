@@ -34,7 +34,7 @@ from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, in
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
-from nanochat.run_dir import ensure_writable
+from nanochat.run_dir import RunDirLock, ensure_writable
 
 PAPER_EVAL_TOKENS = 20_971_520
 
@@ -205,15 +205,27 @@ def main(argv=None) -> int:
 
 
 def evaluate(args) -> int:
-    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
-
     info, device = compute_init(args.device_type)
-    rank, world = (info.rank, info.world_size)
+    rank = info.rank
     run = Path(args.run)
     # rank 0 picks the step; every rank must then load it (under torchrun all ranks take the same branches)
     step = rank0_decides(lambda: args.step if args.step is not None else find_last_step(run))
     out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
     rank0_decides(lambda: ensure_writable(out_dir, "--out-dir"))  # rank 0 writes the results: fail now, not after
+    # one evaluation per output directory at a time: two would overwrite each other's partial results and reports
+    lock = RunDirLock(out_dir) if rank == 0 else None
+    rank0_decides(lambda: lock.acquire("--out-dir") and None)
+    try:
+        return evaluate_into(args, info, device, run, step, out_dir)
+    finally:
+        if lock is not None:
+            lock.release(remove_file=True)
+
+
+def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path) -> int:
+    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+
+    rank, world = (info.rank, info.world_size)
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
     numerics = apply_numerics(model, args.numerics)
@@ -244,15 +256,22 @@ def evaluate(args) -> int:
             if rank == 0:
                 write_text_atomic(out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n")
     except Interrupted as e:
-        kept = ", ".join(f"{len(store.items)} {name}" for name, store in stores.items())
-        print0(f"base_eval: interrupted ({e}); finished results ({kept}) are kept in {out_dir}: run the same "
-               "command again to continue", file=sys.stderr)
+        print0(f"base_eval: interrupted ({e}); {kept_note(stores, out_dir)}", file=sys.stderr)
         return 128 + e.signum
+    except Exception as e:  # e.g. another rank was stopped and a collective failed here: the error follows
+        if any(store.items for store in stores.values()):
+            print0(f"base_eval: failed ({type(e).__name__}); {kept_note(stores, out_dir)}", file=sys.stderr)
+        raise
     for store in stores.values():
         store.discard()
     print0(f"results in {out_dir}")
     compute_cleanup()
     return 0
+
+
+def kept_note(stores: dict, out_dir: Path) -> str:
+    kept = ", ".join(f"{len(store.items)} {name}" for name, store in stores.items())
+    return f"finished results ({kept}) are kept in {out_dir}: run the same command again to continue"
 
 
 def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, header: dict,

@@ -377,6 +377,56 @@ def test_changed_settings_or_fresh_recompute(tiny_run, tmp_path, monkeypatch, ca
     assert interrupted_then("--fresh") == ["mc", "lm"]
     assert "--fresh: 1 finished result(s) in" in capsys.readouterr().out
     assert interrupted_then() == ["lm"]  # the same command: mc is reused
+    # the code that computed the numbers is a setting too (a fix between the interrupt and the rerun)
+    from nanochat import eval_resume
+
+    real_version = eval_resume.code_version
+    with monkeypatch.context() as m:
+        _sigterm_after(m, core_eval, "evaluate_task", 1)
+        assert main(_eval_args(root, bundle, out, "--eval", "core")) == 143
+    with monkeypatch.context() as m:
+        m.setattr(eval_resume, "code_version", lambda: {**real_version(), "diff_sha256": "an-edit-of-the-code"})
+        tasks = _count_calls(m, core_eval, "evaluate_task")
+        assert main(_eval_args(root, bundle, out, "--eval", "core")) == 0
+    assert [a[3].label for a in tasks] == ["mc", "lm"] and "'an-edit-of-the-code'" in capsys.readouterr().out
+
+
+def test_an_evaluation_that_fails_midway_says_what_it_kept(tiny_run, tmp_path, monkeypatch, capsys):
+    """E.g. another rank was stopped and this rank's collective failed: the error propagates, after a line saying
+    which finished results are on disk for the rerun."""
+    from nanochat import core_eval
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    real, calls = core_eval.evaluate_task, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("Connection closed by peer")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core_eval, "evaluate_task", failing)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        main(_eval_args(root, bundle, tmp_path / "o", "--eval", "core"))
+    assert "base_eval: failed (RuntimeError); finished results (1 core) are kept in" in capsys.readouterr().err
+
+
+def test_two_evaluations_into_one_out_dir_at_once_are_refused(tiny_run, tmp_path, capsys):
+    """They would overwrite each other's partial results and reports: the second is refused naming the first."""
+    from nanochat.run_dir import RunDirLock
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    out = tmp_path / "o"
+    other = RunDirLock(out).acquire("--out-dir")  # another base_eval holds it
+    try:
+        assert main(_eval_args(root, bundle, out, "--eval", "core")) == 2
+        err = capsys.readouterr().err
+        assert f"--out-dir {out} is in use by another" in err and "choose another --out-dir" in err, err
+    finally:
+        other.release()
+    assert main(_eval_args(root, bundle, out, "--eval", "core")) == 0
 
 
 # -- the attention kernel ---------------------------------------------------------------------------------------
@@ -426,7 +476,7 @@ def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path):
     assert list(saved["items"]) == ["mc"] and saved["settings"]["world_size"] == 2
     res = run_torchrun(worker, 2, args, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "CORE tasks: 1 of 2 reused from" in res.stdout
+    assert "CORE tasks: 1 of 2 reused from" in res.stdout, res.stdout + res.stderr
     core = json.loads((tmp_path / "o" / "core.json").read_text())
     assert (core["tasks"]["mc"]["n"], core["tasks"]["lm"]["n"]) == (4, 3)
     assert not (tmp_path / "o" / "core.partial.json").exists()
