@@ -3,14 +3,35 @@ import torch
 
 from conftest import REPO, run_torchrun
 
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def one_and_two_process_runs(tmp_path_factory):
+    """{design: (1-process result, 2-process result)} for every design of _dist_optim_worker: one 2-process
+    torchrun trains them all in turn; the 1-process reference runs in this process at 1 thread, the thread count
+    of a torchrun worker (run_torchrun), so each micro-batch's gradient is computed by the same kernels."""
+    from _dist_optim_worker import DESIGNS, train
+
+    out = tmp_path_factory.mktemp("dist_optim")
+    r = run_torchrun(REPO / "tests" / "_dist_optim_worker.py", 2, [str(out), str(STEPS), ",".join(DESIGNS)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = {memory: train(memory, STEPS, rank=0, world_size=1) for memory in DESIGNS}
+    finally:
+        torch.set_num_threads(threads)
+    return {memory: (one[memory], torch.load(out / f"{memory}.pt")) for memory in DESIGNS}
+
 
 @pytest.mark.parametrize("memory", ["base", "mome_bigram_shared"])
-def test_two_process_gloo_equals_single_process_grad_accum(tmp_path, memory):
+def test_two_process_gloo_equals_single_process_grad_accum(one_and_two_process_runs, memory):
     """optimizer.step() after per-rank backward on 2 gloo processes = 1 process accumulating the same global batch.
 
     Compared bit for bit over 3 steps, which holds by construction, not by luck of the CPU:
     - each micro-batch's gradient is computed by the same code on the same shapes, weights and thread count
-      (run_torchrun: 1 thread per process) on both runs, so it is the same bits;
+      (1 thread: run_torchrun's workers, and the reference in this process) on both runs, so it is the same bits;
     - the 1-process reference sums the micro-batch gradients in the association the 2-process step uses
       (per-rank pairs, then pair0 + pair1, halved; see _dist_optim_worker): a sum of two floats does not depend on
       the order of its operands and halving is exact, so the averaged gradient is the same bits however the
@@ -23,13 +44,7 @@ def test_two_process_gloo_equals_single_process_grad_accum(tmp_path, memory):
     this exact here: a batched matmul over c matrices rounds each matrix as one over K does (measured, not
     guaranteed by torch); should a change break that, compare the first step within float32 rounding and later
     ones within what Adam/NorMuon amplification allows, as test_optim_shard does."""
-    worker = REPO / "tests" / "_dist_optim_worker.py"
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    r1 = run_torchrun(worker, 1, [str(one), "3", memory])
-    assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = run_torchrun(worker, 2, [str(two), "3", memory])
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    a, b = torch.load(one), torch.load(two)
+    a, b = one_and_two_process_runs[memory]
     assert a["final"].keys() == b["final"].keys() == a["initial"].keys()
     for k in a["final"]:
         assert torch.equal(a["initial"][k], b["initial"][k]), k
