@@ -1,6 +1,6 @@
 """Worker for test_optim_shard (run under torchrun with 1, 2 or 4 gloo processes).
 
-    python -m torch.distributed.run --nproc_per_node=W tests/_shard_worker.py OUT [LOAD]
+    python -m torch.distributed.run --nproc_per_node=W tests/_shard_worker.py OUT[,LOAD] [OUT[,LOAD] ...]
 
 Drives MuonAdamW on a tiny MoME model with gradients set directly: 4 "virtual ranks" draw dyadic gradients
 (multiples of 1/8 in [-1, 1]) and each real rank holds (W/4) x the sum of its virtual ranks' gradients, so the
@@ -9,6 +9,8 @@ dyadic values are exact in fp32). Whatever differs between world sizes is then t
 summation order. With LOAD, the optimizer first loads that state dict (saved by another world size).
 Rank 0 writes OUT: parameters, the full state dict, collective counts/bytes per step, per-rank state sizes,
 the grad norm, and whether the gradient hooks launched every bucket during backward.
+Several OUT[,LOAD] runs go one after the other in one process group (each from a fresh model and optimizer): a
+torchrun start-up costs more than such a run on the CI's 2 cores.
 """
 import sys
 
@@ -24,10 +26,11 @@ VIRTUAL = 4
 STEPS = 3
 
 
-def main(out_path, load_path=None) -> None:
-    """The whole run; importable so that the 1-process case runs inside the test (no torchrun start-up)."""
+def main(runs: list[tuple]) -> None:
+    """Each (OUT, LOAD or None) of ``runs`` in turn; importable so that the 1-process case runs inside the test
+    (no torchrun start-up)."""
     info, _ = compute_init("cpu")
-    W, rank = info.world_size, info.rank
+    W = info.world_size
     if W > 1:  # (its own process) so the tiny tables and the embeddings take the row-sharded path
         optim_shard.SHARD_MIN_NUMEL = 1024
 
@@ -45,6 +48,14 @@ def main(out_path, load_path=None) -> None:
             setattr(dist, name, counted)
             setattr(optim_shard.dist, name, counted)
 
+    for out_path, load_path in runs:
+        run(out_path, load_path, info.rank, W, calls)
+    if dist.is_initialized():
+        dist.barrier()
+    compute_cleanup()
+
+
+def run(out_path, load_path, rank: int, W: int, calls: dict) -> None:
     cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
                     memory_options={"slots": 4, "topk": 2})
     model = build_model(cfg, seed=0)
@@ -87,10 +98,7 @@ def main(out_path, load_path=None) -> None:
                     "per_step": per_step, "state_numel": sizes, "buckets": len(opt.buckets),
                     "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
                     "launched_in_backward": launched_in_backward}, out_path)
-    if dist.is_initialized():
-        dist.barrier()
-    compute_cleanup()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    main([(*arg.split(","), None)[:2] for arg in sys.argv[1:]])

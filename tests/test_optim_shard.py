@@ -9,14 +9,17 @@ from conftest import REPO, run_torchrun
 WORKER = REPO / "tests" / "_shard_worker.py"
 
 
-def run(tmp_path, nproc, load=None):
+def run(tmp_path, nproc, load=None, then_load=None):
+    """The worker on ``nproc`` processes (optionally loading the state dict file ``load``) -> rank 0's result.
+    With ``then_load``, the same launch next runs from that state dict into w<nproc>_loaded.pt (one start-up)."""
     out = tmp_path / f"w{nproc}{'_loaded' if load else ''}.pt"
+    runs = [(out, load)] + ([(tmp_path / f"w{nproc}_loaded.pt", then_load)] if then_load else [])
     if nproc == 1:  # in this process: no torchrun start-up
         from _shard_worker import main
 
-        main(out, load)
+        main(runs)
     else:
-        r = run_torchrun(WORKER, nproc, [str(out)] + ([str(load)] if load else []))
+        r = run_torchrun(WORKER, nproc, [f"{o},{l}" if l else str(o) for o, l in runs])
         assert r.returncode == 0, r.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
@@ -36,8 +39,13 @@ def assert_state_close(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    """{world size: result} of fresh runs; the 4-process launch also continues the 1-process state into
+    w4_loaded.pt for test_state_dict_moves_between_world_sizes (a 4-process start-up is ~17 s of 2 cores)."""
     tmp = tmp_path_factory.mktemp("shard")
-    return tmp, {w: run(tmp, w) for w in (1, 2, 4)}
+    res = {1: run(tmp, 1)}
+    res[2] = run(tmp, 2)
+    res[4] = run(tmp, 4, then_load=tmp / "w1.pt")
+    return tmp, res
 
 
 def test_sharded_update_equals_single_process(results):
@@ -84,7 +92,7 @@ def test_state_dict_moves_between_world_sizes(results):
     # a 2-process state continued on 1 process == a 1-process state continued on 4 processes == 1 on 1
     saved = {w: tmp / f"w{w}.pt" for w in (1, 2)}
     a = run(tmp, 1, saved[2])
-    b = run(tmp, 4, saved[1])
+    b = torch.load(tmp / "w4_loaded.pt", weights_only=False)  # 4 processes from saved[1]: the fixture's launch
     c = run(tmp, 1, saved[1])
     for other in (a, b):
         for name, p in c["params"].items():
