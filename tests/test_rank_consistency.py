@@ -1,5 +1,6 @@
 """Ranks whose view of the files differs must still take the same branch (or all stop with one clear error):
-torchrun (gloo, 2 processes) runs of base_train and base_eval where rank 1 sees a different run dir or bundle.
+torchrun (gloo, 2 processes; 3 for base_eval's two bundle views) runs of base_train and base_eval where rank 1
+(and rank 2) sees a different run dir or bundle.
 
 Each run is bounded by a timeout: a rank that takes another branch than the others hangs in a collective.
 """
@@ -25,14 +26,15 @@ TIMEOUT = 180
 TRAIN = [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
 
 
-def run_views(tmp_path, module: str, argv: list[str], rank_argv=None, rank_env=None, name="spec"):
-    """torchrun 2 processes of ``module.main`` with rank 1's own argv/env; returns (result, {rank: exit code})."""
+def run_views(tmp_path, module: str, argv: list[str], rank_argv=None, rank_env=None, name="spec", nproc=2):
+    """torchrun ``nproc`` processes of ``module.main`` with some ranks' own argv/env; returns
+    (result, {rank: exit code})."""
     out = tmp_path / f"{name}_out"
     out.mkdir()
     spec = tmp_path / f"{name}.json"
     spec.write_text(json.dumps({"module": module, "argv": argv, "out": str(out),
                                 "rank_argv": rank_argv or {}, "rank_env": rank_env or {}}))
-    res = run_torchrun(WORKER, 2, [str(spec)], timeout=TIMEOUT)
+    res = run_torchrun(WORKER, nproc, [str(spec)], timeout=TIMEOUT)
     codes = {int(p.stem[4:]): json.loads(p.read_text())["code"] for p in out.glob("rank*.json")}
     return res, codes
 
@@ -121,24 +123,44 @@ def _one_process_core(run: Path, bundle: Path, out: Path) -> dict:
     return json.loads((out / "core.json").read_text())
 
 
-@pytest.mark.parametrize("rank1_view", ["no_bundle", "task_file_missing"])
-def test_core_bundle_differs_on_rank1_evaluates_rank0s_bundle(tmp_path, tiny_run, rank1_view):
-    """Rank 1's bundle download failed (no bundle), or its copy lacks one task file: rank 0 decides and reads
-    the bundle for everyone, so the 2-process CORE equals the 1-process one on rank 0's bundle."""
+# the broken bundle view each non-zero rank of the one 3-process base_eval launch has (rank 0 has the bundle)
+CORE_VIEW_RANK = {"no_bundle": 1, "task_file_missing": 2}
+
+
+@pytest.fixture(scope="module")
+def core_with_broken_bundle_views(tmp_path_factory, tiny_run):
+    """One 3-process CORE where rank 1's bundle download failed (no bundle) and rank 2's copy lacks one task file
+    (a torchrun start-up per view would cost ~8 s of the CI's 2 cores), and the 1-process CORE on rank 0's bundle.
+    Returns (torchrun result, {rank: exit code}, 3-process core.json, 1-process core.json)."""
+    tmp = tmp_path_factory.mktemp("core_views")
     root, _, _, bundle = tiny_run
-    if rank1_view == "no_bundle":
-        theirs = tmp_path / "missing_bundle"
-    else:
-        theirs = Path(shutil.copytree(bundle, tmp_path / "partial_bundle"))
-        (theirs / "eval_data" / "cat" / "lm.jsonl").unlink()
-    ref = _one_process_core(root / "run", bundle, tmp_path / "ref")
-    out = tmp_path / "two"
-    env = {"NANOCHAT_EVAL_CACHE": str(tmp_path / "cache")}  # nothing to find there, no download possible
-    res, codes = run_views(tmp_path, "scripts.base_eval", _core_argv(root / "run", out),
-                           rank_env={"0": {**env, "NANOCHAT_EVAL_BUNDLE": str(bundle)},
-                                     "1": {**env, "NANOCHAT_EVAL_BUNDLE": str(theirs),
-                                           "NANOCHAT_EVAL_BUNDLE_URL": "http://127.0.0.1:9/none.zip"}})
-    assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
-    got = json.loads((out / "core.json").read_text())
+    partial = Path(shutil.copytree(bundle, tmp / "partial_bundle"))
+    (partial / "eval_data" / "cat" / "lm.jsonl").unlink()
+    theirs = {"no_bundle": tmp / "missing_bundle", "task_file_missing": partial}
+    ref = _one_process_core(root / "run", bundle, tmp / "ref")
+    out = tmp / "three"
+    env = {"NANOCHAT_EVAL_CACHE": str(tmp / "cache")}  # nothing to find there, no download possible
+    rank_env = {"0": {**env, "NANOCHAT_EVAL_BUNDLE": str(bundle)}}
+    for view, rank in CORE_VIEW_RANK.items():
+        rank_env[str(rank)] = {**env, "NANOCHAT_EVAL_BUNDLE": str(theirs[view]),
+                               "NANOCHAT_EVAL_BUNDLE_URL": "http://127.0.0.1:9/none.zip"}
+    res, codes = run_views(tmp, "scripts.base_eval", _core_argv(root / "run", out), rank_env=rank_env, nproc=3)
+    got = json.loads((out / "core.json").read_text()) if (out / "core.json").is_file() else None
+    return res, codes, got, ref
+
+
+@pytest.mark.parametrize("view", list(CORE_VIEW_RANK))
+def test_core_bundle_differs_on_a_rank_evaluates_rank0s_bundle(core_with_broken_bundle_views, view):
+    """A rank's bundle download failed (no bundle), or its copy lacks one task file: rank 0 decides and reads
+    the bundle for everyone, so the multi-process CORE equals the 1-process one on rank 0's bundle. Both views
+    are ranks of one launch: a rank that follows its own view stops, and every rank stops with its error, which
+    names the rank (CORE_VIEW_RANK says which view that rank had)."""
+    res, codes, got, ref = core_with_broken_bundle_views
+    rank = CORE_VIEW_RANK[view]
+    # every rank reports the error of the rank it came from as "rank R of 3: ...": this view's own failure
+    assert f"rank {rank} of 3:" not in res.stderr, (f"rank {rank} ({view}) failed", codes, res.stderr[-3000:])
+    views = {0: "rank 0's bundle", **{r: v for v, r in CORE_VIEW_RANK.items()}}
+    exits = {f"rank {r} ({v})": codes.get(r, "no exit code: crashed or killed") for r, v in views.items()}
+    assert set(exits.values()) == {0}, (exits, res.stderr[-3000:])
     assert got["label"] == ref["label"] == "CORE-2/3"
     assert got["tasks"] == ref["tasks"] and got["core"] == pytest.approx(ref["core"], abs=1e-12)
