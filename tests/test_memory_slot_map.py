@@ -144,12 +144,13 @@ def test_build_slot_map_script(tmp_path, tiny_tokenizer_dir, tiny_tokenizer):
     save_checkpoint(tmp_path / "run", 3, model, meta={"tokenizer_dir": str(tiny_tokenizer_dir)})
     save_checkpoint(tmp_path / "bare", 3, model, meta={})
 
-    def build(run, *extra):
-        return subprocess.run([sys.executable, "scripts/build_slot_map.py", "--checkpoint", str(tmp_path / run),
-                               "--group-size", "4", "--source", "ve", *extra, "--output", str(tmp_path / f"{run}.json")],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    def argv(run, *extra):
+        return ["--checkpoint", str(tmp_path / run), "--group-size", "4", "--source", "ve", *extra,
+                "--output", str(tmp_path / f"{run}.json")]
 
-    r = build("run")  # the tokenizer the checkpoint's run recorded
+    # as a script from the command line once (its own sys.path set-up); the other cases call main() here
+    r = subprocess.run([sys.executable, "scripts/build_slot_map.py", *argv("run")], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)  # the tokenizer the checkpoint's run recorded
     assert r.returncode == 0, r.stderr
     out = tmp_path / "run.json"
     sm = load_slot_map(out, 1024, 4, file_sha256(out))
@@ -159,9 +160,12 @@ def test_build_slot_map_script(tmp_path, tiny_tokenizer_dir, tiny_tokenizer):
     assert sm.header["bos_token_id"] == tiny_tokenizer.bos_token_id and "step3" in sm.header["source_checkpoint"]
     assert len({int(sm.token_to_row[i]) for i in specials}) == -(-len(specials) // 4)  # specials keep to themselves
     assert torch.bincount(sm.token_to_row).tolist() == [4] * 256
-    r = build("bare")  # no tokenizer anywhere: refused (specials would be grouped with ordinary tokens)
-    assert r.returncode != 0 and "--tokenizer-dir" in r.stderr
-    assert build("bare", "--tokenizer-dir", str(tiny_tokenizer_dir)).returncode == 0
+    from scripts.build_slot_map import main as build_slot_map
+
+    with pytest.raises(SystemExit, match="--tokenizer-dir"):  # no tokenizer anywhere: refused (specials would be
+        build_slot_map(argv("bare"))  # grouped with ordinary tokens)
+    build_slot_map(argv("bare", "--tokenizer-dir", str(tiny_tokenizer_dir)))
+    assert load_slot_map(tmp_path / "bare.json", 1024, 4).header["tokenizer_fingerprint"] == tiny_tokenizer.fingerprint()
 
 
 def _reference_map(tok, rows) -> dict:
