@@ -23,6 +23,7 @@ import torch
 
 from nanochat.common import is_dist, rank0_decides
 from nanochat.jsonfile import write_text_atomic
+from nanochat.report import code_version  # a fix between an interrupt and the rerun is other code
 
 
 def checkpoint_fingerprint(model_pt: Path, run: Path, step: int) -> dict:
@@ -40,13 +41,6 @@ def device_fingerprint(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return device.type
-
-
-def code_version() -> dict:
-    """This code's git commit and uncommitted changes: a fix between an interrupt and the rerun is other code."""
-    from nanochat.report import code_version as git_code_version
-
-    return git_code_version()
 
 
 def eval_settings(model_pt: Path, run: Path, step: int, device: torch.device, **settings) -> dict:

@@ -199,9 +199,9 @@ def resume_differences(recorded: dict | None, spec: str | None) -> list[str]:
         return [f"{FLAG} {spec}: the checkpoint's run did not start from another run's weights (no {FLAG})"]
     if spec is None:
         return [f"{FLAG}: the checkpoint's run started from {describe(recorded)}; pass {FLAG} {recorded['spec']}"]
-    run_dir, step = parse_spec(spec)
     if spec == recorded["spec"]:  # the command that started the run (its source may have moved on since)
         return []
+    run_dir, step = parse_spec(spec)
     if str(run_dir.resolve()) != recorded["run_dir"] or step not in ("latest", str(recorded["step"])):
         return [f"{FLAG} {spec}: the checkpoint's run started from {describe(recorded)} ({FLAG} {recorded['spec']})"]
     return []

@@ -23,6 +23,7 @@ time limit) or a crash continues from there; results computed under other settin
 """
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -242,6 +243,7 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path) -> in
     # everything besides an item's own inputs that can change a number, down to its last digits: the batch size and
     # the world size decide which rows share a forward (CORE pads them to a common length, which moves float32
     # logits in the last bits) and the order of the bpb sums
+    @functools.cache  # once on rank 0, for the core and the bpb results alike (git, tokenizer hash)
     def settings():
         return eval_settings(step_dir(run, step) / "model.pt", run, step, device,
                              tokenizer_sha256=tokenizer.fingerprint(), dtype=dtype, numerics=numerics,

@@ -127,14 +127,16 @@ def dry_run(args) -> None:
     world = get_dist_info().world_size
     config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
     plan = build_plan(args, model_summary(config), world)
-    check_pinned_vocab(args)
     run_dir = resolve_run_dir(args)
+    resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
+    checks_source = args.init_from and not resuming
+    tokenizer = existing_tokenizer(args) if args.vocab_size is not None or checks_source else None
+    check_pinned_vocab(args, tokenizer)
     source_line = None
-    if args.init_from and args.resume and ckpt.list_steps(run_dir):  # a resume never reads the source
+    if args.init_from and resuming:
         source_line = f"{'init from':>26}: {args.init_from} not read: --resume continues this run's checkpoints"
-    elif args.init_from:
-        source_line = init_from.check_for_dry_run(args, run_dir, existing_tokenizer(args),
-                                                  lambda vocab: model_config(args, vocab))
+    elif checks_source:
+        source_line = init_from.check_for_dry_run(args, run_dir, tokenizer, lambda vocab: model_config(args, vocab))
     existing_run = run_contents(run_dir) if run_dir.is_dir() else []
     if get_dist_info().rank == 0 and not existing_run:
         ensure_writable(run_dir, "--run-dir")
@@ -150,11 +152,11 @@ def dry_run(args) -> None:
     print0(json.dumps(plan))
 
 
-def check_pinned_vocab(args) -> None:
+def check_pinned_vocab(args, tokenizer) -> None:
     """--dry-run needs no tokenizer, but when --vocab-size is given (every config row pins it) and the tokenizer
-    directory already holds one, their sizes must agree: caught here, before a speedrun downloads anything."""
-    tokenizer = existing_tokenizer(args) if args.vocab_size is not None else None
-    if tokenizer is None:
+    directory already holds one (``tokenizer``), their sizes must agree: caught here, before a speedrun downloads
+    anything."""
+    if args.vocab_size is None or tokenizer is None:
         return
     if tokenizer.vocab_size != args.vocab_size:
         raise ValueError(f"--tokenizer-dir {tokenizer_dir(args)} holds a tokenizer of vocab size "

@@ -310,8 +310,8 @@ class MoMEMemory(MemoryBlock):
     def check_ready(self, training: bool = False) -> None:
         if hasattr(self, "slot_map") and not self.slot_map_ready:
             raise ValueError(f"{self._slot_map_error} (no checkpoint supplied the map either)")
-        file_map = getattr(self, "_slot_map_cpu", None)
-        if training and file_map is not None and not torch.equal(self.slot_map.cpu(), file_map):
+        file_map = getattr(self, "_slot_map_cpu", None) if training else None  # prepare() asks every forward
+        if file_map is not None and not torch.equal(self.slot_map.cpu(), file_map):
             # e.g. a run that started without the file (so recorded no hash) continued with another file:
             # the model keeps the checkpoint's map, and this run's config would record the other file's hash
             raise ValueError(f"--mome-slot-map {self.opts.slot_map} holds another map than the one in the "
