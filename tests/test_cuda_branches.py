@@ -89,6 +89,17 @@ def test_compute_init_cpu_branch_leaves_cuda_alone(monkeypatch):
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and not torch.backends.cuda.matmul.allow_tf32
 
 
+@pytest.mark.parametrize("device_type", ["cuda:1", "gpu"])
+def test_compute_init_refuses_a_device_that_is_not_a_kind(monkeypatch, device_type):
+    """base_eval passes --device-type as typed. "cuda:1" used to skip the CUDA branch (no allocator setting, no
+    TF32, gloo instead of nccl under torchrun, every rank on GPU 1); "gpu" was a torch traceback."""
+    calls = []
+    _fake_cuda(monkeypatch, calls)
+    with pytest.raises(SystemExit, match=f"'{device_type}' is not one of cuda, cpu, mps.*CUDA_VISIBLE_DEVICES"):
+        compute_init(device_type)
+    assert calls == []
+
+
 def test_dtype_defaults_per_device():
     assert resolve_dtype("cuda") == "bfloat16" and resolve_dtype("cpu") == resolve_dtype("mps") == "float32"
     assert resolve_dtype("cuda", "float32") == "float32" and resolve_dtype("cpu", "bfloat16") == "bfloat16"
