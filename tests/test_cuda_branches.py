@@ -126,3 +126,22 @@ def test_polar_express_bf16_branch_on_the_cpu():
         align = (X * (U @ Vh)).sum(dim=(-2, -1)) / min(shape[-2:])
         assert ((0.95 < align) & (align < 1.05)).all(), align
         assert (X - ref).norm() / ref.norm() < 0.1  # measured 0.03-0.05: bf16 rounding through 5 iterations
+
+
+def test_cuda_device_name_branches(monkeypatch):
+    """MFU's peak, the evaluation fingerprint and the run's environment record read the GPU's name on CUDA."""
+    from nanochat import report
+    from nanochat.eval_resume import device_fingerprint
+    from nanochat.metrics import peak_flops
+
+    name = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(report, "nvidia_driver_version", lambda: "580.159.04")
+    device = torch.device("cuda", 3)
+    assert peak_flops(device) == 989e12 and peak_flops(torch.device("cpu")) is None
+    assert device_fingerprint(device) == f"cuda ({name})"
+    env = report.environment(device, world_size=8)
+    assert (env["device_type"], env["device_name"], env["device_count"], env["driver"]) == ("cuda", name, 8,
+                                                                                            "580.159.04")
+    assert report.fmt_hardware(env) == f"8 x {name} visible"
