@@ -247,7 +247,10 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # one state per GPU the saving process saw; this one may see fewer (--resume-new-world-size onto a smaller
+        # node, another CUDA_VISIBLE_DEVICES layout): restore those it has a device for (torch's
+        # set_rng_state_all would index past torch.cuda.default_generators); the rest keep their seed
+        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
 
 
 def resolve_resume_step(run_dir, spec: str | None) -> int | None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from nanochat.cli_types import DEVICE_TYPES
+
 
 def autodetect_device() -> str:
     """cuda > mps > cpu."""
@@ -46,6 +48,9 @@ def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
     Returns the dist info and the device this rank should use.
     """
     device_type = device_type or autodetect_device()
+    if device_type not in DEVICE_TYPES:  # e.g. "cuda:1" would skip the CUDA set-up below (and nccl under torchrun)
+        raise SystemExit(f"error: device type {device_type!r} is not one of {', '.join(DEVICE_TYPES)} (no GPU index: "
+                         "each process uses cuda:LOCAL_RANK; choose the GPUs with CUDA_VISIBLE_DEVICES)")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device-type cuda requested but CUDA is not available")
     info = get_dist_info()

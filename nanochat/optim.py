@@ -39,9 +39,11 @@ POLAR_EXPRESS_COEFFS = (
 )
 
 
-def polar_express(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Approximate the orthogonal polar factor of each matrix in G (..., m, n); bf16 on CUDA, fp32 elsewhere."""
-    dtype = torch.bfloat16 if G.is_cuda else torch.float32
+def polar_express(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximate the orthogonal polar factor of each matrix in G (..., m, n), iterating in ``dtype``: None =
+    bf16 on CUDA, fp32 elsewhere (the tests force bf16 on the CPU)."""
+    if dtype is None:
+        dtype = torch.bfloat16 if G.is_cuda else torch.float32
     X = G.to(dtype)
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
     transposed = X.size(-2) > X.size(-1)

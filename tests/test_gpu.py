@@ -33,6 +33,12 @@ MEMORIES = {
                                                              "bigram_factor": 2}),
     "mome_balance": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "bias"}),
     "mome_token_only": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "routing": "token-only"}),
+    # the appendix blocks (added after the 2026-11-22 GPU run; STEM needs a SwiGLU backbone: the family test below)
+    "engram": dict(memory="engram", memory_options={"compression": "identity", "dim": 64, "heads": 2,
+                                                      "first_prime": 101}),
+    "jtok": dict(memory="jtok"),
+    "jtokm": dict(memory="jtokm"),
+    "move_input": dict(memory="move_input", memory_options={"experts": 5, "rank": 8}),
 }
 
 
@@ -243,3 +249,86 @@ def test_family_compile_fullgraph_and_cached_decoding_on_cuda(family):
     assert abs(comp.item() - eager.item()) < 2e-3 * eager.item()
     prompt = x[0, :6].tolist()
     assert generate(model.float(), prompt, max_tokens=6, temperature=0.0)[0] == generate_uncached(model, prompt, 6)
+
+
+# -- CUDA-only branches of the start-up, data, checkpoint and optimizer code (their device-independent logic is
+# tested on the CPU in tests/test_cuda_branches.py) ---------------------------------------------------------------
+def test_compute_init_turns_on_expandable_segments():
+    """compute_init sets PYTORCH_CUDA_ALLOC_CONF before the first CUDA call; the allocator reads it when it starts
+    (a fresh process: this one's allocator is running already). Two signals, either may be missing in a torch
+    version: the allocator's parsed settings, and each memory segment's is_expandable."""
+    code = ("import torch\nfrom nanochat.common import compute_init\n_, d = compute_init('cuda')\n"
+            "x = torch.ones(1 << 20, device=d)\n"
+            "get = getattr(torch._C, '_accelerator_getAllocatorSettings', None)\n"
+            "print(get() if get else 'n/a')\n"
+            "print([s.get('is_expandable') for s in torch.cuda.memory._snapshot()['segments']])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**env, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    settings, flags = r.stdout.splitlines()[-2:]
+    flags = json.loads(flags.replace("True", "true").replace("False", "false").replace("None", "null"))
+    assert settings == "n/a" or "expandable_segments:True" in settings, r.stdout
+    assert flags and False not in flags and (settings != "n/a" or all(flags)), r.stdout
+
+
+def test_rows_to_device_copies_strided_rows_to_cuda():
+    """Eval rows of one rank (rows[rank::world]) are a strided view: pinned and copied without blocking, the
+    inputs and targets are still those rows."""
+    from nanochat.common import rows_to_device
+
+    rows = torch.arange(8 * 5).view(8, 5)
+    x, y = rows_to_device(rows[1::2], torch.device("cuda"))
+    torch.cuda.synchronize()
+    assert x.is_cuda and y.is_cuda and x.is_contiguous() and y.is_contiguous()
+    assert torch.equal(x.cpu(), rows[1::2, :-1]) and torch.equal(y.cpu(), rows[1::2, 1:])
+
+
+def test_rng_state_saved_by_a_process_with_more_gpus_restores_on_this_one():
+    """--resume-new-world-size onto a node with fewer GPUs: the saved state lists more CUDA states than this
+    process has devices (torch's set_rng_state_all raised IndexError); the visible ones are restored."""
+    from nanochat import checkpoint as ckpt
+
+    state = ckpt.rng_state()
+    saved = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    torch.cuda.manual_seed_all(123)
+    state["cuda"] = saved + [saved[0]]
+    ckpt.set_rng_state(state)
+    assert all(torch.equal(torch.cuda.get_rng_state(i), s) for i, s in enumerate(saved))
+
+
+def test_polar_express_iterates_in_bf16_on_cuda():
+    """The default on CUDA is the bf16 branch, which tests/test_cuda_branches.py checks on the CPU."""
+    from nanochat.optim import polar_express
+
+    G = torch.randn(3, 96, 64, generator=torch.Generator().manual_seed(0))
+    got = polar_express(G.cuda())
+    assert got.dtype == torch.bfloat16 and got.is_cuda
+    ref = polar_express(G)  # fp32 on the CPU
+    assert ((got.float().cpu() - ref).norm() / ref.norm()) < 0.1
+    sv = torch.linalg.svdvals(got.float())
+    assert sv.max() < 1.2 and sv.min() > 0.8, (sv.min(), sv.max())
+
+
+def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
+    """MIX / TOPK_BY_ARGMAX None on CUDA: top-K by masked argmax (ties go to the lowest slots), the plain K-row
+    mix for a per-layer table (never embedding_bag), the row mix for the shared bigram-indexed table, and dense
+    table gradients in eager training (the sparse ones are CPU-only)."""
+    monkeypatch.setattr(mome_module, "MIX", None)
+    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", None)
+    ties = mome_module.topk_indices(torch.zeros(3, 6, device="cuda"), 2)
+    assert torch.equal(ties.cpu(), torch.tensor([[0, 1]] * 3))
+
+    def no_bag(*args, **kwargs):
+        raise AssertionError("the embedding_bag mix ran on CUDA with MIX None")
+
+    monkeypatch.setattr(mome_module, "mome_mix_fused", no_bag)
+    for name, row_mix in (("mome", False), ("mome_bigram_index", True)):
+        model = build_model(tiny_config(**MEMORIES[name]), device="cuda", seed=0)
+        _randomize_routers(model)
+        model.train()
+        assert model.memory._row_mix() == row_mix
+        x, y = _batch()
+        model(x, y).backward()
+        for table in model.memory.memory_tables():
+            assert table.grad is not None and not table.grad.is_sparse, name
