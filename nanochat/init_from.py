@@ -21,6 +21,7 @@ from nanochat.common import every_rank_ok, print0, rank0_decides
 from nanochat.families import config_from_dict
 from nanochat.memory import MEMORY_BLOCKS
 from nanochat.memory.base import parse_options
+from nanochat.moe import moe_hidden_size
 
 FLAG = "--init-from"
 SLOT_MAP_SHA = "memory_options.slot_map_sha256"
@@ -63,31 +64,48 @@ def resolve_source(spec: str, own_run_dir: Path) -> tuple[Path, int, dict]:
     return run_dir.resolve(), step, meta
 
 
-def _comparable(model_config: dict) -> dict:
-    """A model config as flat fields that compare equal when the architectures are equal: block options parsed
-    (defaults spelled out or not), memory layers resolved, the slot map's path dropped (the weights carry the map)."""
-    config = config_from_dict(model_config)
-    block = MEMORY_BLOCKS[config.memory]
-    fields = {"family": config.family, **dataclasses.asdict(config)}
-    layers = tuple(config.memory_layers) or (block.default_layers(config.n_layer) if block.uses_layers else ())
-    fields["memory_layers"] = list(layers)
-    options = dataclasses.asdict(parse_options(block.Options, dict(fields.pop("memory_options")), config.memory))
-    options.pop("slot_map", None)
+def _flat(config, options, layers) -> dict:
+    fields = {"family": config.family, **dataclasses.asdict(config), "memory_layers": list(layers)}
+    options = dataclasses.asdict(options)
+    fields.pop("memory_options"), options.pop("slot_map", None)
     return {**fields, **{f"memory_options.{k}": v for k, v in options.items()}}
 
 
+def _comparable(model_config: dict) -> dict:
+    """A model config as flat fields that compare equal when the architectures are equal: each field holds the value
+    the model is built with (``auto``/0 defaults resolved by the functions the model uses, memory layers sorted),
+    the slot map's path dropped (the weights carry the map)."""
+    return _written_and_resolved(model_config)[1]
+
+
+def _written_and_resolved(model_config: dict) -> tuple[dict, dict]:
+    config = config_from_dict(model_config)
+    block = MEMORY_BLOCKS[config.memory]
+    written = _flat(config, parse_options(block.Options, dict(config.memory_options), config.memory),
+                    config.memory_layers)
+    resolved = _flat(config, block.resolved_options(config), block.layers_of(config))
+    if config.family == "nanochat" and config.mlp == "moe":
+        resolved["moe_hidden"] = moe_hidden_size(config.n_embd, config.moe_shared, config.moe_topk, config.moe_hidden)
+    return written, resolved
+
+
 def config_differences(source: dict, ours: dict, theirs: str = "source", ignore: tuple[str, ...] = ()) -> list[str]:
-    """'field source-value (source) vs our-value (this run)' for each model-config field that differs (``theirs``
-    names the checkpoint's side: the --init-from source, or the checkpoint a --resume continues), except ``ignore``."""
-    a, b = _comparable(source), _comparable(ours)
+    """'field source-value (source) vs our-value (this run)' for each model-config field whose resolved value differs
+    (``theirs`` names the checkpoint's side: the --init-from source, or the checkpoint a --resume continues), except
+    ``ignore``. A side that left the field at a default standing for another value says so ('given as auto')."""
+    (wa, a), (wb, b) = _written_and_resolved(source), _written_and_resolved(ours)
     for k in ignore:
         a.pop(k, None), b.pop(k, None)
     if a["family"] != b["family"]:
         return [f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"]
     if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the checkpoint's is used
         a.pop(SLOT_MAP_SHA, None), b.pop(SLOT_MAP_SHA, None)
-    return [f"{k} {a.get(k)!r} ({theirs}) vs {b.get(k)!r} (this run)" for k in [*a, *(k for k in b if k not in a)]
-            if a.get(k) != b.get(k)]
+
+    def side(value, written, who: str) -> str:
+        return f"{value!r} ({who}, given as {written!r})" if written != value else f"{value!r} ({who})"
+
+    return [f"{k} {side(a.get(k), wa.get(k), theirs)} vs {side(b.get(k), wb.get(k), 'this run')}"
+            for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)]
 
 
 def source_tokenizer_sha256(meta: dict) -> str | None:

@@ -110,6 +110,8 @@ def test_resume_continues_bit_exactly_without_reading_the_source_again(tmp_path,
 @pytest.mark.parametrize("extra,needle", [
     (["--mome-slots", "6"], "memory_options.slots 4 (source) vs 6 (this run)"),
     (["--depth", "3"], "n_layer 2 (source) vs 3 (this run)"),
+    (["--mome-gate", "softmax"],
+     "memory_options.gate 'sigmoid-norm' (source, given as 'auto') vs 'softmax' (this run)"),
 ])
 def test_other_architecture_is_refused_before_training_and_by_dry_run(tmp_path, source, capsys, extra, needle):
     run = tmp_path / "r"
@@ -130,6 +132,11 @@ def test_dry_run_checks_the_source(tmp_path, source, capsys):
     assert rc == 0 and f"init from: {source.resolve()} step 3 (architecture and tokenizer match)" in out
     (tmp_path / "r" / "plan.json").unlink()
     assert dry(f"{source}:2")[0] == 0
+    (tmp_path / "r" / "plan.json").unlink()
+    # the gate the source's auto resolved to (sigmoid-norm at K = 2), spelled out: the same architecture
+    assert train(tmp_path / "r", *MOME, "--mome-gate", "sigmoid-norm", "--num-iterations", "2", "--init-from",
+                 str(source), "--dry-run") == 0
+    assert "(architecture and tokenizer match)" in capsys.readouterr().out
     (tmp_path / "r" / "plan.json").unlink()
     for spec, needle in ((tmp_path / "missing", "no such run directory"),
                          (f"{source}:5", "no checkpoint step_000005 in"),
@@ -269,3 +276,76 @@ def test_continuing_on_the_sources_data_with_its_seed_says_it_rereads_it(tmp_pat
                             "--data-seed", "7"]) == 0
     assert not torch.equal(first["batches"][0][0], source_batches[0][0])
     assert "NOTE: same data" not in capsys.readouterr().out
+
+
+# ---- model configs compare as the model resolves them (auto / 0 sentinels) -----------------------------------
+def _nanochat(**kw) -> dict:
+    from conftest import tiny_config
+
+    return tiny_config(**kw).to_dict()
+
+
+MOE_CFG = dict(mlp="moe", moe_experts=4, moe_topk=2, moe_shared=1)
+
+
+@pytest.mark.parametrize("field,left,same,other,needle", [
+    # 4C / (S + K) = 512 / 3 -> 192 (a multiple of 64): what MoEFFN builds for moe_hidden 0
+    ("moe_hidden", _nanochat(**MOE_CFG), _nanochat(**MOE_CFG, moe_hidden=192), _nanochat(**MOE_CFG, moe_hidden=256),
+     "moe_hidden 192 (source, given as 0) vs 256 (this run)"),
+    # auto is sigmoid-norm for K > 1 (MoMEOptions.gate_mode)
+    ("gate", _nanochat(memory="mome", memory_options={"topk": 2}),
+     _nanochat(memory="mome", memory_options={"topk": 2, "gate": "sigmoid-norm"}),
+     _nanochat(memory="mome", memory_options={"topk": 2, "gate": "softmax"}),
+     "memory_options.gate 'sigmoid-norm' (source, given as 'auto') vs 'softmax' (this run)"),
+    ("gate K=1", _nanochat(memory="mome", memory_options={"topk": 1}),
+     _nanochat(memory="mome", memory_options={"topk": 1, "gate": "softmax"}),
+     _nanochat(memory="mome", memory_options={"topk": 1, "gate": "sigmoid-norm"}),
+     "memory_options.gate 'softmax' (source, given as 'auto') vs 'sigmoid-norm' (this run)"),
+    # Engram's d_mem 0 is n_embd (128 here)
+    ("engram dim", _nanochat(memory="engram"), _nanochat(memory="engram", memory_options={"dim": 128}),
+     _nanochat(memory="engram", memory_options={"dim": 64}),
+     "memory_options.dim 128 (source, given as 0) vs 64 (this run)"),
+    # no --memory-layers: the block's default (alternating, ending at the last layer: [1] of 2); the order of an
+    # explicit list does not matter (the block sorts it)
+    ("layers", _nanochat(memory="ve"), _nanochat(memory="ve", memory_layers=[1]),
+     _nanochat(memory="ve", memory_layers=[0]), "memory_layers [1] (source, given as []) vs [0] (this run)"),
+    ("layer order", _nanochat(memory="ve", n_layer=4, memory_layers=[3, 1]),
+     _nanochat(memory="ve", n_layer=4, memory_layers=[1, 3]), _nanochat(memory="ve", n_layer=4, memory_layers=[1, 2]),
+     "memory_layers [1, 3] (source, given as [3, 1]) vs [1, 2] (this run)"),
+])
+def test_sentinels_compare_as_the_values_they_resolve_to(field, left, same, other, needle):
+    import re
+
+    from nanochat.init_from import config_differences
+
+    assert config_differences(left, same) == [] and config_differences(same, left) == []
+    assert config_differences(left, other) == [needle]
+    # the other way round: this run's side is the one given as the sentinel
+    name, ours, written, theirs = re.fullmatch(r"(\S+) (.+) \(source, given as (.+)\) vs (.+) \(this run\)",
+                                               needle).groups()
+    assert config_differences(other, left) == [f"{name} {theirs} (source) vs {ours} (this run, given as {written})"]
+
+
+def test_every_sentinel_default_is_resolved():
+    """A config field or block option whose default stands for a derived value (auto, 0, empty) must be compared as
+    what it resolves to, or be listed here as a real value: a new sentinel fails this test until it is handled."""
+    import dataclasses
+
+    from conftest import tiny_config
+    from nanochat.init_from import _comparable
+    from nanochat.memory import MEMORY_BLOCKS
+
+    real_values = {"moe_balance_lr", "memory_options.seed", "memory_options.slot_map_sha256"}  # 0 / "" mean that
+    for memory, block in MEMORY_BLOCKS.items():
+        opts = {"index": "grouped", "group_size": 2, "slot_map": "/no/map.json"} if memory == "mome" else {}
+        config = tiny_config(memory=memory, memory_options=opts, **MOE_CFG)  # every FFN field in use
+        written = {f"memory_options.{f.name}": f.default for f in dataclasses.fields(block.Options)}
+        written.update({f.name: f.default for f in dataclasses.fields(config) if f.name != "memory_options"})
+        if not block.uses_layers:
+            real_values.add("memory_layers")  # no layers at all, not "the default layers"
+        resolved = _comparable(config.to_dict())
+        for key, default in written.items():
+            if default in (0, "auto", "", ()) and key not in real_values and key in resolved:
+                value = tuple(resolved[key]) if isinstance(resolved[key], list) else resolved[key]
+                assert value != default, f"--memory {memory}: {key} left at {default!r} is compared as written"
+        real_values.discard("memory_layers")
