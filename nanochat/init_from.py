@@ -89,23 +89,43 @@ def _written_and_resolved(model_config: dict) -> tuple[dict, dict]:
     return written, resolved
 
 
-def config_differences(source: dict, ours: dict, theirs: str = "source", ignore: tuple[str, ...] = ()) -> list[str]:
-    """'field source-value (source) vs our-value (this run)' for each model-config field whose resolved value differs
-    (``theirs`` names the checkpoint's side: the --init-from source, or the checkpoint a --resume continues), except
-    ``ignore``. A side that left the field at a default standing for another value says so ('given as auto')."""
+def _differing_fields(source: dict, ours: dict, theirs: str) -> dict[str, str]:
+    """{field: 'field source-value (source) vs our-value (this run)'} for each model-config field whose resolved
+    value differs; a side that left the field at a default standing for another value says so ('given as auto')."""
     (wa, a), (wb, b) = _written_and_resolved(source), _written_and_resolved(ours)
-    for k in ignore:
-        a.pop(k, None), b.pop(k, None)
     if a["family"] != b["family"]:
-        return [f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"]
+        return {"family": f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"}
     if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the checkpoint's is used
         a.pop(SLOT_MAP_SHA, None), b.pop(SLOT_MAP_SHA, None)
 
     def side(value, written, who: str) -> str:
         return f"{value!r} ({who}, given as {written!r})" if written != value else f"{value!r} ({who})"
 
-    return [f"{k} {side(a.get(k), wa.get(k), theirs)} vs {side(b.get(k), wb.get(k), 'this run')}"
-            for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)]
+    return {k: f"{k} {side(a.get(k), wa.get(k), theirs)} vs {side(b.get(k), wb.get(k), 'this run')}"
+            for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)}
+
+
+def config_differences(source: dict, ours: dict, theirs: str = "source") -> list[str]:
+    """'field source-value (source) vs our-value (this run)' for each model-config field whose resolved value differs
+    (``theirs`` names the checkpoint's side). Every field counts, training-time settings too: what a --resume of
+    the checkpoint compares (an --init-from source: compare_with_source)."""
+    return list(_differing_fields(source, ours, theirs).values())
+
+
+def training_settings(config) -> tuple[str, ...]:
+    """The model-config fields (flat names, as config_differences reports them) that steer training only: no forward
+    depends on them (e.g. the balancing-bias step, an auxiliary loss weight), so the weights mean the same under
+    another value. A run from a source may change them; a resume may not (it continues one trajectory)."""
+    block = MEMORY_BLOCKS[config.memory]
+    return (*config.training_fields, *(f"memory_options.{k}" for k in block.training_options))
+
+
+def compare_with_source(source: dict, config) -> tuple[list[str], list[str]]:
+    """(differences that refuse the source, training-time settings this run changes) between the source's model
+    config and this run's. The context length may differ too (no weight depends on it: RoPE tables are rebuilt)."""
+    diffs, training = _differing_fields(source, config.to_dict(), "source"), training_settings(config)
+    return ([d for k, d in diffs.items() if k != "sequence_len" and k not in training],
+            [d for k, d in diffs.items() if k in training])
 
 
 def source_tokenizer_sha256(meta: dict) -> str | None:
@@ -143,15 +163,15 @@ def check_source(run_dir: Path, step: int, meta: dict, config, tokenizer, synthe
     else:
         check_vocab_matches(tokenizer, meta["model_config"].get("vocab_size"), where,
                             {**meta, "tokenizer_sha256": trained})
-    # No weight's shape depends on the context length (RoPE tables are rebuilt, not loaded), so a fine-tune may
-    # train at another one: said, not refused.
-    diffs = config_differences(meta["model_config"], config.to_dict(), ignore=("sequence_len",))
+    diffs, training = compare_with_source(meta["model_config"], config)
     if diffs:
         raise ValueError(f"{where}: its model differs from the one this run's flags build: {'; '.join(diffs)} "
                          "(pass the source's architecture flags: its config.json or meta.json model_config)")
     trained_len = meta["model_config"].get("sequence_len")
-    if trained_len != config.sequence_len:
+    if trained_len != config.sequence_len:  # a fine-tune may train at another context length: said, not refused
         note += f"; context {config.sequence_len} tokens, the source trained at {trained_len}"
+    if training:
+        note += f"; training settings of this run, not the source's: {'; '.join(training)}"
     return note
 
 

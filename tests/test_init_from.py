@@ -349,3 +349,81 @@ def test_every_sentinel_default_is_resolved():
                 value = tuple(resolved[key]) if isinstance(resolved[key], list) else resolved[key]
                 assert value != default, f"--memory {memory}: {key} left at {default!r} is compared as written"
         real_values.discard("memory_layers")
+
+
+# ---- training-time settings stored in the model config --------------------------------------------------------
+TRAINING_TIME = [  # (config, field, another value): each only steers training, never what the weights compute
+    (dict(memory="mome", memory_options={"topk": 2, "slots": 4, "balance": "bias"}), "memory_options.balance_lr", 0.5),
+    (dict(memory="jtokm"), "memory_options.aux_weight", 0.5),
+    (dict(**MOE_CFG), "moe_balance_lr", 0.5),
+]
+
+
+def _with(config: dict, field: str, value) -> dict:
+    if field.startswith("memory_options."):
+        return {**config, "memory_options": {**config.get("memory_options", {}), field.split(".")[1]: value}}
+    return {**config, field: value}
+
+
+@pytest.mark.parametrize("config,field,value", TRAINING_TIME, ids=[t[1] for t in TRAINING_TIME])
+def test_a_training_time_setting_changes_no_forward(config, field, value):
+    """The weights of one config loaded (strictly) into the model of the other give the same logits and LM loss: the
+    setting is not part of the architecture (what --init-from may change and --resume may not)."""
+    from conftest import tiny_config
+    from nanochat.families import build_model
+    from nanochat.init_from import compare_with_source, config_differences
+
+    a, b = tiny_config(**config), tiny_config(**_with(config, field, value))
+    assert a.to_dict() != b.to_dict()
+    src = build_model(a, seed=3)
+    with torch.no_grad():
+        for p in src.parameters():  # zero-init projections and routers would hide the memory and routing paths
+            if p.dim() > 1:
+                torch.nn.init.uniform_(p, -0.3, 0.3)
+        for name, buf in src.named_buffers():
+            if name.endswith("bias"):  # a routing bias that is not all zero takes part in the choice
+                buf.copy_(torch.randn(buf.shape, generator=torch.Generator().manual_seed(1)))
+    dst = build_model(b)
+    dst.load_state_dict(src.state_dict(), strict=True)
+    idx = torch.randint(0, a.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(src.eval()(idx), dst.eval()(idx))
+        assert torch.equal(src(idx, targets=idx), dst(idx, targets=idx))
+    refused, allowed = compare_with_source(a.to_dict(), b)
+    assert refused == [] and len(allowed) == 1 and allowed[0].startswith(f"{field} ") and "(this run)" in allowed[0]
+    assert [d.split(" ")[0] for d in config_differences(a.to_dict(), b.to_dict(), theirs="checkpoint")] == [field]
+
+
+def test_every_declared_training_time_setting_is_checked_above():
+    from conftest import tiny_config
+    from nanochat.init_from import training_settings
+    from nanochat.llama import LlamaConfig
+    from nanochat.memory import MEMORY_BLOCKS
+    from nanochat.qwen3 import Qwen3Config
+
+    declared = set(training_settings(LlamaConfig())) | set(training_settings(Qwen3Config()))
+    declared |= {s for memory in MEMORY_BLOCKS for s in training_settings(tiny_config(memory=memory))}
+    assert declared == {field for _, field, _ in TRAINING_TIME}
+
+
+def test_another_balance_lr_than_the_sources_is_used_and_recorded_but_a_resume_keeps_its_own(tmp_path, capsys):
+    """--init-from with another --mome-balance-lr: started, said, used by the bias update and recorded; a --resume of
+    that run with yet another value is refused like any model-config change."""
+    bias = [*MOME, "--mome-balance", "bias"]
+    assert train(tmp_path / "src", *bias, "--num-iterations", "2") == 0  # --mome-balance-lr 0.001
+    capsys.readouterr()
+    flags = [*bias, "--mome-balance-lr", "0.5", "--num-iterations", "1", "--init-from", str(tmp_path / "src")]
+    assert train(tmp_path / "a", *flags, "--dry-run") == 0
+    assert "memory_options.balance_lr 0.001 (source) vs 0.5 (this run)" in capsys.readouterr().out
+    (tmp_path / "a" / "plan.json").unlink()
+    assert train(tmp_path / "a", *flags) == 0
+    assert "memory_options.balance_lr 0.001 (source) vs 0.5 (this run)" in capsys.readouterr().out
+    moved = (torch.load(ckpt.step_dir(tmp_path / "a", 1) / "model.pt")["memory.router_bias"]
+             - torch.load(ckpt.step_dir(tmp_path / "src", 2) / "model.pt")["memory.router_bias"]).abs()
+    assert ((moved == 0) | ((moved - 0.5).abs() < 1e-6)).all() and moved.max() > 0.49  # one step of 0.5
+    for recorded in (json.loads((tmp_path / "a" / "config.json").read_text()),
+                     ckpt.load_meta(tmp_path / "a", 1)):
+        assert recorded["model_config"]["memory_options"]["balance_lr"] == 0.5
+    resume = [*bias, "--mome-balance-lr", "0.001", "--num-iterations", "2", "--init-from", str(tmp_path / "src")]
+    assert train(tmp_path / "a", *resume, "--resume") == 2
+    assert "model config: memory_options.balance_lr 0.5 (checkpoint) vs 0.001 (this run)" in capsys.readouterr().err

@@ -59,6 +59,8 @@ class MemoryBlock(nn.Module):
     Options = NoOptions
     uses_layers = False  # whether --memory-layers applies
     table_weight_decay = 0.0  # default AdamW weight decay of this block's tables (overridable by --memory-wd)
+    # options that steer training only (no forward depends on them): --init-from may change them, --resume may not
+    training_options: tuple[str, ...] = ()
 
     def __init__(self, config):
         super().__init__()

@@ -233,6 +233,7 @@ class MoMEMemory(MemoryBlock):
     Options = MoMEOptions
     uses_layers = True
     table_weight_decay = 0.001
+    training_options = ("balance_lr",)  # the step of the routing-bias update
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
 
