@@ -194,20 +194,43 @@ def same_data_order_note(meta: dict, args, data_sha256: str | None) -> str:
             "source's training documents first, in the source's order: pass another --data-seed to start elsewhere")
 
 
-def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
-    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank (a rank
-    that cannot stops them all). Collective. Returns the record for config.json, checkpoints and summary.json.
-    ``data_sha256``: this run's prepared data (None: synthetic), to tell whether the source read it in this order."""
+def same_file_on_every_rank(path: Path) -> str:
+    """The sha256 of ``path`` as every rank reads it; the same error on every rank if they read different bytes
+    (a node whose copy of the source differs: each rank loads the file itself). Collective. Every rank hashes the
+    whole file (the 5.5 GB d24 model.pt: seconds, the ranks of a node in parallel)."""
     from nanochat.download import file_sha256
+    from nanochat.train_loop import gather_objects
+
+    seen = gather_objects((str(path), every_rank_ok(lambda: file_sha256(path))))
+    ranks = {}
+    for rank, (_, sha) in enumerate(seen):
+        ranks.setdefault(sha, []).append(rank)
+    if len(ranks) > 1:  # every rank holds the same list, so every rank raises the same message
+        read = "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} read "
+                         f"{'sha256 ' if i == 0 else ''}{sha[:12]}" for i, (sha, r) in enumerate(ranks.items()))
+        raise ValueError(f"{FLAG} source {seen[0][0]}: the ranks read different files under this path ({read}): "
+                         "every node must hold the same copy of the source checkpoint (copy it again, or use a "
+                         "shared filesystem)")
+    return seen[0][1]
+
+
+def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
+    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank, once every
+    rank has read the same model.pt (a rank that cannot, or read another file, stops them all). Collective. Returns
+    the record for config.json, checkpoints and summary.json. ``data_sha256``: this run's prepared data (None:
+    synthetic), to tell whether the source read it in this order."""
 
     def decide() -> dict:
         source, step, meta = resolve_source(args.init_from, run_dir)
         note = check_source(source, step, meta, config, tokenizer, args.synthetic_data)
         note += same_data_order_note(meta, args, data_sha256)
         return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
-                "model_sha256": file_sha256(ckpt.step_dir(source, step) / "model.pt"), "note": note}
+                "note": note}
 
     record = rank0_decides(decide)
+    # hashed before loading, not while: torch.load reads the zip archive out of order; the file changing between
+    # the two reads is not guarded against
+    record["model_sha256"] = same_file_on_every_rank(ckpt.step_dir(record["run_dir"], record["step"]) / "model.pt")
     every_rank_ok(lambda: ckpt.load_model_weights(model, record["run_dir"], record["step"], map_location=device))
     note = record.pop("note")  # printed, not recorded: config.json has both models' configs
     print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}; "

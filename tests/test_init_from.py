@@ -427,3 +427,24 @@ def test_another_balance_lr_than_the_sources_is_used_and_recorded_but_a_resume_k
     resume = [*bias, "--mome-balance-lr", "0.001", "--num-iterations", "2", "--init-from", str(tmp_path / "src")]
     assert train(tmp_path / "a", *resume, "--resume") == 2
     assert "model config: memory_options.balance_lr 0.5 (checkpoint) vs 0.001 (this run)" in capsys.readouterr().err
+
+
+def test_a_rank_reading_another_copy_of_the_source_stops_every_rank(tmp_path, source):
+    """Every rank loads the source's model.pt itself (on a cluster maybe from its node's copy): the ranks compare
+    the sha256 of what they read, and a rank that read another file stops them all, naming the ranks and the path.
+    One 2-process gloo launch; rank 1 is shown the step-2 weights under the step-3 path."""
+    from conftest import REPO, run_torchrun
+
+    other = tmp_path / "other"
+    shutil.copytree(source, other)
+    shutil.copy(ckpt.step_dir(source, 2) / "model.pt", ckpt.step_dir(other, 3) / "model.pt")
+    r = run_torchrun(REPO / "tests" / "_init_from_worker.py", 2, [str(source), str(other), str(tmp_path)], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    path = ckpt.step_dir(source.resolve(), 3) / "model.pt"
+    good, bad = file_sha256(path), file_sha256(ckpt.step_dir(source, 2) / "model.pt")
+    assert seen[0]["same"] == seen[1]["same"] and seen[0]["same"]["model_sha256"] == good
+    for rank in (0, 1):
+        message = seen[rank]["rank 1 reads another copy"]
+        assert message.startswith("ValueError: --init-from source") and str(path) in message, message
+        assert f"rank 0 read sha256 {good[:12]}" in message and f"rank 1 read {bad[:12]}" in message, message
