@@ -5,8 +5,11 @@ Only the weights come from the source checkpoint, loaded strictly into the model
 the optimizer state, step counter, LR schedule, data order (this run's seeds) and routing statistics start fresh.
 Buffers that are part of the model (a grouped MoME slot map, Engram's compression map, balancing biases) come with
 the weights, so a slot-map file that is no longer on disk is not needed. Before any weight is read the source is
-checked: its model config must equal this run's field for field, and its tokenizer (the fingerprint its
-checkpoint records, or for an imported run the tokenizer inside its run dir) must be this run's.
+checked: its model config must equal this run's field for field as the model resolves it (``auto``/0 defaults
+as the values they stand for), except the context length and the training-time settings stored in the model
+config (``training_settings``: this run's are used), and its tokenizer (the fingerprint its checkpoint records,
+or for an imported run the tokenizer inside its run dir) must be this run's. Every rank hashes the model.pt it
+loads, and the ranks must agree.
 
 The source (resolved run dir, step, sha256 of its model.pt) is recorded in config.json, every checkpoint's meta
 and summary.json (``init_from``). A resume takes the weights from the run's own checkpoint and never reads the
