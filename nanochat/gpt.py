@@ -30,6 +30,8 @@ VOCAB_PAD_MULTIPLE = 64
 @dataclass
 class GPTConfig:
     family: ClassVar[str] = "nanochat"  # nanochat.families registry key (not a field: meta.json stays as it was)
+    # fields that steer training only (no forward depends on them): --init-from may change them, --resume may not
+    training_fields: ClassVar[tuple[str, ...]] = ("moe_balance_lr",)  # the step of the selection-bias update
     sequence_len: int = 2048
     vocab_size: int = 32768
     n_layer: int = 12

@@ -5,8 +5,11 @@ Only the weights come from the source checkpoint, loaded strictly into the model
 the optimizer state, step counter, LR schedule, data order (this run's seeds) and routing statistics start fresh.
 Buffers that are part of the model (a grouped MoME slot map, Engram's compression map, balancing biases) come with
 the weights, so a slot-map file that is no longer on disk is not needed. Before any weight is read the source is
-checked: its model config must equal this run's field for field, and its tokenizer (the fingerprint its
-checkpoint records, or for an imported run the tokenizer inside its run dir) must be this run's.
+checked: its model config must equal this run's field for field as the model resolves it (``auto``/0 defaults
+as the values they stand for), except the context length and the training-time settings stored in the model
+config (``training_settings``: this run's are used), and its tokenizer (the fingerprint its checkpoint records,
+or for an imported run the tokenizer inside its run dir) must be this run's. Every rank hashes the model.pt it
+loads, and the ranks must agree.
 
 The source (resolved run dir, step, sha256 of its model.pt) is recorded in config.json, every checkpoint's meta
 and summary.json (``init_from``). A resume takes the weights from the run's own checkpoint and never reads the
@@ -21,6 +24,7 @@ from nanochat.common import every_rank_ok, print0, rank0_decides
 from nanochat.families import config_from_dict
 from nanochat.memory import MEMORY_BLOCKS
 from nanochat.memory.base import parse_options
+from nanochat.moe import moe_hidden_size
 
 FLAG = "--init-from"
 SLOT_MAP_SHA = "memory_options.slot_map_sha256"
@@ -63,31 +67,68 @@ def resolve_source(spec: str, own_run_dir: Path) -> tuple[Path, int, dict]:
     return run_dir.resolve(), step, meta
 
 
-def _comparable(model_config: dict) -> dict:
-    """A model config as flat fields that compare equal when the architectures are equal: block options parsed
-    (defaults spelled out or not), memory layers resolved, the slot map's path dropped (the weights carry the map)."""
-    config = config_from_dict(model_config)
-    block = MEMORY_BLOCKS[config.memory]
-    fields = {"family": config.family, **dataclasses.asdict(config)}
-    layers = tuple(config.memory_layers) or (block.default_layers(config.n_layer) if block.uses_layers else ())
-    fields["memory_layers"] = list(layers)
-    options = dataclasses.asdict(parse_options(block.Options, dict(fields.pop("memory_options")), config.memory))
-    options.pop("slot_map", None)
+def _flat(config, options, layers) -> dict:
+    fields = {"family": config.family, **dataclasses.asdict(config), "memory_layers": list(layers)}
+    options = dataclasses.asdict(options)
+    fields.pop("memory_options"), options.pop("slot_map", None)
     return {**fields, **{f"memory_options.{k}": v for k, v in options.items()}}
 
 
-def config_differences(source: dict, ours: dict, theirs: str = "source", ignore: tuple[str, ...] = ()) -> list[str]:
-    """'field source-value (source) vs our-value (this run)' for each model-config field that differs (``theirs``
-    names the checkpoint's side: the --init-from source, or the checkpoint a --resume continues), except ``ignore``."""
-    a, b = _comparable(source), _comparable(ours)
-    for k in ignore:
-        a.pop(k, None), b.pop(k, None)
+def _comparable(model_config: dict) -> dict:
+    """A model config as flat fields that compare equal when the architectures are equal: each field holds the value
+    the model is built with (``auto``/0 defaults resolved by the functions the model uses, memory layers sorted),
+    the slot map's path dropped (the weights carry the map)."""
+    return _written_and_resolved(model_config)[1]
+
+
+def _written_and_resolved(model_config: dict) -> tuple[dict, dict]:
+    config = config_from_dict(model_config)
+    block = MEMORY_BLOCKS[config.memory]
+    written = _flat(config, parse_options(block.Options, dict(config.memory_options), config.memory),
+                    config.memory_layers)
+    resolved = _flat(config, block.resolved_options(config), block.layers_of(config))
+    if config.family == "nanochat" and config.mlp == "moe":
+        resolved["moe_hidden"] = moe_hidden_size(config.n_embd, config.moe_shared, config.moe_topk, config.moe_hidden)
+    return written, resolved
+
+
+def _differing_fields(source: dict, ours: dict, theirs: str) -> dict[str, str]:
+    """{field: 'field source-value (source) vs our-value (this run)'} for each model-config field whose resolved
+    value differs; a side that left the field at a default standing for another value says so ('given as auto')."""
+    (wa, a), (wb, b) = _written_and_resolved(source), _written_and_resolved(ours)
     if a["family"] != b["family"]:
-        return [f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"]
+        return {"family": f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"}
     if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the checkpoint's is used
         a.pop(SLOT_MAP_SHA, None), b.pop(SLOT_MAP_SHA, None)
-    return [f"{k} {a.get(k)!r} ({theirs}) vs {b.get(k)!r} (this run)" for k in [*a, *(k for k in b if k not in a)]
-            if a.get(k) != b.get(k)]
+
+    def side(value, written, who: str) -> str:
+        return f"{value!r} ({who}, given as {written!r})" if written != value else f"{value!r} ({who})"
+
+    return {k: f"{k} {side(a.get(k), wa.get(k), theirs)} vs {side(b.get(k), wb.get(k), 'this run')}"
+            for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)}
+
+
+def config_differences(source: dict, ours: dict, theirs: str = "source") -> list[str]:
+    """'field source-value (source) vs our-value (this run)' for each model-config field whose resolved value differs
+    (``theirs`` names the checkpoint's side). Every field counts, training-time settings too: what a --resume of
+    the checkpoint compares (an --init-from source: compare_with_source)."""
+    return list(_differing_fields(source, ours, theirs).values())
+
+
+def training_settings(config) -> tuple[str, ...]:
+    """The model-config fields (flat names, as config_differences reports them) that steer training only: no forward
+    depends on them (e.g. the balancing-bias step, an auxiliary loss weight), so the weights mean the same under
+    another value. A run from a source may change them; a resume may not (it continues one trajectory)."""
+    block = MEMORY_BLOCKS[config.memory]
+    return (*config.training_fields, *(f"memory_options.{k}" for k in block.training_options))
+
+
+def compare_with_source(source: dict, config) -> tuple[list[str], list[str]]:
+    """(differences that refuse the source, training-time settings this run changes) between the source's model
+    config and this run's. The context length may differ too (no weight depends on it: RoPE tables are rebuilt)."""
+    diffs, training = _differing_fields(source, config.to_dict(), "source"), training_settings(config)
+    return ([d for k, d in diffs.items() if k != "sequence_len" and k not in training],
+            [d for k, d in diffs.items() if k in training])
 
 
 def source_tokenizer_sha256(meta: dict) -> str | None:
@@ -125,15 +166,15 @@ def check_source(run_dir: Path, step: int, meta: dict, config, tokenizer, synthe
     else:
         check_vocab_matches(tokenizer, meta["model_config"].get("vocab_size"), where,
                             {**meta, "tokenizer_sha256": trained})
-    # No weight's shape depends on the context length (RoPE tables are rebuilt, not loaded), so a fine-tune may
-    # train at another one: said, not refused.
-    diffs = config_differences(meta["model_config"], config.to_dict(), ignore=("sequence_len",))
+    diffs, training = compare_with_source(meta["model_config"], config)
     if diffs:
         raise ValueError(f"{where}: its model differs from the one this run's flags build: {'; '.join(diffs)} "
                          "(pass the source's architecture flags: its config.json or meta.json model_config)")
     trained_len = meta["model_config"].get("sequence_len")
-    if trained_len != config.sequence_len:
+    if trained_len != config.sequence_len:  # a fine-tune may train at another context length: said, not refused
         note += f"; context {config.sequence_len} tokens, the source trained at {trained_len}"
+    if training:
+        note += f"; training settings of this run, not the source's: {'; '.join(training)}"
     return note
 
 
@@ -156,20 +197,43 @@ def same_data_order_note(meta: dict, args, data_sha256: str | None) -> str:
             "source's training documents first, in the source's order: pass another --data-seed to start elsewhere")
 
 
-def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
-    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank (a rank
-    that cannot stops them all). Collective. Returns the record for config.json, checkpoints and summary.json.
-    ``data_sha256``: this run's prepared data (None: synthetic), to tell whether the source read it in this order."""
+def same_file_on_every_rank(path: Path) -> str:
+    """The sha256 of ``path`` as every rank reads it; the same error on every rank if they read different bytes
+    (a node whose copy of the source differs: each rank loads the file itself). Collective. Every rank hashes the
+    whole file (the 5.5 GB d24 model.pt: seconds, the ranks of a node in parallel)."""
     from nanochat.download import file_sha256
+    from nanochat.train_loop import gather_objects
+
+    seen = gather_objects((str(path), every_rank_ok(lambda: file_sha256(path))))
+    ranks = {}
+    for rank, (_, sha) in enumerate(seen):
+        ranks.setdefault(sha, []).append(rank)
+    if len(ranks) > 1:  # every rank holds the same list, so every rank raises the same message
+        read = "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} read "
+                         f"{'sha256 ' if i == 0 else ''}{sha[:12]}" for i, (sha, r) in enumerate(ranks.items()))
+        raise ValueError(f"{FLAG} source {seen[0][0]}: the ranks read different files under this path ({read}): "
+                         "every node must hold the same copy of the source checkpoint (copy it again, or use a "
+                         "shared filesystem)")
+    return seen[0][1]
+
+
+def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
+    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank, once every
+    rank has read the same model.pt (a rank that cannot, or read another file, stops them all). Collective. Returns
+    the record for config.json, checkpoints and summary.json. ``data_sha256``: this run's prepared data (None:
+    synthetic), to tell whether the source read it in this order."""
 
     def decide() -> dict:
         source, step, meta = resolve_source(args.init_from, run_dir)
         note = check_source(source, step, meta, config, tokenizer, args.synthetic_data)
         note += same_data_order_note(meta, args, data_sha256)
         return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
-                "model_sha256": file_sha256(ckpt.step_dir(source, step) / "model.pt"), "note": note}
+                "note": note}
 
     record = rank0_decides(decide)
+    # hashed before loading, not while: torch.load reads the zip archive out of order; the file changing between
+    # the two reads is not guarded against
+    record["model_sha256"] = same_file_on_every_rank(ckpt.step_dir(record["run_dir"], record["step"]) / "model.pt")
     every_rank_ok(lambda: ckpt.load_model_weights(model, record["run_dir"], record["step"], map_location=device))
     note = record.pop("note")  # printed, not recorded: config.json has both models' configs
     print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}; "

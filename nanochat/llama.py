@@ -19,6 +19,7 @@ read the attention norm's output, and a block that owns a layer's FFN up-project
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -42,6 +43,7 @@ def trunc_normal_(weight: torch.Tensor, std: float) -> None:
 
 @dataclass
 class LlamaConfig:
+    training_fields: ClassVar[tuple[str, ...]] = ()  # as GPTConfig's: none in these families
     family: str = "mobilellm"  # nanochat.families registry key, recorded in meta.json
     sequence_len: int = 2048
     vocab_size: int = 32768

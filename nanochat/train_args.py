@@ -50,8 +50,10 @@ def _group_run(p):
     g.add_argument("--init-from", type=str, default=None, metavar="RUN_DIR[:STEP]",
                    help="start from the weights of another run's checkpoint (STEP: a step number or 'latest', the "
                         "default), e.g. to fine-tune or continue pretraining, also the authors' model after "
-                        "scripts.import_reference; its model config and tokenizer must equal this run's (checked "
-                        "before training, and by --dry-run). Optimizer, LR schedule, step count and data order start "
+                        "scripts.import_reference; its architecture (model config compared as built: auto/0 "
+                        "defaults resolved; the context length and training-time settings such as "
+                        "--mome-balance-lr may differ) and tokenizer must equal this run's (checked before "
+                        "training, and by --dry-run). Optimizer, LR schedule, step count and data order start "
                         "fresh; the source (dir, step, model.pt sha256) is recorded in config.json and summary.json. "
                         "A --resume continues from the run's own checkpoint and needs the same --init-from")
     g.add_argument("--overwrite", action="store_true",

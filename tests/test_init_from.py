@@ -110,6 +110,8 @@ def test_resume_continues_bit_exactly_without_reading_the_source_again(tmp_path,
 @pytest.mark.parametrize("extra,needle", [
     (["--mome-slots", "6"], "memory_options.slots 4 (source) vs 6 (this run)"),
     (["--depth", "3"], "n_layer 2 (source) vs 3 (this run)"),
+    (["--mome-gate", "softmax"],
+     "memory_options.gate 'sigmoid-norm' (source, given as 'auto') vs 'softmax' (this run)"),
 ])
 def test_other_architecture_is_refused_before_training_and_by_dry_run(tmp_path, source, capsys, extra, needle):
     run = tmp_path / "r"
@@ -130,6 +132,11 @@ def test_dry_run_checks_the_source(tmp_path, source, capsys):
     assert rc == 0 and f"init from: {source.resolve()} step 3 (architecture and tokenizer match)" in out
     (tmp_path / "r" / "plan.json").unlink()
     assert dry(f"{source}:2")[0] == 0
+    (tmp_path / "r" / "plan.json").unlink()
+    # the gate the source's auto resolved to (sigmoid-norm at K = 2), spelled out: the same architecture
+    assert train(tmp_path / "r", *MOME, "--mome-gate", "sigmoid-norm", "--num-iterations", "2", "--init-from",
+                 str(source), "--dry-run") == 0
+    assert "(architecture and tokenizer match)" in capsys.readouterr().out
     (tmp_path / "r" / "plan.json").unlink()
     for spec, needle in ((tmp_path / "missing", "no such run directory"),
                          (f"{source}:5", "no checkpoint step_000005 in"),
@@ -269,3 +276,175 @@ def test_continuing_on_the_sources_data_with_its_seed_says_it_rereads_it(tmp_pat
                             "--data-seed", "7"]) == 0
     assert not torch.equal(first["batches"][0][0], source_batches[0][0])
     assert "NOTE: same data" not in capsys.readouterr().out
+
+
+# ---- model configs compare as the model resolves them (auto / 0 sentinels) -----------------------------------
+def _nanochat(**kw) -> dict:
+    from conftest import tiny_config
+
+    return tiny_config(**kw).to_dict()
+
+
+MOE_CFG = dict(mlp="moe", moe_experts=4, moe_topk=2, moe_shared=1)
+
+
+@pytest.mark.parametrize("field,left,same,other,needle", [
+    # 4C / (S + K) = 512 / 3 -> 192 (a multiple of 64): what MoEFFN builds for moe_hidden 0
+    ("moe_hidden", _nanochat(**MOE_CFG), _nanochat(**MOE_CFG, moe_hidden=192), _nanochat(**MOE_CFG, moe_hidden=256),
+     "moe_hidden 192 (source, given as 0) vs 256 (this run)"),
+    # auto is sigmoid-norm for K > 1 (MoMEOptions.gate_mode)
+    ("gate", _nanochat(memory="mome", memory_options={"topk": 2}),
+     _nanochat(memory="mome", memory_options={"topk": 2, "gate": "sigmoid-norm"}),
+     _nanochat(memory="mome", memory_options={"topk": 2, "gate": "softmax"}),
+     "memory_options.gate 'sigmoid-norm' (source, given as 'auto') vs 'softmax' (this run)"),
+    ("gate K=1", _nanochat(memory="mome", memory_options={"topk": 1}),
+     _nanochat(memory="mome", memory_options={"topk": 1, "gate": "softmax"}),
+     _nanochat(memory="mome", memory_options={"topk": 1, "gate": "sigmoid-norm"}),
+     "memory_options.gate 'softmax' (source, given as 'auto') vs 'sigmoid-norm' (this run)"),
+    # Engram's d_mem 0 is n_embd (128 here)
+    ("engram dim", _nanochat(memory="engram"), _nanochat(memory="engram", memory_options={"dim": 128}),
+     _nanochat(memory="engram", memory_options={"dim": 64}),
+     "memory_options.dim 128 (source, given as 0) vs 64 (this run)"),
+    # no --memory-layers: the block's default (alternating, ending at the last layer: [1] of 2); the order of an
+    # explicit list does not matter (the block sorts it)
+    ("layers", _nanochat(memory="ve"), _nanochat(memory="ve", memory_layers=[1]),
+     _nanochat(memory="ve", memory_layers=[0]), "memory_layers [1] (source, given as []) vs [0] (this run)"),
+    ("layer order", _nanochat(memory="ve", n_layer=4, memory_layers=[3, 1]),
+     _nanochat(memory="ve", n_layer=4, memory_layers=[1, 3]), _nanochat(memory="ve", n_layer=4, memory_layers=[1, 2]),
+     "memory_layers [1, 3] (source, given as [3, 1]) vs [1, 2] (this run)"),
+])
+def test_sentinels_compare_as_the_values_they_resolve_to(field, left, same, other, needle):
+    import re
+
+    from nanochat.init_from import config_differences
+
+    assert config_differences(left, same) == [] and config_differences(same, left) == []
+    assert config_differences(left, other) == [needle]
+    # the other way round: this run's side is the one given as the sentinel
+    name, ours, written, theirs = re.fullmatch(r"(\S+) (.+) \(source, given as (.+)\) vs (.+) \(this run\)",
+                                               needle).groups()
+    assert config_differences(other, left) == [f"{name} {theirs} (source) vs {ours} (this run, given as {written})"]
+
+
+def test_every_sentinel_default_is_resolved():
+    """A config field or block option whose default stands for a derived value (auto, 0, empty) must be compared as
+    what it resolves to, or be listed here as a real value: a new sentinel fails this test until it is handled."""
+    import dataclasses
+
+    from conftest import tiny_config
+    from nanochat.init_from import _comparable
+    from nanochat.memory import MEMORY_BLOCKS
+
+    real_values = {"moe_balance_lr", "memory_options.seed", "memory_options.slot_map_sha256"}  # 0 / "" mean that
+    for memory, block in MEMORY_BLOCKS.items():
+        opts = {"index": "grouped", "group_size": 2, "slot_map": "/no/map.json"} if memory == "mome" else {}
+        config = tiny_config(memory=memory, memory_options=opts, **MOE_CFG)  # every FFN field in use
+        written = {f"memory_options.{f.name}": f.default for f in dataclasses.fields(block.Options)}
+        written.update({f.name: f.default for f in dataclasses.fields(config) if f.name != "memory_options"})
+        if not block.uses_layers:
+            real_values.add("memory_layers")  # no layers at all, not "the default layers"
+        resolved = _comparable(config.to_dict())
+        for key, default in written.items():
+            if default in (0, "auto", "", ()) and key not in real_values and key in resolved:
+                value = tuple(resolved[key]) if isinstance(resolved[key], list) else resolved[key]
+                assert value != default, f"--memory {memory}: {key} left at {default!r} is compared as written"
+        real_values.discard("memory_layers")
+
+
+# ---- training-time settings stored in the model config --------------------------------------------------------
+TRAINING_TIME = [  # (config, field, another value): each only steers training, never what the weights compute
+    (dict(memory="mome", memory_options={"topk": 2, "slots": 4, "balance": "bias"}), "memory_options.balance_lr", 0.5),
+    (dict(memory="jtokm"), "memory_options.aux_weight", 0.5),
+    (dict(**MOE_CFG), "moe_balance_lr", 0.5),
+]
+
+
+def _with(config: dict, field: str, value) -> dict:
+    if field.startswith("memory_options."):
+        return {**config, "memory_options": {**config.get("memory_options", {}), field.split(".")[1]: value}}
+    return {**config, field: value}
+
+
+@pytest.mark.parametrize("config,field,value", TRAINING_TIME, ids=[t[1] for t in TRAINING_TIME])
+def test_a_training_time_setting_changes_no_forward(config, field, value):
+    """The weights of one config loaded (strictly) into the model of the other give the same logits and LM loss: the
+    setting is not part of the architecture (what --init-from may change and --resume may not)."""
+    from conftest import tiny_config
+    from nanochat.families import build_model
+    from nanochat.init_from import compare_with_source, config_differences
+
+    a, b = tiny_config(**config), tiny_config(**_with(config, field, value))
+    assert a.to_dict() != b.to_dict()
+    src = build_model(a, seed=3)
+    with torch.no_grad():
+        for p in src.parameters():  # zero-init projections and routers would hide the memory and routing paths
+            if p.dim() > 1:
+                torch.nn.init.uniform_(p, -0.3, 0.3)
+        for name, buf in src.named_buffers():
+            if name.endswith("bias"):  # a routing bias that is not all zero takes part in the choice
+                buf.copy_(torch.randn(buf.shape, generator=torch.Generator().manual_seed(1)))
+    dst = build_model(b)
+    dst.load_state_dict(src.state_dict(), strict=True)
+    idx = torch.randint(0, a.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(src.eval()(idx), dst.eval()(idx))
+        assert torch.equal(src(idx, targets=idx), dst(idx, targets=idx))
+    refused, allowed = compare_with_source(a.to_dict(), b)
+    assert refused == [] and len(allowed) == 1 and allowed[0].startswith(f"{field} ") and "(this run)" in allowed[0]
+    assert [d.split(" ")[0] for d in config_differences(a.to_dict(), b.to_dict(), theirs="checkpoint")] == [field]
+
+
+def test_every_declared_training_time_setting_is_checked_above():
+    from conftest import tiny_config
+    from nanochat.init_from import training_settings
+    from nanochat.llama import LlamaConfig
+    from nanochat.memory import MEMORY_BLOCKS
+    from nanochat.qwen3 import Qwen3Config
+
+    declared = set(training_settings(LlamaConfig())) | set(training_settings(Qwen3Config()))
+    declared |= {s for memory in MEMORY_BLOCKS for s in training_settings(tiny_config(memory=memory))}
+    assert declared == {field for _, field, _ in TRAINING_TIME}
+
+
+def test_another_balance_lr_than_the_sources_is_used_and_recorded_but_a_resume_keeps_its_own(tmp_path, capsys):
+    """--init-from with another --mome-balance-lr: started, said, used by the bias update and recorded; a --resume of
+    that run with yet another value is refused like any model-config change."""
+    bias = [*MOME, "--mome-balance", "bias"]
+    assert train(tmp_path / "src", *bias, "--num-iterations", "2") == 0  # --mome-balance-lr 0.001
+    capsys.readouterr()
+    flags = [*bias, "--mome-balance-lr", "0.5", "--num-iterations", "1", "--init-from", str(tmp_path / "src")]
+    assert train(tmp_path / "a", *flags, "--dry-run") == 0
+    assert "memory_options.balance_lr 0.001 (source) vs 0.5 (this run)" in capsys.readouterr().out
+    (tmp_path / "a" / "plan.json").unlink()
+    assert train(tmp_path / "a", *flags) == 0
+    assert "memory_options.balance_lr 0.001 (source) vs 0.5 (this run)" in capsys.readouterr().out
+    moved = (torch.load(ckpt.step_dir(tmp_path / "a", 1) / "model.pt")["memory.router_bias"]
+             - torch.load(ckpt.step_dir(tmp_path / "src", 2) / "model.pt")["memory.router_bias"]).abs()
+    assert ((moved == 0) | ((moved - 0.5).abs() < 1e-6)).all() and moved.max() > 0.49  # one step of 0.5
+    for recorded in (json.loads((tmp_path / "a" / "config.json").read_text()),
+                     ckpt.load_meta(tmp_path / "a", 1)):
+        assert recorded["model_config"]["memory_options"]["balance_lr"] == 0.5
+    resume = [*bias, "--mome-balance-lr", "0.001", "--num-iterations", "2", "--init-from", str(tmp_path / "src")]
+    assert train(tmp_path / "a", *resume, "--resume") == 2
+    assert "model config: memory_options.balance_lr 0.5 (checkpoint) vs 0.001 (this run)" in capsys.readouterr().err
+
+
+def test_a_rank_reading_another_copy_of_the_source_stops_every_rank(tmp_path, source):
+    """Every rank loads the source's model.pt itself (on a cluster maybe from its node's copy): the ranks compare
+    the sha256 of what they read, and a rank that read another file stops them all, naming the ranks and the path.
+    One 2-process gloo launch; rank 1 is shown the step-2 weights under the step-3 path."""
+    from conftest import REPO, run_torchrun
+
+    other = tmp_path / "other"
+    shutil.copytree(source, other)
+    shutil.copy(ckpt.step_dir(source, 2) / "model.pt", ckpt.step_dir(other, 3) / "model.pt")
+    r = run_torchrun(REPO / "tests" / "_init_from_worker.py", 2, [str(source), str(other), str(tmp_path)], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    path = ckpt.step_dir(source.resolve(), 3) / "model.pt"
+    good, bad = file_sha256(path), file_sha256(ckpt.step_dir(source, 2) / "model.pt")
+    assert seen[0]["same"] == seen[1]["same"] and seen[0]["same"]["model_sha256"] == good
+    for rank in (0, 1):
+        message = seen[rank]["rank 1 reads another copy"]
+        assert message.startswith("ValueError: --init-from source") and str(path) in message, message
+        assert f"rank 0 read sha256 {good[:12]}" in message and f"rank 1 read {bad[:12]}" in message, message

@@ -59,25 +59,40 @@ class MemoryBlock(nn.Module):
     Options = NoOptions
     uses_layers = False  # whether --memory-layers applies
     table_weight_decay = 0.0  # default AdamW weight decay of this block's tables (overridable by --memory-wd)
+    # options that steer training only (no forward depends on them): --init-from may change them, --resume may not
+    training_options: tuple[str, ...] = ()
 
     def __init__(self, config):
         super().__init__()
         self.n_layer = config.n_layer
         self.opts = parse_options(self.Options, dict(config.memory_options), config.memory)
-        self.layers: tuple[int, ...] = ()
-        if self.uses_layers:
-            layers = tuple(config.memory_layers) if config.memory_layers else self.default_layers(config.n_layer)
-            bad = [i for i in layers if not 0 <= i < config.n_layer]
-            if bad or not layers or len(set(layers)) != len(layers):
-                raise ValueError(
-                    f"--memory-layers {','.join(map(str, layers))}: need distinct layer ids in [0, {config.n_layer - 1}]"
-                )
-            self.layers = tuple(sorted(layers))
+        self.layers: tuple[int, ...] = self.layers_of(config)
 
     @classmethod
     def default_layers(cls, n_layer: int) -> tuple[int, ...]:
         """The layers a block uses when --memory-layers is not given (a block may override this)."""
         return default_memory_layers(n_layer)
+
+    @classmethod
+    def layers_of(cls, config) -> tuple[int, ...]:
+        """The layers this block uses under ``config``, ascending: --memory-layers in any order, else the default;
+        () for a block without layers."""
+        if not cls.uses_layers:
+            return ()
+        layers = tuple(config.memory_layers) if config.memory_layers else cls.default_layers(config.n_layer)
+        bad = [i for i in layers if not 0 <= i < config.n_layer]
+        if bad or not layers or len(set(layers)) != len(layers):
+            raise ValueError(
+                f"--memory-layers {','.join(map(str, layers))}: need distinct layer ids in [0, {config.n_layer - 1}]"
+            )
+        return tuple(sorted(layers))
+
+    @classmethod
+    def resolved_options(cls, config):
+        """The options as the block builds and runs with them under ``config``: an option whose default stands for
+        a derived value (``auto``, 0) holds that value. Two configs whose resolved options and layers are equal
+        build the same block (what nanochat.init_from compares); a block with such an option overrides this."""
+        return parse_options(cls.Options, dict(config.memory_options), config.memory)
 
     # -- parameters -------------------------------------------------------------------------------------
     def init_weights(self) -> None:

@@ -33,7 +33,7 @@ module, the last (kernel-1) * N rows of V~ (before the conv's norm).
 import math
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -135,6 +135,10 @@ class EngramOptions:
             raise ValueError(f"--engram-compression {self.compression!r} is unknown; "
                              f"allowed: {', '.join(COMPRESSIONS)}")
 
+    def memory_dim(self, n_embd: int) -> int:
+        """d_mem: --engram-dim, or the model width when it is 0."""
+        return self.dim or n_embd
+
 
 class EngramFusion(nn.Module):
     """One module's key/value projections (d_mem -> C, Muon) and depthwise conv weight (C, 1, kernel: AdamW)."""
@@ -161,7 +165,7 @@ class EngramMemory(MemoryBlock):
         super().__init__(config)
         o = self.opts
         self.vocab_size, self.padded_vocab = config.vocab_size, config.padded_vocab_size
-        self.n_embd, self.d_mem = config.n_embd, o.dim or config.n_embd
+        self.n_embd, self.d_mem = config.n_embd, o.memory_dim(config.n_embd)
         per_head = (o.max_order - 1) * o.heads
         if self.d_mem % per_head:
             raise ValueError(f"--engram-dim {self.d_mem} must be divisible by (--engram-max-order - 1) x "
@@ -191,6 +195,11 @@ class EngramMemory(MemoryBlock):
     @staticmethod
     def _loaded(module, incompatible_keys) -> None:
         module.compression_ready = True  # the checkpoint's P (strict loads refuse a state dict without it)
+
+    @classmethod
+    def resolved_options(cls, config) -> EngramOptions:
+        o = super().resolved_options(config)
+        return replace(o, dim=o.memory_dim(config.n_embd))
 
     @classmethod
     def default_layers(cls, n_layer: int) -> tuple[int, ...]:

@@ -141,6 +141,7 @@ class JTokMemory(_ScaledTokenTables):
 
 class JTokMMemory(_ScaledTokenTables):
     Options = JTokMOptions
+    training_options = ("aux_weight",)  # scales the auxiliary balance loss, not the LM output
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
 
     def __init__(self, config):

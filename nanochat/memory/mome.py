@@ -50,7 +50,7 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
 path for every table; the tests compare them.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -233,8 +233,14 @@ class MoMEMemory(MemoryBlock):
     Options = MoMEOptions
     uses_layers = True
     table_weight_decay = 0.001
+    training_options = ("balance_lr",)  # the step of the routing-bias update
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
+
+    @classmethod
+    def resolved_options(cls, config) -> MoMEOptions:
+        o = super().resolved_options(config)
+        return replace(o, gate=o.gate_mode)
 
     def __init__(self, config):
         super().__init__(config)  # parses and validates the options: every flag error is raised before allocation
