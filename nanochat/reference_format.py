@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from nanochat.gpt import GPT, GPTConfig
-from nanochat.memory import default_memory_layers
+from nanochat.memory import MEMORY_BLOCKS, default_memory_layers
 from nanochat.memory.mome import MoMEOptions
 
 COMPILE_PREFIX = "_orig_mod."
@@ -193,7 +193,7 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
     cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_balance_lr=0.0,
                moe_ve_bias_update="none", **{k: getattr(config, k) for k in
                                              ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")})
-    layers = list(memory_layers_of(config))
+    layers = list(MEMORY_BLOCKS[config.memory].layers_of(config))
     model_type = "gpt"
     if config.memory == "ve":
         cfg.update(dense_ve_enabled=True, value_embeds_layers=layers)
@@ -220,11 +220,6 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
     return model_type, cfg
 
 
-def memory_layers_of(config: GPTConfig) -> tuple[int, ...]:
-    """The memory layers our model builds for ``config`` (explicit or the alternating default)."""
-    return tuple(sorted(config.memory_layers)) if config.memory_layers else default_memory_layers(config.n_layer)
-
-
 # -- parameter names ----------------------------------------------------------------------------------------
 def name_map(config: GPTConfig) -> dict[str, str]:
     """ours -> theirs for every entry of our state dict (reference_checkpoint_names.md)."""
@@ -233,7 +228,7 @@ def name_map(config: GPTConfig) -> dict[str, str]:
     for i in range(config.n_layer):
         for part in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
             m[f"blocks.{i}.{part}.weight"] = f"transformer.h.{i}.{part}.weight"
-    layers = memory_layers_of(config) if config.memory != "base" else ()
+    layers = MEMORY_BLOCKS[config.memory].layers_of(config)  # () for base
     for pos, layer in enumerate(layers):
         if config.memory == "ve":
             m[f"memory.tables.{pos}.weight"] = f"embed_value_dense.layers.{layer}.weight"
