@@ -86,6 +86,23 @@ def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
     assert "model config: sequence_len 32 (checkpoint) vs 16 (this run)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("vocab, seq_len, seed", [
+    (256, 8, 0), (3, 31, 7), (50257, 226, 2**33 + 5), (11, 227, -3),  # one output block (<= 227 words)
+    (13, 453, 1), (13, 454, 1), (17, 623, 2), (17, 624, 2), (19, 1300, 3)])  # the twist's blocks and repeats
+def test_synthetic_eval_rows_are_the_per_row_generators(vocab, seq_len, seed):
+    """The eval rows are drawn for all rows at once (nanochat.cpu_rng) but must be the rows of the per-row
+    generators (``SyntheticLoader._row``), bit for bit: the same val set as every earlier run of the seed."""
+    from nanochat.train_loop import SyntheticLoader, synthetic_eval_rows
+
+    rows = synthetic_eval_rows(vocab, seq_len, 37 * seq_len - 1, seed)
+    each = SyntheticLoader(vocab, 1, seq_len, seed=seed + 7_777_777)
+    assert torch.equal(rows, torch.stack([each._row(g) for g in range(37)]))
+    if (vocab, seq_len, seed) == (256, 8, 0):  # as drawn before the vectorised draw
+        assert rows[:3].tolist() == [[142, 145, 146, 147, 149, 150, 153, 155, 158],
+                                     [115, 116, 118, 119, 122, 125, 128, 131, 134],
+                                     [29, 30, 31, 32, 35, 38, 41, 44, 46]]
+
+
 def no_eval_rows(*a, **k):
     raise AssertionError("the eval rows were built before the resume checks")
 
