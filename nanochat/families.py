@@ -16,6 +16,7 @@ Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` li
 """
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Callable
 
@@ -139,9 +140,29 @@ def config_from_dict(d: dict):
     return FAMILIES[name].config_cls(**d)
 
 
+class _NoNormalOnMeta(torch.overrides.TorchFunctionMode):
+    """normal_ on a meta tensor (nn.Embedding's default init) is a no-op here: it runs torch's Python reference,
+    whose wrapper imports torch._dynamo (~2.5 s of CPU in a process that never compiles: a dry run, an eval), and
+    a meta tensor holds no values anyway (init_weights sets every one after to_empty)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+            tensor = args[0] if args else kwargs["tensor"]
+            if tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def meta_device():
+    with torch.device("meta"), _NoNormalOnMeta():
+        yield
+
+
 def build_model(config, device: str | torch.device = "cpu", seed: int | None = None):
     """Build on the meta device, materialise on ``device`` and initialise (optionally seeded)."""
-    with torch.device("meta"):
+    with meta_device():
         model = family_of(config).model_cls(config)
     model.to_empty(device=device)
     if seed is not None:
@@ -152,7 +173,7 @@ def build_model(config, device: str | torch.device = "cpu", seed: int | None = N
 
 def model_summary(config) -> dict[str, int]:
     """params_total / params_memory / params_backbone / flops_per_token, computed on the meta device."""
-    with torch.device("meta"):
+    with meta_device():
         model = family_of(config).model_cls(config)
     return {**model.num_params(), "flops_per_token": model.estimate_flops()}
 
@@ -168,7 +189,7 @@ def optimizer_fields_without_effect(config, oc: OptimConfig, names) -> list[str]
     """The fields among ``names`` that no optimizer group of ``config``'s model reads (e.g. ``memory_lr`` without
     memory tables, ``scalar_lr`` on a family whose memory block has no scalars, ``embedding_lr`` with a tied
     head): the groups' hyperparameters come out the same for another value. Built on the meta device."""
-    with torch.device("meta"):
+    with meta_device():
         model = family_of(config).model_cls(config)
 
     def hyperparameters(o: OptimConfig) -> list[dict]:

@@ -22,9 +22,10 @@ deterministic). Two ways to run the segments (``GROUPED_MM``, None = by dtype):
   kernel per matrix for all experts, no host sync, and it compiles (``torch.compile`` traces it only in bf16,
   the CUDA training dtype, and its kernels want row strides in multiples of 16 bytes: C and h multiples of 8).
 * looped: one F.linear per expert on its slice, the slice lengths read on the host (one sync per layer); the
-  loop is ``torch.compiler.disable``-d. Compiled in fp32 (CPU, ``--dtype float32``, or C, h not multiples of 8),
-  that break sits inside GPT.forward's loop over the blocks, so dynamo compiles each Block on its own instead,
-  recompiling per layer up to its recompile limit (8): deeper layers then run eager. Results are unchanged
+  loop is excluded from compilation (a lazy ``torch.compiler.disable``). Compiled in fp32 (CPU, ``--dtype
+  float32``, or C, h not multiples of 8), that break sits inside GPT.forward's loop over the blocks, so dynamo
+  compiles each Block on its own instead, recompiling per layer up to its recompile limit (8): deeper layers then
+  run eager. Results are unchanged
   (compiled == eager, measured); only speed suffers. The CUDA training path (bf16, grouped) compiles whole.
 
 Parameters (spec F5): every expert matrix is its own 2-D parameter (experts.i.c_fc (h, C), experts.i.c_proj
@@ -95,7 +96,11 @@ class ReluSquaredMLP(nn.Module):
         return self.c_proj(F.relu(self.c_fc(x)).square())
 
 
-@torch.compiler.disable
+# torch.compiler.disable, but importing torch._dynamo on the first call instead of at load (~2.5 s of CPU in every
+# process that imports the model and never compiles: dry runs, evals, refusals). torch's own lazy form: its
+# wrapper lives in a file dynamo always skips, so a first call inside a compiled forward breaks the graph and runs
+# eagerly too (tested).
+@torch._disable_dynamo
 def _looped_experts(experts, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Expert e on rows [off_e, off_e + counts_e) of the expert-sorted xs (N*K, C) -> (N*K, C)."""
     sizes = counts.tolist()  # host sync: the segment lengths decide the slices

@@ -157,6 +157,14 @@ class SyntheticLoader:
         steps = torch.randint(1, 4, (self.T,), generator=gen)
         return torch.cat([start, start + steps.cumsum(0)]) % self.V
 
+    def rows(self, first: int, n: int) -> torch.Tensor:
+        """Rows [first, first + n) at once, equal to stacking ``_row`` (their generators replayed together)."""
+        from nanochat.cpu_rng import first_outputs
+
+        draws = first_outputs(self.seed * 1_000_003 + torch.arange(first, first + n), self.T + 1)  # (n, T+1)
+        start, steps = draws[:, :1] % self.V, draws[:, 1:] % 3 + 1  # torch.randint's low + draw % range
+        return torch.cat([start, start + steps.cumsum(1)], dim=1) % self.V
+
     def __iter__(self):
         return self
 
@@ -189,7 +197,7 @@ class SyntheticLoader:
 def synthetic_eval_rows(vocab_size: int, seq_len: int, num_tokens: int, seed: int) -> torch.Tensor:
     """Fixed (N, T+1) validation rows for --synthetic-data, drawn from a stream disjoint from training."""
     loader = SyntheticLoader(vocab_size, 1, seq_len, seed=seed + 7_777_777)
-    return torch.stack([loader._row(i) for i in range(math.ceil(num_tokens / seq_len))])
+    return loader.rows(0, math.ceil(num_tokens / seq_len))
 
 
 class StopSignal:

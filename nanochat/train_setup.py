@@ -21,7 +21,7 @@ SYNTHETIC_VOCAB = 32768
 @dataclass
 class RunData:
     loader: object
-    val_rows: torch.Tensor
+    val_rows: torch.Tensor | None  # built after the cheap checks (load_eval_rows)
     token_bytes: torch.Tensor
     tokenizer: object | None
     vocab_size: int
@@ -68,23 +68,28 @@ def existing_tokenizer(args):
     return None if args.synthetic_data or not (tok_dir / HEADER_FILE).is_file() else get_tokenizer(tok_dir)
 
 
+def _data_dir(args) -> Path:
+    from nanochat.dataset import default_data_dir
+
+    return Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
+
+
 def load_run_data(args, rank: int, world: int, device) -> RunData:
-    """Tokenizer (vocab checked against --vocab-size), the per-rank train loader and the fixed val rows."""
+    """Tokenizer (vocab checked against --vocab-size), the per-rank train loader and the fingerprints --resume
+    checks; the fixed eval rows (the expensive part) come later, from ``load_eval_rows``."""
     if args.synthetic_data:
         vocab = args.vocab_size or SYNTHETIC_VOCAB
         loader = SyntheticLoader(vocab, args.device_batch_size, args.max_seq_len, rank, world, args.data_seed, device)
-        rows = synthetic_eval_rows(vocab, args.max_seq_len, args.eval_tokens, args.data_seed)
         # every token counts as one "byte": the reported bpb is bits per token
-        # no train rows: the synthetic stream has no separate train split, so a "train bpb" would repeat val bpb
-        return RunData(loader, rows, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
-    from nanochat.dataloader import PackedDataLoader, build_eval_rows
-    from nanochat.dataset import DataError, default_data_dir, load_manifest, manifest_fingerprint
+        return RunData(loader, None, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
+    from nanochat.dataloader import PackedDataLoader
+    from nanochat.dataset import DataError, load_manifest, manifest_fingerprint
     from nanochat.tokenizer import check_vocab_matches, get_token_bytes, get_tokenizer
 
     tok_dir = tokenizer_dir(args)
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
+    data_dir = _data_dir(args)
 
-    def open_local():  # per-rank files: every rank must have them before the collective row building below
+    def open_local():  # per-rank files: every rank must have them before the collective row building
         tokenizer = get_tokenizer(tok_dir)
         if args.vocab_size is not None:
             check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
@@ -97,17 +102,28 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
             raise ValueError(f"--data-dir {data_dir}: {e}") from e
 
     tokenizer, token_bytes, manifest, loader = every_rank_ok(open_local)
+    return RunData(loader, None, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
+                   tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()),
+                   tokenizer_sha256=tokenizer.fingerprint(), data_sha256=manifest_fingerprint(manifest))
+
+
+def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:
+    """The fixed val rows (and train rows for --final-train-bpb) of --eval-tokens tokens, into ``data``."""
+    if args.synthetic_data:
+        data.val_rows = synthetic_eval_rows(data.vocab_size, args.max_seq_len, args.eval_tokens, args.data_seed)
+        return  # no train rows: the synthetic stream has no separate train split (its "train bpb" would be val's)
+    from nanochat.dataloader import build_eval_rows
+    from nanochat.dataset import DataError
+
+    data_dir = _data_dir(args)
     try:
-        rows = build_eval_rows(data_dir, "val", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
-                               world_size=world)
+        data.val_rows = build_eval_rows(data_dir, "val", data.tokenizer, args.max_seq_len, args.eval_tokens,
+                                        rank=rank, world_size=world)
         # the paper's "train bpb": the same budget on the first documents of the train split (seen data)
-        train_rows = build_eval_rows(data_dir, "train", tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
-                                     world_size=world) if args.final_train_bpb else None
+        data.train_rows = build_eval_rows(data_dir, "train", data.tokenizer, args.max_seq_len, args.eval_tokens,
+                                          rank=rank, world_size=world) if args.final_train_bpb else None
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
-    return RunData(loader, rows, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
-                   train_rows=train_rows, tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()),
-                   tokenizer_sha256=tokenizer.fingerprint(), data_sha256=manifest_fingerprint(manifest))
 
 
 def resolve_bundle(args) -> Path | None:

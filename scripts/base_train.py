@@ -46,8 +46,8 @@ from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_st
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
                                  summed_stats_buffers, train_step)
-from nanochat.train_setup import (RunData, existing_tokenizer, load_run_data, resolve_bundle, run_core, run_split_bpb,
-                                  setup_attention, tokenizer_dir)
+from nanochat.train_setup import (RunData, existing_tokenizer, load_eval_rows, load_run_data, resolve_bundle, run_core,
+                                  run_split_bpb, setup_attention, tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
@@ -77,6 +77,14 @@ class NonFiniteParams(NonFiniteLoss):
 
 
 @dataclass
+class ResumePoint:
+    """The checkpoint --resume continues, checked against this run's flags before the expensive set-up."""
+    step: int
+    meta: dict
+    lr_changes: dict  # --resume-override-lr: {key: [checkpoint, now]}
+
+
+@dataclass
 class Run:
     args: object
     rank: int
@@ -99,6 +107,7 @@ class Run:
     session_start: float = 0.0  # time.time() when this session's execute() began
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
+    resume: ResumePoint | None = None
 
     def wall_time(self) -> float:
         """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
@@ -178,6 +187,9 @@ def build_run(args, stack: ExitStack) -> Run:
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
     run_dir = resolve_run_dir(args)
+    # before the expensive set-up (eval rows, CORE bundle, model): a requeue with wrong flags fails in seconds
+    resume = resume_point(args, run_dir, config, plan, data, info.world_size)
+    load_eval_rows(args, data, info.rank, info.world_size)
     data.bundle = resolve_bundle(args)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
@@ -193,7 +205,7 @@ def build_run(args, stack: ExitStack) -> Run:
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
-               data, autocast, loop=loop, attention=attention)
+               data, autocast, loop=loop, attention=attention, resume=resume)
 
 
 def resolved_config(run: Run) -> dict:
@@ -203,29 +215,29 @@ def resolved_config(run: Run) -> dict:
             "init_from": run.init_from}
 
 
-def check_resume_compatible(run: Run, meta: dict) -> dict:
+def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict) -> dict:
     """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference.
     With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
     diffs, lr_changes = [], {}
     diffs += [f"model config: {d}" for d in
-              init_from.config_differences(meta["model_config"], run.config.to_dict(), theirs="checkpoint")]
+              init_from.config_differences(meta["model_config"], config.to_dict(), theirs="checkpoint")]
     saved_args = meta.get("config", {}).get("args", {})
     for key in TRAJECTORY_KEYS:
-        if key in saved_args and saved_args[key] != getattr(run.args, key):
-            if key in LR_KEYS and run.args.resume_override_lr:
-                lr_changes[key] = [saved_args[key], getattr(run.args, key)]
+        if key in saved_args and saved_args[key] != getattr(args, key):
+            if key in LR_KEYS and args.resume_override_lr:
+                lr_changes[key] = [saved_args[key], getattr(args, key)]
                 continue
-            diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(run.args, key)!r}")
+            diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
     for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
                                    ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
         saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
-        if saved is not None and saved != getattr(run.data, key):
-            diffs.append(f"{flag}: the {what} of {getattr(run.data, where)} differs from the checkpoint's "
+        if saved is not None and saved != getattr(data, key):
+            diffs.append(f"{flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
                          f"({meta.get(where)})")
-    diffs += init_from.resume_differences(meta.get("config", {}).get("init_from"), run.args.init_from)
+    diffs += init_from.resume_differences(meta.get("config", {}).get("init_from"), args.init_from)
     saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
-    if saved_n is not None and saved_n != run.plan["num_iterations"]:
-        diffs.append(f"num_iterations {saved_n} (checkpoint) != {run.plan['num_iterations']}")
+    if saved_n is not None and saved_n != plan["num_iterations"]:
+        diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
     if diffs:
         lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS)
         hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
@@ -248,23 +260,48 @@ def override_lrs(run: Run, step: int, changes: dict, fresh_initial_lrs: list[flo
            + "; recorded in config.json (lr_overrides) and metrics.jsonl")
 
 
-def restore(run: Run, step: int) -> None:
-    meta = ckpt.load_meta(run.run_dir, step)
-    lr_changes = check_resume_compatible(run, meta)
+def check_world_size(args, step: int, saved_world: int, world: int) -> None:
+    if saved_world != world and not args.resume_new_world_size:
+        raise ValueError(f"--resume: checkpoint step {step} was written by {saved_world} processes but this run has "
+                         f"{world}; the data order is per rank, so an exact resume needs the same world size. "
+                         "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
+
+
+def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: int) -> ResumePoint | None:
+    """The cheap half of --resume (the step, its files, its flags and world size against this run's), so that
+    ``restore`` after the model is built only loads. Rank 0 picks the step for every rank; a rank that cannot
+    see or accept it stops all ranks (none trains alone). None: a fresh start."""
+    step = rank0_decides(lambda: ckpt.resolve_resume_step(run_dir, args.resume))
+    if step is None:
+        if args.resume == "auto":
+            print0(f"--resume auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from step 0")
+        return None
+    every_rank_ok(lambda: ckpt.require_files(run_dir, step))
+
+    def check() -> ResumePoint:
+        meta = ckpt.load_meta(run_dir, step)
+        lr_changes = check_resume_compatible(args, config, plan, data, meta)
+        saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
+        if saved_world is not None:
+            check_world_size(args, step, saved_world, world)
+        return ResumePoint(step, meta, lr_changes)
+
+    return every_rank_ok(check)
+
+
+def restore(run: Run, point: ResumePoint) -> None:
+    step, meta = point.step, point.meta
     run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
     run.init_from = meta.get("config", {}).get("init_from")  # recorded when the run started; not read again
     fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
     # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
     state = ckpt.load_training_state(run.run_dir, step)
     saved_world = state["world_size"]
-    if saved_world != run.world and not run.args.resume_new_world_size:
-        raise ValueError(f"--resume: checkpoint step {step} was written by {saved_world} processes but this run has "
-                         f"{run.world}; the data order is per rank, so an exact resume needs the same world size. "
-                         "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
+    check_world_size(run.args, step, saved_world, run.world)
     ckpt.load_model_weights(run.model, run.run_dir, step, map_location=run.device)
     run.optimizer.load_state_dict(state["optimizer"])
-    if lr_changes:
-        override_lrs(run, step, lr_changes, fresh_initial_lrs)
+    if point.lr_changes:
+        override_lrs(run, step, point.lr_changes, fresh_initial_lrs)
     if saved_world == run.world:
         run.data.loader.load_state_dict(state["dataloader"][run.rank])
         ckpt.set_rng_state(state["rng"][run.rank])
@@ -445,15 +482,11 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
 
 
 def prepare_resume(run: Run) -> int | None:
-    """Load the --resume checkpoint (clear errors for missing/corrupt/mismatched ones) or report a fresh start.
-
-    Rank 0 picks the step for every rank; a rank that cannot load it stops all ranks (none trains alone)."""
-    resumed_at = rank0_decides(lambda: ckpt.resolve_resume_step(run.run_dir, run.args.resume))
-    if resumed_at is not None:
-        every_rank_ok(lambda: ckpt.require_files(run.run_dir, resumed_at))
-        every_rank_ok(lambda: restore(run, resumed_at))  # e.g. a file corrupt on one node only
-    elif run.args.resume == "auto":
-        print0(f"--resume auto: no checkpoint in {run.run_dir / ckpt.CKPT_DIR}, starting from step 0")
+    """Load the --resume checkpoint that ``resume_point`` checked (clear errors for corrupt files), or start from
+    --init-from's source. A rank that cannot load it stops all ranks (none trains alone)."""
+    resumed_at = run.resume.step if run.resume else None
+    if run.resume is not None:
+        every_rank_ok(lambda: restore(run, run.resume))  # e.g. a file corrupt on one node only
     if resumed_at is None and run.args.init_from:
         run.init_from = init_from.start_from_source(run.model, run.args, run.run_dir, run.config, run.data.tokenizer,
                                                     run.device, run.data.data_sha256)

@@ -379,3 +379,23 @@ def test_config_round_trip_and_checkpoint(tmp_path):
     assert "family" not in tiny_config().to_dict() and config_from_dict(tiny_config().to_dict()) == tiny_config()
     with pytest.raises(ValueError, match="unknown family"):
         config_from_dict({**cfg.to_dict(), "family": "gpt5"})
+
+
+def test_importing_and_building_models_leaves_the_compiler_unloaded():
+    """torch._dynamo costs ~2.5 s of CPU to import: processes that never compile (dry runs, evals, refusals, the
+    start of every torchrun worker) must not pay it for the model code (nanochat.moe's compile exclusion is lazy)
+    or for building on the meta device (normal_ there would run torch's Python reference, which imports it)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = ("import sys; from nanochat.families import build_model, model_summary; from nanochat.gpt import GPTConfig;"
+            "from nanochat.llama import LlamaConfig; from nanochat.qwen3 import Qwen3Config;"
+            "small = dict(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32);"
+            "[build_model(c, seed=0) and model_summary(c) for c in (GPTConfig(**small, mlp='moe', memory='mome'),"
+            " LlamaConfig(**small, memory='ve'), Qwen3Config(**small, head_dim=16))];"
+            "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

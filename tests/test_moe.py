@@ -2,7 +2,9 @@
 dropless dispatch, loss-free balancing (one and two processes), parameter/FLOP accounting at d24, optimizer
 routing, compilation, flags, and training through base_train."""
 
+import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -286,6 +288,30 @@ def test_bf16_grouped_path_traces_as_one_graph():
     for a, b in zip(outs[1][2], outs[0][2]):
         torch.testing.assert_close(a, b)
     torch._dynamo.reset()
+
+
+def test_looped_experts_run_eager_under_compile_even_when_first_called_there(monkeypatch):
+    """The looped path reads the segment lengths on the host (counts.tolist()); traced, dynamo would break there and
+    compile the rest specialised on those lengths (a recompile per routing). Its compile exclusion is applied
+    lazily (no torch._dynamo import when nanochat.moe loads), so check the case that laziness must survive: the
+    function's first call ever is inside a compiled forward (a fresh copy of the module's function)."""
+    spec = importlib.util.spec_from_file_location("moe_fresh_copy", moe_module.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, fresh)  # dynamo looks traced functions' globals up there
+    spec.loader.exec_module(fresh)
+    monkeypatch.setattr(moe_module, "_looped_experts", fresh._looped_experts)
+    torch._dynamo.reset()
+    layer = moe_layer()  # fp32: the looped path
+    compiling = []
+    for expert in layer.experts:
+        expert.register_forward_hook(lambda *_: compiling.append(torch.compiler.is_compiling()))
+    compiled = torch.compile(layer, backend="eager")
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):  # a new routing each time
+        x = torch.randn(2, 16, 64, generator=g)
+        torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    assert len(compiling) == 2 * 3 * layer.E and not any(compiling)  # every expert call ran eagerly
 
 
 @pytest.mark.slow  # ~80 s of inductor compilation on 2 CPU cores

@@ -86,6 +86,48 @@ def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
     assert "model config: sequence_len 32 (checkpoint) vs 16 (this run)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("vocab, seq_len, seed", [
+    (256, 8, 0), (3, 31, 7), (50257, 226, 2**33 + 5), (11, 227, -3),  # one output block (<= 227 words)
+    (13, 453, 1), (13, 454, 1), (17, 623, 2), (17, 624, 2), (19, 1300, 3)])  # the twist's blocks and repeats
+def test_synthetic_eval_rows_are_the_per_row_generators(vocab, seq_len, seed):
+    """The eval rows are drawn for all rows at once (nanochat.cpu_rng) but must be the rows of the per-row
+    generators (``SyntheticLoader._row``), bit for bit: the same val set as every earlier run of the seed."""
+    from nanochat.train_loop import SyntheticLoader, synthetic_eval_rows
+
+    rows = synthetic_eval_rows(vocab, seq_len, 37 * seq_len - 1, seed)
+    each = SyntheticLoader(vocab, 1, seq_len, seed=seed + 7_777_777)
+    assert torch.equal(rows, torch.stack([each._row(g) for g in range(37)]))
+    if (vocab, seq_len, seed) == (256, 8, 0):  # as drawn before the vectorised draw
+        assert rows[:3].tolist() == [[142, 145, 146, 147, 149, 150, 153, 155, 158],
+                                     [115, 116, 118, 119, 122, 125, 128, 131, 134],
+                                     [29, 30, 31, 32, 35, 38, 41, 44, 46]]
+
+
+def no_eval_rows(*a, **k):
+    raise AssertionError("the eval rows were built before the resume checks")
+
+
+def test_resume_refusals_come_before_the_eval_rows(tmp_path, capsys, monkeypatch):
+    """A requeue with a changed flag, a missing step or another world size is refused before the expensive set-up:
+    the synthetic eval rows alone take ~25 s at the default --eval-tokens and a 32-token context."""
+    from nanochat import train_setup
+
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "2") == 0
+    monkeypatch.setattr(train_setup, "synthetic_eval_rows", no_eval_rows)
+    assert train(run, "--num-iterations", "2", "--matrix-lr", "0.03", "--resume") == 2
+    assert "--matrix-lr 0.02 (checkpoint) != 0.03" in capsys.readouterr().err
+    assert train(run, "--num-iterations", "2", "--resume", "1") == 2
+    assert "no checkpoint step_000001" in capsys.readouterr().err
+    # a requeue on another number of processes: recorded in the checkpoint (as if 2 processes had written it)
+    meta_path = ckpt.step_dir(run, 2) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["world_size"] = 2
+    meta_path.write_text(json.dumps(meta))
+    assert train(run, "--num-iterations", "2", "--resume") == 2
+    assert "written by 2 processes but this run has 1" in capsys.readouterr().err
+
+
 def test_missing_and_corrupt_checkpoint_errors(tmp_path, capsys):
     run = tmp_path / "r"
     assert train(run, "--num-iterations", "2", "--resume") == 2
@@ -201,7 +243,7 @@ def test_bad_flags_fail_before_any_work(tmp_path, capsys, argv, needle):
     assert not run.exists()
 
 
-def test_real_data_resume_and_vocab_check(tmp_path, capsys, embedded_data_dir, tiny_tokenizer_dir):
+def test_real_data_resume_and_vocab_check(tmp_path, capsys, monkeypatch, embedded_data_dir, tiny_tokenizer_dir):
     common = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--depth", "1",
               "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64", "--device-batch-size", "2",
               "--total-batch-size", "256", "--eval-tokens", "512", "--eval-every", "-1", "--no-final-core",
@@ -219,6 +261,10 @@ def test_real_data_resume_and_vocab_check(tmp_path, capsys, embedded_data_dir, t
     assert losses(run) == full  # bit for bit: same process and threads, restored state (see test_resume_is_bit_exact)
     assert base_train.main([*common, "--run-dir", str(tmp_path / "v"), "--vocab-size", "999"]) == 2
     assert "does not match vocab_size 999" in capsys.readouterr().err
+    from nanochat import dataloader
+    monkeypatch.setattr(dataloader, "build_eval_rows", no_eval_rows)  # tokenising --eval-tokens of val text
+    assert base_train.main([*common, "--run-dir", str(run), "--resume", "--matrix-lr", "0.03"]) == 2
+    assert "--matrix-lr 0.02 (checkpoint) != 0.03" in capsys.readouterr().err
 
 
 from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
