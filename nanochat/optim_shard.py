@@ -382,11 +382,21 @@ def pack_state_dict(opt, dst: int | None = None) -> dict | None:
 
 
 def local_state(opt) -> dict:
-    """This rank's own state tensors (its shards, the replicated state), keyed like ``pack_state_dict``'s
-    "state" (a row-shard tail under "<index> tail"), as they are: no collective, no copy."""
+    """This rank's share of what ``pack_state_dict`` saves (its shards, the replicated state), keyed like its
+    "state" (a row-shard tail under "<index> tail"); views, no collective, no copy. A Muon chunk's padding
+    matrices are left out: they are never saved."""
     index = _param_index(opt)
     by_id = {id(p): i for p, i in index.items()}
-    return {(f"{by_id[key[1]]} tail" if isinstance(key, tuple) else index[key]): st for key, st in opt.state.items()}
+    muon = {id(b.params[0]): b for b in opt.buckets if isinstance(b, MuonBucket) and b.world > 1}
+    out = {}
+    for key, st in opt.state.items():
+        if isinstance(key, tuple):
+            out[f"{by_id[key[1]]} tail"] = st
+            continue
+        if id(key) in muon:
+            st = {k: v[:len(muon[id(key)].owned)] for k, v in st.items()}
+        out[index[key]] = st
+    return out
 
 
 def load_packed_state_dict(opt, state_dict: dict) -> None:

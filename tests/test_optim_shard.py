@@ -80,7 +80,11 @@ def test_local_state_covers_every_state_tensor_a_rank_holds(results):
     _, res = results
     for w in (1, 2, 4):
         r = res[w]
-        assert [n for _, n in r["local_state"]] == r["state_numel"], w
+        local = [n for _, n in r["local_state"]]
+        # all of each rank's state but the padding matrices of a Muon chunk (never saved): rank 0 has none, the
+        # last rank some (the tiny model has Muon groups of an odd number of matrices)
+        assert local[0] == r["state_numel"][0] and all(n <= s for n, s in zip(local, r["state_numel"])), w
+        assert (local[-1] < r["state_numel"][-1]) == (w > 1), (w, local, r["state_numel"])
         full = {str(i): sorted(st) for i, st in r["state_dict"]["state"].items()}
         seen = {}
         for keys, _ in r["local_state"]:
