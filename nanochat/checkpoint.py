@@ -204,17 +204,21 @@ def load_meta(run_dir, step: int | None = None) -> dict:
     return meta
 
 
-def _torch_load(path: Path, map_location):
+def _torch_load(path: Path, map_location, mmap: bool = False):
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file {path} is missing")
     try:
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as e:  # truncated or foreign file
         raise ValueError(f"corrupt checkpoint file {path}: {type(e).__name__}: {e}") from e
 
 
 def load_state(run_dir, step: int, map_location="cpu") -> dict:
-    return _torch_load(step_dir(run_dir, step) / "state.pt", map_location)
+    """``state.pt``, memory-mapped: every rank of a resume reads it, and each pages in only the rows of the
+    optimizer state it copies into its shard, not the whole (multi-GB at d24) state. The tensors are views of the
+    file: copy what is kept (``MuonAdamW.load_state_dict`` does). A checkpoint pruned later (--keep-last) is
+    unlinked, never rewritten, so a view still held reads the old bytes; it only pins the file's disk space."""
+    return _torch_load(step_dir(run_dir, step) / "state.pt", map_location, mmap=True)
 
 
 def config_from_meta(meta: dict):

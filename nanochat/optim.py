@@ -18,7 +18,9 @@ collective and is today's exact single-process update. A parameter that got no g
 it is by one process, but counts as a zero gradient with several (every rank joins every collective), so Adam
 and Muon still move it (momentum, decay): give every trained parameter a gradient each step, or freeze it
 (frozen parameters are left out of the groups). ``state_dict()`` is world-size independent (the full,
-unsharded state, gathered collectively: call it on every rank); ``load_state_dict`` takes each rank's shard.
+unsharded state, gathered collectively: call it on every rank); ``state_dict_on_rank0()`` is the same dict
+gathered onto rank 0 alone (None elsewhere), for a checkpoint only rank 0 writes; ``local_state()`` is this
+rank's own shards (no collective); ``load_state_dict`` takes each rank's shard.
 """
 
 import math
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nanochat.optim_shard import Bucket, build_buckets, load_packed_state_dict, pack_state_dict, world_info
+from nanochat.optim_shard import (Bucket, build_buckets, load_packed_state_dict, local_state, pack_state_dict,
+                                  world_info)
 
 # Polar Express coefficients (Amsel et al. 2025): 5 steps of X <- aX + (bA + cA^2)X with A = XX^T.
 POLAR_EXPRESS_COEFFS = (
@@ -294,6 +297,16 @@ class MuonAdamW(torch.optim.Optimizer):
     # -- checkpoints: the full (unsharded) state, same format for every world size ---------------------------
     def state_dict(self) -> dict:
         return pack_state_dict(self)
+
+    def state_dict_on_rank0(self) -> dict | None:
+        """``state_dict()`` on rank 0, None on the others (collective): one full copy in host memory per job
+        instead of one per rank (at d24 several GB each), the shards streamed to rank 0 one tensor at a time."""
+        return pack_state_dict(self, dst=0)
+
+    def local_state(self) -> dict:
+        """{index (as in ``state_dict()``): {name: tensor}} of the state this rank holds: enough to check the
+        whole state for non-finite values without gathering it (every rank checks its own)."""
+        return local_state(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         load_packed_state_dict(self, state_dict)

@@ -95,8 +95,9 @@ class Bucket:
     def grad_sq_sum(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def full_state(self, state: dict) -> dict:
-        """{param: {name: full CPU tensor}} for the parameters this bucket owns state for (collective)."""
+    def full_state(self, state: dict, dst: int | None = None) -> dict:
+        """{param: {name: full CPU tensor}} for the parameters this bucket owns state for (collective). With ``dst``
+        only that rank gets them (the others get {}): no other rank holds a full copy, even for a moment."""
         raise NotImplementedError
 
     def load_full_state(self, state: dict, full: dict) -> None:
@@ -113,6 +114,18 @@ def _to_param_device(value, p: torch.Tensor, name: str = ""):
     if value.is_floating_point():
         dtype = p.dtype if name in ("exp_avg", "exp_avg_sq") else torch.float32
     return value.to(device=p.device, dtype=dtype).clone()
+
+
+def _gather_shards(v: torch.Tensor, world: int, rank: int, dst: int | None) -> torch.Tensor | None:
+    """The (world * n, ...) concatenation of every rank's (n, ...) shard ``v``, on v's device: on every rank
+    (all-gather) or, with ``dst``, on rank dst only (gather; None elsewhere, which then allocates nothing)."""
+    if dst is None:
+        full = torch.empty((v.shape[0] * world, *v.shape[1:]), dtype=v.dtype, device=v.device)
+        dist.all_gather_into_tensor(full, v.contiguous())
+        return full
+    full = torch.empty((v.shape[0] * world, *v.shape[1:]), dtype=v.dtype, device=v.device) if rank == dst else None
+    dist.gather(v.contiguous(), list(full.chunk(world)) if full is not None else None, dst=dst)
+    return full
 
 
 class ReplicatedBucket(Bucket):
@@ -149,7 +162,9 @@ class ReplicatedBucket(Bucket):
             return torch.zeros((), device=self.params[0].device)
         return torch.stack(sq).sum()
 
-    def full_state(self, state: dict) -> dict:
+    def full_state(self, state: dict, dst: int | None = None) -> dict:
+        if dst is not None and self.rank != dst:
+            return {}
         return {p: {k: v.detach().cpu().clone() for k, v in state[p].items()} for p in self.params if p in state}
 
     def load_full_state(self, state: dict, full: dict) -> None:
@@ -208,7 +223,7 @@ class RowShardBucket(Bucket):
         self.local_grad = self.tail_grad = None
         self.params[0].grad = None  # the full gradient is stale (only the local rows were averaged)
 
-    def full_state(self, state: dict) -> dict:
+    def full_state(self, state: dict, dst: int | None = None) -> dict:
         p = self.params[0]
         if p not in state:
             return {}
@@ -217,12 +232,13 @@ class RowShardBucket(Bucket):
             if v.dim() == 0:  # the step count: the same on every rank (and for the tail)
                 out[k] = v.detach().cpu().clone()
                 continue
-            full = torch.empty((v.shape[0] * self.world, *v.shape[1:]), dtype=v.dtype, device=v.device)
-            dist.all_gather_into_tensor(full, v.contiguous())
+            full = _gather_shards(v, self.world, self.rank, dst)
+            if full is None:
+                continue
             if self.tail_key is not None:
                 full = torch.cat([full, state[self.tail_key][k]])
             out[k] = full.cpu()
-        return {p: out}
+        return {p: out} if dst is None or self.rank == dst else {}
 
     def load_full_state(self, state: dict, full: dict) -> None:
         p = self.params[0]
@@ -297,7 +313,7 @@ class MuonBucket(Bucket):
                 p.grad = None
         self.local_grad = self.local_param = None
 
-    def full_state(self, state: dict) -> dict:
+    def full_state(self, state: dict, dst: int | None = None) -> dict:
         key = self.params[0]
         if key not in state:
             return {}
@@ -305,22 +321,24 @@ class MuonBucket(Bucket):
             return {key: {k: v.detach().cpu().clone() for k, v in state[key].items()}}
         out = {}
         for k, v in state[key].items():  # (c, ...) per rank -> (K, ...)
-            full = torch.empty((v.shape[0] * self.world, *v.shape[1:]), dtype=v.dtype, device=v.device)
-            dist.all_gather_into_tensor(full, v.contiguous())
-            out[k] = full[:self.K].cpu()
-        return {key: out}
+            full = _gather_shards(v, self.world, self.rank, dst)
+            if full is not None:
+                out[k] = full[:self.K].cpu()
+        return {key: out} if out else {}
 
     def load_full_state(self, state: dict, full: dict) -> None:
         key = self.params[0]
         if key not in full:
             return
         out = {}
+        mine = slice(min(self.first, self.K), min(self.first + self.chunk, self.K))  # empty for an all-padding rank
         for k, v in full[key].items():
             if v.shape[0] != self.K:
                 raise ValueError(f"optimizer state {k!r} of a Muon group has {v.shape[0]} matrices, expected {self.K}")
-            padded = torch.zeros((self.chunk * self.world, *v.shape[1:]), dtype=v.dtype)
-            padded[:self.K] = v
-            out[k] = _to_param_device(padded[self.first:self.first + self.chunk], key)
+            # only this rank's matrices are read: a memory-mapped checkpoint then pages in only those
+            chunk = torch.zeros((self.chunk, *v.shape[1:]), dtype=v.dtype)
+            chunk[:mine.stop - mine.start] = v[mine]
+            out[k] = _to_param_device(chunk, key)
         state[key] = out
 
 
@@ -344,20 +362,41 @@ def build_buckets(param_groups: list[dict], world: int, rank: int) -> list[Bucke
 
 
 # -- world-size independent state dicts (the format torch.optim.Optimizer.state_dict uses) -----------------------
-def pack_state_dict(opt) -> dict:
-    """Collective with more than one process: every rank must call it; every rank gets the full state on CPU."""
+def _param_index(opt) -> dict:
+    """{param: its index in the state dict}: the groups' parameters numbered in order, as torch numbers them."""
+    return {p: i for i, p in enumerate(p for group in opt.param_groups for p in group["params"])}
+
+
+def pack_state_dict(opt, dst: int | None = None) -> dict | None:
+    """Collective with more than one process: every rank must call it. Every rank gets the full state on CPU,
+    or with ``dst`` rank dst alone does and the others get None (they hold no full copy at any point)."""
     full = {}
     for b in opt.buckets:
-        full.update(b.full_state(opt.state))
-    index, groups = {}, []
-    for group in opt.param_groups:
-        packed = {k: v for k, v in group.items() if k != "params"}
-        packed["params"] = []
-        for p in group["params"]:
-            index[p] = len(index)
-            packed["params"].append(index[p])
-        groups.append(packed)
+        full.update(b.full_state(opt.state, dst))
+    if dst is not None and opt.rank != dst:
+        return None
+    index = _param_index(opt)
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [index[p] for p in group["params"]]}
+              for group in opt.param_groups]
     return {"state": {index[p]: st for p, st in full.items()}, "param_groups": groups}
+
+
+def local_state(opt) -> dict:
+    """This rank's share of what ``pack_state_dict`` saves (its shards, the replicated state), keyed like its
+    "state" (a row-shard tail under "<index> tail"); views, no collective, no copy. A Muon chunk's padding
+    matrices are left out: they are never saved."""
+    index = _param_index(opt)
+    by_id = {id(p): i for p, i in index.items()}
+    muon = {id(b.params[0]): b for b in opt.buckets if isinstance(b, MuonBucket) and b.world > 1}
+    out = {}
+    for key, st in opt.state.items():
+        if isinstance(key, tuple):
+            out[f"{by_id[key[1]]} tail"] = st
+            continue
+        if id(key) in muon:
+            st = {k: v[:len(muon[id(key)].owned)] for k, v in st.items()}
+        out[index[key]] = st
+    return out
 
 
 def load_packed_state_dict(opt, state_dict: dict) -> None:

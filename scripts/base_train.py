@@ -325,21 +325,21 @@ def repartition_data(run: Run, state: dict, step: int) -> None:
 def save(run: Run, reason: str) -> None:
     """Collective: every rank contributes its loader and RNG state; rank 0 writes atomically.
 
-    Never from non-finite numbers: every rank checks its parameters (rank 0's are the ones written) and rank 0
-    the gathered optimizer state; the verdict is all-reduced, so every rank raises NonFiniteParams together
-    (after the same collectives) and nothing is written."""
+    Never from non-finite numbers: every rank checks its parameters (rank 0's are the ones written) and its own
+    shards of the optimizer state (together, all of it); the verdict is all-reduced, so every rank raises
+    NonFiniteParams together (after the same collectives) and nothing is written. Only then is the optimizer
+    state gathered, onto rank 0 alone: one full copy in host memory per job, not one per rank."""
     step = run.loop["step"]
     loaders = gather_objects(run.data.loader.state_dict())
     rngs = gather_objects(ckpt.rng_state())
-    optimizer_state = run.optimizer.state_dict()  # collective: the sharded state is gathered on every rank
     stats = summed_stats_buffers(run.model)  # collective: routing-stats counters since the last log step
     bad = ckpt.nonfinite_tensors(run.model.state_dict())
-    if run.rank == 0:
-        bad += [f"optimizer state {name}" for name in ckpt.nonfinite_tensors(optimizer_state)]
+    bad += [f"optimizer state {name}" for name in ckpt.nonfinite_tensors({"state": run.optimizer.local_state()})]
     if any_rank(bool(bad), run.device):
         raise NonFiniteParams(f"non-finite values after step {step} in "
                               f"{', '.join(bad[:6]) + (' ...' if len(bad) > 6 else '') if bad else 'another rank'}",
                               bad)
+    optimizer_state = run.optimizer.state_dict_on_rank0()  # collective; None on the other ranks
     if run.rank == 0:
         state = {"optimizer": optimizer_state, "loop": {**run.loop, "wall_time": run.wall_time()}, "dataloader": loaders,
                  "rng": rngs, "world_size": run.world, "stats": stats}

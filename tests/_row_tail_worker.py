@@ -39,10 +39,13 @@ def run(load=None) -> dict:
         for p in tables:
             p.grad = None
     numel = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim())
-    sizes = [numel] * world
+    local = sum(v.numel() for st in opt.local_state().values() for v in st.values() if torch.is_tensor(v) and v.dim())
+    sizes, local_sizes = [numel] * world, [local] * world
     if world > 1:
         dist.all_gather_object(sizes, numel)
+        dist.all_gather_object(local_sizes, local)
     return {"tables": [p.detach().clone() for p in tables], "state_dict": opt.state_dict(), "state_numel": sizes,
+            "local_state_numel": local_sizes,
             "bucket_kinds": sorted(type(b).__name__ for b in opt.buckets), "grad_norm": float(opt.grad_norm)}
 
 

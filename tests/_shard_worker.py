@@ -7,11 +7,13 @@ Drives MuonAdamW on a tiny MoME model with gradients set directly: 4 "virtual ra
 averaged gradient every world size sees is the same number, exactly (sums and power-of-2 scalings of small
 dyadic values are exact in fp32). Whatever differs between world sizes is then the sharding itself, not
 summation order. With LOAD, the optimizer first loads that state dict (saved by another world size).
-Rank 0 writes OUT: parameters, the full state dict, collective counts/bytes per step, per-rank state sizes,
+Rank 0 writes OUT: parameters, the full state dict (and state_dict_on_rank0's, with both as torch.save bytes and
+what every rank got from it), collective counts/bytes per step, per-rank state sizes,
 the grad norm, and whether the gradient hooks launched every bucket during backward.
 Several OUT[,LOAD] runs go one after the other in one process group (each from a fresh model and optimizer): a
 torchrun start-up costs more than such a run on the CI's 2 cores.
 """
+import io
 import sys
 
 import torch
@@ -76,12 +78,29 @@ def run(out_path, load_path, rank: int, W: int, calls: dict) -> None:
         model.zero_grad(set_to_none=True)
 
     state_numel = sum(v.numel() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
-    sizes = [None] * W
+    local = opt.local_state()  # what this rank checks for non-finite values at a save
+    local_info = ({str(i): sorted(st) for i, st in local.items()},
+                  sum(v.numel() for st in local.values() for v in st.values() if torch.is_tensor(v)))
+    sizes, locals_ = [None] * W, [None] * W
     if W > 1:
         dist.all_gather_object(sizes, state_numel)
+        dist.all_gather_object(locals_, local_info)
     else:
-        sizes = [state_numel]
+        sizes, locals_ = [state_numel], [local_info]
     state_dict = opt.state_dict()  # collective
+    on_rank0 = opt.state_dict_on_rank0()  # collective: the same dict, gathered onto rank 0 only
+    # (a W-process job's rank 0 compares the two; the others report what they got)
+    got_rank0 = [None] * W
+    if W > 1:
+        dist.all_gather_object(got_rank0, None if on_rank0 is None else type(on_rank0).__name__)
+    else:
+        got_rank0 = [type(on_rank0).__name__]
+    saved_bytes = {}
+    if rank == 0:
+        for name, sd in (("state_dict", state_dict), ("state_dict_on_rank0", on_rank0)):
+            buf = io.BytesIO()
+            torch.save(sd, buf)
+            saved_bytes[name] = buf.getvalue()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     grad_norm = float(opt.grad_norm)
 
@@ -94,7 +113,8 @@ def run(out_path, load_path, rank: int, W: int, calls: dict) -> None:
     opt.step()
 
     if rank == 0:
-        torch.save({"params": params, "state_dict": state_dict, "grad_norm": grad_norm,
+        torch.save({"params": params, "state_dict": state_dict, "grad_norm": grad_norm, "on_rank0": on_rank0,
+                    "got_rank0": got_rank0, "saved_bytes": saved_bytes, "local_state": locals_,
                     "per_step": per_step, "state_numel": sizes, "buckets": len(opt.buckets),
                     "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
                     "launched_in_backward": launched_in_backward}, out_path)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from conftest import tiny_config
@@ -130,6 +131,57 @@ def test_training_state_is_loaded_on_the_cpu(tmp_path):
     loaded = ckpt.load_training_state(tmp_path, 1)
     assert loaded["rng"][0]["torch"].device.type == "cpu"
     ckpt.set_rng_state(loaded["rng"][0])
+
+
+def test_training_state_is_memory_mapped(tmp_path, monkeypatch):
+    """Every rank of a resume reads state.pt; mapped, each pages in only the optimizer rows it keeps (a full read
+    per rank is W copies of the state in a node's host memory)."""
+    from nanochat import checkpoint as ckpt
+
+    model = build_model(tiny_config(), seed=0)
+    ckpt.save_checkpoint(tmp_path, 1, model, {}, {"optimizer": build_optimizer(model).state_dict(), "loop": {},
+                                                  "dataloader": [{}], "rng": [ckpt.rng_state()], "world_size": 1})
+    calls = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    ckpt.load_training_state(tmp_path, 1)
+    assert [kw.get("mmap") for kw in calls] == [True]
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (2, 1), (3, 2)])
+def test_loaded_optimizer_state_holds_no_view_of_the_mapped_file(tmp_path, world, rank):
+    """load_state_dict copies its shard out of the loaded (memory-mapped) state: writing to the loaded tensors
+    afterwards leaves the optimizer alone. Several world sizes: row shards, a row-shard tail, Muon chunks with
+    padding (rank 2 of 3) each take their own slicing path. The buckets of a rank of a larger world are built
+    here without a process group (loading issues no collective)."""
+    from nanochat import optim_shard
+
+    model = build_model(tiny_config(memory="mome", memory_options={"slots": 4, "topk": 2}), seed=0)
+    opt = build_optimizer(model)
+    idx = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
+    model(idx[:, :-1], idx[:, 1:]).backward()
+    opt.step()
+    torch.save({"optimizer": opt.state_dict()}, tmp_path / "state.pt")
+    loaded = torch.load(tmp_path / "state.pt", weights_only=False, mmap=True)["optimizer"]
+
+    fresh = build_optimizer(model)
+    old_min = optim_shard.SHARD_MIN_NUMEL
+    optim_shard.SHARD_MIN_NUMEL = 1024  # the tiny tables and embeddings take the row-sharded path
+    try:
+        fresh.buckets = optim_shard.build_buckets(fresh.param_groups, world, rank)
+    finally:
+        optim_shard.SHARD_MIN_NUMEL = old_min
+    if world > 1:
+        kinds = {type(b).__name__ for b in fresh.buckets}
+        assert {"RowShardBucket", "MuonBucket"} <= kinds, kinds
+    fresh.load_state_dict(loaded)
+    before = [v.clone() for st in fresh.state.values() for v in st.values()]
+    assert before
+    for st in loaded["state"].values():
+        for v in st.values():
+            v.fill_(float("nan"))  # a private mapping: the file itself is not touched
+    after = [v for st in fresh.state.values() for v in st.values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
 def test_bf16_parameters_keep_bf16_adam_moments_across_a_checkpoint():

@@ -57,6 +57,43 @@ def test_sharded_update_equals_single_process(results):
         assert_state_close(res[1]["state_dict"], res[w]["state_dict"])
 
 
+def test_state_dict_gathered_on_rank0_alone_is_the_state_dict(results):
+    """The checkpoint path: rank 0 gets exactly state_dict()'s dict (the same bytes under torch.save, so the same
+    state.pt as before), every other rank gets None (no full copy in its host memory)."""
+    _, res = results
+    for w in (1, 2, 4):
+        r = res[w]
+        assert r["got_rank0"] == ["dict"] + [None] * (w - 1), w
+        a, b = r["state_dict"], r["on_rank0"]
+        assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+        for i in a["state"]:
+            assert a["state"][i].keys() == b["state"][i].keys()
+            for k, va in a["state"][i].items():
+                vb = b["state"][i][k]
+                assert va.dtype == vb.dtype and va.device == vb.device and torch.equal(va, vb), (w, i, k)
+        assert r["saved_bytes"]["state_dict"] == r["saved_bytes"]["state_dict_on_rank0"], w
+
+
+def test_local_state_covers_every_state_tensor_a_rank_holds(results):
+    """local_state() (each rank's non-finite check at a save) holds every tensor of the rank's state, under the
+    state dict's keys: together the ranks cover all of it."""
+    _, res = results
+    for w in (1, 2, 4):
+        r = res[w]
+        local = [n for _, n in r["local_state"]]
+        # all of each rank's state but the padding matrices of a Muon chunk (never saved): rank 0 has none, the
+        # last rank some (the tiny model has Muon groups of an odd number of matrices)
+        assert local[0] == r["state_numel"][0] and all(n <= s for n, s in zip(local, r["state_numel"])), w
+        assert (local[-1] < r["state_numel"][-1]) == (w > 1), (w, local, r["state_numel"])
+        full = {str(i): sorted(st) for i, st in r["state_dict"]["state"].items()}
+        seen = {}
+        for keys, _ in r["local_state"]:
+            for i, names in keys.items():
+                assert names == full[i.removesuffix(" tail")], (w, i)
+                seen[i.removesuffix(" tail")] = names
+        assert seen == full, w
+
+
 def test_collectives_per_step_follow_buckets_not_parameters(results):
     _, res = results
     assert res[1]["per_step"] == [{"collectives": 0, "bytes": 0}] * 3  # one process: no communication
@@ -138,6 +175,7 @@ def test_rows_that_the_world_size_does_not_divide_are_still_sharded(tmp_path):
     assert_state_close(stayed["state_dict"], moved["state_dict"])
     # per rank: 2 moments of (36 / 3 + 37 // 3 + the one tail row) rows of 64
     assert moved["state_numel"] == [2 * 64 * (12 + 12 + 1)] * 3
+    assert moved["local_state_numel"] == moved["state_numel"]  # the tail's moments are checked at a save too
 
 
 @pytest.mark.parametrize("row", ["d24_token_memory/engram", "d24_token_memory/bigram_12v", "d24/mome_a2_m12",

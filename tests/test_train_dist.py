@@ -155,6 +155,19 @@ def test_nonfinite_weights_on_one_rank_stop_every_rank_without_saving(tmp_path):
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"
 
 
+def test_nonfinite_optimizer_state_in_one_ranks_shard_stops_every_rank_without_saving(tmp_path):
+    """Every rank checks its own optimizer shards at a save (rank 0 no longer gathers the whole state to check
+    it): a NaN in a Muon matrix only rank 1 holds state for stops both ranks, rank 0 saying another rank."""
+    run = tmp_path / "r"
+    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2,
+                     ["--poison-optimizer", *TINY, *BATCH, "--num-iterations", "4", "--save-every", "2",
+                      "--run-dir", str(run)], timeout=120)
+    assert r.returncode != 0
+    assert "non-finite values after step 2 in another rank" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    assert ckpt.list_steps(run) == []
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"
+
+
 class _Clock:
     def __init__(self):
         self.now = 100.0

@@ -76,6 +76,33 @@ def test_resume_is_bit_exact(tmp_path):
     assert cfg["plan"]["num_iterations"] == 6 and cfg["model_config"]["memory"] == "mome"
 
 
+def test_resume_keeps_no_mapping_of_the_checkpoint_it_read(tmp_path, monkeypatch):
+    """state.pt is memory-mapped on resume; once restored, nothing may still point into it: --keep-last 1 prunes
+    that checkpoint two steps later, and a view still held would pin the deleted file's disk space (and read
+    from a file the run no longer owns)."""
+    from pathlib import Path
+
+    run = tmp_path / "r"
+    flags = ["--num-iterations", "4", "--save-every", "2", "--memory", "mome", "--mome-slots", "4", "--mome-topk", "1"]
+    assert train(run, *flags) == 0
+    import shutil
+    shutil.rmtree(ckpt.step_dir(run, 4))
+    state_pt = str(ckpt.step_dir(run, 2).resolve() / "state.pt")
+    mapped = []
+    real_restore = base_train.restore
+
+    def restore(run_, step):
+        real_restore(run_, step)
+        import gc
+        gc.collect()  # what restore dropped is gone; only what the run still holds stays mapped
+        mapped.append([line for line in Path("/proc/self/maps").read_text().splitlines() if state_pt in line])
+
+    monkeypatch.setattr(base_train, "restore", restore)
+    assert train(run, *flags, "--keep-last", "1", "--resume") == 0
+    assert mapped == [[]]
+    assert ckpt.list_steps(run) == [4]
+
+
 def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
     run = tmp_path / "r"
     assert train(run, "--num-iterations", "2") == 0
