@@ -183,7 +183,14 @@ class MuonAdamW(torch.optim.Optimizer):
         self._seen: list[Bucket] | None = None  # readiness order observed in the first armed step (then None)
         self._order_fixed = self.world == 1
 
+    def add_param_group(self, param_group: dict) -> None:
+        # torch's own, without its torch._disable_dynamo wrapper: that wrapper imports torch._dynamo (~2.5 s of CPU)
+        # in every training process, compiled or not; nothing here is traced (the optimizer is never compiled)
+        add = torch.optim.Optimizer.add_param_group
+        getattr(add, "__wrapped__", add)(self, param_group)
+
     # -- gradient hooks: launch a bucket's reduction as soon as its last gradient is final ------------------
+
     def arm_grad_hooks(self) -> None:
         """Call before the LAST micro-step's backward: each bucket's collective starts as soon as its gradients
         are accumulated, overlapping communication with the rest of the backward (and with later buckets).
