@@ -381,10 +381,11 @@ def test_config_round_trip_and_checkpoint(tmp_path):
         config_from_dict({**cfg.to_dict(), "family": "gpt5"})
 
 
-def test_importing_and_building_models_leaves_the_compiler_unloaded():
-    """torch._dynamo costs ~2.5 s of CPU to import: processes that never compile (dry runs, evals, refusals, the
-    start of every torchrun worker) must not pay it for the model code (nanochat.moe's compile exclusion is lazy)
-    or for building on the meta device (normal_ there would run torch's Python reference, which imports it)."""
+def test_importing_building_and_training_models_leaves_the_compiler_unloaded():
+    """torch._dynamo costs ~2.5 s of CPU to import: processes that never compile (dry runs, evals, refusals, every
+    torchrun worker of the suite) must not pay it for the model code (nanochat.moe's compile exclusion is lazy),
+    for building on the meta device (normal_ there would run torch's Python reference, which imports it) or for
+    the optimizer (torch's add_param_group wrapper imports it; MuonAdamW calls the unwrapped method)."""
     import subprocess
     import sys
 
@@ -395,6 +396,10 @@ def test_importing_and_building_models_leaves_the_compiler_unloaded():
             "small = dict(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32);"
             "[build_model(c, seed=0) and model_summary(c) for c in (GPTConfig(**small, mlp='moe', memory='mome'),"
             " LlamaConfig(**small, memory='ve'), Qwen3Config(**small, head_dim=16))];"
+            "import torch; from nanochat.families import param_groups; from nanochat.optim import MuonAdamW, OptimConfig;"
+            "m = build_model(GPTConfig(**small, memory='mome'), seed=0);"
+            "opt = MuonAdamW(param_groups(m, OptimConfig()));"
+            "x = torch.randint(0, 64, (2, 16)); m(x, x).backward(); opt.step();"
             "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
