@@ -119,12 +119,13 @@ def _to_param_device(value, p: torch.Tensor, name: str = ""):
 def _gather_shards(v: torch.Tensor, world: int, rank: int, dst: int | None) -> torch.Tensor | None:
     """The (world * n, ...) concatenation of every rank's (n, ...) shard ``v``, on v's device: on every rank
     (all-gather) or, with ``dst``, on rank dst only (gather; None elsewhere, which then allocates nothing)."""
-    if dst is None:
+    full = None
+    if dst is None or rank == dst:
         full = torch.empty((v.shape[0] * world, *v.shape[1:]), dtype=v.dtype, device=v.device)
+    if dst is None:
         dist.all_gather_into_tensor(full, v.contiguous())
-        return full
-    full = torch.empty((v.shape[0] * world, *v.shape[1:]), dtype=v.dtype, device=v.device) if rank == dst else None
-    dist.gather(v.contiguous(), list(full.chunk(world)) if full is not None else None, dst=dst)
+    else:
+        dist.gather(v.contiguous(), list(full.chunk(world)) if full is not None else None, dst=dst)
     return full
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from nanochat.families import meta_device
 from nanochat.gpt import GPT, GPTConfig
 from nanochat.memory import MEMORY_BLOCKS, default_memory_layers
 from nanochat.memory.mome import MoMEOptions
@@ -251,7 +252,7 @@ def name_map(config: GPTConfig) -> dict[str, str]:
 
 def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Our state-dict shapes for ``config``, computed on the meta device (no memory is allocated)."""
-    with torch.device("meta"):
+    with meta_device():
         model = GPT(config)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 

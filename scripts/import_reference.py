@@ -79,8 +79,9 @@ def load_reference_state(path: Path) -> dict:
 
 def import_reference(args) -> Path:
     from nanochat.checkpoint import save_checkpoint
-    from nanochat.gpt import GPT
     from nanochat.download import file_sha256
+    from nanochat.families import meta_device
+    from nanochat.gpt import GPT
     from nanochat.reference_format import config_from_reference, find_checkpoint, read_meta, state_from_reference
     from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
 
@@ -114,7 +115,7 @@ def import_reference(args) -> Path:
     token_bytes = read_reference_token_bytes(tb_path, tok) if tb_path else {"path": None}
 
     state, report = state_from_reference(load_reference_state(model_path), config)
-    with torch.device("meta"):
+    with meta_device():
         model = GPT(config)
     model.load_state_dict(state, strict=True, assign=True)  # strict: every entry of ours is filled, shapes equal
 
