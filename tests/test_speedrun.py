@@ -6,6 +6,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO
 from nanochat.plan import choose_layout, grad_accum_steps
@@ -93,12 +94,21 @@ def run_mode(monkeypatch, capsys, path, mode=None):
 
 
 @pytest.mark.skipif(pre.probe().torch_gpus > 0, reason="needs a torch that cannot use CUDA (this one can)")
-def test_gpu_machine_with_cpu_torch_stops_with_advice(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("built_for", [None, "13.0"])
+def test_gpu_machine_with_cpu_torch_stops_with_advice(built_for, tmp_path, monkeypatch, capsys):
+    """The advice names the cause: a CPU-only torch build, or a CUDA build that cannot start (the driver). The
+    installed build is set here: CI's is CPU-only, the GPU machine image's a CUDA one."""
+    monkeypatch.setattr(torch.version, "cuda", built_for)
     fake_nvidia_smi(tmp_path / "bin", 8)
     code, out, err = run_mode(monkeypatch, capsys, tmp_path / "bin")
     assert code == 2 and out == ""  # speedrun.sh stops here: no "cpu" for the shell to act on
     assert "nvidia-smi sees 8 GPU(s) but torch cannot use CUDA" in err
-    assert "CPU-only build" in err and "rm -rf .venv && bash speedrun.sh" in err
+    if built_for is None:
+        assert "CPU-only build" in err and "rm -rf .venv && bash speedrun.sh" in err
+    else:
+        assert "CPU-only" not in err
+        assert f"is built for CUDA {built_for} but cannot initialise it with NVIDIA driver 550.54.15" in err
+        assert "update the NVIDIA driver" in err
     assert "SPEEDRUN_MODE=cpu bash speedrun.sh" in err
     code, out, err = run_mode(monkeypatch, capsys, tmp_path / "bin", mode="cpu")  # the deliberate override
     assert (code, out) == (0, "cpu 0\n")
