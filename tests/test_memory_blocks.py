@@ -239,3 +239,14 @@ def test_cli_helpers():
         memory_config_from_args(_args("--memory", "mome", "--mome-index", "grouped", "--mome-slot-map", "/no/such"))
     with pytest.raises(SystemExit):
         _args("--mome-index", "hash")
+
+
+def test_mome_balance_lr_without_bias_balancing_is_refused():
+    """--mome-balance-lr steers only the bias of --mome-balance bias; with the default --mome-balance none it would
+    change nothing, so it is an error naming both flags (the reference's 125M configs carry such an inert
+    balance LR; families spec §11.12: a clean config rejects keys that have no effect)."""
+    with pytest.raises(ValueError, match="--mome-balance-lr 0.01 only applies with --mome-balance bias"):
+        memory_config_from_args(_args("--memory", "mome", "--mome-balance-lr", "0.01"))
+    opts = memory_config_from_args(_args("--memory", "mome", "--mome-balance", "bias", "--mome-balance-lr", "0.01"))
+    assert opts["memory_options"]["balance_lr"] == 0.01
+    assert memory_config_from_args(_args("--memory", "mome"))["memory_options"]["balance_lr"] == 0.001  # default
