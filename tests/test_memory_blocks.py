@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from nanochat.gpt import GPTConfig, build_model, model_summary
+from nanochat.gpt import GPT, GPTConfig, build_model, model_summary
 from nanochat.kv_cache import KVCache
 from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.hashing import bigram_hash
@@ -250,3 +250,52 @@ def test_mome_balance_lr_without_bias_balancing_is_refused():
     opts = memory_config_from_args(_args("--memory", "mome", "--mome-balance", "bias", "--mome-balance-lr", "0.01"))
     assert opts["memory_options"]["balance_lr"] == 0.01
     assert memory_config_from_args(_args("--memory", "mome"))["memory_options"]["balance_lr"] == 0.001  # default
+
+
+# -- init and optimizer groups of the nanochat memory blocks (reference model spec §9) -----------------------
+def test_nanochat_memory_init_values():
+    """VE and MoME tables U(+-sqrt(3/C)) (the backbone's matrix init), every gate and router zero (gamma = 1, tied
+    router logits), the Bigram table zero and its lambda 0.1 on the memory layers (0, unused, elsewhere)."""
+    C = 128
+    bound = (3 / C) ** 0.5
+    for memory in ("ve", "mome"):
+        mem = build_model(tiny_config(memory=memory, n_layer=4, n_embd=C), seed=0).memory
+        for table in mem.tables:
+            w = table.weight
+            assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound, memory  # uniform to the bound, not N(0, s)
+            assert abs(w.std().item() - bound / 3**0.5) < 0.02 * bound, memory
+        assert all(torch.all(g.proj.weight == 0) for g in mem.gates), memory
+    mome = build_model(tiny_config(memory="mome", n_layer=4, n_embd=C), seed=0).memory
+    assert all(torch.all(r.weight == 0) and torch.all(r.bias == 0) for r in mome.routers)
+    bigram = build_model(tiny_config(memory="bigram", n_layer=4, n_embd=C), seed=0).memory
+    assert torch.all(bigram.table.weight == 0) and all(torch.all(g.proj.weight == 0) for g in bigram.gates)
+    assert bigram.lambdas.tolist() == pytest.approx([0.0, 0.1, 0.0, 0.1])
+
+
+@pytest.mark.parametrize("memory,table_wd", [("ve", 0.001), ("mome", 0.001), ("bigram", 0.0)])
+def test_nanochat_memory_optimizer_groups(memory, table_wd):
+    """Memory tables: AdamW lr 0.2 x (C/768)^-0.5, betas (0.8, 0.995), eps 1e-10, decay 0.001 (Bigram 0); gates
+    and routers: Muon; router biases: AdamW at 0.02 x (C/768)^-0.5; Bigram lambdas with x0_lambdas (0.5, betas
+    (0.96, 0.95)). d24, so the width scale 0.5^0.5 is not 1."""
+    from nanochat.optim import OptimConfig, build_param_groups
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_depth(24, memory=memory))
+    groups = {g["name"]: g for g in build_param_groups(model, OptimConfig())}
+    s = 0.5**0.5
+    tables = groups["memory_tables"]
+    assert {id(p) for p in tables["params"]} == {id(p) for p in model.memory.memory_tables()}
+    assert tables["lr"] == pytest.approx(0.2 * s) and tables["betas"] == (0.8, 0.995)
+    assert tables["eps"] == 1e-10 and tables["weight_decay"] == table_wd
+    muon = {id(p) for g in groups.values() if g["kind"] == "muon" for p in g["params"]}
+    extra = {id(p) for p in groups.get("adam_extra", {"params": []})["params"]}
+    for gate in model.memory.gates:
+        assert id(gate.proj.weight) in muon
+    for router in getattr(model.memory, "routers", []):
+        assert id(router.weight) in muon and id(router.bias) in extra
+    if memory == "mome":
+        assert groups["adam_extra"]["lr"] == pytest.approx(0.02 * s) and groups["adam_extra"]["weight_decay"] == 0
+    if memory == "bigram":
+        x0 = groups["x0_lambdas"]
+        assert any(p is model.memory.lambdas for p in x0["params"])
+        assert x0["lr"] == 0.5 and x0["betas"] == (0.96, 0.95)
