@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -107,6 +106,29 @@ APPENDIX_STEPS = {"dense": 10_827, "mome_a2_m12": 10_795, "engram": 10_712, "moe
 RECONSTRUCTED = {"engram", "jtokm", "move_input"}
 
 
+# reference training spec §1.6: steps at 3e18 FLOPs x 524,288 tokens; a larger hidden router (6 x M x 768 per memory
+# layer) counts as compute, so MoME rows with more slots train on slightly fewer tokens
+D12_STEPS = {"base": 6450, "bigram": 6450, "ve": 6450, "mome_c1_m6": 6443, "mome_c2_m12": 6436, "mome_c1_m12": 6436,
+             "mome_c4_m24": 6421, "mome_c2_m24": 6421, "mome_c4_m48": 6393}
+
+
+def test_d12_rows_follow_the_paper_recipe_and_flop_target_steps(slot_maps):
+    from nanochat.plan import resolve_num_iterations
+
+    rows = [p for p in CONFIGS if p.parent.name == "d12"]
+    assert sorted(p.stem for p in rows) == sorted(D12_STEPS)
+    for path in rows:
+        cfg, s = _summary(path, slot_maps)
+        train = cfg["train"]
+        assert (train["target-flops"], train["total-batch-size"], train["max-seq-len"], train["dataset"]) == \
+            (3e18, 524_288, 2048, "fineweb-edu"), path.stem
+        assert (train["eval-tokens"], cfg["row"]["seeds"], cfg["row"]["nproc_per_node"]) == \
+            (20_971_520, [42, 43, 44], 4), path.stem
+        steps, _ = resolve_num_iterations(None, train["target-flops"], 8, s["flops_per_token"],
+                                          train["total-batch-size"], s["params_backbone"])
+        assert steps == D12_STEPS[path.stem], path.stem
+
+
 @pytest.mark.parametrize("key", sorted(APPENDIX_TOTALS))
 def test_appendix_rows_exact_totals_steps_and_paper_rounding(key, slot_maps):
     cfg, s = _summary(REPO / "configs" / f"{key}.toml", slot_maps)
@@ -116,7 +138,10 @@ def test_appendix_rows_exact_totals_steps_and_paper_rounding(key, slot_maps):
     assert (round(stored / 1e6) if paper == 780 else round(stored / 1e5) / 10) == paper
     if active is not None:
         assert s["params_active"] == active and round(active / 1e5) / 10 == cfg["paper"]["params_active_m"]
-    steps = round(6e19 / (s["flops_per_token"] * 1_048_576))
+    train = cfg["train"]  # the paper's appendix recipe (spec §1), read from the row as the runner reads it
+    assert (train["target-flops"], train["total-batch-size"], train["dataset"]) == (6e19, 1_048_576, "climbmix")
+    assert cfg["row"]["seeds"] == [42]
+    steps = round(train["target-flops"] / (s["flops_per_token"] * train["total-batch-size"]))
     name = key.split("/")[1]
     assert steps == APPENDIX_STEPS[name] if name in APPENDIX_STEPS else abs(steps - 10_827) <= 35, steps
 

@@ -272,3 +272,33 @@ def test_prepare_data_count_flags_must_be_positive(flag, tmp_path, capsys):
     assert e.value.code == 2
     assert f"argument {flag}: must be an integer >= 1 (got '0')" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_importing_every_module_creates_no_files_and_fetches_no_kernel(tmp_path):
+    """Importing the library and the scripts has no side effects (reference training spec §7.10: their dataset
+    module created its data directory at import, and FlashAttention-3 was fetched from the kernels hub at import even
+    when SDPA was asked for): a fresh process with HOME and the working directory in empty folders imports every
+    module of nanochat/ and scripts/; afterwards both folders are still empty, and no flash-attention, kernels-hub,
+    W&B, datasets or hub module was loaded (they load when a run asks for them)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    code = ("import importlib, pkgutil, sys; import nanochat, scripts\n"
+            "names = [m.name for m in pkgutil.walk_packages(nanochat.__path__, 'nanochat.')]\n"
+            "names += [m.name for m in pkgutil.iter_modules(scripts.__path__, 'scripts.')]\n"
+            "[importlib.import_module(n) for n in names]\n"
+            "heavy = ('kernels', 'flash_attn', 'flash_attn_interface', 'wandb', 'datasets', 'huggingface_hub')\n"
+            "print(len(names), sorted(k for k in sys.modules if k.split('.')[0] in heavy))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANOCHAT_", "HF_", "XDG_"))}
+    env.update(HOME=str(home), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, loaded = r.stdout.split(" ", 1)
+    assert int(count) > 40 and loaded.strip() == "[]", r.stdout
+    assert not any(home.iterdir()) and not any(cwd.iterdir()), (list(home.rglob("*")), list(cwd.rglob("*")))

@@ -69,6 +69,30 @@ def test_row_configs_dry_run_to_the_exact_counts():
         assert train["num-iterations"] * train["total-batch-size"] in (4_999_610_368, 19_999_490_048)
 
 
+# families spec §7: (GPUs, device batch, eval every) of each row as the reference ran it; every row: seed 42,
+# 2,097,152 eval tokens per split, final train + val bpb and CORE, warmup 0 (MobileLLM) or 1% = 381 steps (Qwen3)
+FAMILY_LAYOUT = {"m125_base": (4, 64, 1907), "m350_base": (4, 16, 1907), "m350_stem": (4, 8, 7629),
+                 "qwen3_stem": (8, 8, 7629)}
+
+
+def test_row_configs_carry_the_references_recipe_and_layout():
+    from nanochat.row_config import REPO, load_row_config
+    from nanochat.schedules import ScheduleConfig
+
+    for path in sorted((REPO / "configs" / "families").glob("*.toml")):
+        cfg = load_row_config(path)
+        train, row, name = cfg["train"], cfg["row"], path.stem
+        default = {"m125": (4, 32, 1907), "m350": (4, 16, 7629), "qwen3": (4, 8, 7629)}[name.split("_")[0]]
+        assert (row["nproc_per_node"], train["device-batch-size"], train["eval-every"]) == \
+            FAMILY_LAYOUT.get(name, default), name
+        assert (row["seeds"], train["eval-tokens"], train["total-batch-size"], train["max-seq-len"]) == \
+            ([42], 2_097_152, 524_288, 2048), name
+        assert train.get("final-core", True) and train.get("final-train-bpb", True), name
+        schedule = ScheduleConfig(train["num-iterations"], train["warmup-ratio"], train.get("warmdown-ratio", 0.4))
+        assert (schedule.warmup_iters, schedule.warmdown_iters) == \
+            ((381, 15_258) if name.startswith("qwen3") else (0, {"m125": 3814, "m350": 15_258}[name[:4]])), name
+
+
 def test_family_geometry_rules():
     assert [llama_ffn_hidden(c) for c in (576, 960, 256, 100)] == [1536, 2560, 768, 512]
     assert (C125.n_head * C125.head_dim, Q06.n_head * Q06.head_dim) == (576, 2048)  # Qwen3's query width != C

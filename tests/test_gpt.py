@@ -143,3 +143,20 @@ def test_meta_build_has_no_storage():
     with torch.device("meta"):
         model = GPT(GPTConfig.from_depth(24))
     assert model.wte.weight.is_meta
+
+
+def test_softcap_is_computed_in_fp32_under_bf16_autocast():
+    """Logits = 15 tanh(z / 15) with z = the bf16 lm_head output upcast BEFORE the softcap (model spec §9: softcap in
+    fp32): the tanh of bf16 z in bf16 would round each logit to bf16's 8 bits."""
+    model = build_model(tiny_config(), seed=0)
+    torch.nn.init.normal_(model.lm_head.weight, std=0.5)  # logits ~ N(0, 5^2): well inside the softcap's curve
+    idx = torch.randint(0, 512, (2, 8), generator=torch.Generator().manual_seed(0))
+    head_out = {}
+    model.lm_head.register_forward_hook(lambda m, i, out: head_out.update(z=out))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)
+    z = head_out["z"]
+    assert z.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    expect = 15.0 * torch.tanh(z[..., :512].float() / 15.0)
+    assert torch.equal(logits, expect)
+    assert not torch.equal(logits, (15.0 * torch.tanh(z[..., :512] / 15.0)).float())  # the bf16 softcap differs

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from nanochat.gpt import GPTConfig, build_model, model_summary
+from nanochat.gpt import GPT, GPTConfig, build_model, model_summary
 from nanochat.kv_cache import KVCache
 from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.hashing import bigram_hash
@@ -124,7 +124,9 @@ def _perturb(model):
 
 
 @pytest.mark.parametrize("memory,opts", [("bigram", {}), ("mome", {}), ("mome", {"index": "bigram", "bigram_factor": 2}),
-                                         ("ve", {}), ("mome", {"routing": "fixed-random"})])
+                                         ("ve", {}), ("mome", {"routing": "fixed-random"}),
+                                         ("mome", {"routing": "token-only"}), ("mome", {"topk": 1, "router_input": "value"}),
+                                         ("mome", {"topk": 6})])
 def test_kv_decoding_equals_full_forward(memory, opts):
     model = build_model(tiny_config(memory=memory, memory_options=opts), seed=0).eval()
     _perturb(model)
@@ -239,3 +241,97 @@ def test_cli_helpers():
         memory_config_from_args(_args("--memory", "mome", "--mome-index", "grouped", "--mome-slot-map", "/no/such"))
     with pytest.raises(SystemExit):
         _args("--mome-index", "hash")
+
+
+def test_mome_balance_lr_without_bias_balancing_is_refused():
+    """--mome-balance-lr steers only the bias of --mome-balance bias; with the default --mome-balance none it would
+    change nothing, so it is an error naming both flags (the reference's 125M configs carry such an inert
+    balance LR; families spec §11.12: a clean config rejects keys that have no effect)."""
+    with pytest.raises(ValueError, match="--mome-balance-lr 0.01 only applies with --mome-balance bias"):
+        memory_config_from_args(_args("--memory", "mome", "--mome-balance-lr", "0.01"))
+    opts = memory_config_from_args(_args("--memory", "mome", "--mome-balance", "bias", "--mome-balance-lr", "0.01"))
+    assert opts["memory_options"]["balance_lr"] == 0.01
+    assert memory_config_from_args(_args("--memory", "mome"))["memory_options"]["balance_lr"] == 0.001  # default
+
+
+# -- init and optimizer groups of the nanochat memory blocks (reference model spec §9) -----------------------
+def test_nanochat_memory_init_values():
+    """VE and MoME tables U(+-sqrt(3/C)) (the backbone's matrix init), every gate and router zero (gamma = 1, tied
+    router logits), the Bigram table zero and its lambda 0.1 on the memory layers (0, unused, elsewhere)."""
+    C = 128
+    bound = (3 / C) ** 0.5
+    for memory in ("ve", "mome"):
+        mem = build_model(tiny_config(memory=memory, n_layer=4, n_embd=C), seed=0).memory
+        for table in mem.tables:
+            w = table.weight
+            assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound, memory  # uniform to the bound, not N(0, s)
+            assert abs(w.std().item() - bound / 3**0.5) < 0.02 * bound, memory
+        assert all(torch.all(g.proj.weight == 0) for g in mem.gates), memory
+    mome = build_model(tiny_config(memory="mome", n_layer=4, n_embd=C), seed=0).memory
+    assert all(torch.all(r.weight == 0) and torch.all(r.bias == 0) for r in mome.routers)
+    bigram = build_model(tiny_config(memory="bigram", n_layer=4, n_embd=C), seed=0).memory
+    assert torch.all(bigram.table.weight == 0) and all(torch.all(g.proj.weight == 0) for g in bigram.gates)
+    assert bigram.lambdas.tolist() == pytest.approx([0.0, 0.1, 0.0, 0.1])
+
+
+@pytest.mark.parametrize("memory,table_wd", [("ve", 0.001), ("mome", 0.001), ("bigram", 0.0)])
+def test_nanochat_memory_optimizer_groups(memory, table_wd):
+    """Memory tables: AdamW lr 0.2 x (C/768)^-0.5, betas (0.8, 0.995), eps 1e-10, decay 0.001 (Bigram 0); gates
+    and routers: Muon; router biases: AdamW at 0.02 x (C/768)^-0.5; Bigram lambdas with x0_lambdas (0.5, betas
+    (0.96, 0.95)). d24, so the width scale 0.5^0.5 is not 1."""
+    from nanochat.optim import OptimConfig, build_param_groups
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_depth(24, memory=memory))
+    groups = {g["name"]: g for g in build_param_groups(model, OptimConfig())}
+    s = 0.5**0.5
+    tables = groups["memory_tables"]
+    assert {id(p) for p in tables["params"]} == {id(p) for p in model.memory.memory_tables()}
+    assert tables["lr"] == pytest.approx(0.2 * s) and tables["betas"] == (0.8, 0.995)
+    assert tables["eps"] == 1e-10 and tables["weight_decay"] == table_wd
+    muon = {id(p) for g in groups.values() if g["kind"] == "muon" for p in g["params"]}
+    extra = {id(p) for p in groups.get("adam_extra", {"params": []})["params"]}
+    for gate in model.memory.gates:
+        assert id(gate.proj.weight) in muon
+    for router in getattr(model.memory, "routers", []):
+        assert id(router.weight) in muon and id(router.bias) in extra
+    if memory == "mome":
+        assert groups["adam_extra"]["lr"] == pytest.approx(0.02 * s) and groups["adam_extra"]["weight_decay"] == 0
+    if memory == "bigram":
+        x0 = groups["x0_lambdas"]
+        assert any(p is model.memory.lambdas for p in x0["params"])
+        assert x0["lr"] == 0.5 and x0["betas"] == (0.96, 0.95)
+
+
+ROUND_TRIP = [("ve", {}, {}), ("bigram", {}, {}), ("mome", {}, {}), ("mome", {"index": "bigram", "bigram_factor": 2}, {}),
+              ("mome", {"routing": "token-only"}, {}), ("mome", {"routing": "fixed-random"}, {}),
+              ("mome", {"balance": "bias"}, {}), ("mome", {"topk": 1, "router_input": "value"}, {}),
+              ("engram", {"compression": "identity", "dim": 64, "heads": 2, "first_prime": 101}, {}),
+              ("jtok", {}, {}), ("jtokm", {}, {}), ("move_input", {"experts": 5, "rank": 8}, {}),
+              ("mome", {}, {"mlp": "moe", "moe_hidden": 64})]
+
+
+@pytest.mark.parametrize("memory,opts,backbone", ROUND_TRIP, ids=lambda x: str(x) if x else "")
+def test_checkpoint_round_trip_is_exact_for_every_block(tmp_path, memory, opts, backbone):
+    """save_checkpoint -> load_model rebuilds the same config and gives bit-identical logits for every memory design
+    (and the MoE FFN), with every parameter and float buffer (but the RoPE tables) moved off its init, so a buffer
+    the forward reads but the checkpoint lacks shows (reference training spec §6: a round-trip per block type)."""
+    from nanochat import checkpoint as ckpt
+
+    model = build_model(tiny_config(memory=memory, memory_options=opts, n_layer=4, **backbone), seed=0).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():  # e.g. the balancing bias; not the RoPE tables, rebuilt on load
+            if b.is_floating_point() and not name.startswith("rope_"):
+                b.add_(0.3 * torch.randn(b.shape, generator=g))
+    ckpt.save_checkpoint(tmp_path, 5, model, {})
+    loaded, meta = ckpt.load_model(tmp_path, 5)
+    loaded.eval()
+    assert meta["step"] == 5 and loaded.config == model.config
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    idx = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx), model(idx))

@@ -8,9 +8,7 @@ the weighted sum of stored memory vectors and the gated injection into v. Output
 import pytest
 import torch
 
-from conftest import tiny_config
-from nanochat.memory.mome import MoMEMemory
-from mome_fixtures import C, GROUP, HEADS, VOCAB, mome_config, random_block
+from mome_fixtures import HEADS, VOCAB, mome_config, random_block
 
 
 def _config(tmp_path, M, K, index, **extra):
@@ -167,7 +165,7 @@ def test_fixed_random_routing_equals_its_definition(tmp_path):
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
     fast = block.value(1, xn, v, block.prepare(tokens, None))
-    table, gate_w, (B, T, H, d) = block.tables[0].weight, block.gates[0].proj.weight, v.shape
+    table, gate_w, (B, T, H, _) = block.tables[0].weight, block.gates[0].proj.weight, v.shape
     offsets = block.fixed_offset
     assert len({tuple(offsets[x].tolist()) for x in range(VOCAB)}) > 20  # of 36 (offset per head) pairs: they vary
     out = torch.empty_like(v)
@@ -193,7 +191,7 @@ def test_balance_bias_moves_the_selection_but_not_the_weights(tmp_path, index):
     tokens, xn, v = _inputs(cfg, T=8)
     fast = block.value(1, xn, v, block.prepare(tokens, None))
     router, table = block.routers[0], block._table(0)
-    gate_w, (B, T, H, d) = block.gates[0].proj.weight, v.shape
+    gate_w, (B, T, H, _) = block.gates[0].proj.weight, v.shape
     out, moved = torch.empty_like(v), 0
     for b in range(B):
         for t in range(T):

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import tiny_config
 from nanochat.engine import generate, generate_uncached

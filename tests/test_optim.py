@@ -312,3 +312,16 @@ def _check_muon_against_reference():
                 # norm ratio, doubled wd, swapped second-moment axis) moves some p by >= 5e-3 within 2 steps
                 err = (p.detach().double() - pr).abs().max().item()
                 assert err < 1e-5, (step, s, i, err)
+
+
+def test_grad_norm_is_the_global_l2_norm_of_the_gradients():
+    """The logged grad norm (training spec §7.7: the reference logged none) is the L2 norm over every parameter's
+    gradient, Muon and AdamW groups alike, read before the update changes anything."""
+    model = build_model(tiny_config(memory="mome"), seed=0)
+    opt = build_optimizer(model)
+    idx = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
+    model(idx[:, :-1], idx[:, 1:]).backward()
+    expect = torch.linalg.vector_norm(torch.stack([p.grad.double().norm() for p in model.parameters()
+                                                   if p.grad is not None]))
+    opt.step()
+    assert float(opt.grad_norm) == pytest.approx(float(expect), rel=1e-5)

@@ -7,8 +7,8 @@ import torch
 from conftest import tiny_config
 from nanochat.gpt import build_model
 from nanochat.memory import mome as mome_module
-from nanochat.memory.mome import MoMEMemory, mome_mix_fused, mome_mix_reference
-from mome_fixtures import C, GROUP, HEADS, VOCAB, mome_config, random_block
+from nanochat.memory.mome import mome_mix_fused, mome_mix_reference
+from mome_fixtures import HEADS, mome_config, random_block
 
 
 def _config(tmp_path, M, K, index, **extra):

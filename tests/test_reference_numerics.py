@@ -49,9 +49,6 @@ def test_malicious_pickle_is_refused_without_running(tmp_path):
 
 
 def test_other_pickles_are_refused_with_a_clear_error(tmp_path, monkeypatch):
-    import tiktoken
-    import tiktoken.registry
-
     with pytest.raises(TokenizerError, match=r"refusing to load global builtins\.eval"):
         unpickle_encoding_state(b"cbuiltins\neval\n(S'1+1'\ntR.")
     with pytest.raises(TokenizerError, match="holds a dict, expected a pickled tiktoken Encoding"):

@@ -110,6 +110,11 @@ def memory_config_from_args(args) -> dict:
             options[key] = value
         elif value != kwargs["default"]:
             raise ValueError(f"{flag} only applies to --memory {block} (got --memory {memory})")
+    # checked here, not in MoMEOptions: a checkpoint that recorded such an inert value must still load
+    lr_default = next(kw["default"] for _, flag, _, kw in BLOCK_FLAGS if flag == "--mome-balance-lr")
+    if memory == "mome" and options["balance"] != "bias" and options["balance_lr"] != lr_default:
+        raise ValueError(f"--mome-balance-lr {options['balance_lr']} only applies with --mome-balance bias (got "
+                         f"--mome-balance {options['balance']}); it would change nothing: drop it")
     if memory == "mome" and options["slot_map"]:
         path = Path(options["slot_map"]).resolve()
         options["slot_map"] = str(path)
