@@ -8,8 +8,9 @@ the weights, so a slot-map file that is no longer on disk is not needed. Before 
 checked: its model config must equal this run's field for field as the model resolves it (``auto``/0 defaults
 as the values they stand for), except the context length and the training-time settings stored in the model
 config (``training_settings``: this run's are used), and its tokenizer (the fingerprint its checkpoint records,
-or for an imported run the tokenizer inside its run dir) must be this run's. Every rank hashes the model.pt it
-loads, through the handle it loads from, and the ranks must agree.
+or for an imported run the tokenizer inside its run dir) must be this run's. These checks run before the eval rows
+and the model are built (``checked_source``); the weights are loaded after (``start_from_source``). Every rank
+hashes the model.pt it loads, through the handle it loads from, and the ranks must agree.
 
 The source (resolved run dir, step, sha256 of its model.pt) is recorded in config.json, every checkpoint's meta
 and summary.json (``init_from``). A resume takes the weights from the run's own checkpoint and never reads the
@@ -260,11 +261,10 @@ def load_hashed_weights(model, run_dir, step: int, device) -> str:
     return sha
 
 
-def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
-    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank, once every
-    rank has read the same model.pt (a rank that cannot, or read another file, stops them all). Collective. Returns
-    the record for config.json, checkpoints and summary.json. ``data_sha256``: this run's prepared data (None:
-    synthetic), to tell whether the source read it in this order."""
+def checked_source(args, run_dir: Path, config, tokenizer, data_sha256: str | None) -> dict:
+    """The --init-from source, checked on rank 0 for every rank (collective) before the expensive set-up, so that a
+    wrong source fails in seconds, as a wrong --resume does: the record ``start_from_source`` loads from.
+    ``data_sha256``: this run's prepared data (None: synthetic), to tell whether the source read it in this order."""
 
     def decide() -> dict:
         source, step, meta = resolve_source(args.init_from, run_dir)
@@ -273,11 +273,17 @@ def start_from_source(model, args, run_dir: Path, config, tokenizer, device, dat
         return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
                 "note": note}
 
-    record = rank0_decides(decide)
+    return rank0_decides(decide)
+
+
+def start_from_source(model, checked: dict, device) -> dict:
+    """Load the weights of the source ``checked_source`` accepted into ``model`` on every rank, once every rank has
+    read the same model.pt (a rank that cannot, or read another file, stops them all). Collective. Returns the
+    record for config.json, checkpoints and summary.json."""
+    record = {k: v for k, v in checked.items() if k != "note"}  # the note is printed: config.json has both configs
     record["model_sha256"] = load_hashed_weights(model, record["run_dir"], record["step"], device)
-    note = record.pop("note")  # printed, not recorded: config.json has both models' configs
     print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}; "
-           f"{note}); optimizer, LR schedule, step count and data order start fresh")
+           f"{checked['note']}); optimizer, LR schedule, step count and data order start fresh")
     return record
 
 

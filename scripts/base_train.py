@@ -108,6 +108,7 @@ class Run:
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
     resume: ResumePoint | None = None
+    init_source: dict | None = None  # the --init-from source as checked before the set-up, loaded after it
 
     def wall_time(self) -> float:
         """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
@@ -187,8 +188,11 @@ def build_run(args, stack: ExitStack) -> Run:
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
     run_dir = resolve_run_dir(args)
-    # before the expensive set-up (eval rows, CORE bundle, model): a requeue with wrong flags fails in seconds
+    # before the expensive set-up (eval rows, CORE bundle, model): a requeue with wrong flags, or a wrong
+    # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
     resume = resume_point(args, run_dir, config, plan, data, info.world_size)
+    source = init_from.checked_source(args, run_dir, config, data.tokenizer, data.data_sha256) \
+        if resume is None and args.init_from else None
     load_eval_rows(args, data, info.rank, info.world_size)
     data.bundle = resolve_bundle(args)
     seed_everything(args.seed)
@@ -205,7 +209,7 @@ def build_run(args, stack: ExitStack) -> Run:
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
-               data, autocast, loop=loop, attention=attention, resume=resume)
+               data, autocast, loop=loop, attention=attention, resume=resume, init_source=source)
 
 
 def resolved_config(run: Run) -> dict:
@@ -482,14 +486,14 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
 
 
 def prepare_resume(run: Run) -> int | None:
-    """Load the --resume checkpoint that ``resume_point`` checked (clear errors for corrupt files), or start from
-    --init-from's source. A rank that cannot load it stops all ranks (none trains alone)."""
+    """Load the --resume checkpoint that ``resume_point`` checked (clear errors for corrupt files), or the weights
+    of the --init-from source that ``init_from.checked_source`` checked. A rank that cannot load them stops all
+    ranks (none trains alone)."""
     resumed_at = run.resume.step if run.resume else None
     if run.resume is not None:
         every_rank_ok(lambda: restore(run, run.resume))  # e.g. a file corrupt on one node only
-    if resumed_at is None and run.args.init_from:
-        run.init_from = init_from.start_from_source(run.model, run.args, run.run_dir, run.config, run.data.tokenizer,
-                                                    run.device, run.data.data_sha256)
+    if run.init_source is not None:
+        run.init_from = init_from.start_from_source(run.model, run.init_source, run.device)
     # e.g. a slot map neither on disk nor in the checkpoint, or on disk but not the checkpoint's
     every_rank_ok(lambda: run.model.memory.check_ready(training=True))
     return resumed_at

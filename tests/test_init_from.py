@@ -510,3 +510,24 @@ def test_a_source_rewritten_in_place_after_hashing_is_refused(tmp_path, source, 
     assert f"--init-from source {target.resolve()} changed while it was read" in err, err
     assert not (tmp_path / "a" / "metrics.jsonl").exists()
 
+
+def test_a_wrong_source_is_refused_before_the_eval_rows_and_the_model(tmp_path, source, monkeypatch, capsys,
+                                                                       embedded_data_dir, tiny_tokenizer_dir):
+    """Like a bad --resume, a wrong --init-from (no such run or step, another architecture, another tokenizer) fails
+    in seconds: before the eval rows are tokenized and the model and optimizer are built."""
+    def slow_work(*a, **k):
+        raise AssertionError("the expensive set-up started before the --init-from checks")
+
+    monkeypatch.setattr(base_train, "load_eval_rows", slow_work)
+    monkeypatch.setattr(base_train, "build_model", slow_work)
+    for spec, extra, needle in ((tmp_path / "missing", [], "no such run directory"),
+                                (f"{source}:9", [], "no checkpoint step_000009"),
+                                (source, ["--mome-slots", "6"], "memory_options.slots 4 (source) vs 6 (this run)")):
+        assert train(tmp_path / "r", *MOME, *extra, "--num-iterations", "1", "--init-from", str(spec)) == 2
+        assert needle in capsys.readouterr().err
+    # a run on data (a tokenizer) from the synthetic-data source (none recorded)
+    assert base_train.main(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "32", *MOME,
+                            "--init-from", str(source), "--run-dir", str(tmp_path / "d")]) == 2
+    assert "records no tokenizer (trained on --synthetic-data" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()
