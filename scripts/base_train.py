@@ -188,13 +188,13 @@ def build_run(args, stack: ExitStack) -> Run:
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
     run_dir = resolve_run_dir(args)
-    # before the expensive set-up (eval rows, CORE bundle, model): a requeue with wrong flags, or a wrong
+    # before the expensive set-up (CORE bundle, eval rows, model): a requeue with wrong flags, or a wrong
     # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
     resume = resume_point(args, run_dir, config, plan, data, info.world_size)
     source = init_from.checked_source(args, run_dir, config, data.tokenizer, data.data_sha256) \
         if resume is None and args.init_from else None
+    data.bundle = resolve_bundle(args)  # may download: a missing --bundle fails before the eval rows' tokenizing
     load_eval_rows(args, data, info.rank, info.world_size)
-    data.bundle = resolve_bundle(args)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
     # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
