@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nanochat import checkpoint as ckpt
+from nanochat import train_resume
 from scripts import base_train
 
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
@@ -89,7 +90,7 @@ def test_resume_keeps_no_mapping_of_the_checkpoint_it_read(tmp_path, monkeypatch
     shutil.rmtree(ckpt.step_dir(run, 4))
     state_pt = str(ckpt.step_dir(run, 2).resolve() / "state.pt")
     mapped = []
-    real_restore = base_train.restore
+    real_restore = train_resume.restore
 
     def restore(run_, step):
         real_restore(run_, step)
@@ -97,7 +98,7 @@ def test_resume_keeps_no_mapping_of_the_checkpoint_it_read(tmp_path, monkeypatch
         gc.collect()  # what restore dropped is gone; only what the run still holds stays mapped
         mapped.append([line for line in Path("/proc/self/maps").read_text().splitlines() if state_pt in line])
 
-    monkeypatch.setattr(base_train, "restore", restore)
+    monkeypatch.setattr(train_resume, "restore", restore)
     assert train(run, *flags, "--keep-last", "1", "--resume") == 0
     assert mapped == [[]]
     assert ckpt.list_steps(run) == [4]
