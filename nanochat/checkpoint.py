@@ -204,11 +204,16 @@ def load_meta(run_dir, step: int | None = None) -> dict:
     return meta
 
 
-def _torch_load(path: Path, map_location, mmap: bool = False):
-    if not path.is_file():
+def _torch_load(path: Path, map_location, mmap: bool = False, file=None):
+    """``file``: ``path`` already open, read again from its start through that handle, not by name (whatever was
+    renamed over the path since it was opened). torch.load opens a path as a file object too, so both read alike;
+    mmap needs the name (it maps the path), so it cannot be combined with ``file``."""
+    if file is None and not path.is_file():
         raise FileNotFoundError(f"checkpoint file {path} is missing")
     try:
-        return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
+        if file is not None:
+            file.seek(0)
+        return torch.load(path if file is None else file, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as e:  # truncated or foreign file
         raise ValueError(f"corrupt checkpoint file {path}: {type(e).__name__}: {e}") from e
 
@@ -307,9 +312,19 @@ def load_training_state(run_dir, step: int) -> dict:
     return state
 
 
-def load_model_weights(model, run_dir, step: int, map_location="cpu") -> None:
-    """Load a checkpoint's weights into an existing model (strict: the architecture must match)."""
-    state = _torch_load(step_dir(run_dir, step) / "model.pt", map_location)
+def open_model_file(run_dir, step: int):
+    """model.pt of a checkpoint, opened for reading (``load_model_weights(..., file=)``)."""
+    path = step_dir(run_dir, step) / "model.pt"
+    try:
+        return open(path, "rb")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"checkpoint file {path} is missing") from e
+
+
+def load_model_weights(model, run_dir, step: int, map_location="cpu", file=None) -> None:
+    """Load a checkpoint's weights into an existing model (strict: the architecture must match). ``file``: its
+    model.pt as opened before (``open_model_file``), read through that handle."""
+    state = _torch_load(step_dir(run_dir, step) / "model.pt", map_location, file=file)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

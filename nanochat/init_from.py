@@ -8,8 +8,9 @@ the weights, so a slot-map file that is no longer on disk is not needed. Before 
 checked: its model config must equal this run's field for field as the model resolves it (``auto``/0 defaults
 as the values they stand for), except the context length and the training-time settings stored in the model
 config (``training_settings``: this run's are used), and its tokenizer (the fingerprint its checkpoint records,
-or for an imported run the tokenizer inside its run dir) must be this run's. Every rank hashes the model.pt it
-loads, and the ranks must agree.
+or for an imported run the tokenizer inside its run dir) must be this run's. These checks run before the eval rows
+and the model are built (``checked_source``); the weights are loaded after (``start_from_source``). Every rank
+hashes the model.pt it loads, through the handle it loads from, and the ranks must agree.
 
 The source (resolved run dir, step, sha256 of its model.pt) is recorded in config.json, every checkpoint's meta
 and summary.json (``init_from``). A resume takes the weights from the run's own checkpoint and never reads the
@@ -17,6 +18,9 @@ source again, but refuses an --init-from that names another source than the reco
 """
 
 import dataclasses
+import hashlib
+import os
+from contextlib import ExitStack
 from pathlib import Path
 
 from nanochat import checkpoint as ckpt
@@ -197,14 +201,28 @@ def same_data_order_note(meta: dict, args, data_sha256: str | None) -> str:
             "source's training documents first, in the source's order: pass another --data-seed to start elsewhere")
 
 
-def same_file_on_every_rank(path: Path) -> str:
-    """The sha256 of ``path`` as every rank reads it; the same error on every rank if they read different bytes
-    (a node whose copy of the source differs: each rank loads the file itself). Collective. Every rank hashes the
-    whole file (the 5.5 GB d24 model.pt: seconds, the ranks of a node in parallel)."""
-    from nanochat.download import file_sha256
+def _sha256_of(f) -> str:
+    """The sha256 of an open binary file from its start, read in 1 MiB pieces (never the whole file at once)."""
+    f.seek(0)
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _size_and_mtime(f) -> tuple[int, int]:
+    st = os.fstat(f.fileno())
+    return st.st_size, st.st_mtime_ns
+
+
+def same_file_on_every_rank(path: Path, f) -> str:
+    """The sha256 of ``path`` (open as ``f`` on this rank) as every rank reads it; the same error on every rank if
+    they read different bytes (a node whose copy of the source differs: each rank loads the file itself).
+    Collective. Every rank hashes the whole file (the 5.5 GB d24 model.pt: seconds, the ranks of a node in
+    parallel)."""
     from nanochat.train_loop import gather_objects
 
-    seen = gather_objects((str(path), every_rank_ok(lambda: file_sha256(path))))
+    seen = gather_objects((str(path), every_rank_ok(lambda: _sha256_of(f))))
     ranks = {}
     for rank, (_, sha) in enumerate(seen):
         ranks.setdefault(sha, []).append(rank)
@@ -217,11 +235,36 @@ def same_file_on_every_rank(path: Path) -> str:
     return seen[0][1]
 
 
-def start_from_source(model, args, run_dir: Path, config, tokenizer, device, data_sha256: str | None = None) -> dict:
-    """Check the source on rank 0 (for every rank), then load its weights into ``model`` on every rank, once every
-    rank has read the same model.pt (a rank that cannot, or read another file, stops them all). Collective. Returns
-    the record for config.json, checkpoints and summary.json. ``data_sha256``: this run's prepared data (None:
-    synthetic), to tell whether the source read it in this order."""
+def load_hashed_weights(model, run_dir, step: int, device) -> str:
+    """Load the checkpoint's model.pt into ``model`` on every rank; returns its sha256, the same on every rank.
+    Collective. Hashed and loaded through one open file, so the bytes hashed are the bytes loaded: a checkpoint
+    saved again meanwhile is renamed into place (nanochat.checkpoint) and the open file keeps reading the one it
+    opened; a file rewritten in place (copied over) changes its size or modification time and is refused. The hash
+    is a read of its own (torch.load reads the zip archive out of order): the file is read twice, never held twice."""
+    path = ckpt.step_dir(run_dir, step) / "model.pt"
+    with ExitStack() as stack:
+        def open_it():
+            f = stack.enter_context(ckpt.open_model_file(run_dir, step))
+            return f, _size_and_mtime(f)
+
+        f, opened = every_rank_ok(open_it)
+        sha = same_file_on_every_rank(path, f)
+
+        def load():
+            ckpt.load_model_weights(model, run_dir, step, map_location=device, file=f)
+            if _size_and_mtime(f) != opened:
+                raise ValueError(f"{FLAG} source {path} changed while it was read (its size or modification time "
+                                 "differs from when it was opened: written in place, e.g. copied over): start again "
+                                 "once nothing writes to it")
+
+        every_rank_ok(load)
+    return sha
+
+
+def checked_source(args, run_dir: Path, config, tokenizer, data_sha256: str | None) -> dict:
+    """The --init-from source, checked on rank 0 for every rank (collective) before the expensive set-up, so that a
+    wrong source fails in seconds, as a wrong --resume does: the record ``start_from_source`` loads from.
+    ``data_sha256``: this run's prepared data (None: synthetic), to tell whether the source read it in this order."""
 
     def decide() -> dict:
         source, step, meta = resolve_source(args.init_from, run_dir)
@@ -230,14 +273,17 @@ def start_from_source(model, args, run_dir: Path, config, tokenizer, device, dat
         return {"spec": args.init_from, "run_dir": str(source), "step": step, "reason": meta.get("reason"),
                 "note": note}
 
-    record = rank0_decides(decide)
-    # hashed before loading, not while: torch.load reads the zip archive out of order; the file changing between
-    # the two reads is not guarded against
-    record["model_sha256"] = same_file_on_every_rank(ckpt.step_dir(record["run_dir"], record["step"]) / "model.pt")
-    every_rank_ok(lambda: ckpt.load_model_weights(model, record["run_dir"], record["step"], map_location=device))
-    note = record.pop("note")  # printed, not recorded: config.json has both models' configs
+    return rank0_decides(decide)
+
+
+def start_from_source(model, checked: dict, device) -> dict:
+    """Load the weights of the source ``checked_source`` accepted into ``model`` on every rank, once every rank has
+    read the same model.pt (a rank that cannot, or read another file, stops them all). Collective. Returns the
+    record for config.json, checkpoints and summary.json."""
+    record = {k: v for k, v in checked.items() if k != "note"}  # the note is printed: config.json has both configs
+    record["model_sha256"] = load_hashed_weights(model, record["run_dir"], record["step"], device)
     print0(f"{FLAG}: weights of {describe(record)} (model.pt sha256 {record['model_sha256'][:12]}; "
-           f"{note}); optimizer, LR schedule, step count and data order start fresh")
+           f"{checked['note']}); optimizer, LR schedule, step count and data order start fresh")
     return record
 
 

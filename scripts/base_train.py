@@ -32,9 +32,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
-from nanochat import init_from
+from nanochat import init_from, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
-                             rank0_decides, resolve_dtype, seed_everything)
+                             resolve_dtype, seed_everything)
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.jsonfile import write_text_atomic
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
@@ -44,21 +44,14 @@ from nanochat.report import record_environment, write_run_report
 from nanochat.run_dir import claim_run_dir, ensure_writable, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_args import model_config, optim_config, parse_args
-from nanochat.train_loop import (StopSignal, any_rank, gather_objects, module_stats, restore_stats_buffers,
-                                 summed_stats_buffers, train_step)
+from nanochat.train_loop import StopSignal, any_rank, gather_objects, module_stats, summed_stats_buffers, train_step
+from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (RunData, existing_tokenizer, load_eval_rows, load_run_data, resolve_bundle, run_core,
                                   run_split_bpb, setup_attention, tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
 EXIT_NONFINITE = 3
-# Flags that change the optimisation trajectory: a resume with different values would not continue the run.
-TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "embedding_lr",
-                   "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
-                   "memory_lr", "memory_beta1", "memory_beta2", "memory_wd", "warmup_ratio", "warmdown_ratio",
-                   "final_lr_frac", "muon_momentum_start", "muon_momentum_end", "muon_momentum_ramp", "seed",
-                   "data_seed", "synthetic_data", "dtype")
-LR_KEYS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr")  # --resume-override-lr
 # the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
 GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
                  "x0_lambdas": "--scalar-lr", "scalars": "--scalar-lr", "memory_tables": "--memory-lr"}
@@ -74,14 +67,6 @@ class NonFiniteParams(NonFiniteLoss):
     def __init__(self, message: str, names: list[str]):
         super().__init__(message)
         self.names = names
-
-
-@dataclass
-class ResumePoint:
-    """The checkpoint --resume continues, checked against this run's flags before the expensive set-up."""
-    step: int
-    meta: dict
-    lr_changes: dict  # --resume-override-lr: {key: [checkpoint, now]}
 
 
 @dataclass
@@ -108,6 +93,7 @@ class Run:
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
     resume: ResumePoint | None = None
+    init_source: dict | None = None  # the --init-from source as checked before the set-up, loaded after it
 
     def wall_time(self) -> float:
         """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
@@ -187,10 +173,13 @@ def build_run(args, stack: ExitStack) -> Run:
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
     run_dir = resolve_run_dir(args)
-    # before the expensive set-up (eval rows, CORE bundle, model): a requeue with wrong flags fails in seconds
-    resume = resume_point(args, run_dir, config, plan, data, info.world_size)
+    # before the expensive set-up (CORE bundle, eval rows, model): a requeue with wrong flags, or a wrong
+    # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
+    resume = train_resume.resume_point(args, run_dir, config, plan, data, info.world_size)
+    source = init_from.checked_source(args, run_dir, config, data.tokenizer, data.data_sha256) \
+        if resume is None and args.init_from else None
+    data.bundle = resolve_bundle(args)  # may download: a missing --bundle fails before the eval rows' tokenizing
     load_eval_rows(args, data, info.rank, info.world_size)
-    data.bundle = resolve_bundle(args)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
     # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
@@ -205,7 +194,7 @@ def build_run(args, stack: ExitStack) -> Run:
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
-               data, autocast, loop=loop, attention=attention, resume=resume)
+               data, autocast, loop=loop, attention=attention, resume=resume, init_source=source)
 
 
 def resolved_config(run: Run) -> dict:
@@ -213,113 +202,6 @@ def resolved_config(run: Run) -> dict:
             "world_size": run.world, "device": str(run.device), "dtype": run.dtype, "attention": run.attention,
             "data": run.data.describe(), "torch": torch.__version__, "lr_overrides": run.lr_overrides,
             "init_from": run.init_from}
-
-
-def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict) -> dict:
-    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference.
-    With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
-    diffs, lr_changes = [], {}
-    diffs += [f"model config: {d}" for d in
-              init_from.config_differences(meta["model_config"], config.to_dict(), theirs="checkpoint")]
-    saved_args = meta.get("config", {}).get("args", {})
-    for key in TRAJECTORY_KEYS:
-        if key in saved_args and saved_args[key] != getattr(args, key):
-            if key in LR_KEYS and args.resume_override_lr:
-                lr_changes[key] = [saved_args[key], getattr(args, key)]
-                continue
-            diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
-    for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
-                                   ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
-        saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
-        if saved is not None and saved != getattr(data, key):
-            diffs.append(f"{flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
-                         f"({meta.get(where)})")
-    diffs += init_from.resume_differences(meta.get("config", {}).get("init_from"), args.init_from)
-    saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
-    if saved_n is not None and saved_n != plan["num_iterations"]:
-        diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
-    if diffs:
-        lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS)
-        hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
-                "--resume-override-lr)") if lr_hint else ""
-        raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
-                         + "\n  ".join(diffs) + hint)
-    return lr_changes
-
-
-def override_lrs(run: Run, step: int, changes: dict, fresh_initial_lrs: list[float]) -> None:
-    """--resume-override-lr: the groups keep the LRs built from this run's flags (load_state_dict restored the
-    checkpoint's); the change is recorded in config.json (lr_overrides) and metrics.jsonl (kind "resume")."""
-    for group, lr in zip(run.optimizer.param_groups, fresh_initial_lrs):
-        group["initial_lr"] = lr
-    run.lr_override_now = {"step": step, "changes": {k: {"checkpoint": old, "now": new}
-                                                     for k, (old, new) in changes.items()}}
-    run.lr_overrides.append(run.lr_override_now)
-    print0(f"--resume-override-lr: continuing from step {step} with "
-           + ", ".join(f"--{k.replace('_', '-')} {new} (checkpoint {old})" for k, (old, new) in changes.items())
-           + "; recorded in config.json (lr_overrides) and metrics.jsonl")
-
-
-def check_world_size(args, step: int, saved_world: int, world: int) -> None:
-    if saved_world != world and not args.resume_new_world_size:
-        raise ValueError(f"--resume: checkpoint step {step} was written by {saved_world} processes but this run has "
-                         f"{world}; the data order is per rank, so an exact resume needs the same world size. "
-                         "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
-
-
-def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: int) -> ResumePoint | None:
-    """The cheap half of --resume (the step, its files, its flags and world size against this run's), so that
-    ``restore`` after the model is built only loads. Rank 0 picks the step for every rank; a rank that cannot
-    see or accept it stops all ranks (none trains alone). None: a fresh start."""
-    step = rank0_decides(lambda: ckpt.resolve_resume_step(run_dir, args.resume))
-    if step is None:
-        if args.resume == "auto":
-            print0(f"--resume auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from step 0")
-        return None
-    every_rank_ok(lambda: ckpt.require_files(run_dir, step))
-
-    def check() -> ResumePoint:
-        meta = ckpt.load_meta(run_dir, step)
-        lr_changes = check_resume_compatible(args, config, plan, data, meta)
-        saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
-        if saved_world is not None:
-            check_world_size(args, step, saved_world, world)
-        return ResumePoint(step, meta, lr_changes)
-
-    return every_rank_ok(check)
-
-
-def restore(run: Run, point: ResumePoint) -> None:
-    step, meta = point.step, point.meta
-    run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
-    run.init_from = meta.get("config", {}).get("init_from")  # recorded when the run started; not read again
-    fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
-    # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
-    state = ckpt.load_training_state(run.run_dir, step)
-    saved_world = state["world_size"]
-    check_world_size(run.args, step, saved_world, run.world)
-    ckpt.load_model_weights(run.model, run.run_dir, step, map_location=run.device)
-    run.optimizer.load_state_dict(state["optimizer"])
-    if point.lr_changes:
-        override_lrs(run, step, point.lr_changes, fresh_initial_lrs)
-    if saved_world == run.world:
-        run.data.loader.load_state_dict(state["dataloader"][run.rank])
-        ckpt.set_rng_state(state["rng"][run.rank])
-    else:
-        repartition_data(run, state, step)
-    restore_stats_buffers(run.model, state.get("stats", {}), run.rank)
-    run.loop = dict(state["loop"])
-    run.last_saved = step
-    print0(f"resumed from {ckpt.step_dir(run.run_dir, step)} (step {step}/{run.plan['num_iterations']})")
-
-
-def repartition_data(run: Run, state: dict, step: int) -> None:
-    """--resume-new-world-size: the loaders continue from the old ranks' states re-partitioned over this world
-    size (not token-for-token exact); RNG states are taken from old rank (rank mod old world size)."""
-    summary = run.data.loader.repartition(state["dataloader"])
-    ckpt.set_rng_state(state["rng"][run.rank % len(state["rng"])])
-    print0(f"--resume-new-world-size: step {step} was saved by {state['world_size']} processes, this run has "
-           f"{run.world}; data order re-partitioned ({summary})")
 
 
 def save(run: Run, reason: str) -> None:
@@ -482,14 +364,14 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
 
 
 def prepare_resume(run: Run) -> int | None:
-    """Load the --resume checkpoint that ``resume_point`` checked (clear errors for corrupt files), or start from
-    --init-from's source. A rank that cannot load it stops all ranks (none trains alone)."""
+    """Load the --resume checkpoint that ``train_resume.resume_point`` checked (clear errors for corrupt files), or
+    the weights of the --init-from source that ``init_from.checked_source`` checked. A rank that cannot load them
+    stops all ranks (none trains alone)."""
     resumed_at = run.resume.step if run.resume else None
     if run.resume is not None:
-        every_rank_ok(lambda: restore(run, run.resume))  # e.g. a file corrupt on one node only
-    if resumed_at is None and run.args.init_from:
-        run.init_from = init_from.start_from_source(run.model, run.args, run.run_dir, run.config, run.data.tokenizer,
-                                                    run.device, run.data.data_sha256)
+        every_rank_ok(lambda: train_resume.restore(run, run.resume))  # e.g. a file corrupt on one node only
+    if run.init_source is not None:
+        run.init_from = init_from.start_from_source(run.model, run.init_source, run.device)
     # e.g. a slot map neither on disk nor in the checkpoint, or on disk but not the checkpoint's
     every_rank_ok(lambda: run.model.memory.check_ready(training=True))
     return resumed_at

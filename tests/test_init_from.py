@@ -1,6 +1,7 @@
 """base_train --init-from RUN_DIR[:STEP]: a run that starts from another run's weights (nanochat/init_from.py)."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -448,3 +449,85 @@ def test_a_rank_reading_another_copy_of_the_source_stops_every_rank(tmp_path, so
         message = seen[rank]["rank 1 reads another copy"]
         assert message.startswith("ValueError: --init-from source") and str(path) in message, message
         assert f"rank 0 read sha256 {good[:12]}" in message and f"rank 1 read {bad[:12]}" in message, message
+
+
+# ---- the bytes hashed are the bytes loaded ----------------------------------------------------------------------
+def source_changed_after_hashing(monkeypatch, change) -> None:
+    """Run ``change()`` right after the ranks have compared the sha256 of the source's model.pt, before the
+    weights are loaded: the window in which another process could re-save or rewrite the source."""
+    from nanochat import init_from
+
+    real = init_from.same_file_on_every_rank
+
+    def then_change(*a, **k):
+        sha = real(*a, **k)
+        change()
+        return sha
+
+    monkeypatch.setattr(init_from, "same_file_on_every_rank", then_change)
+
+
+def test_a_source_resaved_after_hashing_still_loads_the_bytes_hashed(tmp_path, source, monkeypatch):
+    """A checkpoint is (re)written by renaming a complete file into place; the model.pt that was hashed must be the
+    one loaded, and the sha256 recorded must be that file's (not the replacement's)."""
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    hashed = ckpt.step_dir(src, 3) / "model.pt"
+    sha, weights = file_sha256(hashed), torch.load(hashed)
+
+    def resave_by_rename():  # the step-2 weights renamed over step 3's model.pt
+        shutil.copy(ckpt.step_dir(src, 2) / "model.pt", hashed.with_suffix(".new"))
+        os.replace(hashed.with_suffix(".new"), hashed)
+
+    source_changed_after_hashing(monkeypatch, resave_by_rename)
+    first = record_first_step(monkeypatch)
+    assert train(tmp_path / "a", *MOME, "--num-iterations", "1", "--init-from", str(src)) == 0
+    assert file_sha256(hashed) != sha  # the replacement happened
+    assert sorted(first["weights"]) == sorted(weights)
+    for name, tensor in weights.items():
+        assert torch.equal(first["weights"][name], tensor), name
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["init_from"]["model_sha256"] == sha
+
+
+def test_a_source_rewritten_in_place_after_hashing_is_refused(tmp_path, source, monkeypatch, capsys):
+    """A copy over the file (``cp other model.pt``) rewrites it in place: the open file then reads the new bytes,
+    so the run must stop, naming the file, rather than load weights other than the ones it hashed."""
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    target = ckpt.step_dir(src, 3) / "model.pt"
+    # written long before the run starts, as a real source is: file times are kept in coarse ticks (a few ms)
+    hour_ago = target.stat().st_mtime_ns - 3600 * 10**9
+    os.utime(target, ns=(hour_ago, hour_ago))
+
+    def rewrite_in_place():
+        with open(target, "r+b") as f:
+            f.write((ckpt.step_dir(src, 2) / "model.pt").read_bytes())
+            f.truncate()
+
+    source_changed_after_hashing(monkeypatch, rewrite_in_place)
+    assert train(tmp_path / "a", *MOME, "--num-iterations", "1", "--init-from", str(src)) == 2
+    err = capsys.readouterr().err
+    assert f"--init-from source {target.resolve()} changed while it was read" in err, err
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()
+
+
+def test_a_wrong_source_is_refused_before_the_eval_rows_and_the_model(tmp_path, source, monkeypatch, capsys,
+                                                                       embedded_data_dir, tiny_tokenizer_dir):
+    """Like a bad --resume, a wrong --init-from (no such run or step, another architecture, another tokenizer) fails
+    in seconds: before the eval rows are tokenized and the model and optimizer are built."""
+    def slow_work(*a, **k):
+        raise AssertionError("the expensive set-up started before the --init-from checks")
+
+    monkeypatch.setattr(base_train, "load_eval_rows", slow_work)
+    monkeypatch.setattr(base_train, "build_model", slow_work)
+    for spec, extra, needle in ((tmp_path / "missing", [], "no such run directory"),
+                                (f"{source}:9", [], "no checkpoint step_000009"),
+                                (source, ["--mome-slots", "6"], "memory_options.slots 4 (source) vs 6 (this run)")):
+        assert train(tmp_path / "r", *MOME, *extra, "--num-iterations", "1", "--init-from", str(spec)) == 2
+        assert needle in capsys.readouterr().err
+    # a run on data (a tokenizer) from the synthetic-data source (none recorded)
+    assert base_train.main(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "32", *MOME,
+                            "--init-from", str(source), "--run-dir", str(tmp_path / "d")]) == 2
+    assert "records no tokenizer (trained on --synthetic-data" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nanochat import checkpoint as ckpt
+from nanochat import train_resume
 from scripts import base_train
 
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
@@ -89,7 +90,7 @@ def test_resume_keeps_no_mapping_of_the_checkpoint_it_read(tmp_path, monkeypatch
     shutil.rmtree(ckpt.step_dir(run, 4))
     state_pt = str(ckpt.step_dir(run, 2).resolve() / "state.pt")
     mapped = []
-    real_restore = base_train.restore
+    real_restore = train_resume.restore
 
     def restore(run_, step):
         real_restore(run_, step)
@@ -97,7 +98,7 @@ def test_resume_keeps_no_mapping_of_the_checkpoint_it_read(tmp_path, monkeypatch
         gc.collect()  # what restore dropped is gone; only what the run still holds stays mapped
         mapped.append([line for line in Path("/proc/self/maps").read_text().splitlines() if state_pt in line])
 
-    monkeypatch.setattr(base_train, "restore", restore)
+    monkeypatch.setattr(train_resume, "restore", restore)
     assert train(run, *flags, "--keep-last", "1", "--resume") == 0
     assert mapped == [[]]
     assert ckpt.list_steps(run) == [4]
@@ -415,3 +416,20 @@ def test_resume_refuses_other_data_or_tokenizer_but_not_a_moved_copy(tmp_path, c
     Tokenizer(ranks, pattern=tok.pattern, special_tokens=list(tok.special_tokens)).save(moved_tok)
     assert resume(embedded_data_dir, moved_tok) == 2
     assert f"--tokenizer-dir: the tokenizer of {moved_tok.resolve()}" in capsys.readouterr().err
+
+
+def test_a_missing_core_bundle_is_refused_before_the_eval_rows(tmp_path, capsys, monkeypatch, embedded_data_dir,
+                                                               tiny_tokenizer_dir):
+    """--bundle is resolved (a download, without --bundle) before the eval rows are tokenized (up to hundreds of
+    thousands of rows), so a wrong --bundle fails in seconds."""
+    def slow_work(*a, **k):
+        raise AssertionError("the eval rows were built before the CORE bundle was resolved")
+
+    monkeypatch.setattr(base_train, "load_eval_rows", slow_work)
+    missing = tmp_path / "no-bundle"
+    assert base_train.main(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "32",
+                            "--bundle", str(missing), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"--bundle {missing}" in err, err
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,135 @@
+"""--resume for scripts/base_train.py, in two halves around the expensive set-up: ``resume_point`` (before it)
+picks the checkpoint and refuses flags that would not continue its run, in seconds; ``restore`` (after the model and
+optimizer are built) only loads it. ``run`` is the trainer's Run (scripts/base_train.py)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nanochat import checkpoint as ckpt
+from nanochat import init_from
+from nanochat.common import every_rank_ok, print0, rank0_decides
+from nanochat.train_loop import restore_stats_buffers
+from nanochat.train_setup import RunData
+
+# Flags that change the optimisation trajectory: a resume with different values would not continue the run.
+TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "embedding_lr",
+                   "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
+                   "memory_lr", "memory_beta1", "memory_beta2", "memory_wd", "warmup_ratio", "warmdown_ratio",
+                   "final_lr_frac", "muon_momentum_start", "muon_momentum_end", "muon_momentum_ramp", "seed",
+                   "data_seed", "synthetic_data", "dtype")
+LR_KEYS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr")  # --resume-override-lr
+
+
+@dataclass
+class ResumePoint:
+    """The checkpoint --resume continues, checked against this run's flags before the expensive set-up."""
+    step: int
+    meta: dict
+    lr_changes: dict  # --resume-override-lr: {key: [checkpoint, now]}
+
+
+def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict) -> dict:
+    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference.
+    With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
+    diffs, lr_changes = [], {}
+    diffs += [f"model config: {d}" for d in
+              init_from.config_differences(meta["model_config"], config.to_dict(), theirs="checkpoint")]
+    saved_args = meta.get("config", {}).get("args", {})
+    for key in TRAJECTORY_KEYS:
+        if key in saved_args and saved_args[key] != getattr(args, key):
+            if key in LR_KEYS and args.resume_override_lr:
+                lr_changes[key] = [saved_args[key], getattr(args, key)]
+                continue
+            diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
+    for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
+                                   ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
+        saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
+        if saved is not None and saved != getattr(data, key):
+            diffs.append(f"{flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
+                         f"({meta.get(where)})")
+    diffs += init_from.resume_differences(meta.get("config", {}).get("init_from"), args.init_from)
+    saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
+    if saved_n is not None and saved_n != plan["num_iterations"]:
+        diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
+    if diffs:
+        lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS)
+        hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
+                "--resume-override-lr)") if lr_hint else ""
+        raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
+                         + "\n  ".join(diffs) + hint)
+    return lr_changes
+
+
+def override_lrs(run, step: int, changes: dict, fresh_initial_lrs: list[float]) -> None:
+    """--resume-override-lr: the groups keep the LRs built from this run's flags (load_state_dict restored the
+    checkpoint's); the change is recorded in config.json (lr_overrides) and metrics.jsonl (kind "resume")."""
+    for group, lr in zip(run.optimizer.param_groups, fresh_initial_lrs):
+        group["initial_lr"] = lr
+    run.lr_override_now = {"step": step, "changes": {k: {"checkpoint": old, "now": new}
+                                                     for k, (old, new) in changes.items()}}
+    run.lr_overrides.append(run.lr_override_now)
+    print0(f"--resume-override-lr: continuing from step {step} with "
+           + ", ".join(f"--{k.replace('_', '-')} {new} (checkpoint {old})" for k, (old, new) in changes.items())
+           + "; recorded in config.json (lr_overrides) and metrics.jsonl")
+
+
+def check_world_size(args, step: int, saved_world: int, world: int) -> None:
+    if saved_world != world and not args.resume_new_world_size:
+        raise ValueError(f"--resume: checkpoint step {step} was written by {saved_world} processes but this run has "
+                         f"{world}; the data order is per rank, so an exact resume needs the same world size. "
+                         "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
+
+
+def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: int) -> ResumePoint | None:
+    """The cheap half of --resume (the step, its files, its flags and world size against this run's), so that
+    ``restore`` after the model is built only loads. Rank 0 picks the step for every rank; a rank that cannot
+    see or accept it stops all ranks (none trains alone). None: a fresh start."""
+    step = rank0_decides(lambda: ckpt.resolve_resume_step(run_dir, args.resume))
+    if step is None:
+        if args.resume == "auto":
+            print0(f"--resume auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from step 0")
+        return None
+    every_rank_ok(lambda: ckpt.require_files(run_dir, step))
+
+    def check() -> ResumePoint:
+        meta = ckpt.load_meta(run_dir, step)
+        lr_changes = check_resume_compatible(args, config, plan, data, meta)
+        saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
+        if saved_world is not None:
+            check_world_size(args, step, saved_world, world)
+        return ResumePoint(step, meta, lr_changes)
+
+    return every_rank_ok(check)
+
+
+def restore(run, point: ResumePoint) -> None:
+    step, meta = point.step, point.meta
+    run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
+    run.init_from = meta.get("config", {}).get("init_from")  # recorded when the run started; not read again
+    fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
+    # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
+    state = ckpt.load_training_state(run.run_dir, step)
+    saved_world = state["world_size"]
+    check_world_size(run.args, step, saved_world, run.world)
+    ckpt.load_model_weights(run.model, run.run_dir, step, map_location=run.device)
+    run.optimizer.load_state_dict(state["optimizer"])
+    if point.lr_changes:
+        override_lrs(run, step, point.lr_changes, fresh_initial_lrs)
+    if saved_world == run.world:
+        run.data.loader.load_state_dict(state["dataloader"][run.rank])
+        ckpt.set_rng_state(state["rng"][run.rank])
+    else:
+        repartition_data(run, state, step)
+    restore_stats_buffers(run.model, state.get("stats", {}), run.rank)
+    run.loop = dict(state["loop"])
+    run.last_saved = step
+    print0(f"resumed from {ckpt.step_dir(run.run_dir, step)} (step {step}/{run.plan['num_iterations']})")
+
+
+def repartition_data(run, state: dict, step: int) -> None:
+    """--resume-new-world-size: the loaders continue from the old ranks' states re-partitioned over this world
+    size (not token-for-token exact); RNG states are taken from old rank (rank mod old world size)."""
+    summary = run.data.loader.repartition(state["dataloader"])
+    ckpt.set_rng_state(state["rng"][run.rank % len(state["rng"])])
+    print0(f"--resume-new-world-size: step {step} was saved by {state['world_size']} processes, this run has "
+           f"{run.world}; data order re-partitioned ({summary})")
