@@ -9,6 +9,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# the session fixtures (prepared data, tiny tokenizer) for every test module: built once per session, where an
+# import into each module made one copy per module
+pytest_plugins = ["data_fixtures"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 
-from data_fixtures import tiny_tokenizer_dir, embedded_data_dir  # noqa: F401 (fixtures)
 from nanochat import checkpoint as ckpt
 from nanochat.dataset import DataError, write_manifest, write_text_shard
 from scripts import base_train

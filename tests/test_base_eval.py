@@ -277,9 +277,6 @@ def test_base_eval_reproduces_the_core_of_training_in_the_runs_dtype(tmp_path, c
     assert json.loads((tmp_path / "fp32" / "core.json").read_text())["dtype"] == "float32"
 
 
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
-
-
 # -- an interrupted evaluation continues -------------------------------------------------------------------------
 REPORTS = ("core.json", "core.csv", "core.md", "bpb.json")
 

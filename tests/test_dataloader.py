@@ -5,7 +5,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 
 from nanochat.dataloader import BestFitPacker, PackedDataLoader, build_eval_rows, iter_eval_batches
 from nanochat.dataset import DataError, write_manifest, write_text_shard

@@ -4,7 +4,6 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from data_fixtures import embedded_data_dir  # noqa: F401 (fixture)
 
 from nanochat.dataset import (DataError, iter_documents, load_manifest, remote_shard_plan, split_files,
                               validate_parquet)

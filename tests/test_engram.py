@@ -337,6 +337,3 @@ def test_compiles_fullgraph_in_training_mode():
     for p, q in ((model.memory.table.weight, ref.memory.table.weight),
                  (model.memory.fusions[0].conv_weight, ref.memory.fusions[0].conv_weight)):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
-
-
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)

@@ -121,9 +121,6 @@ def test_real_data_core_bpb_and_sampling(tmp_path, capsys, embedded_data_dir, ti
     assert "--- sample 0 (step 3) ---" in capsys.readouterr().out
 
 
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
-
-
 def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
     """Fake finished runs for two rows of the m125 block: BB-avg from core_tasks, Wall from tok/s vs the block's
     Base, the paper's numbers beside ours; the families plot draws every block (paper-only bars for missing runs)."""

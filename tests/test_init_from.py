@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from nanochat import checkpoint as ckpt
 from nanochat.download import file_sha256
 from scripts import base_train
@@ -215,7 +214,7 @@ def test_the_authors_imported_checkpoint_is_a_source(tmp_path, monkeypatch, caps
     assert "records no tokenizer (trained on --synthetic-data" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # ~30 s on 2 cores (torchrun start-up): RUN_SLOW=1
+# 2 processes (~8 s on 2 cores): the per-rank hash of the handle each rank loads from, in every CI run
 def test_two_processes_start_from_the_same_weights(tmp_path, source):
     """Under torchrun rank 0 checks the source and every rank loads it: the losses equal the 1-process run's up
     to the gradient-average summation order (test_train_dist.assert_losses_close)."""

@@ -228,9 +228,6 @@ def test_the_authors_slot_maps_load_and_are_checked_against_the_tokenizer(tmp_pa
         model.memory.bind_tokenizer(tok)
 
 
-from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
-
-
 def test_resume_without_the_slot_map_file_takes_the_checkpoints_map(tmp_path):
     """The checkpoint holds the map, so a resume needs no file (moved to another cluster, or rebuilt): the resumed
     run continues with the checkpoint's map, bit-exactly like an uninterrupted run."""

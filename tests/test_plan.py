@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from nanochat.gpt import GPTConfig, model_summary
 from nanochat.plan import batch_lr_scale, build_plan, grad_accum_steps, resolve_num_iterations
 from nanochat.train_args import parse_args

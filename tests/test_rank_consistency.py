@@ -14,7 +14,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import REPO, run_torchrun  # noqa: E402
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
 from test_base_eval import tiny_run  # noqa: E402,F401 (fixture)
 from test_train_e2e import TINY, losses  # noqa: E402
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from data_fixtures import TINY_VOCAB, embedded_data_dir, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+from data_fixtures import TINY_VOCAB
 
 TINY = ["--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024", "--num-iterations", "6",
         "--eval-every", "-1", "--eval-tokens", "2048", "--core-max-per-task", "2", "--save-every", "-1",

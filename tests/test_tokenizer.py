@@ -2,7 +2,6 @@ import time
 
 import pytest
 import torch
-from data_fixtures import embedded_data_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

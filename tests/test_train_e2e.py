@@ -295,9 +295,6 @@ def test_real_data_resume_and_vocab_check(tmp_path, capsys, monkeypatch, embedde
     assert "--matrix-lr 0.02 (checkpoint) != 0.03" in capsys.readouterr().err
 
 
-from data_fixtures import embedded_data_dir, tiny_tokenizer_dir  # noqa: E402,F401 (fixtures)
-
-
 def test_no_final_train_bpb_builds_no_train_rows(tmp_path, monkeypatch, embedded_data_dir, tiny_tokenizer_dir):
     """The train-split rows serve only the final "train bpb": without it they are neither tokenized at startup nor
     required to exist (a train split smaller than --eval-tokens must not fail the run)."""
