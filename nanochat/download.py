@@ -24,12 +24,17 @@ class DownloadError(RuntimeError):
     """A download failed or produced a bad file; the message says what to check."""
 
 
-def file_sha256(path) -> str:
+def stream_sha256(f) -> str:
+    """The sha256 of an open binary file from its position to its end, read in 1 MiB pieces (never whole)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
     return h.hexdigest()
+
+
+def file_sha256(path) -> str:
+    with open(path, "rb") as f:
+        return stream_sha256(f)
 
 
 def git_blob_sha1(path) -> str:

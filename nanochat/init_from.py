@@ -18,7 +18,6 @@ source again, but refuses an --init-from that names another source than the reco
 """
 
 import dataclasses
-import hashlib
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -201,15 +200,6 @@ def same_data_order_note(meta: dict, args, data_sha256: str | None) -> str:
             "source's training documents first, in the source's order: pass another --data-seed to start elsewhere")
 
 
-def _sha256_of(f) -> str:
-    """The sha256 of an open binary file from its start, read in 1 MiB pieces (never the whole file at once)."""
-    f.seek(0)
-    h = hashlib.sha256()
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-    return h.hexdigest()
-
-
 def _size_and_mtime(f) -> tuple[int, int]:
     st = os.fstat(f.fileno())
     return st.st_size, st.st_mtime_ns
@@ -220,9 +210,14 @@ def same_file_on_every_rank(path: Path, f) -> str:
     they read different bytes (a node whose copy of the source differs: each rank loads the file itself).
     Collective. Every rank hashes the whole file (the 5.5 GB d24 model.pt: seconds, the ranks of a node in
     parallel)."""
+    from nanochat.download import stream_sha256
     from nanochat.train_loop import gather_objects
 
-    seen = gather_objects((str(path), every_rank_ok(lambda: _sha256_of(f))))
+    def from_start() -> str:
+        f.seek(0)
+        return stream_sha256(f)
+
+    seen = gather_objects((str(path), every_rank_ok(from_start)))
     ranks = {}
     for rank, (_, sha) in enumerate(seen):
         ranks.setdefault(sha, []).append(rank)
