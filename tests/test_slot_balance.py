@@ -1,6 +1,7 @@
 """The final evaluation's MoME slot balance (nanochat/slot_balance.py): per (layer, row, head) MaxVio and absolute
 load deviation over visited sites, against a per-token Python loop over the paper's routing equations."""
 
+import json
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -111,6 +112,36 @@ def test_two_ranks_report_the_balance_of_all_rows(tmp_path):
     for rank in range(2):
         assert torch.load(tmp_path / f"out.rank{rank}.pt") == whole
         assert balance(rows[rank::2]) != whole  # the sum over the ranks matters
+
+
+def test_final_eval_and_base_eval_report_the_balance_of_each_split(tmp_path, capsys, embedded_data_dir,
+                                                                    tiny_tokenizer_dir):
+    """A tiny MoME run writes {split}_mome_maxvio / _abs_load_dev into summary.json and the final metrics record
+    and prints them; base_eval of its checkpoint (same rows, batch and dtype) writes the same numbers to bpb.json."""
+    from scripts import base_eval, base_train
+
+    run = tmp_path / "run"
+    common = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    assert base_train.main([*common, "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len",
+                            "32", "--device-batch-size", "4", "--total-batch-size", "128", "--eval-tokens", "512",
+                            "--eval-every", "-1", "--no-final-core", "--num-iterations", "2", "--memory", "mome",
+                            "--mome-slots", "4", "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    printed = capsys.readouterr().out
+    for split in ("val", "train"):
+        for key in (f"{split}_mome_maxvio", f"{split}_mome_abs_load_dev"):
+            assert summary[key] > 0 and final[key] == summary[key], key
+        assert f"final {split} MoME slot MaxVio {summary[f'{split}_mome_maxvio']:.6f}" in printed
+        assert f"| {split} MoME slot MaxVio / abs. load deviation | {summary[f'{split}_mome_maxvio']:.4f} / " \
+            in (run / "report.md").read_text()
+    assert base_eval.main(["--run", str(run), "--eval", "bpb", "--eval-tokens", "512", "--device-batch-size", "4",
+                           "--device-type", "cpu"]) == 0
+    bpb = json.loads(next((run / "eval").glob("step_*/bpb.json")).read_text())
+    for split in ("val", "train"):
+        assert bpb["splits"][split] == summary[f"{split}_bpb"]
+        assert bpb["mome_slot_balance"][split] == {"maxvio": summary[f"{split}_mome_maxvio"],
+                                                   "abs_load_dev": summary[f"{split}_mome_abs_load_dev"]}
 
 
 @pytest.mark.slow
