@@ -299,8 +299,12 @@ def run_report(run_dir) -> str:
         ("wall time", fmt_duration(s.get("wall_time_s"))), ("train time", fmt_duration(s.get("train_time_s"))),
         ("throughput (tok/s)", fmt_throughput(s)), ("MFU", fmt_mfu(s, env))])
     lines += ["", "## Results", ""]
+    # MoME only: the slot balance of the final bpb passes (nanochat.slot_balance)
+    balance = [(f"{split} MoME slot MaxVio / abs. load deviation",
+                f"{fmt(s[f'{split}_mome_maxvio'], '.4f')} / {fmt(s.get(f'{split}_mome_abs_load_dev'), '.4f')}")
+               for split in ("val", "train") if f"{split}_mome_maxvio" in s]
     lines += _kv_table([("val bpb", fmt(s.get("val_bpb"), ".6f")), ("train bpb", fmt(s.get("train_bpb"), ".6f")),
-                        ("CORE", fmt_core(s)), ("last train loss", fmt(_last_train_loss(run_dir), ".6f"))])
+                        *balance, ("CORE", fmt_core(s)), ("last train loss", fmt(_last_train_loss(run_dir), ".6f"))])
     if s.get("core_missing"):
         lines += ["", f"CORE tasks missing from the bundle: {', '.join(s['core_missing'])}."]
     lines += ["", "Files: `config.json` (resolved flags), `summary.json`, `metrics.jsonl`, `environment.json`, "

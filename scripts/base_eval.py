@@ -6,7 +6,8 @@
     torchrun --standalone --nproc_per_node=N -m scripts.base_eval --run-dir runs/X ...
     (under torchrun spell it --run-dir: torchrun's parser takes "--run" for an abbreviation of its --run-path)
 
-Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json (the output directory is checked
+Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json (for MoME also the slot balance of
+each split's routing, "mome_slot_balance": MaxVio and absolute load deviation; the output directory is checked
 writable before anything is evaluated). The tokenizer and data directory come from the checkpoint's meta.json
 ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given. CORE counts only the tasks whose data
 files exist and says so in its label (e.g. CORE-21/22).
@@ -36,6 +37,7 @@ from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import RunDirLock, ensure_writable
+from nanochat.slot_balance import describe, with_slot_balance
 
 PAPER_EVAL_TOKENS = 20_971_520
 
@@ -158,13 +160,19 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
         data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
                 "eval_tokens": args.eval_tokens}
         for split in splits:
-            def score_split():
+            def score_split():  # bpb, and for MoME the slot balance of the same forwards (nanochat.slot_balance)
                 rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank,
                                        world_size=world)
-                return evaluate_bpb(model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx)
+                bpb, balance = with_slot_balance(model, lambda: evaluate_bpb(
+                    model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx))
+                return {"bpb": bpb, "mome_slot_balance": balance}
 
-            out["splits"][split] = bpb = finished.get_or_run(f"split {split}", lambda: data, score_split)
-            print0(f"{split} bpb: {bpb:.6f}")
+            scored = finished.get_or_run(f"split {split}", lambda: data, score_split)
+            out["splits"][split] = scored["bpb"]
+            print0(f"{split} bpb: {scored['bpb']:.6f}")
+            if scored["mome_slot_balance"]:
+                balance = out.setdefault("mome_slot_balance", {})[split] = scored["mome_slot_balance"]
+                print0(f"{split} {describe(balance)}")
     for name, path in args.corpora.items():
         def score_corpus():
             x, y = every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len,

@@ -43,6 +43,7 @@ from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
 from nanochat.run_dir import claim_run_dir, ensure_writable, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
+from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.train_loop import StopSignal, any_rank, gather_objects, module_stats, summed_stats_buffers, train_step
 from nanochat.train_resume import ResumePoint
@@ -318,11 +319,15 @@ def train(run: Run, resumed_at: int | None) -> str:
 
 def final_eval(run: Run) -> dict:
     a = run.args
-    out = {"val_bpb": run_split_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast)}
-    print0(f"final val bpb {out['val_bpb']:.6f}")
-    if a.final_train_bpb and run.data.train_rows is not None:
-        out["train_bpb"] = run_split_bpb(run.model, run.data, a, run.rank, run.world, run.device, run.autocast, "train")
-        print0(f"final train bpb {out['train_bpb']:.6f}")
+    splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
+    out = {}
+    for split in splits:  # bpb, and for MoME the slot balance of the same pass (uncompiled model: see slot_balance)
+        out[f"{split}_bpb"], balance = with_slot_balance(run.model, lambda: run_split_bpb(
+            run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
+        print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
+        if balance:
+            out[f"{split}_mome_maxvio"], out[f"{split}_mome_abs_load_dev"] = balance["maxvio"], balance["abs_load_dev"]
+            print0(f"final {split} {describe(balance)}")
     if a.final_core and run.data.bundle is not None:
         res = run_core(run.model, run.data, a, run.device, run.autocast)
         out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"),

@@ -31,3 +31,17 @@ def random_block(cfg, seed=0):
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim > 1 else 0.3))
     return block
+
+
+def naive_row(cfg, block, tokens, b, t):
+    """The row n_t of position (b, t) by the paper's indexers, in Python ints (independent of the block's code)."""
+    o = block.opts
+    x = int(tokens[b, t])
+    if o.index == "token":
+        return x
+    if o.index == "grouped":
+        return int(block.slot_map[x])
+    n = o.bigram_factor * cfg.vocab_size  # paper/reference hash, written out in Python ints
+    if t == 0:
+        return n - 1
+    return ((36313 * x) ^ (27191 * int(tokens[b, t - 1]))) % (n - 1)

@@ -8,7 +8,7 @@ the weighted sum of stored memory vectors and the gated injection into v. Output
 import pytest
 import torch
 
-from mome_fixtures import HEADS, VOCAB, mome_config, random_block
+from mome_fixtures import HEADS, VOCAB, mome_config, naive_row, random_block
 
 
 def _config(tmp_path, M, K, index, **extra):
@@ -17,19 +17,6 @@ def _config(tmp_path, M, K, index, **extra):
 
 def _block(cfg, seed=0):
     return random_block(cfg, seed).double()
-
-
-def _row_of(cfg, block, tokens, b, t):
-    o = block.opts
-    x = int(tokens[b, t])
-    if o.index == "token":
-        return x
-    if o.index == "grouped":
-        return int(block.slot_map[x])
-    n = o.bigram_factor * cfg.vocab_size  # paper/reference hash, written out in Python ints
-    if t == 0:
-        return n - 1
-    return ((36313 * x) ^ (27191 * int(tokens[b, t - 1]))) % (n - 1)
 
 
 def naive_value(cfg, block, layer, tokens, xn, v):
@@ -43,7 +30,7 @@ def naive_value(cfg, block, layer, tokens, xn, v):
     out = []
     for b in range(B):
         for t in range(T):
-            n = _row_of(cfg, block, tokens, b, t)
+            n = naive_row(cfg, block, tokens, b, t)
             gamma = 2 * torch.sigmoid(gate_w @ xn[b, t, :32])  # (H,)
             for i in range(H):
                 if o.router_input == "hidden":
@@ -195,7 +182,7 @@ def test_balance_bias_moves_the_selection_but_not_the_weights(tmp_path, index):
     out, moved = torch.empty_like(v), 0
     for b in range(B):
         for t in range(T):
-            n = _row_of(cfg, block, tokens, b, t)
+            n = naive_row(cfg, block, tokens, b, t)
             gamma = 2 * torch.sigmoid(gate_w @ xn[b, t, :32])
             for i in range(H):
                 p = torch.sigmoid(router.weight.view(H, 6, -1)[i] @ xn[b, t] + router.bias.view(H, 6)[i])

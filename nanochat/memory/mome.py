@@ -28,6 +28,9 @@ training and eval alike (it is part of the saved model). Training forwards only 
 host sync, compile-friendly); ``update_balance()`` -- to be called by the trainer after each optimizer step --
 all-reduces them and applies b += lr * sign(mean - count) to visited (row, head) cells.
 
+The final evaluation's slot balance (per-(row, head) MaxVio and absolute load deviation, nanochat.slot_balance)
+counts the selections per (layer, row, head, slot) between ``start_eval_loads`` and ``pop_eval_loads`` only.
+
 Fast paths (docs/performance.md), chosen per device because the best one differs:
 * CPU (eager): the K selected rows of every (token, head) are gathered AND mixed by ONE
   ``F.embedding_bag(mode="sum", per_sample_weights=alpha)`` over flat (B*T*H, K) int64 ids, so the (B,T,H,K,d)
@@ -288,6 +291,9 @@ class MoMEMemory(MemoryBlock):
         self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.float32), persistent=False)
         self.tracker = GammaTracker(L)
         self.capture: dict | None = None
+        # (L, N, H, M) int32 selections per (layer, row, head, slot) while an evaluation collects them
+        # (nanochat.slot_balance); None otherwise, so the forward does no counting work at all
+        self.eval_loads: torch.Tensor | None = None
         # The bigram-indexed table is read by every memory layer: dense gradients would build one full-size
         # table gradient per layer and sum them; sparse ones are concatenated and densified once by the
         # optimizer (MuonAdamW). Eager mode only: inductor cannot compile embedding_bag's sparse backward.
@@ -462,6 +468,8 @@ class MoMEMemory(MemoryBlock):
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:
             self._count(pos, sel, row, gamma)
+        if self.eval_loads is not None:
+            self._count_eval_loads(pos, sel, row)
         if self.capture is not None:
             sel_c = sel if sel is not None else torch.arange(self.M, device=v.device).expand(w.shape)
             record(self.capture, layer, slots=sel_c, weights=w, gamma=gamma, inject_norm=inject.float().norm(dim=-1),
@@ -472,7 +480,7 @@ class MoMEMemory(MemoryBlock):
     def _count(self, pos, sel, row, gamma) -> None:
         """Training bookkeeping without host syncs: per-(head, slot) load and, with balancing, per-cell counts."""
         self.tracker.add(pos, gamma)
-        H, M = self.H, self.M
+        M = self.M
         if sel is None:  # full routing: every slot of every head is read once per token
             self.load_counts[pos] += row.numel()
             return
@@ -481,10 +489,35 @@ class MoMEMemory(MemoryBlock):
         hits = sel[..., None] == torch.arange(M, device=sel.device)  # (B, T, H, K, M)
         self.load_counts[pos] += hits.sum(dim=(0, 1, 3), dtype=self.load_counts.dtype)  # (H, M)
         if hasattr(self, "balance_counts"):  # N*H*M bins, sparse hits: a scatter is the right tool here
-            head = torch.arange(H, device=sel.device)[:, None] * M  # (H, 1)
-            cell = (row[..., None, None] * H * M) + head + sel  # (B, T, H, K) ids into (N, H, M)
+            cell = self._cell_ids(row, sel)
             ones = torch.ones(cell.numel(), device=sel.device, dtype=self.balance_counts.dtype)
             self.balance_counts[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
+
+    def start_eval_loads(self) -> None:
+        """Count, in the forwards until ``pop_eval_loads``, every selection per (layer, row n_t, head, slot): the
+        selection the forward mixes (with --mome-balance bias: the biased one, as this block routes in eval too;
+        K == M: all M slots). int32, exact up to 2^31 selections per cell; L*N*H*M counters (H/d of the per-layer
+        tables' fp32 bytes, L*H/d of the shared bigram-indexed table's), allocated here and freed by the pop."""
+        L, H, M = len(self.layers), self.H, self.M
+        self.eval_loads = torch.zeros(L, self.rows, H, M, dtype=torch.int32, device=self._table(0).device)
+
+    def pop_eval_loads(self) -> torch.Tensor | None:
+        """The counts since ``start_eval_loads`` (this process's tokens only); counting stops."""
+        loads, self.eval_loads = self.eval_loads, None
+        return loads
+
+    def _cell_ids(self, row, sel) -> torch.Tensor:
+        """Flat ids (B, T, H, K) of the selected cells of an (N, H, M) count table: (row n_t, head, slot)."""
+        head = torch.arange(self.H, device=sel.device)[:, None] * self.M  # (H, 1)
+        return row[..., None, None] * (self.H * self.M) + head + sel
+
+    @torch.no_grad()
+    def _count_eval_loads(self, pos, sel, row) -> None:
+        if sel is None:  # full routing (K == M): every slot of every head
+            sel = torch.arange(self.M, device=row.device).expand(*row.shape, self.H, self.M)
+        cell = self._cell_ids(row, sel)
+        ones = torch.ones(cell.numel(), device=row.device, dtype=self.eval_loads.dtype)
+        self.eval_loads[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
 
     def after_optimizer_step(self) -> None:
         self.update_balance()

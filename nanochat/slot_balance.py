@@ -1,0 +1,78 @@
+"""Eval-time slot balance of MoME routing: the authors' final-evaluation "MaxVio" and "absolute load deviation"
+(reference model notes §3.10; training notes §1.7), measured during the final train and val bpb passes.
+
+For each routing site (memory layer, row n, head h) with c_m the number of times slot m was selected there and
+total = sum_m c_m (visits x K):
+
+    MaxVio          (max_m c_m - total/M) / (total/M)
+    abs load dev    max_m |c_m / total - 1/M|
+
+each averaged over the VISITED sites of a layer (total > 0; a row no token reached does not count), then over
+the layers. Counts are summed over the ranks first, so the numbers do not depend on the world size (the eval
+rows are a fixed set whatever the world size).
+
+What is counted: the selection the eval forward mixes. The authors count top-K without their balancing bias, which
+is also what their eval forward selects (their bias is train-only); ours routes with the bias in eval too when
+--mome-balance bias is on, so ours then counts the biased selection. Without balancing (every paper run) the two
+are the same. K == M selects every slot, so both metrics are exactly 0.
+"""
+
+from typing import Callable, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@torch.no_grad()
+def site_balance(counts: torch.Tensor) -> tuple[float, float, int]:
+    """counts (N, H, M) selections of one layer -> (MaxVio, abs load deviation, visited sites), the means over the
+    visited (row, head) sites; (nan, nan, 0) when none was visited."""
+    M = counts.size(-1)
+    total = counts.sum(dim=-1, dtype=torch.int64)  # (N, H)
+    visited = total > 0
+    n = int(visited.sum())
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    total = total[visited].double()
+    most, least = counts.amax(dim=-1)[visited].double(), counts.amin(dim=-1)[visited].double()
+    maxvio = (most * M - total) / total  # (max - mean) / mean, mean = total / M
+    # |c/total - 1/M| is largest at the most or the least loaded slot
+    deviation = torch.maximum(most / total - 1.0 / M, 1.0 / M - least / total)
+    return float(maxvio.mean()), float(deviation.mean()), n
+
+
+@torch.no_grad()
+def slot_balance(loads: torch.Tensor) -> dict[str, float]:
+    """loads (L, N, H, M), already summed over the ranks -> {"maxvio", "abs_load_dev"}: the per-layer means over
+    visited sites, averaged over the layers that have any ({} if none has)."""
+    per_layer = [site_balance(layer) for layer in loads]
+    seen = [(v, d) for v, d, n in per_layer if n > 0]
+    if not seen:
+        return {}
+    return {"maxvio": sum(v for v, _ in seen) / len(seen), "abs_load_dev": sum(d for _, d in seen) / len(seen)}
+
+
+def describe(balance: dict[str, float]) -> str:
+    return f"MoME slot MaxVio {balance['maxvio']:.6f}, absolute load deviation {balance['abs_load_dev']:.6f}"
+
+
+def with_slot_balance(model, evaluate: Callable[[], T]) -> tuple[T, dict[str, float]]:
+    """Run ``evaluate()`` (forwards of ``model``) while its MoME block counts the selections; returns (its result,
+    ``slot_balance`` of the counts summed over the ranks). {} for a model without MoME routing. Collective under
+    torchrun: every rank calls it (whether a model has MoME is its config, the same on every rank).
+
+    Call it with the uncompiled model: the counting is eager Python in the block's forward (a compiled model
+    would recompile once to trace it); when no collection runs the forward only tests ``eval_loads is None``."""
+    memory = getattr(getattr(model, "_orig_mod", model), "memory", None)
+    if not hasattr(memory, "start_eval_loads"):
+        return evaluate(), {}
+    memory.start_eval_loads()
+    try:
+        result = evaluate()
+    finally:
+        loads = memory.pop_eval_loads()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(loads, op=dist.ReduceOp.SUM)
+    return result, slot_balance(loads)
