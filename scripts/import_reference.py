@@ -2,7 +2,7 @@
 
     python -m scripts.import_reference jojo23333/MOME-NanoChat-D24-100B --run-dir runs/mome_d24_100b --dataset climbmix
     python -m scripts.import_reference path/to/their/files --run-dir runs/X [--step S] [--tokenizer tokenizer.pkl]
-    python -m scripts.import_reference their/d12_mome_c2_m12 --run-dir runs/c2m12 --slot-map slotmaps/..._k2_step022412.json
+    python -m scripts.import_reference their/c2_m12 --run-dir runs/c2m12 --slot-map slotmaps/..._k2_step022412.json
 
 SRC is a local directory holding ``meta_<step>.json`` + ``model_<step>.pt`` (searched recursively; the largest
 step unless --step) and their ``tokenizer.pkl`` (+ ``token_bytes.pt``), or a Hugging Face repo id, fetched with
