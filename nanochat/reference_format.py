@@ -7,7 +7,9 @@ gives the verified one-to-one name mapping used here; every parameter keeps its 
 plus an exact upcast to fp32.
 
 A design field we cannot express exactly (sliding windows, conv1d routers, shared experts, per-head tables,
-mod/headmod/table slot mappings, bias balancing, ...) is refused by its field name; nothing is approximated.
+mod/headmod slot mappings, bias balancing, ...) is refused by its field name; nothing is approximated. The
+``table`` slot mapping (the paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their
+checkpoint (nanochat.reference_slot_map).
 Fields that only steer training-time machinery their checkpoints do not carry (the router-bias buffer is not
 saved and is never used in eval) are accepted only at values where that machinery is inert.
 """
@@ -32,6 +34,7 @@ ROTARY_KEYS = ("cos", "sin")  # their rotary tables; recomputed by our model, ne
 BOOKKEEPING_BUFFERS = ("router_bias", "maxvio_counts", "last_load", "last_maxvio")
 MODEL_TYPES = ("gpt", "bigram_engram_gpt")
 META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
+SLOT_MAP_KEY = "memory.slot_map"  # our grouped index's map: a buffer in our state dict, a JSON file beside theirs
 
 
 def _dropped(key: str) -> bool:
@@ -97,7 +100,34 @@ def _layers(cfg: dict, field: str) -> list[int]:
     return [] if layers == list(default_memory_layers(cfg["n_layer"])) else layers
 
 
-def _mome_options(cfg: dict) -> dict:
+def _table_options(cfg: dict, experts: int, slot_map: tuple[str, str] | None) -> dict:
+    """Our grouped-index options for their ``table`` slot mapping (reference notes §3.4: slot = map[token]).
+
+    Their GPTConfig has no slot-factor field: base_train resolves S (= ceil(V/f)) into moe_ve_slot_vocab_size, and
+    the routed table has S*E rows (§3.2-3.3). Ours has exactly V/c rows of c tokens each, so the import is exact
+    when S divides V (c = V/S); a world-size-padded S (rows no token reads) is refused, not cut off.
+    ``slot_map`` = (path, sha256) of the JSON, which their checkpoint does not carry."""
+    if cfg["moe_ve_slot_index_mode"] != "token":
+        _refuse("moe_ve_slot_mapping", "table", f"with moe_ve_slot_index_mode {cfg['moe_ve_slot_index_mode']!r}: "
+                "their trainer maps only the token index through a table")
+    vocab = cfg["vocab_size"]
+    slots = cfg["moe_ve_slot_vocab_size"] or GPTConfig(vocab_size=vocab).padded_vocab_size  # 0 means V (§1.1)
+    if not (isinstance(slots, int) and 0 < slots <= vocab and vocab % slots == 0):
+        _refuse("moe_ve_slot_vocab_size", cfg["moe_ve_slot_vocab_size"], f"with moe_ve_slot_mapping 'table' the "
+                f"slot count S must divide vocab_size {vocab} (ours groups exactly c = V/S tokens per slot; a "
+                "world-size-padded S is not supported)")
+    group = vocab // slots
+    if experts % group:
+        _refuse("moe_ve_setting", cfg["moe_ve_setting"], f"E={experts} is not a multiple of the group size c = "
+                f"vocab_size/moe_ve_slot_vocab_size = {group} (ours needs M = c x the identity-indexed M, as "
+                "every paper row has)")
+    if slot_map is None:
+        _refuse("moe_ve_slot_mapping", "table", "needs the slot-map JSON, which is not in the checkpoint "
+                "(import_reference --slot-map FILE)")
+    return {"index": "grouped", "group_size": group, "slot_map": slot_map[0], "slot_map_sha256": slot_map[1]}
+
+
+def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
     shared, k, e = parse_moe_setting(cfg["moe_ve_setting"])
     if shared:
         _refuse("moe_ve_setting", cfg["moe_ve_setting"], "the always-on shared expert (first field 1) is not "
@@ -113,9 +143,9 @@ def _mome_options(cfg: dict) -> dict:
         _refuse("moe_ve_router_input", cfg["moe_ve_router_input"], "expected hidden or value")
     if cfg["moe_ve_per_head_table"]:
         _refuse("moe_ve_per_head_table", True, "per-head tables are not supported")
-    if cfg["moe_ve_slot_mapping"] != "none":
-        _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "only 'none' (token or bigram index) is "
-                "supported; mod/headmod/table slot mappings are not imported")
+    if cfg["moe_ve_slot_mapping"] not in ("none", "table"):
+        _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "only 'none' (token or bigram index) and "
+                "'table' (with its slot-map JSON) are supported; mod/headmod slot mappings are not imported")
     if cfg["moe_ve_slot_dedicated_size"]:
         _refuse("moe_ve_slot_dedicated_size", cfg["moe_ve_slot_dedicated_size"], "headmod only; must be 0")
     if cfg["moe_balance_mode"] != "bias":
@@ -136,6 +166,8 @@ def _mome_options(cfg: dict) -> dict:
                 "per-layer tables for the token index and one network-shared table for the bigram index")
     options = {"slots": e, "topk": k, "gate": cfg["moe_ve_gate_nl"], "router_input": cfg["moe_ve_router_input"],
                "index": index}
+    if cfg["moe_ve_slot_mapping"] == "table":
+        options.update(_table_options(cfg, e, slot_map))
     if MoMEOptions(**{**options, "gate": "auto"}).gate_mode == options["gate"]:
         options["gate"] = "auto"  # the paper's rule picks the same gate; keeps export -> import exact
     rows = cfg["vocab_size"] * cfg["moe_ve_bigram_slot_factor"] if index == "bigram" else None
@@ -143,14 +175,17 @@ def _mome_options(cfg: dict) -> dict:
         options["bigram_factor"] = cfg["moe_ve_bigram_slot_factor"]
     options = asdict(MoMEOptions(**options))  # every option spelled out, as base_train records them
     slot_vocab = cfg["moe_ve_slot_vocab_size"]
+    if options["index"] == "grouped":
+        return options  # S checked by _table_options
     if slot_vocab and slot_vocab != (rows or GPTConfig(vocab_size=cfg["vocab_size"]).padded_vocab_size):
         _refuse("moe_ve_slot_vocab_size", slot_vocab, "differs from the slot count of the index (world-size "
                 "padding of S is not supported)")
     return options
 
 
-def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
-    """Our GPTConfig for their (model_type, model_config); refuses anything not exactly representable."""
+def config_from_reference(model_type: str, model_config: dict, slot_map: tuple[str, str] | None = None) -> GPTConfig:
+    """Our GPTConfig for their (model_type, model_config); refuses anything not exactly representable.
+    ``slot_map``: (path, sha256) of the slot-map JSON of a ``table``-mapped MoME (see _table_options)."""
     if model_type not in MODEL_TYPES:
         raise ReferenceFormatError(f"model_type {model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
     unknown = sorted(k for k in model_config if k not in REFERENCE_DEFAULTS and not k.startswith("stem_"))
@@ -180,7 +215,7 @@ def config_from_reference(model_type: str, model_config: dict) -> GPTConfig:
         return GPTConfig(**base, memory="bigram", memory_layers=_layers(cfg, "bigram_engram_layers"),
                          memory_options={"factor": cfg["bigram_engram_vocab_factor"]})
     return GPTConfig(**base, memory="mome", memory_layers=_layers(cfg, "value_embeds_layers"),
-                     memory_options=_mome_options(cfg))
+                     memory_options=_mome_options(cfg, slot_map))
 
 
 def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
@@ -207,15 +242,15 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
         for name, value, ok in (("--mome-routing", o.routing, "context"), ("--mome-balance", o.balance, "none")):
             if value != ok:
                 raise ReferenceFormatError(f"{name} {value} has no counterpart in the authors' code (needs {ok})")
-        if o.index == "grouped":
-            raise ReferenceFormatError("--mome-index grouped is not exported (their slot-map 'table' mapping "
-                                       "uses a different file format)")
+        if o.index == "grouped":  # moe_ve_slot_map_path: set by the exporter, which writes their JSON
+            cfg.update(moe_ve_slot_mapping="table", moe_ve_slot_vocab_size=config.vocab_size // o.group_size)
         cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"0_{o.topk}_{o.slots}",
                    moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
-                   moe_ve_slot_index_mode=o.index, moe_ve_network_shared_table=o.index == "bigram",
-                   moe_ve_bigram_slot_factor=o.bigram_factor if o.index == "bigram" else 1,
-                   # their base_train resolves S = n*V into this field (0 would mean the vocab size)
-                   moe_ve_slot_vocab_size=o.bigram_factor * config.vocab_size if o.index == "bigram" else 0)
+                   moe_ve_slot_index_mode="bigram" if o.index == "bigram" else "token",
+                   moe_ve_network_shared_table=o.index == "bigram",
+                   moe_ve_bigram_slot_factor=o.bigram_factor if o.index == "bigram" else 1)
+        if o.index == "bigram":  # their base_train resolves S = n*V into this field (0 would mean the vocab size)
+            cfg.update(moe_ve_slot_vocab_size=o.bigram_factor * config.vocab_size)
     elif config.memory != "base":
         raise ReferenceFormatError(f"--memory {config.memory} has no counterpart in the authors' code")
     return model_type, cfg
@@ -257,8 +292,9 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def state_from_reference(state: dict, config: GPTConfig) -> tuple[dict, dict]:
-    """Their state dict -> ours (fp32). Returns (state, report of dropped keys and upcast dtypes)."""
+def state_from_reference(state: dict, config: GPTConfig, buffers: dict | None = None) -> tuple[dict, dict]:
+    """Their state dict -> ours (fp32). Returns (state, report of dropped keys and upcast dtypes). ``buffers``:
+    entries of ours that their checkpoint keeps outside its state dict (SLOT_MAP_KEY, from the slot-map JSON)."""
     stripped = {}
     for k, v in state.items():
         key = k[len(COMPILE_PREFIX):] if k.startswith(COMPILE_PREFIX) else k
@@ -286,6 +322,11 @@ def state_from_reference(state: dict, config: GPTConfig) -> tuple[dict, dict]:
         if t.dtype != torch.float32:
             upcast[str(t.dtype)] = upcast.get(str(t.dtype), 0) + 1
         out[ours] = t.to(torch.float32)  # bf16/fp16 -> fp32 is exact
+    for key, t in (buffers or {}).items():
+        if key not in shapes or tuple(t.shape) != shapes[key]:
+            raise ReferenceFormatError(f"{key} of shape {tuple(t.shape)} does not fit this model_config "
+                                       f"(needs {shapes.get(key)})")
+        out[key] = t
     if set(out) != set(shapes):  # a persistent entry of ours the spec has no name for
         raise ReferenceFormatError(f"our model also needs {sorted(set(shapes) - set(out))}, absent from their format")
     return out, {"dropped_keys": dropped, "upcast_tensors": upcast,
@@ -293,12 +334,13 @@ def state_from_reference(state: dict, config: GPTConfig) -> tuple[dict, dict]:
 
 
 def state_to_reference(state: dict, config: GPTConfig) -> dict:
-    """Our state dict -> theirs (fp32, no prefix, no rotary tables)."""
+    """Our state dict -> theirs (fp32, no prefix, no rotary tables). A grouped model's map (SLOT_MAP_KEY) is not
+    in their state dict: the exporter writes it as their slot-map JSON (nanochat.reference_slot_map)."""
     names = name_map(config)
-    extra = sorted(set(state) - set(names))
+    extra = sorted(set(state) - set(names) - {SLOT_MAP_KEY})
     if extra:
         raise ReferenceFormatError(f"state dict entries {extra} have no counterpart in the authors' format")
-    return {names[k]: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+    return {names[k]: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items() if k in names}
 
 
 # -- files --------------------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ Writes their base-dir layout, so that their tools find it with ``NANOCHAT_BASE_D
     DIR/base_checkpoints/<tag>/model_<step:06d>.pt   their parameter names, fp32 tensors
     DIR/base_checkpoints/<tag>/meta_<step:06d>.json  step, val_bpb, model_type, model_config (their GPTConfig kwargs)
     DIR/tokenizer/tokenizer.pkl, token_bytes.pt      a pickled tiktoken Encoding; their token_bytes convention
+    DIR/base_checkpoints/<tag>/<name>.json           grouped index only: the slot map in their nanochat_slot_map_v1
+                                                     format, named by the meta's moe_ve_slot_map_path (absolute)
 
 Weights stay fp32 (their loader keeps the dtype it is given), so ``import_reference`` of the result gives back
-the same run bit for bit. Designs their code lacks (token-only / fixed-random routing, bias balancing, the grouped
-index) are refused by name.
+the same run bit for bit. Designs their code lacks (token-only / fixed-random routing, bias balancing) are
+refused by name. The grouped index is their ``table`` slot mapping (nanochat.reference_slot_map).
 """
 
 import argparse
@@ -42,6 +44,7 @@ def val_bpb_of(meta: dict):
 def export_reference(args) -> Path:
     from nanochat.analysis import meta_dir
     from nanochat.checkpoint import load_model
+    from nanochat import reference_slot_map
     from nanochat.reference_format import reference_from_config, state_to_reference
     from nanochat.reference_tokenizer import write_reference_tokenizer
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
@@ -62,6 +65,8 @@ def export_reference(args) -> Path:
             raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory or --model-tag")
     write_reference_tokenizer(tok, out / "tokenizer")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
+        model_config["moe_ve_slot_map_path"] = str(reference_slot_map.export(model, tok, ckpt_dir).resolve())
     their_meta = {"step": step, "val_bpb": val_bpb_of(meta), "model_type": model_type, "model_config": model_config,
                   "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,

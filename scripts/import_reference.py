@@ -2,12 +2,15 @@
 
     python -m scripts.import_reference jojo23333/MOME-NanoChat-D24-100B --run-dir runs/mome_d24_100b --dataset climbmix
     python -m scripts.import_reference path/to/their/files --run-dir runs/X [--step S] [--tokenizer tokenizer.pkl]
+    python -m scripts.import_reference their/c2_m12 --run-dir runs/c2m12 --slot-map slotmaps/..._k2_step022412.json
 
 SRC is a local directory holding ``meta_<step>.json`` + ``model_<step>.pt`` (searched recursively; the largest
 step unless --step) and their ``tokenizer.pkl`` (+ ``token_bytes.pt``), or a Hugging Face repo id, fetched with
 huggingface_hub into its cache (progress bars, checksums, ``HF_TOKEN``/``HF_ENDPOINT``; ``HF_HUB_OFFLINE=1``
 reuses the cache): first the small files, then only the chosen step's weights. The run directory gets ``checkpoints/step_<step>/`` (fp32 weights, our
-config) and ``tokenizer/`` (converted without executing the pickle), so base_eval, sample, analyze_memory,
+config), ``tokenizer/`` (converted without executing the pickle) and, for a MoME checkpoint with their
+``table`` slot mapping (the d12 grouped rows), ``slot_map/`` (a copy of the slot-map JSON, which their checkpoint
+does not hold; the run's checkpoint then holds the map too), so base_eval, sample, analyze_memory,
 analyze_routing, wic_probe and build_slot_map read it like any run of ours. It is written under a temporary
 name and renamed into place, so an interrupted import leaves no half run behind.
 """
@@ -32,6 +35,9 @@ def parse_args(argv=None):
     ap.add_argument("--run-dir", "--run", dest="run_dir", required=True, help="new run directory to write")
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the largest found)")
     ap.add_argument("--tokenizer", default=None, help="their tokenizer.pkl (default: the one found in SRC)")
+    ap.add_argument("--slot-map", default=None, help="the slot-map JSON of a MoME checkpoint with "
+                    "moe_ve_slot_mapping 'table' (the d12 grouped rows); default: the meta's moe_ve_slot_map_path "
+                    "if that file exists here. Copied into the run")
     ap.add_argument("--revision", default=None, help="hub revision (branch, tag or commit; default: main)")
     ap.add_argument("--dataset", default=None, choices=("fineweb-edu", "climbmix", "embedded", "local"),
                     help="record the dataset the model was trained on, so base_eval's bpb finds its prepared "
@@ -82,7 +88,9 @@ def import_reference(args) -> Path:
     from nanochat.download import file_sha256
     from nanochat.families import meta_device
     from nanochat.gpt import GPT
-    from nanochat.reference_format import config_from_reference, find_checkpoint, read_meta, state_from_reference
+    from nanochat import reference_slot_map
+    from nanochat.reference_format import (SLOT_MAP_KEY, config_from_reference, find_checkpoint, read_meta,
+                                           state_from_reference)
     from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
 
     run_dir = Path(args.run_dir)
@@ -99,7 +107,10 @@ def import_reference(args) -> Path:
 
     model_path, meta_path, step = find_checkpoint(src, args.step)
     meta = read_meta(meta_path)
-    config = config_from_reference(meta["model_type"], meta["model_config"])
+    slot_map = reference_slot_map.source_path(meta["model_config"], args.slot_map)
+    # the grouped index records the run's own copy of the map (written below) with its hash
+    slot_map_option = (reference_slot_map.run_path(slot_map, run_dir), file_sha256(slot_map)) if slot_map else None
+    config = config_from_reference(meta["model_type"], meta["model_config"], slot_map_option)
     print(f"checkpoint {model_path} (step {step}, model_type {meta['model_type']}) -> --memory {config.memory}")
     if args.tokenizer:
         pkl, tb_path = Path(args.tokenizer), Path(args.tokenizer).parent / "token_bytes.pt"
@@ -114,12 +125,18 @@ def import_reference(args) -> Path:
                          f"vocab_size is {config.vocab_size}")
     token_bytes = read_reference_token_bytes(tb_path, tok) if tb_path else {"path": None}
 
-    state, report = state_from_reference(load_reference_state(model_path), config)
+    buffers = {}
+    if slot_map:
+        loaded = reference_slot_map.read_for_import(slot_map, config.memory_options, config.vocab_size, tok)
+        buffers[SLOT_MAP_KEY] = loaded.token_to_row
+    state, report = state_from_reference(load_reference_state(model_path), config, buffers)
     with meta_device():
         model = GPT(config)
     model.load_state_dict(state, strict=True, assign=True)  # strict: every entry of ours is filled, shapes equal
 
     files = {"model": str(model_path), "meta": str(meta_path), "tokenizer": str(pkl)}
+    if slot_map:
+        files["slot_map"] = str(slot_map)
     print("hashing the source files")
     imported = {**origin, "step": step, "files": files, "sha256": {k: file_sha256(p) for k, p in files.items()},
                 "model_type": meta["model_type"], "model_config": meta["model_config"],
@@ -129,6 +146,8 @@ def import_reference(args) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tok.save(tmp / "tokenizer")
+    if slot_map:
+        reference_slot_map.copy_into_run(slot_map, tmp)
     # relative: the run's own tokenizer, found again after the run directory is moved or copied (load_meta)
     extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "imported_from": imported}
     if args.dataset:

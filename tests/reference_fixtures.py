@@ -4,6 +4,8 @@ The names below are spelled out from the spec's tables (NOT taken from nanochat.
 are an independent oracle for the importer and the exporter. Like the authors' CUDA checkpoints, the state dict
 carries the ``_orig_mod.`` prefix and stores wte, memory tables and routers as bf16; the source model's values of
 those tensors are rounded to bf16 first, so an exact import must give back the source model bit for bit.
+The ``table``-mapped MoME (their d12 grouped rows) reads a slot-map JSON in their format (reference notes §3.11),
+written here from the spec's keys; their checkpoint does not hold the map.
 """
 
 import json
@@ -39,15 +41,64 @@ DESIGNS = {
     "mome_full": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_3_3",
                           "moe_ve_gate_nl": "sigmoid", "moe_ve_router_input": "hidden", **INERT_BALANCE},
                   "mome", (), {"slots": 3, "topk": 3, "gate": "sigmoid"}),
+    # their table slot mapping = our grouped index; the slot map's path and hash are filled in by source_model
+    "mome_table": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
+                           "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                           "moe_ve_slot_mapping": "table", **INERT_BALANCE},
+                   "mome", (), {"slots": 4, "topk": 2, "index": "grouped", "group_size": 2}),
 }
 BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.")  # what their CUDA init casts to bf16
 
 
-def source_model(tok, design: str, seed: int = 0):
-    """A tiny model of ours with every zero-init weight perturbed and the bf16-stored tensors bf16-rounded."""
+def their_slot_map_json(tok, rows) -> dict:
+    """A slot map in the authors' nanochat_slot_map_v1 layout (reference notes §3.11) for the given rows."""
+    def text(i):
+        return tok.decode_bytes([i]).decode("utf-8", errors="replace")
+
+    return {"format": "nanochat_slot_map_v1", "mapping": "table", "vocab_size": tok.vocab_size,
+            "slot_vocab_size": len(rows), "slot_factor": len(rows[0]),
+            "tokenizer": {"vocab_size": tok.vocab_size, "bos_token_id": tok.bos_token_id},
+            "slot_size_histogram": {str(len(rows[0])): len(rows)}, "stats": {}, "metadata": {},
+            "slots": [{"slot_id": i, "token_ids": r, "token_texts": [text(t) for t in r],
+                       "token_texts_visible": [text(t) for t in r], "sample_counts": [0] * len(r),
+                       "sample_count_sum": 0, "sample_share_sum": 0.0} for i, r in enumerate(rows)]}
+
+
+def shuffled_rows(vocab_size: int, group_size: int, seed: int = 0) -> list[list[int]]:
+    """A partition of the vocabulary into slots of group_size unrelated token ids (slot ids unlike token order)."""
+    perm = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))
+    return perm.view(-1, group_size).tolist()
+
+
+def write_their_slot_map(tok, path: Path, group_size: int) -> str:
+    """Their JSON for a shuffled partition; returns its sha256."""
+    from nanochat.download import file_sha256
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(their_slot_map_json(tok, shuffled_rows(tok.vocab_size, group_size))))
+    return file_sha256(path)
+
+
+def pairable_tokenizer(out_dir):
+    """make_tokenizer's BPE plus one merge ('  '): 440 tokens, which slots of 2 or 4 tokens partition."""
+    from nanochat.tokenizer import Tokenizer
+
+    ranks = dict(make_tokenizer(out_dir).mergeable_ranks)
+    ranks[b"  "] = len(ranks)
+    tok = Tokenizer(ranks)
+    tok.save(out_dir)
+    return tok
+
+
+def source_model(tok, design: str, seed: int = 0, slot_map: Path | None = None):
+    """A tiny model of ours with every zero-init weight perturbed and the bf16-stored tensors bf16-rounded. A
+    grouped design writes its slot map (their format) to ``slot_map``."""
     from nanochat.gpt import build_model
 
     _, _, memory, layers, options = DESIGNS[design]
+    if options.get("index") == "grouped":
+        digest = write_their_slot_map(tok, slot_map, options["group_size"])
+        options = {**options, "slot_map": str(slot_map), "slot_map_sha256": digest}
     cfg = tiny_config(vocab_size=tok.vocab_size, memory=memory, memory_layers=layers, memory_options=options, **COMMON)
     model = build_model(cfg, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -99,6 +150,10 @@ def their_model_config(model, design: str) -> dict:
            **DESIGNS[design][1]}
     if out["moe_ve_slot_index_mode"] == "bigram":  # their base_train writes the resolved S = n * V
         out["moe_ve_slot_vocab_size"] = out["moe_ve_bigram_slot_factor"] * cfg.vocab_size
+    if out["moe_ve_slot_mapping"] == "table":  # ... and S = ceil(V / c) for the table; the map's path as given
+        options = cfg.memory_options
+        out.update(moe_ve_slot_vocab_size=-(-cfg.vocab_size // options["group_size"]),
+                   moe_ve_slot_map_path=options["slot_map"])
     return out
 
 
@@ -127,10 +182,12 @@ def write_their_checkpoint(ckpt_dir: Path, model, design: str, step: int = STEP,
 
 def make_their_files(tmp_path: Path, design: str, seed: int = 0):
     """Their base-dir layout under tmp_path/theirs: base_checkpoints/d4/{model,meta}_000005.*,
-    tokenizer/{tokenizer.pkl, token_bytes.pt}. Returns (that directory, source model, our tokenizer)."""
+    tokenizer/{tokenizer.pkl, token_bytes.pt}, and slotmaps/tiny_k2.json for a grouped design. Returns (that
+    directory, source model, our tokenizer)."""
     root = tmp_path / "theirs"
-    tok = make_tokenizer(tmp_path / "our_tok")
-    model = source_model(tok, design, seed)
+    grouped = DESIGNS[design][4].get("index") == "grouped"
+    tok = (pairable_tokenizer if grouped else make_tokenizer)(tmp_path / "our_tok")
+    model = source_model(tok, design, seed, root / "slotmaps" / "tiny_k2.json" if grouped else None)
     write_their_checkpoint(root / "base_checkpoints" / "d4", model, design)
     write_their_tokenizer(tok, root / "tokenizer")
     return root, model, tok

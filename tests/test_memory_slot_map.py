@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_config
+from reference_fixtures import their_slot_map_json
 from nanochat.download import file_sha256
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map
 
@@ -168,20 +169,6 @@ def test_build_slot_map_script(tmp_path, tiny_tokenizer_dir, tiny_tokenizer):
     assert load_slot_map(tmp_path / "bare.json", 1024, 4).header["tokenizer_fingerprint"] == tiny_tokenizer.fingerprint()
 
 
-def _reference_map(tok, rows) -> dict:
-    """A small file in the authors' nanochat_slot_map_v1 layout (reference notes §3.11)."""
-    def text(i):
-        return tok.decode_bytes([i]).decode("utf-8", errors="replace")
-
-    return {"format": "nanochat_slot_map_v1", "mapping": "table", "vocab_size": tok.vocab_size,
-            "slot_vocab_size": len(rows), "slot_factor": len(rows[0]),
-            "tokenizer": {"vocab_size": tok.vocab_size, "bos_token_id": tok.bos_token_id},
-            "slot_size_histogram": {str(len(rows[0])): len(rows)}, "stats": {}, "metadata": {},
-            "slots": [{"slot_id": i, "token_ids": r, "token_texts": [text(t) for t in r],
-                       "token_texts_visible": [text(t) for t in r], "sample_counts": [0] * len(r),
-                       "sample_count_sum": 0, "sample_share_sum": 0.0} for i, r in enumerate(rows)]}
-
-
 def test_the_authors_slot_maps_load_and_are_checked_against_the_tokenizer(tmp_path, tiny_tokenizer):
     """Their format gives the same map as ours for the same rows, and a map of another tokenizer is refused:
     BOS id, vocab size, token texts (theirs) or fingerprint (ours)."""
@@ -191,7 +178,7 @@ def test_the_authors_slot_maps_load_and_are_checked_against_the_tokenizer(tmp_pa
     V = tok.vocab_size
     rows = [[i, (i + V // 2)] for i in range(V // 2)]
     theirs, ours = tmp_path / "theirs.json", tmp_path / "ours.json"
-    theirs.write_text(json.dumps(_reference_map(tok, rows)))
+    theirs.write_text(json.dumps(their_slot_map_json(tok, rows)))
     write_slot_map(ours, rows, V, 2, tokenizer_fingerprint=tok.fingerprint(), bos_token_id=tok.bos_token_id)
     a, b = load_slot_map(theirs, V, 2), load_slot_map(ours, V, 2)
     assert torch.equal(a.token_to_row, b.token_to_row)
@@ -199,17 +186,17 @@ def test_the_authors_slot_maps_load_and_are_checked_against_the_tokenizer(tmp_pa
         check_slot_map_tokenizer(sm.header, tok, path)  # built for this tokenizer: accepted
     with pytest.raises(ValueError, match="--mome-group-size is 4"):
         load_slot_map(theirs, V, 4)
-    data = _reference_map(tok, rows)
+    data = their_slot_map_json(tok, rows)
     data["slots"][1]["slot_id"] = 5
     theirs.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="slot 1 must be an object with slot_id 1"):
         load_slot_map(theirs, V, 2)
-    data = _reference_map(tok, rows)
+    data = their_slot_map_json(tok, rows)
     data["tokenizer"]["bos_token_id"] = tok.bos_token_id - 1
     theirs.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="BOS id"):
         check_slot_map_tokenizer(load_slot_map(theirs, V, 2).header, tok, theirs)
-    data = _reference_map(tok, rows)
+    data = their_slot_map_json(tok, rows)
     ascii_id = tok.encode("the")[0]
     slot = data["slots"][ascii_id % (V // 2)]
     slot["token_texts"][slot["token_ids"].index(ascii_id)] = "not it"
