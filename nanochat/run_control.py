@@ -84,6 +84,9 @@ class FlopCadence:
         # some multiple of the interval lies in ((step - 1) x F, step x F]
         return (step * self.flops_per_step) // self.interval > ((step - 1) * self.flops_per_step) // self.interval
 
+    def due_steps(self, num_iterations: int) -> list[int]:
+        return [s for s in range(1, num_iterations + 1) if self.due(s)]
+
 
 def _beyond_the_run(flag: str, text: str, plan: dict) -> ValueError:
     return ValueError(f"{flag} {text}: beyond this run's {plan['total_flops']:.6g} training FLOPs "
@@ -121,10 +124,16 @@ def eval_cadence(args, plan: dict) -> FlopCadence | None:
     return FlopCadence(per_step, steps=frozenset(steps))
 
 
-def check_flop_flags(args, plan: dict) -> None:
-    """Both FLOP flags against the plan (before any work; again with the real vocab in build_run)."""
-    save_cadence(args, plan)
-    eval_cadence(args, plan)
+def check_flop_flags(args, plan: dict) -> list[str]:
+    """Both FLOP flags against the plan (before any work; again with the real vocab in build_run); returns lines
+    for --dry-run naming the steps they fall on."""
+    lines = []
+    for name, cadence in (("save at flops", save_cadence(args, plan)), ("eval at flops", eval_cadence(args, plan))):
+        if cadence is not None:
+            steps = cadence.due_steps(plan["num_iterations"])
+            shown = ", ".join(map(str, steps[:8])) + (f", ... ({len(steps)} steps)" if len(steps) > 8 else "")
+            lines.append(f"{name:>26}: steps {shown}")
+    return lines
 
 
 def sample_prompts(tokenizer, val_rows) -> list[tuple[str, list[int]]]:

@@ -129,7 +129,7 @@ def dry_run(args) -> None:
     world = get_dist_info().world_size
     config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
     plan = build_plan(args, model_summary(config), world)
-    run_control.check_flop_flags(args, plan)
+    flop_lines = run_control.check_flop_flags(args, plan)
     run_dir = resolve_run_dir(args)
     resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
     checks_source = args.init_from and not resuming
@@ -150,8 +150,9 @@ def dry_run(args) -> None:
         print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
     else:
         print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
-    if source_line:
-        print0(source_line)
+    for line in [source_line, *flop_lines]:
+        if line:
+            print0(line)
     print0(json.dumps(plan))
 
 

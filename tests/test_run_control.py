@@ -122,11 +122,13 @@ def test_save_at_flops_keeps_each_target_checkpoint_once(tmp_path, monkeypatch):
     assert ckpt.list_steps(run) == [*expected, 8]
 
 
-def test_eval_every_flops_replaces_the_step_cadences(tmp_path, monkeypatch):
+def test_eval_every_flops_replaces_the_step_cadences(tmp_path, monkeypatch, capsys):
     per_step = flops_per_step(tmp_path, "--num-iterations", "8")
     interval = per_step * 3 // 2  # targets at 1.5, 3, 4.5, 6, 7.5 steps -> steps 2, 3, 5, 6, 8
     expected = sorted({math.ceil(Fraction(k * interval, per_step)) for k in range(1, 6)})
     assert expected == [2, 3, 5, 6, 8]
+    assert train(tmp_path / "plan", "--num-iterations", "8", "--eval-every-flops", str(interval), "--dry-run") == 0
+    assert f"eval at flops: steps {', '.join(map(str, expected))}" in capsys.readouterr().out
     core_steps = []
     monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)  # stands in for a CORE bundle
     monkeypatch.setattr(base_train, "run_core", lambda *a, **k: core_steps.append(1) or {"core": 0.5, "label": "CORE"})
