@@ -102,10 +102,19 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
     return final
 
 
+def is_kept(run_dir, step: int) -> bool:
+    """Whether checkpoint ``step`` was saved to be kept for good (meta ``"keep": true``, e.g. --save-at-flops)."""
+    try:
+        return json.loads((step_dir(run_dir, step) / "meta.json").read_text()).get("keep") is True
+    except (OSError, ValueError):
+        return False
+
+
 def prune_checkpoints(run_dir, keep_last: int) -> list[int]:
-    """Delete all but the last ``keep_last`` checkpoints: each is renamed away (atomic) before it is deleted."""
+    """Delete all but the last ``keep_last`` checkpoints, except those saved to be kept (``is_kept``): each is
+    renamed away (atomic) before it is deleted."""
     root = Path(run_dir) / CKPT_DIR
-    old = list_steps(run_dir)[:-keep_last]
+    old = [s for s in list_steps(run_dir)[:-keep_last] if not is_kept(run_dir, s)]
     for s in old:
         trash = root / f"{PRUNE_PREFIX}{step_dir(run_dir, s).name}"
         if trash.exists():

@@ -9,6 +9,7 @@ and later (command-line) values win. Unknown keys are an error naming the key.
 
 import argparse
 import functools
+import math
 import os
 import sys
 from dataclasses import fields
@@ -28,6 +29,7 @@ from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.moe import MLP_KINDS
 from nanochat.optim import OptimConfig
 from nanochat.row_config import check_row_config
+from nanochat.run_control import parse_flop_list
 from nanochat.schedules import ScheduleConfig
 
 WANDB_MODES = ("off", "offline", "online")
@@ -76,6 +78,13 @@ def _group_run(p):
     g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")
     g.add_argument("--wandb-project", type=str, default="mome-nanochat", help="W&B project")
+    g.add_argument("--max-wall-time-seconds", type=float, default=-1,
+                   help="stop once this many seconds have passed since this process started (set-up, compile and "
+                        "evals count): at the next step boundary every rank stops at the same step, saves a "
+                        "checkpoint and runs the final evaluation; summary.json says stop_reason wall_time_limit. "
+                        "A --resume gets the budget afresh (it is this process's clock, not the run's total wall "
+                        "time), so a requeued job continues with the same flag. At least one step trains per "
+                        "process. -1 = no limit")
 
 
 def _group_model(p):
@@ -153,6 +162,16 @@ def _group_eval(p):
     g.add_argument("--eval-tokens", type=int, default=20971520, help="val tokens per bpb evaluation (fixed rows)")
     g.add_argument("--eval-batch-size", type=int, default=None, help="rows per eval batch (default --device-batch-size)")
     g.add_argument("--core-every", type=int, default=-1, help="CORE every N steps (-1 = only at the end)")
+    g.add_argument("--eval-every-flops", type=str, default="", metavar="INTERVAL|F1,F2,...",
+                   help="val bpb and CORE (with a bundle) together at training-FLOP counts (step x total batch x "
+                        "FLOPs/token): one number is an interval (every INTERVAL FLOPs), a comma list the targets "
+                        "(e.g. 1e18,2_000_000_000_000_000_000); each at the first step reaching it, several reached "
+                        "by one step evaluate once. Replaces --eval-every and --core-every (refused together with "
+                        "a positive one); a target beyond the run's FLOPs is an error")
+    g.add_argument("--sample-every", type=int, default=-1,
+                   help="rank 0 greedily completes 7 fixed prompts (16 tokens) every N steps and at the end, printed "
+                        "and logged to metrics.jsonl (kind sample). Off (-1) by default, unlike the reference's "
+                        "2000: existing runs and configs keep their output and time")
     g.add_argument("--final-core", action=argparse.BooleanOptionalAction, default=True,
                    help="run CORE after training when an eval bundle is available")
     g.add_argument("--final-train-bpb", action=argparse.BooleanOptionalAction, default=True,
@@ -160,7 +179,12 @@ def _group_eval(p):
     g.add_argument("--core-max-per-task", type=int, default=-1, help="cap on examples per CORE task (-1 = all)")
     g.add_argument("--bundle", type=str, default=None, help="CORE eval bundle dir (default: first one found)")
     g.add_argument("--save-every", type=int, default=-1, help="checkpoint every N steps (the last step is always saved)")
-    g.add_argument("--keep-last", type=int, default=3, help="keep the last K checkpoints (0 = keep all)")
+    g.add_argument("--save-at-flops", type=str, default="", metavar="F1,F2,...",
+                   help="also checkpoint at the first step whose training FLOPs (step x total batch x FLOPs/token) "
+                        "reach each count (comma list, _ separators allowed, e.g. 1e18,2e18); these checkpoints are "
+                        "kept (never pruned by --keep-last); a count beyond the run's FLOPs is an error")
+    g.add_argument("--keep-last", type=int, default=3,
+                   help="keep the last K checkpoints (0 = keep all), and every --save-at-flops one")
     g.add_argument("--log-every", type=int, default=1, help="console line + metrics.jsonl record every N steps")
 
 
@@ -240,9 +264,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
     try:
         validate_args(args)
+        check_eval_cadences(args, given_flags(tokens + argv))
     except ValueError as e:
         parser.error(str(e))
     return args
+
+
+def given_flags(tokens: list[str]) -> set[str]:
+    """The long flags named in command-line tokens (a config file's included): ``--flag value`` or ``--flag=value``."""
+    return {t.split("=", 1)[0] for t in tokens if t.startswith("--")}
+
+
+def check_eval_cadences(args, given: set[str]) -> None:
+    """--eval-every-flops replaces the step cadences: a positive --eval-every or --core-every given with it (on
+    the command line or in a --config file) is a contradiction. Their defaults, and -1, are simply replaced."""
+    if not args.eval_every_flops:
+        return
+    for name in ("eval_every", "core_every"):
+        flag = f"--{name.replace('_', '-')}"
+        if flag in given and getattr(args, name) > 0:
+            raise ValueError(f"--eval-every-flops {args.eval_every_flops} replaces {flag} (evaluating at FLOP "
+                             f"counts instead of every N steps), but {flag} {getattr(args, name)} is given too: "
+                             f"drop one (or pass {flag} -1)")
 
 
 @functools.cache
@@ -313,10 +356,17 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--keep-last must be >= 0 (got {args.keep_last})")
     if args.log_every < 1:
         raise ValueError(f"--log-every must be >= 1 (got {args.log_every})")
-    for name in ("eval_every", "core_every", "save_every"):
+    for name in ("eval_every", "core_every", "save_every", "sample_every"):
         v = getattr(args, name)
         if v == 0 or v < -1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive step count or -1 (got {v})")
+    if args.max_wall_time_seconds != -1 and not (args.max_wall_time_seconds > 0 and
+                                                 math.isfinite(args.max_wall_time_seconds)):
+        raise ValueError(f"--max-wall-time-seconds must be a positive number of seconds or -1 (got "
+                         f"{args.max_wall_time_seconds})")
+    for name in ("save_at_flops", "eval_every_flops"):  # syntax here; against the run's FLOPs with the plan
+        if getattr(args, name):
+            parse_flop_list(getattr(args, name), f"--{name.replace('_', '-')}")
     if args.resume is not None and args.resume not in ("latest", "auto") and not args.resume.isdigit():
         raise ValueError(f"--resume must be 'latest', 'auto' or a step number (got {args.resume!r})")
     if args.overwrite and args.resume is not None:

@@ -5,6 +5,7 @@ accumulation, the synthetic data stand-in, cross-rank helpers, and the stop-sign
 import math
 import signal
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,9 +35,22 @@ def gather_objects(obj) -> list:
     return out
 
 
-def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device,
-               stop_requested: bool = False) -> tuple[float, float, bool, float]:
-    """Run ``grad_accum`` micro-steps and one optimizer step; return (LM loss, grad norm, stop on any rank, aux loss).
+@dataclass(frozen=True)
+class StopVotes:
+    """What the ranks asked for in one step's reduction, the same on every rank: a stop signal (SIGINT/SIGTERM)
+    on any rank, the --max-wall-time-seconds budget spent on any rank (their clocks differ)."""
+    signal: bool = False
+    wall_time: bool = False
+
+    def __bool__(self) -> bool:
+        return self.signal or self.wall_time
+
+
+def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, stop_requested: bool = False,
+               time_up=None) -> tuple[float, float, StopVotes, float]:
+    """Run ``grad_accum`` micro-steps and one optimizer step; return (LM loss, grad norm, every rank's stop votes,
+    aux loss). ``time_up`` (a callable, e.g. ``WallTimeLimit.reached``) is asked after the optimizer step, so the
+    vote covers the step itself.
 
     Each micro-loss is divided by grad_accum, so the summed gradient equals the gradient of the mean loss over
     the whole per-rank batch; MuonAdamW.step then averages over ranks (its reductions start from gradient hooks
@@ -44,7 +58,7 @@ def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device,
     blocks) is added before backward and reported apart from the LM loss. The returned losses are means over
     micro-steps and ranks (the loss of the full global batch), not rank 0's last micro-batch. The losses, the
     grad norm and every rank's stop request come back in ONE host sync per step (one small all-reduce with
-    several processes).
+    several processes); the votes ride in it, so deciding to stop costs no extra collective or sync.
     """
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     aux_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -60,13 +74,15 @@ def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device,
     optimizer.step()
     after_optimizer_step(model)
     model.zero_grad(set_to_none=True)
-    shared = torch.stack([loss_sum / grad_accum, aux_sum / grad_accum,
-                          torch.tensor(float(stop_requested), dtype=torch.float64, device=device)])
+    votes = [float(stop_requested), float(time_up is not None and time_up())]
+    shared = torch.cat([torch.stack([loss_sum / grad_accum, aux_sum / grad_accum]),
+                        torch.tensor(votes, dtype=torch.float64, device=device)])
     if _dist_on():
         dist.all_reduce(shared, op=dist.ReduceOp.SUM)
         shared[:2] /= dist.get_world_size()
-    loss_mean, aux_mean, stop_count, gnorm = torch.cat([shared, optimizer.grad_norm.double().reshape(1)]).tolist()
-    return loss_mean, gnorm, stop_count > 0, aux_mean
+    loss_mean, aux_mean, signals, times_up, gnorm = torch.cat([shared,
+                                                              optimizer.grad_norm.double().reshape(1)]).tolist()
+    return loss_mean, gnorm, StopVotes(signal=signals > 0, wall_time=times_up > 0), aux_mean
 
 
 @torch.no_grad()

@@ -133,7 +133,7 @@ def resolve_bundle(args) -> Path | None:
     failure (e.g. no internet for the download) disables CORE with a loud message: CORE is "when available".
     Decided on rank 0 for every rank (CORE is collective; only rank 0 reads the bundle, see evaluate_core).
     """
-    if not (args.final_core or args.core_every > 0) or args.synthetic_data:
+    if not (args.final_core or args.core_every > 0 or args.eval_every_flops) or args.synthetic_data:
         return None
     return rank0_decides(lambda: _find_bundle_here(args))
 

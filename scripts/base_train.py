@@ -10,11 +10,13 @@ metrics.jsonl, checkpoints/step_NNNNNN/, summary.json. ``--resume`` continues bi
 The run dir has one owner: run.lock is held for the life of the run (a second run on it is refused). A fresh run
 (no --resume) into a directory that already holds a run is refused unless --overwrite says to delete that run.
 
-Exit codes: 0 = finished, or stopped by SIGINT/SIGTERM after saving a checkpoint (summary.json has
-stop_reason "interrupted"; continue with --resume); 2 = bad flags, data, tokenizer, checkpoint or run dir (found
-before the first step, nothing trained), or a data file found unreadable during training (the message names it);
-3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint was checked finite when it
-was saved, the message names the last one and how to continue from it with lower LRs); 1 = any other error.
+Exit codes: 0 = finished; or stopped by --max-wall-time-seconds after saving a checkpoint and running the final
+evaluation (stop_reason "wall_time_limit"); or stopped by SIGINT/SIGTERM after saving a checkpoint, without the
+final evaluation (stop_reason "interrupted"); continue either with --resume; 2 = bad flags, data, tokenizer,
+checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
+training (the message names it); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
+was checked finite when it was saved, the message names the last one and how to continue from it with lower LRs);
+1 = any other error.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
 (see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
@@ -32,7 +34,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
-from nanochat import init_from, train_resume
+from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              resolve_dtype, seed_everything)
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
@@ -45,7 +47,9 @@ from nanochat.run_dir import claim_run_dir, ensure_writable, remove_run, run_con
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_args import model_config, optim_config, parse_args
-from nanochat.train_loop import StopSignal, any_rank, gather_objects, module_stats, summed_stats_buffers, train_step
+from nanochat.run_control import FlopCadence, WallTimeLimit
+from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
+                                 train_step)
 from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (RunData, existing_tokenizer, load_eval_rows, load_run_data, resolve_bundle, run_core,
                                   run_split_bpb, setup_attention, tokenizer_dir)
@@ -95,6 +99,9 @@ class Run:
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
     resume: ResumePoint | None = None
     init_source: dict | None = None  # the --init-from source as checked before the set-up, loaded after it
+    wall_limit: WallTimeLimit | None = None  # --max-wall-time-seconds, on this process's clock (set by main)
+    save_flops: FlopCadence | None = None  # --save-at-flops
+    eval_flops: FlopCadence | None = None  # --eval-every-flops
 
     def wall_time(self) -> float:
         """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
@@ -123,6 +130,7 @@ def dry_run(args) -> None:
     world = get_dist_info().world_size
     config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
     plan = build_plan(args, model_summary(config), world)
+    flop_lines = run_control.check_flop_flags(args, plan)
     run_dir = resolve_run_dir(args)
     resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
     checks_source = args.init_from and not resuming
@@ -143,8 +151,9 @@ def dry_run(args) -> None:
         print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
     else:
         print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
-    if source_line:
-        print0(source_line)
+    for line in [source_line, *flop_lines]:
+        if line:
+            print0(line)
     print0(json.dumps(plan))
 
 
@@ -173,6 +182,7 @@ def build_run(args, stack: ExitStack) -> Run:
     data = load_run_data(args, info.rank, info.world_size, device)
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
+    save_flops, eval_flops = run_control.save_cadence(args, plan), run_control.eval_cadence(args, plan)  # real vocab
     run_dir = resolve_run_dir(args)
     # before the expensive set-up (CORE bundle, eval rows, model): a requeue with wrong flags, or a wrong
     # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
@@ -195,7 +205,8 @@ def build_run(args, stack: ExitStack) -> Run:
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
-               data, autocast, loop=loop, attention=attention, resume=resume, init_source=source)
+               data, autocast, loop=loop, attention=attention, resume=resume, init_source=source,
+               save_flops=save_flops, eval_flops=eval_flops)
 
 
 def resolved_config(run: Run) -> dict:
@@ -205,8 +216,9 @@ def resolved_config(run: Run) -> dict:
             "init_from": run.init_from}
 
 
-def save(run: Run, reason: str) -> None:
-    """Collective: every rank contributes its loader and RNG state; rank 0 writes atomically.
+def save(run: Run, reason: str, keep: bool = False) -> None:
+    """Collective: every rank contributes its loader and RNG state; rank 0 writes atomically. ``keep``: never
+    pruned by --keep-last (--save-at-flops).
 
     Never from non-finite numbers: every rank checks its parameters (rank 0's are the ones written) and its own
     shards of the optimizer state (together, all of it); the verdict is all-reduced, so every rank raises
@@ -226,7 +238,8 @@ def save(run: Run, reason: str) -> None:
     if run.rank == 0:
         state = {"optimizer": optimizer_state, "loop": {**run.loop, "wall_time": run.wall_time()}, "dataloader": loaders,
                  "rng": rngs, "world_size": run.world, "stats": stats}
-        meta = {"reason": reason, "params_finite": True, "config": resolved_config(run), "loop": dict(run.loop),
+        meta = {"reason": reason, "keep": keep, "params_finite": True, "config": resolved_config(run),
+                "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
                 "tokenizer_sha256": run.data.tokenizer_sha256, "data_sha256": run.data.data_sha256}
         path = ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
@@ -256,29 +269,67 @@ def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: 
 
 
 def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
+    """val bpb and CORE by step counts, or both together at --eval-every-flops counts (which replace them)."""
     a, n = run.args, run.plan["num_iterations"]
     if step == n or step == resumed_at:  # the final eval covers N; a resumed step was evaluated before saving
         return
-    if a.eval_every > 0 and step % a.eval_every == 0:
+    if run.eval_flops is not None:
+        bpb_due = core_due = run.eval_flops.due(step)
+    else:
+        bpb_due = a.eval_every > 0 and step % a.eval_every == 0
+        core_due = a.core_every > 0 and step > 0 and step % a.core_every == 0
+    at = {"step": step, "tokens": step * a.total_batch_size,
+          "flops": step * a.total_batch_size * run.plan["flops_per_token"]}
+    if bpb_due:
         bpb = run_split_bpb(run.model, run.data, run.args, run.rank, run.world, run.device, run.autocast)
         run.loop["val_bpb"] = bpb
         run.loop["min_val_bpb"] = bpb if run.loop["min_val_bpb"] is None else min(bpb, run.loop["min_val_bpb"])
-        run.metrics.log({"kind": "eval", "step": step, "tokens": step * a.total_batch_size, "val_bpb": bpb})
+        run.metrics.log({"kind": "eval", **at, "val_bpb": bpb})
         print0(f"step {step:05d} | val bpb {bpb:.6f}")
-    if a.core_every > 0 and step > 0 and step % a.core_every == 0 and run.data.bundle is not None:
+    if core_due and run.data.bundle is not None:
         res = run_core(run.model, run.data, run.args, run.device, run.autocast)
-        run.metrics.log({"kind": "core", "step": step, "core": res["core"], "label": res["label"], "dtype": run.dtype})
+        run.metrics.log({"kind": "core", **at, "core": res["core"], "label": res["label"], "dtype": run.dtype})
         print0(f"step {step:05d} | {res['label']} [{run.dtype}] {res['core']:.4f}")
+
+
+def stop_reason(step: int, n: int, votes: StopVotes) -> str | None:
+    """Why the loop ends at this step boundary, if it does: the votes come from the last step's reduction, so
+    every rank reads the same ones. A signal wins over the wall time (a scheduler is about to kill the job)."""
+    if step == n:
+        return "completed"
+    if votes.signal:
+        return "interrupted"
+    if votes.wall_time:
+        return "wall_time_limit"
+    return None
+
+
+def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | None, signal_name: str | None) -> None:
+    """The work between two optimizer steps, in order: evals, samples, then one checkpoint if any is due. Saving
+    last means a checkpoint of step s holds everything done at s: a resume from it repeats and misses nothing. A
+    wall-time stop skips the periodic evals (the final evaluation follows at once)."""
+    if reason != "wall_time_limit":
+        periodic_evals(run, step, resumed_at)
+    run_control.periodic_samples(run, step, resumed_at, at_end=reason in ("completed", "wall_time_limit"))
+    keep = run.save_flops is not None and run.save_flops.due(step)
+    periodic = run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0
+    if step == run.last_saved or not (reason or keep or periodic):
+        return
+    why = {"completed": "final", "wall_time_limit": "wall_time_limit",
+           "interrupted": f"signal {signal_name or 'on another rank'}"}.get(reason, "periodic" if periodic else "")
+    save(run, ", ".join(w for w in (why, "save_at_flops" if keep else "") if w), keep=keep)
 
 
 WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
 
 
 def train(run: Run, resumed_at: int | None) -> str:
-    """The step loop: exactly N optimizer steps in total (over all resumes). Returns the stop reason."""
+    """The step loop: exactly N optimizer steps in total (over all resumes), unless a signal or the wall-time
+    budget stops it earlier. Returns the stop reason."""
     n, loop = run.plan["num_iterations"], run.loop
     bar = tqdm(total=n, initial=loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
-    stop, stop_any, first = StopSignal().install(), False, loop["step"]
+    stop, votes, first = StopSignal().install(), StopVotes(), loop["step"]
+    time_up = run.wall_limit.reached if run.wall_limit is not None and run.wall_limit.limit_s > 0 else None
     loop.setdefault("steady_steps", 0)
     loop.setdefault("steady_time", 0.0)
     if run.attention not in loop.setdefault("attention", []):  # a resume on another kernel: tok/s mixes both
@@ -286,22 +337,17 @@ def train(run: Run, resumed_at: int | None) -> str:
     try:
         while True:
             step = loop["step"]
-            periodic_evals(run, step, resumed_at)
-            if step == n:
-                if run.last_saved != n:
-                    save(run, "final")
-                return "completed"
-            if run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0 and step != run.last_saved:
-                save(run, "periodic")
-            if stop_any:  # agreed by all ranks in the last step's reduction
-                if run.last_saved != step:
-                    save(run, f"signal {stop.received or 'on another rank'}")
-                return "interrupted"
+            reason = stop_reason(step, n, votes)  # votes: agreed by all ranks in the last step's reduction
+            step_boundary(run, step, reason, resumed_at, stop.received)
+            if reason == "wall_time_limit":
+                run_control.note_wall_time_stop(run, step)
+            if reason:
+                return reason
             sched_vals = apply_schedules(run.optimizer, step, run.sched)
             t0 = time.perf_counter()
-            loss, gnorm, stop_any, aux_loss = train_step(run.step_model, run.optimizer, run.data.loader,
-                                               run.plan["grad_accum_steps"], run.autocast, run.device,
-                                               stop.received is not None)
+            loss, gnorm, votes, aux_loss = train_step(run.step_model, run.optimizer, run.data.loader,
+                                                      run.plan["grad_accum_steps"], run.autocast, run.device,
+                                                      stop.received is not None, time_up)
             dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"train loss is {loss} at step {step + 1}")
@@ -448,7 +494,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
     try:
         reason = train(run, resumed_at)
-        evals = final_eval(run) if reason == "completed" else {}
+        evals = final_eval(run) if reason in ("completed", "wall_time_limit") else {}
     except NonFiniteLoss as e:
         print0(nonfinite_advice(run, e))
         write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
@@ -471,11 +517,14 @@ def execute(run: Run, resumed_at: int | None) -> int:
 
 def preflight(args) -> None:
     """Flag checks that need the memory registry or the world size, before any process group, data or model."""
-    model_summary(model_config(args, args.vocab_size or DRY_RUN_VOCAB))  # family geometry, memory flags (meta)
+    summary = model_summary(model_config(args, args.vocab_size or DRY_RUN_VOCAB))  # geometry, memory flags (meta)
     grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
+    if args.vocab_size is not None or args.synthetic_data:  # the real FLOPs/token: FLOP targets checked now
+        run_control.check_flop_flags(args, build_plan(args, summary, get_dist_info().world_size))
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = run_control.clock()  # --max-wall-time-seconds counts from here: set-up and compile count
     args = parse_args(argv)  # exits with code 2 and a message on bad flags
     try:
         preflight(args)
@@ -492,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:  # on every exit path: release run.lock, then the process group
         try:
             run = build_run(args, stack)
+            run.wall_limit = WallTimeLimit(args.max_wall_time_seconds, started)
             resumed_at = prepare_resume(run)
         except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
             print(f"error: {e}", file=sys.stderr)

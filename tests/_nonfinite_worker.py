@@ -26,11 +26,11 @@ def poisoned(model, *args, **kwargs):
 real_save = base_train.save
 
 
-def poisoned_save(run, reason):
+def poisoned_save(run, *args, **kwargs):
     if run.loop["step"] == 2 and dist.get_rank() == 1:
         bucket = next(b for b in run.optimizer.buckets if isinstance(b, MuonBucket) and b.owned)
         run.optimizer.state[bucket.params[0]]["momentum_buffer"][0, 0, 0] = float("nan")
-    return real_save(run, reason)
+    return real_save(run, *args, **kwargs)
 
 
 args = sys.argv[1:]

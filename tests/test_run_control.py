@@ -1,0 +1,216 @@
+"""Run control beside the step counts: --max-wall-time-seconds, --save-at-flops, --eval-every-flops, --sample-every
+(nanochat/run_control.py, wired into scripts/base_train.py)."""
+
+import json
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from conftest import REPO, run_torchrun, tiny_config
+from nanochat import checkpoint as ckpt
+from nanochat import run_control
+from nanochat.run_control import FlopCadence, first_step_reaching, parse_flop_count, parse_flop_list
+from scripts import base_train
+from test_train_e2e import TINY, losses, train
+
+
+BATCH = ["--device-batch-size", "4", "--total-batch-size", "256"]  # train()'s: 3 steps of TINY are ~5.7e8 FLOPs
+
+
+def records(run_dir, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def flops_per_step(tmp_path, *flags) -> int:
+    """The training FLOPs of one step of ``train(...)`` with these flags, from --dry-run's plan.json."""
+    assert train(tmp_path / "plan", *flags, "--dry-run") == 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    return plan["flops_per_token"] * plan["total_batch_size"]
+
+
+def test_flop_counts_parse_exactly():
+    assert parse_flop_count("2_000_000_000_000_000_001", "--x") == 2_000_000_000_000_000_001  # no float rounding
+    assert parse_flop_count(" 1e18 ", "--x") == 10**18 and parse_flop_count("1.5e3", "--x") == 1500
+    assert parse_flop_list("3e6,1e6,1_000_000", "--x") == [10**6, 3 * 10**6]
+    for bad in ("", "abc", "1e18x", "_1", "1__0", "1_", "nan", "inf"):
+        with pytest.raises(ValueError, match="--x: .* is not a FLOP count"):
+            parse_flop_count(bad, "--x")
+    for bad in ("0", "-1e18"):
+        with pytest.raises(ValueError, match="--x: FLOP counts must be > 0"):
+            parse_flop_count(bad, "--x")
+    # a target equal to a step's count is reached at that step; one FLOP more, at the next
+    assert first_step_reaching(Fraction(5 * 123), 123) == 5 and first_step_reaching(Fraction(5 * 123 + 1), 123) == 6
+
+
+def test_flop_cadence_triggers_once_per_step():
+    # interval 2.5 steps: targets 2.5, 5, 7.5, 10 steps -> steps 3, 5, 8, 10
+    every = FlopCadence(100, interval=Fraction(250))
+    assert [s for s in range(0, 11) if every.due(s)] == [3, 5, 8, 10]
+    # an interval below one step's FLOPs: several targets per step, each step due once
+    assert [s for s in range(0, 5) if FlopCadence(100, interval=Fraction(30)).due(s)] == [1, 2, 3, 4]
+    targets = FlopCadence(100, steps=frozenset(first_step_reaching(t, 100) for t in parse_flop_list("50,70,200", "-")))
+    assert [s for s in range(0, 5) if targets.due(s)] == [1, 2]
+
+
+def fake_step_clock(monkeypatch, seconds_per_step: float):
+    """run_control.clock reads a fake time that each train step advances by ``seconds_per_step`` (before the
+    step's wall-time vote): the stop step is then exact arithmetic, not a timing."""
+    now = {"t": 1000.0}
+    real = base_train.train_step
+
+    def step(*a, **k):
+        now["t"] += seconds_per_step
+        return real(*a, **k)
+
+    monkeypatch.setattr(run_control, "clock", lambda: now["t"])
+    monkeypatch.setattr(base_train, "train_step", step)
+
+
+def test_wall_time_stop_saves_evaluates_and_resumes(tmp_path, monkeypatch, capsys):
+    """10 fake seconds per step, a 25 s budget: each process stops after ceil(25 / 10) = 3 of its own steps, saves,
+    runs the final evaluation and samples; --resume gets a fresh budget (its own clock) and continues, and the
+    three sessions train exactly like one uninterrupted run."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    flags = ["--num-iterations", "8", "--sample-every", "2"]
+    assert train(ref, *flags) == 0
+    fake_step_clock(monkeypatch, 10.0)
+    limit = ["--max-wall-time-seconds", "25"]
+    for session, stop_at in enumerate((3, 6)):
+        assert train(run, *flags, *limit, *(["--resume"] if session else [])) == 0
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["stop_reason"] == "wall_time_limit" and summary["step"] == stop_at
+        assert math.isfinite(summary["val_bpb"])  # the final evaluation ran
+        assert ckpt.list_steps(run)[-1] == stop_at and ckpt.load_meta(run, stop_at)["reason"] == "wall_time_limit"
+        assert records(run, "final")[-1]["step"] == stop_at
+        assert "continue with --resume" in capsys.readouterr().out
+    assert [r["step"] for r in records(run, "stop")] == [3, 6]
+    assert records(run, "stop")[0]["elapsed_s"] == 30.0 and records(run, "stop")[0]["limit_s"] == 25.0
+    assert train(run, *flags, *limit, "--resume") == 0
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+    assert losses(run) == losses(ref)
+    assert [r["step"] for r in records(run, "final")] == [8]  # each session's final record went with its resume
+    # samples every 2 steps and at the end of each session, none repeated by a resume
+    assert [r["step"] for r in records(run, "sample")] == [2, 3, 4, 6, 8]
+    assert [r["step"] for r in records(ref, "sample")] == [2, 4, 6, 8]
+    assert all(len(r["samples"]) == 7 for r in records(run, "sample"))
+    # a signal is not a wall-time stop: no final evaluation (test_train_dist covers its exit path)
+    assert base_train.stop_reason(4, 8, base_train.StopVotes(signal=True, wall_time=True)) == "interrupted"
+
+
+def test_save_at_flops_keeps_each_target_checkpoint_once(tmp_path, monkeypatch):
+    per_step = flops_per_step(tmp_path, "--num-iterations", "8")
+    # 2.5 steps, exactly 5 steps (underscores), and one FLOP past 5 steps (also a --save-every step)
+    targets = [per_step * 5 // 2, per_step * 5, per_step * 5 + 1]
+    expected = sorted({math.ceil(Fraction(t, per_step)) for t in targets})
+    assert expected == [3, 5, 6]
+    run = tmp_path / "r"
+    flags = ["--num-iterations", "8", "--save-every", "2", "--keep-last", "1",
+             "--save-at-flops", ",".join(f"{t:_}" for t in targets)]
+    assert train(run, *flags) == 0
+    # the --save-at-flops checkpoints are kept; --keep-last 1 pruned the periodic ones (2, 4)
+    assert ckpt.list_steps(run) == [*expected, 8]
+    assert [ckpt.load_meta(run, s)["reason"] for s in expected] == ["save_at_flops", "save_at_flops",
+                                                                     "periodic, save_at_flops"]
+    # resuming from the step-5 target: 6 and 8 are written again, 3 and 5 are not
+    saved, real_save = [], base_train.save
+    monkeypatch.setattr(base_train, "save", lambda run_, reason, keep=False: (saved.append((run_.loop["step"], keep)),
+                                                                             real_save(run_, reason, keep)))
+    assert train(run, *flags, "--resume", "5") == 0
+    assert saved == [(6, True), (8, False)]
+    assert ckpt.list_steps(run) == [*expected, 8]
+
+
+def test_eval_every_flops_replaces_the_step_cadences(tmp_path, monkeypatch, capsys):
+    per_step = flops_per_step(tmp_path, "--num-iterations", "8")
+    interval = per_step * 3 // 2  # targets at 1.5, 3, 4.5, 6, 7.5 steps -> steps 2, 3, 5, 6, 8
+    expected = sorted({math.ceil(Fraction(k * interval, per_step)) for k in range(1, 6)})
+    assert expected == [2, 3, 5, 6, 8]
+    assert train(tmp_path / "plan", "--num-iterations", "8", "--eval-every-flops", str(interval), "--dry-run") == 0
+    assert f"eval at flops: steps {', '.join(map(str, expected))}" in capsys.readouterr().out
+    core_steps = []
+    monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)  # stands in for a CORE bundle
+    monkeypatch.setattr(base_train, "run_core", lambda *a, **k: core_steps.append(1) or {"core": 0.5, "label": "CORE"})
+    run = tmp_path / "r"
+    # --eval-every -1 (in TINY) is consistent with it; the default --core-every -1 too
+    assert train(run, "--num-iterations", "8", "--eval-every-flops", str(interval), "--no-final-core") == 0
+    evals = records(run, "eval")
+    assert [r["step"] for r in evals] == expected[:-1]  # step 8 is the final evaluation's
+    assert [r["step"] for r in records(run, "core")] == expected[:-1] and len(core_steps) == len(expected) - 1
+    assert all(r["flops"] == r["step"] * per_step for r in evals)
+    # a list of targets: two reached by step 1 evaluate once
+    run = tmp_path / "list"
+    assert train(run, "--num-iterations", "4", "--eval-every-flops", f"{per_step // 3},{per_step // 2},{per_step * 3}",
+                 "--no-final-core") == 0
+    assert [r["step"] for r in records(run, "eval")] == [1, 3]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--save-at-flops", "1e6,abc"], "--save-at-flops: 'abc' is not a FLOP count"),
+    (["--save-at-flops=-1e6"], "--save-at-flops: FLOP counts must be > 0"),
+    (["--eval-every-flops", "1e6,,2e6"], "--eval-every-flops: '' is not a FLOP count"),
+    (["--eval-every-flops", "1e6", "--eval-every", "5"], "--eval-every-flops 1e6 replaces --eval-every"),
+    (["--eval-every-flops", "1e6", "--core-every", "5"], "--eval-every-flops 1e6 replaces --core-every"),
+    (["--max-wall-time-seconds", "0"], "--max-wall-time-seconds must be a positive number of seconds or -1"),
+    (["--max-wall-time-seconds", "inf"], "--max-wall-time-seconds must be a positive number of seconds or -1"),
+    (["--sample-every", "0"], "--sample-every must be a positive step count or -1"),
+    (["--save-at-flops", "1e6,1e12"], "--save-at-flops 1e+12: beyond this run's 5.66231e+08 training FLOPs"),
+    (["--eval-every-flops", "1e12"], "--eval-every-flops 1e12: beyond this run's"),
+    (["--eval-every-flops", "1e6,1e12"], "--eval-every-flops 1e+12: beyond this run's"),
+])
+def test_bad_run_control_flags_fail_before_any_work(tmp_path, capsys, argv, needle):
+    run = tmp_path / "r"
+    try:
+        rc = base_train.main([*TINY, *BATCH, "--run-dir", str(run), "--num-iterations", "3", *argv])
+    except SystemExit as e:  # argparse errors
+        rc = e.code
+    assert rc == 2
+    assert needle in capsys.readouterr().err
+    assert not run.exists()
+    # --dry-run refuses a target out of reach too (its plan is the one the run would have)
+    if "beyond" in needle:
+        assert base_train.main([*TINY, *BATCH, "--run-dir", str(run), "--num-iterations", "3", *argv, "--dry-run"]) == 2
+
+
+def test_greedy_samples_complete_the_text_prompts_without_touching_training_state(tiny_tokenizer_dir):
+    from nanochat.gpt import build_model
+    from nanochat.tokenizer import get_tokenizer
+    from nanochat.train_loop import stats_buffers
+
+    tok = get_tokenizer(tiny_tokenizer_dir)
+    model = build_model(tiny_config(vocab_size=tok.vocab_size, memory="mome",
+                                    memory_options={"slots": 4, "topk": 2, "balance": "bias"}), seed=0)
+    model.train()
+    before = {k: v.clone() for k, v in stats_buffers(model).items()} | {"bias": model.memory.balance_counts.clone()}
+    prompts = run_control.sample_prompts(tok, None)
+    assert [text for text, _ in prompts] == list(run_control.SAMPLE_PROMPTS)
+    assert all(ids[0] == tok.bos_token_id for _, ids in prompts)
+    samples = run_control.greedy_samples(model, prompts, tok, torch.autocast("cpu", enabled=False))
+    assert model.training  # restored
+    after = {k: v for k, v in stats_buffers(model).items()} | {"bias": model.memory.balance_counts}
+    assert all(torch.equal(before[k], after[k]) for k in before)  # eval mode: no routing counts recorded
+    assert [s["prompt"] for s in samples] == list(run_control.SAMPLE_PROMPTS)
+    again = run_control.greedy_samples(model, prompts, tok, torch.autocast("cpu", enabled=False))
+    assert samples == again and all(isinstance(s["completion"], str) for s in samples)  # greedy: deterministic
+    from nanochat.engine import generate
+
+    model.eval()
+    first = generate(model, prompts[0][1], run_control.SAMPLE_TOKENS, temperature=0.0)[0]  # 16 tokens, greedy
+    cut = first.index(tok.bos_token_id) if tok.bos_token_id in first else len(first)  # BOS ends a sample
+    assert samples[0]["completion"] == tok.decode(first[:cut])
+
+
+def test_two_ranks_stop_at_the_same_step_when_one_clock_runs_out(tmp_path):
+    """Rank 1's (fake) clock runs 10x faster: its budget is spent after step 3, rank 0's never. Both stop at step 3
+    (agreed in the step's loss reduction), save, evaluate; only rank 0 samples."""
+    run = tmp_path / "r"
+    r = run_torchrun(REPO / "tests" / "_wall_time_worker.py", 2,
+                     [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "8",
+                      "--max-wall-time-seconds", "25", "--sample-every", "2", "--run-dir", str(run)], timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "wall_time_limit" and summary["step"] == 3
+    assert ckpt.list_steps(run) == [3] and math.isfinite(summary["val_bpb"])
+    assert json.loads((run / "samples.rank0.json").read_text()) == [2, 3]
+    assert not (run / "samples.rank1.json").exists()
