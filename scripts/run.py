@@ -5,12 +5,13 @@
     python -m scripts.run configs/mini/base.toml -- --num-iterations 50      # extra base_train flags after --
 
 Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json with
-stop_reason "completed") is never overwritten; an unfinished one (interrupted, crashed, killed) is continued with
-base_train --resume auto (from its latest checkpoint, or from step 0 when it has none). Seeds run one after
-another and the runner stops at the first failure, printing the log path (``-- --overwrite`` or ``-- --resume STEP``
-replaces ``--resume auto``). ``--plan`` prints the exact commands and exits without importing torch or touching
-data. Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch
-flags given to base_train after ``--`` are checked the same way.
+stop_reason "completed") is never overwritten; an unfinished one (interrupted, stopped at its wall-time limit,
+crashed, killed) is continued with base_train --resume auto (from its latest checkpoint, or from step 0 when it
+has none). Seeds run one after another and the runner stops at the first failure or wall-time stop
+(``-- --max-wall-time-seconds S``), printing the log path (``-- --overwrite`` or ``-- --resume STEP`` replaces
+``--resume auto``). ``--plan`` prints the exact commands and exits without importing torch or touching data.
+Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags
+given to base_train after ``--`` are checked the same way.
 """
 
 import argparse
@@ -86,7 +87,7 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
 
 
 def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
-    from nanochat.report import unfinished
+    from nanochat.report import read_json, unfinished
 
     if (run_dir / "summary.json").is_file() and unfinished(run_dir) is None:
         print(f"[run] seed {seed}: finished run in {run_dir} (summary.json: completed), not overwriting")
@@ -128,6 +129,11 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
                          f"same command. Log: {log_path}")
     if code != 0:
         raise SystemExit(f"[run] seed {seed} failed with exit code {code}; see {log_path}")
+    summary = read_json(run_dir / "summary.json", {})
+    if summary.get("stop_reason") == "wall_time_limit":  # base_train exits 0, but the seed is not finished
+        raise SystemExit(f"[run] seed {seed} stopped at its wall-time limit (--max-wall-time-seconds) at step "
+                         f"{summary.get('step')} of {summary.get('num_iterations')}; it continues from its checkpoint "
+                         f"by re-running the same command. Log: {log_path}")
 
 
 def main(argv=None) -> None:

@@ -214,6 +214,19 @@ def test_row_runner_continues_an_interrupted_run_and_skips_a_completed_one(tmp_p
     assert "not overwriting" in capsys.readouterr().out
 
 
+def test_row_runner_stops_after_a_wall_time_stop(tmp_path):
+    """base_train exits 0 when --max-wall-time-seconds stops it (checkpoint saved, final eval run), but the seed
+    is not finished: the runner must stop with a resumable message, not go on to the next seed."""
+    from scripts.run import run_one
+
+    run = tmp_path / "seed42"
+    summary = {"stop_reason": "wall_time_limit", "step": 3, "num_iterations": 9}
+    child = [sys.executable, "-c", f"import pathlib, sys; pathlib.Path(sys.argv[1]).write_text({json.dumps(summary)!r})",
+             str(run / "summary.json")]
+    with pytest.raises(SystemExit, match="seed 42 stopped at its wall-time limit .*step 3 of 9.*re-running"):
+        run_one(42, run, child)
+
+
 _SIGNAL_COUNTER = r"""
 import signal, sys, time
 got = []
