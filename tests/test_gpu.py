@@ -332,3 +332,45 @@ def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
         model(x, y).backward()
         for table in model.memory.memory_tables():
             assert table.grad is not None and not table.grad.is_sparse, name
+
+
+@pytest.mark.parametrize("index", ["token", "bigram"])
+def test_slot_balance_counts_on_cuda_equal_the_per_token_loop(tmp_path, index, monkeypatch):
+    """The final eval's MoME slot-balance counting on CUDA (int32 index_add_, the argmax top-K, the plain and the
+    row mix) against the per-token loop of tests/test_slot_balance.py, in float64 (no top-K ties)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from mome_fixtures import mome_config, random_block
+    from nanochat.slot_balance import with_slot_balance
+    from test_slot_balance import naive_balance, naive_counts
+
+    monkeypatch.setattr(mome_module, "MIX", None)  # the CUDA defaults
+    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", None)
+    cfg = replace(mome_config(tmp_path, 4, 2, index), memory_layers=(0, 1))
+    block = random_block(cfg).double().eval()
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 12, (3, 16), generator=g)  # few distinct tokens: rows are revisited
+    xn = {layer: torch.randn(3, 16, cfg.n_embd, generator=g, dtype=torch.float64) for layer in block.layers}
+    v = torch.randn(3, 16, cfg.n_kv_head, cfg.head_dim, generator=g, dtype=torch.float64)
+    want = naive_balance([naive_counts(cfg, block, layer, tokens, xn[layer]) for layer in block.layers])
+    block = block.cuda()
+
+    def forward():
+        ctx = block.prepare(tokens.cuda(), None)
+        return [block.value(layer, xn[layer].cuda(), v.cuda(), ctx) for layer in block.layers]
+
+    _, got = with_slot_balance(SimpleNamespace(memory=block), forward)
+    assert got == pytest.approx(want, rel=1e-12) and want["maxvio"] > 0
+
+
+def test_samples_and_slot_balance_of_a_compiled_bf16_run_on_cuda(tmp_path):
+    """--sample-every decodes with the uncompiled model between compiled bf16 steps (rank 0, eval mode, train mode
+    restored), and the final evaluation reports the MoME slot balance (val: synthetic data has no train rows)."""
+    records = _train(tmp_path / "run", "--dtype", "bfloat16", "--compile", "--sample-every", "3")
+    samples = [r for r in records if r["kind"] == "sample"]
+    assert [r["step"] for r in samples] == [3, 6] and all(len(r["samples"]) == 7 for r in samples)
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 7))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed"
+    assert 0 < summary["val_mome_maxvio"] <= 5 and 0 < summary["val_mome_abs_load_dev"] <= 5 / 6
