@@ -148,3 +148,26 @@ def test_bias_identical_on_two_gloo_ranks_and_equal_to_the_update_on_global_coun
     assert not torch.equal(want, alone)  # rank 0's counts alone would have moved it differently
     assert ranks[0]["counts_after"].sum() == 0
 
+
+# -- the authors' format: their bias is not in their checkpoints, so only an inert bias update is imported ----------
+THEIR_MOME = {"n_layer": 4, "n_head": 4, "n_kv_head": 4, "n_embd": 64, "vocab_size": 512, "window_pattern": "L",
+              "moe_ve_enabled": True, "moe_ve_setting": "0_2_6", "value_embeds_layers": [1, 3]}
+
+
+def test_their_trust_region_imports_where_the_sign_rule_does():
+    from nanochat.reference_format import ReferenceFormatError, config_from_reference, reference_from_config
+
+    for update in ("none", "deepseek_moe", "trust_region"):  # lr 0 (every paper run): inert, the forward is exact
+        cfg = config_from_reference("gpt", {**THEIR_MOME, "moe_ve_bias_update": update, "moe_ve_balance_lr": 0.0,
+                                            "moe_ve_bias_powerlaw_n": 1.2, "moe_ve_bias_min_visits": 32})
+        assert cfg.memory_options.get("balance", "none") == "none"
+    for update in ("deepseek_moe", "trust_region"):
+        with pytest.raises(ReferenceFormatError, match=f"moe_ve_bias_update='{update}': with moe_ve_balance_lr=0.001"
+                                                       " their router bias moves in training and is not saved"):
+            config_from_reference("gpt", {**THEIR_MOME, "moe_ve_bias_update": update, "moe_ve_balance_lr": 0.001})
+    with pytest.raises(ReferenceFormatError, match="moe_ve_bias_update='trust-region': expected one of none, "):
+        config_from_reference("gpt", {**THEIR_MOME, "moe_ve_bias_update": "trust-region", "moe_ve_balance_lr": 0.0})
+    # export: ours routes with the saved bias in eval too, theirs without any: no exact counterpart
+    ours = tiny_config(memory="mome", memory_options={"balance": "trust-region"})
+    with pytest.raises(ReferenceFormatError, match="--mome-balance trust-region has no counterpart"):
+        reference_from_config(ours)
