@@ -57,6 +57,7 @@ REFERENCE_DEFAULTS = {
     "moe_ve_slot_map_path": "", "bigram_engram_enabled": False, "bigram_engram_layers": [],
     "bigram_engram_vocab_factor": 6, "bigram_engram_gate_channels": 32, "bigram_engram_init_lambda": 0.1,
 }
+BIAS_UPDATES = ("none", "deepseek_moe", "trust_region")  # their --moe-ve-bias-update choices
 GATE_NLS = ("sigmoid", "sigmoid-norm", "softmax", "softmax-norm")  # same forward AND backward as ours
 GATE_CHANNELS = 32
 
@@ -150,10 +151,15 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_slot_dedicated_size", cfg["moe_ve_slot_dedicated_size"], "headmod only; must be 0")
     if cfg["moe_balance_mode"] != "bias":
         _refuse("moe_balance_mode", cfg["moe_balance_mode"], "only 'bias' exists in their trainer")
+    if cfg["moe_ve_bias_update"] not in BIAS_UPDATES:
+        _refuse("moe_ve_bias_update", cfg["moe_ve_bias_update"], f"expected one of {', '.join(BIAS_UPDATES)}")
     if cfg["moe_ve_bias_update"] != "none" and cfg["moe_ve_balance_lr"] > 0:
+        # ours has both rules (--mome-balance bias / trust-region), but the bias the weights were trained with is
+        # not in their checkpoint (non-persistent), and theirs moves once per micro-batch forward, ours per step
         _refuse("moe_ve_bias_update", cfg["moe_ve_bias_update"], f"with moe_ve_balance_lr="
-                f"{cfg['moe_ve_balance_lr']} their router bias moves in training (trust-region/deepseek_moe "
-                "balancing); every paper run uses 'none' or lr 0, which is what can be imported exactly")
+                f"{cfg['moe_ve_balance_lr']} their router bias moves in training and is not saved in the checkpoint; "
+                "every paper run uses 'none' or lr 0 (then moe_ve_bias_min_visits and moe_ve_bias_powerlaw_n are "
+                "inert), which is what can be imported exactly")
     index = cfg["moe_ve_slot_index_mode"]
     if index not in ("token", "bigram"):
         _refuse("moe_ve_slot_index_mode", index, "expected token or bigram")

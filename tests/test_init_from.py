@@ -354,6 +354,10 @@ def test_every_sentinel_default_is_resolved():
 # ---- training-time settings stored in the model config --------------------------------------------------------
 TRAINING_TIME = [  # (config, field, another value): each only steers training, never what the weights compute
     (dict(memory="mome", memory_options={"topk": 2, "slots": 4, "balance": "bias"}), "memory_options.balance_lr", 0.5),
+    (dict(memory="mome", memory_options={"topk": 2, "slots": 4, "balance": "trust-region"}),
+     "memory_options.balance_band", 1.2),
+    (dict(memory="mome", memory_options={"topk": 2, "slots": 4, "balance": "trust-region"}),
+     "memory_options.balance_min_visits", 32),
     (dict(memory="jtokm"), "memory_options.aux_weight", 0.5),
     (dict(**MOE_CFG), "moe_balance_lr", 0.5),
 ]

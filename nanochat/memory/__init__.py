@@ -46,7 +46,12 @@ BLOCK_FLAGS = [
     ("mome", "--mome-bigram-factor", "bigram_factor", dict(type=int, default=6, help="n: N = n x vocab (bigram)")),
     ("mome", "--mome-routing", "routing", dict(default="context", choices=ROUTINGS)),
     ("mome", "--mome-balance", "balance", dict(default="none", choices=BALANCES)),
-    ("mome", "--mome-balance-lr", "balance_lr", dict(type=float, default=0.001)),
+    ("mome", "--mome-balance-lr", "balance_lr", dict(type=float, default=0.001, help="step of the bias update")),
+    ("mome", "--mome-balance-band", "balance_band", dict(type=float, default=1.4, help="trust-region: n, the band "
+                                                         "of load shares is [q_(M-1), q_0], q_r ~ n^-r")),
+    ("mome", "--mome-balance-min-visits", "balance_min_visits", dict(type=int, default=0, help="trust-region: rows "
+                                                                     "with fewer visits per update keep their bias "
+                                                                     "(0 = M)")),
     ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
     ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),
     ("engram", "--engram-dim", "dim", dict(type=int, default=0, help="d_mem per module (0 = n_embd)")),
@@ -92,6 +97,21 @@ def _parse_layers(text: str) -> list[int]:
         raise ValueError(f"--memory-layers {text!r}: expected comma-separated integers, e.g. 1,3,5") from None
 
 
+# balancing flags -> the --mome-balance values they steer
+BALANCE_FLAGS = {"--mome-balance-lr": ("bias", "trust-region"), "--mome-balance-band": ("trust-region",),
+                 "--mome-balance-min-visits": ("trust-region",)}
+
+
+def _refuse_inert_balance_flags(options: dict) -> None:
+    """A balancing flag set without the --mome-balance it steers would change nothing: refuse it. Checked here, not
+    in MoMEOptions: a checkpoint that recorded such an inert value must still load."""
+    for _, flag, key, kwargs in BLOCK_FLAGS:
+        steered = BALANCE_FLAGS.get(flag)
+        if steered and options["balance"] not in steered and options[key] != kwargs["default"]:
+            raise ValueError(f"{flag} {options[key]} only applies with --mome-balance {' or '.join(steered)} (got "
+                             f"--mome-balance {options['balance']}); it would change nothing: drop it")
+
+
 def memory_config_from_args(args) -> dict:
     """-> {"memory", "memory_layers", "memory_options"}; a flag of another block set to a non-default is an error.
 
@@ -110,11 +130,8 @@ def memory_config_from_args(args) -> dict:
             options[key] = value
         elif value != kwargs["default"]:
             raise ValueError(f"{flag} only applies to --memory {block} (got --memory {memory})")
-    # checked here, not in MoMEOptions: a checkpoint that recorded such an inert value must still load
-    lr_default = next(kw["default"] for _, flag, _, kw in BLOCK_FLAGS if flag == "--mome-balance-lr")
-    if memory == "mome" and options["balance"] != "bias" and options["balance_lr"] != lr_default:
-        raise ValueError(f"--mome-balance-lr {options['balance_lr']} only applies with --mome-balance bias (got "
-                         f"--mome-balance {options['balance']}); it would change nothing: drop it")
+    if memory == "mome":
+        _refuse_inert_balance_flags(options)
     if memory == "mome" and options["slot_map"]:
         path = Path(options["slot_map"]).resolve()
         options["slot_map"] = str(path)

@@ -22,11 +22,12 @@ per-token logit table (padded V x H*M) shared by all memory layers, zero-init, i
 1,388.8M); ``fixed-random`` has no router: head i of token x reads the K consecutive slots starting at a fixed
 pseudo-random offset (seeded at init, the same on every run) with weights 1/K; its parameter count equals VE's.
 
-Optional loss-free balancing (--mome-balance bias, off in every paper run): a persistent fp32 buffer
-router_bias (L_mem, N, H, M) is added to the selection scores sigmoid/softmax(l) (never to the weights), in
+Optional loss-free balancing (--mome-balance bias | trust-region, off in every paper run): a persistent fp32
+buffer router_bias (L_mem, N, H, M) is added to the selection scores sigmoid/softmax(l) (never to the weights), in
 training and eval alike (it is part of the saved model). Training forwards only accumulate counts (in-place, no
 host sync, compile-friendly); ``update_balance()`` -- to be called by the trainer after each optimizer step --
-all-reduces them and applies b += lr * sign(mean - count) to visited (row, head) cells.
+all-reduces them and applies, per (row, head), the sign rule b += lr * sign(mean - count) on visited rows (bias)
+or the authors' power-law trust region on rows with enough visits (trust-region; nanochat.balance).
 
 The final evaluation's slot balance (per-(row, head) MaxVio and absolute load deviation, nanochat.slot_balance)
 counts the selections per (layer, row, head, slot) between ``start_eval_loads`` and ``pop_eval_loads`` only.
@@ -60,7 +61,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanochat.balance import loss_free_bias_update
+from nanochat.balance import loss_free_bias_update, trust_region_bias_update
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
@@ -71,7 +72,7 @@ GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
 INDEXERS = ("token", "grouped", "bigram")
 ROUTER_INPUTS = ("hidden", "value")
 ROUTINGS = ("context", "token-only", "fixed-random")
-BALANCES = ("none", "bias")
+BALANCES = ("none", "bias", "trust-region")
 NORM_EPS = 1e-10
 FIXED_RANDOM_SEED = 1234
 MIXES = ("bag", "plain", "row")
@@ -103,6 +104,8 @@ class MoMEOptions:
     routing: str = "context"
     balance: str = "none"
     balance_lr: float = 0.001
+    balance_band: float = 1.4  # n, base of the trust region's power-law band (trust-region only)
+    balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
 
     def __post_init__(self):
         _positive_int("--mome-slots", self.slots)
@@ -131,10 +134,15 @@ class MoMEOptions:
             raise ValueError(f"--mome-bigram-factor only applies to --mome-index bigram (got {self.index})")
         if self.routing != "context" and self.router_input != "hidden":
             raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
-        if self.balance == "bias" and (self.routing == "fixed-random" or self.topk == self.slots):
-            raise ValueError("--mome-balance bias needs a learned top-K selection (not fixed-random, K < M)")
+        if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
+            raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
+                             "K < M)")
         if not (isinstance(self.balance_lr, (int, float)) and self.balance_lr >= 0):
             raise ValueError(f"--mome-balance-lr must be >= 0 (got {self.balance_lr!r})")
+        if not (isinstance(self.balance_band, (int, float)) and not isinstance(self.balance_band, bool)
+                and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
+            raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
+        _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
 
     @property
     def gate_mode(self) -> str:
@@ -236,14 +244,14 @@ class MoMEMemory(MemoryBlock):
     Options = MoMEOptions
     uses_layers = True
     table_weight_decay = 0.001
-    training_options = ("balance_lr",)  # the step of the routing-bias update
+    training_options = ("balance_lr", "balance_band", "balance_min_visits")  # steer the routing-bias update only
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
 
     @classmethod
     def resolved_options(cls, config) -> MoMEOptions:
         o = super().resolved_options(config)
-        return replace(o, gate=o.gate_mode)
+        return replace(o, gate=o.gate_mode, balance_min_visits=o.balance_min_visits or o.slots)  # 0 means M
 
     def __init__(self, config):
         super().__init__(config)  # parses and validates the options: every flag error is raised before allocation
@@ -284,7 +292,7 @@ class MoMEMemory(MemoryBlock):
             self.register_buffer("slot_map", torch.empty(config.vocab_size, dtype=torch.long))
             self.slot_map_ready = False
             self.register_load_state_dict_post_hook(MoMEMemory._loaded)
-        if o.balance == "bias":
+        if o.balance != "none":
             self.register_buffer("router_bias", torch.empty(L, self.rows, H, M, dtype=torch.float32))
             self.register_buffer("balance_counts", torch.empty(L, self.rows, H, M, dtype=torch.float32),
                                  persistent=False)
@@ -495,7 +503,7 @@ class MoMEMemory(MemoryBlock):
 
     def start_eval_loads(self) -> None:
         """Count, in the forwards until ``pop_eval_loads``, every selection per (layer, row n_t, head, slot): the
-        selection the forward mixes (with --mome-balance bias: the biased one, as this block routes in eval too;
+        selection the forward mixes (with --mome-balance on: the biased one, as this block routes in eval too;
         K == M: all M slots). int32, exact up to 2^31 selections per cell; L*N*H*M counters (H/d of the per-layer
         tables' fp32 bytes, L*H/d of the shared bigram-indexed table's), allocated here and freed by the pop."""
         L, H, M = len(self.layers), self.H, self.M
@@ -524,11 +532,16 @@ class MoMEMemory(MemoryBlock):
 
     @torch.no_grad()
     def update_balance(self) -> None:
-        """Sign update of the selection bias from the counts since the last call (call after optimizer.step())."""
+        """Update the selection bias from the counts since the last call (call after optimizer.step())."""
         if not hasattr(self, "router_bias"):
             return
         # counts (L, N, H, M): one routing site per (layer, row, head); all-reduced, so every rank updates alike
-        loss_free_bias_update(self.router_bias, self.balance_counts, self.opts.balance_lr)
+        o = self.opts
+        if o.balance == "trust-region":
+            trust_region_bias_update(self.router_bias, self.balance_counts, o.balance_lr, o.balance_band,
+                                     o.balance_min_visits)
+        else:
+            loss_free_bias_update(self.router_bias, self.balance_counts, o.balance_lr)
 
     # -- logging ----------------------------------------------------------------------------------------
     @torch.no_grad()
