@@ -1,6 +1,6 @@
 """MoME's ``mod`` / ``headmod`` row indexers (the authors' slot mappings, reference model notes §3.2-3.4):
 row ids against the spec's formulas written out per token, table shapes and parameter/FLOP accounting, flag
-errors."""
+errors, and the import of their meta fields."""
 
 import argparse
 
@@ -13,6 +13,7 @@ from nanochat.gpt import GPTConfig, build_model, model_summary
 from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.mome import MoMEOptions
 from nanochat.memory.slot_index import arithmetic_rows
+from nanochat.reference_format import REFERENCE_DEFAULTS, config_from_reference
 
 
 def spec_slot(mapping: str, tok: int, S: int, D: int) -> int:
@@ -110,3 +111,23 @@ def test_rows_beyond_the_padded_vocab_are_refused():
     assert model_summary(tiny_config(memory="mome", memory_options=dict(index="mod", rows=512)))["params_memory"] > 0
     with pytest.raises(ValueError, match="--mome-dedicated-size"):
         MoMEOptions(index="headmod", rows=5, dedicated_size=-1)
+
+
+@pytest.mark.parametrize("fields", [{"moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 123},
+                                    {"moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 123,
+                                     "moe_ve_slot_dedicated_size": 37},
+                                    {"moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 0}])  # 0 = padded V
+def test_imported_config_reads_the_slots_their_fields_define(fields):
+    """Their meta fields -> our block -> the rows the spec's formula gives with S and D read from those fields
+    (S = 0 means the padded vocab; a world-size-padded S is just another S here)."""
+    cfg = {**REFERENCE_DEFAULTS, "vocab_size": 500, "n_layer": 2, "n_head": 2, "n_kv_head": 2, "n_embd": 128,
+           "window_pattern": "L", "moe_ve_enabled": True, "value_embeds_layers": [1], "moe_ve_setting": "0_2_4",
+           "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden", "moe_ve_balance_lr": 0.0,
+           "moe_ve_bias_update": "none", **fields}
+    ours = config_from_reference("gpt", cfg)
+    model = build_model(ours, seed=0)
+    S, D = fields["moe_ve_slot_vocab_size"] or 512, fields.get("moe_ve_slot_dedicated_size", 0)
+    assert tuple(model.memory.tables[0].weight.shape) == (S * 4, 64)
+    tokens = torch.arange(500).view(4, 125)
+    _, rows, _, _ = model.memory.prepare(tokens, None)
+    assert rows.flatten().tolist() == [spec_slot(fields["moe_ve_slot_mapping"], x, S, D) for x in range(500)]
