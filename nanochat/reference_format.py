@@ -7,9 +7,9 @@ gives the verified one-to-one name mapping used here; every parameter keeps its 
 plus an exact upcast to fp32.
 
 A design field we cannot express exactly (sliding windows, conv1d routers, shared experts, per-head tables,
-mod/headmod slot mappings, bias balancing, ...) is refused by its field name; nothing is approximated. The
-``table`` slot mapping (the paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their
-checkpoint (nanochat.reference_slot_map).
+bias balancing, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping (the
+paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their checkpoint
+(nanochat.reference_slot_map). Their ``mod``/``headmod`` mappings are our indexers of the same names.
 Fields that only steer training-time machinery their checkpoints do not carry (the router-bias buffer is not
 saved and is never used in eval) are accepted only at values where that machinery is inert.
 """
@@ -25,6 +25,7 @@ from nanochat.families import meta_device
 from nanochat.gpt import GPT, GPTConfig
 from nanochat.memory import MEMORY_BLOCKS, default_memory_layers
 from nanochat.memory.mome import MoMEOptions
+from nanochat.memory.slot_index import ARITHMETIC_INDEXERS
 
 COMPILE_PREFIX = "_orig_mod."
 ROTARY_KEYS = ("cos", "sin")  # their rotary tables; recomputed by our model, never stored
@@ -128,6 +129,27 @@ def _table_options(cfg: dict, experts: int, slot_map: tuple[str, str] | None) ->
     return {"index": "grouped", "group_size": group, "slot_map": slot_map[0], "slot_map_sha256": slot_map[1]}
 
 
+def _arithmetic_options(cfg: dict) -> dict:
+    """Our mod/headmod index options for their mapping of the same name (reference notes §3.4: slot = tok mod S;
+    headmod: tok below D, else D + ((tok - D) mod (S - D))). Their meta holds the S their base_train resolved
+    (the explicit size or ceil(V/f), padded for the world size; 0 = the padded vocab, §1.1/§3.1): the module maps
+    with that S and the routed table has S*E rows, so ours takes it as --mome-rows and is exact for any S, padded
+    or not."""
+    mapping = cfg["moe_ve_slot_mapping"]
+    if cfg["moe_ve_slot_index_mode"] != "token":
+        _refuse("moe_ve_slot_mapping", mapping, f"with moe_ve_slot_index_mode {cfg['moe_ve_slot_index_mode']!r}: "
+                "their trainer maps only the token index through a slot mapping")
+    padded = GPTConfig(vocab_size=cfg["vocab_size"]).padded_vocab_size
+    slots = cfg["moe_ve_slot_vocab_size"] or padded
+    if not (isinstance(slots, int) and 0 < slots <= padded):
+        _refuse("moe_ve_slot_vocab_size", cfg["moe_ve_slot_vocab_size"], f"with moe_ve_slot_mapping {mapping!r} "
+                f"the slot count S must be an integer in 1..{padded} (the padded vocab size; their module check)")
+    dedicated = cfg["moe_ve_slot_dedicated_size"]
+    if mapping == "headmod" and not (isinstance(dedicated, int) and 0 < dedicated < slots):
+        _refuse("moe_ve_slot_dedicated_size", dedicated, f"headmod needs 0 < D < S = {slots}")
+    return {"index": mapping, "rows": slots, "dedicated_size": dedicated if mapping == "headmod" else 0}
+
+
 def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
     shared, k, e = parse_moe_setting(cfg["moe_ve_setting"])
     if shared:
@@ -144,10 +166,9 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_router_input", cfg["moe_ve_router_input"], "expected hidden or value")
     if cfg["moe_ve_per_head_table"]:
         _refuse("moe_ve_per_head_table", True, "per-head tables are not supported")
-    if cfg["moe_ve_slot_mapping"] not in ("none", "table"):
-        _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "only 'none' (token or bigram index) and "
-                "'table' (with its slot-map JSON) are supported; mod/headmod slot mappings are not imported")
-    if cfg["moe_ve_slot_dedicated_size"]:
+    if cfg["moe_ve_slot_mapping"] not in ("none", "table", *ARITHMETIC_INDEXERS):
+        _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "expected none, mod, headmod or table")
+    if cfg["moe_ve_slot_dedicated_size"] and cfg["moe_ve_slot_mapping"] != "headmod":
         _refuse("moe_ve_slot_dedicated_size", cfg["moe_ve_slot_dedicated_size"], "headmod only; must be 0")
     if cfg["moe_balance_mode"] != "bias":
         _refuse("moe_balance_mode", cfg["moe_balance_mode"], "only 'bias' exists in their trainer")
@@ -174,6 +195,8 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
                "index": index}
     if cfg["moe_ve_slot_mapping"] == "table":
         options.update(_table_options(cfg, e, slot_map))
+    if cfg["moe_ve_slot_mapping"] in ARITHMETIC_INDEXERS:
+        options.update(_arithmetic_options(cfg))
     if MoMEOptions(**{**options, "gate": "auto"}).gate_mode == options["gate"]:
         options["gate"] = "auto"  # the paper's rule picks the same gate; keeps export -> import exact
     rows = cfg["vocab_size"] * cfg["moe_ve_bigram_slot_factor"] if index == "bigram" else None
@@ -181,8 +204,8 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         options["bigram_factor"] = cfg["moe_ve_bigram_slot_factor"]
     options = asdict(MoMEOptions(**options))  # every option spelled out, as base_train records them
     slot_vocab = cfg["moe_ve_slot_vocab_size"]
-    if options["index"] == "grouped":
-        return options  # S checked by _table_options
+    if options["index"] in ("grouped", *ARITHMETIC_INDEXERS):
+        return options  # S checked by _table_options / _arithmetic_options
     if slot_vocab and slot_vocab != (rows or GPTConfig(vocab_size=cfg["vocab_size"]).padded_vocab_size):
         _refuse("moe_ve_slot_vocab_size", slot_vocab, "differs from the slot count of the index (world-size "
                 "padding of S is not supported)")
@@ -250,6 +273,9 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
                 raise ReferenceFormatError(f"{name} {value} has no counterpart in the authors' code (needs {ok})")
         if o.index == "grouped":  # moe_ve_slot_map_path: set by the exporter, which writes their JSON
             cfg.update(moe_ve_slot_mapping="table", moe_ve_slot_vocab_size=config.vocab_size // o.group_size)
+        if o.index in ARITHMETIC_INDEXERS:  # their S is our N; D is 0 for mod, as their default
+            cfg.update(moe_ve_slot_mapping=o.index, moe_ve_slot_vocab_size=o.rows,
+                       moe_ve_slot_dedicated_size=o.dedicated_size)
         cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"0_{o.topk}_{o.slots}",
                    moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
                    moe_ve_slot_index_mode="bigram" if o.index == "bigram" else "token",

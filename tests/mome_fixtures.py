@@ -7,6 +7,7 @@ from nanochat.memory.mome import MoMEMemory
 from nanochat.memory.slot_map import write_slot_map
 
 VOCAB, C, HEADS, GROUP = 96, 64, 2, 3  # vocab 96 pads to 128; divisible by the group size 3
+ROWS, DEDICATED = 40, 10  # mod/headmod: 40 does not divide 96, so the rows hold 3 or 2 tokens
 
 
 def mome_config(tmp_path, M, K, index, **extra):
@@ -18,6 +19,8 @@ def mome_config(tmp_path, M, K, index, **extra):
         opts.update(group_size=GROUP, slot_map=str(path))
     if index == "bigram":
         opts.update(bigram_factor=2)
+    if index in ("mod", "headmod"):
+        opts.update(rows=ROWS, **({"dedicated_size": DEDICATED} if index == "headmod" else {}))
     return tiny_config(vocab_size=VOCAB, n_embd=C, n_head=HEADS, n_kv_head=HEADS, n_layer=2, memory="mome",
                        memory_options=opts)
 
@@ -41,6 +44,11 @@ def naive_row(cfg, block, tokens, b, t):
         return x
     if o.index == "grouped":
         return int(block.slot_map[x])
+    if o.index == "mod":  # reference notes §3.4: slot = token mod S
+        return x % o.rows
+    if o.index == "headmod":  # tokens below D keep their own slot, others D + ((tok - D) mod (S - D))
+        D = o.dedicated_size
+        return x if x < D else D + (x - D) % (o.rows - D)
     n = o.bigram_factor * cfg.vocab_size  # paper/reference hash, written out in Python ints
     if t == 0:
         return n - 1

@@ -46,6 +46,17 @@ DESIGNS = {
                            "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
                            "moe_ve_slot_mapping": "table", **INERT_BALANCE},
                    "mome", (), {"slots": 4, "topk": 2, "index": "grouped", "group_size": 2}),
+    # their mod/headmod mappings = our indexers of the same names; S is what their base_train resolved (here not
+    # a divisor of the 439-token vocab, so rows hold unequal token counts)
+    "mome_mod": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
+                         "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                         "moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 100, **INERT_BALANCE},
+                 "mome", (), {"slots": 4, "topk": 2, "index": "mod", "rows": 100}),
+    "mome_headmod": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
+                             "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                             "moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 120,
+                             "moe_ve_slot_dedicated_size": 30, **INERT_BALANCE},
+                     "mome", (), {"slots": 4, "topk": 2, "index": "headmod", "rows": 120, "dedicated_size": 30}),
 }
 BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.")  # what their CUDA init casts to bf16
 

@@ -87,7 +87,7 @@ def test_bf16_autocast_train_step_every_memory_block(name):
 
 
 @pytest.mark.parametrize("mix", ["bag", "plain", "row"])
-@pytest.mark.parametrize("index", ["token", "bigram"])
+@pytest.mark.parametrize("index", ["token", "bigram", "headmod"])
 def test_compile_fullgraph_mome_matches_eager(mix, index, monkeypatch):
     """fp32 (TF32 off): compiled and eager compute the same function to float rounding. (Under bf16 autocast the
     router gradient of two fusions differs by ~10%: it is a small difference of saturated sigmoid slopes.)"""
@@ -102,7 +102,8 @@ def test_compile_fullgraph_mome_matches_eager(mix, index, monkeypatch):
 
 def _compare_compiled_with_eager(index):
     torch._dynamo.reset()
-    opts = {"slots": 6, "topk": 2} if index == "token" else MEMORIES["mome_bigram_index"]["memory_options"]
+    opts = {"token": {"slots": 6, "topk": 2}, "bigram": MEMORIES["mome_bigram_index"]["memory_options"],
+            "headmod": {"slots": 6, "topk": 2, "index": "headmod", "rows": 100, "dedicated_size": 30}}[index]
     model = build_model(tiny_config(memory="mome", memory_options=opts), device="cuda", seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # routers at the scale training gives them: logits O(1), no saturated sigmoids
@@ -334,7 +335,7 @@ def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
             assert table.grad is not None and not table.grad.is_sparse, name
 
 
-@pytest.mark.parametrize("index", ["token", "bigram"])
+@pytest.mark.parametrize("index", ["token", "bigram", "headmod"])
 def test_slot_balance_counts_on_cuda_equal_the_per_token_loop(tmp_path, index, monkeypatch):
     """The final eval's MoME slot-balance counting on CUDA (int32 index_add_, the argmax top-K, the plain and the
     row mix) against the per-token loop of tests/test_slot_balance.py, in float64 (no top-K ties)."""

@@ -124,6 +124,7 @@ def _perturb(model):
 
 
 @pytest.mark.parametrize("memory,opts", [("bigram", {}), ("mome", {}), ("mome", {"index": "bigram", "bigram_factor": 2}),
+                                         ("mome", {"index": "headmod", "rows": 100, "dedicated_size": 30}),
                                          ("ve", {}), ("mome", {"routing": "fixed-random"}),
                                          ("mome", {"routing": "token-only"}), ("mome", {"topk": 1, "router_input": "value"}),
                                          ("mome", {"topk": 6})])
@@ -306,6 +307,7 @@ def test_nanochat_memory_optimizer_groups(memory, table_wd):
 ROUND_TRIP = [("ve", {}, {}), ("bigram", {}, {}), ("mome", {}, {}), ("mome", {"index": "bigram", "bigram_factor": 2}, {}),
               ("mome", {"routing": "token-only"}, {}), ("mome", {"routing": "fixed-random"}, {}),
               ("mome", {"balance": "bias"}, {}), ("mome", {"topk": 1, "router_input": "value"}, {}),
+              ("mome", {"index": "headmod", "rows": 100, "dedicated_size": 30, "balance": "bias"}, {}),
               ("engram", {"compression": "identity", "dim": 64, "heads": 2, "first_prime": 101}, {}),
               ("jtok", {}, {}), ("jtokm", {}, {}), ("move_input", {"experts": 5, "rank": 8}, {}),
               ("mome", {}, {"mlp": "moe", "moe_hidden": 64})]

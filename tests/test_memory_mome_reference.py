@@ -66,7 +66,7 @@ def _grads(out, tensors, seed=3):
     return [g.to_dense() if g.is_sparse else g for g in grads]  # the shared bigram table's grad is sparse
 
 
-@pytest.mark.parametrize("index", ["token", "grouped", "bigram"])
+@pytest.mark.parametrize("index", ["token", "grouped", "bigram", "mod", "headmod"])
 @pytest.mark.parametrize("M", [3, 6])
 @pytest.mark.parametrize("K", [1, 2])
 def test_fast_block_equals_paper_loop(tmp_path, index, M, K):

@@ -14,6 +14,7 @@ CASES = [
     ("mome", {}),
     ("mome", {"topk": 1, "router_input": "value"}),
     ("mome", {"index": "bigram", "bigram_factor": 2}),
+    ("mome", {"index": "headmod", "rows": 100, "dedicated_size": 30}),
     ("mome", {"routing": "token-only"}),
     ("mome", {"routing": "fixed-random"}),
     ("mome", {"balance": "bias"}),

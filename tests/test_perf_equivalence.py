@@ -153,7 +153,8 @@ def test_fused_mix_table_gradient_with_duplicate_ids():
     assert (grads[0][0][3:] == 0).all()  # untouched rows: exactly zero (dense grad, sparse support)
 
 
-@pytest.mark.parametrize("opts", [{}, {"index": "bigram", "bigram_factor": 2}, {"topk": 1, "router_input": "value"}])
+@pytest.mark.parametrize("opts", [{}, {"index": "bigram", "bigram_factor": 2}, {"topk": 1, "router_input": "value"},
+                                  {"index": "headmod", "rows": 100, "dedicated_size": 30}])
 def test_training_forward_has_no_graph_breaks(opts):
     """Dynamo trace only (no inductor): cheap, and the inductor compile is covered by the slow test in
     tests/test_memory_train.py."""

@@ -170,8 +170,14 @@ def _edit_meta(src, **fields):
 @pytest.mark.parametrize("fields, needle", [
     ({"window_pattern": "SSSL"}, "window_pattern='SSSL'"),
     ({"moe_ve_gate_type": "conv1d"}, "moe_ve_gate_type='conv1d'"),
-    ({"moe_ve_slot_mapping": "headmod"}, "moe_ve_slot_mapping='headmod'"),
-    ({"moe_ve_slot_mapping": "mod"}, "moe_ve_slot_mapping='mod'"),
+    ({"moe_ve_slot_mapping": "modulo"}, "moe_ve_slot_mapping='modulo'"),
+    ({"moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 100}, "moe_ve_slot_dedicated_size=0"),
+    ({"moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 100, "moe_ve_slot_dedicated_size": 100},
+     "moe_ve_slot_dedicated_size=100: headmod needs 0 < D < S = 100"),
+    ({"moe_ve_slot_mapping": "mod", "moe_ve_slot_dedicated_size": 5}, "moe_ve_slot_dedicated_size=5"),
+    ({"moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 449}, "moe_ve_slot_vocab_size=449"),
+    ({"moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 100, "moe_ve_slot_index_mode": "bigram",
+      "moe_ve_network_shared_table": True}, "moe_ve_slot_mapping='mod': with moe_ve_slot_index_mode 'bigram'"),
     ({"moe_ve_slot_mapping": "table", "moe_ve_slot_map_path": "/nowhere/k2.json"},  # no --slot-map, no file
      "pass it with --slot-map FILE (the meta's moe_ve_slot_map_path '/nowhere/k2.json' is not a file here)"),
     ({"moe_ve_per_head_table": True}, "moe_ve_per_head_table=True"),

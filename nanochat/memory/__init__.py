@@ -44,6 +44,10 @@ BLOCK_FLAGS = [
     ("mome", "--mome-group-size", "group_size", dict(type=int, default=1, help="c_grp of the slot map (grouped)")),
     ("mome", "--mome-slot-map", "slot_map", dict(default="", help="slot-map JSON (scripts/build_slot_map.py)")),
     ("mome", "--mome-bigram-factor", "bigram_factor", dict(type=int, default=6, help="n: N = n x vocab (bigram)")),
+    ("mome", "--mome-rows", "rows", dict(type=int, default=0, help="N, table rows of --mome-index mod/headmod "
+                                         "(required there; the reference's slot factor f: N = ceil(V / f))")),
+    ("mome", "--mome-dedicated-size", "dedicated_size", dict(type=int, default=0, help="D (headmod): tokens "
+                                                             "below D keep their own row, 0 < D < N")),
     ("mome", "--mome-routing", "routing", dict(default="context", choices=ROUTINGS)),
     ("mome", "--mome-balance", "balance", dict(default="none", choices=BALANCES)),
     ("mome", "--mome-balance-lr", "balance_lr", dict(type=float, default=0.001, help="step of the bias update")),

@@ -3,7 +3,7 @@
 Per memory layer a table E in R^{N x M x d} (stored flat as N*M rows of width d = head_dim, flat id = row*M + slot),
 shared by the layer's KV heads. For token t and KV head i:
 
-    n_t   = f(x_t)                                   row indexer (--mome-index token | grouped | bigram)
+    n_t   = f(x_t)                                   row indexer (--mome-index token | grouped | bigram | mod | headmod)
     l_t,i = W_g^(i) h_t + b_g^(i)       in R^M       router (--mome-router-input hidden: h = norm(x); value: h = v_t,i)
     A_t,i = TopK(l_t,i, K)                           K = --mome-topk of M = --mome-slots
     alpha = sigmoid-norm over A for K > 1, softmax over all M for K = 1   (--mome-gate overrides)
@@ -11,7 +11,8 @@ shared by the layer's KV heads. For token t and KV head i:
     v~    = v + gamma_i m~,  gamma = 2 sigmoid(W_gamma norm(x)[..., :32])   (the VE gate)
 
 Indexers: ``token`` N = padded V; ``grouped`` N = V / c_grp from a frozen slot-map file (nanochat.memory.slot_map);
-``bigram`` N = n * V via the bigram hash, with ONE table shared by all memory layers (per-layer routers and gates).
+``bigram`` N = n * V via the bigram hash, with ONE table shared by all memory layers (per-layer routers and gates);
+``mod`` / ``headmod`` N = --mome-rows by the authors' arithmetic slot mappings (nanochat.memory.slot_index).
 --mome-slots is the M actually stored per row. The paper keeps memory constant when grouping by multiplying the
 identity-indexed M by c_grp (A2/6 c1 == A2/12 c2 == A2/24 c4 at 151M), so M must be a multiple of c_grp and the
 multiplied value is what you pass.
@@ -65,11 +66,12 @@ from nanochat.balance import loss_free_bias_update, trust_region_bias_update
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
+from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_arithmetic_options, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
 
 GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
-INDEXERS = ("token", "grouped", "bigram")
+INDEXERS = ("token", "grouped", "bigram", *ARITHMETIC_INDEXERS)
 ROUTER_INPUTS = ("hidden", "value")
 ROUTINGS = ("context", "token-only", "fixed-random")
 BALANCES = ("none", "bias", "trust-region")
@@ -101,6 +103,8 @@ class MoMEOptions:
     slot_map: str = ""  # grouped indexer only
     slot_map_sha256: str = ""  # content hash recorded at configuration time (checked on load)
     bigram_factor: int = 6  # n, bigram indexer only (N = n*V)
+    rows: int = 0  # N, mod/headmod indexers only (required there)
+    dedicated_size: int = 0  # D, headmod indexer only: tokens below D keep their own row
     routing: str = "context"
     balance: str = "none"
     balance_lr: float = 0.001
@@ -120,6 +124,9 @@ class MoMEOptions:
         _choice("--mome-balance", self.balance, BALANCES)
         _positive_int("--mome-group-size", self.group_size)
         _positive_int("--mome-bigram-factor", self.bigram_factor)
+        _positive_int("--mome-rows", self.rows, minimum=0)
+        _positive_int("--mome-dedicated-size", self.dedicated_size, minimum=0)
+        check_arithmetic_options(self.index, self.rows, self.dedicated_size)
         if self.index == "grouped":
             if self.slots % self.group_size:
                 raise ValueError(f"--mome-slots {self.slots} must be a multiple of --mome-group-size "
@@ -262,8 +269,10 @@ class MoMEMemory(MemoryBlock):
         self.table_bound = config.memory_table_bound
         self.M, self.K, self.mode = o.slots, o.topk, o.gate_mode
         self.vocab_size, self.padded_vocab = config.vocab_size, config.padded_vocab_size
+        if o.index in ARITHMETIC_INDEXERS:
+            check_rows_fit_vocab(o.index, o.rows, config.padded_vocab_size)
         self.rows = {"token": config.padded_vocab_size, "grouped": config.vocab_size // o.group_size,
-                     "bigram": o.bigram_factor * config.vocab_size}[o.index]
+                     "bigram": o.bigram_factor * config.vocab_size}.get(o.index, o.rows)
         self.layer_pos = {layer: i for i, layer in enumerate(self.layers)}
         L, H, M = len(self.layers), self.H, self.M
         if o.index == "bigram":  # compound scaling: one table for the whole network
@@ -397,6 +406,8 @@ class MoMEMemory(MemoryBlock):
         elif index == "grouped":
             self.check_ready()
             row = self.slot_map[idx]
+        elif index in ARITHMETIC_INDEXERS:
+            row = arithmetic_rows(idx, index, self.rows, self.opts.dedicated_size)
         else:
             row = idx.long()
         # the shared table's M slots of n_t, read by every memory layer: gathered once (see "row mix" above)
