@@ -307,9 +307,9 @@ def stop_reason(step: int, n: int, votes: StopVotes) -> str | None:
 def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | None, signal_name: str | None) -> None:
     """The work between two optimizer steps, in order: evals, samples, then one checkpoint if any is due. Saving
     last means a checkpoint of step s holds everything done at s: a resume from it repeats and misses nothing. A
-    wall-time stop skips the periodic evals (the final evaluation follows at once)."""
-    if reason != "wall_time_limit":
-        periodic_evals(run, step, resumed_at)
+    wall-time stop runs a due periodic eval too, although the final evaluation follows: that final record goes
+    with the next --resume, which does not evaluate its own step again, so skipping it would lose the eval."""
+    periodic_evals(run, step, resumed_at)
     run_control.periodic_samples(run, step, resumed_at, at_end=reason in ("completed", "wall_time_limit"))
     keep = run.save_flops is not None and run.save_flops.due(step)
     periodic = run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0

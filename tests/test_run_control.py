@@ -214,3 +214,20 @@ def test_two_ranks_stop_at_the_same_step_when_one_clock_runs_out(tmp_path):
     assert ckpt.list_steps(run) == [3] and math.isfinite(summary["val_bpb"])
     assert json.loads((run / "samples.rank0.json").read_text()) == [2, 3]
     assert not (run / "samples.rank1.json").exists()
+
+
+def test_a_wall_time_stop_on_an_eval_step_keeps_that_eval_across_the_resume(tmp_path, monkeypatch):
+    """Stops at steps 3 and 6 (as above) with --eval-every 3: the periodic evals of steps 3 and 6 are in metrics.jsonl
+    after the resumes, equal to an uninterrupted run's (the stop's final record goes with the resume, and the
+    resumed step is not evaluated again), and min_val_bpb counts them."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    flags = ["--num-iterations", "8", "--eval-every", "3"]
+    assert train(ref, *flags) == 0
+    fake_step_clock(monkeypatch, 10.0)
+    for session in range(3):
+        assert train(run, *flags, "--max-wall-time-seconds", "25", *(["--resume"] if session else [])) == 0
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+    assert [r["step"] for r in records(ref, "eval")] == [0, 3, 6]
+    assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
+        [(r["step"], r["val_bpb"]) for r in records(ref, "eval")]
+    assert ckpt.load_meta(run, 8)["loop"]["min_val_bpb"] == ckpt.load_meta(ref, 8)["loop"]["min_val_bpb"]
