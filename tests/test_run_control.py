@@ -71,9 +71,10 @@ def fake_step_clock(monkeypatch, seconds_per_step: float):
 def test_wall_time_stop_saves_evaluates_and_resumes(tmp_path, monkeypatch, capsys):
     """10 fake seconds per step, a 25 s budget: each process stops after ceil(25 / 10) = 3 of its own steps, saves,
     runs the final evaluation and samples; --resume gets a fresh budget (its own clock) and continues, and the
-    three sessions train exactly like one uninterrupted run."""
+    three sessions train exactly like one uninterrupted run. The stops fall on --eval-every steps: those evals are
+    kept (the stop's final record goes with the resume, which does not evaluate its own step again)."""
     ref, run = tmp_path / "ref", tmp_path / "run"
-    flags = ["--num-iterations", "8", "--sample-every", "2"]
+    flags = ["--num-iterations", "8", "--sample-every", "2", "--eval-every", "3"]
     assert train(ref, *flags) == 0
     fake_step_clock(monkeypatch, 10.0)
     limit = ["--max-wall-time-seconds", "25"]
@@ -91,6 +92,10 @@ def test_wall_time_stop_saves_evaluates_and_resumes(tmp_path, monkeypatch, capsy
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
     assert losses(run) == losses(ref)
     assert [r["step"] for r in records(run, "final")] == [8]  # each session's final record went with its resume
+    assert [r["step"] for r in records(ref, "eval")] == [0, 3, 6]
+    assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
+        [(r["step"], r["val_bpb"]) for r in records(ref, "eval")]
+    assert ckpt.load_meta(run, 8)["loop"]["min_val_bpb"] == ckpt.load_meta(ref, 8)["loop"]["min_val_bpb"]
     # samples every 2 steps and at the end of each session, none repeated by a resume
     assert [r["step"] for r in records(run, "sample")] == [2, 3, 4, 6, 8]
     assert [r["step"] for r in records(ref, "sample")] == [2, 4, 6, 8]
@@ -215,19 +220,3 @@ def test_two_ranks_stop_at_the_same_step_when_one_clock_runs_out(tmp_path):
     assert json.loads((run / "samples.rank0.json").read_text()) == [2, 3]
     assert not (run / "samples.rank1.json").exists()
 
-
-def test_a_wall_time_stop_on_an_eval_step_keeps_that_eval_across_the_resume(tmp_path, monkeypatch):
-    """Stops at steps 3 and 6 (as above) with --eval-every 3: the periodic evals of steps 3 and 6 are in metrics.jsonl
-    after the resumes, equal to an uninterrupted run's (the stop's final record goes with the resume, and the
-    resumed step is not evaluated again), and min_val_bpb counts them."""
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    flags = ["--num-iterations", "8", "--eval-every", "3"]
-    assert train(ref, *flags) == 0
-    fake_step_clock(monkeypatch, 10.0)
-    for session in range(3):
-        assert train(run, *flags, "--max-wall-time-seconds", "25", *(["--resume"] if session else [])) == 0
-    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
-    assert [r["step"] for r in records(ref, "eval")] == [0, 3, 6]
-    assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
-        [(r["step"], r["val_bpb"]) for r in records(ref, "eval")]
-    assert ckpt.load_meta(run, 8)["loop"]["min_val_bpb"] == ckpt.load_meta(ref, 8)["loop"]["min_val_bpb"]
