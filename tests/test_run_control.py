@@ -220,3 +220,33 @@ def test_two_ranks_stop_at_the_same_step_when_one_clock_runs_out(tmp_path):
     assert json.loads((run / "samples.rank0.json").read_text()) == [2, 3]
     assert not (run / "samples.rank1.json").exists()
 
+
+
+def test_a_signal_on_an_eval_step_saves_before_evaluating_and_the_resume_evaluates(tmp_path, monkeypatch):
+    """A scheduler's SIGKILL follows its SIGTERM after a grace period: the checkpoint of a signal stop must not wait
+    for a periodic eval (bpb, and CORE with --eval-every-flops: minutes at scale). The eval of that step is not
+    lost: the resume runs it (and the samples), and the evals equal an uninterrupted run's."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    flags = ["--num-iterations", "6", "--eval-every", "3"]
+    assert train(ref, *flags) == 0
+    events, real_step, real_eval = [], base_train.train_step, base_train.run_split_bpb
+    real_save = base_train.save
+
+    def step(*a, **k):  # a signal during step 3 (on any rank): the boundary after it is an eval step
+        loss, gnorm, votes, aux = real_step(*a, **k)
+        events.append("step")
+        return loss, gnorm, base_train.StopVotes(signal=events.count("step") == 3), aux
+
+    monkeypatch.setattr(base_train, "train_step", step)
+    monkeypatch.setattr(base_train, "run_split_bpb", lambda *a, **k: events.append("eval") or real_eval(*a, **k))
+    monkeypatch.setattr(base_train, "save", lambda *a, **k: events.append("save") or real_save(*a, **k))
+    assert train(run, *flags) == 0
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert events == ["eval", "step", "step", "step", "save"]  # step 0's eval, then the save at once
+    events.clear()
+    monkeypatch.setattr(base_train, "train_step", real_step)
+    assert train(run, *flags, "--resume") == 0
+    assert events[0] == "eval"  # step 3's, by the resume
+    assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
+        [(r["step"], r["val_bpb"]) for r in records(ref, "eval")] and len(records(ref, "eval")) == 2
+    assert losses(run) == losses(ref)
