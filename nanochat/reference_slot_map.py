@@ -109,19 +109,28 @@ def _their_json(token_to_row: torch.Tensor, group_size: int, tokenizer, source: 
                       for i, r in enumerate(rows)]}
 
 
-def export(model, tokenizer, ckpt_dir: Path) -> Path:
-    """Write their JSON of the map ``model`` holds into ``ckpt_dir``; returns its path (for their meta)."""
+def _own_file(path: Path, token_to_row: torch.Tensor, group_size: int) -> bool:
+    """Whether ``path`` is a file in their format holding exactly this map."""
+    if not path.is_file():
+        return False
+    try:
+        own = load_slot_map(path, token_to_row.numel(), group_size)
+    except ValueError:
+        return False  # rebuilt or replaced since: the checkpoint's map is the one to write
+    return own.header.get("format") == REFERENCE_FORMAT and torch.equal(own.token_to_row, token_to_row)
+
+
+def export(model, tokenizer, ckpt_dir: Path, run_dir=None) -> Path:
+    """Write their JSON of the map ``model`` holds into ``ckpt_dir``; returns its path (for their meta). The file
+    the config names is copied byte for byte when it holds that map; so is the run's own copy (``run_dir``'s
+    slot_map/, where an import put it) when the run was moved since and the recorded absolute path is gone."""
     o, token_to_row = model.memory.opts, model.memory.slot_map.detach().cpu()
     src = Path(o.slot_map)
     dst = ckpt_dir / (src.name if src.suffix == ".json" else "slot_map.json")  # their loader takes only .json
-    own = None
-    if src.is_file():
-        try:
-            own = load_slot_map(src, token_to_row.numel(), o.group_size)
-        except ValueError:
-            own = None  # rebuilt or replaced since: the checkpoint's map is the one to write
-    if own is not None and own.header.get("format") == REFERENCE_FORMAT and torch.equal(own.token_to_row, token_to_row):
-        data = src.read_bytes()
+    candidates = [src] + ([Path(run_dir) / RUN_SUBDIR / src.name] if run_dir is not None else [])
+    own = next((p for p in candidates if _own_file(p, token_to_row, o.group_size)), None)
+    if own is not None:
+        data = own.read_bytes()
     else:
         data = json.dumps(_their_json(token_to_row, o.group_size, tokenizer, str(src))).encode()
     if dst.exists() and dst.read_bytes() != data:  # another step of the same --model-tag may share it

@@ -331,6 +331,15 @@ def write_run_report(run_dir) -> Path:
 COMPARISON_HEADER = "| run | memory | params total | params memory | steps | tokens | train min | val bpb | CORE |"
 
 
+def _steps_cell(s: dict) -> str:
+    """The steps trained; for a run that stopped early (e.g. wall_time_limit, which has a val bpb) also of how many
+    and why, so its numbers do not read as a finished run's."""
+    reason = s.get("stop_reason")
+    if reason in (None, "completed"):
+        return fmt(s.get("step"))
+    return f"{fmt(s.get('step'))} of {fmt(s.get('num_iterations'))} ({reason})"
+
+
 def comparison_table(facts: list[dict]) -> list[str]:
     """One markdown row per run (``run_facts``): the table of the speedrun report and of the README's CPU demo."""
     lines = [COMPARISON_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -339,7 +348,7 @@ def comparison_table(facts: list[dict]) -> list[str]:
         train_s = s.get("train_time_s")
         lines.append(" | ".join([
             f"| {f['run_name']}", f["memory"] or NA, fmt(s.get("params_total", plan.get("params_total")), ","),
-            fmt(s.get("params_memory", plan.get("params_memory")), ","), fmt(s.get("step")), fmt(s.get("tokens"), ","),
+            fmt(s.get("params_memory", plan.get("params_memory")), ","), _steps_cell(s), fmt(s.get("tokens"), ","),
             fmt(train_s / 60 if train_s is not None else None, ".1f"), fmt(s.get("val_bpb"), ".4f"),
             fmt_core(s)]) + " |")
     return lines

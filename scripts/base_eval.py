@@ -157,8 +157,10 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
         print0(f"bpb data: {data_dir} ({source})")
         out["data_dir"] = str(data_dir)
         # build_eval_rows is collective: fail together, before it
+        # "result": what an item holds; older code kept a bare bpb (its items are scored again, even where the code
+        # version cannot tell the codes apart: outside a git checkout)
         data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
-                "eval_tokens": args.eval_tokens}
+                "eval_tokens": args.eval_tokens, "result": "bpb, mome_slot_balance"}
         for split in splits:
             def score_split():  # bpb, and for MoME the slot balance of the same forwards (nanochat.slot_balance)
                 rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank,

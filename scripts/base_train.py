@@ -304,20 +304,30 @@ def stop_reason(step: int, n: int, votes: StopVotes) -> str | None:
     return None
 
 
+BOUNDARY_PENDING = "boundary_pending"  # loop key of a signal stop's checkpoint: its step's evals/samples not run
+
+
 def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | None, signal_name: str | None) -> None:
     """The work between two optimizer steps, in order: evals, samples, then one checkpoint if any is due. Saving
     last means a checkpoint of step s holds everything done at s: a resume from it repeats and misses nothing. A
-    wall-time stop skips the periodic evals (the final evaluation follows at once)."""
-    if reason != "wall_time_limit":
+    wall-time stop runs a due periodic eval too, although the final evaluation follows: that final record goes
+    with the next --resume, which does not evaluate its own step again, so skipping it would lose the eval. A
+    signal stop saves at once (a scheduler's SIGKILL follows its SIGTERM after a grace period that an eval, or
+    CORE, could outlast) and marks the checkpoint BOUNDARY_PENDING: its resume runs the step's evals and samples."""
+    interrupted = reason == "interrupted"
+    if not interrupted:
         periodic_evals(run, step, resumed_at)
-    run_control.periodic_samples(run, step, resumed_at, at_end=reason in ("completed", "wall_time_limit"))
+        run_control.periodic_samples(run, step, resumed_at, at_end=reason in ("completed", "wall_time_limit"))
     keep = run.save_flops is not None and run.save_flops.due(step)
     periodic = run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0
     if step == run.last_saved or not (reason or keep or periodic):
         return
     why = {"completed": "final", "wall_time_limit": "wall_time_limit",
            "interrupted": f"signal {signal_name or 'on another rank'}"}.get(reason, "periodic" if periodic else "")
+    if interrupted:
+        run.loop[BOUNDARY_PENDING] = True
     save(run, ", ".join(w for w in (why, "save_at_flops" if keep else "") if w), keep=keep)
+    run.loop.pop(BOUNDARY_PENDING, None)
 
 
 WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
@@ -329,6 +339,8 @@ def train(run: Run, resumed_at: int | None) -> str:
     n, loop = run.plan["num_iterations"], run.loop
     bar = tqdm(total=n, initial=loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
     stop, votes, first = StopSignal().install(), StopVotes(), loop["step"]
+    if loop.pop(BOUNDARY_PENDING, False):  # resumed from a signal stop's checkpoint: its step's evals are to do
+        resumed_at = None
     time_up = run.wall_limit.reached if run.wall_limit is not None and run.wall_limit.limit_s > 0 else None
     loop.setdefault("steady_steps", 0)
     loop.setdefault("steady_time", 0.0)

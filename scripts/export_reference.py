@@ -66,7 +66,7 @@ def export_reference(args) -> Path:
     write_reference_tokenizer(tok, out / "tokenizer")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
-        model_config["moe_ve_slot_map_path"] = str(reference_slot_map.export(model, tok, ckpt_dir).resolve())
+        model_config["moe_ve_slot_map_path"] = str(reference_slot_map.export(model, tok, ckpt_dir, args.run).resolve())
     their_meta = {"step": step, "val_bpb": val_bpb_of(meta), "model_type": model_type, "model_config": model_config,
                   "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,

@@ -7,11 +7,12 @@
 Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json with
 stop_reason "completed") is never overwritten; an unfinished one (interrupted, stopped at its wall-time limit,
 crashed, killed) is continued with base_train --resume auto (from its latest checkpoint, or from step 0 when it
-has none). Seeds run one after another and the runner stops at the first failure or wall-time stop
-(``-- --max-wall-time-seconds S``), printing the log path (``-- --overwrite`` or ``-- --resume STEP`` replaces
-``--resume auto``). ``--plan`` prints the exact commands and exits without importing torch or touching data.
-Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags
-given to base_train after ``--`` are checked the same way.
+has none). Seeds run one after another and the runner stops at the first failure or unfinished seed (a
+wall-time stop, ``-- --max-wall-time-seconds S``, or a signal that reached base_train alone), printing the log
+path (``-- --overwrite`` or ``-- --resume STEP`` replaces ``--resume auto``). ``--plan`` prints the exact
+commands and exits without importing torch or touching data. Hardware overrides keep the total batch size fixed
+(the gradient-accumulation count changes instead); batch flags given to base_train after ``--`` are checked the
+same way.
 """
 
 import argparse
@@ -134,6 +135,10 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
         raise SystemExit(f"[run] seed {seed} stopped at its wall-time limit (--max-wall-time-seconds) at step "
                          f"{summary.get('step')} of {summary.get('num_iterations')}; it continues from its checkpoint "
                          f"by re-running the same command. Log: {log_path}")
+    if summary and summary.get("stop_reason") != "completed":  # e.g. a signal that reached base_train alone (not
+        # this runner): it saved and exited 0 (no summary.json after exit 0: a --dry-run)
+        raise SystemExit(f"[run] seed {seed} is not finished ({unfinished(run_dir)}); it continues from its "
+                         f"checkpoint by re-running the same command. Log: {log_path}")
 
 
 def main(argv=None) -> None:

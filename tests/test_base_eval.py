@@ -477,3 +477,28 @@ def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path):
     core = json.loads((tmp_path / "o" / "core.json").read_text())
     assert (core["tasks"]["mc"]["n"], core["tasks"]["lm"]["n"]) == (4, 3)
     assert not (tmp_path / "o" / "core.partial.json").exists()
+
+
+def test_a_finished_split_of_the_older_partial_format_is_scored_again(tiny_run, tmp_path, monkeypatch, capsys):
+    """bpb.partial.json of the code before the slot balance held a split's bpb as a bare number. Outside a git
+    checkout (a copy without .git) the code version cannot tell the two codes apart: the rerun must score that
+    split again, not crash on the number."""
+    from nanochat import eval_resume, loss_eval
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    out, args = tmp_path / "o", _eval_args(root, bundle, tmp_path / "o", "--eval", "bpb")
+    monkeypatch.setattr(eval_resume, "code_version", lambda: {"trees": None, "diff_sha256": None})
+    with monkeypatch.context() as m:
+        _sigterm_after(m, loss_eval, "evaluate_bpb", 1)  # train bpb finishes, val is cut
+        assert main(args) == 143
+    partial = json.loads((out / "bpb.partial.json").read_text())
+    item = partial["items"]["split train"]
+    item["result"] = item["result"]["bpb"]  # as the older code wrote it, with its key
+    item["key"] = {k: v for k, v in item["key"].items() if k in ("data_sha256", "eval_tokens")}
+    (out / "bpb.partial.json").write_text(json.dumps(partial))
+    with monkeypatch.context() as m:
+        bpbs = _count_calls(m, loss_eval, "evaluate_bpb")
+        assert main(args) == 0
+    assert len(bpbs) == 3  # train again, val, ood
+    assert json.loads((out / "bpb.json").read_text())["splits"]["train"] == item["result"]

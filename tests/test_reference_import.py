@@ -426,6 +426,10 @@ def test_table_mapped_import_reads_their_slots_and_is_self_contained(tmp_path, c
     assert torch.equal(logits(moved.eval()), logits(source))
     sample.main(["--run", str(tmp_path / "moved"), "--prompt", "the bank", "--max-tokens", "2", "--device-type", "cpu"])
     assert "--- sample 0" in capsys.readouterr().out
+    # the moved run's export gives back their JSON byte for byte (from the run's copy, not one written anew)
+    assert export_reference.main(["--run", str(tmp_path / "moved"), "--out", str(tmp_path / "export")]) == 0
+    exported = json.loads(next((tmp_path / "export").rglob("meta_*.json")).read_text())["model_config"]
+    assert Path(exported["moe_ve_slot_map_path"]).read_bytes() == (tmp_path / "gone.json").read_bytes()
     assert run_import(src, tmp_path / "run2", "--slot-map", str(tmp_path / "gone.json")) == 0  # the flag
     assert torch.equal(logits(load_model(tmp_path / "run2")[0].eval()), logits(source))
 

@@ -202,3 +202,15 @@ def test_comparison_and_curves_with_a_run_killed_before_its_first_log_and_a_dive
     assert paths and "b: no 'val_bpb' values, left out of the plot" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no run has 'grad_norm' values"):
         plot.plot_curves([a, b], "grad_norm", out)
+
+
+def test_comparison_table_marks_a_run_stopped_at_its_wall_time_limit():
+    """A --max-wall-time-seconds stop runs the final evaluation, so its summary has a val bpb (an interrupted run's
+    has none): the table says the run is unfinished beside its steps, and a completed run's row is unchanged."""
+    def row(**summary):
+        facts = {"run_name": "r", "memory": "mome", "plan": {}, "summary": {"step": 120, "num_iterations": 300,
+                                                                          "val_bpb": 2.5, **summary}}
+        return report.comparison_table([facts])[-1].split(" | ")
+
+    assert row(stop_reason="wall_time_limit")[4] == "120 of 300 (wall_time_limit)"
+    assert row(stop_reason="completed", step=300)[4] == "300"

@@ -71,9 +71,10 @@ def fake_step_clock(monkeypatch, seconds_per_step: float):
 def test_wall_time_stop_saves_evaluates_and_resumes(tmp_path, monkeypatch, capsys):
     """10 fake seconds per step, a 25 s budget: each process stops after ceil(25 / 10) = 3 of its own steps, saves,
     runs the final evaluation and samples; --resume gets a fresh budget (its own clock) and continues, and the
-    three sessions train exactly like one uninterrupted run."""
+    three sessions train exactly like one uninterrupted run. The stops fall on --eval-every steps: those evals are
+    kept (the stop's final record goes with the resume, which does not evaluate its own step again)."""
     ref, run = tmp_path / "ref", tmp_path / "run"
-    flags = ["--num-iterations", "8", "--sample-every", "2"]
+    flags = ["--num-iterations", "8", "--sample-every", "2", "--eval-every", "3"]
     assert train(ref, *flags) == 0
     fake_step_clock(monkeypatch, 10.0)
     limit = ["--max-wall-time-seconds", "25"]
@@ -91,6 +92,10 @@ def test_wall_time_stop_saves_evaluates_and_resumes(tmp_path, monkeypatch, capsy
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
     assert losses(run) == losses(ref)
     assert [r["step"] for r in records(run, "final")] == [8]  # each session's final record went with its resume
+    assert [r["step"] for r in records(ref, "eval")] == [0, 3, 6]
+    assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
+        [(r["step"], r["val_bpb"]) for r in records(ref, "eval")]
+    assert ckpt.load_meta(run, 8)["loop"]["min_val_bpb"] == ckpt.load_meta(ref, 8)["loop"]["min_val_bpb"]
     # samples every 2 steps and at the end of each session, none repeated by a resume
     assert [r["step"] for r in records(run, "sample")] == [2, 3, 4, 6, 8]
     assert [r["step"] for r in records(ref, "sample")] == [2, 4, 6, 8]
@@ -214,3 +219,34 @@ def test_two_ranks_stop_at_the_same_step_when_one_clock_runs_out(tmp_path):
     assert ckpt.list_steps(run) == [3] and math.isfinite(summary["val_bpb"])
     assert json.loads((run / "samples.rank0.json").read_text()) == [2, 3]
     assert not (run / "samples.rank1.json").exists()
+
+
+
+def test_a_signal_on_an_eval_step_saves_before_evaluating_and_the_resume_evaluates(tmp_path, monkeypatch):
+    """A scheduler's SIGKILL follows its SIGTERM after a grace period: the checkpoint of a signal stop must not wait
+    for a periodic eval (bpb, and CORE with --eval-every-flops: minutes at scale). The eval of that step is not
+    lost: the resume runs it (and the samples), and the evals equal an uninterrupted run's."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    flags = ["--num-iterations", "6", "--eval-every", "3"]
+    assert train(ref, *flags) == 0
+    events, real_step, real_eval = [], base_train.train_step, base_train.run_split_bpb
+    real_save = base_train.save
+
+    def step(*a, **k):  # a signal during step 3 (on any rank): the boundary after it is an eval step
+        loss, gnorm, votes, aux = real_step(*a, **k)
+        events.append("step")
+        return loss, gnorm, base_train.StopVotes(signal=events.count("step") == 3), aux
+
+    monkeypatch.setattr(base_train, "train_step", step)
+    monkeypatch.setattr(base_train, "run_split_bpb", lambda *a, **k: events.append("eval") or real_eval(*a, **k))
+    monkeypatch.setattr(base_train, "save", lambda *a, **k: events.append("save") or real_save(*a, **k))
+    assert train(run, *flags) == 0
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert events == ["eval", "step", "step", "step", "save"]  # step 0's eval, then the save at once
+    events.clear()
+    monkeypatch.setattr(base_train, "train_step", real_step)
+    assert train(run, *flags, "--resume") == 0
+    assert events[0] == "eval"  # step 3's, by the resume
+    assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
+        [(r["step"], r["val_bpb"]) for r in records(ref, "eval")] and len(records(ref, "eval")) == 2
+    assert losses(run) == losses(ref)

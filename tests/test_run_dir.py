@@ -205,18 +205,21 @@ def test_row_runner_continues_an_interrupted_run_and_skips_a_completed_one(tmp_p
     run = tmp_path / "seed42"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"stop_reason": "interrupted", "step": 3, "num_iterations": 9}))
-    echo = [sys.executable, "-c", "import sys; print('argv', sys.argv[1:])", "--resume", "auto"]  # build_commands' tail
+    # build_commands' tail; the stand-in for base_train finishes the run, as base_train would
+    done = json.dumps({"stop_reason": "completed", "step": 9, "num_iterations": 9})
+    echo = [sys.executable, "-c", f"import pathlib, sys; print('argv', sys.argv[1:]); "
+            f"pathlib.Path({str(run / 'summary.json')!r}).write_text({done!r})", "--resume", "auto"]
     run_one(42, run, echo)
     out = capsys.readouterr().out
     assert "continuing the unfinished run" in out and "argv ['--resume', 'auto']" in out
-    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 9, "num_iterations": 9}))
     run_one(42, run, echo)
     assert "not overwriting" in capsys.readouterr().out
 
 
 def test_row_runner_stops_after_a_wall_time_stop(tmp_path):
     """base_train exits 0 when --max-wall-time-seconds stops it (checkpoint saved, final eval run), but the seed
-    is not finished: the runner must stop with a resumable message, not go on to the next seed."""
+    is not finished: the runner must stop with a resumable message, not go on to the next seed. So must it after
+    any other unfinished summary of an exit 0."""
     from scripts.run import run_one
 
     run = tmp_path / "seed42"
@@ -224,6 +227,11 @@ def test_row_runner_stops_after_a_wall_time_stop(tmp_path):
     child = [sys.executable, "-c", f"import pathlib, sys; pathlib.Path(sys.argv[1]).write_text({json.dumps(summary)!r})",
              str(run / "summary.json")]
     with pytest.raises(SystemExit, match="seed 42 stopped at its wall-time limit .*step 3 of 9.*re-running"):
+        run_one(42, run, child)
+    # a signal that reached base_train alone (not the runner): it saved and exited 0, the seed is not finished
+    child[2] = child[2].replace("wall_time_limit", "interrupted")
+    with pytest.raises(SystemExit, match=r"seed 42 is not finished \(.*step 3 of 9 \(stop reason: interrupted\)\).*"
+                                         "re-running"):
         run_one(42, run, child)
 
 
