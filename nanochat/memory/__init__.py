@@ -14,7 +14,8 @@ from .bigram import BigramMemory
 from .engram import COMPRESSIONS, EngramMemory
 from .jtok import JTokMemory, JTokMMemory
 from .move_input import MoVEInputMemory
-from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
+from .mome import MoMEMemory
+from .mome_options import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES
 from nanochat.download import file_sha256
 from .stem import STEMMemory
 from .ve import ValueEmbedding

@@ -53,9 +53,11 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   it is not the default there (slower on CPU in eager mode, untimed on the GPU).
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
+
+The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,96 +68,16 @@ from nanochat.balance import loss_free_bias_update, trust_region_bias_update
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
-from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_arithmetic_options, check_rows_fit_vocab
+from .mome_options import MoMEOptions
+from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
 
-GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
-INDEXERS = ("token", "grouped", "bigram", *ARITHMETIC_INDEXERS)
-ROUTER_INPUTS = ("hidden", "value")
-ROUTINGS = ("context", "token-only", "fixed-random")
-BALANCES = ("none", "bias", "trust-region")
 NORM_EPS = 1e-10
 FIXED_RANDOM_SEED = 1234
 MIXES = ("bag", "plain", "row")
 MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
 TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
-
-
-def _choice(flag, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{flag} {value!r} is unknown; allowed: {', '.join(allowed)}")
-
-
-def _positive_int(flag, value, minimum=1):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
-
-
-@dataclass
-class MoMEOptions:
-    slots: int = 6  # M, --mome-slots
-    topk: int = 2  # K, --mome-topk
-    gate: str = "auto"  # auto = sigmoid-norm for K > 1, softmax for K == 1 (paper)
-    router_input: str = "hidden"
-    index: str = "token"
-    group_size: int = 1  # c_grp, grouped indexer only
-    slot_map: str = ""  # grouped indexer only
-    slot_map_sha256: str = ""  # content hash recorded at configuration time (checked on load)
-    bigram_factor: int = 6  # n, bigram indexer only (N = n*V)
-    rows: int = 0  # N, mod/headmod indexers only (required there)
-    dedicated_size: int = 0  # D, headmod indexer only: tokens below D keep their own row
-    routing: str = "context"
-    balance: str = "none"
-    balance_lr: float = 0.001
-    balance_band: float = 1.4  # n, base of the trust region's power-law band (trust-region only)
-    balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
-
-    def __post_init__(self):
-        _positive_int("--mome-slots", self.slots)
-        _positive_int("--mome-topk", self.topk)
-        if self.topk > self.slots:
-            raise ValueError(f"--mome-topk {self.topk} exceeds --mome-slots {self.slots} (need K <= M)")
-        if self.gate != "auto":
-            _choice("--mome-gate", self.gate, GATES)
-        _choice("--mome-router-input", self.router_input, ROUTER_INPUTS)
-        _choice("--mome-index", self.index, INDEXERS)
-        _choice("--mome-routing", self.routing, ROUTINGS)
-        _choice("--mome-balance", self.balance, BALANCES)
-        _positive_int("--mome-group-size", self.group_size)
-        _positive_int("--mome-bigram-factor", self.bigram_factor)
-        _positive_int("--mome-rows", self.rows, minimum=0)
-        _positive_int("--mome-dedicated-size", self.dedicated_size, minimum=0)
-        check_arithmetic_options(self.index, self.rows, self.dedicated_size)
-        if self.index == "grouped":
-            if self.slots % self.group_size:
-                raise ValueError(f"--mome-slots {self.slots} must be a multiple of --mome-group-size "
-                                 f"{self.group_size} (M = c_grp x the identity-indexed M)")
-            if not self.slot_map:
-                raise ValueError("--mome-index grouped needs --mome-slot-map FILE (see scripts/build_slot_map.py)")
-        else:
-            for flag, value, default in (("--mome-group-size", self.group_size, 1), ("--mome-slot-map", self.slot_map, "")):
-                if value != default:
-                    raise ValueError(f"{flag} only applies to --mome-index grouped (got --mome-index {self.index})")
-        if self.index != "bigram" and self.bigram_factor != 6:
-            raise ValueError(f"--mome-bigram-factor only applies to --mome-index bigram (got {self.index})")
-        if self.routing != "context" and self.router_input != "hidden":
-            raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
-        if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
-            raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
-                             "K < M)")
-        if not (isinstance(self.balance_lr, (int, float)) and self.balance_lr >= 0):
-            raise ValueError(f"--mome-balance-lr must be >= 0 (got {self.balance_lr!r})")
-        if not (isinstance(self.balance_band, (int, float)) and not isinstance(self.balance_band, bool)
-                and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
-            raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
-        _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
-
-    @property
-    def gate_mode(self) -> str:
-        if self.gate != "auto":
-            return self.gate
-        return "softmax" if self.topk == 1 else "sigmoid-norm"
 
 
 def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
