@@ -17,6 +17,11 @@ Indexers: ``token`` N = padded V; ``grouped`` N = V / c_grp from a frozen slot-m
 identity-indexed M by c_grp (A2/6 c1 == A2/12 c2 == A2/24 c4 at 151M), so M must be a multiple of c_grp and the
 multiplied value is what you pass.
 
+Shared expert (--mome-shared-expert; the authors' "1_K_E", off in every paper run, reference notes §3.3/§3.7): one more
+table S in R^{N x d} beside each routed table (network-shared with the bigram-indexed one), read at the same row and
+added with weight 1 and no router, the same d-vector for every head: m~ = sum_a alpha_a E[n_t, a] + S[n_t]. It is a
+memory table (AdamW table group, no FLOPs, U(-s, s) init) and takes no part in the load counts or balancing.
+
 Routing controls (appendix "Context-Conditioned Routing"): ``token-only`` replaces the router by ONE learned
 per-token logit table (padded V x H*M) shared by all memory layers, zero-init, in the memory-table group
 (+ padded_V*H*M params vs fixed-random; with L_mem == H, as in d12 and d24, this equals the paper's d24 count of
@@ -201,6 +206,11 @@ class MoMEMemory(MemoryBlock):
             self.table = nn.Embedding(self.rows * M, self.d)
         else:
             self.tables = nn.ModuleList(nn.Embedding(self.rows * M, self.d) for _ in range(L))
+        if o.shared_expert:  # N x d, beside the routed table it follows: network-shared with it or one per layer
+            if o.index == "bigram":
+                self.shared_expert = nn.Embedding(self.rows, self.d)
+            else:
+                self.shared_experts = nn.ModuleList(nn.Embedding(self.rows, self.d) for _ in range(L))
         if o.routing == "context" and o.router_input == "hidden":
             self.routers = nn.ModuleList(nn.Linear(config.n_embd, H * M, bias=True) for _ in range(L))
         elif o.routing == "context":  # value mode: one d -> M router shared by the heads of a layer
@@ -272,7 +282,7 @@ class MoMEMemory(MemoryBlock):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        for table in self._tables():
+        for table in self._tables() + self._shared_experts():  # U(-s, s) as the routed tables (spec §1.4)
             init_table_uniform(table.weight, self.table_bound)
         for router in getattr(self, "routers", []):
             nn.init.zeros_(router.weight)  # zero-init as in the reference: top-K ties at step 0 (see notes)
@@ -301,23 +311,29 @@ class MoMEMemory(MemoryBlock):
     def _tables(self) -> list[nn.Embedding]:
         return [self.table] if hasattr(self, "table") else list(self.tables)
 
+    def _shared_experts(self) -> list[nn.Embedding]:
+        if hasattr(self, "shared_expert"):
+            return [self.shared_expert]
+        return list(getattr(self, "shared_experts", []))
+
     def _table(self, pos: int) -> torch.Tensor:
         return self.table.weight if hasattr(self, "table") else self.tables[pos].weight
 
     def memory_tables(self) -> list[nn.Parameter]:
         extra = [self.route_table.weight] if hasattr(self, "route_table") else []
-        return [t.weight for t in self._tables()] + extra
+        return [t.weight for t in self._tables() + self._shared_experts()] + extra
 
     def active_table_params(self) -> int:
         """Per memory layer a token reads one row n_t, where its H heads pick at most min(M, H*K) distinct slots
         of width d (the appendix's "<= 12 distinct slots x 128 per layer" at A2/12, H = 12); the shared
         bigram-indexed table is one row n_t for every layer, so at most min(M, L*H*K) distinct slots in all.
-        Token-only routing also reads its H*M logits row."""
+        Token-only routing also reads its H*M logits row; the shared expert one d-wide row per table."""
         route = self.H * self.M if hasattr(self, "route_table") else 0
+        shared = len(self._shared_experts()) * self.d
         L = len(self.layers)
         if hasattr(self, "table"):
-            return min(self.M, L * self.H * self.K) * self.d + route
-        return L * min(self.M, self.H * self.K) * self.d + route
+            return min(self.M, L * self.H * self.K) * self.d + route + shared
+        return L * min(self.M, self.H * self.K) * self.d + route + shared
 
     # -- forward ----------------------------------------------------------------------------------------
     def prepare(self, idx, state):
@@ -336,7 +352,9 @@ class MoMEMemory(MemoryBlock):
         rows = self._gather_rows(self.table.weight, row) if hasattr(self, "table") and self._row_mix() else None
         # token-only routing: one logit table for every layer, so one lookup (and one gradient) per forward
         token_logits = self.route_table(idx) if self.opts.routing == "token-only" else None  # (B, T, H*M)
-        return idx, row, rows, token_logits
+        # the network-shared shared expert's row of n_t, the same for every layer: one lookup per forward too
+        shared = self.shared_expert(row) if hasattr(self, "shared_expert") else None  # (B, T, d)
+        return idx, row, rows, token_logits, shared
 
     def _row_mix(self) -> bool:
         if self.K == self.M:
@@ -396,7 +414,7 @@ class MoMEMemory(MemoryBlock):
         pos = self.layer_pos.get(layer)
         if pos is None:
             return v
-        idx, row, rows, token_logits = ctx
+        idx, row, rows, token_logits, shared = ctx
         sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits)
         table = self._table(pos)
         if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
@@ -405,6 +423,10 @@ class MoMEMemory(MemoryBlock):
         else:
             flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
             mem = mome_mix(table, flat, w, self._sparse_grad(table))  # (B, T, H, d)
+        if hasattr(self, "shared_experts"):
+            shared = self.shared_experts[pos](row)  # (B, T, d)
+        if shared is not None:  # always on, weight 1, the same d-vector for every head; added before the cast
+            mem = mem + shared.to(mem.dtype)[:, :, None]  # (B, T, 1, d) -> (B, T, H, d)
         gamma = self.gates[pos](xn)  # (B, T, H)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:

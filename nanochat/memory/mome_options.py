@@ -42,6 +42,7 @@ class MoMEOptions:
     balance_lr: float = 0.001
     balance_band: float = 1.4  # n, base of the trust region's power-law band (trust-region only)
     balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
+    shared_expert: bool = False  # sigma of the authors' "sigma_K_E": an always-on d-wide row of n_t, weight 1
 
     def __post_init__(self):
         _positive_int("--mome-slots", self.slots)
@@ -82,6 +83,12 @@ class MoMEOptions:
                 and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
             raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
         _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
+        if not isinstance(self.shared_expert, bool):
+            raise ValueError(f"--mome-shared-expert is a switch: true or false (got {self.shared_expert!r})")
+        if self.shared_expert and self.routing != "context":
+            # the spec defines the shared expert for the learned router only; the appendix's routing controls are
+            # defined without it (fixed-random's parameter count is VE's by construction)
+            raise ValueError(f"--mome-shared-expert only applies to --mome-routing context (got {self.routing})")
 
     @property
     def gate_mode(self) -> str:
