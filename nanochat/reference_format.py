@@ -6,8 +6,8 @@ uncompiled model, keys possibly prefixed ``_orig_mod.``, some tensors bf16) and 
 gives the verified one-to-one name mapping used here; every parameter keeps its shape, so converting is a rename
 plus an exact upcast to fp32.
 
-A design field we cannot express exactly (sliding windows, conv1d routers, shared experts, per-head tables,
-bias balancing, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping (the
+A design field we cannot express exactly (sliding windows, conv1d routers, a shared expert without routed slots,
+per-head tables, bias balancing, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping (the
 paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their checkpoint
 (nanochat.reference_slot_map). Their ``mod``/``headmod`` mappings are our indexers of the same names.
 Fields that only steer training-time machinery their checkpoints do not carry (the router-bias buffer is not
@@ -36,6 +36,12 @@ BOOKKEEPING_BUFFERS = ("router_bias", "maxvio_counts", "last_load", "last_maxvio
 MODEL_TYPES = ("gpt", "bigram_engram_gpt")
 META_FILE_RE = re.compile(r"^meta_(\d+)\.json$")
 SLOT_MAP_KEY = "memory.slot_map"  # our grouped index's map: a buffer in our state dict, a JSON file beside theirs
+# The always-on shared expert's table (their "1_K_E"). The spec (reference_checkpoint_names.md) names only the
+# routed tables; these names are INFERRED from them (their module builds the shared table beside
+# `routed_embedding`, and the network-shared pair at the container level, §3.1): not verified on a real checkpoint.
+# An import whose names differ fails naming the missing and unknown keys.
+SHARED_EXPERT_LAYER = "embed_value_moe.layers.{pos}.shared_embedding.weight"
+SHARED_EXPERT_NETWORK = "embed_value_moe.network_shared_shared_embedding.weight"
 
 
 def _dropped(key: str) -> bool:
@@ -152,9 +158,11 @@ def _arithmetic_options(cfg: dict) -> dict:
 
 def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
     shared, k, e = parse_moe_setting(cfg["moe_ve_setting"])
-    if shared:
-        _refuse("moe_ve_setting", cfg["moe_ve_setting"], "the always-on shared expert (first field 1) is not "
-                "supported; only '0_K_E' settings (every paper run) can be imported")
+    if shared not in (0, 1):
+        _refuse("moe_ve_setting", cfg["moe_ve_setting"], "the shared-expert field is 0 or 1")
+    if shared and k == 0:
+        _refuse("moe_ve_setting", cfg["moe_ve_setting"], "a shared expert without routed slots (K = 0) is not "
+                "supported; ours needs 1 <= K <= E (then the first field 1 imports as --mome-shared-expert)")
     if not 1 <= k <= e:
         _refuse("moe_ve_setting", cfg["moe_ve_setting"], "need 1 <= K <= E")
     if cfg["moe_ve_gate_nl"] not in GATE_NLS:
@@ -192,7 +200,7 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_network_shared_table", shared_table, f"with moe_ve_slot_index_mode {index}: ours has "
                 "per-layer tables for the token index and one network-shared table for the bigram index")
     options = {"slots": e, "topk": k, "gate": cfg["moe_ve_gate_nl"], "router_input": cfg["moe_ve_router_input"],
-               "index": index}
+               "index": index, "shared_expert": bool(shared)}
     if cfg["moe_ve_slot_mapping"] == "table":
         options.update(_table_options(cfg, e, slot_map))
     if cfg["moe_ve_slot_mapping"] in ARITHMETIC_INDEXERS:
@@ -276,7 +284,7 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
         if o.index in ARITHMETIC_INDEXERS:  # their S is our N; D is 0 for mod, as their default
             cfg.update(moe_ve_slot_mapping=o.index, moe_ve_slot_vocab_size=o.rows,
                        moe_ve_slot_dedicated_size=o.dedicated_size)
-        cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"0_{o.topk}_{o.slots}",
+        cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"{int(o.shared_expert)}_{o.topk}_{o.slots}",
                    moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
                    moe_ve_slot_index_mode="bigram" if o.index == "bigram" else "token",
                    moe_ve_network_shared_table=o.index == "bigram",
@@ -306,6 +314,8 @@ def name_map(config: GPTConfig) -> dict[str, str]:
         elif config.memory == "mome":
             if config.memory_options.get("index", "token") != "bigram":
                 m[f"memory.tables.{pos}.weight"] = f"embed_value_moe.layers.{pos}.routed_embedding.weight"
+                if config.memory_options.get("shared_expert"):
+                    m[f"memory.shared_experts.{pos}.weight"] = SHARED_EXPERT_LAYER.format(pos=pos)
             m[f"memory.routers.{pos}.weight"] = f"embed_value_moe.layers.{pos}.router.weight"
             m[f"memory.routers.{pos}.bias"] = f"embed_value_moe.layers.{pos}.router.bias"
             m[f"memory.gates.{pos}.proj.weight"] = f"transformer.h.{layer}.attn.ve_gate.weight"
@@ -314,6 +324,8 @@ def name_map(config: GPTConfig) -> dict[str, str]:
         m["memory.lambdas"] = "bigram_lambdas"
     if config.memory == "mome" and config.memory_options.get("index") == "bigram":
         m["memory.table.weight"] = "embed_value_moe.network_shared_routed_embedding.weight"
+        if config.memory_options.get("shared_expert"):
+            m["memory.shared_expert.weight"] = SHARED_EXPERT_NETWORK
     return m
 
 

@@ -10,7 +10,7 @@ VOCAB, C, HEADS, GROUP = 96, 64, 2, 3  # vocab 96 pads to 128; divisible by the 
 ROWS, DEDICATED = 40, 10  # mod/headmod: 40 does not divide 96, so the rows hold 3 or 2 tokens
 
 
-def mome_config(tmp_path, M, K, index, **extra):
+def mome_config(tmp_path, M, K, index, memory_layers=(), **extra):
     opts = dict(slots=M, topk=K, index=index, **extra)
     if index == "grouped":
         perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5)).tolist()
@@ -22,7 +22,7 @@ def mome_config(tmp_path, M, K, index, **extra):
     if index in ("mod", "headmod"):
         opts.update(rows=ROWS, **({"dedicated_size": DEDICATED} if index == "headmod" else {}))
     return tiny_config(vocab_size=VOCAB, n_embd=C, n_head=HEADS, n_kv_head=HEADS, n_layer=2, memory="mome",
-                       memory_options=opts)
+                       memory_layers=memory_layers, memory_options=opts)
 
 
 def random_block(cfg, seed=0):

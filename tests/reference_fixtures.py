@@ -57,8 +57,19 @@ DESIGNS = {
                              "moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 120,
                              "moe_ve_slot_dedicated_size": 30, **INERT_BALANCE},
                      "mome", (), {"slots": 4, "topk": 2, "index": "headmod", "rows": 120, "dedicated_size": 30}),
+    # their always-on shared expert ("1_K_E"): per layer, and network-shared beside the bigram-indexed table
+    "mome_shared": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "1_2_6",
+                            "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden", **INERT_BALANCE},
+                    "mome", (), {"slots": 6, "topk": 2, "shared_expert": True}),
+    "mome_bigram_shared": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "1_2_4",
+                                   "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                                   "moe_ve_slot_index_mode": "bigram", "moe_ve_bigram_slot_factor": 2,
+                                   "moe_ve_network_shared_table": True, **INERT_BALANCE},
+                           "mome", (), {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2,
+                                        "shared_expert": True}),
 }
-BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.")  # what their CUDA init casts to bf16
+# what their CUDA init casts to bf16 (the whole embed_value_moe module: shared experts too)
+BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.", "memory.shared_expert")
 
 
 def their_slot_map_json(tok, rows) -> dict:
@@ -132,6 +143,9 @@ def their_state_dict(model, design: str, bf16: bool = True, prefix: str = "_orig
             out[f"transformer.h.{i}.{part}.weight"] = sd[f"blocks.{i}.{part}.weight"]
     memory = DESIGNS[design][2]
     bigram_index = memory == "mome" and model.memory.opts.index == "bigram"
+    # the shared expert's names are not in the spec's tables: inferred from the routed table's (`routed_embedding`
+    # -> `shared_embedding`, `network_shared_routed_embedding` -> `network_shared_shared_embedding`), unverified
+    shared_expert = memory == "mome" and model.memory.opts.shared_expert
     for pos, layer in enumerate(model.memory.layers):
         gate = sd[f"memory.gates.{pos}.proj.weight"]
         if memory == "ve":  # tables keyed by the LAYER id
@@ -142,6 +156,9 @@ def their_state_dict(model, design: str, bf16: bool = True, prefix: str = "_orig
         else:  # MoME: per-layer modules keyed by POSITION, gates by layer
             if not bigram_index:
                 out[f"embed_value_moe.layers.{pos}.routed_embedding.weight"] = low(sd[f"memory.tables.{pos}.weight"])
+            if shared_expert and not bigram_index:
+                out[f"embed_value_moe.layers.{pos}.shared_embedding.weight"] = \
+                    low(sd[f"memory.shared_experts.{pos}.weight"])
             out[f"embed_value_moe.layers.{pos}.router.weight"] = low(sd[f"memory.routers.{pos}.weight"])
             out[f"embed_value_moe.layers.{pos}.router.bias"] = low(sd[f"memory.routers.{pos}.bias"])
             out[f"transformer.h.{layer}.attn.ve_gate.weight"] = gate
@@ -150,6 +167,8 @@ def their_state_dict(model, design: str, bf16: bool = True, prefix: str = "_orig
         out["bigram_lambdas"] = sd["memory.lambdas"]
     if bigram_index:
         out["embed_value_moe.network_shared_routed_embedding.weight"] = low(sd["memory.table.weight"])
+    if bigram_index and shared_expert:
+        out["embed_value_moe.network_shared_shared_embedding.weight"] = low(sd["memory.shared_expert.weight"])
     return {prefix + k: v for k, v in out.items()}
 
 

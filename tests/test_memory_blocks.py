@@ -127,7 +127,8 @@ def _perturb(model):
                                          ("mome", {"index": "headmod", "rows": 100, "dedicated_size": 30}),
                                          ("ve", {}), ("mome", {"routing": "fixed-random"}),
                                          ("mome", {"routing": "token-only"}), ("mome", {"topk": 1, "router_input": "value"}),
-                                         ("mome", {"topk": 6})])
+                                         ("mome", {"topk": 6}), ("mome", {"shared_expert": True}),
+                                         ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True})])
 def test_kv_decoding_equals_full_forward(memory, opts):
     model = build_model(tiny_config(memory=memory, memory_options=opts), seed=0).eval()
     _perturb(model)
@@ -201,6 +202,9 @@ def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
     (dict(index="grouped", group_size=2, slots=6), "--mome-slot-map"),
     (dict(group_size=2), "--mome-group-size"),
     (dict(bigram_factor=12), "--mome-bigram-factor"),
+    (dict(shared_expert=True, routing="token-only"), "--mome-shared-expert"),
+    (dict(shared_expert=True, routing="fixed-random"), "--mome-shared-expert"),
+    (dict(shared_expert=1), "--mome-shared-expert"),
 ])
 def test_mome_option_errors_name_the_flag(opts, flag):
     with pytest.raises(ValueError, match=flag):
@@ -310,7 +314,8 @@ ROUND_TRIP = [("ve", {}, {}), ("bigram", {}, {}), ("mome", {}, {}), ("mome", {"i
               ("mome", {"index": "headmod", "rows": 100, "dedicated_size": 30, "balance": "bias"}, {}),
               ("engram", {"compression": "identity", "dim": 64, "heads": 2, "first_prime": 101}, {}),
               ("jtok", {}, {}), ("jtokm", {}, {}), ("move_input", {"experts": 5, "rank": 8}, {}),
-              ("mome", {}, {"mlp": "moe", "moe_hidden": 64})]
+              ("mome", {}, {"mlp": "moe", "moe_hidden": 64}), ("mome", {"shared_expert": True}, {}),
+              ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}, {})]
 
 
 @pytest.mark.parametrize("memory,opts,backbone", ROUND_TRIP, ids=lambda x: str(x) if x else "")

@@ -20,10 +20,15 @@ def _block(cfg, seed=0):
 
 
 def naive_value(cfg, block, layer, tokens, xn, v):
-    """v~_{t,i} = v_{t,i} + gamma_i * sum_{a in TopK(l_{t,i})} alpha_a E[f(x_t), a], loops over b, t, head."""
+    """v~_{t,i} = v_{t,i} + gamma_i * (sum_{a in TopK(l_{t,i})} alpha_a E[f(x_t), a] + S[f(x_t)]), loops over b,
+    t, head; S, the shared expert (reference notes §3.3/§3.7: weight 1, no gate, the same row for every head), only
+    with --mome-shared-expert."""
     o, pos = block.opts, block.layer_pos[layer]
     M, K = o.slots, o.topk
     table = block.table.weight if o.index == "bigram" else block.tables[pos].weight
+    shared = None
+    if o.shared_expert:  # network-shared with the bigram-indexed table, else one per layer
+        shared = block.shared_expert.weight if o.index == "bigram" else block.shared_experts[pos].weight
     router = block.routers[pos]
     gate_w = block.gates[pos].proj.weight  # (H, 32)
     B, T, H, d = v.shape
@@ -48,6 +53,8 @@ def naive_value(cfg, block, layer, tokens, xn, v):
                     denom = sum(s[a] for a in active) + 1e-10
                     alpha = {a: s[a] / denom for a in active}
                 m = sum(alpha[a] * table[n * M + a] for a in active)
+                if shared is not None:
+                    m = m + shared[n]
                 out.append(v[b, t, i] + gamma[i] * m)
     return torch.stack(out).view(B, T, H, d)
 
@@ -62,8 +69,22 @@ def _inputs(cfg, seed=1, B=2, T=5):
 
 def _grads(out, tensors, seed=3):
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
-    grads = torch.autograd.grad((out * w).sum(), tensors)
+    grads = torch.autograd.grad((out * w).sum(), tensors, allow_unused=True)  # another layer's weights: None
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, tensors)]
     return [g.to_dense() if g.is_sparse else g for g in grads]  # the shared bigram table's grad is sparse
+
+
+def _assert_block_equals_loop(cfg, block, layer):
+    """Outputs and the gradients of every input and parameter of ``block.value`` at ``layer`` equal the loop's."""
+    tokens, xn, v = _inputs(cfg)
+    fast = block.value(layer, xn, v, block.prepare(tokens, None))
+    slow = naive_value(cfg, block, layer, tokens, xn, v)
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
+    params = [p for p in block.parameters() if p.requires_grad]
+    g_fast = _grads(fast, [xn, v, *params])
+    g_slow = _grads(slow, [xn, v, *params])
+    for a, b in zip(g_fast, g_slow):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("index", ["token", "grouped", "bigram", "mod", "headmod"])
@@ -72,17 +93,27 @@ def _grads(out, tensors, seed=3):
 def test_fast_block_equals_paper_loop(tmp_path, index, M, K):
     cfg = _config(tmp_path, M, K, index)
     block = _block(cfg)
-    tokens, xn, v = _inputs(cfg)
-    layer = block.layers[0]
-    ctx = block.prepare(tokens, None)
-    fast = block.value(layer, xn, v, ctx)
-    slow = naive_value(cfg, block, layer, tokens, xn, v)
-    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
-    params = [p for p in block.parameters() if p.requires_grad]
-    g_fast = _grads(fast, [xn, v, *params])
-    g_slow = _grads(slow, [xn, v, *params])
-    for a, b in zip(g_fast, g_slow):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    _assert_block_equals_loop(cfg, block, block.layers[0])
+
+
+@pytest.mark.parametrize("index", ["token", "grouped", "bigram", "mod", "headmod"])
+@pytest.mark.parametrize("K", [2, 3])  # top-K and full routing (K == M: the row mix)
+def test_shared_expert_equals_paper_loop(tmp_path, index, K):
+    """--mome-shared-expert: the routed mix plus S[n_t] (the authors' "1_K_E"), at the SECOND memory layer, so a
+    per-layer shared expert read from the wrong layer, or a network-shared one not shared, shows."""
+    cfg = _config(tmp_path, 3, K, index, memory_layers=(0, 1), shared_expert=True)
+    block = _block(cfg)
+    _assert_block_equals_loop(cfg, block, 1)
+
+
+@pytest.mark.parametrize("mix", ["bag", "plain", "row"])
+def test_shared_expert_is_added_on_every_mix_path(tmp_path, monkeypatch, mix):
+    from nanochat.memory import mome
+
+    monkeypatch.setattr(mome, "MIX", mix)
+    cfg = _config(tmp_path, 6, 2, "token", shared_expert=True)
+    block = _block(cfg)
+    _assert_block_equals_loop(cfg, block, block.layers[0])
 
 
 @pytest.mark.parametrize("K", [1, 2])

@@ -30,7 +30,7 @@ def test_block_rows_equal_the_spec_for_every_token(tmp_path, index):
     cfg = mome_config(tmp_path, 4, 2, index)
     block = random_block(cfg)
     tokens = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0)).view(4, VOCAB // 4)
-    _, rows, _, _ = block.prepare(tokens, None)
+    rows = block.prepare(tokens, None)[1]
     assert rows.dtype == torch.int64 and block.rows == ROWS
     want = [[naive_row(cfg, block, tokens, b, t) for t in range(tokens.size(1))] for b in range(tokens.size(0))]
     assert rows.tolist() == want
@@ -129,5 +129,5 @@ def test_imported_config_reads_the_slots_their_fields_define(fields):
     S, D = fields["moe_ve_slot_vocab_size"] or 512, fields.get("moe_ve_slot_dedicated_size", 0)
     assert tuple(model.memory.tables[0].weight.shape) == (S * 4, 64)
     tokens = torch.arange(500).view(4, 125)
-    _, rows, _, _ = model.memory.prepare(tokens, None)
+    rows = model.memory.prepare(tokens, None)[1]
     assert rows.flatten().tolist() == [spec_slot(fields["moe_ve_slot_mapping"], x, S, D) for x in range(500)]

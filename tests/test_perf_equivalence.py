@@ -271,7 +271,7 @@ def test_token_only_logits_from_prepare_equal_a_per_layer_lookup(tmp_path):
     cfg = _config(tmp_path, 6, 2, "token", routing="token-only")
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
-    idx, row, _, token_logits = block.prepare(tokens, None)
+    idx, row, _, token_logits, _ = block.prepare(tokens, None)
     assert token_logits.shape == (*tokens.shape, HEADS * 6)
     for a, b in zip(block.route(0, xn, v, idx, row), block.route(0, xn, v, idx, row, token_logits=token_logits)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -182,7 +182,9 @@ def _edit_meta(src, **fields):
      "pass it with --slot-map FILE (the meta's moe_ve_slot_map_path '/nowhere/k2.json' is not a file here)"),
     ({"moe_ve_per_head_table": True}, "moe_ve_per_head_table=True"),
     ({"moe_ve_bias_update": "trust_region", "moe_ve_balance_lr": 0.001}, "moe_ve_bias_update='trust_region'"),
-    ({"moe_ve_setting": "1_2_6"}, "moe_ve_setting='1_2_6'"),
+    ({"moe_ve_setting": "2_2_6"}, "moe_ve_setting='2_2_6': the shared-expert field is 0 or 1"),
+    ({"moe_ve_setting": "1_0_0"}, "moe_ve_setting='1_0_0': a shared expert without routed slots"),
+    ({"moe_ve_setting": ""}, "moe_ve_setting='': a shared expert without routed slots"),  # their parser: (1, 0, 0)
     ({"moe_ve_gate_nl": "softmax-norm-detach"}, "moe_ve_gate_nl='softmax-norm-detach'"),
     ({"moe_ve_network_shared_table": True}, "moe_ve_network_shared_table=True"),
     ({"dense_ve_enabled": True}, "'dense_ve_enabled', 'moe_ve_enabled'"),

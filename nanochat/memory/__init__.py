@@ -14,7 +14,8 @@ from .bigram import BigramMemory
 from .engram import COMPRESSIONS, EngramMemory
 from .jtok import JTokMemory, JTokMMemory
 from .move_input import MoVEInputMemory
-from .mome import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES, MoMEMemory
+from .mome import MoMEMemory
+from .mome_options import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES
 from nanochat.download import file_sha256
 from .stem import STEMMemory
 from .ve import ValueEmbedding
@@ -56,6 +57,9 @@ BLOCK_FLAGS = [
     ("mome", "--mome-balance-min-visits", "balance_min_visits", dict(type=int, default=0, help="trust-region: rows "
                                                                      "with fewer visits per update keep their bias "
                                                                      "(0 = M)")),
+    ("mome", "--mome-shared-expert", "shared_expert", dict(action="store_true", default=False, help="add the "
+                                                           "authors' always-on shared expert: one more d-wide row "
+                                                           "per n_t, weight 1, added to the routed mix")),
     ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
     ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),
     ("engram", "--engram-dim", "dim", dict(type=int, default=0, help="d_mem per module (0 = n_embd)")),

@@ -17,6 +17,11 @@ Indexers: ``token`` N = padded V; ``grouped`` N = V / c_grp from a frozen slot-m
 identity-indexed M by c_grp (A2/6 c1 == A2/12 c2 == A2/24 c4 at 151M), so M must be a multiple of c_grp and the
 multiplied value is what you pass.
 
+Shared expert (--mome-shared-expert; the authors' "1_K_E", off in every paper run, reference notes §3.3/§3.7): one more
+table S in R^{N x d} beside each routed table (network-shared with the bigram-indexed one), read at the same row and
+added with weight 1 and no router, the same d-vector for every head: m~ = sum_a alpha_a E[n_t, a] + S[n_t]. It is a
+memory table (AdamW table group, no FLOPs, U(-s, s) init) and takes no part in the load counts or balancing.
+
 Routing controls (appendix "Context-Conditioned Routing"): ``token-only`` replaces the router by ONE learned
 per-token logit table (padded V x H*M) shared by all memory layers, zero-init, in the memory-table group
 (+ padded_V*H*M params vs fixed-random; with L_mem == H, as in d12 and d24, this equals the paper's d24 count of
@@ -53,9 +58,11 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   it is not the default there (slower on CPU in eager mode, untimed on the GPU).
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
+
+The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,96 +73,16 @@ from nanochat.balance import loss_free_bias_update, trust_region_bias_update
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
-from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_arithmetic_options, check_rows_fit_vocab
+from .mome_options import MoMEOptions
+from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
 
-GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
-INDEXERS = ("token", "grouped", "bigram", *ARITHMETIC_INDEXERS)
-ROUTER_INPUTS = ("hidden", "value")
-ROUTINGS = ("context", "token-only", "fixed-random")
-BALANCES = ("none", "bias", "trust-region")
 NORM_EPS = 1e-10
 FIXED_RANDOM_SEED = 1234
 MIXES = ("bag", "plain", "row")
 MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
 TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
-
-
-def _choice(flag, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{flag} {value!r} is unknown; allowed: {', '.join(allowed)}")
-
-
-def _positive_int(flag, value, minimum=1):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
-
-
-@dataclass
-class MoMEOptions:
-    slots: int = 6  # M, --mome-slots
-    topk: int = 2  # K, --mome-topk
-    gate: str = "auto"  # auto = sigmoid-norm for K > 1, softmax for K == 1 (paper)
-    router_input: str = "hidden"
-    index: str = "token"
-    group_size: int = 1  # c_grp, grouped indexer only
-    slot_map: str = ""  # grouped indexer only
-    slot_map_sha256: str = ""  # content hash recorded at configuration time (checked on load)
-    bigram_factor: int = 6  # n, bigram indexer only (N = n*V)
-    rows: int = 0  # N, mod/headmod indexers only (required there)
-    dedicated_size: int = 0  # D, headmod indexer only: tokens below D keep their own row
-    routing: str = "context"
-    balance: str = "none"
-    balance_lr: float = 0.001
-    balance_band: float = 1.4  # n, base of the trust region's power-law band (trust-region only)
-    balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
-
-    def __post_init__(self):
-        _positive_int("--mome-slots", self.slots)
-        _positive_int("--mome-topk", self.topk)
-        if self.topk > self.slots:
-            raise ValueError(f"--mome-topk {self.topk} exceeds --mome-slots {self.slots} (need K <= M)")
-        if self.gate != "auto":
-            _choice("--mome-gate", self.gate, GATES)
-        _choice("--mome-router-input", self.router_input, ROUTER_INPUTS)
-        _choice("--mome-index", self.index, INDEXERS)
-        _choice("--mome-routing", self.routing, ROUTINGS)
-        _choice("--mome-balance", self.balance, BALANCES)
-        _positive_int("--mome-group-size", self.group_size)
-        _positive_int("--mome-bigram-factor", self.bigram_factor)
-        _positive_int("--mome-rows", self.rows, minimum=0)
-        _positive_int("--mome-dedicated-size", self.dedicated_size, minimum=0)
-        check_arithmetic_options(self.index, self.rows, self.dedicated_size)
-        if self.index == "grouped":
-            if self.slots % self.group_size:
-                raise ValueError(f"--mome-slots {self.slots} must be a multiple of --mome-group-size "
-                                 f"{self.group_size} (M = c_grp x the identity-indexed M)")
-            if not self.slot_map:
-                raise ValueError("--mome-index grouped needs --mome-slot-map FILE (see scripts/build_slot_map.py)")
-        else:
-            for flag, value, default in (("--mome-group-size", self.group_size, 1), ("--mome-slot-map", self.slot_map, "")):
-                if value != default:
-                    raise ValueError(f"{flag} only applies to --mome-index grouped (got --mome-index {self.index})")
-        if self.index != "bigram" and self.bigram_factor != 6:
-            raise ValueError(f"--mome-bigram-factor only applies to --mome-index bigram (got {self.index})")
-        if self.routing != "context" and self.router_input != "hidden":
-            raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
-        if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
-            raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
-                             "K < M)")
-        if not (isinstance(self.balance_lr, (int, float)) and self.balance_lr >= 0):
-            raise ValueError(f"--mome-balance-lr must be >= 0 (got {self.balance_lr!r})")
-        if not (isinstance(self.balance_band, (int, float)) and not isinstance(self.balance_band, bool)
-                and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
-            raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
-        _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
-
-    @property
-    def gate_mode(self) -> str:
-        if self.gate != "auto":
-            return self.gate
-        return "softmax" if self.topk == 1 else "sigmoid-norm"
 
 
 def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
@@ -279,6 +206,11 @@ class MoMEMemory(MemoryBlock):
             self.table = nn.Embedding(self.rows * M, self.d)
         else:
             self.tables = nn.ModuleList(nn.Embedding(self.rows * M, self.d) for _ in range(L))
+        if o.shared_expert:  # N x d, beside the routed table it follows: network-shared with it or one per layer
+            if o.index == "bigram":
+                self.shared_expert = nn.Embedding(self.rows, self.d)
+            else:
+                self.shared_experts = nn.ModuleList(nn.Embedding(self.rows, self.d) for _ in range(L))
         if o.routing == "context" and o.router_input == "hidden":
             self.routers = nn.ModuleList(nn.Linear(config.n_embd, H * M, bias=True) for _ in range(L))
         elif o.routing == "context":  # value mode: one d -> M router shared by the heads of a layer
@@ -350,7 +282,7 @@ class MoMEMemory(MemoryBlock):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        for table in self._tables():
+        for table in self._tables() + self._shared_experts():  # U(-s, s) as the routed tables (spec §1.4)
             init_table_uniform(table.weight, self.table_bound)
         for router in getattr(self, "routers", []):
             nn.init.zeros_(router.weight)  # zero-init as in the reference: top-K ties at step 0 (see notes)
@@ -379,23 +311,29 @@ class MoMEMemory(MemoryBlock):
     def _tables(self) -> list[nn.Embedding]:
         return [self.table] if hasattr(self, "table") else list(self.tables)
 
+    def _shared_experts(self) -> list[nn.Embedding]:
+        if hasattr(self, "shared_expert"):
+            return [self.shared_expert]
+        return list(getattr(self, "shared_experts", []))
+
     def _table(self, pos: int) -> torch.Tensor:
         return self.table.weight if hasattr(self, "table") else self.tables[pos].weight
 
     def memory_tables(self) -> list[nn.Parameter]:
         extra = [self.route_table.weight] if hasattr(self, "route_table") else []
-        return [t.weight for t in self._tables()] + extra
+        return [t.weight for t in self._tables() + self._shared_experts()] + extra
 
     def active_table_params(self) -> int:
         """Per memory layer a token reads one row n_t, where its H heads pick at most min(M, H*K) distinct slots
         of width d (the appendix's "<= 12 distinct slots x 128 per layer" at A2/12, H = 12); the shared
         bigram-indexed table is one row n_t for every layer, so at most min(M, L*H*K) distinct slots in all.
-        Token-only routing also reads its H*M logits row."""
+        Token-only routing also reads its H*M logits row; the shared expert one d-wide row per table."""
         route = self.H * self.M if hasattr(self, "route_table") else 0
+        shared = len(self._shared_experts()) * self.d
         L = len(self.layers)
         if hasattr(self, "table"):
-            return min(self.M, L * self.H * self.K) * self.d + route
-        return L * min(self.M, self.H * self.K) * self.d + route
+            return min(self.M, L * self.H * self.K) * self.d + route + shared
+        return L * min(self.M, self.H * self.K) * self.d + route + shared
 
     # -- forward ----------------------------------------------------------------------------------------
     def prepare(self, idx, state):
@@ -414,7 +352,9 @@ class MoMEMemory(MemoryBlock):
         rows = self._gather_rows(self.table.weight, row) if hasattr(self, "table") and self._row_mix() else None
         # token-only routing: one logit table for every layer, so one lookup (and one gradient) per forward
         token_logits = self.route_table(idx) if self.opts.routing == "token-only" else None  # (B, T, H*M)
-        return idx, row, rows, token_logits
+        # the network-shared shared expert's row of n_t, the same for every layer: one lookup per forward too
+        shared = self.shared_expert(row) if hasattr(self, "shared_expert") else None  # (B, T, d)
+        return idx, row, rows, token_logits, shared
 
     def _row_mix(self) -> bool:
         if self.K == self.M:
@@ -474,7 +414,7 @@ class MoMEMemory(MemoryBlock):
         pos = self.layer_pos.get(layer)
         if pos is None:
             return v
-        idx, row, rows, token_logits = ctx
+        idx, row, rows, token_logits, shared = ctx
         sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits)
         table = self._table(pos)
         if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
@@ -483,6 +423,10 @@ class MoMEMemory(MemoryBlock):
         else:
             flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
             mem = mome_mix(table, flat, w, self._sparse_grad(table))  # (B, T, H, d)
+        if hasattr(self, "shared_experts"):
+            shared = self.shared_experts[pos](row)  # (B, T, d)
+        if shared is not None:  # always on, weight 1, the same d-vector for every head; added before the cast
+            mem = mem + shared.to(mem.dtype)[:, :, None]  # (B, T, 1, d) -> (B, T, H, d)
         gamma = self.gates[pos](xn)  # (B, T, H)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:

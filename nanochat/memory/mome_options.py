@@ -1,0 +1,97 @@
+"""MoME's options (the --mome-* flags) and their validation: every flag error is raised here, before any allocation.
+
+Split from nanochat.memory.mome (the block itself); ``from nanochat.memory.mome import MoMEOptions`` keeps working.
+"""
+
+from dataclasses import dataclass
+
+from .slot_index import ARITHMETIC_INDEXERS, check_arithmetic_options
+
+GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
+INDEXERS = ("token", "grouped", "bigram", *ARITHMETIC_INDEXERS)
+ROUTER_INPUTS = ("hidden", "value")
+ROUTINGS = ("context", "token-only", "fixed-random")
+BALANCES = ("none", "bias", "trust-region")
+
+
+def _choice(flag, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{flag} {value!r} is unknown; allowed: {', '.join(allowed)}")
+
+
+def _positive_int(flag, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
+
+
+@dataclass
+class MoMEOptions:
+    slots: int = 6  # M, --mome-slots
+    topk: int = 2  # K, --mome-topk
+    gate: str = "auto"  # auto = sigmoid-norm for K > 1, softmax for K == 1 (paper)
+    router_input: str = "hidden"
+    index: str = "token"
+    group_size: int = 1  # c_grp, grouped indexer only
+    slot_map: str = ""  # grouped indexer only
+    slot_map_sha256: str = ""  # content hash recorded at configuration time (checked on load)
+    bigram_factor: int = 6  # n, bigram indexer only (N = n*V)
+    rows: int = 0  # N, mod/headmod indexers only (required there)
+    dedicated_size: int = 0  # D, headmod indexer only: tokens below D keep their own row
+    routing: str = "context"
+    balance: str = "none"
+    balance_lr: float = 0.001
+    balance_band: float = 1.4  # n, base of the trust region's power-law band (trust-region only)
+    balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
+    shared_expert: bool = False  # sigma of the authors' "sigma_K_E": an always-on d-wide row of n_t, weight 1
+
+    def __post_init__(self):
+        _positive_int("--mome-slots", self.slots)
+        _positive_int("--mome-topk", self.topk)
+        if self.topk > self.slots:
+            raise ValueError(f"--mome-topk {self.topk} exceeds --mome-slots {self.slots} (need K <= M)")
+        if self.gate != "auto":
+            _choice("--mome-gate", self.gate, GATES)
+        _choice("--mome-router-input", self.router_input, ROUTER_INPUTS)
+        _choice("--mome-index", self.index, INDEXERS)
+        _choice("--mome-routing", self.routing, ROUTINGS)
+        _choice("--mome-balance", self.balance, BALANCES)
+        _positive_int("--mome-group-size", self.group_size)
+        _positive_int("--mome-bigram-factor", self.bigram_factor)
+        _positive_int("--mome-rows", self.rows, minimum=0)
+        _positive_int("--mome-dedicated-size", self.dedicated_size, minimum=0)
+        check_arithmetic_options(self.index, self.rows, self.dedicated_size)
+        if self.index == "grouped":
+            if self.slots % self.group_size:
+                raise ValueError(f"--mome-slots {self.slots} must be a multiple of --mome-group-size "
+                                 f"{self.group_size} (M = c_grp x the identity-indexed M)")
+            if not self.slot_map:
+                raise ValueError("--mome-index grouped needs --mome-slot-map FILE (see scripts/build_slot_map.py)")
+        else:
+            for flag, value, default in (("--mome-group-size", self.group_size, 1), ("--mome-slot-map", self.slot_map, "")):
+                if value != default:
+                    raise ValueError(f"{flag} only applies to --mome-index grouped (got --mome-index {self.index})")
+        if self.index != "bigram" and self.bigram_factor != 6:
+            raise ValueError(f"--mome-bigram-factor only applies to --mome-index bigram (got {self.index})")
+        if self.routing != "context" and self.router_input != "hidden":
+            raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
+        if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
+            raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
+                             "K < M)")
+        if not (isinstance(self.balance_lr, (int, float)) and self.balance_lr >= 0):
+            raise ValueError(f"--mome-balance-lr must be >= 0 (got {self.balance_lr!r})")
+        if not (isinstance(self.balance_band, (int, float)) and not isinstance(self.balance_band, bool)
+                and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
+            raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
+        _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
+        if not isinstance(self.shared_expert, bool):
+            raise ValueError(f"--mome-shared-expert is a switch: true or false (got {self.shared_expert!r})")
+        if self.shared_expert and self.routing != "context":
+            # the spec defines the shared expert for the learned router only; the appendix's routing controls are
+            # defined without it (fixed-random's parameter count is VE's by construction)
+            raise ValueError(f"--mome-shared-expert only applies to --mome-routing context (got {self.routing})")
+
+    @property
+    def gate_mode(self) -> str:
+        if self.gate != "auto":
+            return self.gate
+        return "softmax" if self.topk == 1 else "sigmoid-norm"
