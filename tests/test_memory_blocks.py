@@ -128,7 +128,9 @@ def _perturb(model):
                                          ("ve", {}), ("mome", {"routing": "fixed-random"}),
                                          ("mome", {"routing": "token-only"}), ("mome", {"topk": 1, "router_input": "value"}),
                                          ("mome", {"topk": 6}), ("mome", {"shared_expert": True}),
-                                         ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True})])
+                                         ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}),
+                                         ("mome", {"per_head_table": True, "shared_expert": True, "balance": "bias"}),
+                                         ("mome", {"index": "bigram", "bigram_factor": 2, "per_head_table": True})])
 def test_kv_decoding_equals_full_forward(memory, opts):
     model = build_model(tiny_config(memory=memory, memory_options=opts), seed=0).eval()
     _perturb(model)
@@ -205,6 +207,9 @@ def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
     (dict(shared_expert=True, routing="token-only"), "--mome-shared-expert"),
     (dict(shared_expert=True, routing="fixed-random"), "--mome-shared-expert"),
     (dict(shared_expert=1), "--mome-shared-expert"),
+    (dict(per_head_table=True, routing="token-only"), "--mome-per-head-table"),
+    (dict(per_head_table=True, routing="fixed-random"), "--mome-per-head-table"),
+    (dict(per_head_table="yes"), "--mome-per-head-table"),
 ])
 def test_mome_option_errors_name_the_flag(opts, flag):
     with pytest.raises(ValueError, match=flag):
@@ -315,7 +320,9 @@ ROUND_TRIP = [("ve", {}, {}), ("bigram", {}, {}), ("mome", {}, {}), ("mome", {"i
               ("engram", {"compression": "identity", "dim": 64, "heads": 2, "first_prime": 101}, {}),
               ("jtok", {}, {}), ("jtokm", {}, {}), ("move_input", {"experts": 5, "rank": 8}, {}),
               ("mome", {}, {"mlp": "moe", "moe_hidden": 64}), ("mome", {"shared_expert": True}, {}),
-              ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}, {})]
+              ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}, {}),
+              ("mome", {"per_head_table": True, "shared_expert": True, "balance": "bias"}, {}),
+              ("mome", {"index": "bigram", "bigram_factor": 2, "per_head_table": True, "shared_expert": True}, {})]
 
 
 @pytest.mark.parametrize("memory,opts,backbone", ROUND_TRIP, ids=lambda x: str(x) if x else "")
