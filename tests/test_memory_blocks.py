@@ -194,6 +194,20 @@ def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
 
 
 # -- bad input --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag,option", [("--mome-shared-expert", "shared_expert"),
+                                         ("--mome-per-head-table", "per_head_table")])
+def test_mome_switches_on_the_cli(flag, option):
+    """The authors' optional MoME parts are store_true switches, off by default, refused where they do not apply."""
+    p = argparse.ArgumentParser()
+    add_memory_args(p)
+    assert memory_config_from_args(p.parse_args(["--memory", "mome", flag]))["memory_options"][option] is True
+    assert memory_config_from_args(p.parse_args(["--memory", "mome"]))["memory_options"][option] is False
+    with pytest.raises(ValueError, match=f"{flag} only applies to --memory mome"):
+        memory_config_from_args(p.parse_args(["--memory", "ve", flag]))
+    with pytest.raises(ValueError, match=f"{flag} only applies to --mome-routing context"):
+        memory_config_from_args(p.parse_args(["--memory", "mome", "--mome-routing", "fixed-random", flag]))
+
+
 @pytest.mark.parametrize("opts,flag", [
     (dict(slots=3, topk=4), "--mome-topk"),
     (dict(index="grouped", group_size=4, slots=6, slot_map="x.json"), "--mome-slots"),

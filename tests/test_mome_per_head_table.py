@@ -1,17 +1,14 @@
 """--mome-per-head-table (the authors' moe_ve_per_head_table; reference notes §3.3: routed rows (slot*H + h)*E + e,
 S*H*E x d; shared expert (S*H, d)): table shapes and exact parameter counts, accounting (memory, FLOPs, active
-parameters), the optimizer group, init, counts per (row, head, slot) unchanged, the CLI switch, the default state
+parameters), the optimizer group, init, counts per (row, head, slot) unchanged, the default state
 dict unchanged. The forward against the paper loop on every mix path: test_memory_mome_reference.py; KV decoding,
-the checkpoint round trip and flag refusals: test_memory_blocks.py; import/export: test_reference_import.py."""
+the checkpoint round trip, flag refusals and the CLI switch: test_memory_blocks.py; import/export: test_reference_import.py."""
 
-import argparse
-
-import pytest
 import torch
 
 from conftest import tiny_config
+from mome_fixtures import counts_with_random_routers
 from nanochat.gpt import GPTConfig, build_model, model_summary
-from nanochat.memory import add_memory_args, memory_config_from_args
 
 PADDED_V, D, H, M = 512, 64, 2, 6  # tiny_config: vocab 512, n_embd 128 over 2 (KV) heads; default M = 6
 
@@ -79,20 +76,7 @@ def test_per_head_tables_join_the_memory_table_group_and_init_uniform():
 def test_counts_stay_per_row_head_slot():
     """The router and so the selections do not depend on the table layout: training counts (load, balance) and the
     final-eval slot-balance counts equal the shared table's."""
-    idx = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
-    counts = []
-    for per_head in (False, True):
-        model = _model(per_head_table=per_head, balance="bias")
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for r in model.memory.routers:
-                r.weight.copy_(torch.randn(r.weight.shape, generator=g))
-        model(idx)
-        model.eval()
-        model.memory.start_eval_loads()
-        model(idx)
-        counts.append((model.memory.load_counts.clone(), model.memory.balance_counts.clone(),
-                       model.memory.pop_eval_loads()))
+    counts = [counts_with_random_routers(per_head_table=per_head) for per_head in (False, True)]
     assert counts[1][2].shape == (2, PADDED_V, H, M)
     for a, b in zip(*counts):
         assert torch.equal(a, b)
@@ -104,15 +88,3 @@ def test_default_state_dict_and_options_are_unchanged():
     assert set(on.memory.state_dict()) == keys  # same names, larger tables
     assert _model().memory.opts.per_head_table is False
 
-
-def test_cli_switch():
-    p = argparse.ArgumentParser()
-    add_memory_args(p)
-    cfg = memory_config_from_args(p.parse_args(["--memory", "mome", "--mome-per-head-table"]))
-    assert cfg["memory_options"]["per_head_table"] is True
-    assert memory_config_from_args(p.parse_args(["--memory", "mome"]))["memory_options"]["per_head_table"] is False
-    with pytest.raises(ValueError, match="--mome-per-head-table only applies to --memory mome"):
-        memory_config_from_args(p.parse_args(["--memory", "ve", "--mome-per-head-table"]))
-    with pytest.raises(ValueError, match="--mome-per-head-table only applies to --mome-routing context"):
-        memory_config_from_args(p.parse_args(["--memory", "mome", "--mome-routing", "token-only",
-                                              "--mome-per-head-table"]))
