@@ -1,8 +1,8 @@
 """--mome-per-head-table (the authors' moe_ve_per_head_table; reference notes §3.3: routed rows (slot*H + h)*E + e,
 S*H*E x d; shared expert (S*H, d)): table shapes and exact parameter counts, accounting (memory, FLOPs, active
-parameters), the optimizer group, init, counts per (row, head, slot) unchanged, the default state
-dict unchanged. The forward against the paper loop on every mix path: test_memory_mome_reference.py; KV decoding,
-the checkpoint round trip, flag refusals and the CLI switch: test_memory_blocks.py; import/export: test_reference_import.py."""
+parameters), the optimizer group, init, counts per (row, head, slot) unchanged, the default state dict unchanged.
+The forward against the paper loop on every mix path: test_memory_mome_reference.py; KV decoding, the checkpoint
+round trip, flag refusals and the CLI switch: test_memory_blocks.py; import/export: test_reference_import.py."""
 
 import torch
 
