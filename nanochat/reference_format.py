@@ -42,6 +42,10 @@ SLOT_MAP_KEY = "memory.slot_map"  # our grouped index's map: a buffer in our sta
 # An import whose names differ fails naming the missing and unknown keys.
 SHARED_EXPERT_LAYER = "embed_value_moe.layers.{pos}.shared_embedding.weight"
 SHARED_EXPERT_NETWORK = "embed_value_moe.network_shared_shared_embedding.weight"
+# Per-head tables (their moe_ve_per_head_table): the spec (model notes §3.3) gives the layout, routed row
+# (slot*H + h)*E + e of S*H*E rows and shared expert (S*H, d), which is ours ((n*H + h)*M + a; n*H + h), so the
+# tables convert by the same rename. That they keep the names above with the larger shape is INFERRED (the name
+# table does not mention per-head tables: their module builds the same embeddings with H times the rows).
 
 
 def _dropped(key: str) -> bool:
@@ -172,8 +176,8 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_gate_type", cfg["moe_ve_gate_type"], "only the linear router is supported")
     if cfg["moe_ve_router_input"] not in ("hidden", "value"):
         _refuse("moe_ve_router_input", cfg["moe_ve_router_input"], "expected hidden or value")
-    if cfg["moe_ve_per_head_table"]:
-        _refuse("moe_ve_per_head_table", True, "per-head tables are not supported")
+    if not isinstance(cfg["moe_ve_per_head_table"], bool):
+        _refuse("moe_ve_per_head_table", cfg["moe_ve_per_head_table"], "expected true or false")
     if cfg["moe_ve_slot_mapping"] not in ("none", "table", *ARITHMETIC_INDEXERS):
         _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "expected none, mod, headmod or table")
     if cfg["moe_ve_slot_dedicated_size"] and cfg["moe_ve_slot_mapping"] != "headmod":
@@ -200,7 +204,7 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_network_shared_table", shared_table, f"with moe_ve_slot_index_mode {index}: ours has "
                 "per-layer tables for the token index and one network-shared table for the bigram index")
     options = {"slots": e, "topk": k, "gate": cfg["moe_ve_gate_nl"], "router_input": cfg["moe_ve_router_input"],
-               "index": index, "shared_expert": bool(shared)}
+               "index": index, "shared_expert": bool(shared), "per_head_table": cfg["moe_ve_per_head_table"]}
     if cfg["moe_ve_slot_mapping"] == "table":
         options.update(_table_options(cfg, e, slot_map))
     if cfg["moe_ve_slot_mapping"] in ARITHMETIC_INDEXERS:
@@ -287,7 +291,7 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
         cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"{int(o.shared_expert)}_{o.topk}_{o.slots}",
                    moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
                    moe_ve_slot_index_mode="bigram" if o.index == "bigram" else "token",
-                   moe_ve_network_shared_table=o.index == "bigram",
+                   moe_ve_network_shared_table=o.index == "bigram", moe_ve_per_head_table=o.per_head_table,
                    moe_ve_bigram_slot_factor=o.bigram_factor if o.index == "bigram" else 1)
         if o.index == "bigram":  # their base_train resolves S = n*V into this field (0 would mean the vocab size)
             cfg.update(moe_ve_slot_vocab_size=o.bigram_factor * config.vocab_size)

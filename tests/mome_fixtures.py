@@ -3,6 +3,7 @@
 import torch
 
 from conftest import tiny_config
+from nanochat.gpt import build_model
 from nanochat.memory.mome import MoMEMemory
 from nanochat.memory.slot_map import write_slot_map
 
@@ -53,3 +54,20 @@ def naive_row(cfg, block, tokens, b, t):
     if t == 0:
         return n - 1
     return ((36313 * x) ^ (27191 * int(tokens[b, t - 1]))) % (n - 1)
+
+
+def counts_with_random_routers(**opts):
+    """(load_counts, balance_counts, eval slot-balance counts) of one training and one eval forward of a tiny
+    4-layer MoME with balance counting on and random routers (seeded: the same for options that keep the routers'
+    shapes), to compare options that must not change the selections."""
+    model = build_model(tiny_config(memory="mome", n_layer=4, memory_options=dict(balance="bias", **opts)), seed=0)
+    idx = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for r in model.memory.routers:
+            r.weight.copy_(torch.randn(r.weight.shape, generator=g))
+    model(idx)
+    model.eval()
+    model.memory.start_eval_loads()
+    model(idx)
+    return model.memory.load_counts.clone(), model.memory.balance_counts.clone(), model.memory.pop_eval_loads()

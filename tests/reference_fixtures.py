@@ -67,6 +67,19 @@ DESIGNS = {
                                    "moe_ve_network_shared_table": True, **INERT_BALANCE},
                            "mome", (), {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2,
                                         "shared_expert": True}),
+    # their per-head tables (moe_ve_per_head_table): the same names with H times the rows (S*H*E routed, S*H
+    # shared; the layout is the spec's, §3.3; the names' staying the same is inferred)
+    "mome_per_head": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "1_2_6",
+                              "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                              "moe_ve_per_head_table": True, **INERT_BALANCE},
+                      "mome", (), {"slots": 6, "topk": 2, "shared_expert": True, "per_head_table": True}),
+    "mome_bigram_per_head": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
+                                     "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                                     "moe_ve_slot_index_mode": "bigram", "moe_ve_bigram_slot_factor": 2,
+                                     "moe_ve_network_shared_table": True, "moe_ve_per_head_table": True,
+                                     **INERT_BALANCE},
+                             "mome", (), {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2,
+                                          "per_head_table": True}),
 }
 # what their CUDA init casts to bf16 (the whole embed_value_moe module: shared experts too)
 BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.", "memory.shared_expert")

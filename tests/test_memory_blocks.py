@@ -128,7 +128,9 @@ def _perturb(model):
                                          ("ve", {}), ("mome", {"routing": "fixed-random"}),
                                          ("mome", {"routing": "token-only"}), ("mome", {"topk": 1, "router_input": "value"}),
                                          ("mome", {"topk": 6}), ("mome", {"shared_expert": True}),
-                                         ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True})])
+                                         ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}),
+                                         ("mome", {"per_head_table": True, "shared_expert": True, "balance": "bias"}),
+                                         ("mome", {"index": "bigram", "bigram_factor": 2, "per_head_table": True})])
 def test_kv_decoding_equals_full_forward(memory, opts):
     model = build_model(tiny_config(memory=memory, memory_options=opts), seed=0).eval()
     _perturb(model)
@@ -192,6 +194,20 @@ def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
 
 
 # -- bad input --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag,option", [("--mome-shared-expert", "shared_expert"),
+                                         ("--mome-per-head-table", "per_head_table")])
+def test_mome_switches_on_the_cli(flag, option):
+    """The authors' optional MoME parts are store_true switches, off by default, refused where they do not apply."""
+    p = argparse.ArgumentParser()
+    add_memory_args(p)
+    assert memory_config_from_args(p.parse_args(["--memory", "mome", flag]))["memory_options"][option] is True
+    assert memory_config_from_args(p.parse_args(["--memory", "mome"]))["memory_options"][option] is False
+    with pytest.raises(ValueError, match=f"{flag} only applies to --memory mome"):
+        memory_config_from_args(p.parse_args(["--memory", "ve", flag]))
+    with pytest.raises(ValueError, match=f"{flag} only applies to --mome-routing context"):
+        memory_config_from_args(p.parse_args(["--memory", "mome", "--mome-routing", "fixed-random", flag]))
+
+
 @pytest.mark.parametrize("opts,flag", [
     (dict(slots=3, topk=4), "--mome-topk"),
     (dict(index="grouped", group_size=4, slots=6, slot_map="x.json"), "--mome-slots"),
@@ -205,6 +221,9 @@ def test_mome_load_counts_equal_a_naive_count_of_the_selected_slots():
     (dict(shared_expert=True, routing="token-only"), "--mome-shared-expert"),
     (dict(shared_expert=True, routing="fixed-random"), "--mome-shared-expert"),
     (dict(shared_expert=1), "--mome-shared-expert"),
+    (dict(per_head_table=True, routing="token-only"), "--mome-per-head-table"),
+    (dict(per_head_table=True, routing="fixed-random"), "--mome-per-head-table"),
+    (dict(per_head_table="yes"), "--mome-per-head-table"),
 ])
 def test_mome_option_errors_name_the_flag(opts, flag):
     with pytest.raises(ValueError, match=flag):
@@ -315,7 +334,9 @@ ROUND_TRIP = [("ve", {}, {}), ("bigram", {}, {}), ("mome", {}, {}), ("mome", {"i
               ("engram", {"compression": "identity", "dim": 64, "heads": 2, "first_prime": 101}, {}),
               ("jtok", {}, {}), ("jtokm", {}, {}), ("move_input", {"experts": 5, "rank": 8}, {}),
               ("mome", {}, {"mlp": "moe", "moe_hidden": 64}), ("mome", {"shared_expert": True}, {}),
-              ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}, {})]
+              ("mome", {"index": "bigram", "bigram_factor": 2, "shared_expert": True}, {}),
+              ("mome", {"per_head_table": True, "shared_expert": True, "balance": "bias"}, {}),
+              ("mome", {"index": "bigram", "bigram_factor": 2, "per_head_table": True, "shared_expert": True}, {})]
 
 
 @pytest.mark.parametrize("memory,opts,backbone", ROUND_TRIP, ids=lambda x: str(x) if x else "")

@@ -22,7 +22,8 @@ def _block(cfg, seed=0):
 def naive_value(cfg, block, layer, tokens, xn, v):
     """v~_{t,i} = v_{t,i} + gamma_i * (sum_{a in TopK(l_{t,i})} alpha_a E[f(x_t), a] + S[f(x_t)]), loops over b,
     t, head; S, the shared expert (reference notes §3.3/§3.7: weight 1, no gate, the same row for every head), only
-    with --mome-shared-expert."""
+    with --mome-shared-expert. Per-head tables (--mome-per-head-table, reference notes §3.3): head i reads
+    E[(n*H + i)*M + a] and S[n*H + i]."""
     o, pos = block.opts, block.layer_pos[layer]
     M, K = o.slots, o.topk
     table = block.table.weight if o.index == "bigram" else block.tables[pos].weight
@@ -52,9 +53,10 @@ def naive_value(cfg, block, layer, tokens, xn, v):
                     s = torch.sigmoid(logits)
                     denom = sum(s[a] for a in active) + 1e-10
                     alpha = {a: s[a] / denom for a in active}
-                m = sum(alpha[a] * table[n * M + a] for a in active)
+                head_row = n * H + i if o.per_head_table else n  # the head's own row, or the row all heads share
+                m = sum(alpha[a] * table[head_row * M + a] for a in active)
                 if shared is not None:
-                    m = m + shared[n]
+                    m = m + shared[head_row]
                 out.append(v[b, t, i] + gamma[i] * m)
     return torch.stack(out).view(B, T, H, d)
 
@@ -112,6 +114,29 @@ def test_shared_expert_is_added_on_every_mix_path(tmp_path, monkeypatch, mix):
 
     monkeypatch.setattr(mome, "MIX", mix)
     cfg = _config(tmp_path, 6, 2, "token", shared_expert=True)
+    block = _block(cfg)
+    _assert_block_equals_loop(cfg, block, block.layers[0])
+
+
+@pytest.mark.parametrize("index", ["token", "grouped", "bigram", "mod", "headmod"])
+@pytest.mark.parametrize("K", [2, 3])  # top-K and full routing (K == M: the row mix)
+def test_per_head_tables_equal_paper_loop(tmp_path, index, K):
+    """--mome-per-head-table with the shared expert: head i reads rows (n*H + i)*M + a and S[n*H + i], at the
+    SECOND memory layer (a per-layer table read from the wrong layer, or a network-shared one not shared, shows)."""
+    cfg = _config(tmp_path, 3, K, index, memory_layers=(0, 1), per_head_table=True, shared_expert=True)
+    block = _block(cfg)
+    _assert_block_equals_loop(cfg, block, 1)
+
+
+@pytest.mark.parametrize("index", ["token", "bigram"])
+@pytest.mark.parametrize("mix", ["bag", "plain", "row"])
+def test_per_head_tables_on_every_mix_path(tmp_path, monkeypatch, index, mix):
+    """Each mix forced (the per-layer token table and the network-shared bigram one), shared expert on."""
+    from nanochat.memory import mome
+
+    monkeypatch.setattr(mome, "MIX", mix)
+    monkeypatch.setattr(mome, "TOPK_BY_ARGMAX", mix == "plain")  # the CUDA selection too
+    cfg = _config(tmp_path, 6, 2, index, per_head_table=True, shared_expert=True)
     block = _block(cfg)
     _assert_block_equals_loop(cfg, block, block.layers[0])
 

@@ -1,16 +1,14 @@
 """--mome-shared-expert (the authors' always-on shared expert, "1_K_E"; reference notes §3.3, §3.7, §3.9):
 table shapes and exact parameter counts, accounting (memory, FLOPs, active parameters), the optimizer group,
-load statistics without it, the CLI switch, and the default (off) model unchanged. The forward against the
-paper loop: test_memory_mome_reference.py; KV decoding and the checkpoint round trip: test_memory_blocks.py."""
+load statistics without it, and the default (off) model unchanged. The forward against the
+paper loop: test_memory_mome_reference.py; KV decoding, the checkpoint round trip and the CLI switch:
+test_memory_blocks.py."""
 
-import argparse
-
-import pytest
 import torch
 
 from conftest import tiny_config
+from mome_fixtures import counts_with_random_routers
 from nanochat.gpt import GPTConfig, build_model, model_summary
-from nanochat.memory import add_memory_args, memory_config_from_args
 
 PADDED_V, D = 512, 64  # tiny_config: vocab 512 (already a multiple of 64), n_embd 128 over 2 heads
 
@@ -72,17 +70,8 @@ def test_init_is_the_routed_tables_uniform_bound():
 def test_load_statistics_count_routed_selections_only():
     """Same routers, with and without the shared expert: the same per-(head, slot) load (§3.9: no shared-expert
     counts)."""
-    idx = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
-    loads = []
-    for shared in (False, True):
-        model = _model(shared_expert=shared, balance="bias")
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for r in model.memory.routers:
-                r.weight.copy_(torch.randn(r.weight.shape, generator=g))
-        model(idx)
-        loads.append((model.memory.load_counts.clone(), model.memory.balance_counts.clone()))
-    assert torch.equal(loads[0][0], loads[1][0]) and torch.equal(loads[0][1], loads[1][1])
+    loads = [counts_with_random_routers(shared_expert=shared) for shared in (False, True)]
+    assert all(torch.equal(a, b) for a, b in zip(*loads))
     assert loads[0][0].sum() == 2 * 2 * 16 * 2 * 2  # L * B * T * H * K: the routed choices only
 
 
@@ -97,15 +86,3 @@ def test_default_mome_state_dict_is_unchanged():
     on = set(_model(shared_expert=True).memory.state_dict())
     assert on - keys == {"shared_experts.0.weight", "shared_experts.1.weight"}
 
-
-def test_cli_switch():
-    p = argparse.ArgumentParser()
-    add_memory_args(p)
-    cfg = memory_config_from_args(p.parse_args(["--memory", "mome", "--mome-shared-expert"]))
-    assert cfg["memory_options"]["shared_expert"] is True
-    assert memory_config_from_args(p.parse_args(["--memory", "mome"]))["memory_options"]["shared_expert"] is False
-    with pytest.raises(ValueError, match="--mome-shared-expert only applies to --memory mome"):
-        memory_config_from_args(p.parse_args(["--memory", "ve", "--mome-shared-expert"]))
-    with pytest.raises(ValueError, match="--mome-shared-expert only applies to --mome-routing context"):
-        memory_config_from_args(p.parse_args(["--memory", "mome", "--mome-routing", "fixed-random",
-                                              "--mome-shared-expert"]))

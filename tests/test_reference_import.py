@@ -180,7 +180,7 @@ def _edit_meta(src, **fields):
       "moe_ve_network_shared_table": True}, "moe_ve_slot_mapping='mod': with moe_ve_slot_index_mode 'bigram'"),
     ({"moe_ve_slot_mapping": "table", "moe_ve_slot_map_path": "/nowhere/k2.json"},  # no --slot-map, no file
      "pass it with --slot-map FILE (the meta's moe_ve_slot_map_path '/nowhere/k2.json' is not a file here)"),
-    ({"moe_ve_per_head_table": True}, "moe_ve_per_head_table=True"),
+    ({"moe_ve_per_head_table": 1}, "moe_ve_per_head_table=1: expected true or false"),
     ({"moe_ve_bias_update": "trust_region", "moe_ve_balance_lr": 0.001}, "moe_ve_bias_update='trust_region'"),
     ({"moe_ve_setting": "2_2_6"}, "moe_ve_setting='2_2_6': the shared-expert field is 0 or 1"),
     ({"moe_ve_setting": "1_0_0"}, "moe_ve_setting='1_0_0': a shared expert without routed slots"),

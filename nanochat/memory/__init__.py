@@ -60,6 +60,9 @@ BLOCK_FLAGS = [
     ("mome", "--mome-shared-expert", "shared_expert", dict(action="store_true", default=False, help="add the "
                                                            "authors' always-on shared expert: one more d-wide row "
                                                            "per n_t, weight 1, added to the routed mix")),
+    ("mome", "--mome-per-head-table", "per_head_table", dict(action="store_true", default=False, help="the authors' "
+                                                             "per-head tables: each KV head reads its own M slots "
+                                                             "(H x the table rows; shared expert H x N rows)")),
     ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
     ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),
     ("engram", "--engram-dim", "dim", dict(type=int, default=0, help="d_mem per module (0 = n_embd)")),

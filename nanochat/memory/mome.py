@@ -22,6 +22,12 @@ table S in R^{N x d} beside each routed table (network-shared with the bigram-in
 added with weight 1 and no router, the same d-vector for every head: m~ = sum_a alpha_a E[n_t, a] + S[n_t]. It is a
 memory table (AdamW table group, no FLOPs, U(-s, s) init) and takes no part in the load counts or balancing.
 
+Per-head tables (--mome-per-head-table; the authors' moe_ve_per_head_table, off in every paper run, reference notes
+§3.3): each KV head h reads its own M slots, E[n_t, h, a] at flat row (n_t*H + h)*M + a, so a routed table has
+N*H*M rows (H times the shared layout's memory, still per layer or network-shared as the indexer says) and the shared
+expert N*H rows read at n_t*H + h (a different d-vector per head). Routing, gates, load and balance counts (per
+(row, head, slot) already) are unchanged.
+
 Routing controls (appendix "Context-Conditioned Routing"): ``token-only`` replaces the router by ONE learned
 per-token logit table (padded V x H*M) shared by all memory layers, zero-init, in the memory-table group
 (+ padded_V*H*M params vs fixed-random; with L_mem == H, as in d12 and d24, this equals the paper's d24 count of
@@ -144,14 +150,16 @@ def slot_weights(sel: torch.Tensor, w: torch.Tensor, M: int) -> torch.Tensor:
 
 
 def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Per-head mix of a token's M slots: rows (B, T, M, d), w (B, T, H, M) -> (B, T, H, d)."""
+    """Per-head mix of a token's M slots: rows (B, T, M, d) (per-head tables: (B, T, H, M, d), each head its own),
+    w (B, T, H, M) -> (B, T, H, d)."""
     w = w.to(rows.dtype)
+    per_head = rows.dim() == 5
     if torch.compiler.is_compiling():  # a broadcast reduction over M that inductor fuses with the gather
-        return (w[..., None] * rows[:, :, None]).sum(dim=-2)
+        return (w[..., None] * (rows if per_head else rows[:, :, None])).sum(dim=-2)
     # eager: batched GEMMs, no (B, T, H, M, d) temporary; in the table's dtype, like the K-row mixes (autocast
     # would run this bmm, and so the table gradient, in bf16)
     with torch.autocast(rows.device.type, enabled=False):
-        return torch.einsum("bthm,btmd->bthd", w, rows)
+        return torch.einsum("bthm,bthmd->bthd" if per_head else "bthm,btmd->bthd", w, rows)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -202,15 +210,17 @@ class MoMEMemory(MemoryBlock):
                      "bigram": o.bigram_factor * config.vocab_size}.get(o.index, o.rows)
         self.layer_pos = {layer: i for i, layer in enumerate(self.layers)}
         L, H, M = len(self.layers), self.H, self.M
+        self.per_head = o.per_head_table
+        table_rows = self.rows * (H if self.per_head else 1)  # rows n (or, per head, n*H + h) of M slots each
         if o.index == "bigram":  # compound scaling: one table for the whole network
-            self.table = nn.Embedding(self.rows * M, self.d)
+            self.table = nn.Embedding(table_rows * M, self.d)
         else:
-            self.tables = nn.ModuleList(nn.Embedding(self.rows * M, self.d) for _ in range(L))
-        if o.shared_expert:  # N x d, beside the routed table it follows: network-shared with it or one per layer
+            self.tables = nn.ModuleList(nn.Embedding(table_rows * M, self.d) for _ in range(L))
+        if o.shared_expert:  # N (x H) x d, beside the routed table it follows: network-shared with it or one per layer
             if o.index == "bigram":
-                self.shared_expert = nn.Embedding(self.rows, self.d)
+                self.shared_expert = nn.Embedding(table_rows, self.d)
             else:
-                self.shared_experts = nn.ModuleList(nn.Embedding(self.rows, self.d) for _ in range(L))
+                self.shared_experts = nn.ModuleList(nn.Embedding(table_rows, self.d) for _ in range(L))
         if o.routing == "context" and o.router_input == "hidden":
             self.routers = nn.ModuleList(nn.Linear(config.n_embd, H * M, bias=True) for _ in range(L))
         elif o.routing == "context":  # value mode: one d -> M router shared by the heads of a layer
@@ -327,13 +337,18 @@ class MoMEMemory(MemoryBlock):
         """Per memory layer a token reads one row n_t, where its H heads pick at most min(M, H*K) distinct slots
         of width d (the appendix's "<= 12 distinct slots x 128 per layer" at A2/12, H = 12); the shared
         bigram-indexed table is one row n_t for every layer, so at most min(M, L*H*K) distinct slots in all.
-        Token-only routing also reads its H*M logits row; the shared expert one d-wide row per table."""
+        Token-only routing also reads its H*M logits row; the shared expert one d-wide row per table. Per-head
+        tables: each head reads K of its own M slots per layer (min(M, L*K) of them from the shared table), and
+        the shared expert one d-wide row per head."""
         route = self.H * self.M if hasattr(self, "route_table") else 0
-        shared = len(self._shared_experts()) * self.d
-        L = len(self.layers)
-        if hasattr(self, "table"):
-            return min(self.M, L * self.H * self.K) * self.d + route + shared
-        return L * min(self.M, self.H * self.K) * self.d + route + shared
+        heads = self.H if self.per_head else 1
+        shared = len(self._shared_experts()) * heads * self.d
+        L, H, M, K = len(self.layers), self.H, self.M, self.K
+        if self.per_head:
+            slots = H * min(M, L * K) if hasattr(self, "table") else L * H * K
+        else:
+            slots = min(M, L * H * K) if hasattr(self, "table") else L * min(M, H * K)
+        return slots * self.d + route + shared
 
     # -- forward ----------------------------------------------------------------------------------------
     def prepare(self, idx, state):
@@ -353,7 +368,7 @@ class MoMEMemory(MemoryBlock):
         # token-only routing: one logit table for every layer, so one lookup (and one gradient) per forward
         token_logits = self.route_table(idx) if self.opts.routing == "token-only" else None  # (B, T, H*M)
         # the network-shared shared expert's row of n_t, the same for every layer: one lookup per forward too
-        shared = self.shared_expert(row) if hasattr(self, "shared_expert") else None  # (B, T, d)
+        shared = self._shared_row(self.shared_expert, row) if hasattr(self, "shared_expert") else None
         return idx, row, rows, token_logits, shared
 
     def _row_mix(self) -> bool:
@@ -362,10 +377,19 @@ class MoMEMemory(MemoryBlock):
         mix = forced_mix()
         return hasattr(self, "table") if mix is None else mix == "row"  # by default for the shared table only
 
+    def _head_rows(self, row: torch.Tensor) -> torch.Tensor:
+        """Per-head tables: each head's row n_t*H + h, (B, T) -> (B, T, H)."""
+        return row[..., None] * self.H + torch.arange(self.H, device=row.device)
+
     def _gather_rows(self, table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-        """All M slots of rows n_t: (B, T) -> (B, T, M, d)."""
-        flat = row[..., None] * self.M + torch.arange(self.M, device=row.device)  # (B, T, M) flat row ids
+        """All M slots of rows n_t: (B, T) -> (B, T, M, d); per-head tables: each head's own, (B, T, H, M, d)."""
+        base = self._head_rows(row) if self.per_head else row  # (B, T, H) or (B, T)
+        flat = base[..., None] * self.M + torch.arange(self.M, device=row.device)  # (..., M) flat row ids
         return F.embedding(flat, table, sparse=self._sparse_grad(table))
+
+    def _shared_row(self, shared: nn.Embedding, row: torch.Tensor) -> torch.Tensor:
+        """The shared expert's row of n_t: (B, T, 1, d), the same for every head; per-head tables (B, T, H, d)."""
+        return shared(self._head_rows(row) if self.per_head else row[..., None])
 
     def route(self, pos: int, xn, v, idx, row, probs: bool = True, token_logits=None):
         """Selected slots sel (B, T, H, K) (None when K == M: all slots in order), weights (B, T, H, K or M),
@@ -421,12 +445,13 @@ class MoMEMemory(MemoryBlock):
             rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
             mem = mome_row_mix(rows, w if sel is None else slot_weights(sel, w, self.M))
         else:
-            flat = row[..., None, None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
+            base = self._head_rows(row) if self.per_head else row[..., None]  # (B, T, H) or (B, T, 1)
+            flat = base[..., None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head
             mem = mome_mix(table, flat, w, self._sparse_grad(table))  # (B, T, H, d)
         if hasattr(self, "shared_experts"):
-            shared = self.shared_experts[pos](row)  # (B, T, d)
-        if shared is not None:  # always on, weight 1, the same d-vector for every head; added before the cast
-            mem = mem + shared.to(mem.dtype)[:, :, None]  # (B, T, 1, d) -> (B, T, H, d)
+            shared = self._shared_row(self.shared_experts[pos], row)  # (B, T, 1 or H, d)
+        if shared is not None:  # always on, weight 1 (one d-vector for all heads, or each its own); before the cast
+            mem = mem + shared.to(mem.dtype)  # (B, T, 1 or H, d) -> (B, T, H, d)
         gamma = self.gates[pos](xn)  # (B, T, H)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.training:

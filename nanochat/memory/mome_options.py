@@ -43,6 +43,7 @@ class MoMEOptions:
     balance_band: float = 1.4  # n, base of the trust region's power-law band (trust-region only)
     balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
     shared_expert: bool = False  # sigma of the authors' "sigma_K_E": an always-on d-wide row of n_t, weight 1
+    per_head_table: bool = False  # the authors' moe_ve_per_head_table: each KV head its own N x M slots (x H rows)
 
     def __post_init__(self):
         _positive_int("--mome-slots", self.slots)
@@ -89,6 +90,12 @@ class MoMEOptions:
             # the spec defines the shared expert for the learned router only; the appendix's routing controls are
             # defined without it (fixed-random's parameter count is VE's by construction)
             raise ValueError(f"--mome-shared-expert only applies to --mome-routing context (got {self.routing})")
+        if not isinstance(self.per_head_table, bool):
+            raise ValueError(f"--mome-per-head-table is a switch: true or false (got {self.per_head_table!r})")
+        if self.per_head_table and self.routing != "context":
+            # the appendix's routing controls are defined on the shared table only (fixed-random's parameter count
+            # is VE's by construction); the reference's per_head_table is an option of its learned router
+            raise ValueError(f"--mome-per-head-table only applies to --mome-routing context (got {self.routing})")
 
     @property
     def gate_mode(self) -> str:
