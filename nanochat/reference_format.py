@@ -7,9 +7,10 @@ gives the verified one-to-one name mapping used here; every parameter keeps its 
 plus an exact upcast to fp32.
 
 A design field we cannot express exactly (sliding windows, conv1d routers, a shared expert without routed slots,
-per-head tables, bias balancing, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping (the
-paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their checkpoint
-(nanochat.reference_slot_map). Their ``mod``/``headmod`` mappings are our indexers of the same names.
+a moving balancing bias, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping
+(the paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their checkpoint
+(nanochat.reference_slot_map). Their ``mod``/``headmod`` mappings are our indexers of the same names; their
+shared expert and per-head tables are ours too, under parameter names the spec's table does not give (inferred).
 Fields that only steer training-time machinery their checkpoints do not carry (the router-bias buffer is not
 saved and is never used in eval) are accepted only at values where that machinery is inert.
 """
