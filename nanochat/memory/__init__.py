@@ -60,6 +60,12 @@ BLOCK_FLAGS = [
     ("mome", "--mome-shared-expert", "shared_expert", dict(action="store_true", default=False, help="add the "
                                                            "authors' always-on shared expert: one more d-wide row "
                                                            "per n_t, weight 1, added to the routed mix")),
+    ("mome", "--mome-maxvio-window", "maxvio_window", dict(type=int, default=0, help="W > 0: log the slot MaxVio "
+                                                           "of each window of W optimizer steps (per (layer, row, "
+                                                           "head) over rows with >= M selections; the authors "
+                                                           "count W forwards). Costs L x N x H x M int32 counters "
+                                                           "(27 MiB at d12 A2/6, 648 MiB at bigram n24) and one "
+                                                           "all-reduce of them per window; 0 = off")),
     ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
     ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),
     ("engram", "--engram-dim", "dim", dict(type=int, default=0, help="d_mem per module (0 = n_embd)")),
