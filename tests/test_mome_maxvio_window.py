@@ -1,17 +1,18 @@
 """--mome-maxvio-window W: the authors' training-window slot MaxVio (reference notes §3.10) over W optimizer steps,
 against a per-token Python loop over the routing equations (test_slot_balance.naive_counts)."""
 
-import json
+import shutil
 from dataclasses import replace
 
 import pytest
 import torch
 
 from mome_fixtures import mome_config, random_block
+from nanochat import checkpoint as ckpt
 from nanochat.memory.mome import MoMEOptions
 from nanochat.slot_balance import window_maxvio
 from test_slot_balance import naive_counts
-from test_train_e2e import train
+from test_train_e2e import stat_records, train
 
 WINDOW_KEYS = ("memory/maxvio_window_mean", "memory/maxvio_window_eligible_mean", "memory/maxvio_window_layers")
 
@@ -95,13 +96,23 @@ def test_refusals(tmp_path):
     assert train(tmp_path / "ve", "--memory", "ve", "--mome-maxvio-window", "2", "--dry-run") == 2
 
 
-def test_a_tiny_run_logs_each_window_at_the_next_log_step(tmp_path):
-    """W = 2, a record every step: the window keys appear in the records of steps 2 and 4 only."""
+def test_a_tiny_run_logs_each_window_and_a_resume_logs_the_same(tmp_path):
+    """W = 2, a record every step: the window keys appear in the records of steps 2 and 4 only. The step-3
+    checkpoint falls inside the second window: it carries step 3's counts, so the resumed run's step-4 window
+    is the uninterrupted run's, to the bit."""
     run = tmp_path / "run"
-    assert train(run, "--memory", "mome", "--mome-slots", "4", "--mome-maxvio-window", "2", "--num-iterations",
-                 "4") == 0
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    logged = [r["step"] for r in recs if r.get("kind") == "train" and WINDOW_KEYS[1] in r]
-    assert logged == [2, 4]
-    last = next(r for r in recs if r.get("kind") == "train" and r["step"] == 4)
-    assert last[WINDOW_KEYS[0]] >= 0 and last[WINDOW_KEYS[1]] > 0 and last[WINDOW_KEYS[2]] >= 1
+    flags = ["--memory", "mome", "--mome-slots", "4", "--mome-maxvio-window", "2", "--num-iterations", "4",
+             "--save-every", "3"]
+    assert train(run, *flags) == 0
+    full = window_records(run)
+    assert list(full) == [2, 4]
+    assert full[4][WINDOW_KEYS[0]] >= 0 and full[4][WINDOW_KEYS[1]] > 0 and full[4][WINDOW_KEYS[2]] >= 1
+    shutil.rmtree(ckpt.step_dir(run, 4))
+    assert ckpt.list_steps(run) == [3]
+    assert train(run, *flags, "--resume") == 0
+    assert window_records(run) == full
+
+
+def window_records(run) -> dict:
+    """{step: memory/* and moe/* of its train record} for the records that log a window."""
+    return {step: rec for step, rec in stat_records(run).items() if WINDOW_KEYS[1] in rec}

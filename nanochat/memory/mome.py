@@ -186,6 +186,7 @@ class MoMEMemory(MemoryBlock):
     training_options = ("balance_lr", "balance_band", "balance_min_visits", "maxvio_window")
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
+    WINDOW_BUFFERS = ("window_counts",)  # summed over ranks when the window closes; kept in checkpoints too
 
     @classmethod
     def resolved_options(cls, config) -> MoMEOptions:
@@ -243,10 +244,10 @@ class MoMEMemory(MemoryBlock):
             self.register_buffer("balance_counts", torch.empty(L, self.rows, H, M, dtype=torch.float32),
                                  persistent=False)
         self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.float32), persistent=False)
-        if o.maxvio_window:  # selections per (layer, row, head, slot) of the current window; not saved (see stats)
+        if o.maxvio_window:  # selections per (layer, row, head, slot) of the current window (not in state_dict)
             self.register_buffer("window_counts", torch.empty(L, self.rows, H, M, dtype=torch.int32),
                                  persistent=False)
-        self.window_steps = 0  # optimizer steps into the current window
+        self.window_steps = 0  # optimizer steps into the current window: windows end at steps W, 2W, ...
         self.window_maxvio: torch.Tensor | None = None  # the last closed window's result, until stats() logs it
         self.tracker = GammaTracker(L)
         self.capture: dict | None = None
@@ -529,6 +530,13 @@ class MoMEMemory(MemoryBlock):
                                      o.balance_min_visits)
         else:
             loss_free_bias_update(self.router_bias, self.balance_counts, o.balance_lr)
+
+    def resume_window(self, step: int) -> None:
+        """A resume from the checkpoint of ``step``: its partial window's counts came back with the checkpoint's
+        counters (nanochat.train_loop.restore_stats_buffers), so the window closes at the same step as in the
+        uninterrupted run, with the same counts."""
+        if hasattr(self, "window_counts"):
+            self.window_steps = step % self.opts.maxvio_window
 
     # -- logging ----------------------------------------------------------------------------------------
     @torch.no_grad()
