@@ -15,6 +15,9 @@ What is counted: the selection the eval forward mixes. The authors count top-K w
 is also what their eval forward selects (their bias is train-only); ours routes with the bias in eval too when
 --mome-balance bias is on, so ours then counts the biased selection. Without balancing (every paper run) the two
 are the same. K == M selects every slot, so both metrics are exactly 0.
+
+``window_maxvio`` is the training-time counterpart (--mome-maxvio-window): the same MaxVio over the selections of
+W optimizer steps, on sites with total >= M, computed on the device (MoMEMemory.close_window).
 """
 
 from typing import Callable, TypeVar

@@ -464,10 +464,11 @@ class MoMEMemory(MemoryBlock):
         # H*M bins is an atomic pile-up on a few addresses on CUDA
         hits = sel[..., None] == torch.arange(M, device=sel.device)  # (B, T, H, K, M)
         self.load_counts[pos] += hits.sum(dim=(0, 1, 3), dtype=self.load_counts.dtype)  # (H, M)
-        # N*H*M bins, sparse hits: a scatter is the right tool here
-        for counts in (getattr(self, "balance_counts", None), getattr(self, "window_counts", None)):
-            if counts is not None:
-                cell = self._cell_ids(row, sel).reshape(-1)
+        # per (row, head, slot) for balancing and the MaxVio window: N*H*M bins, sparse hits, so a scatter
+        grids = [getattr(self, name) for name in ("balance_counts", "window_counts") if hasattr(self, name)]
+        if grids:
+            cell = self._cell_ids(row, sel).reshape(-1)
+            for counts in grids:
                 counts[pos].view(-1).index_add_(0, cell, torch.ones(cell.numel(), device=sel.device,
                                                                       dtype=counts.dtype))
 
