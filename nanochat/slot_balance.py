@@ -15,6 +15,9 @@ What is counted: the selection the eval forward mixes. The authors count top-K w
 is also what their eval forward selects (their bias is train-only); ours routes with the bias in eval too when
 --mome-balance bias is on, so ours then counts the biased selection. Without balancing (every paper run) the two
 are the same. K == M selects every slot, so both metrics are exactly 0.
+
+``window_maxvio`` is the training-time counterpart (--mome-maxvio-window): the same MaxVio over the selections of
+W optimizer steps, on sites with total >= M, computed on the device (MoMEMemory.close_window).
 """
 
 from typing import Callable, TypeVar
@@ -37,10 +40,34 @@ def site_balance(counts: torch.Tensor) -> tuple[float, float, int]:
         return float("nan"), float("nan"), 0
     total = total[visited].double()
     most, least = counts.amax(dim=-1)[visited].double(), counts.amin(dim=-1)[visited].double()
-    maxvio = (most * M - total) / total  # (max - mean) / mean, mean = total / M
+    maxvio = _maxvio(most, total, M)
     # |c/total - 1/M| is largest at the most or the least loaded slot
     deviation = torch.maximum(most / total - 1.0 / M, 1.0 / M - least / total)
     return float(maxvio.mean()), float(deviation.mean()), n
+
+
+def _maxvio(most: torch.Tensor, total: torch.Tensor, M: int) -> torch.Tensor:
+    return (most * M - total) / total  # (max - mean) / mean, mean = total / M
+
+
+@torch.no_grad()
+def window_maxvio(loads: torch.Tensor) -> torch.Tensor:
+    """The training-window MaxVio (--mome-maxvio-window; reference notes §3.10) of loads (L, N, H, M), already
+    summed over the ranks -> float64 [mean MaxVio, mean eligible sites per layer, layers with an eligible site],
+    computed on the loads' device without a host sync (the trainer reads it at its next log step).
+
+    A site is ELIGIBLE when total >= M (the authors' rule for their window; the final evaluation's rule is
+    total > 0): per layer the mean MaxVio over its eligible sites, then the mean over the layers that have one
+    (nan when none has)."""
+    M = loads.size(-1)
+    total = loads.sum(dim=-1, dtype=torch.int64).double()  # (L, N, H)
+    eligible = total >= M
+    per_site = torch.where(eligible, _maxvio(loads.amax(dim=-1).double(), total.clamp_min(1), M), 0.0)
+    sites = eligible.sum(dim=(1, 2)).double()  # (L,)
+    has = sites > 0
+    layers = has.sum().double()
+    mean = torch.where(has, per_site.sum(dim=(1, 2)) / sites.clamp_min(1), 0.0).sum() / layers
+    return torch.stack([mean, sites.mean(), layers])
 
 
 @torch.no_grad()

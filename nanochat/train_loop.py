@@ -95,46 +95,60 @@ def after_optimizer_step(model) -> None:
             hook()
 
 
-def stats_buffers(model) -> dict[str, torch.Tensor]:
+# counters a checkpoint keeps: those of the log steps, and those of a window that closes on its own schedule
+# (MoME's --mome-maxvio-window; summed over the ranks by the module itself when the window closes)
+CHECKPOINTED_COUNTERS = ("STATS_BUFFERS", "WINDOW_BUFFERS")
+
+
+def stats_buffers(model, kinds: tuple[str, ...] = ("STATS_BUFFERS",)) -> dict[str, torch.Tensor]:
     """The counters behind ``module_stats`` accumulated since the last log step (slot/expert loads, gate sums),
-    by qualified buffer name: each module names its own in ``STATS_BUFFERS``. They are per process until
-    ``module_stats`` sums them over the ranks."""
+    by qualified buffer name: each module names its own in ``STATS_BUFFERS`` (and in the other ``kinds``). They
+    are per process until ``module_stats`` sums them over the ranks."""
     out = {}
     for prefix, module in getattr(model, "_orig_mod", model).named_modules():
-        for name in getattr(module, "STATS_BUFFERS", ()):
-            out[f"{prefix}.{name}" if prefix else name] = getattr(module, name)
+        for kind in kinds:
+            for name in getattr(module, kind, ()):
+                if hasattr(module, name):  # e.g. the window counters exist only while a window is set
+                    out[f"{prefix}.{name}" if prefix else name] = getattr(module, name)
     return out
 
 
 @torch.no_grad()
 def _sum_over_ranks_(tensors: list[torch.Tensor]) -> None:
-    """In place: each tensor summed over the ranks, in ONE collective (an MoE FFN has its counters in every layer).
-    Collective with several processes; a no-op with one."""
-    if _dist_on() and tensors:
-        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    """In place: each tensor summed over the ranks, in ONE collective per dtype (an MoE FFN has its counters in
+    every layer), in that dtype: int32 counters stay exact. Collective with several processes; a no-op with one."""
+    if not (_dist_on() and tensors):
+        return
+    for dtype in dict.fromkeys(t.dtype for t in tensors):  # the same order on every rank
+        group = [t for t in tensors if t.dtype == dtype]
+        flat = torch.cat([t.reshape(-1) for t in group])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        for t, total in zip(tensors, flat.split([t.numel() for t in tensors])):
+        for t, total in zip(group, flat.split([t.numel() for t in group])):
             t.copy_(total.view_as(t))
 
 
 @torch.no_grad()
 def summed_stats_buffers(model) -> dict[str, torch.Tensor]:
     """Collective: copies of ``stats_buffers`` summed over the ranks, on the CPU (for a checkpoint)."""
-    copies = {name: buf.detach().clone() for name, buf in stats_buffers(model).items()}
+    copies = {name: buf.detach().clone() for name, buf in stats_buffers(model, CHECKPOINTED_COUNTERS).items()}
     _sum_over_ranks_(list(copies.values()))
     return {name: total.cpu() for name, total in copies.items()}
 
 
 @torch.no_grad()
-def restore_stats_buffers(model, saved: dict[str, torch.Tensor], rank: int) -> None:
+def restore_stats_buffers(model, saved: dict[str, torch.Tensor], rank: int, step: int) -> None:
     """Put a checkpoint's summed counters back: on rank 0, zero elsewhere, so the next sum over the ranks (at the
-    next log step) equals the uninterrupted run's for any world size. Checkpoints from before they were saved
-    have none: the counters then start from zero (only the first stats record after the resume differs)."""
-    for name, buf in stats_buffers(model).items():
+    next log step, or when a window closes) equals the uninterrupted run's for any world size; a module with a
+    window learns where in it the checkpoint's ``step`` is. Checkpoints from before they were saved have none:
+    the counters then start from zero (only the first stats record or window after the resume differs)."""
+    for name, buf in stats_buffers(model, CHECKPOINTED_COUNTERS).items():
         if rank == 0 and name in saved:
             buf.copy_(saved[name])
         else:
             buf.zero_()
+    for module in getattr(model, "_orig_mod", model).modules():
+        if hasattr(module, "resume_window"):
+            module.resume_window(step)
 
 
 @torch.no_grad()

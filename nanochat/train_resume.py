@@ -120,7 +120,7 @@ def restore(run, point: ResumePoint) -> None:
         ckpt.set_rng_state(state["rng"][run.rank])
     else:
         repartition_data(run, state, step)
-    restore_stats_buffers(run.model, state.get("stats", {}), run.rank)
+    restore_stats_buffers(run.model, state.get("stats", {}), run.rank, step)
     run.loop = dict(state["loop"])
     run.last_saved = step
     print0(f"resumed from {ckpt.step_dir(run.run_dir, step)} (step {step}/{run.plan['num_iterations']})")

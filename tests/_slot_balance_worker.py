@@ -3,8 +3,9 @@
     python -m torch.distributed.run --nproc_per_node=W tests/_slot_balance_worker.py OUT_PREFIX
 
 Every rank builds the same seeded tiny MoME model and scores ITS share of the same fixed rows (rows rank,
-rank + W, ..., as the bpb evaluation splits them) under ``with_slot_balance``. Each rank writes
-OUT_PREFIX.rank<r>.pt: the balance metrics it got.
+rank + W, ..., as the bpb evaluation splits them) under ``with_slot_balance``, then does the same as one training
+step of a --mome-maxvio-window 1 model. Each rank writes OUT_PREFIX.rank<r>.pt: (the balance metrics, the window
+metrics) it got.
 """
 import sys
 
@@ -18,9 +19,9 @@ from nanochat.slot_balance import with_slot_balance
 VOCAB, SEQ = 64, 16
 
 
-def tiny_mome(M: int = 4, K: int = 2):
+def tiny_mome(M: int = 4, K: int = 2, **options):
     cfg = GPTConfig(sequence_len=SEQ, vocab_size=VOCAB, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
-                    memory_layers=(0, 1), memory_options={"slots": M, "topk": K})
+                    memory_layers=(0, 1), memory_options={"slots": M, "topk": K, **options})
     model = build_model(cfg, seed=0).eval()
     with torch.no_grad():  # routers and output projections off their zero init: selections depend on the context
         gen = torch.Generator().manual_seed(1)
@@ -41,7 +42,20 @@ def balance(rows: torch.Tensor, rank: int = 0, world: int = 1) -> dict:
     return with_slot_balance(model, lambda: [model(x) for x, _ in iter_eval_batches(rows, 2, rank, world)])[1]
 
 
+@torch.no_grad()
+def window(rows: torch.Tensor, rank: int = 0, world: int = 1) -> dict:
+    """The --mome-maxvio-window metrics after one "optimizer step" whose forwards are this rank's share of the
+    rows (training mode: the counting forward)."""
+    model = tiny_mome(maxvio_window=1).train()
+    for x, _ in iter_eval_batches(rows, 2, rank, world):
+        model(x)
+    model.memory.after_optimizer_step()  # closes the window: sums the counts over the ranks
+    return {k: v for k, v in model.memory.stats().items() if "maxvio_window" in k}
+
+
 if __name__ == "__main__":
     info, _ = compute_init("cpu")
-    torch.save(balance(eval_rows(), info.rank, info.world_size), f"{sys.argv[1]}.rank{info.rank}.pt")
+    rows = eval_rows()
+    torch.save((balance(rows, info.rank, info.world_size), window(rows, info.rank, info.world_size)),
+               f"{sys.argv[1]}.rank{info.rank}.pt")
     compute_cleanup()

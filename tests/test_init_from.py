@@ -337,7 +337,8 @@ def test_every_sentinel_default_is_resolved():
 
     real_values = {"moe_balance_lr", "memory_options.seed", "memory_options.slot_map_sha256",  # 0 / "" mean that
                    "memory_options.rows", "memory_options.dedicated_size",  # 0 = not used (mod/headmod require > 0)
-                   "memory_options.shared_expert", "memory_options.per_head_table"}  # False = off (== 0 to Python)
+                   "memory_options.shared_expert", "memory_options.per_head_table",  # False = off (== 0 to Python)
+                   "memory_options.maxvio_window"}  # 0 = off
     for memory, block in MEMORY_BLOCKS.items():
         opts = {"index": "grouped", "group_size": 2, "slot_map": "/no/map.json"} if memory == "mome" else {}
         config = tiny_config(memory=memory, memory_options=opts, **MOE_CFG)  # every FFN field in use
@@ -360,6 +361,7 @@ TRAINING_TIME = [  # (config, field, another value): each only steers training, 
      "memory_options.balance_band", 1.2),
     (dict(memory="mome", memory_options={"topk": 2, "slots": 4, "balance": "trust-region"}),
      "memory_options.balance_min_visits", 32),
+    (dict(memory="mome", memory_options={"topk": 2, "slots": 4}), "memory_options.maxvio_window", 3),  # logging
     (dict(memory="jtokm"), "memory_options.aux_weight", 0.5),
     (dict(**MOE_CFG), "moe_balance_lr", 0.5),
 ]

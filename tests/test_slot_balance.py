@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _slot_balance_worker import balance, eval_rows, tiny_mome
+from _slot_balance_worker import balance, eval_rows, tiny_mome, window
 from conftest import REPO, run_torchrun, tiny_config
 from mome_fixtures import mome_config, naive_row, random_block
 from nanochat.dataloader import iter_eval_batches
@@ -104,14 +104,16 @@ def test_collecting_leaves_the_forward_bit_identical_and_full_routing_is_balance
 
 def test_two_ranks_report_the_balance_of_all_rows(tmp_path):
     """Each gloo rank scores its share of the rows; both report what one process gets over all of them (the
-    counts are summed over the ranks before the metric), not the balance of their own share."""
+    counts are summed over the ranks before the metric), not the balance of their own share. The same for the
+    training window of --mome-maxvio-window (the ranks' forwards make one optimizer step)."""
     rows = eval_rows()
     r = run_torchrun(REPO / "tests" / "_slot_balance_worker.py", 2, [str(tmp_path / "out")])
     assert r.returncode == 0, r.stderr[-3000:]
-    whole = balance(rows)
+    whole = balance(rows), window(rows)
+    assert len(whole[1]) == 3
     for rank in range(2):
         assert torch.load(tmp_path / f"out.rank{rank}.pt") == whole
-        assert balance(rows[rank::2]) != whole  # the sum over the ranks matters
+        assert balance(rows[rank::2]) != whole[0] and window(rows[rank::2]) != whole[1]  # the sum matters
 
 
 def test_final_eval_and_base_eval_report_the_balance_of_each_split(tmp_path, capsys, embedded_data_dir,

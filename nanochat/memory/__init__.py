@@ -63,6 +63,12 @@ BLOCK_FLAGS = [
     ("mome", "--mome-per-head-table", "per_head_table", dict(action="store_true", default=False, help="the authors' "
                                                              "per-head tables: each KV head reads its own M slots "
                                                              "(H x the table rows; shared expert H x N rows)")),
+    ("mome", "--mome-maxvio-window", "maxvio_window", dict(type=int, default=0, help="W > 0: log the slot MaxVio "
+                                                           "of each window of W optimizer steps (per (layer, row, "
+                                                           "head) over rows with >= M selections; the authors "
+                                                           "count W forwards). Costs L x N x H x M int32 counters "
+                                                           "(27 MiB at d12 A2/6, 648 MiB at bigram n24) and one "
+                                                           "all-reduce of them per window; 0 = off")),
     ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
     ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),
     ("engram", "--engram-dim", "dim", dict(type=int, default=0, help="d_mem per module (0 = n_embd)")),

@@ -43,6 +43,8 @@ or the authors' power-law trust region on rows with enough visits (trust-region;
 
 The final evaluation's slot balance (per-(row, head) MaxVio and absolute load deviation, nanochat.slot_balance)
 counts the selections per (layer, row, head, slot) between ``start_eval_loads`` and ``pop_eval_loads`` only.
+--mome-maxvio-window W > 0 counts the training forwards' selections the same way (int32, in place, no host sync)
+and, every W optimizer steps, all-reduces them into the authors' windowed MaxVio (logged at the next log step).
 
 Fast paths (docs/performance.md), chosen per device because the best one differs:
 * CPU (eager): the K selected rows of every (token, head) are gathered AND mixed by ONE
@@ -72,10 +74,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from nanochat.balance import loss_free_bias_update, trust_region_bias_update
+from nanochat.slot_balance import window_maxvio
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
@@ -186,9 +190,11 @@ class MoMEMemory(MemoryBlock):
     Options = MoMEOptions
     uses_layers = True
     table_weight_decay = 0.001
-    training_options = ("balance_lr", "balance_band", "balance_min_visits")  # steer the routing-bias update only
+    # steer the routing-bias update or the logging only
+    training_options = ("balance_lr", "balance_band", "balance_min_visits", "maxvio_window")
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
+    WINDOW_BUFFERS = ("window_counts",)  # summed over ranks when the window closes; kept in checkpoints too
 
     @classmethod
     def resolved_options(cls, config) -> MoMEOptions:
@@ -248,6 +254,11 @@ class MoMEMemory(MemoryBlock):
             self.register_buffer("balance_counts", torch.empty(L, self.rows, H, M, dtype=torch.float32),
                                  persistent=False)
         self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.float32), persistent=False)
+        if o.maxvio_window:  # selections per (layer, row, head, slot) of the current window (not in state_dict)
+            self.register_buffer("window_counts", torch.empty(L, self.rows, H, M, dtype=torch.int32),
+                                 persistent=False)
+        self.window_steps = 0  # optimizer steps into the current window: windows end at steps W, 2W, ...
+        self.window_maxvio: torch.Tensor | None = None  # the last closed window's result, until stats() logs it
         self.tracker = GammaTracker(L)
         self.capture: dict | None = None
         # (L, N, H, M) int32 selections per (layer, row, head, slot) while an evaluation collects them
@@ -315,6 +326,8 @@ class MoMEMemory(MemoryBlock):
         if hasattr(self, "router_bias"):
             self.router_bias.zero_()
             self.balance_counts.zero_()
+        if hasattr(self, "window_counts"):
+            self.window_counts.zero_()
         self.load_counts.zero_()
         self.tracker.init_weights()
 
@@ -476,10 +489,13 @@ class MoMEMemory(MemoryBlock):
         # H*M bins is an atomic pile-up on a few addresses on CUDA
         hits = sel[..., None] == torch.arange(M, device=sel.device)  # (B, T, H, K, M)
         self.load_counts[pos] += hits.sum(dim=(0, 1, 3), dtype=self.load_counts.dtype)  # (H, M)
-        if hasattr(self, "balance_counts"):  # N*H*M bins, sparse hits: a scatter is the right tool here
-            cell = self._cell_ids(row, sel)
-            ones = torch.ones(cell.numel(), device=sel.device, dtype=self.balance_counts.dtype)
-            self.balance_counts[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
+        # per (row, head, slot) for balancing and the MaxVio window: N*H*M bins, sparse hits, so a scatter
+        grids = [getattr(self, name) for name in ("balance_counts", "window_counts") if hasattr(self, name)]
+        if grids:
+            cell = self._cell_ids(row, sel).reshape(-1)
+            for counts in grids:
+                counts[pos].view(-1).index_add_(0, cell, torch.ones(cell.numel(), device=sel.device,
+                                                                      dtype=counts.dtype))
 
     def start_eval_loads(self) -> None:
         """Count, in the forwards until ``pop_eval_loads``, every selection per (layer, row n_t, head, slot): the
@@ -509,6 +525,24 @@ class MoMEMemory(MemoryBlock):
 
     def after_optimizer_step(self) -> None:
         self.update_balance()
+        self.close_window()
+
+    @torch.no_grad()
+    def close_window(self) -> None:
+        """Every W-th call (one per optimizer step, on every rank alike): sum the window's counts over the ranks
+        (one collective, at the same step everywhere), keep their ``window_maxvio`` on the device and restart
+        the counts. No host sync: stats() reads the result at the next log step (the latest window if several
+        closed since)."""
+        if not hasattr(self, "window_counts"):
+            return
+        self.window_steps += 1
+        if self.window_steps < self.opts.maxvio_window:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(self.window_counts, op=dist.ReduceOp.SUM)  # int32: exact
+        self.window_maxvio = window_maxvio(self.window_counts)
+        self.window_counts.zero_()
+        self.window_steps = 0
 
     @torch.no_grad()
     def update_balance(self) -> None:
@@ -522,6 +556,13 @@ class MoMEMemory(MemoryBlock):
                                      o.balance_min_visits)
         else:
             loss_free_bias_update(self.router_bias, self.balance_counts, o.balance_lr)
+
+    def resume_window(self, step: int) -> None:
+        """A resume from the checkpoint of ``step``: its partial window's counts came back with the checkpoint's
+        counters (nanochat.train_loop.restore_stats_buffers), so the window closes at the same step as in the
+        uninterrupted run, with the same counts."""
+        if hasattr(self, "window_counts"):
+            self.window_steps = step % self.opts.maxvio_window
 
     # -- logging ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -540,5 +581,12 @@ class MoMEMemory(MemoryBlock):
                 out[f"memory/maxvio/layer{layer}"] = float(maxvio[i])
         if hasattr(self, "router_bias"):
             out["memory/router_bias_absmean"] = float(self.router_bias.abs().mean())
+        if self.window_maxvio is not None:
+            mean, eligible, layers = self.window_maxvio.tolist()
+            if layers > 0:
+                out["memory/maxvio_window_mean"] = mean
+            out["memory/maxvio_window_eligible_mean"] = eligible
+            out["memory/maxvio_window_layers"] = layers
+            self.window_maxvio = None
         self.load_counts.zero_()
         return out

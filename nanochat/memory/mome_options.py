@@ -44,6 +44,7 @@ class MoMEOptions:
     balance_min_visits: int = 0  # rows with fewer visits per update keep their bias; 0 = M (trust-region only)
     shared_expert: bool = False  # sigma of the authors' "sigma_K_E": an always-on d-wide row of n_t, weight 1
     per_head_table: bool = False  # the authors' moe_ve_per_head_table: each KV head its own N x M slots (x H rows)
+    maxvio_window: int = 0  # W optimizer steps of the training-window slot MaxVio (0 = off; logging only)
 
     def __post_init__(self):
         _positive_int("--mome-slots", self.slots)
@@ -84,6 +85,10 @@ class MoMEOptions:
                 and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
             raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
         _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
+        _positive_int("--mome-maxvio-window", self.maxvio_window, minimum=0)
+        if self.maxvio_window and self.topk == self.slots:  # every slot is read: MaxVio is 0 by construction
+            raise ValueError(f"--mome-maxvio-window needs K < M (got --mome-topk {self.topk} == --mome-slots "
+                             f"{self.slots}: full routing reads every slot, so its MaxVio is always 0)")
         if not isinstance(self.shared_expert, bool):
             raise ValueError(f"--mome-shared-expert is a switch: true or false (got {self.shared_expert!r})")
         if self.shared_expert and self.routing != "context":
