@@ -24,10 +24,13 @@ one of two rules runs over the last dim (the M slots or E experts of one routing
 import torch
 import torch.distributed as dist
 
+from nanochat.common import is_dist
 
-def _sum_over_ranks(counts: torch.Tensor) -> None:
-    """In place: every rank ends with the global counts, so every rank applies the same update."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+
+def sum_over_ranks(counts: torch.Tensor) -> None:
+    """In place: every rank ends with the global counts (so every rank applies the same update). Collective with
+    several processes, a no-op with one."""
+    if is_dist():
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
 
 
@@ -35,7 +38,7 @@ def _sum_over_ranks(counts: torch.Tensor) -> None:
 def loss_free_bias_update(bias: torch.Tensor, counts: torch.Tensor, lr: float) -> None:
     """Sign update of ``bias`` from ``counts`` (same shape (..., M)); ``counts`` is all-reduced, then reset.
     Collective: every rank calls it, and every rank then applies the same update."""
-    _sum_over_ranks(counts)
+    sum_over_ranks(counts)
     total = counts.sum(dim=-1, keepdim=True)  # (..., 1) selections of each site
     step = torch.sign(total / counts.size(-1) - counts) * (total > 0)
     bias.add_(lr * step)
@@ -53,7 +56,7 @@ def trust_region_bias_update(bias: torch.Tensor, counts: torch.Tensor, lr: float
                              min_visits: int) -> None:
     """Trust-region update of ``bias`` from ``counts`` (same shape (..., M)); ``counts`` is all-reduced, then reset.
     Collective like ``loss_free_bias_update``."""
-    _sum_over_ranks(counts)
+    sum_over_ranks(counts)
     slots = counts.size(-1)
     q_min, q_max = power_law_band(band_base, slots)
     total = counts.sum(dim=-1, keepdim=True).double()  # (..., 1); fp64 bounds: exact integer counts compare exactly

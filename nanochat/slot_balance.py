@@ -23,7 +23,8 @@ W optimizer steps, on sites with total >= M, computed on the device (MoMEMemory.
 from typing import Callable, TypeVar
 
 import torch
-import torch.distributed as dist
+
+from nanochat.balance import sum_over_ranks
 
 T = TypeVar("T")
 
@@ -100,6 +101,5 @@ def with_slot_balance(model, evaluate: Callable[[], T]) -> tuple[T, dict[str, fl
         result = evaluate()
     finally:
         loads = memory.pop_eval_loads()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(loads, op=dist.ReduceOp.SUM)
+    sum_over_ranks(loads)
     return result, slot_balance(loads)

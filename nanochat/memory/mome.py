@@ -17,10 +17,10 @@ Indexers: ``token`` N = padded V; ``grouped`` N = V / c_grp from a frozen slot-m
 identity-indexed M by c_grp (A2/6 c1 == A2/12 c2 == A2/24 c4 at 151M), so M must be a multiple of c_grp and the
 multiplied value is what you pass.
 
-Shared expert (--mome-shared-expert; the authors' "1_K_E", off in every paper run, reference notes §3.3/§3.7): one more
-table S in R^{N x d} beside each routed table (network-shared with the bigram-indexed one), read at the same row and
-added with weight 1 and no router, the same d-vector for every head: m~ = sum_a alpha_a E[n_t, a] + S[n_t]. It is a
-memory table (AdamW table group, no FLOPs, U(-s, s) init) and takes no part in the load counts or balancing.
+Shared expert (--mome-shared-expert; the authors' "1_K_E", off in every paper run, reference notes §3.3/§3.7): one
+more table S in R^{N x d} beside each routed table (network-shared with the bigram-indexed one), read at the same row
+and added with weight 1 and no router, the same d-vector for every head: m~ = sum_a alpha_a E[n_t, a] + S[n_t]. It is
+a memory table (AdamW table group, no FLOPs, U(-s, s) init) and takes no part in the load counts or balancing.
 
 Per-head tables (--mome-per-head-table; the authors' moe_ve_per_head_table, off in every paper run, reference notes
 §3.3): each KV head h reads its own M slots, E[n_t, h, a] at flat row (n_t*H + h)*M + a, so a routed table has
@@ -74,11 +74,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanochat.balance import loss_free_bias_update, trust_region_bias_update
+from nanochat.balance import loss_free_bias_update, sum_over_ranks, trust_region_bias_update
 from nanochat.slot_balance import window_maxvio
 
 from .base import MemoryBlock
@@ -491,11 +490,7 @@ class MoMEMemory(MemoryBlock):
         self.load_counts[pos] += hits.sum(dim=(0, 1, 3), dtype=self.load_counts.dtype)  # (H, M)
         # per (row, head, slot) for balancing and the MaxVio window: N*H*M bins, sparse hits, so a scatter
         grids = [getattr(self, name) for name in ("balance_counts", "window_counts") if hasattr(self, name)]
-        if grids:
-            cell = self._cell_ids(row, sel).reshape(-1)
-            for counts in grids:
-                counts[pos].view(-1).index_add_(0, cell, torch.ones(cell.numel(), device=sel.device,
-                                                                      dtype=counts.dtype))
+        self._add_selections([counts[pos] for counts in grids], row, sel)
 
     def start_eval_loads(self) -> None:
         """Count, in the forwards until ``pop_eval_loads``, every selection per (layer, row n_t, head, slot): the
@@ -510,18 +505,21 @@ class MoMEMemory(MemoryBlock):
         loads, self.eval_loads = self.eval_loads, None
         return loads
 
-    def _cell_ids(self, row, sel) -> torch.Tensor:
-        """Flat ids (B, T, H, K) of the selected cells of an (N, H, M) count table: (row n_t, head, slot)."""
+    def _add_selections(self, grids: list[torch.Tensor], row, sel) -> None:
+        """+1 per selection into each (N, H, M) count table of ``grids``, at its cell (row n_t, head, slot); the
+        flat cell ids (B*T*H*K) are computed once for all of them."""
+        if not grids:
+            return
         head = torch.arange(self.H, device=sel.device)[:, None] * self.M  # (H, 1)
-        return row[..., None, None] * (self.H * self.M) + head + sel
+        cell = (row[..., None, None] * (self.H * self.M) + head + sel).reshape(-1)  # (B, T, H, K) -> flat
+        for counts in grids:
+            counts.view(-1).index_add_(0, cell, torch.ones(cell.numel(), device=sel.device, dtype=counts.dtype))
 
     @torch.no_grad()
     def _count_eval_loads(self, pos, sel, row) -> None:
         if sel is None:  # full routing (K == M): every slot of every head
             sel = torch.arange(self.M, device=row.device).expand(*row.shape, self.H, self.M)
-        cell = self._cell_ids(row, sel)
-        ones = torch.ones(cell.numel(), device=row.device, dtype=self.eval_loads.dtype)
-        self.eval_loads[pos].view(-1).index_add_(0, cell.reshape(-1), ones)
+        self._add_selections([self.eval_loads[pos]], row, sel)
 
     def after_optimizer_step(self) -> None:
         self.update_balance()
@@ -538,8 +536,7 @@ class MoMEMemory(MemoryBlock):
         self.window_steps += 1
         if self.window_steps < self.opts.maxvio_window:
             return
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(self.window_counts, op=dist.ReduceOp.SUM)  # int32: exact
+        sum_over_ranks(self.window_counts)  # int32: exact
         self.window_maxvio = window_maxvio(self.window_counts)
         self.window_counts.zero_()
         self.window_steps = 0
