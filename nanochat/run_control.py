@@ -94,34 +94,36 @@ def _beyond_the_run(flag: str, text: str, plan: dict) -> ValueError:
                       f"{plan['flops_per_token']:,} FLOPs/token; --dry-run prints the plan): it would never be reached")
 
 
+def _flops_per_step(plan: dict) -> int:
+    return plan["flops_per_token"] * plan["total_batch_size"]
+
+
+def _target_cadence(text: str, flag: str, plan: dict) -> FlopCadence:
+    """A comma list of FLOP targets as the steps reaching them; a target the run never reaches is an error."""
+    per_step = _flops_per_step(plan)
+    targets = parse_flop_list(text, flag)
+    steps = [first_step_reaching(t, per_step) for t in targets]
+    if steps[-1] > plan["num_iterations"]:
+        raise _beyond_the_run(flag, f"{float(targets[-1]):.6g}", plan)
+    return FlopCadence(per_step, steps=frozenset(steps))
+
+
 def save_cadence(args, plan: dict) -> FlopCadence | None:
     """--save-at-flops as steps; a target the run never reaches is an error (a checkpoint silently not written
     would be found missing only after the run)."""
-    if not args.save_at_flops:
-        return None
-    per_step = plan["flops_per_token"] * plan["total_batch_size"]
-    targets = parse_flop_list(args.save_at_flops, "--save-at-flops")
-    steps = [first_step_reaching(t, per_step) for t in targets]
-    if steps[-1] > plan["num_iterations"]:
-        raise _beyond_the_run("--save-at-flops", f"{float(targets[-1]):.6g}", plan)
-    return FlopCadence(per_step, steps=frozenset(steps))
+    return _target_cadence(args.save_at_flops, "--save-at-flops", plan) if args.save_at_flops else None
 
 
 def eval_cadence(args, plan: dict) -> FlopCadence | None:
     """--eval-every-flops: one number is an interval, a comma list the targets; out of reach is an error."""
     if not args.eval_every_flops:
         return None
-    per_step = plan["flops_per_token"] * plan["total_batch_size"]
-    if "," not in args.eval_every_flops:
-        interval = parse_flop_count(args.eval_every_flops, "--eval-every-flops")
-        if first_step_reaching(interval, per_step) > plan["num_iterations"]:
-            raise _beyond_the_run("--eval-every-flops", args.eval_every_flops.strip(), plan)
-        return FlopCadence(per_step, interval=interval)
-    targets = parse_flop_list(args.eval_every_flops, "--eval-every-flops")
-    steps = [first_step_reaching(t, per_step) for t in targets]
-    if steps[-1] > plan["num_iterations"]:
-        raise _beyond_the_run("--eval-every-flops", f"{float(targets[-1]):.6g}", plan)
-    return FlopCadence(per_step, steps=frozenset(steps))
+    if "," in args.eval_every_flops:
+        return _target_cadence(args.eval_every_flops, "--eval-every-flops", plan)
+    interval = parse_flop_count(args.eval_every_flops, "--eval-every-flops")
+    if first_step_reaching(interval, _flops_per_step(plan)) > plan["num_iterations"]:
+        raise _beyond_the_run("--eval-every-flops", args.eval_every_flops.strip(), plan)
+    return FlopCadence(_flops_per_step(plan), interval=interval)
 
 
 def check_flop_flags(args, plan: dict) -> list[str]:
