@@ -120,9 +120,6 @@ def _table_options(cfg: dict, experts: int, slot_map: tuple[str, str] | None) ->
     the routed table has S*E rows (§3.2-3.3). Ours has exactly V/c rows of c tokens each, so the import is exact
     when S divides V (c = V/S); a world-size-padded S (rows no token reads) is refused, not cut off.
     ``slot_map`` = (path, sha256) of the JSON, which their checkpoint does not carry."""
-    if cfg["moe_ve_slot_index_mode"] != "token":
-        _refuse("moe_ve_slot_mapping", "table", f"with moe_ve_slot_index_mode {cfg['moe_ve_slot_index_mode']!r}: "
-                "their trainer maps only the token index through a table")
     vocab = cfg["vocab_size"]
     slots = cfg["moe_ve_slot_vocab_size"] or GPTConfig(vocab_size=vocab).padded_vocab_size  # 0 means V (§1.1)
     if not (isinstance(slots, int) and 0 < slots <= vocab and vocab % slots == 0):
@@ -147,9 +144,6 @@ def _arithmetic_options(cfg: dict) -> dict:
     with that S and the routed table has S*E rows, so ours takes it as --mome-rows and is exact for any S, padded
     or not."""
     mapping = cfg["moe_ve_slot_mapping"]
-    if cfg["moe_ve_slot_index_mode"] != "token":
-        _refuse("moe_ve_slot_mapping", mapping, f"with moe_ve_slot_index_mode {cfg['moe_ve_slot_index_mode']!r}: "
-                "their trainer maps only the token index through a slot mapping")
     padded = GPTConfig(vocab_size=cfg["vocab_size"]).padded_vocab_size
     slots = cfg["moe_ve_slot_vocab_size"] or padded
     if not (isinstance(slots, int) and 0 < slots <= padded):
@@ -181,6 +175,9 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_per_head_table", cfg["moe_ve_per_head_table"], "expected true or false")
     if cfg["moe_ve_slot_mapping"] not in ("none", "table", *ARITHMETIC_INDEXERS):
         _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], "expected none, mod, headmod or table")
+    if cfg["moe_ve_slot_mapping"] != "none" and cfg["moe_ve_slot_index_mode"] != "token":
+        _refuse("moe_ve_slot_mapping", cfg["moe_ve_slot_mapping"], f"with moe_ve_slot_index_mode "
+                f"{cfg['moe_ve_slot_index_mode']!r}: their trainer maps only the token index through a slot mapping")
     if cfg["moe_ve_slot_dedicated_size"] and cfg["moe_ve_slot_mapping"] != "headmod":
         _refuse("moe_ve_slot_dedicated_size", cfg["moe_ve_slot_dedicated_size"], "headmod only; must be 0")
     if cfg["moe_balance_mode"] != "bias":
@@ -289,7 +286,8 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
         if o.index in ARITHMETIC_INDEXERS:  # their S is our N; D is 0 for mod, as their default
             cfg.update(moe_ve_slot_mapping=o.index, moe_ve_slot_vocab_size=o.rows,
                        moe_ve_slot_dedicated_size=o.dedicated_size)
-        cfg.update(moe_ve_enabled=True, value_embeds_layers=layers, moe_ve_setting=f"{int(o.shared_expert)}_{o.topk}_{o.slots}",
+        cfg.update(moe_ve_enabled=True, value_embeds_layers=layers,
+                   moe_ve_setting=f"{int(o.shared_expert)}_{o.topk}_{o.slots}",
                    moe_ve_gate_nl=o.gate_mode, moe_ve_router_input=o.router_input,
                    moe_ve_slot_index_mode="bigram" if o.index == "bigram" else "token",
                    moe_ve_network_shared_table=o.index == "bigram", moe_ve_per_head_table=o.per_head_table,
