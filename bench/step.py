@@ -60,7 +60,7 @@ from nanochat.common import autocast_context  # noqa: E402
 from nanochat import families  # noqa: E402
 from nanochat.gpt import Block, GPTConfig, rotary_tables  # noqa: E402
 from nanochat.memory import build_memory  # noqa: E402
-from nanochat.memory import mome as mome_module  # noqa: E402
+from nanochat.memory import mome_mix as mix_paths  # noqa: E402
 from nanochat.memory.slot_map import write_slot_map  # noqa: E402
 from nanochat.optim import MuonAdamW, OptimConfig, shape_routed_groups  # noqa: E402
 
@@ -83,7 +83,7 @@ def family_designs(family: str) -> list[tuple[str, str, dict, str | None]]:
 
 
 def designs(l_mem: int, slot_map: str, variants: bool) -> list[tuple[str, str, dict, str | None]]:
-    """(label, --memory, options, mix) at equal table memory for l_mem memory layers; mix: ``mome.MIX`` (None =
+    """(label, --memory, options, mix) at equal table memory for l_mem memory layers; mix: ``mome_mix.MIX`` (None =
     the model's default: row for the bigram-indexed table, else embedding_bag on CPU and plain on CUDA). ``variants``
     adds MoME rows with other mixes."""
     token = {"slots": 6, "topk": 2}
@@ -226,7 +226,7 @@ class Case:
         self.autocast = autocast_context(device.type, args.dtype)
 
     def loss(self):
-        mome_module.MIX = self.mix  # set before every call: the designs share the module
+        mix_paths.MIX = self.mix  # set before every call: the designs share the module
         with self.autocast:
             if self.kind in HARNESSES:
                 outs = self.forward(self.idx, self.x)

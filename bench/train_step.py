@@ -52,7 +52,7 @@ DESIGNS = {
     "moe-mome": ("MoE-FFN + MoME A2/6", "mome", {"slots": 6, "topk": 2}, None, {"mlp": "moe"}),
 }
 TABLE1 = ("base", "ve", "bigram", "mome", "mome-bigram")  # the default set
-MIXES = ("auto", "bag", "plain", "row")  # --mix: nanochat.memory.mome.MIX (auto = None)
+MIXES = ("auto", "bag", "plain", "row")  # --mix: nanochat.memory.mome_mix.MIX (auto = None)
 PAPER_GPUS = 4  # Table 1 throughput is for 4 GPUs
 
 
@@ -71,14 +71,14 @@ def measure_one(args) -> dict:
 
     from nanochat.common import autocast_context, compute_init
     from nanochat.gpt import GPTConfig, build_model, model_summary
-    from nanochat.memory import mome as mome_module
+    from nanochat.memory import mome_mix as mix_paths
     from nanochat.metrics import peak_flops
     from nanochat.optim import build_optimizer
     from nanochat.train_loop import train_step
 
     _, device = compute_init(args.device)
-    mome_module.MIX = None if args.mix == "auto" else args.mix
-    mome_module.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
+    mix_paths.MIX = None if args.mix == "auto" else args.mix
+    mix_paths.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
     label, memory, options, _, backbone = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
                                memory_options=options, **backbone)

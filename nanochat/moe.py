@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nanochat.balance import loss_free_bias_update
-from nanochat.memory.mome import topk_indices
+from nanochat.memory.mome_mix import topk_indices
 
 MLP_KINDS = ("dense", "moe")
 FFN_FIELDS = ("mlp", "moe_experts", "moe_topk", "moe_shared", "moe_hidden", "moe_balance_lr")  # GPTConfig's

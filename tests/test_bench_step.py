@@ -8,12 +8,12 @@ import torch
 
 from conftest import load_bench
 from nanochat.gpt import norm
-from nanochat.memory import mome
+from nanochat.memory import mome_mix as mix_paths
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.setattr(mome, "MIX", mome.MIX)  # the benchmark flips this module switch per case
+    monkeypatch.setattr(mix_paths, "MIX", mix_paths.MIX)  # the benchmark flips this module switch per case
     return load_bench("step")
 
 

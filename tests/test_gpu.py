@@ -17,7 +17,7 @@ import torch
 from conftest import REPO, tiny_config
 from nanochat.common import autocast_context
 from nanochat.gpt import build_model
-from nanochat.memory import mome as mome_module
+from nanochat.memory import mome_mix as mix_paths
 from nanochat.optim import build_optimizer
 
 pytestmark = [pytest.mark.gpu,
@@ -91,7 +91,7 @@ def test_bf16_autocast_train_step_every_memory_block(name):
 def test_compile_fullgraph_mome_matches_eager(mix, index, monkeypatch):
     """fp32 (TF32 off): compiled and eager compute the same function to float rounding. (Under bf16 autocast the
     router gradient of two fusions differs by ~10%: it is a small difference of saturated sigmoid slopes.)"""
-    monkeypatch.setattr(mome_module, "MIX", mix)
+    monkeypatch.setattr(mix_paths, "MIX", mix)
     tf32 = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module: monkeypatch cannot set it
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -128,7 +128,7 @@ def _compare_compiled_with_eager(index):
 def test_argmax_topk_on_cuda_selects_what_topk_selects():
     scores = torch.randn(64, 2048, 6, 6, device="cuda", dtype=torch.bfloat16)
     want = scores.topk(2, dim=-1, sorted=False).indices.sort(-1).values
-    got = torch.compile(mome_module.topk_indices)(scores, 2).sort(-1).values
+    got = torch.compile(mix_paths.topk_indices)(scores, 2).sort(-1).values
     vals = scores.gather(-1, got)
     # bf16 has ties; where a tie picks another index the selected values must still be the top-2 values
     assert torch.equal(vals.sort(-1).values, scores.gather(-1, want).sort(-1).values)
@@ -315,15 +315,15 @@ def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
     """MIX / TOPK_BY_ARGMAX None on CUDA: top-K by masked argmax (ties go to the lowest slots), the plain K-row
     mix for a per-layer table (never embedding_bag), the row mix for the shared bigram-indexed table, and dense
     table gradients in eager training (the sparse ones are CPU-only)."""
-    monkeypatch.setattr(mome_module, "MIX", None)
-    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", None)
-    ties = mome_module.topk_indices(torch.zeros(3, 6, device="cuda"), 2)
+    monkeypatch.setattr(mix_paths, "MIX", None)
+    monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", None)
+    ties = mix_paths.topk_indices(torch.zeros(3, 6, device="cuda"), 2)
     assert torch.equal(ties.cpu(), torch.tensor([[0, 1]] * 3))
 
     def no_bag(*args, **kwargs):
         raise AssertionError("the embedding_bag mix ran on CUDA with MIX None")
 
-    monkeypatch.setattr(mome_module, "mome_mix_fused", no_bag)
+    monkeypatch.setattr(mix_paths, "mome_mix_fused", no_bag)
     for name, row_mix in (("mome", False), ("mome_bigram_index", True)):
         model = build_model(tiny_config(**MEMORIES[name]), device="cuda", seed=0)
         _randomize_routers(model)
@@ -346,8 +346,8 @@ def test_slot_balance_counts_on_cuda_equal_the_per_token_loop(tmp_path, index, m
     from nanochat.slot_balance import with_slot_balance
     from test_slot_balance import naive_balance, naive_counts
 
-    monkeypatch.setattr(mome_module, "MIX", None)  # the CUDA defaults
-    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", None)
+    monkeypatch.setattr(mix_paths, "MIX", None)  # the CUDA defaults
+    monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", None)
     cfg = replace(mome_config(tmp_path, 4, 2, index), memory_layers=(0, 1))
     block = random_block(cfg).double().eval()
     g = torch.Generator().manual_seed(1)

@@ -110,9 +110,9 @@ def test_shared_expert_equals_paper_loop(tmp_path, index, K):
 
 @pytest.mark.parametrize("mix", ["bag", "plain", "row"])
 def test_shared_expert_is_added_on_every_mix_path(tmp_path, monkeypatch, mix):
-    from nanochat.memory import mome
+    from nanochat.memory import mome_mix as mix_paths
 
-    monkeypatch.setattr(mome, "MIX", mix)
+    monkeypatch.setattr(mix_paths, "MIX", mix)
     cfg = _config(tmp_path, 6, 2, "token", shared_expert=True)
     block = _block(cfg)
     _assert_block_equals_loop(cfg, block, block.layers[0])
@@ -132,10 +132,10 @@ def test_per_head_tables_equal_paper_loop(tmp_path, index, K):
 @pytest.mark.parametrize("mix", ["bag", "plain", "row"])
 def test_per_head_tables_on_every_mix_path(tmp_path, monkeypatch, index, mix):
     """Each mix forced (the per-layer token table and the network-shared bigram one), shared expert on."""
-    from nanochat.memory import mome
+    from nanochat.memory import mome_mix as mix_paths
 
-    monkeypatch.setattr(mome, "MIX", mix)
-    monkeypatch.setattr(mome, "TOPK_BY_ARGMAX", mix == "plain")  # the CUDA selection too
+    monkeypatch.setattr(mix_paths, "MIX", mix)
+    monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", mix == "plain")  # the CUDA selection too
     cfg = _config(tmp_path, 6, 2, index, per_head_table=True, shared_expert=True)
     block = _block(cfg)
     _assert_block_equals_loop(cfg, block, block.layers[0])

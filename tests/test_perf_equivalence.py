@@ -6,8 +6,8 @@ import torch
 
 from conftest import tiny_config
 from nanochat.gpt import build_model
-from nanochat.memory import mome as mome_module
-from nanochat.memory.mome import mome_mix_fused, mome_mix_reference
+from nanochat.memory import mome_mix as mix_paths
+from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference
 from mome_fixtures import HEADS, mome_config, random_block
 
 
@@ -20,17 +20,17 @@ def _block(cfg, seed=0):
 
 
 def _run(block, mix, capture, tokens, xn, v):
-    """value() of the first memory layer and the gradients of a random projection of it; mix: mome.MIX."""
+    """value() of the first memory layer and the gradients of a random projection of it; mix: mome_mix.MIX."""
     block.capture = {} if capture else None
-    old, old_sparse = mome_module.MIX, block.sparse_shared_grad
-    mome_module.MIX = mix
+    old, old_sparse = mix_paths.MIX, block.sparse_shared_grad
+    mix_paths.MIX = mix
     # a sparse table gradient (the shared table on CPU) always takes embedding_bag: "plain" must be dense to run
     # the plain mix at all
     block.sparse_shared_grad = old_sparse and mix != "plain"
     try:
         out = block.value(block.layers[0], xn, v, block.prepare(tokens, None))
     finally:
-        mome_module.MIX, block.sparse_shared_grad = old, old_sparse
+        mix_paths.MIX, block.sparse_shared_grad = old, old_sparse
     proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     params = [p for p in block.parameters() if p.requires_grad]
     grads = torch.autograd.grad((out * proj).sum(), [xn, v, *params], allow_unused=True)
@@ -110,19 +110,19 @@ def test_topk_by_argmax_selects_the_same_slots_as_topk(M, K):
     g = torch.Generator().manual_seed(M * 10 + K)
     scores = torch.randn(5, 7, 3, M, generator=g)  # continuous: no ties
     want = scores.topk(K, dim=-1, sorted=False).indices.sort(-1).values
-    old = mome_module.TOPK_BY_ARGMAX
+    old = mix_paths.TOPK_BY_ARGMAX
     try:
-        mome_module.TOPK_BY_ARGMAX = True
-        got = mome_module.topk_indices(scores, K)
+        mix_paths.TOPK_BY_ARGMAX = True
+        got = mix_paths.topk_indices(scores, K)
     finally:
-        mome_module.TOPK_BY_ARGMAX = old
+        mix_paths.TOPK_BY_ARGMAX = old
     assert got.shape == (5, 7, 3, K) and torch.equal(got.sort(-1).values, want)
     ties = torch.zeros(2, M)  # zero-initialised routers: every logit ties -> the first K slots
-    mome_module.TOPK_BY_ARGMAX = True
+    mix_paths.TOPK_BY_ARGMAX = True
     try:
-        assert torch.equal(mome_module.topk_indices(ties, K), torch.arange(K).expand(2, K))
+        assert torch.equal(mix_paths.topk_indices(ties, K), torch.arange(K).expand(2, K))
     finally:
-        mome_module.TOPK_BY_ARGMAX = old
+        mix_paths.TOPK_BY_ARGMAX = old
 
 
 @pytest.mark.parametrize("index", ["token", "bigram"])
@@ -132,7 +132,7 @@ def test_cuda_paths_equal_cpu_paths_on_the_cpu(tmp_path, index, monkeypatch):
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
     cpu, g_cpu, _ = _run(block, "bag", capture=False, tokens=tokens, xn=xn, v=v)
-    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", True)
+    monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", True)
     block.sparse_shared_grad = False  # as on CUDA
     cuda_like, g_cuda, _ = _run(block, "plain", capture=False, tokens=tokens, xn=xn, v=v)
     assert_same_sums(cuda_like, cpu, g_cuda, g_cpu, 2 + 1, tokens.numel() * HEADS * 2)  # K = 2
@@ -173,7 +173,7 @@ def test_training_forward_has_no_graph_breaks(opts):
 def test_row_mix_equals_plain(tmp_path, index, M, K, argmax, monkeypatch):
     """The row mix (all M slots of n_t, zero weight off the top-K) computes the top-K mix: same output and
     gradients (router, gate, table, inputs) up to float summation order."""
-    monkeypatch.setattr(mome_module, "TOPK_BY_ARGMAX", argmax)
+    monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", argmax)
     cfg = _config(tmp_path, M, K, index)
     block = _block(cfg)
     block.sparse_shared_grad = False  # both paths dense (the sparse variant is compared below)
@@ -186,7 +186,7 @@ def test_row_mix_equals_plain(tmp_path, index, M, K, argmax, monkeypatch):
 
 def test_row_mix_sparse_shared_table_gradient_equals_dense(tmp_path, monkeypatch):
     """CPU eager training keeps the shared bigram table's gradient sparse; densified, it is the dense one."""
-    monkeypatch.setattr(mome_module, "MIX", "row")
+    monkeypatch.setattr(mix_paths, "MIX", "row")
     cfg = _config(tmp_path, 6, 2, "bigram")
     tokens, xn, v = _inputs(cfg)
     grads = []
@@ -205,7 +205,7 @@ def test_slot_weights_spread_topk_weights_exactly():
     scores = torch.randn(4, 5, 3, 8, generator=g)
     sel = scores.topk(3, dim=-1, sorted=False).indices
     w = torch.rand(4, 5, 3, 3, generator=g)
-    dense = mome_module.slot_weights(sel, w, 8)
+    dense = mix_paths.slot_weights(sel, w, 8)
     assert dense.shape == (4, 5, 3, 8)
     assert torch.equal(dense.gather(-1, sel), w)  # bit for bit: one weight plus zeros
     assert torch.equal(dense.scatter(-1, sel, 0.0), torch.zeros_like(dense))
@@ -216,9 +216,9 @@ def test_row_mix_compiled_form_equals_eager_form(monkeypatch):
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(2, 5, 6, 16, generator=g, dtype=torch.float64)
     w = torch.rand(2, 5, 3, 6, generator=g, dtype=torch.float64)
-    eager = mome_module.mome_row_mix(rows, w)
+    eager = mix_paths.mome_row_mix(rows, w)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    traced = mome_module.mome_row_mix(rows, w)
+    traced = mix_paths.mome_row_mix(rows, w)
     naive = torch.stack([sum(w[:, :, h, m, None] * rows[:, :, m] for m in range(6)) for h in range(3)], dim=2)
     assert eager.shape == traced.shape == (2, 5, 3, 16)
     torch.testing.assert_close(eager, naive, rtol=1e-12, atol=1e-12)
@@ -245,7 +245,7 @@ def _table_gathers(model, loss, target=None) -> int:
 def test_row_mix_gathers_the_shared_table_once_per_forward(mix, gathers, monkeypatch):
     """With the row mix the bigram-indexed table (shared by the memory layers) is read once per forward, so its
     backward builds one table-sized gradient, not one per memory layer (values: the full-model test below)."""
-    monkeypatch.setattr(mome_module, "MIX", mix)
+    monkeypatch.setattr(mix_paths, "MIX", mix)
     model = build_model(tiny_config(memory="mome", memory_options={"index": "bigram", "bigram_factor": 2},
                                     n_layer=2, memory_layers=(0, 1)), seed=0)
     model.train()
@@ -285,7 +285,7 @@ def test_compiled_backward_builds_one_shared_table_gradient_with_row_mix(mix, ta
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    monkeypatch.setattr(mome_module, "MIX", mix)
+    monkeypatch.setattr(mix_paths, "MIX", mix)
     graphs = {}
 
     def keep(name):
@@ -319,7 +319,7 @@ def test_shared_table_default_row_mix_equals_plain_in_a_full_model(monkeypatch):
     data = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
     results = []
     for mix in (None, "plain"):
-        monkeypatch.setattr(mome_module, "MIX", mix)
+        monkeypatch.setattr(mix_paths, "MIX", mix)
         model = build_model(cfg, seed=0)
         with torch.no_grad():  # non-zero routers and output projections: every parameter gets a gradient
             g = torch.Generator().manual_seed(1)
@@ -346,10 +346,10 @@ def test_row_mix_stays_in_the_table_dtype_under_autocast():
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(2, 5, 6, 16, generator=g, requires_grad=True)
     w = torch.rand(2, 5, 3, 6, generator=g)
-    want = mome_module.mome_row_mix(rows, w)
+    want = mix_paths.mome_row_mix(rows, w)
     (grad_want,) = torch.autograd.grad(want.sum(), rows)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = mome_module.mome_row_mix(rows, w)
+        got = mix_paths.mome_row_mix(rows, w)
     (grad_got,) = torch.autograd.grad(got.sum(), rows)
     assert got.dtype == torch.float32 and torch.equal(got, want) and torch.equal(grad_got, grad_want)
 
@@ -358,6 +358,6 @@ def test_unknown_mix_switch_is_refused(tmp_path, monkeypatch):
     cfg = _config(tmp_path, 6, 2, "token")
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
-    monkeypatch.setattr(mome_module, "MIX", "fused")
+    monkeypatch.setattr(mix_paths, "MIX", "fused")
     with pytest.raises(ValueError, match="MIX 'fused' is unknown; allowed: None, bag, plain, row"):
         block.value(block.layers[0], xn, v, block.prepare(tokens, None))

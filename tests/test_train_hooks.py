@@ -34,19 +34,19 @@ def test_shared_bigram_table_sparse_grad_trains_like_dense(monkeypatch):
     (plus n times the smallest subnormal). Training each model on its own gradient would not be a fair comparison
     on every CPU: Adam turns last-bit differences of near-zero elements into O(lr) steps. So the dense model takes
     the densified sparse gradient, and the two models must stay equal bit for bit, which checks that densify-then-AdamW is the dense path."""
-    from nanochat.memory import mome
+    from nanochat.memory import mome, mome_mix as mix_paths
 
     mixes = []  # (flat ids (B, T, H, K), weights (B, T, H, K), [dL/dmix (B, T, H, d)]) per call
 
     def recording_mix(table, flat, w, sparse=False):
-        out = mome.mome_mix_fused(table, flat, w, sparse)
+        out = mix_paths.mome_mix_fused(table, flat, w, sparse)
         grad = []
         out.register_hook(grad.append)
         mixes.append((flat, w.detach(), grad))
         return out
 
     monkeypatch.setattr(mome, "mome_mix", recording_mix)
-    monkeypatch.setattr(mome, "MIX", "bag")  # the K-row mix per layer (the default for this table is the row mix)
+    monkeypatch.setattr(mix_paths, "MIX", "bag")  # the K-row mix per layer (the default for this table is the row mix)
     cfg = tiny_config(memory="mome", n_layer=4, memory_options={"slots": 4, "topk": 2, "index": "bigram",
                                                                  "bigram_factor": 2})
     models = [build_model(cfg, seed=0), build_model(cfg, seed=0)]

@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import MemoryBlock
-from .mome import mome_mix, topk_indices
+from .mome_mix import mome_mix, topk_indices
 
 
 def _positive_number(flag: str, value) -> None:

@@ -46,26 +46,8 @@ counts the selections per (layer, row, head, slot) between ``start_eval_loads`` 
 --mome-maxvio-window W > 0 counts the training forwards' selections the same way (int32, in place, no host sync)
 and, every W optimizer steps, all-reduces them into the authors' windowed MaxVio (logged at the next log step).
 
-Fast paths (docs/performance.md), chosen per device because the best one differs:
-* CPU (eager): the K selected rows of every (token, head) are gathered AND mixed by ONE
-  ``F.embedding_bag(mode="sum", per_sample_weights=alpha)`` over flat (B*T*H, K) int64 ids, so the (B,T,H,K,d)
-  intermediate of the plain gather-multiply-sum never exists.
-* CUDA (compiled): the plain gather + weighted sum, which inductor fuses into the value injection (no (B,T,H,K,d)
-  tensor either) with a scatter-add backward, measured 4% faster per d12 training step than embedding_bag's
-  sort-based backward on an H100; and the top-K selection as K masked argmax passes over the M logits, which
-  inductor fuses, instead of ``torch.topk``'s radix select (0.5 ms per layer call at d12 for M = 6).
-* The row mix: gather ALL M slots of n_t once per token, (B, T, M, d), and mix them per head with weights that are
-  zero off the top-K, (B, T, H, M) (equal to the top-K mix: the extra terms are exact zeros). Used for K == M, and
-  by default for the bigram-indexed table: that table is shared by every memory layer and n_t is the same for all
-  of them, so ``prepare`` gathers it ONCE per forward and its backward builds one table-sized gradient instead of
-  one per memory layer plus their sum (L - 1 table-sized zero-fills, scatters and additions per micro-step: at
-  the d12 compound-scaling row n24/M6 each is 604M fp32 entries). Measured on CPU: a depth-6 model's backward
-  2.25x -> 1.03x VE's when compiled, fwd+bwd 2-3% faster in eager mode; on the GPU still to be timed
-  (``bench/train_step.py --designs ve,mome-bigram --mix plain,row``).
-  For a per-layer table the row mix scatters M*d values per token (VE's count at equal memory) instead of H*K*d;
-  it is not the default there (slower on CPU in eager mode, untimed on the GPU).
-``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
-path for every table; the tests compare them.
+Fast paths: the K-row mix, the row mix and the top-K selection, chosen per device, live in
+nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX`` and ``TOPK_BY_ARGMAX`` force one).
 
 The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
@@ -82,6 +64,7 @@ from nanochat.slot_balance import window_maxvio
 
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
+from .mome_mix import forced_mix, mome_mix, mome_row_mix, slot_weights, topk_indices
 from .mome_options import MoMEOptions
 from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
@@ -89,9 +72,6 @@ from .ve import GammaTracker, ValueGate, init_table_uniform, record
 
 NORM_EPS = 1e-10
 FIXED_RANDOM_SEED = 1234
-MIXES = ("bag", "plain", "row")
-MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
-TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
 
 
 def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
@@ -115,74 +95,6 @@ def reference_gate(logits: torch.Tensor, K: int, mode: str):
     if mode.endswith("-norm"):
         w = w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
     return sel, w, p
-
-
-def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Plain top-K mix: flat ids (B, T, H, K) -> gather (B, T, H, K, d) -> weighted sum over K -> (B, T, H, d)."""
-    return (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)
-
-
-def mome_mix_fused(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, sparse: bool = False) -> torch.Tensor:
-    """Same result as ``mome_mix_reference`` with one embedding_bag over (B*T*H) bags of K rows: the gather and
-    the weighted sum are one kernel and the table gradient is one scatter-add of K*H rows per token.
-    ``sparse=True`` makes that gradient a sparse tensor (see ``MoMEMemory.sparse_shared_grad``)."""
-    *lead, K = flat.shape
-    out = F.embedding_bag(flat.reshape(-1, K), table, per_sample_weights=w.to(table.dtype).reshape(-1, K),
-                          mode="sum", sparse=sparse)  # (B*T*H, d)
-    return out.view(*lead, table.size(-1))  # (B, T, H, d)
-
-
-def forced_mix() -> str | None:
-    if MIX is not None and MIX not in MIXES:
-        raise ValueError(f"nanochat.memory.mome.MIX {MIX!r} is unknown; allowed: None, {', '.join(MIXES)}")
-    return MIX
-
-
-def mome_mix(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, sparse: bool = False) -> torch.Tensor:
-    """The K-row mix by ``MIX``: "bag" or "plain"; None (and "row", which only MoME's per-head mix has) by device."""
-    mix = forced_mix()
-    fused = mix == "bag" or (mix != "plain" and not table.is_cuda)
-    return mome_mix_fused(table, flat, w, sparse) if fused or sparse else mome_mix_reference(table, flat, w)
-
-
-def slot_weights(sel: torch.Tensor, w: torch.Tensor, M: int) -> torch.Tensor:
-    """Top-K weights spread over all M slots: sel, w (..., K) -> (..., M), zero off the selection. Exact: a
-    head's K slots are distinct, so each output is one weight plus zeros."""
-    hits = sel[..., None] == torch.arange(M, device=sel.device)  # (..., K, M)
-    return (hits.to(w.dtype) * w[..., None]).sum(dim=-2)
-
-
-def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Per-head mix of a token's M slots: rows (B, T, M, d) (per-head tables: (B, T, H, M, d), each head its own),
-    w (B, T, H, M) -> (B, T, H, d)."""
-    w = w.to(rows.dtype)
-    per_head = rows.dim() == 5
-    if torch.compiler.is_compiling():  # a broadcast reduction over M that inductor fuses with the gather
-        return (w[..., None] * (rows if per_head else rows[:, :, None])).sum(dim=-2)
-    # eager: batched GEMMs, no (B, T, H, M, d) temporary; in the table's dtype, like the K-row mixes (autocast
-    # would run this bmm, and so the table gradient, in bf16)
-    with torch.autocast(rows.device.type, enabled=False):
-        return torch.einsum("bthm,bthmd->bthd" if per_head else "bthm,btmd->bthd", w, rows)
-
-
-def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest scores over the last dim, unordered like ``topk(sorted=False)``.
-
-    On CUDA (or with TOPK_BY_ARGMAX) as k masked argmax passes: elementwise work and tiny reductions over M that
-    inductor fuses with the router's output, where ``torch.topk`` is a separate radix-select kernel. Exact ties
-    (every slot at init: the routers start at zero) are broken differently: the argmax passes take the lowest
-    indices, CPU ``torch.topk`` others (e.g. slots 3 and 5 of 6 for k = 2), so step 0 may route to other (equally
-    initialised) slots on CPU than on CUDA; the outputs are the same set of equal scores either way."""
-    by_argmax = scores.is_cuda if TOPK_BY_ARGMAX is None else TOPK_BY_ARGMAX
-    if not by_argmax:
-        return scores.topk(k, dim=-1, sorted=False).indices
-    slots = torch.arange(scores.size(-1), device=scores.device)
-    picked = []
-    for _ in range(k):
-        i = scores.argmax(dim=-1, keepdim=True)  # (..., 1)
-        picked.append(i)
-        scores = scores.masked_fill(slots == i, float("-inf"))
-    return torch.cat(picked, dim=-1)  # (..., k)
 
 
 class MoMEMemory(MemoryBlock):
