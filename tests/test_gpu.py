@@ -33,6 +33,10 @@ MEMORIES = {
                                                              "bigram_factor": 2}),
     "mome_balance": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "bias"}),
     "mome_token_only": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "routing": "token-only"}),
+    # added 2026-11-26 without a GPU run (no device that session)
+    "mome_conv1d": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d"}),
+    "mome_conv1d_value": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d",
+                                                             "router_input": "value"}),
     # the appendix blocks (added after the 2026-11-22 GPU run; STEM needs a SwiGLU backbone: the family test below)
     "engram": dict(memory="engram", memory_options={"compression": "identity", "dim": 64, "heads": 2,
                                                       "first_prime": 101}),

@@ -39,7 +39,9 @@ def naive_value(cfg, block, layer, tokens, xn, v):
             n = naive_row(cfg, block, tokens, b, t)
             gamma = 2 * torch.sigmoid(gate_w @ xn[b, t, :32])  # (H,)
             for i in range(H):
-                if o.router_input == "hidden":
+                if o.router_type == "conv1d":
+                    logits = naive_conv_logits(block, pos, xn, v, b, t, i)
+                elif o.router_input == "hidden":
                     W = router.weight.view(H, M, -1)[i]
                     logits = W @ xn[b, t] + router.bias.view(H, M)[i]
                 else:
@@ -59,6 +61,22 @@ def naive_value(cfg, block, layer, tokens, xn, v):
                     m = m + shared[head_row]
                 out.append(v[b, t, i] + gamma[i] * m)
     return torch.stack(out).view(B, T, H, d)
+
+
+def naive_conv_logits(block, pos, xn, v, b, t, i):
+    """--mome-router-type conv1d (reference notes §3.5): head i's M logits at (b, t) as the explicit causal sum
+    bias + sum over s = t-k+1..t (s >= 0; earlier positions are the zero left-padding) of W[:, :, s - t + k - 1] h_s,
+    W (out, in, k) as torch's Conv1d (tap j reads position t - (k - 1) + j). Hidden mode: h_s = norm(x)_s and head
+    i's block of M output channels; value mode: h_s = v_s,i, every head the same d -> M kernel."""
+    router, k, H, M = block.routers[pos], block.opts.conv_kernel_size, block.H, block.M
+    W, bias = router.weight, router.bias
+    if block.opts.router_input == "hidden":
+        W, bias = W.view(H, M, -1, k)[i], bias.view(H, M)[i]
+    logits = bias
+    for s in range(max(0, t - k + 1), t + 1):
+        h = xn[b, s] if block.opts.router_input == "hidden" else v[b, s, i]
+        logits = logits + W[:, :, s - t + k - 1] @ h
+    return logits
 
 
 def _inputs(cfg, seed=1, B=2, T=5):

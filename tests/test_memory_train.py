@@ -18,6 +18,7 @@ CASES = [
     ("mome", {"routing": "token-only"}),
     ("mome", {"routing": "fixed-random"}),
     ("mome", {"balance": "bias"}),
+    ("mome", {"router_type": "conv1d"}),
 ]
 
 

@@ -154,7 +154,8 @@ def test_fused_mix_table_gradient_with_duplicate_ids():
 
 
 @pytest.mark.parametrize("opts", [{}, {"index": "bigram", "bigram_factor": 2}, {"topk": 1, "router_input": "value"},
-                                  {"index": "headmod", "rows": 100, "dedicated_size": 30}])
+                                  {"index": "headmod", "rows": 100, "dedicated_size": 30},
+                                  {"router_type": "conv1d"}, {"router_type": "conv1d", "router_input": "value"}])
 def test_training_forward_has_no_graph_breaks(opts):
     """Dynamo trace only (no inductor): cheap, and the inductor compile is covered by the slow test in
     tests/test_memory_train.py."""
@@ -271,7 +272,7 @@ def test_token_only_logits_from_prepare_equal_a_per_layer_lookup(tmp_path):
     cfg = _config(tmp_path, 6, 2, "token", routing="token-only")
     block = _block(cfg)
     tokens, xn, v = _inputs(cfg)
-    idx, row, _, token_logits, _ = block.prepare(tokens, None)
+    idx, row, _, token_logits, _, _ = block.prepare(tokens, None)
     assert token_logits.shape == (*tokens.shape, HEADS * 6)
     for a, b in zip(block.route(0, xn, v, idx, row), block.route(0, xn, v, idx, row, token_logits=token_logits)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

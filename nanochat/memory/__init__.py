@@ -15,7 +15,7 @@ from .engram import COMPRESSIONS, EngramMemory
 from .jtok import JTokMemory, JTokMMemory
 from .move_input import MoVEInputMemory
 from .mome import MoMEMemory
-from .mome_options import GATES, INDEXERS, ROUTER_INPUTS, ROUTINGS, BALANCES
+from .mome_options import GATES, INDEXERS, ROUTER_INPUTS, ROUTER_TYPES, ROUTINGS, BALANCES
 from nanochat.download import file_sha256
 from .stem import STEMMemory
 from .ve import ValueEmbedding
@@ -41,6 +41,11 @@ BLOCK_FLAGS = [
     ("mome", "--mome-gate", "gate", dict(default="auto", choices=("auto", *GATES),
                                          help="auto = sigmoid-norm for K > 1, softmax for K == 1")),
     ("mome", "--mome-router-input", "router_input", dict(default="hidden", choices=ROUTER_INPUTS)),
+    ("mome", "--mome-router-type", "router_type", dict(default="linear", choices=ROUTER_TYPES, help="conv1d: a "
+                                                       "causal conv over the router inputs of the last k positions "
+                                                       "(the reference's --moe-ve-gate-type)")),
+    ("mome", "--mome-conv-kernel-size", "conv_kernel_size", dict(type=int, default=4, help="k of --mome-router-type "
+                                                                 "conv1d (positions t-k+1..t)")),
     ("mome", "--mome-index", "index", dict(default="token", choices=INDEXERS)),
     ("mome", "--mome-group-size", "group_size", dict(type=int, default=1, help="c_grp of the slot map (grouped)")),
     ("mome", "--mome-slot-map", "slot_map", dict(default="", help="slot-map JSON (scripts/build_slot_map.py)")),

@@ -4,7 +4,8 @@ Per memory layer a table E in R^{N x M x d} (stored flat as N*M rows of width d 
 shared by the layer's KV heads. For token t and KV head i:
 
     n_t   = f(x_t)                                   row indexer (--mome-index token | grouped | bigram | mod | headmod)
-    l_t,i = W_g^(i) h_t + b_g^(i)       in R^M       router (--mome-router-input hidden: h = norm(x); value: h = v_t,i)
+    l_t,i = W_g^(i) h_t + b_g^(i)       in R^M       router (--mome-router-input hidden: h = norm(x); value: h = v_t,i;
+                                                     --mome-router-type conv1d: a causal conv over h_t-k+1..h_t)
     A_t,i = TopK(l_t,i, K)                           K = --mome-topk of M = --mome-slots
     alpha = sigmoid-norm over A for K > 1, softmax over all M for K = 1   (--mome-gate overrides)
     m~    = sum_{a in A} alpha_a E[n_t, a]                  only the K selected rows are gathered
@@ -66,6 +67,7 @@ from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
 from .mome_mix import forced_mix, mome_mix, mome_row_mix, slot_weights, topk_indices
 from .mome_options import MoMEOptions
+from .mome_router import CausalConvRouter
 from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
@@ -138,10 +140,12 @@ class MoMEMemory(MemoryBlock):
                 self.shared_expert = nn.Embedding(table_rows, self.d)
             else:
                 self.shared_experts = nn.ModuleList(nn.Embedding(table_rows, self.d) for _ in range(L))
-        if o.routing == "context" and o.router_input == "hidden":
-            self.routers = nn.ModuleList(nn.Linear(config.n_embd, H * M, bias=True) for _ in range(L))
-        elif o.routing == "context":  # value mode: one d -> M router shared by the heads of a layer
-            self.routers = nn.ModuleList(nn.Linear(self.d, M, bias=True) for _ in range(L))
+        if o.routing == "context":  # hidden mode: C -> H*M, per-head logits; value mode: d -> M shared by the heads
+            shape = (config.n_embd, H * M) if o.router_input == "hidden" else (self.d, M)
+            if o.router_type == "conv1d":  # causal over the last k positions (nanochat.memory.mome_router)
+                self.routers = nn.ModuleList(CausalConvRouter(*shape, o.conv_kernel_size) for _ in range(L))
+            else:
+                self.routers = nn.ModuleList(nn.Linear(*shape, bias=True) for _ in range(L))
         elif o.routing == "token-only":
             self.route_table = nn.Embedding(config.padded_vocab_size, H * M)
         else:
@@ -293,7 +297,7 @@ class MoMEMemory(MemoryBlock):
         token_logits = self.route_table(idx) if self.opts.routing == "token-only" else None  # (B, T, H*M)
         # the network-shared shared expert's row of n_t, the same for every layer: one lookup per forward too
         shared = self._shared_row(self.shared_expert, row) if hasattr(self, "shared_expert") else None
-        return idx, row, rows, token_logits, shared
+        return idx, row, rows, token_logits, shared, state  # state: the conv1d router's look-back when decoding
 
     def _row_mix(self) -> bool:
         if self.K == self.M:
@@ -315,11 +319,12 @@ class MoMEMemory(MemoryBlock):
         """The shared expert's row of n_t: (B, T, 1, d), the same for every head; per-head tables (B, T, H, d)."""
         return shared(self._head_rows(row) if self.per_head else row[..., None])
 
-    def route(self, pos: int, xn, v, idx, row, probs: bool = True, token_logits=None):
+    def route(self, pos: int, xn, v, idx, row, probs: bool = True, token_logits=None, state=None):
         """Selected slots sel (B, T, H, K) (None when K == M: all slots in order), weights (B, T, H, K or M),
         scores p over all M (B, T, H, M) or None (fixed-random, or ``probs=False`` on the sigmoid fast path,
         which then never evaluates the gate on the M - K unselected logits). ``token_logits``: token-only
-        routing's lookup from ``prepare`` (looked up here when None)."""
+        routing's lookup from ``prepare`` (looked up here when None). ``state``: the KV cache's memory state (the
+        conv1d router's inputs before this forward; None: zeros, a sequence start)."""
         o, (B, T, H, _) = self.opts, v.shape
         if o.routing == "fixed-random":
             offset = self.fixed_offset[idx]  # (B, T, H)
@@ -327,6 +332,8 @@ class MoMEMemory(MemoryBlock):
             return sel, torch.full(sel.shape, 1.0 / self.K, device=v.device), None
         if o.routing == "token-only":
             logits = (self.route_table(idx) if token_logits is None else token_logits).view(B, T, H, self.M)
+        elif o.router_type == "conv1d":
+            logits = self._conv_logits(pos, xn, v, state)
         elif o.router_input == "hidden":
             logits = self.routers[pos](xn).view(B, T, H, self.M)  # (B, T, H*M) -> per-head logits
         else:
@@ -354,6 +361,16 @@ class MoMEMemory(MemoryBlock):
         w, p = gate_weights(logits, sel, self.mode)
         return sel, w, p
 
+    def _conv_logits(self, pos: int, xn, v, state) -> torch.Tensor:
+        """The causal conv1d router's per-head logits (B, T, H, M): over norm(x)'s sequence (hidden mode), or over
+        each head's sequence of value vectors separately, as (B*H, T, d) (value mode)."""
+        B, T, H, d = v.shape
+        key = f"mome_router{pos}"
+        if self.opts.router_input == "hidden":
+            return self.routers[pos](xn, state, key).view(B, T, H, self.M)
+        per_head = v.transpose(1, 2).reshape(B * H, T, d)  # each head's sequence on its own
+        return self.routers[pos](per_head, state, key).view(B, H, T, self.M).transpose(1, 2)
+
     def _sparse_grad(self, table: torch.Tensor) -> bool:
         # CPU only: on CUDA the sparse gradient's coalescing costs ~4x the dense scatter-add's bytes
         return self.sparse_shared_grad and self.training and not table.is_cuda and not torch.compiler.is_compiling()
@@ -362,8 +379,9 @@ class MoMEMemory(MemoryBlock):
         pos = self.layer_pos.get(layer)
         if pos is None:
             return v
-        idx, row, rows, token_logits, shared = ctx
-        sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits)
+        idx, row, rows, token_logits, shared, state = ctx
+        sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits,
+                               state=state)
         table = self._table(pos)
         if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)

@@ -10,6 +10,7 @@ from .slot_index import ARITHMETIC_INDEXERS, check_arithmetic_options
 GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
 INDEXERS = ("token", "grouped", "bigram", *ARITHMETIC_INDEXERS)
 ROUTER_INPUTS = ("hidden", "value")
+ROUTER_TYPES = ("linear", "conv1d")
 ROUTINGS = ("context", "token-only", "fixed-random")
 BALANCES = ("none", "bias", "trust-region")
 
@@ -30,6 +31,8 @@ class MoMEOptions:
     topk: int = 2  # K, --mome-topk
     gate: str = "auto"  # auto = sigmoid-norm for K > 1, softmax for K == 1 (paper)
     router_input: str = "hidden"
+    router_type: str = "linear"  # the reference's --moe-ve-gate-type: linear, or a causal conv1d over k positions
+    conv_kernel_size: int = 4  # k of the conv1d router (the reference's --moe-ve-conv-kernel-size)
     index: str = "token"
     group_size: int = 1  # c_grp, grouped indexer only
     slot_map: str = ""  # grouped indexer only
@@ -76,6 +79,15 @@ class MoMEOptions:
             raise ValueError(f"--mome-bigram-factor only applies to --mome-index bigram (got {self.index})")
         if self.routing != "context" and self.router_input != "hidden":
             raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
+        _choice("--mome-router-type", self.router_type, ROUTER_TYPES)
+        _positive_int("--mome-conv-kernel-size", self.conv_kernel_size)
+        if self.router_type != "conv1d" and self.conv_kernel_size != 4:
+            raise ValueError(f"--mome-conv-kernel-size only applies to --mome-router-type conv1d (got "
+                             f"--mome-router-type {self.router_type})")
+        if self.router_type != "linear" and self.routing != "context":
+            # token-only routing looks its logits up per token and fixed-random has no router: nothing to convolve
+            raise ValueError(f"--mome-router-type {self.router_type} only applies to --mome-routing context (got "
+                             f"{self.routing}: token-only reads a per-token logit table, fixed-random has no router)")
         if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
             raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
                              "K < M)")
