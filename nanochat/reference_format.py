@@ -48,6 +48,14 @@ SHARED_EXPERT_NETWORK = "embed_value_moe.network_shared_shared_embedding.weight"
 # tables convert by the same rename. That they keep the names above with the larger shape is INFERRED (the name
 # table does not mention per-head tables: their module builds the same embeddings with H times the rows).
 
+# Their conv1d router (moe_ve_gate_type conv1d): ours has it (--mome-router-type conv1d), but the spec gives neither
+# its parameter names nor its kernel layout (which input position each tap reads, the order of the H*E outputs), and
+# a 3-D kernel under the linear router's names would load without error and compute something else if either
+# differs. So it is refused both ways until a real checkpoint or their code settles them.
+CONV_ROUTER_UNVERIFIED = ("their conv1d router's parameter names and kernel layout are not in the verified name "
+                          "table (reference_checkpoint_names.md): refused rather than imported or exported under "
+                          "guessed names (ours trains it with --mome-router-type conv1d)")
+
 
 def _dropped(key: str) -> bool:
     """Their keys that carry nothing our model computes with: rotary tables and MoME balance bookkeeping."""
@@ -167,8 +175,10 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
     if cfg["moe_ve_gate_nl"] not in GATE_NLS:
         _refuse("moe_ve_gate_nl", cfg["moe_ve_gate_nl"], f"supported: {', '.join(GATE_NLS)} "
                 "(softmax-norm-detach has a different gradient)")
+    if cfg["moe_ve_gate_type"] == "conv1d":
+        _refuse("moe_ve_gate_type", "conv1d", CONV_ROUTER_UNVERIFIED)
     if cfg["moe_ve_gate_type"] != "linear":
-        _refuse("moe_ve_gate_type", cfg["moe_ve_gate_type"], "only the linear router is supported")
+        _refuse("moe_ve_gate_type", cfg["moe_ve_gate_type"], "expected linear or conv1d")
     if cfg["moe_ve_router_input"] not in ("hidden", "value"):
         _refuse("moe_ve_router_input", cfg["moe_ve_router_input"], "expected hidden or value")
     if not isinstance(cfg["moe_ve_per_head_table"], bool):
@@ -278,6 +288,8 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
                    bigram_engram_vocab_factor=config.memory_options.get("factor", 6))
     elif config.memory == "mome":
         o = MoMEOptions(**config.memory_options)
+        if o.router_type != "linear":
+            raise ReferenceFormatError(f"--mome-router-type {o.router_type}: {CONV_ROUTER_UNVERIFIED}")
         for name, value, ok in (("--mome-routing", o.routing, "context"), ("--mome-balance", o.balance, "none")):
             if value != ok:
                 raise ReferenceFormatError(f"{name} {value} has no counterpart in the authors' code (needs {ok})")

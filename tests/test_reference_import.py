@@ -131,7 +131,8 @@ def test_export_refuses_designs_their_code_lacks(tmp_path, capsys):
     tok_dir = tmp_path / "our_tok"
     make_their_files(tmp_path, "base")
     for opts, needle in ((dict(routing="token-only"), "--mome-routing token-only"),
-                         (dict(balance="bias"), "--mome-balance bias")):
+                         (dict(balance="bias"), "--mome-balance bias"),
+                         (dict(router_type="conv1d"), "--mome-router-type conv1d")):
         from conftest import tiny_config
 
         cfg = tiny_config(vocab_size=get_tokenizer(tok_dir).vocab_size, memory="mome", n_embd=64,
@@ -139,7 +140,9 @@ def test_export_refuses_designs_their_code_lacks(tmp_path, capsys):
         run = tmp_path / needle.split()[-1]
         save_checkpoint(run, 1, build_model(cfg, seed=0), {"tokenizer_dir": str(tok_dir)})
         assert export_reference.main(["--run", str(run), "--out", str(tmp_path / "x")]) == 2
-        assert needle in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("model_type", ["mobilellm-125m", "qwen3-0.6b"])
@@ -169,7 +172,9 @@ def _edit_meta(src, **fields):
 
 @pytest.mark.parametrize("fields, needle", [
     ({"window_pattern": "SSSL"}, "window_pattern='SSSL'"),
-    ({"moe_ve_gate_type": "conv1d"}, "moe_ve_gate_type='conv1d'"),
+    ({"moe_ve_gate_type": "conv1d"}, "moe_ve_gate_type='conv1d': their conv1d router's parameter names and kernel "
+     "layout are not in the verified name table"),
+    ({"moe_ve_gate_type": "conv2d"}, "moe_ve_gate_type='conv2d': expected linear or conv1d"),
     ({"moe_ve_slot_mapping": "modulo"}, "moe_ve_slot_mapping='modulo'"),
     ({"moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 100}, "moe_ve_slot_dedicated_size=0"),
     ({"moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 100, "moe_ve_slot_dedicated_size": 100},
