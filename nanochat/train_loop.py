@@ -5,12 +5,14 @@ accumulation, the synthetic data stand-in, cross-rank helpers, and the stop-sign
 import math
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from nanochat.common import rows_to_device
+from nanochat.eval_resume import Interrupted
 
 
 def _dist_on() -> bool:
@@ -234,7 +236,11 @@ class StopSignal:
     """Latch SIGINT/SIGTERM so the loop can save at the next step boundary. Only a second Ctrl-C (SIGINT) at
     least ``abort_after_s`` after the first signal aborts at once: a scheduler's cancel or time limit (Slurm)
     sends SIGTERM to the launcher AND every worker, and torchrun forwards its own, so a worker sees two SIGTERMs
-    (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save."""
+    (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save.
+
+    Inside ``interrupts()`` (the final evaluation: the last checkpoint is saved, only the evaluation and the
+    summary are left) the first signal raises ``Interrupted`` at once instead, and one latched before raises on
+    entry; the signals after it are ignored, so the summary that follows is written."""
 
     abort_after_s = 1.0
 
@@ -243,6 +249,18 @@ class StopSignal:
         self._previous = {}
         self._clock = clock
         self._first_at = 0.0
+        self._raise = False
+
+    @contextmanager
+    def interrupts(self):
+        """Run the block so that a stop signal ends it with ``Interrupted`` (at once, or on entry if one came)."""
+        if self.received is not None:
+            raise Interrupted(signal.Signals[self.received])
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
     def install(self) -> "StopSignal":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -252,6 +270,9 @@ class StopSignal:
     def _handle(self, signum, frame):
         if self.received is None:
             self.received, self._first_at = signal.Signals(signum).name, self._clock()
+            if self._raise:
+                self._raise = False
+                raise Interrupted(signum)
         elif signum == signal.SIGINT and self._clock() - self._first_at >= self.abort_after_s:
             self.uninstall()  # a later Ctrl-C: the user really wants out now
             raise KeyboardInterrupt

@@ -12,7 +12,9 @@ The run dir has one owner: run.lock is held for the life of the run (a second ru
 
 Exit codes: 0 = finished; or stopped by --max-wall-time-seconds after saving a checkpoint and running the final
 evaluation (stop_reason "wall_time_limit"); or stopped by SIGINT/SIGTERM after saving a checkpoint, without the
-final evaluation (stop_reason "interrupted"); continue either with --resume; 2 = bad flags, data, tokenizer,
+final evaluation (stop_reason "interrupted"; a signal during the final evaluation ends it, and summary.json says so:
+"interrupted_during": "final_eval", with "training_stop_reason" and what finished); continue any of them with
+--resume (from the last step, it runs the final evaluation); 2 = bad flags, data, tokenizer,
 checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
 training (the message names it); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
 was checked finite when it was saved, the message names the last one and how to continue from it with lower LRs);
@@ -25,6 +27,7 @@ import json
 import math
 import sys
 import time
+import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,7 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              resolve_dtype, seed_everything)
+from nanochat.eval_resume import Interrupted
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.jsonfile import write_text_atomic
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
@@ -333,12 +337,12 @@ def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | Non
 WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
 
 
-def train(run: Run, resumed_at: int | None) -> str:
-    """The step loop: exactly N optimizer steps in total (over all resumes), unless a signal or the wall-time
-    budget stops it earlier. Returns the stop reason."""
+def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
+    """The step loop: exactly N optimizer steps in total (over all resumes), unless a signal (latched by ``stop``)
+    or the wall-time budget stops it earlier. Returns the stop reason."""
     n, loop = run.plan["num_iterations"], run.loop
     bar = tqdm(total=n, initial=loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
-    stop, votes, first = StopSignal().install(), StopVotes(), loop["step"]
+    votes, first = StopVotes(), loop["step"]
     if loop.pop(BOUNDARY_PENDING, False):  # resumed from a signal stop's checkpoint: its step's evals are to do
         resumed_at = None
     time_up = run.wall_limit.reached if run.wall_limit is not None and run.wall_limit.limit_s > 0 else None
@@ -371,14 +375,13 @@ def train(run: Run, resumed_at: int | None) -> str:
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
                 log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
     finally:
-        stop.uninstall()
         bar.close()
 
 
-def final_eval(run: Run) -> dict:
+def final_eval(run: Run, out: dict) -> None:
+    """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept)."""
     a = run.args
     splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
-    out = {}
     for split in splits:  # bpb, and for MoME the slot balance of the same pass (uncompiled model: see slot_balance)
         out[f"{split}_bpb"], balance = with_slot_balance(run.model, lambda: run_split_bpb(
             run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
@@ -393,7 +396,19 @@ def final_eval(run: Run) -> dict:
         print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
     run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
-    return out
+
+
+def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:
+    """A signal ended (or came before) the final evaluation: the checkpoint of this step is saved. Records the stop
+    (metrics.jsonl, and the summary fields it returns the stop reason for) and says how to go on."""
+    step = run.loop["step"]
+    evals.update(interrupted_during="final_eval", training_stop_reason=training_stop, signal=signal_name)
+    run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
+                     "signal": signal_name})
+    then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
+    print0(f"interrupted ({signal_name}) during the final evaluation of step {step} (stopped by {training_stop}): "
+           f"checkpoint saved, summary.json written without the unfinished evaluations; {then}")
+    return "interrupted"
 
 
 def throughput(run: Run) -> dict:
@@ -477,8 +492,6 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
 
 
 def execute(run: Run, resumed_at: int | None) -> int:
-    from nanochat.dataset import DataError
-
     run.session_start = time.time()
     if run.rank == 0:
         if run.args.overwrite:
@@ -504,9 +517,32 @@ def execute(run: Run, resumed_at: int | None) -> int:
         run.metrics.log({"kind": "resume", "step": resumed_at, "lr_override": run.lr_override_now["changes"]})
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
+    stop = StopSignal().install()  # until the summary is written, the final evaluation's included
     try:
-        reason = train(run, resumed_at)
-        evals = final_eval(run) if reason in ("completed", "wall_time_limit") else {}
+        return train_and_evaluate(run, resumed_at, stop)
+    finally:
+        stop.uninstall()
+
+
+def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> int:
+    """The step loop, the final evaluation and the summary; the exit code."""
+    from nanochat.dataset import DataError
+
+    evals = {}
+    try:
+        reason = train(run, resumed_at, stop)
+        if reason in ("completed", "wall_time_limit"):
+            try:
+                with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation at once
+                    final_eval(run, evals)
+            except Interrupted:
+                reason = interrupted_final_eval(run, reason, stop.received, evals)
+            except Exception:
+                if stop.received is None:
+                    raise
+                # e.g. a collective failed because another rank left on the signal
+                traceback.print_exc()
+                reason = interrupted_final_eval(run, reason, stop.received, evals)
     except NonFiniteLoss as e:
         print0(nonfinite_advice(run, e))
         write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
@@ -521,7 +557,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals)
-    if reason == "interrupted":
+    if reason == "interrupted" and "interrupted_during" not in evals:
         print0(f"interrupted at step {run.loop['step']}: checkpoint saved; continue with --resume")
     print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
     return 0
