@@ -100,6 +100,9 @@ def after_optimizer_step(model) -> None:
 # counters a checkpoint keeps: those of the log steps, and those of a window that closes on its own schedule
 # (MoME's --mome-maxvio-window; summed over the ranks by the module itself when the window closes)
 CHECKPOINTED_COUNTERS = ("STATS_BUFFERS", "WINDOW_BUFFERS")
+# results a checkpoint keeps as they are: the same on every rank, not summed (a closed window's MaxVio that the next
+# log step has not read yet: with --log-every > 1 a checkpoint can fall between the close and the log step)
+CHECKPOINTED_RESULTS = ("RESULT_BUFFERS",)
 
 
 def stats_buffers(model, kinds: tuple[str, ...] = ("STATS_BUFFERS",)) -> dict[str, torch.Tensor]:
@@ -131,20 +134,28 @@ def _sum_over_ranks_(tensors: list[torch.Tensor]) -> None:
 
 @torch.no_grad()
 def summed_stats_buffers(model) -> dict[str, torch.Tensor]:
-    """Collective: copies of ``stats_buffers`` summed over the ranks, on the CPU (for a checkpoint)."""
+    """Collective: copies of ``stats_buffers`` summed over the ranks, and of the results (the same on every rank)
+    as they are, on the CPU (for a checkpoint)."""
     copies = {name: buf.detach().clone() for name, buf in stats_buffers(model, CHECKPOINTED_COUNTERS).items()}
     _sum_over_ranks_(list(copies.values()))
+    copies.update({name: buf.detach().clone() for name, buf in stats_buffers(model, CHECKPOINTED_RESULTS).items()})
     return {name: total.cpu() for name, total in copies.items()}
 
 
 @torch.no_grad()
 def restore_stats_buffers(model, saved: dict[str, torch.Tensor], rank: int, step: int) -> None:
     """Put a checkpoint's summed counters back: on rank 0, zero elsewhere, so the next sum over the ranks (at the
-    next log step, or when a window closes) equals the uninterrupted run's for any world size; a module with a
-    window learns where in it the checkpoint's ``step`` is. Checkpoints from before they were saved have none:
-    the counters then start from zero (only the first stats record or window after the resume differs)."""
+    next log step, or when a window closes) equals the uninterrupted run's for any world size; its results on
+    every rank; a module with a window learns where in it the checkpoint's ``step`` is. Checkpoints from before
+    they were saved have none: the counters and results then start from zero (only the first stats record or
+    window after the resume differs)."""
     for name, buf in stats_buffers(model, CHECKPOINTED_COUNTERS).items():
         if rank == 0 and name in saved:
+            buf.copy_(saved[name])
+        else:
+            buf.zero_()
+    for name, buf in stats_buffers(model, CHECKPOINTED_RESULTS).items():
+        if name in saved:
             buf.copy_(saved[name])
         else:
             buf.zero_()
