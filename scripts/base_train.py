@@ -55,11 +55,11 @@ from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
                                  train_step)
 from nanochat.train_resume import ResumePoint
-from nanochat.train_setup import (RunData, existing_tokenizer, load_eval_rows, load_run_data, resolve_bundle, run_core,
-                                  run_split_bpb, setup_attention, tokenizer_dir)
+from nanochat.train_setup import (SYNTHETIC_VOCAB, RunData, existing_tokenizer, load_eval_rows, load_run_data,
+                                  resolve_bundle, run_core, run_split_bpb, setup_attention, tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
-DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
+DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
 EXIT_NONFINITE = 3
 # the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
 GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
@@ -129,17 +129,36 @@ def write_json(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def dry_run_vocab(args, tokenizer) -> tuple[int, str, bool]:
+    """(vocab size, where it comes from, whether it is only assumed) for --dry-run: the vocab of the run's model is
+    --vocab-size, else its tokenizer's (``tokenizer``: the one the run would load, if it exists), else with
+    --synthetic-data that stream's default. With none of them (a plan made before the tokenizer is trained) the
+    paper's is assumed, and said: FLOPs/token, hence the steps of --target-flops and the FLOP targets, depend on it."""
+    if args.vocab_size is not None:
+        return args.vocab_size, "--vocab-size", False
+    if args.synthetic_data:
+        return SYNTHETIC_VOCAB, "the --synthetic-data default", False
+    if tokenizer is not None:
+        return tokenizer.vocab_size, f"the tokenizer in {tokenizer_dir(args)}", False
+    return DRY_RUN_VOCAB, (f"ASSUMED (no tokenizer in {tokenizer_dir(args)} yet): the run uses its tokenizer's; pass "
+                           "--vocab-size N or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one"), True
+
+
 def dry_run(args) -> None:
     """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON."""
     world = get_dist_info().world_size
-    config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
+    tokenizer = existing_tokenizer(args)  # the run's vocab, and for --init-from the fingerprint (None: synthetic)
+    check_pinned_vocab(args, tokenizer)
+    vocab, vocab_source, assumed = dry_run_vocab(args, tokenizer)
+    config = model_config(args, vocab)
     plan = build_plan(args, model_summary(config), world)
-    flop_lines = run_control.check_flop_flags(args, plan)
+    try:
+        flop_lines = run_control.check_flop_flags(args, plan)
+    except ValueError as e:
+        raise ValueError(f"{e} (vocab size {vocab:,} {vocab_source})" if assumed else str(e)) from None
     run_dir = resolve_run_dir(args)
     resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
     checks_source = args.init_from and not resuming
-    tokenizer = existing_tokenizer(args) if args.vocab_size is not None or checks_source else None
-    check_pinned_vocab(args, tokenizer)
     source_line = None
     if args.init_from and resuming:
         source_line = f"{'init from':>26}: {args.init_from} not read: --resume continues this run's checkpoints"
@@ -149,6 +168,8 @@ def dry_run(args) -> None:
     if get_dist_info().rank == 0 and not existing_run:
         ensure_writable(run_dir, "--run-dir")
         write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
+    print0(f"{'vocab size':>26}: {vocab:,} ({vocab_source})" if not assumed else
+           f"{'vocab size':>26}: {vocab:,} {vocab_source}")
     for key, value in plan.items():
         print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
     if existing_run:  # its plan.json is the run's own (written when it started)

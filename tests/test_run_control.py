@@ -357,3 +357,49 @@ def test_a_signal_during_the_last_step_skips_the_final_evaluation(tmp_path, monk
     assert events.count("eval") == 1  # val bpb, by the resume
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
 
+
+REAL_DATA = ["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "32", "--eval-tokens", "256",
+             "--eval-every", "-1", "--no-final-core", *BATCH, "--num-iterations", "6"]
+
+
+def test_dry_run_plans_with_the_tokenizer_the_run_would_load(tmp_path, capsys, embedded_data_dir, tiny_tokenizer_dir):
+    """Without --vocab-size, --dry-run reads the vocab of the tokenizer the run would load (FLOPs/token depend on
+    it: the embedding and the head), so the steps it names for --save-at-flops are the run's."""
+    from nanochat.tokenizer import get_tokenizer
+
+    vocab = get_tokenizer(tiny_tokenizer_dir).vocab_size
+    flags = [*REAL_DATA, "--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    per_step = flops_per_step(tmp_path, "--vocab-size", str(vocab), "--tokenizer-dir", str(tiny_tokenizer_dir))
+    target = ["--save-at-flops", str(per_step * 5 // 2)]  # 2.5 steps of the real vocab: step 3
+    capsys.readouterr()
+    assert base_train.main([*flags, *target, "--run-dir", str(tmp_path / "dry"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "save at flops: steps 3\n" in out
+    assert f"vocab size: {vocab:,} (the tokenizer in {tiny_tokenizer_dir})" in out
+    dry = json.loads((tmp_path / "dry" / "plan.json").read_text())
+    assert dry["model_config"]["vocab_size"] == vocab
+    run = tmp_path / "run"
+    assert base_train.main([*flags, *target, "--run-dir", str(run)]) == 0
+    assert ckpt.list_steps(run) == [3, 6]
+    assert json.loads((run / "plan.json").read_text()) == dry
+
+
+def test_dry_run_without_a_tokenizer_says_which_vocab_it_assumed(tmp_path, capsys):
+    """No tokenizer where the run would load one (yet) and no --vocab-size: the plan is the paper's vocab, and the
+    output says so and how to give the real one; --synthetic-data and --vocab-size name their own."""
+    empty = tmp_path / "no_tokenizer"
+    empty.mkdir()
+    flags = [*REAL_DATA, "--tokenizer-dir", str(empty), "--run-dir", str(tmp_path / "dry"), "--dry-run"]
+    assert base_train.main(flags) == 0
+    out = capsys.readouterr().out
+    assert (f"vocab size: 32,768 ASSUMED (no tokenizer in {empty} yet): the run uses its tokenizer's; pass "
+            "--vocab-size N or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one") in out
+    assert json.loads((tmp_path / "dry" / "plan.json").read_text())["model_config"]["vocab_size"] == 32768
+    assert base_train.main([*flags, "--save-at-flops", "1e12"]) == 2  # a refusal names the assumption too
+    err = capsys.readouterr().err
+    assert "--save-at-flops 1e+12: beyond this run's" in err and "(vocab size 32,768 ASSUMED (no tokenizer" in err
+    assert train(tmp_path / "synthetic", "--dry-run") == 0  # TINY pins --vocab-size 256
+    assert "vocab size: 256 (--vocab-size)" in capsys.readouterr().out
+    assert base_train.main([*REAL_DATA, "--synthetic-data", "--run-dir", str(tmp_path / "s"), "--dry-run"]) == 0
+    assert "vocab size: 32,768 (the --synthetic-data default)" in capsys.readouterr().out
+
