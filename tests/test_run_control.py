@@ -403,3 +403,29 @@ def test_dry_run_without_a_tokenizer_says_which_vocab_it_assumed(tmp_path, capsy
     assert base_train.main([*REAL_DATA, "--synthetic-data", "--run-dir", str(tmp_path / "s"), "--dry-run"]) == 0
     assert "vocab size: 32,768 (the --synthetic-data default)" in capsys.readouterr().out
 
+
+def test_a_flop_target_at_the_target_flops_budget_is_the_final_step(tmp_path, capsys):
+    """--target-flops F rounds to steps: F = 5.25 steps of FLOPs gives 5 steps, whose count is below F. A
+    --save-at-flops (or --eval-every-flops) target of F itself is the run's end, not beyond it: it falls on the
+    final step, and that checkpoint is kept (never pruned by --keep-last). A target above F is still refused."""
+    per_step = flops_per_step(tmp_path, "--num-iterations", "8")
+    budget = per_step * 21 // 4  # 5.25 steps
+    assert float(budget) == budget  # --target-flops is read as a float
+    flags = ["--target-flops", str(budget), "--save-every", "2", "--keep-last", "1"]
+    capsys.readouterr()
+    assert train(tmp_path / "plan", *flags, "--save-at-flops", f"{per_step * 2},{budget}", "--eval-every-flops",
+                 str(budget), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "num_iterations: 5\n" in out and "save at flops: steps 2, 5\n" in out and "eval at flops: steps 5\n" in out
+    run = tmp_path / "r"
+    assert train(run, *flags, "--save-at-flops", f"{per_step * 2},{budget}") == 0
+    assert ckpt.list_steps(run) == [2, 5]  # --keep-last 1 pruned step 4
+    assert ckpt.load_meta(run, 5)["reason"] == "final, save_at_flops" and ckpt.load_meta(run, 5)["keep"]
+    assert train(tmp_path / "e", *flags, "--eval-every-flops", f"{per_step},{budget}") == 0
+    assert [r["step"] for r in records(tmp_path / "e", "eval")] == [1]  # step 5's is the final evaluation
+    capsys.readouterr()
+    for flag in ("--save-at-flops", "--eval-every-flops"):
+        assert train(tmp_path / "x", *flags, flag, str(budget + 1)) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} " in err and "beyond this run's" in err, err
+        assert f"its last step stands for --target-flops {float(budget):.6g}" in err
