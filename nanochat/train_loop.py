@@ -251,7 +251,8 @@ class StopSignal:
 
     Inside ``interrupts()`` (the final evaluation: the last checkpoint is saved, only the evaluation and the
     summary are left) the first signal raises ``Interrupted`` at once instead, and one latched before raises on
-    entry; the signals after it are ignored, so the summary that follows is written."""
+    entry; the signals after it change nothing (a later Ctrl-C aborts, as always), so the summary that follows is
+    written."""
 
     abort_after_s = 1.0
 

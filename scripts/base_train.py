@@ -140,8 +140,9 @@ def dry_run_vocab(args, tokenizer) -> tuple[int, str, bool]:
         return SYNTHETIC_VOCAB, "the --synthetic-data default", False
     if tokenizer is not None:
         return tokenizer.vocab_size, f"the tokenizer in {tokenizer_dir(args)}", False
-    return DRY_RUN_VOCAB, (f"ASSUMED (no tokenizer in {tokenizer_dir(args)} yet): the run uses its tokenizer's; pass "
-                           "--vocab-size N or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one"), True
+    assumed = (f"ASSUMED (no tokenizer in {tokenizer_dir(args)} yet): the run uses its tokenizer's; pass --vocab-size N "
+               "or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one")
+    return DRY_RUN_VOCAB, assumed, True
 
 
 def dry_run(args) -> None:
