@@ -5,7 +5,8 @@ prompts (--sample-every).
 FLOP counts are the training FLOPs after ``step`` optimizer steps, ``step x total_batch_size x flops_per_token``
 (summary.json's ``flops``). A target is reached at the first step whose count is at least the target; targets are
 read as exact rationals (``1e18``, ``2_000_000_000_000_000_000``), so a target equal to a step's count lands on that
-step, not one later through float rounding.
+step, not one later through float rounding. With --target-flops F the run's last step stands for F: its step count
+is round(F / FLOPs per step), which may fall short of F, and a target up to F then falls on the last step.
 """
 
 import math
@@ -71,59 +72,89 @@ def first_step_reaching(target: Fraction, flops_per_step: int) -> int:
 @dataclass
 class FlopCadence:
     """Steps at which cumulative training FLOPs reach targets: a list of targets, or every ``interval`` FLOPs
-    (targets interval, 2 x interval, ...). Several targets reached by one step make that step due once."""
+    (targets interval, 2 x interval, ...). Several targets reached by one step make that step due once. The
+    ``last_step`` reaches ``horizon`` FLOPs when that is more than its count (--target-flops rounded down)."""
     flops_per_step: int
     steps: frozenset = frozenset()  # for a list of targets
     interval: Fraction | None = None
+    last_step: int = 0
+    horizon: Fraction | None = None
+
+    def reached(self, step: int) -> Fraction:
+        """The FLOPs that ``step`` counts as reached."""
+        count = Fraction(step * self.flops_per_step)
+        return max(count, self.horizon) if step == self.last_step and self.horizon is not None else count
 
     def due(self, step: int) -> bool:
         if step < 1:
             return False
         if self.interval is None:
             return step in self.steps
-        # some multiple of the interval lies in ((step - 1) x F, step x F]
-        return (step * self.flops_per_step) // self.interval > ((step - 1) * self.flops_per_step) // self.interval
+        # some multiple of the interval lies in ((step - 1) x F, reached(step)]
+        return self.reached(step) // self.interval > ((step - 1) * self.flops_per_step) // self.interval
 
     def due_steps(self, num_iterations: int) -> list[int]:
         return [s for s in range(1, num_iterations + 1) if self.due(s)]
 
 
-def _beyond_the_run(flag: str, text: str, plan: dict) -> ValueError:
+def _beyond_the_run(flag: str, text: str, plan: dict, horizon: Fraction) -> ValueError:
+    budget = f"; its last step stands for --target-flops {float(horizon):.6g}" if horizon > plan["total_flops"] else ""
     return ValueError(f"{flag} {text}: beyond this run's {plan['total_flops']:.6g} training FLOPs "
                       f"({plan['num_iterations']} steps x {plan['total_batch_size']:,} tokens x "
-                      f"{plan['flops_per_token']:,} FLOPs/token; --dry-run prints the plan): it would never be reached")
+                      f"{plan['flops_per_token']:,} FLOPs/token{budget}; --dry-run prints the plan): it would never "
+                      "be reached")
 
 
 def _flops_per_step(plan: dict) -> int:
     return plan["flops_per_token"] * plan["total_batch_size"]
 
 
-def _target_cadence(text: str, flag: str, plan: dict) -> FlopCadence:
+def _horizon(args, plan: dict) -> Fraction:
+    """The training FLOPs the run's last step stands for: its count, or the --target-flops budget when that set the
+    step count and the rounding fell short of it."""
+    count = Fraction(plan["num_iterations"] * _flops_per_step(plan))
+    if plan.get("horizon_source") == "target_flops":
+        return max(count, Fraction(args.target_flops))
+    return count
+
+
+def _within(target: Fraction, horizon: Fraction) -> bool:
+    """``target`` <= ``horizon``; also when the target is the --target-flops literal, which that flag reads as a
+    float (e.g. 1e23 is not exactly 10^23 as a float)."""
+    return target <= horizon or float(target) <= float(horizon)
+
+
+def _cadence(args, plan: dict, **targets) -> FlopCadence:
+    return FlopCadence(_flops_per_step(plan), last_step=plan["num_iterations"], horizon=_horizon(args, plan),
+                       **targets)
+
+
+def _target_cadence(text: str, flag: str, args, plan: dict) -> FlopCadence:
     """A comma list of FLOP targets as the steps reaching them; a target the run never reaches is an error."""
-    per_step = _flops_per_step(plan)
-    targets = parse_flop_list(text, flag)
-    steps = [first_step_reaching(t, per_step) for t in targets]
-    if steps[-1] > plan["num_iterations"]:
-        raise _beyond_the_run(flag, f"{float(targets[-1]):.6g}", plan)
-    return FlopCadence(per_step, steps=frozenset(steps))
+    targets, n, horizon = parse_flop_list(text, flag), plan["num_iterations"], _horizon(args, plan)
+    if not _within(targets[-1], horizon):
+        raise _beyond_the_run(flag, f"{float(targets[-1]):.6g}", plan, horizon)
+    return _cadence(args, plan, steps=frozenset(min(first_step_reaching(t, _flops_per_step(plan)), n)
+                                                for t in targets))
 
 
 def save_cadence(args, plan: dict) -> FlopCadence | None:
     """--save-at-flops as steps; a target the run never reaches is an error (a checkpoint silently not written
-    would be found missing only after the run)."""
-    return _target_cadence(args.save_at_flops, "--save-at-flops", plan) if args.save_at_flops else None
+    would be found missing only after the run). A target on the last step makes the final checkpoint a kept one."""
+    return _target_cadence(args.save_at_flops, "--save-at-flops", args, plan) if args.save_at_flops else None
 
 
 def eval_cadence(args, plan: dict) -> FlopCadence | None:
-    """--eval-every-flops: one number is an interval, a comma list the targets; out of reach is an error."""
+    """--eval-every-flops: one number is an interval, a comma list the targets; out of reach is an error. The
+    last step's is the final evaluation."""
     if not args.eval_every_flops:
         return None
     if "," in args.eval_every_flops:
-        return _target_cadence(args.eval_every_flops, "--eval-every-flops", plan)
+        return _target_cadence(args.eval_every_flops, "--eval-every-flops", args, plan)
     interval = parse_flop_count(args.eval_every_flops, "--eval-every-flops")
-    if first_step_reaching(interval, _flops_per_step(plan)) > plan["num_iterations"]:
-        raise _beyond_the_run("--eval-every-flops", args.eval_every_flops.strip(), plan)
-    return FlopCadence(_flops_per_step(plan), interval=interval)
+    if not _within(interval, _horizon(args, plan)):
+        raise _beyond_the_run("--eval-every-flops", args.eval_every_flops.strip(), plan, _horizon(args, plan))
+    return _cadence(args, plan, interval=interval)
 
 
 def check_flop_flags(args, plan: dict) -> list[str]:

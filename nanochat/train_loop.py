@@ -5,12 +5,14 @@ accumulation, the synthetic data stand-in, cross-rank helpers, and the stop-sign
 import math
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from nanochat.common import rows_to_device
+from nanochat.eval_resume import Interrupted
 
 
 def _dist_on() -> bool:
@@ -98,6 +100,9 @@ def after_optimizer_step(model) -> None:
 # counters a checkpoint keeps: those of the log steps, and those of a window that closes on its own schedule
 # (MoME's --mome-maxvio-window; summed over the ranks by the module itself when the window closes)
 CHECKPOINTED_COUNTERS = ("STATS_BUFFERS", "WINDOW_BUFFERS")
+# results a checkpoint keeps as they are: the same on every rank, not summed (a closed window's MaxVio that the next
+# log step has not read yet: with --log-every > 1 a checkpoint can fall between the close and the log step)
+CHECKPOINTED_RESULTS = ("RESULT_BUFFERS",)
 
 
 def stats_buffers(model, kinds: tuple[str, ...] = ("STATS_BUFFERS",)) -> dict[str, torch.Tensor]:
@@ -129,20 +134,28 @@ def _sum_over_ranks_(tensors: list[torch.Tensor]) -> None:
 
 @torch.no_grad()
 def summed_stats_buffers(model) -> dict[str, torch.Tensor]:
-    """Collective: copies of ``stats_buffers`` summed over the ranks, on the CPU (for a checkpoint)."""
+    """Collective: copies of ``stats_buffers`` summed over the ranks, and of the results (the same on every rank)
+    as they are, on the CPU (for a checkpoint)."""
     copies = {name: buf.detach().clone() for name, buf in stats_buffers(model, CHECKPOINTED_COUNTERS).items()}
     _sum_over_ranks_(list(copies.values()))
+    copies.update({name: buf.detach().clone() for name, buf in stats_buffers(model, CHECKPOINTED_RESULTS).items()})
     return {name: total.cpu() for name, total in copies.items()}
 
 
 @torch.no_grad()
 def restore_stats_buffers(model, saved: dict[str, torch.Tensor], rank: int, step: int) -> None:
     """Put a checkpoint's summed counters back: on rank 0, zero elsewhere, so the next sum over the ranks (at the
-    next log step, or when a window closes) equals the uninterrupted run's for any world size; a module with a
-    window learns where in it the checkpoint's ``step`` is. Checkpoints from before they were saved have none:
-    the counters then start from zero (only the first stats record or window after the resume differs)."""
+    next log step, or when a window closes) equals the uninterrupted run's for any world size; its results on
+    every rank; a module with a window learns where in it the checkpoint's ``step`` is. Checkpoints from before
+    they were saved have none: the counters and results then start from zero (only the first stats record or
+    window after the resume differs)."""
     for name, buf in stats_buffers(model, CHECKPOINTED_COUNTERS).items():
         if rank == 0 and name in saved:
+            buf.copy_(saved[name])
+        else:
+            buf.zero_()
+    for name, buf in stats_buffers(model, CHECKPOINTED_RESULTS).items():
+        if name in saved:
             buf.copy_(saved[name])
         else:
             buf.zero_()
@@ -234,7 +247,12 @@ class StopSignal:
     """Latch SIGINT/SIGTERM so the loop can save at the next step boundary. Only a second Ctrl-C (SIGINT) at
     least ``abort_after_s`` after the first signal aborts at once: a scheduler's cancel or time limit (Slurm)
     sends SIGTERM to the launcher AND every worker, and torchrun forwards its own, so a worker sees two SIGTERMs
-    (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save."""
+    (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save.
+
+    Inside ``interrupts()`` (the final evaluation: the last checkpoint is saved, only the evaluation and the
+    summary are left) the first signal raises ``Interrupted`` at once instead, and one latched before raises on
+    entry; the signals after it change nothing (a later Ctrl-C aborts, as always), so the summary that follows is
+    written."""
 
     abort_after_s = 1.0
 
@@ -243,6 +261,18 @@ class StopSignal:
         self._previous = {}
         self._clock = clock
         self._first_at = 0.0
+        self._raise = False
+
+    @contextmanager
+    def interrupts(self):
+        """Run the block so that a stop signal ends it with ``Interrupted`` (at once, or on entry if one came)."""
+        if self.received is not None:
+            raise Interrupted(signal.Signals[self.received])
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
     def install(self) -> "StopSignal":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -252,6 +282,9 @@ class StopSignal:
     def _handle(self, signum, frame):
         if self.received is None:
             self.received, self._first_at = signal.Signals(signum).name, self._clock()
+            if self._raise:
+                self._raise = False
+                raise Interrupted(signum)
         elif signum == signal.SIGINT and self._clock() - self._first_at >= self.abort_after_s:
             self.uninstall()  # a later Ctrl-C: the user really wants out now
             raise KeyboardInterrupt

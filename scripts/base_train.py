@@ -12,7 +12,9 @@ The run dir has one owner: run.lock is held for the life of the run (a second ru
 
 Exit codes: 0 = finished; or stopped by --max-wall-time-seconds after saving a checkpoint and running the final
 evaluation (stop_reason "wall_time_limit"); or stopped by SIGINT/SIGTERM after saving a checkpoint, without the
-final evaluation (stop_reason "interrupted"); continue either with --resume; 2 = bad flags, data, tokenizer,
+final evaluation (stop_reason "interrupted"; a signal during the final evaluation ends it, and summary.json says so:
+"interrupted_during": "final_eval", with "training_stop_reason" and what finished); continue any of them with
+--resume (from the last step, it runs the final evaluation); 2 = bad flags, data, tokenizer,
 checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
 training (the message names it); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
 was checked finite when it was saved, the message names the last one and how to continue from it with lower LRs);
@@ -25,6 +27,7 @@ import json
 import math
 import sys
 import time
+import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,7 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              resolve_dtype, seed_everything)
+from nanochat.eval_resume import Interrupted
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.jsonfile import write_text_atomic
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
@@ -51,11 +55,11 @@ from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
                                  train_step)
 from nanochat.train_resume import ResumePoint
-from nanochat.train_setup import (RunData, existing_tokenizer, load_eval_rows, load_run_data, resolve_bundle, run_core,
-                                  run_split_bpb, setup_attention, tokenizer_dir)
+from nanochat.train_setup import (SYNTHETIC_VOCAB, RunData, existing_tokenizer, load_eval_rows, load_run_data,
+                                  resolve_bundle, run_core, run_split_bpb, setup_attention, tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
-DRY_RUN_VOCAB = 32768  # the paper's tokenizer; --dry-run needs no tokenizer
+DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
 EXIT_NONFINITE = 3
 # the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
 GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
@@ -125,17 +129,37 @@ def write_json(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def dry_run_vocab(args, tokenizer) -> tuple[int, str, bool]:
+    """(vocab size, where it comes from, whether it is only assumed) for --dry-run: the vocab of the run's model is
+    --vocab-size, else its tokenizer's (``tokenizer``: the one the run would load, if it exists), else with
+    --synthetic-data that stream's default. With none of them (a plan made before the tokenizer is trained) the
+    paper's is assumed, and said: FLOPs/token, hence the steps of --target-flops and the FLOP targets, depend on it."""
+    if args.vocab_size is not None:
+        return args.vocab_size, "--vocab-size", False
+    if args.synthetic_data:
+        return SYNTHETIC_VOCAB, "the --synthetic-data default", False
+    if tokenizer is not None:
+        return tokenizer.vocab_size, f"the tokenizer in {tokenizer_dir(args)}", False
+    assumed = (f"ASSUMED (no tokenizer in {tokenizer_dir(args)} yet): the run uses its tokenizer's; pass --vocab-size N "
+               "or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one")
+    return DRY_RUN_VOCAB, assumed, True
+
+
 def dry_run(args) -> None:
     """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON."""
     world = get_dist_info().world_size
-    config = model_config(args, args.vocab_size or DRY_RUN_VOCAB)
+    tokenizer = existing_tokenizer(args)  # the run's vocab, and for --init-from the fingerprint (None: synthetic)
+    check_pinned_vocab(args, tokenizer)
+    vocab, vocab_source, assumed = dry_run_vocab(args, tokenizer)
+    config = model_config(args, vocab)
     plan = build_plan(args, model_summary(config), world)
-    flop_lines = run_control.check_flop_flags(args, plan)
+    try:
+        flop_lines = run_control.check_flop_flags(args, plan)
+    except ValueError as e:
+        raise ValueError(f"{e} (vocab size {vocab:,} {vocab_source})" if assumed else str(e)) from None
     run_dir = resolve_run_dir(args)
     resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
     checks_source = args.init_from and not resuming
-    tokenizer = existing_tokenizer(args) if args.vocab_size is not None or checks_source else None
-    check_pinned_vocab(args, tokenizer)
     source_line = None
     if args.init_from and resuming:
         source_line = f"{'init from':>26}: {args.init_from} not read: --resume continues this run's checkpoints"
@@ -145,6 +169,8 @@ def dry_run(args) -> None:
     if get_dist_info().rank == 0 and not existing_run:
         ensure_writable(run_dir, "--run-dir")
         write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
+    print0(f"{'vocab size':>26}: {vocab:,} ({vocab_source})" if not assumed else
+           f"{'vocab size':>26}: {vocab:,} {vocab_source}")
     for key, value in plan.items():
         print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
     if existing_run:  # its plan.json is the run's own (written when it started)
@@ -333,12 +359,12 @@ def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | Non
 WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
 
 
-def train(run: Run, resumed_at: int | None) -> str:
-    """The step loop: exactly N optimizer steps in total (over all resumes), unless a signal or the wall-time
-    budget stops it earlier. Returns the stop reason."""
+def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
+    """The step loop: exactly N optimizer steps in total (over all resumes), unless a signal (latched by ``stop``)
+    or the wall-time budget stops it earlier. Returns the stop reason."""
     n, loop = run.plan["num_iterations"], run.loop
     bar = tqdm(total=n, initial=loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
-    stop, votes, first = StopSignal().install(), StopVotes(), loop["step"]
+    votes, first = StopVotes(), loop["step"]
     if loop.pop(BOUNDARY_PENDING, False):  # resumed from a signal stop's checkpoint: its step's evals are to do
         resumed_at = None
     time_up = run.wall_limit.reached if run.wall_limit is not None and run.wall_limit.limit_s > 0 else None
@@ -371,14 +397,13 @@ def train(run: Run, resumed_at: int | None) -> str:
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
                 log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
     finally:
-        stop.uninstall()
         bar.close()
 
 
-def final_eval(run: Run) -> dict:
+def final_eval(run: Run, out: dict) -> None:
+    """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept)."""
     a = run.args
     splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
-    out = {}
     for split in splits:  # bpb, and for MoME the slot balance of the same pass (uncompiled model: see slot_balance)
         out[f"{split}_bpb"], balance = with_slot_balance(run.model, lambda: run_split_bpb(
             run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
@@ -393,7 +418,19 @@ def final_eval(run: Run) -> dict:
         print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
     run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
-    return out
+
+
+def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:
+    """A signal ended (or came before) the final evaluation: the checkpoint of this step is saved. Records the stop
+    (metrics.jsonl, and the summary fields it returns the stop reason for) and says how to go on."""
+    step = run.loop["step"]
+    evals.update(interrupted_during="final_eval", training_stop_reason=training_stop, signal=signal_name)
+    run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
+                     "signal": signal_name})
+    then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
+    print0(f"interrupted ({signal_name}) during the final evaluation of step {step} (stopped by {training_stop}): "
+           f"checkpoint saved, summary.json written without the unfinished evaluations; {then}")
+    return "interrupted"
 
 
 def throughput(run: Run) -> dict:
@@ -477,8 +514,6 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
 
 
 def execute(run: Run, resumed_at: int | None) -> int:
-    from nanochat.dataset import DataError
-
     run.session_start = time.time()
     if run.rank == 0:
         if run.args.overwrite:
@@ -504,9 +539,32 @@ def execute(run: Run, resumed_at: int | None) -> int:
         run.metrics.log({"kind": "resume", "step": resumed_at, "lr_override": run.lr_override_now["changes"]})
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
+    stop = StopSignal().install()  # until the summary is written, the final evaluation's included
     try:
-        reason = train(run, resumed_at)
-        evals = final_eval(run) if reason in ("completed", "wall_time_limit") else {}
+        return train_and_evaluate(run, resumed_at, stop)
+    finally:
+        stop.uninstall()
+
+
+def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> int:
+    """The step loop, the final evaluation and the summary; the exit code."""
+    from nanochat.dataset import DataError
+
+    evals = {}
+    try:
+        reason = train(run, resumed_at, stop)
+        if reason in ("completed", "wall_time_limit"):
+            try:
+                with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation at once
+                    final_eval(run, evals)
+            except Interrupted:
+                reason = interrupted_final_eval(run, reason, stop.received, evals)
+            except Exception:
+                if stop.received is None:
+                    raise
+                # e.g. a collective failed because another rank left on the signal
+                traceback.print_exc()
+                reason = interrupted_final_eval(run, reason, stop.received, evals)
     except NonFiniteLoss as e:
         print0(nonfinite_advice(run, e))
         write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
@@ -521,7 +579,7 @@ def execute(run: Run, resumed_at: int | None) -> int:
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals)
-    if reason == "interrupted":
+    if reason == "interrupted" and "interrupted_during" not in evals:
         print0(f"interrupted at step {run.loop['step']}: checkpoint saved; continue with --resume")
     print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
     return 0

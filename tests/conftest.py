@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 os.environ.setdefault("WANDB_MODE", "disabled")
+# the default tokenizer directory is an empty one, as in a fresh clone: a developer's trained tokenizer/ must not change
+# what a test sees (--dry-run plans with the vocab of the tokenizer a run would load)
+os.environ["NANOCHAT_TOKENIZER_DIR"] = tempfile.mkdtemp(prefix="no_tokenizer_")
+atexit.register(shutil.rmtree, os.environ["NANOCHAT_TOKENIZER_DIR"], ignore_errors=True)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 # the session fixtures (prepared data, tiny tokenizer) for every test module: built once per session, where an
 # import into each module made one copy per module

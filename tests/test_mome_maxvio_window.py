@@ -116,3 +116,20 @@ def test_a_tiny_run_logs_each_window_and_a_resume_logs_the_same(tmp_path):
 def window_records(run) -> dict:
     """{step: memory/* and moe/* of its train record} for the records that log a window."""
     return {step: rec for step, rec in stat_records(run).items() if WINDOW_KEYS[1] in rec}
+
+
+def test_a_window_closed_before_a_checkpoint_and_logged_after_it_survives_the_resume(tmp_path):
+    """W = 2, a record every 3 steps: the window closed at step 2 is logged at step 3. The step-2 checkpoint is
+    written between the two: it carries the closed window's result, so the resumed run's step-3 record logs the
+    same window as the uninterrupted run's, to the bit (and the step-6 record the window closed at step 6)."""
+    run = tmp_path / "run"
+    flags = ["--memory", "mome", "--mome-slots", "4", "--mome-maxvio-window", "2", "--num-iterations", "6",
+             "--log-every", "3", "--save-every", "2"]
+    assert train(run, *flags) == 0
+    full = window_records(run)
+    assert list(full) == [3, 6]
+    for step in (6, 4):
+        shutil.rmtree(ckpt.step_dir(run, step))
+    assert ckpt.list_steps(run) == [2]
+    assert train(run, *flags, "--resume") == 0
+    assert window_records(run) == full

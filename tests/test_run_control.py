@@ -250,3 +250,182 @@ def test_a_signal_on_an_eval_step_saves_before_evaluating_and_the_resume_evaluat
     assert [(r["step"], r["val_bpb"]) for r in records(run, "eval")] == \
         [(r["step"], r["val_bpb"]) for r in records(ref, "eval")] and len(records(ref, "eval")) == 2
     assert losses(run) == losses(ref)
+
+
+
+def _sigterm_in(monkeypatch, name: str, calls_before: int = 0) -> list:
+    """base_train.<name> sends this process a real SIGTERM on its call after ``calls_before``, as a scheduler's
+    cancel would. The trainer must have turned SIGTERM into something it handles: the default action would end
+    pytest. Returns the calls."""
+    import os
+    import signal
+    import time
+
+    real, calls = getattr(base_train, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(name)
+        if len(calls) > calls_before:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGTERM is not handled"
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in here
+            raise AssertionError("SIGTERM did not interrupt the final evaluation")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(base_train, name, wrapped)
+    return calls
+
+
+def fake_core(monkeypatch) -> None:
+    monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)  # stands in for a CORE bundle
+    monkeypatch.setattr(base_train, "run_core", lambda *a, **k: {"core": 0.5, "label": "CORE"})
+
+
+@pytest.mark.parametrize("stop", ["completed", "wall_time_limit"])
+def test_a_signal_during_the_final_evaluation_still_writes_the_summary(tmp_path, monkeypatch, capsys, stop):
+    """The checkpoint is saved before the final evaluation; a SIGTERM during it (a scheduler's cancel, whose
+    SIGKILL follows after a grace period the evaluation could outlast) ends the evaluation at once, and the run's
+    record is still written: summary.json says interrupted, during the final evaluation, after what, and keeps
+    the evaluation's finished part (val bpb; CORE was cut). Exit 0, as for any signal stop. A --resume of the
+    completed run runs the final evaluation (its numbers equal an uninterrupted run's); a resume of the wall-time
+    stop trains on and evaluates at the end."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    fake_core(monkeypatch)
+    flags = ["--num-iterations", "8", "--final-core"]
+    assert train(ref, *flags) == 0
+    expected = json.loads((ref / "summary.json").read_text())
+    assert expected["core"] == 0.5
+    limit = []
+    if stop == "wall_time_limit":
+        fake_step_clock(monkeypatch, 10.0)
+        limit = ["--max-wall-time-seconds", "25"]
+    with monkeypatch.context() as m:
+        calls = _sigterm_in(m, "run_core")
+        assert train(run, *flags, *limit) == 0
+    assert len(calls) == 1
+    step = 8 if stop == "completed" else 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["step"] == step
+    assert summary["interrupted_during"] == "final_eval" and summary["training_stop_reason"] == stop
+    assert summary["signal"] == "SIGTERM"
+    assert math.isfinite(summary["val_bpb"]) and "core" not in summary
+    assert ckpt.list_steps(run)[-1] == step
+    assert records(run, "final") == []
+    assert records(run, "stop")[-1] == {"kind": "stop", "step": step, "reason": "interrupted",
+                                        "during": "final_eval", "signal": "SIGTERM"}
+    out = capsys.readouterr().out
+    assert f"interrupted (SIGTERM) during the final evaluation of step {step}" in out
+    assert (run / "report.md").is_file()
+    assert train(run, *flags, *limit, "--resume") == 0  # the fake clock stops the wall-time run again at step 6
+    summary = json.loads((run / "summary.json").read_text())
+    if stop == "completed":
+        assert summary["stop_reason"] == "completed" and "interrupted_during" not in summary
+        assert (summary["val_bpb"], summary["core"]) == (expected["val_bpb"], 0.5)
+        assert [r["step"] for r in records(run, "final")] == [8]
+    else:
+        assert (summary["stop_reason"], summary["step"]) == ("wall_time_limit", 6) and summary["core"] == 0.5
+    assert losses(run) == {s: v for s, v in losses(ref).items() if s <= (8 if stop == "completed" else 6)}
+
+
+def test_a_signal_during_the_last_step_skips_the_final_evaluation(tmp_path, monkeypatch):
+    """A SIGTERM during the last step: the final checkpoint is written at once and the final evaluation is not
+    started (the scheduler's SIGKILL is coming); summary.json records the interruption, and --resume evaluates."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    real_step, events = base_train.train_step, []
+
+    def step(*a, **k):
+        out = real_step(*a, **k)
+        if events.count("step") == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        events.append("step")
+        return out
+
+    monkeypatch.setattr(base_train, "train_step", step)
+    real_eval = base_train.run_split_bpb
+    monkeypatch.setattr(base_train, "run_split_bpb", lambda *a, **k: events.append("eval") or real_eval(*a, **k))
+    assert train(run, "--num-iterations", "4") == 0
+    assert events == ["step"] * 4
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["interrupted_during"], summary["training_stop_reason"]) == \
+        ("interrupted", "final_eval", "completed")
+    assert "val_bpb" not in summary and ckpt.list_steps(run) == [4]
+    monkeypatch.setattr(base_train, "train_step", real_step)
+    assert train(run, "--num-iterations", "4", "--resume") == 0
+    assert events.count("eval") == 1  # val bpb, by the resume
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+REAL_DATA = ["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "32", "--eval-tokens", "256",
+             "--eval-every", "-1", "--no-final-core", *BATCH, "--num-iterations", "6"]
+
+
+def test_dry_run_plans_with_the_tokenizer_the_run_would_load(tmp_path, capsys, embedded_data_dir, tiny_tokenizer_dir):
+    """Without --vocab-size, --dry-run reads the vocab of the tokenizer the run would load (FLOPs/token depend on
+    it: the embedding and the head), so the steps it names for --save-at-flops are the run's."""
+    from nanochat.tokenizer import get_tokenizer
+
+    vocab = get_tokenizer(tiny_tokenizer_dir).vocab_size
+    flags = [*REAL_DATA, "--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir)]
+    per_step = flops_per_step(tmp_path, "--vocab-size", str(vocab), "--tokenizer-dir", str(tiny_tokenizer_dir))
+    target = ["--save-at-flops", str(per_step * 5 // 2)]  # 2.5 steps of the real vocab: step 3
+    capsys.readouterr()
+    assert base_train.main([*flags, *target, "--run-dir", str(tmp_path / "dry"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "save at flops: steps 3\n" in out
+    assert f"vocab size: {vocab:,} (the tokenizer in {tiny_tokenizer_dir})" in out
+    dry = json.loads((tmp_path / "dry" / "plan.json").read_text())
+    assert dry["model_config"]["vocab_size"] == vocab
+    run = tmp_path / "run"
+    assert base_train.main([*flags, *target, "--run-dir", str(run)]) == 0
+    assert ckpt.list_steps(run) == [3, 6]
+    assert json.loads((run / "plan.json").read_text()) == dry
+
+
+def test_dry_run_without_a_tokenizer_says_which_vocab_it_assumed(tmp_path, capsys):
+    """No tokenizer where the run would load one (yet) and no --vocab-size: the plan is the paper's vocab, and the
+    output says so and how to give the real one; --synthetic-data and --vocab-size name their own."""
+    empty = tmp_path / "no_tokenizer"
+    empty.mkdir()
+    flags = [*REAL_DATA, "--tokenizer-dir", str(empty), "--run-dir", str(tmp_path / "dry"), "--dry-run"]
+    assert base_train.main(flags) == 0
+    out = capsys.readouterr().out
+    assert (f"vocab size: 32,768 ASSUMED (no tokenizer in {empty} yet): the run uses its tokenizer's; pass "
+            "--vocab-size N or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one") in out
+    assert json.loads((tmp_path / "dry" / "plan.json").read_text())["model_config"]["vocab_size"] == 32768
+    assert base_train.main([*flags, "--save-at-flops", "1e12"]) == 2  # a refusal names the assumption too
+    err = capsys.readouterr().err
+    assert "--save-at-flops 1e+12: beyond this run's" in err and "(vocab size 32,768 ASSUMED (no tokenizer" in err
+    assert train(tmp_path / "synthetic", "--dry-run") == 0  # TINY pins --vocab-size 256
+    assert "vocab size: 256 (--vocab-size)" in capsys.readouterr().out
+    assert base_train.main([*REAL_DATA, "--synthetic-data", "--run-dir", str(tmp_path / "s"), "--dry-run"]) == 0
+    assert "vocab size: 32,768 (the --synthetic-data default)" in capsys.readouterr().out
+
+
+def test_a_flop_target_at_the_target_flops_budget_is_the_final_step(tmp_path, capsys):
+    """--target-flops F rounds to steps: F = 5.25 steps of FLOPs gives 5 steps, whose count is below F. A
+    --save-at-flops (or --eval-every-flops) target of F itself is the run's end, not beyond it: it falls on the
+    final step, and that checkpoint is kept (never pruned by --keep-last). A target above F is still refused."""
+    per_step = flops_per_step(tmp_path, "--num-iterations", "8")
+    budget = per_step * 21 // 4  # 5.25 steps
+    assert float(budget) == budget  # --target-flops is read as a float
+    flags = ["--target-flops", str(budget), "--save-every", "2", "--keep-last", "1"]
+    capsys.readouterr()
+    assert train(tmp_path / "plan", *flags, "--save-at-flops", f"{per_step * 2},{budget}", "--eval-every-flops",
+                 str(budget), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "num_iterations: 5\n" in out and "save at flops: steps 2, 5\n" in out and "eval at flops: steps 5\n" in out
+    run = tmp_path / "r"
+    assert train(run, *flags, "--save-at-flops", f"{per_step * 2},{budget}") == 0
+    assert ckpt.list_steps(run) == [2, 5]  # --keep-last 1 pruned step 4
+    assert ckpt.load_meta(run, 5)["reason"] == "final, save_at_flops" and ckpt.load_meta(run, 5)["keep"]
+    assert train(tmp_path / "e", *flags, "--eval-every-flops", f"{per_step},{budget}") == 0
+    assert [r["step"] for r in records(tmp_path / "e", "eval")] == [1]  # step 5's is the final evaluation
+    capsys.readouterr()
+    for flag in ("--save-at-flops", "--eval-every-flops"):
+        assert train(tmp_path / "x", *flags, flag, str(budget + 1)) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} " in err and "beyond this run's" in err, err
+        assert f"its last step stands for --target-flops {float(budget):.6g}" in err

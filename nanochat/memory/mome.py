@@ -45,7 +45,8 @@ or the authors' power-law trust region on rows with enough visits (trust-region;
 The final evaluation's slot balance (per-(row, head) MaxVio and absolute load deviation, nanochat.slot_balance)
 counts the selections per (layer, row, head, slot) between ``start_eval_loads`` and ``pop_eval_loads`` only.
 --mome-maxvio-window W > 0 counts the training forwards' selections the same way (int32, in place, no host sync)
-and, every W optimizer steps, all-reduces them into the authors' windowed MaxVio (logged at the next log step).
+and, every W optimizer steps, all-reduces them into the authors' windowed MaxVio (logged at the next log step; a
+checkpoint written between the two keeps it).
 
 Fast paths: the K-row mix, the row mix and the top-K selection, chosen per device, live in
 nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX`` and ``TOPK_BY_ARGMAX`` force one).
@@ -108,6 +109,7 @@ class MoMEMemory(MemoryBlock):
     reference_gating = False  # set by nanochat.numerics.apply_numerics(model, "reference") only
     STATS_BUFFERS = ("load_counts",)  # summed over ranks before stats() and kept in checkpoints
     WINDOW_BUFFERS = ("window_counts",)  # summed over ranks when the window closes; kept in checkpoints too
+    RESULT_BUFFERS = ("window_result",)  # a closed window's result until logged: the same on every rank; kept too
 
     @classmethod
     def resolved_options(cls, config) -> MoMEOptions:
@@ -172,8 +174,10 @@ class MoMEMemory(MemoryBlock):
         if o.maxvio_window:  # selections per (layer, row, head, slot) of the current window (not in state_dict)
             self.register_buffer("window_counts", torch.empty(L, self.rows, H, M, dtype=torch.int32),
                                  persistent=False)
+            # the last closed window's [1, window_maxvio ...] until stats() logs it (then zeros): on the device, so
+            # closing needs no host sync, and a buffer, so a checkpoint between the close and the log step keeps it
+            self.register_buffer("window_result", torch.empty(4, dtype=torch.float64), persistent=False)
         self.window_steps = 0  # optimizer steps into the current window: windows end at steps W, 2W, ...
-        self.window_maxvio: torch.Tensor | None = None  # the last closed window's result, until stats() logs it
         self.tracker = GammaTracker(L)
         self.capture: dict | None = None
         # (L, N, H, M) int32 selections per (layer, row, head, slot) while an evaluation collects them
@@ -243,6 +247,7 @@ class MoMEMemory(MemoryBlock):
             self.balance_counts.zero_()
         if hasattr(self, "window_counts"):
             self.window_counts.zero_()
+            self.window_result.zero_()
         self.load_counts.zero_()
         self.tracker.init_weights()
 
@@ -458,16 +463,17 @@ class MoMEMemory(MemoryBlock):
     @torch.no_grad()
     def close_window(self) -> None:
         """Every W-th call (one per optimizer step, on every rank alike): sum the window's counts over the ranks
-        (one collective, at the same step everywhere), keep their ``window_maxvio`` on the device and restart
-        the counts. No host sync: stats() reads the result at the next log step (the latest window if several
-        closed since)."""
+        (one collective, at the same step everywhere), keep their ``window_maxvio`` on the device (``window_result``)
+        and restart the counts. No host sync: stats() reads the result at the next log step (the latest window if
+        several closed since)."""
         if not hasattr(self, "window_counts"):
             return
         self.window_steps += 1
         if self.window_steps < self.opts.maxvio_window:
             return
         sum_over_ranks(self.window_counts)  # int32: exact
-        self.window_maxvio = window_maxvio(self.window_counts)
+        self.window_result[0] = 1.0  # a result to log
+        self.window_result[1:] = window_maxvio(self.window_counts)
         self.window_counts.zero_()
         self.window_steps = 0
 
@@ -485,9 +491,10 @@ class MoMEMemory(MemoryBlock):
             loss_free_bias_update(self.router_bias, self.balance_counts, o.balance_lr)
 
     def resume_window(self, step: int) -> None:
-        """A resume from the checkpoint of ``step``: its partial window's counts came back with the checkpoint's
-        counters (nanochat.train_loop.restore_stats_buffers), so the window closes at the same step as in the
-        uninterrupted run, with the same counts."""
+        """A resume from the checkpoint of ``step``: its partial window's counts, and the result of a window closed
+        but not yet logged, came back with the checkpoint's counters (nanochat.train_loop.restore_stats_buffers), so
+        the window closes at the same step as in the uninterrupted run, with the same counts, and the next log step
+        logs what it would have."""
         if hasattr(self, "window_counts"):
             self.window_steps = step % self.opts.maxvio_window
 
@@ -508,12 +515,13 @@ class MoMEMemory(MemoryBlock):
                 out[f"memory/maxvio/layer{layer}"] = float(maxvio[i])
         if hasattr(self, "router_bias"):
             out["memory/router_bias_absmean"] = float(self.router_bias.abs().mean())
-        if self.window_maxvio is not None:
-            mean, eligible, layers = self.window_maxvio.tolist()
-            if layers > 0:
-                out["memory/maxvio_window_mean"] = mean
-            out["memory/maxvio_window_eligible_mean"] = eligible
-            out["memory/maxvio_window_layers"] = layers
-            self.window_maxvio = None
+        if hasattr(self, "window_result"):
+            closed, mean, eligible, layers = self.window_result.tolist()
+            if closed:
+                if layers > 0:
+                    out["memory/maxvio_window_mean"] = mean
+                out["memory/maxvio_window_eligible_mean"] = eligible
+                out["memory/maxvio_window_layers"] = layers
+                self.window_result.zero_()
         self.load_counts.zero_()
         return out
