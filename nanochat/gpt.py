@@ -33,8 +33,9 @@ def check_window_pattern(pattern) -> str:
     """--window-pattern: a non-empty string of L and S (reference spec §1.1), returned as given."""
     if not isinstance(pattern, str) or not pattern or set(pattern) - set(WINDOW_LETTERS):
         allowed = "; ".join(f"{k} = {v}" for k, v in WINDOW_LETTERS.items())
-        raise ValueError(f"--window-pattern {pattern!r}: expected a non-empty string of the letters L and S ({allowed}), "
-                         "tiled over the layers with the last layer always L, e.g. L (the default) or SSSL")
+        raise ValueError(f"--window-pattern {pattern!r}: expected a non-empty string of the letters L and S "
+                         f"({allowed}), tiled over the layers with the last layer always L, e.g. L (the default) "
+                         "or SSSL")
     return pattern
 
 
