@@ -112,12 +112,15 @@ class GPTConfig:
         return math.sqrt(3.0 / self.n_embd)
 
     def to_dict(self) -> dict:
-        """JSON-ready fields; a dense model leaves out the FFN fields, so its meta.json is the one it was before
-        they existed (and checkpoints written before them still resume: the configs compare equal)."""
+        """JSON-ready fields; a dense model leaves out the FFN fields, and an all-L model its window_pattern, so
+        their meta.json is the one it was before those existed (and checkpoints written before them still resume:
+        the configs compare equal)."""
         d = asdict(self)
         d["memory_layers"] = list(self.memory_layers)
         if self.mlp == "dense":
             d = {k: v for k, v in d.items() if k != "mlp" and not k.startswith("moe_")}
+        if self.window_pattern == "L":
+            del d["window_pattern"]
         return d
 
 
