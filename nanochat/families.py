@@ -98,8 +98,12 @@ def config_from_args(args, vocab_size: int, memory: dict):
     common = dict(sequence_len=args.max_seq_len, vocab_size=vocab_size, **memory)
     ffn = {key: getattr(args, key) for key in FFN_FIELDS}  # --mlp, --moe-*: the nanochat GPT's FFN
     if fam.ffn_rule is None:
-        common.update(ffn)
+        common.update(ffn, window_pattern=args.window_pattern)
     else:
+        if args.window_pattern != "L":
+            raise ValueError(f"--window-pattern {args.window_pattern}: --model-type {name} attends to the full causal "
+                             "context in every layer (as the reference's, which ignores window_pattern); sliding "
+                             "windows are a --model-type nanochat option (allowed here: L)")
         defaults = {f.name: f.default for f in fields(GPTConfig)}
         changed = ["--" + k.replace("_", "-") for k, v in ffn.items() if v != defaults[k]]
         if changed:

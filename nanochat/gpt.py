@@ -1,7 +1,8 @@
 """The GPT backbone of the paper's nanochat family, with one extension point for memory blocks.
 
 Architecture (paper appendix / reference spec §1): param-free RMSNorm everywhere, untied wte/lm_head, RoPE
-(base 10000, half-split) then QK-norm, full causal attention, relu^2 MLP of width 4C, no biases, per-layer
+(base 10000, half-split) then QK-norm, causal attention (full context, or a sliding window of half the context in
+the layers ``window_pattern`` marks S; the last layer always full), relu^2 MLP of width 4C, no biases, per-layer
 ``x <- resid_lambdas[i] * x + x0_lambdas[i] * x0`` with x0 the normed token embedding, logit softcap 15.
 The memory block (``nanochat.memory``) may add to the residual stream, the attention values and/or the FFN
 increment (JTok/JTok-M).
@@ -25,6 +26,17 @@ from nanochat.moe import MoEFFN, ReluSquaredMLP, check_mlp_config, inactive_expe
 ROPE_BASE = 10000.0
 LOGIT_SOFTCAP = 15.0
 VOCAB_PAD_MULTIPLE = 64
+WINDOW_LETTERS = {"L": "the full causal context", "S": "a sliding window of sequence_len // 2 tokens"}
+
+
+def check_window_pattern(pattern) -> str:
+    """--window-pattern: a non-empty string of L and S (reference spec §1.1), returned as given."""
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(WINDOW_LETTERS):
+        allowed = "; ".join(f"{k} = {v}" for k, v in WINDOW_LETTERS.items())
+        raise ValueError(f"--window-pattern {pattern!r}: expected a non-empty string of the letters L and S "
+                         f"({allowed}), tiled over the layers with the last layer always L, e.g. L (the default) "
+                         "or SSSL")
+    return pattern
 
 
 @dataclass
@@ -38,6 +50,7 @@ class GPTConfig:
     n_head: int = 6
     n_kv_head: int = 6
     n_embd: int = 768
+    window_pattern: str = "L"  # L/S per layer, tiled, last layer L (attention_windows); "L" = full context everywhere
     memory: str = "base"  # a key of nanochat.memory.MEMORY_BLOCKS
     memory_layers: tuple[int, ...] = ()  # empty = alternating layers ending at the last one
     memory_options: dict = field(default_factory=dict)  # block-specific, validated by the block
@@ -65,6 +78,7 @@ class GPTConfig:
             raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
         if self.head_dim % 2:
             raise ValueError(f"head size n_embd / n_head = {self.head_dim} must be even (RoPE rotates pairs)")
+        check_window_pattern(self.window_pattern)
 
     @classmethod
     def from_depth(cls, depth: int, aspect_ratio: int = 64, head_dim: int = 128, **kwargs) -> "GPTConfig":
@@ -84,17 +98,29 @@ class GPTConfig:
         return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
     @property
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """Per-layer window_left: the pattern tiled over the layers, the last layer forced to L (reference §1.1).
+        L -> None (the full causal context, at any length), S -> sequence_len // 2 (a query sees itself and the
+        window_left tokens before it; reference §Attention: S is half the context)."""
+        letters = [self.window_pattern[i % len(self.window_pattern)] for i in range(self.n_layer)]
+        letters[-1] = "L"
+        return tuple(None if c == "L" else self.sequence_len // 2 for c in letters)
+
+    @property
     def memory_table_bound(self) -> float:
         """Half-width of the U(-s, s) init of VE/MoME tables: the backbone's matrix init, std 1/sqrt(C)."""
         return math.sqrt(3.0 / self.n_embd)
 
     def to_dict(self) -> dict:
-        """JSON-ready fields; a dense model leaves out the FFN fields, so its meta.json is the one it was before
-        they existed (and checkpoints written before them still resume: the configs compare equal)."""
+        """JSON-ready fields; a dense model leaves out the FFN fields, and an all-L model its window_pattern, so
+        their meta.json is the one it was before those existed (and checkpoints written before them still resume:
+        the configs compare equal)."""
         d = asdict(self)
         d["memory_layers"] = list(self.memory_layers)
         if self.mlp == "dense":
             d = {k: v for k, v in d.items() if k != "mlp" and not k.startswith("moe_")}
+        if self.window_pattern == "L":
+            del d["window_pattern"]
         return d
 
 
@@ -210,31 +236,49 @@ def resolve_attention(requested: str, device, capability: tuple[int, int] | None
     return AttentionBackend(want, func, reason="--attention auto: a Hopper GPU and FA3" if requested == "auto" else "")
 
 
-def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0) -> torch.Tensor:
+def attention_mask(pos: int, T: int, T_k: int, window: int | None, device) -> torch.Tensor:
+    """(T, T_k) boolean mask of queries at positions pos..pos+T-1 over keys 0..T_k-1: key col is visible to query row
+    iff 0 <= row - col <= window (no upper bound for window None, the full causal context)."""
+    dist = (torch.arange(T, device=device)[:, None] + pos) - torch.arange(T_k, device=device)
+    return dist >= 0 if window is None else (dist >= 0) & (dist <= window)
+
+
+def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0, window: int | None = None) -> torch.Tensor:
     """Causal attention of q (B, T, H, d) over k, v (B, T, H_kv, d) -> (B, T, H, d), shared by every family.
 
     GQA: KV head j serves query heads j*H/H_kv ... (j+1)*H/H_kv - 1. The --attention backend (FlashAttention-2/3)
     for forwards without a KV cache on its device, else SDPA; with a KV cache the new k/v are appended first and the
-    T new queries attend to the whole prefix."""
+    T new queries attend to the whole prefix. ``window`` (window_left) limits each query to itself and the ``window``
+    keys before it (flash: window_size=(window, 0)); None, or a window reaching every key, is the plain causal path."""
     T = q.size(1)
     flash = _ATTENTION
     if flash.func is not None and kv_cache is None and q.device.type == flash.device_type:
         # FlashAttention takes 16-bit inputs only (QK-norm may have produced fp32 q/k); GQA is native
         dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        y = flash.func(q.to(dt), k.to(dt), v.to(dt), causal=True)
+        q, k, v_in = q.to(dt), k.to(dt), v.to(dt)
+        if window is None or window >= T:
+            y = flash.func(q, k, v_in, causal=True)
+        else:
+            y = flash.func(q, k, v_in, causal=True, window_size=(window, 0))
         y = y[0] if isinstance(y, tuple) else y  # some FA3 builds return (out, softmax_lse)
         return y.to(v.dtype)  # (B, T, H, d)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d)
     gqa = q.size(1) != k.size(1)
     if kv_cache is None:
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if window is None or window >= T:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = attention_mask(0, T, T, window, q.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
         k, v = kv_cache.update(layer_idx, k, v)  # (B, kv_heads, pos+T, d)
-        if T == 1:
+        T_k = k.size(2)
+        if window is not None and window >= T_k:
+            window = None  # every cached key is within the window
+        if T == 1 and window is None:
             y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         else:
-            pos = k.size(2) - T
-            mask = torch.arange(T, device=q.device)[:, None] + pos >= torch.arange(k.size(2), device=q.device)
+            mask = attention_mask(T_k - T, T, T_k, window, q.device)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
 
@@ -243,6 +287,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
+        self.window = config.attention_windows[layer_idx]  # None = the full causal context
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         C = config.n_embd
         self.c_q = nn.Linear(C, self.n_head * self.head_dim, bias=False)
@@ -259,7 +304,7 @@ class CausalSelfAttention(nn.Module):
         cos, sin = cos_sin
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)  # QK-norm after RoPE
-        y = causal_attention(q, k, v, kv_cache, self.layer_idx)
+        y = causal_attention(q, k, v, kv_cache, self.layer_idx, self.window)
         return self.c_proj(y.reshape(B, T, C))
 
 
@@ -342,11 +387,13 @@ class GPT(nn.Module):
 
     def estimate_flops(self) -> int:
         """FLOPs per token: 6 x (params minus wte, memory tables, scalars, unselected MoE experts) + attention
-        12*H*d*T per layer. MoE layers count their ACTIVE experts: stored ones would stop a FLOP target early."""
+        12*H*d*min(window, T) per layer (reference §1.8; an L layer's window is T). MoE layers count their ACTIVE
+        experts: stored ones would stop a FLOP target early."""
         excluded = {id(p) for p in [self.wte.weight, *self.memory_table_params(), *self.scalar_params()]}
         n = sum(p.numel() for p in self.parameters() if id(p) not in excluded) - inactive_expert_params(self)
         cfg = self.config
-        attn = cfg.n_layer * 12 * cfg.n_head * cfg.head_dim * cfg.sequence_len
+        T = cfg.sequence_len
+        attn = sum(12 * cfg.n_head * cfg.head_dim * (T if w is None else min(w, T)) for w in cfg.attention_windows)
         return 6 * n + attn
 
     # -- forward ------------------------------------------------------------------------------------------

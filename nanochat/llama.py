@@ -73,6 +73,12 @@ class LlamaConfig:
         return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
     @property
+    def attention_windows(self) -> tuple[None, ...]:
+        """The full causal context in every layer: these families have no --window-pattern (the reference's
+        MobileLLM/Qwen3 models ignore window_pattern, families spec §1)."""
+        return (None,) * self.n_layer
+
+    @property
     def memory_table_bound(self) -> float:
         return self.n_embd**-0.5  # the reference passes C^-0.5 as the VE/MoME half-width
 

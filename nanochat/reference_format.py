@@ -6,7 +6,7 @@ uncompiled model, keys possibly prefixed ``_orig_mod.``, some tensors bf16) and 
 gives the verified one-to-one name mapping used here; every parameter keeps its shape, so converting is a rename
 plus an exact upcast to fp32.
 
-A design field we cannot express exactly (sliding windows, conv1d routers, a shared expert without routed slots,
+A design field we cannot express exactly (conv1d routers, a shared expert without routed slots,
 a moving balancing bias, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping
 (the paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their checkpoint
 (nanochat.reference_slot_map). Their ``mod``/``headmod`` mappings are our indexers of the same names; their
@@ -91,13 +91,12 @@ def _refuse(field, value, why):
     raise ReferenceFormatError(f"model_config {field}={value!r}: {why}")
 
 
-def _window_layers(pattern: str, n_layer: int) -> list[str]:
-    """Per-layer window letters: the pattern tiled over the layers, the last layer forced to L (their rule)."""
+def _window_pattern(pattern) -> str:
+    """Their window_pattern as ours (--window-pattern): the same L/S letters, tiled the same way with the last layer
+    forced to L, and the same windows (L: the context, S: sequence_len // 2); their code upper-cases it."""
     if not isinstance(pattern, str) or not pattern or set(pattern.upper()) - {"S", "L"}:
         _refuse("window_pattern", pattern, "expected a non-empty string of L/S")
-    letters = [pattern[i % len(pattern)].upper() for i in range(n_layer)]
-    letters[-1] = "L"
-    return letters
+    return pattern.upper()
 
 
 def parse_moe_setting(setting: str) -> tuple[int, int, int]:
@@ -245,15 +244,11 @@ def config_from_reference(model_type: str, model_config: dict, slot_map: tuple[s
     cfg = {**REFERENCE_DEFAULTS, **model_config}
     if model_type == "bigram_engram_gpt":
         cfg["bigram_engram_enabled"] = True  # their BigramEngramGPT forces it
-    windows = _window_layers(cfg["window_pattern"], cfg["n_layer"])
-    sliding = [i for i, w in enumerate(windows) if w == "S"]
-    if sliding:
-        _refuse("window_pattern", cfg["window_pattern"], f"sliding-window layers {sliding} are not supported "
-                "(ours attends to the full context in every layer)")
     designs = [f for f in ("dense_ve_enabled", "moe_ve_enabled", "bigram_engram_enabled") if cfg[f]]
     if len(designs) > 1:
         raise ReferenceFormatError(f"model_config enables {designs}; ours has one memory design per model")
     base = {k: cfg[k] for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")}
+    base["window_pattern"] = _window_pattern(cfg["window_pattern"])
     if not designs:
         return GPTConfig(**base)
     if designs[0] == "dense_ve_enabled":
@@ -275,9 +270,9 @@ def reference_from_config(config: GPTConfig) -> tuple[str, dict]:
                                    "bigram_engram_gpt checkpoint format (nanochat backbone only)")
     if config.mlp != "dense":
         raise ReferenceFormatError(f"--mlp {config.mlp} has no counterpart in the authors' code (dense MLP only)")
-    cfg = dict(REFERENCE_DEFAULTS, window_pattern="L", moe_ve_balance_lr=0.0,
-               moe_ve_bias_update="none", **{k: getattr(config, k) for k in
-                                             ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")})
+    cfg = dict(REFERENCE_DEFAULTS, moe_ve_balance_lr=0.0, moe_ve_bias_update="none",
+               **{k: getattr(config, k) for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head",
+                                                  "n_embd", "window_pattern")})
     layers = list(MEMORY_BLOCKS[config.memory].layers_of(config))
     model_type = "gpt"
     if config.memory == "ve":

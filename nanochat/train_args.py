@@ -24,7 +24,7 @@ from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
                                preset_tokens)
-from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig
+from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig, check_window_pattern
 from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.moe import MLP_KINDS
 from nanochat.optim import OptimConfig
@@ -106,6 +106,10 @@ def _group_model(p):
     g.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="use wte as the output head (default: tied for mobilellm/qwen3; nanochat is always untied)")
     g.add_argument("--max-seq-len", type=int, default=2048, help="context length (tokens)")
+    g.add_argument("--window-pattern", type=str, default="L",
+                   help="attention window per layer (--model-type nanochat), tiled over the layers, the last layer "
+                        "always L: L = the full causal context, S = a sliding window of max-seq-len // 2 tokens "
+                        "(e.g. SSSL; the reference's paper runs all use L)")
     ffn = {f.name: f.default for f in fields(GPTConfig)}
     g.add_argument("--mlp", choices=MLP_KINDS, default=ffn["mlp"],
                    help="FFN of every layer (--model-type nanochat): the dense relu^2 4C MLP, or a sparse MoE FFN "
@@ -307,6 +311,7 @@ def validate_args(args: argparse.Namespace) -> None:
                          f"choose the attention kernel with --attention {{{','.join(ATTENTION_BACKENDS)}}} (or "
                          f"attention = \"...\" in a --config file; {LEGACY_ATTENTION_ENV}=flash was --attention fa2) "
                          f"and unset {LEGACY_ATTENTION_ENV}")
+    check_window_pattern(args.window_pattern)
     positive = ["depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "device_batch_size",
                 "eval_tokens"]
     for name in positive:

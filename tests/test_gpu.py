@@ -170,16 +170,18 @@ def test_resume_on_cuda_continues_the_run(tmp_path):
     assert summary["stop_reason"] == "completed" and summary["step"] == 6
 
 
+@pytest.mark.parametrize("window_pattern", ["L", "S"])  # S: layer 0 sees 16 keys back (window_size (16, 0)) of 32
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
-def test_flash_attention_path_matches_sdpa(monkeypatch, backend):
+def test_flash_attention_path_matches_sdpa(monkeypatch, backend, window_pattern):
     from nanochat import gpt
 
     try:
         flash = gpt.resolve_attention(backend, "cuda")
     except ValueError as e:  # the package is not installed, or this GPU cannot run it: the message says which
         pytest.skip(str(e))
-    cfg = tiny_config(**MEMORIES["mome"], n_kv_head=1)  # GQA: 2 query heads share one KV head
+    cfg = tiny_config(**MEMORIES["mome"], n_kv_head=1, window_pattern=window_pattern)  # GQA: 2 query heads, 1 KV
     model = build_model(cfg, device="cuda", seed=0)
+    _randomize_routers(model)  # and c_proj: attention reaches the logits
     x, _ = _batch(2)
     with torch.no_grad(), autocast_context("cuda", "bfloat16"):
         sdpa = model(x)

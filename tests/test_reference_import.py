@@ -162,6 +162,42 @@ def test_export_refuses_other_backbone_families(tmp_path, capsys, model_type):
     assert f"--model-type {model_type.split('-')[0]} has no counterpart" in capsys.readouterr().err
 
 
+def test_sliding_windows_import_and_export(tmp_path):
+    """Their window_pattern SSSL is our --window-pattern SSSL: the imported model computes what the source weights
+    compute with those windows (not what they compute with full attention), and export writes the pattern back."""
+    from nanochat.gpt import build_model
+
+    src, source, _ = make_their_files(tmp_path, "mome_token")
+    _edit_meta(src, window_pattern="SSSL")  # sequence_len 64: S layers see 32 keys back, the test rows are 48 long
+    assert run_import(src, tmp_path / "run") == 0
+    model, _ = load_model(tmp_path / "run")
+    windowed = build_model(replace(source.config, window_pattern="SSSL"))
+    windowed.load_state_dict(source.state_dict())
+    assert model.config.window_pattern == "SSSL" and torch.equal(logits(model.eval()), logits(windowed.eval()))
+    assert not torch.allclose(logits(model), logits(source))
+    out = tmp_path / "export"
+    assert export_reference.main(["--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+    meta = json.loads((out / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json").read_text())
+    assert meta["model_config"]["window_pattern"] == "SSSL"
+    assert run_import(out, tmp_path / "back") == 0
+    assert_same_config(load_model(tmp_path / "back")[0].config, model.config)
+
+
+def test_window_pattern_config_round_trip():
+    """Their SSSL config is our --window-pattern SSSL (their lower case too), and the config exports back."""
+    from nanochat.reference_format import config_from_reference, reference_from_config
+
+    theirs = {"n_layer": 4, "n_head": 2, "n_kv_head": 2, "n_embd": 64, "sequence_len": 64, "vocab_size": 512,
+              "window_pattern": "sssl"}
+    ours = config_from_reference("gpt", theirs)
+    assert ours.window_pattern == "SSSL" and ours.attention_windows == (32, 32, 32, None)
+    model_type, back = reference_from_config(ours)
+    assert (model_type, back["window_pattern"]) == ("gpt", "SSSL") and config_from_reference(model_type, back) == ours
+    assert config_from_reference("gpt", {k: v for k, v in theirs.items() if k != "window_pattern"}).window_pattern \
+        == "SSSL"  # a meta without the field takes their GPTConfig default, as their loader would
+    assert reference_from_config(replace(ours, window_pattern="L"))[1]["window_pattern"] == "L"
+
+
 # -- errors -----------------------------------------------------------------------------------------------
 def _edit_meta(src, **fields):
     path = src / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json"
@@ -171,7 +207,7 @@ def _edit_meta(src, **fields):
 
 
 @pytest.mark.parametrize("fields, needle", [
-    ({"window_pattern": "SSSL"}, "window_pattern='SSSL'"),
+    ({"window_pattern": "SSXL"}, "window_pattern='SSXL': expected a non-empty string of L/S"),
     ({"moe_ve_gate_type": "conv1d"}, "moe_ve_gate_type='conv1d': their conv1d router's parameter names and kernel "
      "layout are not in the verified name table"),
     ({"moe_ve_gate_type": "conv2d"}, "moe_ve_gate_type='conv2d': expected linear or conv1d"),
