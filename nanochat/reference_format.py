@@ -149,7 +149,7 @@ def _arithmetic_options(cfg: dict) -> dict:
     headmod: tok below D, else D + ((tok - D) mod (S - D))). Their meta holds the S their base_train resolved
     (the explicit size or ceil(V/f), padded for the world size; 0 = the padded vocab, §1.1/§3.1): the module maps
     with that S and the routed table has S*E rows, so ours takes it as --mome-rows and is exact for any S, padded
-    or not."""
+    or not. The factor itself stays in the meta's user_config (the CLI args), which their loader does not read."""
     mapping = cfg["moe_ve_slot_mapping"]
     padded = GPTConfig(vocab_size=cfg["vocab_size"]).padded_vocab_size
     slots = cfg["moe_ve_slot_vocab_size"] or padded
@@ -236,6 +236,10 @@ def config_from_reference(model_type: str, model_config: dict, slot_map: tuple[s
     ``slot_map``: (path, sha256) of the slot-map JSON of a ``table``-mapped MoME (see _table_options)."""
     if model_type not in MODEL_TYPES:
         raise ReferenceFormatError(f"model_type {model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
+    if "moe_ve_slot_factor" in model_config:  # their CLI flag (the meta's user_config), not a GPTConfig field
+        _refuse("moe_ve_slot_factor", model_config["moe_ve_slot_factor"], "not a field of their GPTConfig (their "
+                "loader would reject it): their base_train resolves --moe-ve-slot-factor f into "
+                "moe_ve_slot_vocab_size = ceil(V / f), which is what is imported (ours: --mome-slot-factor)")
     unknown = sorted(k for k in model_config if k not in REFERENCE_DEFAULTS and not k.startswith("stem_"))
     if unknown:
         raise ReferenceFormatError(f"model_config has unknown field(s) {unknown}; cannot tell whether they change "

@@ -390,7 +390,7 @@ def validate_args(args: argparse.Namespace) -> None:
 def model_config(args, vocab_size: int):
     """The model config of the flags: --model-type picks the family (nanochat.families), the rest its geometry.
     An optimizer flag that this model would not use is an error here (so --dry-run reports it too)."""
-    config = config_from_args(args, vocab_size, memory_config_from_args(args))
+    config = config_from_args(args, vocab_size, memory_config_from_args(args, vocab_size))
     changed = [name for name in OPTIM_FLAGS if getattr(args, name) != flag_default(name)]
     unused = optimizer_fields_without_effect(config, optim_config(args), changed)
     if unused:

@@ -52,6 +52,12 @@ DESIGNS = {
                          "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
                          "moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 100, **INERT_BALANCE},
                  "mome", (), {"slots": 4, "topk": 2, "index": "mod", "rows": 100}),
+    # their --moe-ve-slot-factor 4 (mod, no explicit size) on the 439-token vocab: their base_train writes the
+    # resolved S = ceil(439 / 4) = 110 into model_config, the flags into user_config (USER_CONFIG below)
+    "mome_mod_factor": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
+                                "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
+                                "moe_ve_slot_mapping": "mod", "moe_ve_slot_vocab_size": 110, **INERT_BALANCE},
+                        "mome", (), {"slots": 4, "topk": 2, "index": "mod", "rows": 110}),
     "mome_headmod": ("gpt", {"moe_ve_enabled": True, "value_embeds_layers": [1, 3], "moe_ve_setting": "0_2_4",
                              "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden",
                              "moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 120,
@@ -81,6 +87,8 @@ DESIGNS = {
                              "mome", (), {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2,
                                           "per_head_table": True}),
 }
+# their meta's user_config (the CLI args) beyond the common ones, per design; their loader does not read it
+USER_CONFIG = {"mome_mod_factor": {"moe_ve_slot_mapping": "mod", "moe_ve_slot_factor": 4, "moe_ve_slot_vocab_size": 0}}
 # what their CUDA init casts to bf16 (the whole embed_value_moe module: shared experts too)
 BF16_PREFIXES = ("wte.", "memory.table", "memory.routers.", "memory.shared_expert")
 
@@ -217,7 +225,7 @@ def write_their_checkpoint(ckpt_dir: Path, model, design: str, step: int = STEP,
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     torch.save(their_state_dict(model, design, **state_kw), ckpt_dir / f"model_{step:06d}.pt")
     meta = {"step": step, "val_bpb": 1.25, "model_type": DESIGNS[design][0],
-            "model_config": their_model_config(model, design), "user_config": {"depth": 4, "seed": 42},
+            "model_config": their_model_config(model, design), "user_config": {"depth": 4, "seed": 42, **USER_CONFIG.get(design, {})},
             "device_batch_size": 8, "max_seq_len": 64, "dataloader_state_dict": {"pq_idx": 0, "rg_idx": 2, "epoch": 1},
             "stop_reason": "flops", "loop_state": {"min_val_bpb": 1.25, "smooth_train_loss": 3.0}}
     (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2))

@@ -12,7 +12,7 @@ from mome_fixtures import DEDICATED, ROWS, VOCAB, mome_config, naive_row, random
 from nanochat.gpt import GPTConfig, build_model, model_summary
 from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.mome import MoMEOptions
-from nanochat.memory.slot_index import arithmetic_rows
+from nanochat.memory.slot_index import arithmetic_rows, resolve_rows
 from nanochat.reference_format import REFERENCE_DEFAULTS, config_from_reference
 
 
@@ -89,7 +89,8 @@ def _args(*argv):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--mome-index", "mod"], "--mome-index mod needs --mome-rows N >= 1"),
+    (["--mome-index", "mod"], "--mome-index mod without --mome-rows: N = ceil(V / --mome-slot-factor 1) needs the "
+                              "vocab size, which is not known here; pass --mome-rows N"),
     (["--mome-index", "headmod", "--mome-rows", "40"], "--mome-dedicated-size 0 must satisfy 0 < D < --mome-rows 40"),
     (["--mome-index", "headmod", "--mome-rows", "40", "--mome-dedicated-size", "40"], "0 < D < --mome-rows 40"),
     (["--mome-index", "mod", "--mome-rows", "40", "--mome-dedicated-size", "4"],
@@ -131,3 +132,117 @@ def test_imported_config_reads_the_slots_their_fields_define(fields):
     tokens = torch.arange(500).view(4, 125)
     rows = model.memory.prepare(tokens, None)[1]
     assert rows.flatten().tolist() == [spec_slot(fields["moe_ve_slot_mapping"], x, S, D) for x in range(500)]
+
+
+# -- --mome-slot-factor f: N = ceil(V / f) (the reference's --moe-ve-slot-factor, model notes §3.2) ----------------
+@pytest.mark.parametrize("V,f,N", [(1000, 3, 334), (1000, 4, 250), (1000, 1, 1000), (439, 2, 220), (439, 4, 110),
+                                   (500, 7, 72), (500, 500, 1), (32768, 2, 16384), (32768, 4, 8192)])
+def test_slot_factor_gives_ceil_v_over_f_rows(V, f, N):
+    """Without --mome-rows, N = ceil(V / f) with V the vocab the caller passes (the tokenizer's, unpadded: 439 rounds
+    up to 440 rows at f = 2, not to the padded 448's 224); f = 1 (the default) gives N = V, as theirs."""
+    assert resolve_rows("mod", 0, f, V) == N
+    for extra in ([], ["--mome-index", "headmod", "--mome-dedicated-size", str(N - 1)] if N > 1 else None):
+        if extra is None:
+            continue
+        argv = ["--memory", "mome", "--mome-index", "mod", *extra, "--mome-slot-factor", str(f)]
+        options = memory_config_from_args(_args(*argv), V)["memory_options"]
+        assert options["rows"] == N and "slot_factor" not in options  # the config records N, not f
+    explicit = memory_config_from_args(_args("--memory", "mome", "--mome-index", "mod", "--mome-rows", str(N)), V)
+    assert memory_config_from_args(_args("--memory", "mome", "--mome-index", "mod", "--mome-slot-factor", str(f)),
+                                   V) == explicit
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mome-index", "mod", "--mome-rows", "334", "--mome-slot-factor", "3"],
+     "--mome-rows 334 and --mome-slot-factor 3 both set N (the reference uses the explicit size and ignores the "
+     "factor); pass one of them"),
+    (["--mome-slot-factor", "2"], "--mome-slot-factor only applies to --mome-index mod or headmod (got --mome-index "
+                                  "token)"),
+    (["--mome-index", "bigram", "--mome-slot-factor", "2"], "--mome-slot-factor only applies to --mome-index mod or "
+                                                            "headmod (got --mome-index bigram)"),
+    (["--mome-index", "grouped", "--mome-group-size", "2", "--mome-slot-factor", "2"],
+     "(got --mome-index grouped) (grouped sizes its rows with --mome-group-size c: N = V / c)"),
+    (["--mome-index", "mod", "--mome-slot-factor", "0"], "--mome-slot-factor must be an integer >= 1 (got 0)"),
+    (["--mome-index", "headmod", "--mome-slot-factor", "4", "--mome-dedicated-size", "250"],
+     "--mome-dedicated-size 250 must satisfy 0 < D < --mome-rows 250 for --mome-index headmod (tokens below D keep "
+     "their own row, the rest share N - D rows) (N = ceil(V / --mome-slot-factor f) = ceil(1000 / 4) = 250)"),
+])
+def test_slot_factor_refusals_name_the_flag(argv, message):
+    with pytest.raises(ValueError) as e:
+        memory_config_from_args(_args("--memory", "mome", *argv), 1000)
+    assert message in str(e.value)
+    with pytest.raises(ValueError, match="--mome-slot-factor only applies to --memory mome"):
+        memory_config_from_args(_args("--memory", "ve", "--mome-slot-factor", "2"), 1000)
+    # --mome-rows with the default factor is the explicit size, as before
+    assert memory_config_from_args(_args("--memory", "mome", "--mome-index", "mod", "--mome-rows", "40"),
+                                   1000)["memory_options"]["rows"] == 40
+
+
+def test_dry_run_plans_the_resolved_rows(tmp_path, capsys):
+    """--dry-run builds the plan (parameters, FLOPs, plan.json's model_config) with N = ceil(V / f): the same plan as
+    --mome-rows N, and V is the run's vocab (--vocab-size here)."""
+    import json
+
+    from scripts import base_train
+
+    plans = {}
+    for name, flags in (("factor", ["--mome-slot-factor", "3"]), ("rows", ["--mome-rows", "334"])):
+        run_dir = tmp_path / name
+        assert base_train.main(["--dry-run", "--depth", "2", "--vocab-size", "1000", "--memory", "mome",
+                                "--mome-index", "headmod", "--mome-dedicated-size", "100", *flags,
+                                "--run-dir", str(run_dir)]) == 0
+        plans[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert json.loads((run_dir / "plan.json").read_text())["model_config"]["memory_options"]["rows"] == 334
+    assert plans["factor"] == plans["rows"]
+    assert plans["factor"]["params_memory"] == 334 * 6 * 128  # 1 memory layer (depth 2), M = 6, d = 128
+
+
+def test_a_factor_run_records_n_for_resume_and_export(tmp_path):
+    """A run started with --mome-slot-factor records N in its checkpoint: it loads, resumes with --mome-rows N in
+    place of the factor (the same config), and exports the resolved S as their base_train writes it."""
+    import shutil
+
+    from nanochat import checkpoint as ckpt
+    from nanochat.reference_format import reference_from_config
+    from test_train_e2e import losses, train
+
+    flags = ["--memory", "mome", "--mome-slots", "4", "--mome-index", "mod", "--num-iterations", "2",
+             "--save-every", "1"]
+    assert train(tmp_path / "full", *flags, "--mome-slot-factor", "3") == 0
+    model, _ = ckpt.load_model(tmp_path / "full", 1)
+    assert model.config.memory_options["rows"] == 86 == -(-256 // 3) and model.memory.rows == 86
+    assert "slot_factor" not in model.config.memory_options
+    assert tuple(model.memory.tables[0].weight.shape) == (86 * 4, 32)
+    shutil.copytree(tmp_path / "full", tmp_path / "run")
+    shutil.rmtree(ckpt.step_dir(tmp_path / "run", 2))
+    (tmp_path / "run" / "summary.json").unlink()
+    assert train(tmp_path / "run", *flags, "--mome-rows", "86", "--resume", "latest") == 0
+    assert losses(tmp_path / "run") == losses(tmp_path / "full")
+    their = reference_from_config(ckpt.load_model(tmp_path / "run")[0].config)[1]  # what export_reference writes
+    assert (their["moe_ve_slot_mapping"], their["moe_ve_slot_vocab_size"]) == ("mod", 86)
+
+
+def test_reference_meta_of_a_factor_run_imports_as_the_factor_run():
+    """Their base_train resolves --moe-ve-slot-factor f into model_config's moe_ve_slot_vocab_size = ceil(V / f)
+    (model notes §1.1 has no factor field; the CLI args, f and the 0 = derived size, go to user_config, which their
+    loader does not read). That model_config imports as ours with --mome-slot-factor f, equal to --mome-rows
+    ceil(V / f); a model_config carrying the factor itself is not theirs and is refused by the field's name."""
+    from nanochat.reference_format import ReferenceFormatError, reference_from_config
+
+    cfg = {**REFERENCE_DEFAULTS, "vocab_size": 500, "n_layer": 2, "n_head": 2, "n_kv_head": 2, "n_embd": 128,
+           "window_pattern": "L", "moe_ve_enabled": True, "value_embeds_layers": [1], "moe_ve_setting": "0_2_4",
+           "moe_ve_gate_nl": "sigmoid-norm", "moe_ve_router_input": "hidden", "moe_ve_balance_lr": 0.0,
+           "moe_ve_bias_update": "none", "moe_ve_slot_mapping": "headmod", "moe_ve_slot_vocab_size": 167,
+           "moe_ve_slot_dedicated_size": 40}  # f = 3: S = ceil(500 / 3)
+    imported = config_from_reference("gpt", cfg)
+    ours = memory_config_from_args(_args("--memory", "mome", "--mome-slots", "4", "--mome-index", "headmod",
+                                         "--mome-slot-factor", "3", "--mome-dedicated-size", "40"), 500)
+    assert MoMEOptions(**imported.memory_options) == MoMEOptions(**ours["memory_options"])
+    assert imported.memory_options["rows"] == 167
+    factor_run = tiny_config(vocab_size=500, memory="mome", memory_options=ours["memory_options"])
+    assert reference_from_config(factor_run)[1]["moe_ve_slot_vocab_size"] == 167
+    with pytest.raises(ReferenceFormatError) as e:
+        config_from_reference("gpt", {**cfg, "moe_ve_slot_vocab_size": 0, "moe_ve_slot_factor": 3})
+    assert str(e.value).startswith("model_config moe_ve_slot_factor=3: not a field of their GPTConfig (their loader "
+                                   "would reject it): their base_train resolves --moe-ve-slot-factor f into "
+                                   "moe_ve_slot_vocab_size = ceil(V / f)")

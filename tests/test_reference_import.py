@@ -67,6 +67,28 @@ def test_import_gives_the_source_model_exactly(tmp_path, design):
     assert not (tmp_path / "run.importing").exists()
 
 
+def test_import_of_a_slot_factor_run_equals_ours_with_the_factor(tmp_path):
+    """Their meta of a --moe-ve-slot-factor 4 mod run (user_config: the factor and slot size 0 = derived;
+    model_config: the S = ceil(V / 4) their base_train resolved) imports as our --mome-slot-factor 4 run with the
+    tokenizer's 439 tokens, i.e. --mome-rows 110, and its weights load exactly."""
+    import argparse
+
+    from nanochat.memory import add_memory_args, memory_config_from_args
+
+    src, source, tok = make_their_files(tmp_path, "mome_mod_factor")
+    meta = json.loads((src / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json").read_text())
+    assert meta["user_config"]["moe_ve_slot_factor"] == 4 and meta["user_config"]["moe_ve_slot_vocab_size"] == 0
+    assert run_import(src, tmp_path / "run") == 0
+    model, _ = load_model(tmp_path / "run")
+    parser = argparse.ArgumentParser()
+    add_memory_args(parser)
+    ours = memory_config_from_args(parser.parse_args(["--memory", "mome", "--mome-slots", "4", "--mome-index", "mod",
+                                                      "--mome-slot-factor", "4"]), tok.vocab_size)
+    assert tok.vocab_size == 439 and ours["memory_options"]["rows"] == 110
+    assert_same_config(model.config, replace(source.config, memory_options=ours["memory_options"]))
+    assert torch.equal(logits(model.eval()), logits(source))
+
+
 def test_import_drops_rotary_buffers_and_reads_unprefixed_fp32(tmp_path):
     src, source, _ = make_their_files(tmp_path, "mome_token")
     ckpt = src / "base_checkpoints" / "d4"
@@ -231,6 +253,8 @@ def _edit_meta(src, **fields):
     ({"dense_ve_enabled": True}, "'dense_ve_enabled', 'moe_ve_enabled'"),
     ({"value_embeds_layers": [3, 1]}, "value_embeds_layers=[3, 1]"),
     ({"fancy_new_field": 1}, "unknown field(s) ['fancy_new_field']"),
+    ({"moe_ve_slot_mapping": "mod", "moe_ve_slot_factor": 2},  # their CLI flag: base_train resolves it into S
+     "moe_ve_slot_factor=2: not a field of their GPTConfig"),
     ({"moe_ve_slot_index_mode": "bigram", "moe_ve_network_shared_table": True, "moe_ve_bigram_slot_factor": 0},
      "moe_ve_bigram_slot_factor=0: must be an integer >= 1"),  # their field, not our --mome-bigram-factor
 ])

@@ -16,6 +16,7 @@ from .jtok import JTokMemory, JTokMMemory
 from .move_input import MoVEInputMemory
 from .mome import MoMEMemory
 from .mome_options import GATES, INDEXERS, ROUTER_INPUTS, ROUTER_TYPES, ROUTINGS, BALANCES
+from .slot_index import resolve_rows
 from nanochat.download import file_sha256
 from .stem import STEMMemory
 from .ve import ValueEmbedding
@@ -51,7 +52,11 @@ BLOCK_FLAGS = [
     ("mome", "--mome-slot-map", "slot_map", dict(default="", help="slot-map JSON (scripts/build_slot_map.py)")),
     ("mome", "--mome-bigram-factor", "bigram_factor", dict(type=int, default=6, help="n: N = n x vocab (bigram)")),
     ("mome", "--mome-rows", "rows", dict(type=int, default=0, help="N, table rows of --mome-index mod/headmod "
-                                         "(required there; the reference's slot factor f: N = ceil(V / f))")),
+                                         "(default: ceil(V / --mome-slot-factor))")),
+    # resolved into --mome-rows by memory_config_from_args (the config records N, not f)
+    ("mome", "--mome-slot-factor", "slot_factor", dict(type=int, default=1, help="f (mod/headmod without "
+                                                       "--mome-rows): N = ceil(V / f), V the tokenizer's vocab; "
+                                                       "the reference's --moe-ve-slot-factor")),
     ("mome", "--mome-dedicated-size", "dedicated_size", dict(type=int, default=0, help="D (headmod): tokens "
                                                              "below D keep their own row, 0 < D < N")),
     ("mome", "--mome-routing", "routing", dict(default="context", choices=ROUTINGS)),
@@ -134,8 +139,11 @@ def _refuse_inert_balance_flags(options: dict) -> None:
                              f"--mome-balance {options['balance']}); it would change nothing: drop it")
 
 
-def memory_config_from_args(args) -> dict:
+def memory_config_from_args(args, vocab_size: int | None = None) -> dict:
     """-> {"memory", "memory_layers", "memory_options"}; a flag of another block set to a non-default is an error.
+
+    ``vocab_size`` (the tokenizer's, unpadded) resolves --mome-slot-factor f into the recorded --mome-rows
+    N = ceil(V / f) (nanochat.memory.slot_index.resolve_rows); without it mod/headmod need --mome-rows.
 
     Files (the slot map) must exist, except under ``args.dry_run`` (a plan needs shapes, not contents),
     ``args.init_from`` and ``args.resume`` (the checkpoint carries the map)."""
@@ -154,6 +162,8 @@ def memory_config_from_args(args) -> dict:
             raise ValueError(f"{flag} only applies to --memory {block} (got --memory {memory})")
     if memory == "mome":
         _refuse_inert_balance_flags(options)
+        given, factor = options["rows"], options.pop("slot_factor")
+        options["rows"] = resolve_rows(options["index"], given, factor, vocab_size)
     if memory == "mome" and options["slot_map"]:
         path = Path(options["slot_map"]).resolve()
         options["slot_map"] = str(path)
@@ -169,7 +179,13 @@ def memory_config_from_args(args) -> dict:
                           f"(scripts/build_slot_map.py) unless it resumes a checkpoint, which carries the map")
         else:
             raise ValueError(f"--mome-slot-map {path}: file does not exist (build one with scripts/build_slot_map.py)")
-    MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
+    try:
+        MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
+    except ValueError as e:
+        if memory == "mome" and options["rows"] != given:  # N came from the factor: say so (the message says N)
+            raise ValueError(f"{e} (N = ceil(V / --mome-slot-factor f) = ceil({vocab_size} / {factor}) = "
+                             f"{options['rows']})") from None
+        raise
     return {"memory": memory, "memory_layers": layers, "memory_options": options}
 
 

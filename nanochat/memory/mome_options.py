@@ -38,7 +38,7 @@ class MoMEOptions:
     slot_map: str = ""  # grouped indexer only
     slot_map_sha256: str = ""  # content hash recorded at configuration time (checked on load)
     bigram_factor: int = 6  # n, bigram indexer only (N = n*V)
-    rows: int = 0  # N, mod/headmod indexers only (required there)
+    rows: int = 0  # N, mod/headmod indexers only (required there; the CLI resolves --mome-slot-factor f into it)
     dedicated_size: int = 0  # D, headmod indexer only: tokens below D keep their own row
     routing: str = "context"
     balance: str = "none"

@@ -1,10 +1,14 @@
 """MoME's arithmetic row indexers ``mod`` and ``headmod`` (the authors' slot mappings, reference notes §3.4).
 
-With N = --mome-rows table rows (the reference's slot vocabulary S) and D = --mome-dedicated-size:
+With N table rows (the reference's slot vocabulary S) and D = --mome-dedicated-size:
 
     mod:      n_t = x_t mod N
     headmod:  n_t = x_t                          for x_t < D   (BPE ids are roughly frequency-ranked, so the D
               n_t = D + ((x_t - D) mod (N - D))  otherwise      most frequent tokens keep a row of their own)
+
+N is --mome-rows, or else ceil(V / f) with f = --mome-slot-factor (default 1) and V the tokenizer's unpadded vocab
+(the reference's "S = the explicit size, or ceil(V/f)", model notes §3.2); ``resolve_rows`` turns the flags into the
+N that the model config records, so a checkpoint never needs the factor again.
 
 Both depend on the current token only, so KV-cache decoding needs no state. Elementwise int64 tensor ops (no
 host sync, no Python loop): the same code runs on the CPU, on CUDA and under torch.compile.
@@ -18,8 +22,8 @@ ARITHMETIC_INDEXERS = ("mod", "headmod")
 def check_arithmetic_options(index: str, rows: int, dedicated: int) -> None:
     """The flags of these indexers, refused where they do not apply (errors name the flag)."""
     if index in ARITHMETIC_INDEXERS and rows < 1:
-        raise ValueError(f"--mome-index {index} needs --mome-rows N >= 1, the table's row count (the reference's "
-                         f"slot vocabulary S; its --moe-ve-slot-factor f is N = ceil(V / f)) (got {rows})")
+        raise ValueError(f"--mome-index {index} needs N >= 1 table rows (the reference's slot vocabulary S): "
+                         f"--mome-rows N, or --mome-slot-factor f for N = ceil(V / f) (got {rows})")
     if index not in ARITHMETIC_INDEXERS and rows != 0:
         raise ValueError(f"--mome-rows only applies to --mome-index mod or headmod (got --mome-index {index})")
     if index == "headmod" and not 0 < dedicated < rows:
@@ -27,6 +31,28 @@ def check_arithmetic_options(index: str, rows: int, dedicated: int) -> None:
                          "--mome-index headmod (tokens below D keep their own row, the rest share N - D rows)")
     if index != "headmod" and dedicated != 0:
         raise ValueError(f"--mome-dedicated-size only applies to --mome-index headmod (got --mome-index {index})")
+
+
+def resolve_rows(index: str, rows: int, factor: int, vocab_size: int | None) -> int:
+    """N of the flags: --mome-rows N as given, else ceil(V / --mome-slot-factor f) for mod/headmod (V = vocab_size,
+    the tokenizer's, unpadded); the factor is refused where it does not apply (it must be 1 there)."""
+    if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+        raise ValueError(f"--mome-slot-factor must be an integer >= 1 (got {factor!r})")
+    if index not in ARITHMETIC_INDEXERS:
+        if factor != 1:
+            hint = " (grouped sizes its rows with --mome-group-size c: N = V / c)" if index == "grouped" else ""
+            raise ValueError(f"--mome-slot-factor only applies to --mome-index mod or headmod (got --mome-index "
+                             f"{index}){hint}")
+        return rows
+    if rows:
+        if factor != 1:  # the reference takes the explicit size and ignores f: refused here rather than ignored
+            raise ValueError(f"--mome-rows {rows} and --mome-slot-factor {factor} both set N (the reference uses "
+                             "the explicit size and ignores the factor); pass one of them")
+        return rows
+    if vocab_size is None:
+        raise ValueError(f"--mome-index {index} without --mome-rows: N = ceil(V / --mome-slot-factor {factor}) needs "
+                         "the vocab size, which is not known here; pass --mome-rows N")
+    return -(-vocab_size // factor)
 
 
 def check_rows_fit_vocab(index: str, rows: int, padded_vocab: int) -> None:
