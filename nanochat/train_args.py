@@ -172,7 +172,7 @@ def _group_eval(p):
                         "FLOPs/token): one number is an interval (every INTERVAL FLOPs), a comma list the targets "
                         "(e.g. 1e18,2_000_000_000_000_000_000); each at the first step reaching it, several reached "
                         "by one step evaluate once. Replaces --eval-every and --core-every (refused together with "
-                        "a positive one); a target beyond the run's FLOPs is an error")
+                        "a positive one); a target beyond the run's FLOPs (with --target-flops F: beyond F) is an error")
     g.add_argument("--sample-every", type=int, default=-1,
                    help="rank 0 greedily completes 7 fixed prompts (16 tokens) every N steps and at the end, printed "
                         "and logged to metrics.jsonl (kind sample). Off (-1) by default, unlike the reference's "
@@ -187,7 +187,8 @@ def _group_eval(p):
     g.add_argument("--save-at-flops", type=str, default="", metavar="F1,F2,...",
                    help="also checkpoint at the first step whose training FLOPs (step x total batch x FLOPs/token) "
                         "reach each count (comma list, _ separators allowed, e.g. 1e18,2e18); these checkpoints are "
-                        "kept (never pruned by --keep-last); a count beyond the run's FLOPs is an error")
+                        "kept (never pruned by --keep-last); a count beyond the run's FLOPs (with --target-flops F: "
+                        "beyond F) is an error")
     g.add_argument("--keep-last", type=int, default=3,
                    help="keep the last K checkpoints (0 = keep all), and every --save-at-flops one")
     g.add_argument("--log-every", type=int, default=1, help="console line + metrics.jsonl record every N steps")
