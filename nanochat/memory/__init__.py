@@ -52,7 +52,7 @@ BLOCK_FLAGS = [
     ("mome", "--mome-slot-map", "slot_map", dict(default="", help="slot-map JSON (scripts/build_slot_map.py)")),
     ("mome", "--mome-bigram-factor", "bigram_factor", dict(type=int, default=6, help="n: N = n x vocab (bigram)")),
     ("mome", "--mome-rows", "rows", dict(type=int, default=0, help="N, table rows of --mome-index mod/headmod "
-                                         "(default: ceil(V / --mome-slot-factor))")),
+                                         "(0: ceil(V / --mome-slot-factor))")),
     # resolved into --mome-rows by memory_config_from_args (the config records N, not f)
     ("mome", "--mome-slot-factor", "slot_factor", dict(type=int, default=1, help="f (mod/headmod without "
                                                        "--mome-rows): N = ceil(V / f), V the tokenizer's vocab; "
