@@ -122,8 +122,8 @@ def _group_model(p):
     g.add_argument("--moe-balance-lr", type=float, default=ffn["moe_balance_lr"],
                    help="loss-free balancing: selection-bias step per optimizer step (0 = no balancing)")
     g.add_argument("--vocab-size", type=int, default=None,
-                   help="vocabulary size; must match the tokenizer (default: the tokenizer's; --dry-run with no "
-                        "tokenizer yet assumes 32768 and says so)")
+                   help="vocabulary size; must match the tokenizer (default: the tokenizer's, 32768 with "
+                        "--synthetic-data; --dry-run with no tokenizer yet assumes 32768 and says so)")
 
 
 def _group_optim(p):
