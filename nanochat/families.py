@@ -100,7 +100,7 @@ def config_from_args(args, vocab_size: int, memory: dict):
     if fam.ffn_rule is None:
         common.update(ffn, window_pattern=args.window_pattern)
     else:
-        if args.window_pattern != "L":
+        if set(args.window_pattern) != {"L"}:
             raise ValueError(f"--window-pattern {args.window_pattern}: --model-type {name} attends to the full causal "
                              "context in every layer (as the reference's, which ignores window_pattern); sliding "
                              "windows are a --model-type nanochat option (allowed here: L)")

@@ -79,6 +79,8 @@ class GPTConfig:
         if self.head_dim % 2:
             raise ValueError(f"head size n_embd / n_head = {self.head_dim} must be even (RoPE rotates pairs)")
         check_window_pattern(self.window_pattern)
+        if set(self.window_pattern) == {"L"}:  # "LL" is the model "L" is: compare (resume, --init-from) and save alike
+            self.window_pattern = "L"
 
     @classmethod
     def from_depth(cls, depth: int, aspect_ratio: int = 64, head_dim: int = 128, **kwargs) -> "GPTConfig":
@@ -112,7 +114,7 @@ class GPTConfig:
         return math.sqrt(3.0 / self.n_embd)
 
     def to_dict(self) -> dict:
-        """JSON-ready fields; a dense model leaves out the FFN fields, and an all-L model its window_pattern, so
+        """JSON-ready fields; a dense model leaves out the FFN fields, and an all-L model (stored as "L") its window_pattern, so
         their meta.json is the one it was before those existed (and checkpoints written before them still resume:
         the configs compare equal)."""
         d = asdict(self)

@@ -6,8 +6,9 @@ uncompiled model, keys possibly prefixed ``_orig_mod.``, some tensors bf16) and 
 gives the verified one-to-one name mapping used here; every parameter keeps its shape, so converting is a rename
 plus an exact upcast to fp32.
 
-A design field we cannot express exactly (conv1d routers, a shared expert without routed slots,
-a moving balancing bias, ...) is refused by its field name; nothing is approximated. The ``table`` slot mapping
+A design field we cannot express exactly or whose parameter layout is unverified (a conv1d router: ours has one,
+but their names and kernel layout are unknown; a shared expert without routed slots; a moving balancing bias;
+...) is refused by its field name; nothing is approximated. The ``table`` slot mapping
 (the paper's d12 grouped rows) is our grouped index; its slot-map JSON lives outside their checkpoint
 (nanochat.reference_slot_map). Their ``mod``/``headmod`` mappings are our indexers of the same names; their
 shared expert and per-head tables are ours too, under parameter names the spec's table does not give (inferred).

@@ -428,8 +428,9 @@ def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals
     run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
                      "signal": signal_name})
     then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
-    print0(f"interrupted ({signal_name}) during the final evaluation of step {step} (stopped by {training_stop}): "
-           f"checkpoint saved, summary.json written without the unfinished evaluations; {then}")
+    print0(f"interrupted ({signal_name or 'a signal on another rank'}) during the final evaluation of step {step} "
+           f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
+           f"evaluations; {then}")
     return "interrupted"
 
 
@@ -553,7 +554,10 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
     evals = {}
     try:
         reason = train(run, resumed_at, stop)
-        if reason in ("completed", "wall_time_limit"):
+        if reason in ("completed", "wall_time_limit") and any_rank(stop.received is not None, run.device):
+            # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike
+            reason = interrupted_final_eval(run, reason, stop.received, evals)
+        elif reason in ("completed", "wall_time_limit"):
             try:
                 with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation at once
                     final_eval(run, evals)

@@ -85,6 +85,13 @@ def test_pattern_tiles_over_the_layers_and_the_last_layer_is_L():
     assert [b.attn.window for b in model.blocks] == [None, 16, None, None]
 
 
+def test_an_all_L_pattern_is_the_default_config():
+    """"LL" is the same model as "L": it must compare equal (resume and --init-from checks) and keep the old meta."""
+    assert GPTConfig(window_pattern="LLL") == GPTConfig()
+    assert "window_pattern" not in GPTConfig(window_pattern="LL").to_dict()
+    assert GPTConfig(window_pattern="SL").to_dict()["window_pattern"] == "SL"
+
+
 def test_all_L_takes_todays_causal_path_bit_for_bit(monkeypatch):
     """Every layer of an all-L model calls SDPA with is_causal and no mask, as before windows existed; an S layer
     whose window reaches every key takes that path too, so its logits are bit-equal to the all-L model's."""
@@ -185,8 +192,9 @@ def test_the_other_families_refuse_sliding_windows(model_type, capsys):
     assert base_train.main([*argv, "--window-pattern", "SL"]) == 2
     assert (f"--window-pattern SL: --model-type {model_type} attends to the full causal context in every layer"
             in capsys.readouterr().err)
-    args = parse_args([*argv, "--window-pattern", "L"])
-    assert base_train.model_config(args, 256).attention_windows == (None, None)
+    for pattern in ("L", "LL"):
+        args = parse_args([*argv, "--window-pattern", pattern])
+        assert base_train.model_config(args, 256).attention_windows == (None, None)
 
 
 def test_recorded_in_config_json_and_trains(tmp_path):
