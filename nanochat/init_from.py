@@ -176,6 +176,9 @@ def check_source(run_dir: Path, step: int, meta: dict, config, tokenizer, synthe
     trained_len = meta["model_config"].get("sequence_len")
     if trained_len != config.sequence_len:  # a fine-tune may train at another context length: said, not refused
         note += f"; context {config.sequence_len} tokens, the source trained at {trained_len}"
+        if "S" in config.window_pattern and isinstance(trained_len, int):  # S windows are sequence_len // 2
+            note += (f" (the S layers' sliding window: {config.sequence_len // 2} tokens, trained with "
+                     f"{trained_len // 2})")
     if training:
         note += f"; training settings of this run, not the source's: {'; '.join(training)}"
     return note

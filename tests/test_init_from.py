@@ -538,3 +538,19 @@ def test_a_wrong_source_is_refused_before_the_eval_rows_and_the_model(tmp_path, 
                             "--init-from", str(source), "--run-dir", str(tmp_path / "d")]) == 2
     assert "records no tokenizer (trained on --synthetic-data" in capsys.readouterr().err
     assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()
+
+
+def test_another_context_length_names_the_sliding_windows_it_changes(tmp_path):
+    """S layers attend to sequence_len // 2 keys: at another context length the weights see other windows than the
+    ones they were trained with; allowed (a fine-tune), but said."""
+    from nanochat.gpt import GPTConfig
+    from nanochat.init_from import check_source
+
+    tiny = dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=32, vocab_size=64)
+    source = {"model_config": GPTConfig(sequence_len=32, window_pattern="SL", **tiny).to_dict()}
+    note = check_source(tmp_path, 3, source, GPTConfig(sequence_len=64, window_pattern="SL", **tiny), None, True)
+    assert note.endswith("context 64 tokens, the source trained at 32 (the S layers' sliding window: 32 tokens, "
+                         "trained with 16)")
+    full = {"model_config": GPTConfig(sequence_len=32, **tiny).to_dict()}
+    assert check_source(tmp_path, 3, full, GPTConfig(sequence_len=64, **tiny), None, True).endswith(
+        "context 64 tokens, the source trained at 32")
