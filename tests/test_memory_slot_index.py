@@ -278,3 +278,16 @@ def test_the_flag_checks_resolve_n_from_the_tokenizer_not_an_assumed_vocab(tmp_p
     argv[argv.index("18000")] = "20000"  # D = N: refused, with the tokenizer's V in the message
     assert base_train.main(argv) == 2
     assert "(N = ceil(V / --mome-slot-factor f) = ceil(40000 / 2) = 20000)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mome-topk", "7"], "--mome-topk 7 exceeds --mome-slots 6 (need K <= M)"),
+    (["--mome-routing", "fixed-random", "--mome-balance", "bias"],
+     "--mome-balance bias needs a learned top-K selection (not fixed-random, K < M)"),
+])
+def test_a_derived_n_is_explained_only_in_errors_about_n(argv, message):
+    """The N = ceil(V / f) note belongs to the errors that name N (--mome-rows); any other error of a factor run is
+    the same as without the factor, with no note about a number it does not involve."""
+    with pytest.raises(ValueError) as e:
+        memory_config_from_args(_args("--memory", "mome", "--mome-index", "mod", *argv), 1000)
+    assert str(e.value).endswith(message)
