@@ -92,7 +92,7 @@ def family_of(config) -> Family:
 
 
 def config_from_args(args, vocab_size: int, memory: dict):
-    """The model config of the parsed base_train flags (``memory`` = ``memory_config_from_args(args)``)."""
+    """The model config of the parsed base_train flags (``memory`` = ``memory_config_from_args(args, vocab_size)``)."""
     name = family_name(args.model_type)
     fam = FAMILIES[name]
     common = dict(sequence_len=args.max_seq_len, vocab_size=vocab_size, **memory)

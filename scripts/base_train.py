@@ -590,8 +590,11 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
 
 
 def preflight(args) -> None:
-    """Flag checks that need the memory registry or the world size, before any process group, data or model."""
-    summary = model_summary(model_config(args, args.vocab_size or DRY_RUN_VOCAB))  # geometry, memory flags (meta)
+    """Flag checks that need the memory registry or the world size, before any process group, data or model.
+    The vocab is the run's where it is known (--vocab-size, the synthetic stream's, the tokenizer's): memory
+    shapes depend on it (e.g. --mome-slot-factor f: N = ceil(V / f)), so an assumed one could refuse valid flags."""
+    tokenizer = existing_tokenizer(args) if args.vocab_size is None else None
+    summary = model_summary(model_config(args, dry_run_vocab(args, tokenizer)[0]))  # geometry, memory flags (meta)
     grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
     if args.vocab_size is not None or args.synthetic_data:  # the real FLOPs/token: FLOP targets checked now
         run_control.check_flop_flags(args, build_plan(args, summary, get_dist_info().world_size))

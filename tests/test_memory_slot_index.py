@@ -246,3 +246,48 @@ def test_reference_meta_of_a_factor_run_imports_as_the_factor_run():
     assert str(e.value).startswith("model_config moe_ve_slot_factor=3: not a field of their GPTConfig (their loader "
                                    "would reject it): their base_train resolves --moe-ve-slot-factor f into "
                                    "moe_ve_slot_vocab_size = ceil(V / f)")
+
+
+def _tokenizer_of(directory, vocab: int):
+    """A byte-level tokenizer of exactly ``vocab`` tokens (256 bytes, then byte pairs, then the specials): no
+    training, only its size matters here."""
+    import itertools
+
+    from nanochat.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+    pairs = (bytes(p) for p in itertools.product(range(256), repeat=2))
+    merges = list(itertools.islice(pairs, vocab - 256 - len(SPECIAL_TOKENS)))
+    Tokenizer({**{bytes([i]): i for i in range(256)}, **{m: 256 + i for i, m in enumerate(merges)}}).save(directory)
+    return directory
+
+
+def test_the_flag_checks_resolve_n_from_the_tokenizer_not_an_assumed_vocab(tmp_path, capsys):
+    """Without --vocab-size, N = ceil(V / f) is the run's tokenizer's V from the first flag check on: a 40000-token
+    tokenizer at f = 2 gives N = 20000, so D = 18000 is valid (with the paper's 32768 assumed, N would be 16384 and
+    D refused naming a V the run does not have)."""
+    import json
+
+    from scripts import base_train
+
+    tok = _tokenizer_of(tmp_path / "tok", 40000)
+    argv = ["--dry-run", "--tokenizer-dir", str(tok), "--depth", "2", "--memory", "mome", "--mome-index", "headmod",
+            "--mome-slot-factor", "2", "--mome-dedicated-size", "18000", "--run-dir", str(tmp_path / "run")]
+    assert base_train.main(argv) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["model_config"]["memory_options"]["rows"] == 20000
+    capsys.readouterr()
+    argv[argv.index("18000")] = "20000"  # D = N: refused, with the tokenizer's V in the message
+    assert base_train.main(argv) == 2
+    assert "(N = ceil(V / --mome-slot-factor f) = ceil(40000 / 2) = 20000)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mome-topk", "7"], "--mome-topk 7 exceeds --mome-slots 6 (need K <= M)"),
+    (["--mome-routing", "fixed-random", "--mome-balance", "bias"],
+     "--mome-balance bias needs a learned top-K selection (not fixed-random, K < M)"),
+])
+def test_a_derived_n_is_explained_only_in_errors_about_n(argv, message):
+    """The N = ceil(V / f) note belongs to the errors that name N (--mome-rows); any other error of a factor run is
+    the same as without the factor, with no note about a number it does not involve."""
+    with pytest.raises(ValueError) as e:
+        memory_config_from_args(_args("--memory", "mome", "--mome-index", "mod", *argv), 1000)
+    assert str(e.value).endswith(message)

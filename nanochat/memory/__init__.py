@@ -182,7 +182,8 @@ def memory_config_from_args(args, vocab_size: int | None = None) -> dict:
     try:
         MEMORY_BLOCKS[memory].Options(**options)  # validate now: errors name the flag, before any model exists
     except ValueError as e:
-        if memory == "mome" and options["rows"] != given:  # N came from the factor: say so (the message says N)
+        names_n = "--mome-rows" in str(e)  # e.g. D < N; the other errors do not involve N
+        if memory == "mome" and options["rows"] != given and names_n:  # N came from the factor: say how
             raise ValueError(f"{e} (N = ceil(V / --mome-slot-factor f) = ceil({vocab_size} / {factor}) = "
                              f"{options['rows']})") from None
         raise
