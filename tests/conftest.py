@@ -55,6 +55,28 @@ def load_bench(name: str):
     return module
 
 
+def sigterm_after(monkeypatch, module, name: str, calls_before: int) -> list:
+    """Wrap module.name: the call after ``calls_before`` calls sends this process a real SIGTERM, as a Slurm time
+    limit would (the code under test must have turned SIGTERM into something it handles: the default action would
+    end pytest). Returns the list of calls made (their positional arguments)."""
+    import signal
+    import time
+
+    real, calls = getattr(module, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > calls_before:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGTERM is not handled"
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in here
+            raise AssertionError(f"SIGTERM did not interrupt {module.__name__}.{name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+    return calls
+
+
 def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
     """Run ``torchrun --standalone --nproc_per_node=nproc script args`` on CPU (gloo) and return the result."""
     import subprocess

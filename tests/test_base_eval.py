@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _eval_helpers import LM_ROWS, MC_ROWS, write_bundle  # noqa: E402
-from conftest import tiny_config  # noqa: E402
+from conftest import sigterm_after, tiny_config  # noqa: E402
 
 from nanochat import eval_bundle as eb  # noqa: E402
 
@@ -287,31 +287,8 @@ def _eval_args(root, bundle, out, *extra):
             "--out-dir", str(out), *extra]
 
 
-def _sigterm_after(monkeypatch, module, name: str, calls_before: int) -> list:
-    """Wrap module.name: the call after ``calls_before`` calls sends this process a real SIGTERM, as a Slurm time
-    limit would (base_eval must have turned SIGTERM into an exception: the default action would end pytest).
-    Returns the list of calls made."""
-    import os
-    import signal
-    import time
-
-    real, calls = getattr(module, name), []
-
-    def wrapped(*args, **kwargs):
-        calls.append(args)
-        if len(calls) > calls_before:
-            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGTERM is not handled"
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler raises in here
-            raise AssertionError("SIGTERM did not interrupt base_eval")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, wrapped)
-    return calls
-
-
 def _count_calls(monkeypatch, module, name: str) -> list:
-    return _sigterm_after(monkeypatch, module, name, 10**9)
+    return sigterm_after(monkeypatch, module, name, 10**9)
 
 
 def test_interrupted_eval_continues_to_the_same_reports(tiny_run, tmp_path, monkeypatch, capsys):
@@ -324,7 +301,7 @@ def test_interrupted_eval_continues_to_the_same_reports(tiny_run, tmp_path, monk
     assert main(_eval_args(root, bundle, tmp_path / "whole")) == 0
     out = tmp_path / "resumed"
     with monkeypatch.context() as m:
-        _sigterm_after(m, core_eval, "evaluate_task", 1)  # the first task (mc) finishes, the second is cut
+        sigterm_after(m, core_eval, "evaluate_task", 1)  # the first task (mc) finishes, the second is cut
         assert main(_eval_args(root, bundle, out)) == 128 + 15
     err = capsys.readouterr().err
     assert "interrupted (SIGTERM); finished results (1 core, 0 bpb) are kept in" in err and "Traceback" not in err
@@ -332,7 +309,7 @@ def test_interrupted_eval_continues_to_the_same_reports(tiny_run, tmp_path, monk
     assert not (out / "core.json").exists()
     with monkeypatch.context() as m:
         tasks = _count_calls(m, core_eval, "evaluate_task")
-        _sigterm_after(m, loss_eval, "evaluate_bpb", 1)  # train bpb finishes, val is cut
+        sigterm_after(m, loss_eval, "evaluate_bpb", 1)  # train bpb finishes, val is cut
         assert main(_eval_args(root, bundle, out)) == 128 + 15
     assert [a[3].label for a in tasks] == ["lm"]  # mc was not scored again
     assert "CORE tasks: 1 of 2 reused from" in capsys.readouterr().out
@@ -358,7 +335,7 @@ def test_changed_settings_or_fresh_recompute(tiny_run, tmp_path, monkeypatch, ca
 
     def interrupted_then(*extra) -> list:
         with monkeypatch.context() as m:
-            _sigterm_after(m, core_eval, "evaluate_task", 1)
+            sigterm_after(m, core_eval, "evaluate_task", 1)
             assert main(_eval_args(root, bundle, out, "--eval", "core")) == 143
         with monkeypatch.context() as m:
             tasks = _count_calls(m, core_eval, "evaluate_task")
@@ -379,7 +356,7 @@ def test_changed_settings_or_fresh_recompute(tiny_run, tmp_path, monkeypatch, ca
 
     real_version = eval_resume.code_version
     with monkeypatch.context() as m:
-        _sigterm_after(m, core_eval, "evaluate_task", 1)
+        sigterm_after(m, core_eval, "evaluate_task", 1)
         assert main(_eval_args(root, bundle, out, "--eval", "core")) == 143
     with monkeypatch.context() as m:
         m.setattr(eval_resume, "code_version", lambda: {**real_version(), "diff_sha256": "an-edit-of-the-code"})
@@ -490,7 +467,7 @@ def test_a_finished_split_of_the_older_partial_format_is_scored_again(tiny_run, 
     out, args = tmp_path / "o", _eval_args(root, bundle, tmp_path / "o", "--eval", "bpb")
     monkeypatch.setattr(eval_resume, "code_version", lambda: {"trees": None, "diff_sha256": None})
     with monkeypatch.context() as m:
-        _sigterm_after(m, loss_eval, "evaluate_bpb", 1)  # train bpb finishes, val is cut
+        sigterm_after(m, loss_eval, "evaluate_bpb", 1)  # train bpb finishes, val is cut
         assert main(args) == 143
     partial = json.loads((out / "bpb.partial.json").read_text())
     item = partial["items"]["split train"]

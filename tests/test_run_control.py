@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from conftest import REPO, run_torchrun, tiny_config
+from conftest import REPO, run_torchrun, sigterm_after, tiny_config
 from nanochat import checkpoint as ckpt
 from nanochat import run_control
 from nanochat.run_control import FlopCadence, first_step_reaching, parse_flop_count, parse_flop_list
@@ -252,30 +252,6 @@ def test_a_signal_on_an_eval_step_saves_before_evaluating_and_the_resume_evaluat
     assert losses(run) == losses(ref)
 
 
-
-def _sigterm_in(monkeypatch, name: str, calls_before: int = 0) -> list:
-    """base_train.<name> sends this process a real SIGTERM on its call after ``calls_before``, as a scheduler's
-    cancel would. The trainer must have turned SIGTERM into something it handles: the default action would end
-    pytest. Returns the calls."""
-    import os
-    import signal
-    import time
-
-    real, calls = getattr(base_train, name), []
-
-    def wrapped(*args, **kwargs):
-        calls.append(name)
-        if len(calls) > calls_before:
-            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGTERM is not handled"
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler raises in here
-            raise AssertionError("SIGTERM did not interrupt the final evaluation")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(base_train, name, wrapped)
-    return calls
-
-
 def fake_core(monkeypatch) -> None:
     monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)  # stands in for a CORE bundle
     monkeypatch.setattr(base_train, "run_core", lambda *a, **k: {"core": 0.5, "label": "CORE"})
@@ -300,7 +276,7 @@ def test_a_signal_during_the_final_evaluation_still_writes_the_summary(tmp_path,
         fake_step_clock(monkeypatch, 10.0)
         limit = ["--max-wall-time-seconds", "25"]
     with monkeypatch.context() as m:
-        calls = _sigterm_in(m, "run_core")
+        calls = sigterm_after(m, base_train, "run_core", 0)
         assert train(run, *flags, *limit) == 0
     assert len(calls) == 1
     step = 8 if stop == "completed" else 3

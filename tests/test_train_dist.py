@@ -222,31 +222,22 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
     assert "KeyboardInterrupt" not in out
 
 
-def test_sigterm_during_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path):
-    """Under torchrun a signal reaches the ranks at different points of the final evaluation: rank 1 leaves it at
-    once, rank 0 is waiting in a collective for rank 1 (a signal cannot interrupt that wait) and gets an error when
-    rank 1 is gone. Rank 0 counts that as the interruption its own latched signal asked for: it writes summary.json,
-    and every worker exits 0."""
+@pytest.mark.parametrize("worker", ["_final_eval_signal_worker", "_last_step_one_rank_signal_worker"])
+def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path, worker):
+    """_final_eval_signal_worker: under torchrun a signal reaches the ranks at different points of the final
+    evaluation: rank 1 leaves it at once, rank 0 is waiting in a collective for rank 1 (a signal cannot interrupt
+    that wait) and gets an error when rank 1 is gone; rank 0 counts that as the interruption its own latched signal
+    asked for. _last_step_one_rank_signal_worker: a SIGTERM reaches rank 1 only, after the last step's stop vote;
+    every rank must take the same branch at the final evaluation (one skipping it while the other waits in its
+    collectives hangs under NCCL and fails under gloo), so the latched signal skips it on every rank. Either way
+    summary.json says so and every worker exits 0."""
     run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / "_final_eval_signal_worker.py", 2,
+    r = run_torchrun(REPO / "tests" / f"{worker}.py", 2,
                      [*TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)], timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["interrupted_during"], summary["training_stop_reason"]) == \
         ("interrupted", "final_eval", "completed"), summary
     assert "val_bpb" not in summary and ckpt.list_steps(run) == [3]
-    assert "interrupted (SIGTERM) during the final evaluation of step 3" in r.stdout
-
-
-def test_a_signal_on_one_rank_after_the_last_vote_skips_the_final_evaluation_on_every_rank(tmp_path):
-    """A SIGTERM that reaches rank 1 only, after the last step's stop vote: every rank must take the same branch at
-    the final evaluation (one skipping it while the other waits in its collectives hangs under NCCL and fails under
-    gloo). The latched signal skips it on every rank, and summary.json says so."""
-    run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / "_last_step_one_rank_signal_worker.py", 2,
-                     [*TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)], timeout=180)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert (summary["stop_reason"], summary["interrupted_during"], summary["training_stop_reason"]) == \
-        ("interrupted", "final_eval", "completed"), summary
-    assert "val_bpb" not in summary and ckpt.list_steps(run) == [3]
+    if worker == "_final_eval_signal_worker":
+        assert "interrupted (SIGTERM) during the final evaluation of step 3" in r.stdout
