@@ -113,7 +113,9 @@ def _grouped_experts(experts, xs: torch.Tensor, counts: torch.Tensor, dtype: tor
     w_fc = torch.stack([e.c_fc.weight.to(dtype) for e in experts])  # (E, h, C)
     w_proj = torch.stack([e.c_proj.weight.to(dtype) for e in experts])  # (E, C, h)
     hidden = torch._grouped_mm(xs, w_fc.transpose(-2, -1), offs=offs)  # (N*K, h); xs already in dtype
-    return torch._grouped_mm(F.relu(hidden).square(), w_proj.transpose(-2, -1), offs=offs)  # (N*K, C)
+    # autocast does not cover _grouped_mm, and CUDA autocast runs square (pow) in fp32: cast back explicitly
+    act = F.relu(hidden).square().to(dtype)
+    return torch._grouped_mm(act, w_proj.transpose(-2, -1), offs=offs)  # (N*K, C)
 
 
 class MoEFFN(nn.Module):

@@ -290,6 +290,29 @@ def test_bf16_grouped_path_traces_as_one_graph():
     torch._dynamo.reset()
 
 
+class _PowInFloat32(torch.overrides.TorchFunctionMode):
+    """CUDA autocast's fp32 policy for pow (square is pow(x, 2)), which CPU autocast does not have: on the H100
+    (2026-11-26) the grouped path's second GEMM got an fp32 activation against bf16 weights and raised."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.Tensor.square, torch.square, torch.Tensor.pow, torch.pow) and out.is_floating_point():
+            return out.float()
+        return out
+
+
+def test_grouped_path_keeps_the_compute_dtype_when_autocast_runs_square_in_fp32(monkeypatch):
+    monkeypatch.setattr(moe_module, "GROUPED_MM", True)
+    layer = moe_layer()
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = layer(x)
+        with _PowInFloat32():
+            got = layer(x)
+    # bf16 x bf16 is exact in fp32, so squaring in fp32 and rounding once equals squaring in bf16
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
 def test_looped_experts_run_eager_under_compile_even_when_first_called_there(monkeypatch):
     """The looped path reads the segment lengths on the host (counts.tolist()); traced, dynamo would break there and
     compile the rest specialised on those lengths (a recompile per routing). Its compile exclusion is applied

@@ -91,7 +91,8 @@ def gate_weights(logits: torch.Tensor, sel: torch.Tensor | None, mode: str):
 def reference_gate(logits: torch.Tensor, K: int, mode: str):
     """The authors' rule (reference notes §3.6/3.8), for ``--numerics reference``: scores p = sigmoid(l) in the
     logits' dtype (bf16 under autocast) or softmax(l) (fp32 under autocast), top-K on p, weights p[sel]
-    normalised in p's dtype. K == M: every slot, no selection. Same outputs as ``route``'s."""
+    normalised as theirs (CUDA autocast sums in fp32, so there the weights come out fp32). K == M: every slot, no
+    selection. Same outputs as ``route``'s."""
     p = torch.softmax(logits, dim=-1) if mode.startswith("softmax") else torch.sigmoid(logits)
     sel = None if K == p.size(-1) else p.topk(K, dim=-1, sorted=False).indices  # torch.topk, as theirs
     w = p if sel is None else p.gather(-1, sel)
