@@ -172,6 +172,7 @@ MEMORIES = {
     "mome_shared_per_head": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "shared_expert": True,
                                                                 "per_head_table": True}),
     "mome_k1_softmax": dict(memory="mome", memory_options={"slots": 4, "topk": 1}),
+    "mome_maxvio_window": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "maxvio_window": 1}),
     "engram": dict(memory="engram", memory_options={"compression": "identity", "dim": 64, "heads": 2,
                                                       "first_prime": 101}),
     "jtok": dict(memory="jtok"),
@@ -230,6 +231,9 @@ def _train_step(model, groups=None):
                 m.after_optimizer_step()
     assert torch.isfinite(opt.grad_norm) and not torch.equal(before, model.wte.weight)
     assert {n: b.dtype for n, b in model.named_buffers()} == buffers
+    with CudaAutocastPolicy():  # the trainer's logging reads the block's statistics outside autocast
+        stats = model.memory.stats()
+    assert all(isinstance(v, (int, float)) and v == v for v in stats.values()), stats
 
 
 @pytest.mark.parametrize("name, mix", [(name, mix) for name in MEMORIES
@@ -321,3 +325,28 @@ def test_numerics_reference_forward_and_decoding(family):
         assert loss.dtype == torch.float32 and torch.isfinite(loss)
         assert len(generate(model, x[0, :4].tolist(), max_tokens=4, temperature=0.0)[0]) == 4
     assert model.rope_cos.dtype == torch.float32  # rounded to bf16 values, kept in fp32 storage
+
+
+@pytest.mark.parametrize("name", ["mome", "mome_bigram_index", "mome_headmod_index"])
+def test_bpb_eval_with_slot_balance_under_bf16(name):
+    """The final evaluation's path: evaluate_bpb in bf16 autocast while the MoME block counts its selections."""
+    from contextlib import ExitStack
+
+    from nanochat.loss_eval import evaluate_bpb
+    from nanochat.slot_balance import with_slot_balance
+
+    model = _randomized(tiny_config(n_embd=64, **MEMORIES[name])).eval()
+    batches = [_batch(5), _batch(6)]
+    token_bytes = torch.ones(512, dtype=torch.int64)
+    class Ctx:  # evaluate_bpb enters its autocast context once per batch
+        def __enter__(self):
+            self.stack = ExitStack()
+            self.stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+            self.stack.enter_context(CudaAutocastPolicy())
+
+        def __exit__(self, *exc):
+            self.stack.close()
+
+    with torch.no_grad():
+        bpb, balance = with_slot_balance(model, lambda: evaluate_bpb(model, batches, token_bytes, Ctx()))
+    assert 0 < bpb < 20 and balance["maxvio"] >= 0 and balance, balance
