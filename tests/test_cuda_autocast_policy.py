@@ -350,3 +350,44 @@ def test_bpb_eval_with_slot_balance_under_bf16(name):
     with torch.no_grad():
         bpb, balance = with_slot_balance(model, lambda: evaluate_bpb(model, batches, token_bytes, Ctx()))
     assert 0 < bpb < 20 and balance["maxvio"] >= 0 and balance, balance
+
+
+def _flash_stand_in(q, k, v, causal=True, window_size=(-1, 0)):
+    """FlashAttention's contract on the CPU: (B, T, H, d) q, k, v of one 16-bit dtype (the kernels raise on
+    anything else), computed by SDPA."""
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16), (q.dtype, k.dtype, v.dtype)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    with torch.autocast("cpu", enabled=False):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.size(1) != k.size(1))
+    return y.transpose(1, 2)
+
+
+@pytest.mark.parametrize("family", ["nanochat", "mobilellm", "qwen3"])
+def test_flash_attention_path_gets_one_16_bit_dtype(family, monkeypatch):
+    """--attention fa2/fa3 on CUDA: QK-norm's rms_norm returns fp32 under CUDA autocast while v is bf16; the flash
+    branch of causal_attention must hand the kernel one 16-bit dtype (here a CPU stand-in with its contract)."""
+    from nanochat import gpt
+
+    calls = []
+
+    def flash(*args, **kwargs):
+        calls.append(1)
+        return _flash_stand_in(*args, **kwargs)
+
+    monkeypatch.setattr(gpt, "_ATTENTION", gpt.AttentionBackend("fa3", flash, "cpu"))
+    cfg = (tiny_config(n_embd=64, n_kv_head=1, **MEMORIES["mome"]) if family == "nanochat"
+           else _family_config(family, "mome_hidden"))
+    model = _randomized(cfg)
+    model.train()
+    _train_step(model)
+    assert len(calls) >= 2 * cfg.n_layer
+
+
+def test_bigram_index_dense_table_gradient_as_on_cuda(monkeypatch):
+    """The shared bigram-indexed table gets a sparse gradient on the CPU only; CUDA's dense one under the policy."""
+    monkeypatch.setattr(mome_mix, "MIX", None)
+    model = _randomized(tiny_config(n_embd=64, **MEMORIES["mome_bigram_index"]))
+    model.memory.sparse_shared_grad = False
+    model.train()
+    _train_step(model)
+    assert all(not t.grad.is_sparse for t in model.memory.memory_tables())
