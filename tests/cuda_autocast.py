@@ -9,8 +9,8 @@ raises or silently changes a dtype on the GPU only: the 2026-11-26 H100 failure 
 ``CudaAutocastPolicy`` is a ``TorchFunctionMode``: while CPU autocast is on, it casts the low-precision floating
 inputs of those ops to fp32 (as CUDA's fp32 policy does), the fp32 inputs of the few matmul-like ops that CUDA
 but not CPU autocast runs in low precision (einsum, mv, ...) to the autocast dtype, widens the inputs of CUDA's
-"promote" ops (CPU raises on mixed dtypes there), and refuses the mixed-dtype ``index_copy`` that CPU autocast
-promotes and CUDA does not. Outside CPU autocast it changes nothing.
+"promote" ops (CPU raises on mixed dtypes there), and runs the few ops of CPU's fp32 list that CUDA's lacks
+(trace, svdvals, ...) without CPU autocast. Outside CPU autocast it changes nothing.
 
 The lists are those of aten/src/ATen/autocast_mode.cpp for CUDA, checked against the installed torch by
 ``cuda_autocast_dtype``: the real AutocastCUDA kernels run on fake CUDA tensors (FakeTensorMode tensors carry
@@ -30,7 +30,10 @@ _LOW = (torch.bfloat16, torch.float16)
 # nll_loss; F.softmin: softmax; F.cosine_similarity) are listed themselves: a TorchFunctionMode does not see the
 # calls inside a function it intercepted.
 FP32_FUNCS = {
-    torch.pow, T.pow, T.__pow__, T.__rpow__, torch.square, T.square,
+    torch.pow, T.pow, T.__pow__, T.__rpow__, torch.square, T.square, torch.arccos, T.arccos, torch.arcsin, T.arcsin,
+    torch.special.erfinv, torch.special.expm1, torch.special.log1p, torch.nuclear_norm, torch.norm_except_dim,
+    torch.pairwise_distance, F.pairwise_distance, torch.trapezoid, torch.trapz, torch.cumulative_trapezoid,
+    F.gumbel_softmax, F.multilabel_soft_margin_loss,
     torch.exp, T.exp, torch.expm1, T.expm1, torch.log, T.log, torch.log1p, T.log1p, torch.log2, T.log2,
     torch.log10, T.log10, torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal,
     torch.acos, T.acos, torch.asin, T.asin, torch.cosh, T.cosh, torch.sinh, T.sinh, torch.tan, T.tan,
@@ -50,12 +53,14 @@ FP32_UNLESS_DTYPE_FUNCS = {
 # run in the autocast dtype by CUDA autocast, left alone by CPU autocast
 LOWER_FUNCS = {torch.einsum, torch.mv, T.mv, torch.addmv, T.addmv, torch.addr, T.addr, torch.linalg.multi_dot,
                torch.chain_matmul}
+# CPU autocast changes these and CUDA's does not (trace, svdvals, cond: CPU's fp32 list; pinv: a matmul inside it
+# that CPU autocast casts down): they run with CPU autocast off, uncast
+UNCAST_FUNCS = {torch.trace, T.trace, torch.linalg.svdvals, torch.linalg.cond, torch.linalg.pinv}
 # CUDA's promote list (the widest floating input type); CPU autocast has none of these, so they raise there
 PROMOTE_FUNCS = {torch.scatter_add, T.scatter_add, torch.addcmul, T.addcmul, torch.addcdiv, T.addcdiv, torch.atan2,
-                 T.atan2, torch.dot, T.dot, torch.vdot, T.vdot, torch.tensordot, torch.cross, T.cross, F.bilinear}
-# CPU autocast promotes these, CUDA autocast does not (a mixed-dtype call raises on the GPU)
-NOT_PROMOTED_FUNCS = {torch.index_copy, T.index_copy}
-_ALL = FP32_FUNCS | FP32_UNLESS_DTYPE_FUNCS | LOWER_FUNCS | PROMOTE_FUNCS | NOT_PROMOTED_FUNCS
+                 T.atan2, torch.dot, T.dot, torch.vdot, T.vdot, torch.tensordot, torch.cross, T.cross, F.bilinear,
+                 torch.inner, T.inner}  # inner: tensordot inside (CUDA promotes there, then runs its mm uncast)
+_ALL = FP32_FUNCS | FP32_UNLESS_DTYPE_FUNCS | LOWER_FUNCS | PROMOTE_FUNCS | UNCAST_FUNCS
 
 
 def _map_tensors(fn, obj):
@@ -110,11 +115,6 @@ class CudaAutocastPolicy(torch.overrides.TorchFunctionMode):
                 for t in floats[1:]:
                     widest = torch.promote_types(widest, t.dtype)
                 return cast(widest, tuple(t.dtype for t in floats if t.dtype != widest))
-        if func in NOT_PROMOTED_FUNCS:
-            dtypes = {t.dtype for t in _floats(args, kwargs)}
-            if len(dtypes) > 1:
-                raise RuntimeError(f"{func.__name__}: mixed dtypes {sorted(map(str, dtypes))}; CUDA autocast does not "
-                                   "promote index_copy (CPU autocast does)")
         return args, kwargs
 
 
@@ -141,5 +141,5 @@ def cuda_autocast_dtype(fn, *tensors, dtype=torch.bfloat16):
     return _map_tensors(lambda t: t.dtype, out)
 
 
-__all__ = ["CudaAutocastPolicy", "FP32_FUNCS", "FP32_UNLESS_DTYPE_FUNCS", "LOWER_FUNCS", "NOT_PROMOTED_FUNCS",
+__all__ = ["UNCAST_FUNCS", "CudaAutocastPolicy", "FP32_FUNCS", "FP32_UNLESS_DTYPE_FUNCS", "LOWER_FUNCS",
            "PROMOTE_FUNCS", "cuda_autocast_dtype"]
