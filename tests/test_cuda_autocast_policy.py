@@ -447,3 +447,31 @@ def test_bigram_index_dense_table_gradient_as_on_cuda(monkeypatch):
     model.train()
     _train_step(model)
     assert all(not t.grad.is_sparse for t in model.memory.memory_tables())
+
+
+@pytest.mark.parametrize("flags", [["--memory", "mome", "--mome-slots", "4", "--mome-balance", "bias"],
+                                   ["--mlp", "moe", "--moe-hidden", "32", "--memory", "bigram"]],
+                         ids=["mome", "moe_bigram"])
+def test_base_train_in_bf16_under_the_policy(tmp_path, flags, monkeypatch):
+    """The trainer end to end in bf16 (grad accumulation, the balance updates, logging, evaluations, the final one
+    with slot balance, a checkpoint) with CUDA's cast policy: completes, finite losses. (No --sample-every: 7
+    greedy samples take ~10 s of bf16 GEMMs on a CPU; test_kv_cache_decoding_under_bf16 decodes.)"""
+    import json
+
+    from scripts import base_train
+
+    monkeypatch.setattr(moe_module, "GROUPED_MM", True)
+    run = tmp_path / "r"
+    args = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
+            "--max-seq-len", "32", "--eval-tokens", "256", "--eval-every", "2", "--no-final-core", "--dtype",
+            "bfloat16", "--no-compile", "--device-batch-size", "2", "--total-batch-size", "128",
+            "--num-iterations", "4", "--save-every", "4", "--run-dir", str(run), *flags]
+    policy = CudaAutocastPolicy()
+    with policy:
+        assert base_train.main(args) == 0
+    assert policy.calls > 100
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r["loss"] for r in recs if r["kind"] == "train"]
+    assert len(train) == 4 and all(0 < v < 10 for v in train)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed"
