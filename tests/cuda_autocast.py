@@ -121,7 +121,9 @@ class CudaAutocastPolicy(torch.overrides.TorchFunctionMode):
 def cuda_autocast_dtype(fn, *tensors, dtype=torch.bfloat16):
     """The ground truth: ``fn(*fakes)``'s output dtype(s) under real CUDA autocast, ``fakes`` being fake CUDA copies
     of ``tensors`` (the AutocastCUDA kernels are compiled into every torch build; fake CUDA tensors reach them
-    without a GPU). Raises what CUDA autocast would raise (e.g. a dtype mismatch in an uncovered op)."""
+    without a GPU). Raises what CUDA autocast would raise (e.g. a dtype mismatch in an uncovered op). Single ops
+    only: a whole model on fake CUDA tensors aborts the process (autocast's cache of cast parameters asks for a
+    CUDA device guard, which a CPU-only build does not have), hence the Python-level emulation above."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
