@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, load_bench, run_torchrun, tiny_config
+from cuda_autocast import CudaAutocastPolicy
 from nanochat import checkpoint as ckpt
 from nanochat import moe as moe_module
 from nanochat.families import config_from_dict
@@ -290,27 +291,27 @@ def test_bf16_grouped_path_traces_as_one_graph():
     torch._dynamo.reset()
 
 
-class _PowInFloat32(torch.overrides.TorchFunctionMode):
-    """CUDA autocast's fp32 policy for pow (square is pow(x, 2)), which CPU autocast does not have: on the H100
-    (2026-11-26) the grouped path's second GEMM got an fp32 activation against bf16 weights and raised."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in (torch.Tensor.square, torch.square, torch.Tensor.pow, torch.pow) and out.is_floating_point():
-            return out.float()
-        return out
-
-
 def test_grouped_path_keeps_the_compute_dtype_when_autocast_runs_square_in_fp32(monkeypatch):
+    """CUDA autocast runs square (pow) in fp32 and CPU autocast does not (tests/cuda_autocast.py emulates CUDA's
+    policy): on the H100 (2026-11-26) the grouped path's second GEMM got an fp32 activation against bf16 weights
+    and raised."""
     monkeypatch.setattr(moe_module, "GROUPED_MM", True)
     layer = moe_layer()
     x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(7))
+    sel, _ = layer.route(x.view(-1, 64))
+    counts = torch.bincount(sel.reshape(-1), minlength=layer.E)
+    xs = x.view(-1, 64).bfloat16()[torch.argsort(sel.reshape(-1), stable=True) // layer.K]
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        want = layer(x)
-        with _PowInFloat32():
-            got = layer(x)
+        want = moe_module._grouped_experts(layer.experts, xs, counts, torch.bfloat16)
+        want_layer = layer(x)
+        with CudaAutocastPolicy():
+            got = moe_module._grouped_experts(layer.experts, xs, counts, torch.bfloat16)
+            got_layer = layer(x)
     # bf16 x bf16 is exact in fp32, so squaring in fp32 and rounding once equals squaring in bf16
     assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+    # the layer's output is fp32 under CUDA's policy: the sum over the K routed outputs runs in fp32 there
+    assert got_layer.dtype == torch.float32 and want_layer.dtype == torch.bfloat16
+    torch.testing.assert_close(got_layer, want_layer.float(), rtol=1e-2, atol=1e-2)
 
 
 def test_looped_experts_run_eager_under_compile_even_when_first_called_there(monkeypatch):
