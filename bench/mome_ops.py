@@ -1,0 +1,568 @@
+"""MoME's per-layer ops in isolation at d12 shapes: several variants of each op that compute the same function,
+each checked against a float64 reference (forward and gradients) and then timed forward and forward + backward.
+
+    python bench/mome_ops.py --out bench/results/mome_ops_cuda_h100.json        # CUDA: bf16 autocast, compiled
+    python bench/mome_ops.py --ops rowmix,gate                                 # a subset of the ops
+    python bench/mome_ops.py --device cpu --small                              # smoke test (eager, fp32)
+
+Ops (shapes: B=32, T=2048, H=6 heads of d=128, M=6 slots, K=2, vocab 32768; the bigram-indexed table 6V rows):
+* ``rowmix``: rows (B, T, M, d) fp32 (the gathered slots of n_t, shared by the heads), sel/w (B, T, H, K) ->
+  (B, T, H, d). Today's compiled row mix is ``bcast_sum`` (nanochat.memory.mome_mix.mome_row_mix).
+* ``gate``: router logits (B, T, H, M) in the compute dtype -> the top-K slots and their sigmoid weights,
+  normalised (MoMEMemory.route's fast path, ``argmax``), or those weights spread over M (``*_dense``: the row
+  mix's input). Compared through the dense (B, T, H, M) form, so the order of the K slots does not matter.
+* ``kmix``: a per-layer table (V*M, d) fp32, token ids (B, T), sel/w -> the K-row mix (B, T, H, d): today's
+  CUDA ``plain`` mix; its backward is the table-gradient scatter.
+* ``shared``: the same function on the bigram-indexed table (6V*M, d) shared by every memory layer, one
+  layer's worth (the model gathers n_t's M slots once and scatters one gradient per micro-step, as here).
+Token ids are Zipf-distributed over the vocabulary (frequent tokens: scatter collisions, as in text); the bigram
+rows are nanochat's hash of them. Logits are tie-free (distinct by 0.3 or more), so every selection variant picks
+the same slots; weights and tables are random, never zero.
+
+Timing: ``triton.testing.do_bench`` (median, its warm-up and L2 flush) on CUDA, else a host clock after a
+synchronize; every call takes the next of --sets input sets. Forward is timed with grad enabled (the training
+forward, which saves for backward), forward + backward as ``torch.autograd.grad`` of the outputs with random
+output gradients. Each compiled variant is ONE graph (``torch.compile(dynamic=False)``, the same shapes and
+grad flags in the check and in the timings). ``*_eager`` variants are not compiled: aten's CUDA kernels
+(embedding's sort-based backward) against inductor's.
+Floor: every op is memory-bound (FLOPs are <1% of the bytes' time at 67 TFLOP/s fp32), so the floor is the
+compulsory bytes / --bw: each input read once, each output written once, each distinct table row read once per
+pass, the dense table gradient written once (counts in ``floor_bytes``). The CUDA run writes JSON after every
+variant, so a run cut short keeps what it measured; --budget-s skips the variants left after that many seconds.
+"""
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from nanochat.memory.hashing import bigram_hash  # noqa: E402
+from nanochat.memory.mome import NORM_EPS  # noqa: E402
+from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference, slot_weights  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int = 32
+    T: int = 2048
+    C: int = 768  # model width (the router GEMM C -> H*M is not benchmarked: its logits are the gate's input)
+    H: int = 6
+    d: int = 128
+    M: int = 6
+    K: int = 2
+    V: int = 32768
+    n: int = 6  # bigram rows per vocabulary entry: the shared table has n*V rows of M slots
+
+
+D12 = Shape()
+SMALL = Shape(B=2, T=64, C=96, H=6, d=16, M=6, K=2, V=512, n=6)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # norm-wise relative error vs float64, by compute dtype
+# HBM bandwidth by device-name fragment (bytes/s); --bw overrides. H100 SXM HBM3 3.35 TB/s, PCIe HBM2e 2.0
+BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12), ("A100", 2.0e12))
+
+
+# -- selection and gate weights: (B, T, H, M) logits -> (sel, w) over K, or dense weights over M ----------------
+def _norm(w: torch.Tensor) -> torch.Tensor:
+    return w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
+
+
+def _argmax_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """nanochat.memory.mome_mix.topk_indices's CUDA branch (k masked argmax passes), copied so the variant does
+    not depend on that module's device switch (tests/test_bench_mome_ops.py checks they agree)."""
+    slots = torch.arange(scores.size(-1), device=scores.device)
+    picked = []
+    for _ in range(k):
+        i = scores.argmax(dim=-1, keepdim=True)
+        picked.append(i)
+        scores = scores.masked_fill(slots == i, float("-inf"))
+    return torch.cat(picked, dim=-1)
+
+
+def gate_argmax(logits, *, m, k, out_dtype):
+    """Today's CUDA path (MoMEMemory.route, sigmoid fast path): argmax passes, gather K logits, sigmoid, norm."""
+    sel = _argmax_topk(logits, k)
+    return sel, _norm(torch.sigmoid(logits.gather(-1, sel).float()))
+
+
+def gate_topk(logits, *, m, k, out_dtype):
+    """torch.topk gives values and indices at once (no gather); a radix-select kernel of its own on CUDA."""
+    top = logits.topk(k, dim=-1, sorted=False)
+    return top.indices, _norm(torch.sigmoid(top.values.float()))
+
+
+def gate_max_pass(logits, *, m, k, out_dtype):
+    """k passes of max() returning values AND indices: no gather of the selected logits."""
+    slots = torch.arange(logits.size(-1), device=logits.device)
+    scores, vals, idx = logits, [], []
+    for _ in range(k):
+        v, i = scores.max(dim=-1, keepdim=True)
+        vals.append(v)
+        idx.append(i)
+        scores = scores.masked_fill(slots == i, float("-inf"))
+    return torch.cat(idx, dim=-1), _norm(torch.sigmoid(torch.cat(vals, dim=-1).float()))
+
+
+def gate_sigmoid_all(logits, *, m, k, out_dtype):
+    """sigmoid on all M logits (one pointwise pass), then the gather picks K of them."""
+    p = torch.sigmoid(logits.float())
+    return (sel := _argmax_topk(logits, k)), _norm(p.gather(-1, sel))
+
+
+def gate_argmax_dense(logits, *, m, k, out_dtype):
+    """Today's row-mix input: the argmax path's weights spread over M by slot_weights."""
+    sel, w = gate_argmax(logits, m=m, k=k, out_dtype=out_dtype)
+    return slot_weights(sel, w, logits.size(-1))
+
+
+def gate_mask_dense(logits, *, m, k, out_dtype):
+    """Dense weights with no index tensors: k argmax passes build a mask (exactly k slots even with ties),
+    sigmoid on all M, zero off the mask, normalise over M."""
+    slots = torch.arange(logits.size(-1), device=logits.device)
+    scores, mask = logits, torch.zeros_like(logits, dtype=torch.bool)
+    for _ in range(k):
+        hit = slots == scores.argmax(dim=-1, keepdim=True)
+        mask, scores = mask | hit, scores.masked_fill(hit, float("-inf"))
+    return _norm(torch.where(mask, torch.sigmoid(logits.float()), 0.0))
+
+
+# -- the row mix: rows (B, T, M, d) shared by the heads, sel/w (B, T, H, K) -> (B, T, H, d) ---------------------
+def rowmix_bcast_sum(rows, sel, w, *, m, k, out_dtype):
+    """Today's compiled mome_row_mix: a broadcast multiply and a reduction over M."""
+    wd = slot_weights(sel, w, rows.size(2)).to(rows.dtype)
+    return (wd[..., None] * rows[:, :, None]).sum(dim=-2).to(out_dtype)
+
+
+def rowmix_unrolled(rows, sel, w, *, m, k, out_dtype):
+    """M unrolled as fused multiply-adds: pointwise over (B, T, H, d), no reduction dimension."""
+    wd = slot_weights(sel, w, rows.size(2)).to(rows.dtype)
+    out = wd[..., 0, None] * rows[:, :, None, 0]
+    for s in range(1, rows.size(2)):
+        out = out + wd[..., s, None] * rows[:, :, None, s]
+    return out.to(out_dtype)
+
+
+def rowmix_einsum(rows, sel, w, *, m, k, out_dtype):
+    """A batched GEMM (B*T of (H, M) x (M, d)); under autocast in bf16, so the rows' gradient is bf16 too."""
+    wd = slot_weights(sel, w, rows.size(2)).to(rows.dtype)
+    return torch.einsum("bthm,btmd->bthd", wd, rows).to(out_dtype)
+
+
+def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
+    """The K-row mix on the same gathered rows: gather each head's K slots (B, T, H, K, d), weighted sum."""
+    B, T, M, d = rows.shape
+    base = torch.arange(B * T, device=rows.device).view(B, T, 1, 1) * M
+    picked = F.embedding(base + sel, rows.reshape(B * T * M, d))
+    return (w.to(rows.dtype)[..., None] * picked).sum(dim=-2).to(out_dtype)
+
+
+# -- the mix from a table: table (N*M, d), row ids n_t (B, T), sel/w (B, T, H, K) -> (B, T, H, d) ---------------
+class GatherIndexAdd(torch.autograd.Function):
+    """table[ids] whose backward is an explicit zeros + index_add_ (embedding's backward in another form)."""
+
+    @staticmethod
+    def forward(ctx, table, ids):
+        ctx.save_for_backward(ids)
+        ctx.rows = table.size(0)
+        return F.embedding(ids, table)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.rows, grad.size(-1))
+        return out.index_add_(0, ids.reshape(-1), grad.reshape(-1, grad.size(-1))), None
+
+
+def _flat(row, sel, m):
+    return row[..., None, None] * m + sel  # (B, T, H, K) flat table row ids
+
+
+def _slots(row, m):
+    return row[..., None] * m + torch.arange(m, device=row.device)  # (B, T, M): all M slots of n_t
+
+
+def table_plain(table, row, sel, w, *, m, k, out_dtype):
+    """Today's CUDA K-row mix (mome_mix_reference): gather (B, T, H, K, d) + weighted sum; embedding backward."""
+    return mome_mix_reference(table, _flat(row, sel, m), w).to(out_dtype)
+
+
+def table_bag(table, row, sel, w, *, m, k, out_dtype):
+    """embedding_bag with per-sample weights (the CPU fast path; its CUDA backward sorts the ids)."""
+    return mome_mix_fused(table, _flat(row, sel, m), w).to(out_dtype)
+
+
+def table_index_add(table, row, sel, w, *, m, k, out_dtype):
+    """The plain mix with the table gradient as an explicit index_add_."""
+    picked = GatherIndexAdd.apply(table, _flat(row, sel, m))
+    return (w.to(table.dtype)[..., None] * picked).sum(dim=-2).to(out_dtype)
+
+
+def table_rowmix(table, row, sel, w, *, m, k, out_dtype):
+    """Today's shared-table path: gather the M slots of n_t (B, T, M, d), then the row mix (bcast_sum)."""
+    return rowmix_bcast_sum(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
+
+
+def table_rowmix_unrolled(table, row, sel, w, *, m, k, out_dtype):
+    return rowmix_unrolled(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
+
+
+def table_rowmix_index_add(table, row, sel, w, *, m, k, out_dtype):
+    rows = GatherIndexAdd.apply(table, _slots(row, m))
+    return rowmix_bcast_sum(rows, sel, w, m=m, k=k, out_dtype=out_dtype)
+
+
+# -- inputs, references, floors ----------------------------------------------------------------------------------
+def _gen(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def token_ids(S: Shape, device, g) -> torch.Tensor:
+    """(B, T) ids, Zipf (s = 1) over a shuffled vocabulary: a few ids take several % of the positions."""
+    probs = 1.0 / torch.arange(1, S.V + 1, dtype=torch.float32, device=device)
+    perm = torch.randperm(S.V, device=device, generator=g)
+    return perm[torch.multinomial(probs, S.B * S.T, replacement=True, generator=g)].view(S.B, S.T)
+
+
+def _sel_w(S: Shape, device, g):
+    """K distinct slots per (token, head) and positive normalised weights (as the sigmoid-norm gate's)."""
+    sel = torch.rand(S.B, S.T, S.H, S.M, device=device, generator=g).argsort(dim=-1)[..., :S.K].contiguous()
+    w = _norm(torch.rand(S.B, S.T, S.H, S.K, device=device, generator=g) + 0.1)
+    return sel, w.requires_grad_()
+
+
+def make_gate(S, device, cdt, g):
+    # tie-free: a random order of M levels 0.5 apart plus jitter under 0.2, far above bf16's rounding
+    order = torch.rand(S.B, S.T, S.H, S.M, device=device, generator=g).argsort(dim=-1).float()
+    jitter = 0.2 * torch.rand(order.shape, device=device, generator=g)
+    return [((order - (S.M - 1) / 2) * 0.5 + jitter).to(cdt).requires_grad_()]
+
+
+def make_rowmix(S, device, cdt, g):
+    rows = torch.randn(S.B, S.T, S.M, S.d, device=device, generator=g)  # fp32: gathered from an fp32 table
+    return [rows.requires_grad_(), *_sel_w(S, device, g)]
+
+
+def make_kmix(S, device, cdt, g):
+    table = torch.randn(S.V * S.M, S.d, device=device, generator=g).requires_grad_()
+    return [table, token_ids(S, device, g), *_sel_w(S, device, g)]
+
+
+def make_shared(S, device, cdt, g):
+    table = torch.randn(S.n * S.V * S.M, S.d, device=device, generator=g).requires_grad_()
+    return [table, bigram_hash(token_ids(S, device, g), S.n * S.V), *_sel_w(S, device, g)]
+
+
+def ref_gate(logits, S):
+    sel = logits.topk(S.K, dim=-1).indices
+    return slot_weights(sel, _norm(torch.sigmoid(logits.gather(-1, sel))), S.M)
+
+
+def ref_rowmix(rows, sel, w, S):
+    B, T, M, d = rows.shape
+    picked = rows[:, :, None].expand(B, T, sel.size(2), M, d).gather(3, sel[..., None].expand(*sel.shape, d))
+    return (w[..., None] * picked).sum(dim=-2)
+
+
+def ref_table(table, row, sel, w, S):
+    return (w[..., None] * table[_flat(row, sel, S.M)]).sum(dim=-2)
+
+
+def canonical(out, m: int) -> torch.Tensor:
+    """float64 form compared with the reference: (sel, w) pairs as dense (..., M) weights, order-free."""
+    if isinstance(out, tuple):
+        sel, w = out
+        return slot_weights(sel, w.double(), m)
+    return out.double()
+
+
+def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
+    """(forward bytes, forward + backward bytes, forward + backward FLOPs), compulsory traffic only.
+    N = B*T tokens, cb = compute-dtype bytes, ids int64, weights and tables fp32.
+    gate: fwd reads logits N*H*M*cb, writes sel + w N*H*K*(8+4); bwd reads grad w N*H*K*4 and logits again,
+      writes grad logits N*H*M*cb.
+    rowmix: fwd reads rows N*M*d*4, sel + w, writes out N*H*d*cb; bwd reads grad out, rows, sel + w, writes
+      grad rows N*M*d*4 and grad w N*H*K*4. FLOPs 2*N*H*K*d forward, twice that backward.
+    kmix/shared: fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u*d*4, u counted on the
+      inputs), writes out; bwd reads grad out, those rows again (for grad w), writes the dense table gradient
+      once (rows*d*4: its zero-fill and the scatter fused) and grad w."""
+    N, H, M, K, d = S.B * S.T, S.H, S.M, S.K, S.d
+    sw = N * H * K * 12  # sel int64 + w fp32
+    flops = 6 * N * H * K * d
+    if op == "gate":
+        fwd = N * H * M * cb + sw
+        return fwd, fwd + N * H * K * 4 + N * H * M * cb * 2, 0
+    if op == "rowmix":
+        fwd = N * M * d * 4 + sw + N * H * d * cb
+        return fwd, fwd + N * H * d * cb + N * M * d * 8 + sw + N * H * K * 4, flops
+    table, row, sel = inputs[0], inputs[1], inputs[2]
+    u = int(torch.unique(_flat(row, sel, M)).numel()) * d * 4
+    fwd = N * 8 + sw + u + N * H * d * cb
+    return fwd, fwd + N * H * d * cb + u + table.numel() * 4 + N * H * K * 4, flops
+
+
+@dataclass
+class Op:
+    make: object  # (Shape, device, compute dtype, generator) -> inputs; grad inputs are leaves requiring grad
+    names: tuple  # the inputs' names
+    grad_args: tuple  # indices of the inputs that get gradients
+    reference: object  # (*float64 inputs, Shape) -> the canonical output
+    variants: dict  # name -> (function, compiled?); the first is today's path
+
+
+def default_ops() -> dict[str, Op]:
+    return {
+        "rowmix": Op(make_rowmix, ("rows", "sel", "w"), (0, 2), ref_rowmix, {
+            "bcast_sum": (rowmix_bcast_sum, True), "unrolled": (rowmix_unrolled, True),
+            "einsum": (rowmix_einsum, True), "kgather": (rowmix_kgather, True)}),
+        "gate": Op(make_gate, ("logits",), (0,), ref_gate, {
+            "argmax": (gate_argmax, True), "topk": (gate_topk, True), "max_pass": (gate_max_pass, True),
+            "sigmoid_all": (gate_sigmoid_all, True), "argmax_dense": (gate_argmax_dense, True),
+            "mask_dense": (gate_mask_dense, True)}),
+        "shared": Op(make_shared, ("table", "row", "sel", "w"), (0, 3), ref_table, {
+            "rowmix": (table_rowmix, True), "rowmix_unrolled": (table_rowmix_unrolled, True),
+            "rowmix_index_add": (table_rowmix_index_add, True), "plain": (table_plain, True),
+            "rowmix_eager": (table_rowmix, False)}),
+        "kmix": Op(make_kmix, ("table", "row", "sel", "w"), (0, 3), ref_table, {
+            "plain": (table_plain, True), "index_add": (table_index_add, True), "bag": (table_bag, True),
+            "rowmix": (table_rowmix, True), "plain_eager": (table_plain, False)}),
+    }
+
+
+OPS = default_ops()
+
+
+# -- check and timing --------------------------------------------------------------------------------------------
+def _autocast(device, cdt):
+    return torch.autocast(device.type, dtype=cdt, enabled=cdt != torch.float32)
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+def _grad_outs(out) -> list[torch.Tensor]:
+    return [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+
+
+def check_variant(op: Op, fn, S: Shape, device, cdt, seed: int) -> dict[str, float]:
+    """Norm-wise relative errors of the output and of every input gradient against the float64 reference, on
+    fresh inputs (the loss is <canonical output, G> for a random G, so every output element is tested)."""
+    inputs = op.make(S, device, cdt, _gen(device, seed))
+    with _autocast(device, cdt):
+        out = fn(*inputs)
+    y = canonical(out, S.M)
+    G = torch.randn(y.shape, dtype=torch.float64, device=device, generator=_gen(device, seed + 1))
+    grads = torch.autograd.grad((y * G).sum(), [inputs[i] for i in op.grad_args])
+    ref_in = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs]
+    y_ref = op.reference(*ref_in, S)
+    ref_grads = torch.autograd.grad((y_ref * G).sum(), [ref_in[i] for i in op.grad_args])
+    errors = {"out": _rel(y.detach(), y_ref.detach())}
+    for i, g, r in zip(op.grad_args, grads, ref_grads):
+        errors[f"d_{op.names[i]}"] = _rel(g, r)
+    return errors
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_ms(fn, device, a) -> tuple[float, str]:
+    """Median ms per call and the timer used."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            do_bench = None
+        if do_bench is not None:
+            try:
+                return float(do_bench(fn, warmup=a.warmup_ms, rep=a.rep_ms, return_mode="median")), "do_bench"
+            except TypeError:  # older triton: no return_mode
+                return float(do_bench(fn, warmup=a.warmup_ms, rep=a.rep_ms, quantiles=[0.5])[0]), "do_bench"
+        for _ in range(a.warmup):
+            fn()
+        times = []
+        for _ in range(a.reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times), "cuda_events"
+    for _ in range(a.warmup):
+        fn()
+    times = []
+    for _ in range(a.reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), "host_clock"
+
+
+def time_variant(op: Op, fn, sets, device, cdt, a) -> dict:
+    """Forward (grad enabled) and forward + backward, each call on the next input set."""
+    grads = []
+    for inputs in sets:  # random output gradients shaped like this variant's outputs
+        with _autocast(device, cdt):
+            outs = _grad_outs(fn(*inputs))
+        grads.append([torch.randn_like(o) for o in outs])
+    fwd_sets, full_sets = itertools.cycle(sets), itertools.cycle(list(zip(sets, grads)))
+
+    def fwd():
+        with _autocast(device, cdt):
+            fn(*next(fwd_sets))
+
+    def fwd_bwd():
+        inputs, gout = next(full_sets)
+        with _autocast(device, cdt):
+            out = fn(*inputs)
+        torch.autograd.grad(_grad_outs(out), [inputs[i] for i in op.grad_args], gout)
+
+    fwd_ms, timer = bench_ms(fwd, device, a)
+    full_ms, _ = bench_ms(fwd_bwd, device, a)
+    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": full_ms, "timer": timer}
+
+
+def bind(fn0, S: Shape, cdt, compiled: bool):
+    """The variant called on the inputs alone. Compiled: torch.compile of the variant function ITSELF, one graph
+    (fullgraph), its constants passed as keywords: dynamo caches per code object, so a compiled wrapper shared
+    by the variants (a functools.partial, a closure) would hit the recompile limit (8) after 8 variants and run
+    the rest eagerly without an error."""
+    kw = dict(m=S.M, k=S.K, out_dtype=cdt)
+    target = torch.compile(fn0, dynamic=False, fullgraph=True) if compiled else fn0
+    return lambda *inputs: target(*inputs, **kw)
+
+
+def run_op(name: str, op: Op, S: Shape, device, cdt, a, result: dict, save, t_start: float) -> None:
+    cb = torch.finfo(cdt).bits // 8
+    sets = [op.make(S, device, cdt, _gen(device, 100 + i)) for i in range(a.sets)]
+    fwd_b, full_b, flops = floor_bytes(name, S, sets[0], cb)
+    floor = {"fwd_bytes": fwd_b, "fwd_bwd_bytes": full_b, "fwd_bwd_flops": flops,
+             "fwd_ms": fwd_b / a.bw * 1e3, "fwd_bwd_ms": full_b / a.bw * 1e3}
+    rows = {}
+    result["ops"][name] = {"floor": floor, "variants": rows}
+    for i, (vname, (fn0, compiled)) in enumerate(op.variants.items()):
+        rec = rows[vname] = {"compiled": compiled and a.compile}
+        _sync(device)
+        if time.perf_counter() - t_start > a.budget_s:
+            rec["status"] = "SKIPPED (budget)"
+            continue
+        fn = bind(fn0, S, cdt, rec["compiled"])
+        graphs, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+        try:
+            rec["errors"] = errors = check_variant(op, fn, S, device, cdt, seed=1000 + 10 * i)
+            _sync(device)
+            rec["check_s"] = time.perf_counter() - t0  # the compile happens here
+            rec["graphs"] = counters["stats"]["unique_graphs"] - graphs
+            if rec["compiled"] and rec["graphs"] != 1:  # guards against timing eager code as compiled
+                raise RuntimeError(f"{rec['graphs']} graphs compiled, not 1")
+            bad = [k for k, e in errors.items() if not e <= TOL[cdt]]  # NaN fails too
+            if bad:
+                rec["status"] = f"FAILED ({', '.join(bad)} over {TOL[cdt]:g})"
+            else:
+                rec.update(time_variant(op, fn, sets, device, cdt, a))
+                rec["fwd_ratio"] = rec["fwd_ms"] / floor["fwd_ms"]
+                rec["fwd_bwd_ratio"] = rec["fwd_bwd_ms"] / floor["fwd_bwd_ms"]
+                rec["status"] = "ok"
+        except Exception as e:  # one variant's failure (e.g. a lowering missing on this torch) must not end the run
+            rec["status"] = f"ERROR ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+        rec["variant_s"] = time.perf_counter() - t0
+        print(f"  {name}/{vname}: {rec['status']} ({rec['variant_s']:.1f} s)", flush=True)
+        save()
+    del sets
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# -- command line --------------------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--small", action="store_true", help=f"toy shapes for a smoke test: {SMALL}")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                   help="autocast compute dtype; default bf16 on CUDA, fp32 (no autocast) on CPU")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the compiled variants; default on CUDA only")
+    p.add_argument("--sets", type=int, default=3, help="input sets rotated through the timed calls")
+    p.add_argument("--bw", type=float, default=None, help="memory bandwidth for the floor, bytes/s")
+    p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (CUDA)")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench measuring time (CUDA)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up calls of the host or event timer")
+    p.add_argument("--reps", type=int, default=5, help="timed calls of the host or event timer")
+    p.add_argument("--budget-s", type=float, default=200.0, help="variants left after this many seconds are skipped")
+    p.add_argument("--out", default=None, help="write the JSON here (rewritten after every variant)")
+    a = p.parse_args(argv)
+    unknown = [o for o in a.ops.split(",") if o not in OPS]
+    if unknown:
+        p.error(f"--ops: unknown {unknown}; allowed: {','.join(OPS)}")
+    return a
+
+
+def device_info(device) -> tuple[str, float]:
+    """The device's name and its bandwidth for the floor (a CPU guess of 20 GB/s: the CPU ratios mean little)."""
+    if device.type != "cuda":
+        return "cpu", 20e9
+    name = torch.cuda.get_device_name(device)
+    return name, next((bw for key, bw in BANDWIDTH if key in name), 2.0e12)
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['device_name']} | torch {result['torch']} | {result['dtype']} | compile {result['compile']}"
+          f" | floor at {result['bw'] / 1e9:,.0f} GB/s")
+    print(f"{'op/variant':<26} {'fwd ms':>9} {'x floor':>8} {'fwd+bwd ms':>11} {'x floor':>8}  status")
+    for name, op in result["ops"].items():
+        f = op["floor"]
+        print(f"{name + ' (floor)':<26} {f['fwd_ms']:>9.3f} {'':>8} {f['fwd_bwd_ms']:>11.3f}")
+        for vname, r in op["variants"].items():
+            if r.get("status") == "ok":
+                print(f"  {vname:<24} {r['fwd_ms']:>9.3f} {r['fwd_ratio']:>8.1f} {r['fwd_bwd_ms']:>11.3f}"
+                      f" {r['fwd_bwd_ratio']:>8.1f}  ok")
+            else:
+                print(f"  {vname:<24} {'':>9} {'':>8} {'':>11} {'':>8}  {r.get('status')}")
+
+
+def main(argv=None) -> dict:
+    t_start = time.perf_counter()
+    a = parse_args(argv)
+    device = torch.device(a.device)
+    cdt = getattr(torch, a.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    a.compile = device.type == "cuda" if a.compile is None else a.compile
+    name, bw = device_info(device)
+    a.bw = a.bw or bw
+    S = SMALL if a.small else D12
+    result = {"device_name": name, "device": str(device), "torch": torch.__version__,
+              "command": " ".join(["python", "bench/mome_ops.py", *(sys.argv[1:] if argv is None else argv)]),
+              "dtype": str(cdt).removeprefix("torch."), "compile": a.compile, "shape": asdict(S), "bw": a.bw,
+              "sets": a.sets, "ops": {}}
+
+    def save():
+        result["wall_s"] = time.perf_counter() - t_start
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+
+    for op_name in a.ops.split(","):
+        print(f"{op_name}:", flush=True)
+        run_op(op_name, OPS[op_name], S, device, cdt, a, result, save, t_start)
+    save()
+    print_table(result)
+    print(f"wall {result['wall_s']:.1f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()

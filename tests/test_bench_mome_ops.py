@@ -1,0 +1,110 @@
+"""bench/mome_ops.py on the CPU at toy shapes: every variant computes the op's function (forward and gradients,
+against the float64 reference and against each other), the smoke run writes every op/variant, and the check can
+fail (a wrong variant is reported FAILED and not timed). No timing assertions."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from conftest import load_bench
+from nanochat.memory import mome_mix
+
+TINY_REPS = ["--reps", "1", "--warmup", "0", "--sets", "2"]
+
+
+@pytest.fixture
+def bench():
+    return load_bench("mome_ops")
+
+
+def _outputs_and_grads(bench, op, fn, inputs, S):
+    out = fn(*inputs)
+    y = bench.canonical(out, S.M)
+    G = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    grads = torch.autograd.grad((y * G).sum(), [inputs[i] for i in op.grad_args])
+    return [y.detach(), *grads]
+
+
+@pytest.mark.parametrize("op_name", ["rowmix", "gate", "shared", "kmix"])
+def test_variants_agree_with_the_reference_and_each_other_in_fp32(bench, op_name):
+    op, S = bench.OPS[op_name], bench.SMALL
+    for vname, (fn, _) in op.variants.items():
+        errors = bench.check_variant(op, bench.bind(fn, S, torch.float32, False), S,
+                                     torch.device("cpu"), torch.float32, seed=3)
+        assert set(errors) == {"out", *(f"d_{op.names[i]}" for i in op.grad_args)}
+        assert max(errors.values()) < 1e-6, (vname, errors)
+    # the same inputs through every variant: outputs and gradients equal to today's (the first variant's)
+    inputs = op.make(S, torch.device("cpu"), torch.float32, torch.Generator().manual_seed(5))
+    results = {v: _outputs_and_grads(bench, op, bench.bind(fn, S, torch.float32, False),
+                                     inputs, S) for v, (fn, _) in op.variants.items()}
+    first = next(iter(results.values()))
+    for vname, got in results.items():
+        for x, ref in zip(got, first):
+            torch.testing.assert_close(x.double(), ref.double(), rtol=1e-5, atol=1e-6, msg=f"{op_name}/{vname}")
+
+
+def test_todays_variants_are_the_library_paths(bench, monkeypatch):
+    """argmax passes == mome_mix.topk_indices on its CUDA branch; the plain variant == mome_mix's plain mix; the
+    bcast-sum row mix == mome_row_mix (eager: its einsum, the same function)."""
+    S, g = bench.SMALL, torch.Generator().manual_seed(2)
+    (logits,) = bench.make_gate(S, torch.device("cpu"), torch.float32, g)
+    monkeypatch.setattr(mome_mix, "TOPK_BY_ARGMAX", True)
+    assert torch.equal(bench._argmax_topk(logits, S.K), mome_mix.topk_indices(logits, S.K))
+    table, row, sel, w = bench.make_kmix(S, torch.device("cpu"), torch.float32, g)
+    monkeypatch.setattr(mome_mix, "MIX", "plain")
+    flat = row[..., None, None] * S.M + sel
+    ours = bench.table_plain(table, row, sel, w, m=S.M, k=S.K, out_dtype=torch.float32)
+    assert torch.equal(ours, mome_mix.mome_mix(table, flat, w))
+    rows = torch.nn.functional.embedding(bench._slots(row, S.M), table)
+    torch.testing.assert_close(bench.rowmix_bcast_sum(rows, sel, w, m=S.M, k=S.K, out_dtype=torch.float32),
+                               mome_mix.mome_row_mix(rows, mome_mix.slot_weights(sel, w, S.M)))
+
+
+def test_small_cpu_run_writes_every_op_and_variant(bench, tmp_path, capsys):
+    out = tmp_path / "ops.json"
+    bench.main(["--device", "cpu", "--small", "--out", str(out), *TINY_REPS])
+    result = json.loads(out.read_text())
+    assert result["device_name"] == "cpu" and result["torch"] == torch.__version__
+    assert result["command"].startswith("python bench/mome_ops.py --device cpu --small")
+    assert result["shape"] == dataclasses.asdict(bench.SMALL) and result["dtype"] == "float32"
+    assert list(result["ops"]) == list(bench.OPS)
+    for name, op in result["ops"].items():
+        assert list(op["variants"]) == list(bench.OPS[name].variants)
+        assert op["floor"]["fwd_bwd_bytes"] > op["floor"]["fwd_bytes"] > 0
+        for vname, r in op["variants"].items():
+            assert r["status"] == "ok", (name, vname, r)
+            assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and r["fwd_bwd_ratio"] > 0
+    printed = capsys.readouterr().out
+    assert "FAILED" not in printed and "x floor" in printed
+
+
+def test_a_wrong_variant_is_reported_failed_and_not_timed(bench, tmp_path, capsys):
+    rowmix = bench.OPS["rowmix"]
+
+    def wrong_forward(rows, sel, w, **kw):  # 0.1% too large: far over fp32's tolerance
+        return bench.rowmix_bcast_sum(rows, sel, w, **kw) * 1.001
+
+    def wrong_gradient(rows, sel, w, **kw):  # the right forward, a 1% larger gradient for rows and w
+        y = bench.rowmix_bcast_sum(rows, sel, w, **kw)
+        return y + 0.01 * (y - y.detach())
+
+    variants = dict(rowmix.variants, wrong_forward=(wrong_forward, True), wrong_gradient=(wrong_gradient, True))
+    bench.OPS["rowmix"] = dataclasses.replace(rowmix, variants=variants)
+    out = tmp_path / "ops.json"
+    bench.main(["--device", "cpu", "--small", "--ops", "rowmix", "--out", str(out), *TINY_REPS])
+    rows = json.loads(out.read_text())["ops"]["rowmix"]["variants"]
+    assert rows["bcast_sum"]["status"] == "ok"
+    assert rows["wrong_forward"]["status"].startswith("FAILED (out")
+    assert rows["wrong_gradient"]["status"] == "FAILED (d_rows, d_w over 1e-05)"
+    assert rows["wrong_gradient"]["errors"]["out"] < 1e-6
+    for r in (rows["wrong_forward"], rows["wrong_gradient"]):
+        assert "fwd_ms" not in r
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_rejects_unknown_op(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--ops", "rowmix,speed"])
+    assert "--ops: unknown ['speed']" in capsys.readouterr().err
