@@ -8,6 +8,8 @@ each checked against a float64 reference (forward and gradients) and then timed 
 Ops (shapes: B=32, T=2048, H=6 heads of d=128, M=6 slots, K=2, vocab 32768; the bigram-indexed table 6V rows):
 * ``rowmix``: rows (B, T, M, d) fp32 (the gathered slots of n_t, shared by the heads), sel/w (B, T, H, K) ->
   (B, T, H, d). Today's compiled row mix is ``bcast_sum`` (nanochat.memory.mome_mix.mome_row_mix).
+* ``gate_rowmix``: the gate and the row mix end to end, rows + logits -> (B, T, H, d), as inductor fuses them
+  in the model (the profile's 0.71 ms row-mix kernel has the gate's sigmoid in its name).
 * ``gate``: router logits (B, T, H, M) in the compute dtype -> the top-K slots and their sigmoid weights,
   normalised (MoMEMemory.route's fast path, ``argmax``), or those weights spread over M (``*_dense``: the row
   mix's input). Compared through the dense (B, T, H, M) form, so the order of the K slots does not matter.
@@ -49,7 +51,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from nanochat.memory.hashing import bigram_hash  # noqa: E402
 from nanochat.memory.mome import NORM_EPS  # noqa: E402
-from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference, slot_weights  # noqa: E402
+from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference, mome_row_mix, slot_weights  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,6 @@ def gate_max_pass(logits, *, m, k, out_dtype):
     return torch.cat(idx, dim=-1), _norm(torch.sigmoid(torch.cat(vals, dim=-1).float()))
 
 
-def gate_sigmoid_all(logits, *, m, k, out_dtype):
-    """sigmoid on all M logits (one pointwise pass), then the gather picks K of them."""
-    p = torch.sigmoid(logits.float())
-    return (sel := _argmax_topk(logits, k)), _norm(p.gather(-1, sel))
-
-
 def gate_argmax_dense(logits, *, m, k, out_dtype):
     """Today's row-mix input: the argmax path's weights spread over M by slot_weights."""
     sel, w = gate_argmax(logits, m=m, k=k, out_dtype=out_dtype)
@@ -137,25 +133,35 @@ def gate_mask_dense(logits, *, m, k, out_dtype):
 
 
 # -- the row mix: rows (B, T, M, d) shared by the heads, sel/w (B, T, H, K) -> (B, T, H, d) ---------------------
-def rowmix_bcast_sum(rows, sel, w, *, m, k, out_dtype):
-    """Today's compiled mome_row_mix: a broadcast multiply and a reduction over M."""
-    wd = slot_weights(sel, w, rows.size(2)).to(rows.dtype)
-    return (wd[..., None] * rows[:, :, None]).sum(dim=-2).to(out_dtype)
+def _mix_bcast_sum(rows, wd):
+    """Today's compiled mome_row_mix: dense weights (B, T, H, M), a broadcast multiply and a reduction over M."""
+    return (wd.to(rows.dtype)[..., None] * rows[:, :, None]).sum(dim=-2)
 
 
-def rowmix_unrolled(rows, sel, w, *, m, k, out_dtype):
+def _mix_unrolled(rows, wd):
     """M unrolled as fused multiply-adds: pointwise over (B, T, H, d), no reduction dimension."""
-    wd = slot_weights(sel, w, rows.size(2)).to(rows.dtype)
+    wd = wd.to(rows.dtype)
     out = wd[..., 0, None] * rows[:, :, None, 0]
     for s in range(1, rows.size(2)):
         out = out + wd[..., s, None] * rows[:, :, None, s]
-    return out.to(out_dtype)
+    return out
+
+
+def _mix_einsum(rows, wd):
+    """A batched GEMM (B*T of (H, M) x (M, d)); under autocast in bf16, so the rows' gradient is bf16 too."""
+    return torch.einsum("bthm,btmd->bthd", wd.to(rows.dtype), rows)
+
+
+def rowmix_bcast_sum(rows, sel, w, *, m, k, out_dtype):
+    return _mix_bcast_sum(rows, slot_weights(sel, w, rows.size(2))).to(out_dtype)
+
+
+def rowmix_unrolled(rows, sel, w, *, m, k, out_dtype):
+    return _mix_unrolled(rows, slot_weights(sel, w, rows.size(2))).to(out_dtype)
 
 
 def rowmix_einsum(rows, sel, w, *, m, k, out_dtype):
-    """A batched GEMM (B*T of (H, M) x (M, d)); under autocast in bf16, so the rows' gradient is bf16 too."""
-    wd = slot_weights(sel, w, rows.size(2)).to(rows.dtype)
-    return torch.einsum("bthm,btmd->bthd", wd, rows).to(out_dtype)
+    return _mix_einsum(rows, slot_weights(sel, w, rows.size(2))).to(out_dtype)
 
 
 def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
@@ -164,6 +170,24 @@ def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
     base = torch.arange(B * T, device=rows.device).view(B, T, 1, 1) * M
     picked = F.embedding(base + sel, rows.reshape(B * T * M, d))
     return (w.to(rows.dtype)[..., None] * picked).sum(dim=-2).to(out_dtype)
+
+
+# -- gate + row mix end to end: rows (B, T, M, d), logits (B, T, H, M) -> (B, T, H, d) ---------------------------
+# In the model inductor fuses the gate into the row mix (the profile's 0.71 ms kernel is named ..._sigmoid_sum_...)
+def gate_rowmix_today(rows, logits, *, m, k, out_dtype):
+    """Today: argmax passes, sigmoid-norm of the K logits, slot_weights, the bcast-sum row mix."""
+    return _mix_bcast_sum(rows, gate_argmax_dense(logits, m=m, k=k, out_dtype=out_dtype)).to(out_dtype)
+
+
+def gate_rowmix_mask_unrolled(rows, logits, *, m, k, out_dtype):
+    """No index tensors at all: the mask-dense gate and the unrolled mix."""
+    return _mix_unrolled(rows, gate_mask_dense(logits, m=m, k=k, out_dtype=out_dtype)).to(out_dtype)
+
+
+def gate_rowmix_kgather(rows, logits, *, m, k, out_dtype):
+    """Today's gate, then each head's K slots gathered from the rows (no dense weights)."""
+    sel, w = gate_argmax(logits, m=m, k=k, out_dtype=out_dtype)
+    return rowmix_kgather(rows, sel, w, m=m, k=k, out_dtype=out_dtype)
 
 
 # -- the mix from a table: table (N*M, d), row ids n_t (B, T), sel/w (B, T, H, K) -> (B, T, H, d) ---------------
@@ -212,8 +236,9 @@ def table_rowmix(table, row, sel, w, *, m, k, out_dtype):
     return rowmix_bcast_sum(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
 
 
-def table_rowmix_unrolled(table, row, sel, w, *, m, k, out_dtype):
-    return rowmix_unrolled(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
+def table_rowmix_eager(table, row, sel, w, *, m, k, out_dtype):
+    """Today's EAGER row mix (mome_row_mix outside compile: an fp32 einsum) on aten's embedding backward."""
+    return mome_row_mix(F.embedding(_slots(row, m), table), slot_weights(sel, w, m)).to(out_dtype)
 
 
 def table_rowmix_index_add(table, row, sel, w, *, m, k, out_dtype):
@@ -252,6 +277,11 @@ def make_rowmix(S, device, cdt, g):
     return [rows.requires_grad_(), *_sel_w(S, device, g)]
 
 
+def make_gate_rowmix(S, device, cdt, g):
+    rows = torch.randn(S.B, S.T, S.M, S.d, device=device, generator=g)
+    return [rows.requires_grad_(), *make_gate(S, device, cdt, g)]
+
+
 def make_kmix(S, device, cdt, g):
     table = torch.randn(S.V * S.M, S.d, device=device, generator=g).requires_grad_()
     return [table, token_ids(S, device, g), *_sel_w(S, device, g)]
@@ -273,6 +303,11 @@ def ref_rowmix(rows, sel, w, S):
     return (w[..., None] * picked).sum(dim=-2)
 
 
+def ref_gate_rowmix(rows, logits, S):
+    sel = logits.topk(S.K, dim=-1).indices
+    return ref_rowmix(rows, sel, _norm(torch.sigmoid(logits.gather(-1, sel))), S)
+
+
 def ref_table(table, row, sel, w, S):
     return (w[..., None] * table[_flat(row, sel, S.M)]).sum(dim=-2)
 
@@ -288,6 +323,7 @@ def canonical(out, m: int) -> torch.Tensor:
 def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     """(forward bytes, forward + backward bytes, forward + backward FLOPs), compulsory traffic only.
     N = B*T tokens, cb = compute-dtype bytes, ids int64, weights and tables fp32.
+    gate_rowmix: rowmix's with the logits (read in fwd and bwd, grad written) in place of sel and w.
     gate: fwd reads logits N*H*M*cb, writes sel + w N*H*K*(8+4); bwd reads grad w N*H*K*4 and logits again,
       writes grad logits N*H*M*cb.
     rowmix: fwd reads rows N*M*d*4, sel + w, writes out N*H*d*cb; bwd reads grad out, rows, sel + w, writes
@@ -304,6 +340,9 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     if op == "rowmix":
         fwd = N * M * d * 4 + sw + N * H * d * cb
         return fwd, fwd + N * H * d * cb + N * M * d * 8 + sw + N * H * K * 4, flops
+    if op == "gate_rowmix":  # rowmix's counts with the logits N*H*M*cb in place of sel + w
+        fwd = N * M * d * 4 + N * H * M * cb + N * H * d * cb
+        return fwd, fwd + N * H * d * cb + N * M * d * 8 + N * H * M * cb * 2, flops
     table, row, sel = inputs[0], inputs[1], inputs[2]
     u = int(torch.unique(_flat(row, sel, M)).numel()) * d * 4
     fwd = N * 8 + sw + u + N * H * d * cb
@@ -324,14 +363,15 @@ def default_ops() -> dict[str, Op]:
         "rowmix": Op(make_rowmix, ("rows", "sel", "w"), (0, 2), ref_rowmix, {
             "bcast_sum": (rowmix_bcast_sum, True), "unrolled": (rowmix_unrolled, True),
             "einsum": (rowmix_einsum, True), "kgather": (rowmix_kgather, True)}),
+        "gate_rowmix": Op(make_gate_rowmix, ("rows", "logits"), (0, 1), ref_gate_rowmix, {
+            "today": (gate_rowmix_today, True), "mask_unrolled": (gate_rowmix_mask_unrolled, True),
+            "kgather": (gate_rowmix_kgather, True)}),
         "gate": Op(make_gate, ("logits",), (0,), ref_gate, {
             "argmax": (gate_argmax, True), "topk": (gate_topk, True), "max_pass": (gate_max_pass, True),
-            "sigmoid_all": (gate_sigmoid_all, True), "argmax_dense": (gate_argmax_dense, True),
-            "mask_dense": (gate_mask_dense, True)}),
+            "argmax_dense": (gate_argmax_dense, True), "mask_dense": (gate_mask_dense, True)}),
         "shared": Op(make_shared, ("table", "row", "sel", "w"), (0, 3), ref_table, {
-            "rowmix": (table_rowmix, True), "rowmix_unrolled": (table_rowmix_unrolled, True),
-            "rowmix_index_add": (table_rowmix_index_add, True), "plain": (table_plain, True),
-            "rowmix_eager": (table_rowmix, False)}),
+            "rowmix": (table_rowmix, True), "rowmix_index_add": (table_rowmix_index_add, True),
+            "plain": (table_plain, True), "rowmix_eager": (table_rowmix_eager, False)}),
         "kmix": Op(make_kmix, ("table", "row", "sel", "w"), (0, 3), ref_table, {
             "plain": (table_plain, True), "index_add": (table_index_add, True), "bag": (table_bag, True),
             "rowmix": (table_rowmix, True), "plain_eager": (table_plain, False)}),
@@ -378,7 +418,7 @@ def _sync(device) -> None:
 
 
 def bench_ms(fn, device, a) -> tuple[float, str]:
-    """Median ms per call and the timer used."""
+    """Median ms per call and the timer used: do_bench on CUDA, CUDA events without triton, else a host clock."""
     if device.type == "cuda":
         try:
             from triton.testing import do_bench
@@ -389,27 +429,22 @@ def bench_ms(fn, device, a) -> tuple[float, str]:
                 return float(do_bench(fn, warmup=a.warmup_ms, rep=a.rep_ms, return_mode="median")), "do_bench"
             except TypeError:  # older triton: no return_mode
                 return float(do_bench(fn, warmup=a.warmup_ms, rep=a.rep_ms, quantiles=[0.5])[0]), "do_bench"
-        for _ in range(a.warmup):
-            fn()
-        times = []
-        for _ in range(a.reps):
+    for _ in range(a.warmup):
+        fn()
+    times = []
+    for _ in range(a.reps):
+        if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
-        return statistics.median(times), "cuda_events"
-    for _ in range(a.warmup):
-        fn()
-    times = []
-    for _ in range(a.reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), "host_clock"
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), "cuda_events" if device.type == "cuda" else "host_clock"
 
 
 def time_variant(op: Op, fn, sets, device, cdt, a) -> dict:
