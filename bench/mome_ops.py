@@ -1,36 +1,29 @@
-"""MoME's per-layer ops in isolation at d12 shapes: several variants of each op that compute the same function,
-each checked against a float64 reference (forward and gradients) and then timed forward and forward + backward.
+"""MoME's per-layer ops in isolation at d12 shapes: variants of each op that compute the same function, each
+checked against a float64 reference (forward and gradients; a disagreeing variant is FAILED, not timed), then
+timed forward and forward + backward.
 
-    python bench/mome_ops.py --out bench/results/mome_ops_cuda_h100.json        # CUDA: bf16 autocast, compiled
-    python bench/mome_ops.py --ops rowmix,gate                                 # a subset of the ops
-    python bench/mome_ops.py --device cpu --small                              # smoke test (eager, fp32)
+    python bench/mome_ops.py --out bench/results/mome_ops_cuda_h100.json   # CUDA: bf16 autocast, compiled
+    python bench/mome_ops.py --ops rowmix,gate                            # a subset of the ops
+    python bench/mome_ops.py --device cpu --small                         # smoke test (eager, fp32)
 
-Ops (shapes: B=32, T=2048, H=6 heads of d=128, M=6 slots, K=2, vocab 32768; the bigram-indexed table 6V rows):
-* ``rowmix``: rows (B, T, M, d) fp32 (the gathered slots of n_t, shared by the heads), sel/w (B, T, H, K) ->
-  (B, T, H, d). Today's compiled row mix is ``bcast_sum`` (nanochat.memory.mome_mix.mome_row_mix).
-* ``gate_rowmix``: the gate and the row mix end to end, rows + logits -> (B, T, H, d), as inductor fuses them
+Ops (B=32, T=2048, H=6 heads of d=128, M=6 slots, K=2, vocab V=32768; the first variant is today's path):
+* ``rowmix``: rows (B, T, M, d) fp32 (n_t's slots, shared by the heads), sel/w (B, T, H, K) -> (B, T, H, d).
+* ``gate_rowmix``: logits (B, T, H, M) + rows -> (B, T, H, d), the gate and the row mix as inductor fuses them
   in the model (the profile's 0.71 ms row-mix kernel has the gate's sigmoid in its name).
-* ``gate``: router logits (B, T, H, M) in the compute dtype -> the top-K slots and their sigmoid weights,
-  normalised (MoMEMemory.route's fast path, ``argmax``), or those weights spread over M (``*_dense``: the row
-  mix's input). Compared through the dense (B, T, H, M) form, so the order of the K slots does not matter.
-* ``kmix``: a per-layer table (V*M, d) fp32, token ids (B, T), sel/w -> the K-row mix (B, T, H, d): today's
-  CUDA ``plain`` mix; its backward is the table-gradient scatter.
-* ``shared``: the same function on the bigram-indexed table (6V*M, d) shared by every memory layer, one
-  layer's worth (the model gathers n_t's M slots once and scatters one gradient per micro-step, as here).
-Token ids are Zipf-distributed over the vocabulary (frequent tokens: scatter collisions, as in text); the bigram
-rows are nanochat's hash of them. Logits are tie-free (distinct by 0.3 or more), so every selection variant picks
-the same slots; weights and tables are random, never zero.
+* ``gate``: logits -> the top-K slots and their normalised sigmoid weights (MoMEMemory.route's fast path), or
+  the weights spread over M (``*_dense``, the row mix's input); compared in the dense form (slot order free).
+* ``kmix``: a per-layer table (V*M, d) fp32, token ids (B, T), sel/w -> the K-row mix; its backward is the
+  table-gradient scatter. ``shared``: the same on the bigram-indexed table (6V*M, d), one layer's worth.
+Token ids are Zipf over the vocabulary (scatter collisions as in text), bigram rows nanochat's hash of them;
+logits are tie-free (0.3 apart), so every selection variant picks the same slots; nothing is zero.
 
-Timing: ``triton.testing.do_bench`` (median, its warm-up and L2 flush) on CUDA, else a host clock after a
-synchronize; every call takes the next of --sets input sets. Forward is timed with grad enabled (the training
-forward, which saves for backward), forward + backward as ``torch.autograd.grad`` of the outputs with random
-output gradients. Each compiled variant is ONE graph (``torch.compile(dynamic=False)``, the same shapes and
-grad flags in the check and in the timings). ``*_eager`` variants are not compiled: aten's CUDA kernels
-(embedding's sort-based backward) against inductor's.
-Floor: every op is memory-bound (FLOPs are <1% of the bytes' time at 67 TFLOP/s fp32), so the floor is the
-compulsory bytes / --bw: each input read once, each output written once, each distinct table row read once per
-pass, the dense table gradient written once (counts in ``floor_bytes``). The CUDA run writes JSON after every
-variant, so a run cut short keeps what it measured; --budget-s skips the variants left after that many seconds.
+Timing: ``triton.testing.do_bench`` (median, warm-up, L2 flush) on CUDA, else a host clock; each call takes the
+next of --sets input sets. Forward with grad enabled (the training forward), forward + backward as
+``torch.autograd.grad`` with random output gradients. On CUDA also the kernels' device time per call
+(torch.profiler), free of the host's launch gaps. A compiled variant is ONE graph (fullgraph, dynamic=False);
+``*_eager`` variants run aten's kernels (embedding's sort-based CUDA backward). Floor: compulsory bytes /
+--bw (``floor_bytes``; FLOPs are negligible). JSON is rewritten after every variant; --budget-s skips the
+variants left after that many seconds, so a cut-short run keeps what it measured.
 """
 
 import argparse
@@ -278,8 +271,7 @@ def make_rowmix(S, device, cdt, g):
 
 
 def make_gate_rowmix(S, device, cdt, g):
-    rows = torch.randn(S.B, S.T, S.M, S.d, device=device, generator=g)
-    return [rows.requires_grad_(), *make_gate(S, device, cdt, g)]
+    return [make_rowmix(S, device, cdt, g)[0], *make_gate(S, device, cdt, g)]
 
 
 def make_kmix(S, device, cdt, g):
@@ -292,9 +284,13 @@ def make_shared(S, device, cdt, g):
     return [table, bigram_hash(token_ids(S, device, g), S.n * S.V), *_sel_w(S, device, g)]
 
 
-def ref_gate(logits, S):
+def _ref_sel_w(logits, S):
     sel = logits.topk(S.K, dim=-1).indices
-    return slot_weights(sel, _norm(torch.sigmoid(logits.gather(-1, sel))), S.M)
+    return sel, _norm(torch.sigmoid(logits.gather(-1, sel)))
+
+
+def ref_gate(logits, S):
+    return slot_weights(*_ref_sel_w(logits, S), S.M)
 
 
 def ref_rowmix(rows, sel, w, S):
@@ -304,8 +300,7 @@ def ref_rowmix(rows, sel, w, S):
 
 
 def ref_gate_rowmix(rows, logits, S):
-    sel = logits.topk(S.K, dim=-1).indices
-    return ref_rowmix(rows, sel, _norm(torch.sigmoid(logits.gather(-1, sel))), S)
+    return ref_rowmix(rows, *_ref_sel_w(logits, S), S)
 
 
 def ref_table(table, row, sel, w, S):
@@ -321,16 +316,13 @@ def canonical(out, m: int) -> torch.Tensor:
 
 
 def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
-    """(forward bytes, forward + backward bytes, forward + backward FLOPs), compulsory traffic only.
-    N = B*T tokens, cb = compute-dtype bytes, ids int64, weights and tables fp32.
-    gate_rowmix: rowmix's with the logits (read in fwd and bwd, grad written) in place of sel and w.
-    gate: fwd reads logits N*H*M*cb, writes sel + w N*H*K*(8+4); bwd reads grad w N*H*K*4 and logits again,
-      writes grad logits N*H*M*cb.
-    rowmix: fwd reads rows N*M*d*4, sel + w, writes out N*H*d*cb; bwd reads grad out, rows, sel + w, writes
-      grad rows N*M*d*4 and grad w N*H*K*4. FLOPs 2*N*H*K*d forward, twice that backward.
-    kmix/shared: fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u*d*4, u counted on the
-      inputs), writes out; bwd reads grad out, those rows again (for grad w), writes the dense table gradient
-      once (rows*d*4: its zero-fill and the scatter fused) and grad w."""
+    """(fwd bytes, fwd+bwd bytes, fwd+bwd FLOPs), compulsory traffic. N = B*T, cb = compute-dtype bytes, ids int64,
+    weights and tables fp32. gate: fwd reads logits N*H*M*cb, writes sel + w N*H*K*(8+4); bwd reads grad w and
+    the logits, writes grad logits. rowmix: fwd reads rows N*M*d*4, sel + w, writes out N*H*d*cb; bwd reads grad
+    out, rows, sel + w, writes grad rows and grad w. gate_rowmix: rowmix's, the logits in place of sel + w.
+    kmix/shared: fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u rows, counted on the inputs),
+    writes out; bwd reads grad out and the u rows (for grad w), writes the dense table gradient once (its
+    zero-fill and scatter fused) and grad w. FLOPs 2*N*H*K*d forward, twice that backward."""
     N, H, M, K, d = S.B * S.T, S.H, S.M, S.K, S.d
     sw = N * H * K * 12  # sel int64 + w fp32
     flops = 6 * N * H * K * d
@@ -406,10 +398,8 @@ def check_variant(op: Op, fn, S: Shape, device, cdt, seed: int) -> dict[str, flo
     ref_in = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs]
     y_ref = op.reference(*ref_in, S)
     ref_grads = torch.autograd.grad((y_ref * G).sum(), [ref_in[i] for i in op.grad_args])
-    errors = {"out": _rel(y.detach(), y_ref.detach())}
-    for i, g, r in zip(op.grad_args, grads, ref_grads):
-        errors[f"d_{op.names[i]}"] = _rel(g, r)
-    return errors
+    return {"out": _rel(y.detach(), y_ref.detach()),
+            **{f"d_{op.names[i]}": _rel(g, r) for i, g, r in zip(op.grad_args, grads, ref_grads)}}
 
 
 def _sync(device) -> None:
@@ -434,12 +424,12 @@ def bench_ms(fn, device, a) -> tuple[float, str]:
     times = []
     for _ in range(a.reps):
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            events[0].record()
             fn()
-            end.record()
+            events[1].record()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(events[0].elapsed_time(events[1]))
         else:
             t0 = time.perf_counter()
             fn()
@@ -468,7 +458,32 @@ def time_variant(op: Op, fn, sets, device, cdt, a) -> dict:
 
     fwd_ms, timer = bench_ms(fwd, device, a)
     full_ms, _ = bench_ms(fwd_bwd, device, a)
-    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": full_ms, "timer": timer}
+    rec = {"fwd_ms": fwd_ms, "fwd_bwd_ms": full_ms, "timer": timer}
+    if device.type == "cuda" and a.kernels:
+        try:
+            rec["kernel_fwd_ms"] = kernel_profile(fwd)[0]
+            rec["kernel_fwd_bwd_ms"], rec["top_kernels"] = kernel_profile(fwd_bwd)
+        except Exception as e:  # the profiler is a second opinion: its failure must not lose the timings
+            rec["kernel_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return rec
+
+
+def kernel_profile(fn, calls: int = 3) -> tuple[float, list]:
+    """Device time per call summed over its kernels (torch.profiler), free of host overhead: do_bench's events
+    also count the GPU's idle gaps when an op's kernels are shorter than its Python and dispatch cost; and the
+    three longest kernels per call, named as in the training-step profiles."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_call = sorted(((getattr(e, "self_device_time_total", 0) / calls / 1e3, e.key) for e in prof.key_averages()),
+                      reverse=True)
+    per_call = [(ms, name) for ms, name in per_call if ms > 0]  # kernels, memsets, copies: the device's work
+    return sum(ms for ms, _ in per_call), [[name[:100], ms] for ms, name in per_call[:3]]
 
 
 def bind(fn0, S: Shape, cdt, compiled: bool):
@@ -508,10 +523,8 @@ def run_op(name: str, op: Op, S: Shape, device, cdt, a, result: dict, save, t_st
             if bad:
                 rec["status"] = f"FAILED ({', '.join(bad)} over {TOL[cdt]:g})"
             else:
-                rec.update(time_variant(op, fn, sets, device, cdt, a))
-                rec["fwd_ratio"] = rec["fwd_ms"] / floor["fwd_ms"]
-                rec["fwd_bwd_ratio"] = rec["fwd_bwd_ms"] / floor["fwd_bwd_ms"]
-                rec["status"] = "ok"
+                rec.update(time_variant(op, fn, sets, device, cdt, a), status="ok")
+                rec.update({f"{k}_ratio": rec[f"{k}_ms"] / floor[f"{k}_ms"] for k in ("fwd", "fwd_bwd")})
         except Exception as e:  # one variant's failure (e.g. a lowering missing on this torch) must not end the run
             rec["status"] = f"ERROR ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
         rec["variant_s"] = time.perf_counter() - t0
@@ -538,6 +551,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench measuring time (CUDA)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up calls of the host or event timer")
     p.add_argument("--reps", type=int, default=5, help="timed calls of the host or event timer")
+    p.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
+                   help="CUDA: also sum the kernels' device time per call with torch.profiler")
     p.add_argument("--budget-s", type=float, default=200.0, help="variants left after this many seconds are skipped")
     p.add_argument("--out", default=None, help="write the JSON here (rewritten after every variant)")
     a = p.parse_args(argv)
@@ -556,18 +571,17 @@ def device_info(device) -> tuple[str, float]:
 
 
 def print_table(result: dict) -> None:
+    """ms per call (do_bench or host clock; on CUDA also the kernels' device time) and multiples of the floor."""
     print(f"\n{result['device_name']} | torch {result['torch']} | {result['dtype']} | compile {result['compile']}"
-          f" | floor at {result['bw'] / 1e9:,.0f} GB/s")
-    print(f"{'op/variant':<26} {'fwd ms':>9} {'x floor':>8} {'fwd+bwd ms':>11} {'x floor':>8}  status")
+          f" | floor at {result['bw'] / 1e9:,.0f} GB/s | fwd, fwd+bwd: ms per call (x floor)")
+    print(f"{'op/variant':<24} {'fwd':>16} {'fwd+bwd':>16} {'kernels fwd':>16} {'kernels fwd+bwd':>16}  status")
     for name, op in result["ops"].items():
         f = op["floor"]
-        print(f"{name + ' (floor)':<26} {f['fwd_ms']:>9.3f} {'':>8} {f['fwd_bwd_ms']:>11.3f}")
+        print(f"{name + ' floor':<24} {f['fwd_ms']:>16.3f} {f['fwd_bwd_ms']:>16.3f}")
         for vname, r in op["variants"].items():
-            if r.get("status") == "ok":
-                print(f"  {vname:<24} {r['fwd_ms']:>9.3f} {r['fwd_ratio']:>8.1f} {r['fwd_bwd_ms']:>11.3f}"
-                      f" {r['fwd_bwd_ratio']:>8.1f}  ok")
-            else:
-                print(f"  {vname:<24} {'':>9} {'':>8} {'':>11} {'':>8}  {r.get('status')}")
+            cells = [f"{r[k]:.3f} ({r[k] / f[k.removeprefix('kernel_')]:.1f}x)" if k in r else "-"
+                     for k in ("fwd_ms", "fwd_bwd_ms", "kernel_fwd_ms", "kernel_fwd_bwd_ms")]
+            print(f"  {vname:<22} " + " ".join(f"{c:>16}" for c in cells) + f"  {r.get('status')}")
 
 
 def main(argv=None) -> dict:
