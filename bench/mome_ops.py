@@ -593,7 +593,7 @@ def main(argv=None) -> dict:
     name, bw = device_info(device)
     a.bw = a.bw or bw
     S = SMALL if a.small else D12
-    result = {"device_name": name, "device": str(device), "torch": torch.__version__,
+    result = {"device_name": name, "device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
               "command": " ".join(["python", "bench/mome_ops.py", *(sys.argv[1:] if argv is None else argv)]),
               "dtype": str(cdt).removeprefix("torch."), "compile": a.compile, "shape": asdict(S), "bw": a.bw,
               "sets": a.sets, "ops": {}}

@@ -108,3 +108,80 @@ def test_rejects_unknown_op(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--ops", "rowmix,speed"])
     assert "--ops: unknown ['speed']" in capsys.readouterr().err
+
+
+def test_table_prints_cuda_kernel_columns(bench, capsys):
+    """The CUDA-only fields (kernel times from torch.profiler) as the table prints them: this runs nowhere else."""
+    floor = {"fwd_ms": 0.1, "fwd_bwd_ms": 0.4}
+    ok = {"status": "ok", "fwd_ms": 0.3, "fwd_bwd_ms": 1.2, "kernel_fwd_ms": 0.2, "kernel_fwd_bwd_ms": 0.8}
+    bench.print_table({"device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "dtype": "bfloat16",
+                       "compile": True, "bw": 3.35e12,
+                       "ops": {"rowmix": {"floor": floor, "variants": {"bcast_sum": ok, "x": {"status": "FAILED"}}}}})
+    printed = capsys.readouterr().out
+    assert "0.200 (2.0x)" in printed and "0.800 (2.0x)" in printed and "1.200 (3.0x)" in printed
+    assert "FAILED" in printed
+
+
+def test_kernel_profile_sums_device_time_per_call(bench, monkeypatch):
+    """kernel_profile's reading of torch.profiler (CUDA only) on a stand-in profiler: device time (us) per call
+    in ms, host-side events (no device time) left out, the longest kernels first."""
+    from types import SimpleNamespace
+
+    import torch.profiler
+
+    events = [SimpleNamespace(key="triton_red_fused_mix", self_device_time_total=600.0),
+              SimpleNamespace(key="cudaLaunchKernel", self_device_time_total=0.0),
+              SimpleNamespace(key="embedding_dense_backward", self_device_time_total=1500.0)]
+
+    class FakeProfile:
+        def __init__(self, activities):
+            assert activities == [torch.profiler.ProfilerActivity.CUDA]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return events
+
+    calls = []
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    total, top = bench.kernel_profile(lambda: calls.append(1), calls=3)
+    assert len(calls) == 4  # one warm call, then the 3 profiled
+    assert total == pytest.approx(0.7) and top == [["embedding_dense_backward", 0.5], ["triton_red_fused_mix", 0.2]]
+
+
+def test_bench_ms_falls_back_to_cuda_events_without_triton(bench, monkeypatch):
+    """No triton: CUDA events around each call (stand-ins here; this machine has no GPU), median of --reps."""
+    import builtins
+    from types import SimpleNamespace
+
+    real_import = builtins.__import__
+
+    def no_triton(name, *args, **kwargs):
+        if name.startswith("triton"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    clock = iter(range(100))
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            self.t = None
+
+        def record(self):
+            self.t = next(clock)
+
+        def elapsed_time(self, end):
+            return float(end.t - self.t)
+
+    calls = []
+    monkeypatch.setattr(builtins, "__import__", no_triton)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    a = SimpleNamespace(warmup=2, reps=3, warmup_ms=25.0, rep_ms=100.0)
+    ms, timer = bench.bench_ms(lambda: calls.append(1), SimpleNamespace(type="cuda"), a)
+    assert (ms, timer, len(calls)) == (1.0, "cuda_events", 5)
