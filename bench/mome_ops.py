@@ -24,6 +24,7 @@ next of --sets input sets. Forward with grad enabled (the training forward), for
 ``*_eager`` variants run aten's kernels (embedding's sort-based CUDA backward). Floor: compulsory bytes /
 --bw (``floor_bytes``; FLOPs are negligible). JSON is rewritten after every variant; --budget-s skips the
 variants left after that many seconds, so a cut-short run keeps what it measured.
+The variants live in bench/mome_ops_variants.py; this file holds the inputs, references, floors and the harness.
 """
 
 import argparse
@@ -36,15 +37,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# the repository (nanochat) and this directory (the variants module beside this file, importable as when the file
+# runs as a script; tests load this file by path)
+for path in (str(REPO), str(REPO / "bench")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+import mome_ops_variants as V  # noqa: E402
 from nanochat.memory.hashing import bigram_hash  # noqa: E402
-from nanochat.memory.mome import NORM_EPS  # noqa: E402
-from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference, mome_row_mix, slot_weights  # noqa: E402
+from nanochat.memory.mome_mix import slot_weights  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -67,178 +70,6 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # norm-wise relative error vs
 BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12), ("A100", 2.0e12))
 
 
-# -- selection and gate weights: (B, T, H, M) logits -> (sel, w) over K, or dense weights over M ----------------
-def _norm(w: torch.Tensor) -> torch.Tensor:
-    return w / (w.sum(dim=-1, keepdim=True) + NORM_EPS)
-
-
-def _argmax_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """nanochat.memory.mome_mix.topk_indices's CUDA branch (k masked argmax passes), copied so the variant does
-    not depend on that module's device switch (tests/test_bench_mome_ops.py checks they agree)."""
-    slots = torch.arange(scores.size(-1), device=scores.device)
-    picked = []
-    for _ in range(k):
-        i = scores.argmax(dim=-1, keepdim=True)
-        picked.append(i)
-        scores = scores.masked_fill(slots == i, float("-inf"))
-    return torch.cat(picked, dim=-1)
-
-
-def gate_argmax(logits, *, m, k, out_dtype):
-    """Today's CUDA path (MoMEMemory.route, sigmoid fast path): argmax passes, gather K logits, sigmoid, norm."""
-    sel = _argmax_topk(logits, k)
-    return sel, _norm(torch.sigmoid(logits.gather(-1, sel).float()))
-
-
-def gate_topk(logits, *, m, k, out_dtype):
-    """torch.topk gives values and indices at once (no gather); a radix-select kernel of its own on CUDA."""
-    top = logits.topk(k, dim=-1, sorted=False)
-    return top.indices, _norm(torch.sigmoid(top.values.float()))
-
-
-def gate_max_pass(logits, *, m, k, out_dtype):
-    """k passes of max() returning values AND indices: no gather of the selected logits."""
-    slots = torch.arange(logits.size(-1), device=logits.device)
-    scores, vals, idx = logits, [], []
-    for _ in range(k):
-        v, i = scores.max(dim=-1, keepdim=True)
-        vals.append(v)
-        idx.append(i)
-        scores = scores.masked_fill(slots == i, float("-inf"))
-    return torch.cat(idx, dim=-1), _norm(torch.sigmoid(torch.cat(vals, dim=-1).float()))
-
-
-def gate_argmax_dense(logits, *, m, k, out_dtype):
-    """Today's row-mix input: the argmax path's weights spread over M by slot_weights."""
-    sel, w = gate_argmax(logits, m=m, k=k, out_dtype=out_dtype)
-    return slot_weights(sel, w, logits.size(-1))
-
-
-def gate_mask_dense(logits, *, m, k, out_dtype):
-    """Dense weights with no index tensors: k argmax passes build a mask (exactly k slots even with ties),
-    sigmoid on all M, zero off the mask, normalise over M."""
-    slots = torch.arange(logits.size(-1), device=logits.device)
-    scores, mask = logits, torch.zeros_like(logits, dtype=torch.bool)
-    for _ in range(k):
-        hit = slots == scores.argmax(dim=-1, keepdim=True)
-        mask, scores = mask | hit, scores.masked_fill(hit, float("-inf"))
-    return _norm(torch.where(mask, torch.sigmoid(logits.float()), 0.0))
-
-
-# -- the row mix: rows (B, T, M, d) shared by the heads, sel/w (B, T, H, K) -> (B, T, H, d) ---------------------
-def _mix_bcast_sum(rows, wd):
-    """Today's compiled mome_row_mix: dense weights (B, T, H, M), a broadcast multiply and a reduction over M."""
-    return (wd.to(rows.dtype)[..., None] * rows[:, :, None]).sum(dim=-2)
-
-
-def _mix_unrolled(rows, wd):
-    """M unrolled as fused multiply-adds: pointwise over (B, T, H, d), no reduction dimension."""
-    wd = wd.to(rows.dtype)
-    out = wd[..., 0, None] * rows[:, :, None, 0]
-    for s in range(1, rows.size(2)):
-        out = out + wd[..., s, None] * rows[:, :, None, s]
-    return out
-
-
-def _mix_einsum(rows, wd):
-    """A batched GEMM (B*T of (H, M) x (M, d)); under autocast in bf16, so the rows' gradient is bf16 too."""
-    return torch.einsum("bthm,btmd->bthd", wd.to(rows.dtype), rows)
-
-
-def rowmix_bcast_sum(rows, sel, w, *, m, k, out_dtype):
-    return _mix_bcast_sum(rows, slot_weights(sel, w, rows.size(2))).to(out_dtype)
-
-
-def rowmix_unrolled(rows, sel, w, *, m, k, out_dtype):
-    return _mix_unrolled(rows, slot_weights(sel, w, rows.size(2))).to(out_dtype)
-
-
-def rowmix_einsum(rows, sel, w, *, m, k, out_dtype):
-    return _mix_einsum(rows, slot_weights(sel, w, rows.size(2))).to(out_dtype)
-
-
-def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
-    """The K-row mix on the same gathered rows: gather each head's K slots (B, T, H, K, d), weighted sum."""
-    B, T, M, d = rows.shape
-    base = torch.arange(B * T, device=rows.device).view(B, T, 1, 1) * M
-    picked = F.embedding(base + sel, rows.reshape(B * T * M, d))
-    return (w.to(rows.dtype)[..., None] * picked).sum(dim=-2).to(out_dtype)
-
-
-# -- gate + row mix end to end: rows (B, T, M, d), logits (B, T, H, M) -> (B, T, H, d) ---------------------------
-# In the model inductor fuses the gate into the row mix (the profile's 0.71 ms kernel is named ..._sigmoid_sum_...)
-def gate_rowmix_today(rows, logits, *, m, k, out_dtype):
-    """Today: argmax passes, sigmoid-norm of the K logits, slot_weights, the bcast-sum row mix."""
-    return _mix_bcast_sum(rows, gate_argmax_dense(logits, m=m, k=k, out_dtype=out_dtype)).to(out_dtype)
-
-
-def gate_rowmix_mask_unrolled(rows, logits, *, m, k, out_dtype):
-    """No index tensors at all: the mask-dense gate and the unrolled mix."""
-    return _mix_unrolled(rows, gate_mask_dense(logits, m=m, k=k, out_dtype=out_dtype)).to(out_dtype)
-
-
-def gate_rowmix_kgather(rows, logits, *, m, k, out_dtype):
-    """Today's gate, then each head's K slots gathered from the rows (no dense weights)."""
-    sel, w = gate_argmax(logits, m=m, k=k, out_dtype=out_dtype)
-    return rowmix_kgather(rows, sel, w, m=m, k=k, out_dtype=out_dtype)
-
-
-# -- the mix from a table: table (N*M, d), row ids n_t (B, T), sel/w (B, T, H, K) -> (B, T, H, d) ---------------
-class GatherIndexAdd(torch.autograd.Function):
-    """table[ids] whose backward is an explicit zeros + index_add_ (embedding's backward in another form)."""
-
-    @staticmethod
-    def forward(ctx, table, ids):
-        ctx.save_for_backward(ids)
-        ctx.rows = table.size(0)
-        return F.embedding(ids, table)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (ids,) = ctx.saved_tensors
-        out = grad.new_zeros(ctx.rows, grad.size(-1))
-        return out.index_add_(0, ids.reshape(-1), grad.reshape(-1, grad.size(-1))), None
-
-
-def _flat(row, sel, m):
-    return row[..., None, None] * m + sel  # (B, T, H, K) flat table row ids
-
-
-def _slots(row, m):
-    return row[..., None] * m + torch.arange(m, device=row.device)  # (B, T, M): all M slots of n_t
-
-
-def table_plain(table, row, sel, w, *, m, k, out_dtype):
-    """Today's CUDA K-row mix (mome_mix_reference): gather (B, T, H, K, d) + weighted sum; embedding backward."""
-    return mome_mix_reference(table, _flat(row, sel, m), w).to(out_dtype)
-
-
-def table_bag(table, row, sel, w, *, m, k, out_dtype):
-    """embedding_bag with per-sample weights (the CPU fast path; its CUDA backward sorts the ids)."""
-    return mome_mix_fused(table, _flat(row, sel, m), w).to(out_dtype)
-
-
-def table_index_add(table, row, sel, w, *, m, k, out_dtype):
-    """The plain mix with the table gradient as an explicit index_add_."""
-    picked = GatherIndexAdd.apply(table, _flat(row, sel, m))
-    return (w.to(table.dtype)[..., None] * picked).sum(dim=-2).to(out_dtype)
-
-
-def table_rowmix(table, row, sel, w, *, m, k, out_dtype):
-    """Today's shared-table path: gather the M slots of n_t (B, T, M, d), then the row mix (bcast_sum)."""
-    return rowmix_bcast_sum(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
-
-
-def table_rowmix_eager(table, row, sel, w, *, m, k, out_dtype):
-    """Today's EAGER row mix (mome_row_mix outside compile: an fp32 einsum) on aten's embedding backward."""
-    return mome_row_mix(F.embedding(_slots(row, m), table), slot_weights(sel, w, m)).to(out_dtype)
-
-
-def table_rowmix_index_add(table, row, sel, w, *, m, k, out_dtype):
-    rows = GatherIndexAdd.apply(table, _slots(row, m))
-    return rowmix_bcast_sum(rows, sel, w, m=m, k=k, out_dtype=out_dtype)
-
-
 # -- inputs, references, floors ----------------------------------------------------------------------------------
 def _gen(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
@@ -254,7 +85,7 @@ def token_ids(S: Shape, device, g) -> torch.Tensor:
 def _sel_w(S: Shape, device, g):
     """K distinct slots per (token, head) and positive normalised weights (as the sigmoid-norm gate's)."""
     sel = torch.rand(S.B, S.T, S.H, S.M, device=device, generator=g).argsort(dim=-1)[..., :S.K].contiguous()
-    w = _norm(torch.rand(S.B, S.T, S.H, S.K, device=device, generator=g) + 0.1)
+    w = V._norm(torch.rand(S.B, S.T, S.H, S.K, device=device, generator=g) + 0.1)
     return sel, w.requires_grad_()
 
 
@@ -286,7 +117,7 @@ def make_shared(S, device, cdt, g):
 
 def _ref_sel_w(logits, S):
     sel = logits.topk(S.K, dim=-1).indices
-    return sel, _norm(torch.sigmoid(logits.gather(-1, sel)))
+    return sel, V._norm(torch.sigmoid(logits.gather(-1, sel)))
 
 
 def ref_gate(logits, S):
@@ -304,7 +135,7 @@ def ref_gate_rowmix(rows, logits, S):
 
 
 def ref_table(table, row, sel, w, S):
-    return (w[..., None] * table[_flat(row, sel, S.M)]).sum(dim=-2)
+    return (w[..., None] * table[V._flat(row, sel, S.M)]).sum(dim=-2)
 
 
 def canonical(out, m: int) -> torch.Tensor:
@@ -336,7 +167,7 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
         fwd = N * M * d * 4 + N * H * M * cb + N * H * d * cb
         return fwd, fwd + N * H * d * cb + N * M * d * 8 + N * H * M * cb * 2, flops
     table, row, sel = inputs[0], inputs[1], inputs[2]
-    u = int(torch.unique(_flat(row, sel, M)).numel()) * d * 4
+    u = int(torch.unique(V._flat(row, sel, M)).numel()) * d * 4
     fwd = N * 8 + sw + u + N * H * d * cb
     return fwd, fwd + N * H * d * cb + u + table.numel() * 4 + N * H * K * 4, flops
 
@@ -354,20 +185,21 @@ def default_ops() -> dict[str, Op]:
     """In the order of their share of MoME's extra step time on the H100 (a run cut short loses the last)."""
     return {
         "rowmix": Op(make_rowmix, ("rows", "sel", "w"), (0, 2), ref_rowmix, {
-            "bcast_sum": (rowmix_bcast_sum, True), "unrolled": (rowmix_unrolled, True),
-            "einsum": (rowmix_einsum, True), "kgather": (rowmix_kgather, True)}),
+            "bcast_sum": (V.rowmix_bcast_sum, True), "unrolled": (V.rowmix_unrolled, True),
+            "unrolled_fn": (V.rowmix_unrolled_fn, True), "einsum": (V.rowmix_einsum, True),
+            "kgather": (V.rowmix_kgather, True)}),
         "gate_rowmix": Op(make_gate_rowmix, ("rows", "logits"), (0, 1), ref_gate_rowmix, {
-            "today": (gate_rowmix_today, True), "mask_unrolled": (gate_rowmix_mask_unrolled, True),
-            "kgather": (gate_rowmix_kgather, True)}),
+            "today": (V.gate_rowmix_today, True), "mask_unrolled": (V.gate_rowmix_mask_unrolled, True),
+            "unrolled_fn": (V.gate_rowmix_unrolled_fn, True), "kgather": (V.gate_rowmix_kgather, True)}),
         "shared": Op(make_shared, ("table", "row", "sel", "w"), (0, 3), ref_table, {
-            "rowmix": (table_rowmix, True), "rowmix_index_add": (table_rowmix_index_add, True),
-            "plain": (table_plain, True), "rowmix_eager": (table_rowmix_eager, False)}),
+            "rowmix": (V.table_rowmix, True), "rowmix_index_add": (V.table_rowmix_index_add, True),
+            "plain": (V.table_plain, True), "rowmix_eager": (V.table_rowmix_eager, False)}),
         "gate": Op(make_gate, ("logits",), (0,), ref_gate, {
-            "argmax": (gate_argmax, True), "topk": (gate_topk, True), "max_pass": (gate_max_pass, True),
-            "argmax_dense": (gate_argmax_dense, True), "mask_dense": (gate_mask_dense, True)}),
+            "argmax": (V.gate_argmax, True), "topk": (V.gate_topk, True), "max_pass": (V.gate_max_pass, True),
+            "argmax_dense": (V.gate_argmax_dense, True), "mask_dense": (V.gate_mask_dense, True)}),
         "kmix": Op(make_kmix, ("table", "row", "sel", "w"), (0, 3), ref_table, {
-            "plain": (table_plain, True), "index_add": (table_index_add, True), "bag": (table_bag, True),
-            "rowmix": (table_rowmix, True), "plain_eager": (table_plain, False)}),
+            "plain": (V.table_plain, True), "index_add": (V.table_index_add, True), "bag": (V.table_bag, True),
+            "rowmix": (V.table_rowmix, True), "plain_eager": (V.table_plain, False)}),
     }
 
 
