@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 for path in (str(REPO), str(REPO / "bench")):
     if path not in sys.path:
         sys.path.insert(0, path)
-import mome_ops_variants as V  # noqa: E402
+import mome_ops_variants as mv  # noqa: E402
 from nanochat.memory.hashing import bigram_hash  # noqa: E402
 from nanochat.memory.mome_mix import slot_weights  # noqa: E402
 
@@ -85,7 +85,7 @@ def token_ids(S: Shape, device, g) -> torch.Tensor:
 def _sel_w(S: Shape, device, g):
     """K distinct slots per (token, head) and positive normalised weights (as the sigmoid-norm gate's)."""
     sel = torch.rand(S.B, S.T, S.H, S.M, device=device, generator=g).argsort(dim=-1)[..., :S.K].contiguous()
-    w = V._norm(torch.rand(S.B, S.T, S.H, S.K, device=device, generator=g) + 0.1)
+    w = mv._norm(torch.rand(S.B, S.T, S.H, S.K, device=device, generator=g) + 0.1)
     return sel, w.requires_grad_()
 
 
@@ -117,7 +117,7 @@ def make_shared(S, device, cdt, g):
 
 def _ref_sel_w(logits, S):
     sel = logits.topk(S.K, dim=-1).indices
-    return sel, V._norm(torch.sigmoid(logits.gather(-1, sel)))
+    return sel, mv._norm(torch.sigmoid(logits.gather(-1, sel)))
 
 
 def ref_gate(logits, S):
@@ -135,7 +135,7 @@ def ref_gate_rowmix(rows, logits, S):
 
 
 def ref_table(table, row, sel, w, S):
-    return (w[..., None] * table[V._flat(row, sel, S.M)]).sum(dim=-2)
+    return (w[..., None] * table[mv._flat(row, sel, S.M)]).sum(dim=-2)
 
 
 def canonical(out, m: int) -> torch.Tensor:
@@ -167,7 +167,7 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
         fwd = N * M * d * 4 + N * H * M * cb + N * H * d * cb
         return fwd, fwd + N * H * d * cb + N * M * d * 8 + N * H * M * cb * 2, flops
     table, row, sel = inputs[0], inputs[1], inputs[2]
-    u = int(torch.unique(V._flat(row, sel, M)).numel()) * d * 4
+    u = int(torch.unique(mv._flat(row, sel, M)).numel()) * d * 4
     fwd = N * 8 + sw + u + N * H * d * cb
     return fwd, fwd + N * H * d * cb + u + table.numel() * 4 + N * H * K * 4, flops
 
@@ -185,21 +185,21 @@ def default_ops() -> dict[str, Op]:
     """In the order of their share of MoME's extra step time on the H100 (a run cut short loses the last)."""
     return {
         "rowmix": Op(make_rowmix, ("rows", "sel", "w"), (0, 2), ref_rowmix, {
-            "bcast_sum": (V.rowmix_bcast_sum, True), "unrolled": (V.rowmix_unrolled, True),
-            "unrolled_fn": (V.rowmix_unrolled_fn, True), "einsum": (V.rowmix_einsum, True),
-            "kgather": (V.rowmix_kgather, True)}),
+            "bcast_sum": (mv.rowmix_bcast_sum, True), "unrolled": (mv.rowmix_unrolled, True),
+            "unrolled_fn": (mv.rowmix_unrolled_fn, True), "einsum": (mv.rowmix_einsum, True),
+            "kgather": (mv.rowmix_kgather, True)}),
         "gate_rowmix": Op(make_gate_rowmix, ("rows", "logits"), (0, 1), ref_gate_rowmix, {
-            "today": (V.gate_rowmix_today, True), "mask_unrolled": (V.gate_rowmix_mask_unrolled, True),
-            "unrolled_fn": (V.gate_rowmix_unrolled_fn, True), "kgather": (V.gate_rowmix_kgather, True)}),
+            "today": (mv.gate_rowmix_today, True), "mask_unrolled": (mv.gate_rowmix_mask_unrolled, True),
+            "unrolled_fn": (mv.gate_rowmix_unrolled_fn, True), "kgather": (mv.gate_rowmix_kgather, True)}),
         "shared": Op(make_shared, ("table", "row", "sel", "w"), (0, 3), ref_table, {
-            "rowmix": (V.table_rowmix, True), "rowmix_index_add": (V.table_rowmix_index_add, True),
-            "plain": (V.table_plain, True), "rowmix_eager": (V.table_rowmix_eager, False)}),
+            "rowmix": (mv.table_rowmix, True), "rowmix_index_add": (mv.table_rowmix_index_add, True),
+            "plain": (mv.table_plain, True), "rowmix_eager": (mv.table_rowmix_eager, False)}),
         "gate": Op(make_gate, ("logits",), (0,), ref_gate, {
-            "argmax": (V.gate_argmax, True), "topk": (V.gate_topk, True), "max_pass": (V.gate_max_pass, True),
-            "argmax_dense": (V.gate_argmax_dense, True), "mask_dense": (V.gate_mask_dense, True)}),
+            "argmax": (mv.gate_argmax, True), "topk": (mv.gate_topk, True), "max_pass": (mv.gate_max_pass, True),
+            "argmax_dense": (mv.gate_argmax_dense, True), "mask_dense": (mv.gate_mask_dense, True)}),
         "kmix": Op(make_kmix, ("table", "row", "sel", "w"), (0, 3), ref_table, {
-            "plain": (V.table_plain, True), "index_add": (V.table_index_add, True), "bag": (V.table_bag, True),
-            "rowmix": (V.table_rowmix, True), "plain_eager": (V.table_plain, False)}),
+            "plain": (mv.table_plain, True), "index_add": (mv.table_index_add, True), "bag": (mv.table_bag, True),
+            "rowmix": (mv.table_rowmix, True), "plain_eager": (mv.table_plain, False)}),
     }
 
 

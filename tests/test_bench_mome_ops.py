@@ -51,14 +51,14 @@ def test_todays_variants_are_the_library_paths(bench, monkeypatch):
     S, g = bench.SMALL, torch.Generator().manual_seed(2)
     (logits,) = bench.make_gate(S, torch.device("cpu"), torch.float32, g)
     monkeypatch.setattr(mome_mix, "TOPK_BY_ARGMAX", True)
-    assert torch.equal(bench.V._argmax_topk(logits, S.K), mome_mix.topk_indices(logits, S.K))
+    assert torch.equal(bench.mv._argmax_topk(logits, S.K), mome_mix.topk_indices(logits, S.K))
     table, row, sel, w = bench.make_kmix(S, torch.device("cpu"), torch.float32, g)
     monkeypatch.setattr(mome_mix, "MIX", "plain")
     flat = row[..., None, None] * S.M + sel
-    ours = bench.V.table_plain(table, row, sel, w, m=S.M, k=S.K, out_dtype=torch.float32)
+    ours = bench.mv.table_plain(table, row, sel, w, m=S.M, k=S.K, out_dtype=torch.float32)
     assert torch.equal(ours, mome_mix.mome_mix(table, flat, w))
-    rows = torch.nn.functional.embedding(bench.V._slots(row, S.M), table)
-    torch.testing.assert_close(bench.V.rowmix_bcast_sum(rows, sel, w, m=S.M, k=S.K, out_dtype=torch.float32),
+    rows = torch.nn.functional.embedding(bench.mv._slots(row, S.M), table)
+    torch.testing.assert_close(bench.mv.rowmix_bcast_sum(rows, sel, w, m=S.M, k=S.K, out_dtype=torch.float32),
                                mome_mix.mome_row_mix(rows, mome_mix.slot_weights(sel, w, S.M)))
 
 
@@ -84,10 +84,10 @@ def test_a_wrong_variant_is_reported_failed_and_not_timed(bench, tmp_path, capsy
     rowmix = bench.OPS["rowmix"]
 
     def wrong_forward(rows, sel, w, **kw):  # 0.1% too large: far over fp32's tolerance
-        return bench.V.rowmix_bcast_sum(rows, sel, w, **kw) * 1.001
+        return bench.mv.rowmix_bcast_sum(rows, sel, w, **kw) * 1.001
 
     def wrong_gradient(rows, sel, w, **kw):  # the right forward, a 1% larger gradient for rows and w
-        y = bench.V.rowmix_bcast_sum(rows, sel, w, **kw)
+        y = bench.mv.rowmix_bcast_sum(rows, sel, w, **kw)
         return y + 0.01 * (y - y.detach())
 
     variants = dict(rowmix.variants, wrong_forward=(wrong_forward, True), wrong_gradient=(wrong_gradient, True))
