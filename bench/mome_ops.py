@@ -68,6 +68,7 @@ SMALL = Shape(B=2, T=64, C=96, H=6, d=16, M=6, K=2, V=512, n=6)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # norm-wise relative error vs float64, by compute dtype
 # HBM bandwidth by device-name fragment (bytes/s); --bw overrides. H100 SXM HBM3 3.35 TB/s, PCIe HBM2e 2.0
 BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12), ("A100", 2.0e12))
+PROFILER_OVERHEAD = ("Command Buffer Full",)
 
 
 # -- inputs, references, floors ----------------------------------------------------------------------------------
@@ -315,7 +316,11 @@ def kernel_profile(fn, calls: int = 3) -> tuple[float, list]:
         torch.cuda.synchronize()
     per_call = sorted(((getattr(e, "self_device_time_total", 0) / calls / 1e3, e.key) for e in prof.key_averages()),
                       reverse=True)
-    per_call = [(ms, name) for ms, name in per_call if ms > 0]  # kernels, memsets, copies: the device's work
+    # kernels, memsets, copies: the device's work (not the profiler's own "Command Buffer Full" stalls, which the
+    # 2026-11-26 step profiles list with device time)
+    per_call = [(ms, name) for ms, name in per_call if ms > 0 and name not in PROFILER_OVERHEAD]
+    if not per_call:
+        raise RuntimeError("the profiler recorded no device time")
     return sum(ms for ms, _ in per_call), [[name[:100], ms] for ms, name in per_call[:3]]
 
 

@@ -124,13 +124,14 @@ def test_table_prints_cuda_kernel_columns(bench, capsys):
 
 def test_kernel_profile_sums_device_time_per_call(bench, monkeypatch):
     """kernel_profile's reading of torch.profiler (CUDA only) on a stand-in profiler: device time (us) per call
-    in ms, host-side events (no device time) left out, the longest kernels first."""
+    in ms, host-side events (no device time) and the profiler's own stalls left out, the longest kernels first."""
     from types import SimpleNamespace
 
     import torch.profiler
 
     events = [SimpleNamespace(key="triton_red_fused_mix", self_device_time_total=600.0),
               SimpleNamespace(key="cudaLaunchKernel", self_device_time_total=0.0),
+              SimpleNamespace(key="Command Buffer Full", self_device_time_total=900.0),
               SimpleNamespace(key="embedding_dense_backward", self_device_time_total=1500.0)]
 
     class FakeProfile:
@@ -152,6 +153,9 @@ def test_kernel_profile_sums_device_time_per_call(bench, monkeypatch):
     total, top = bench.kernel_profile(lambda: calls.append(1), calls=3)
     assert len(calls) == 4  # one warm call, then the 3 profiled
     assert total == pytest.approx(0.7) and top == [["embedding_dense_backward", 0.5], ["triton_red_fused_mix", 0.2]]
+    events[:] = events[1:3]  # host-side and profiler events only: no kernel time is an error, not 0 ms
+    with pytest.raises(RuntimeError, match="no device time"):
+        bench.kernel_profile(lambda: None)
 
 
 def test_bench_ms_falls_back_to_cuda_events_without_triton(bench, monkeypatch):
