@@ -187,10 +187,11 @@ def stop_evaluation(signum: int) -> None:
         _latched_signum = signum
 
 
-# A vote costs an all-reduce and the wait for the slowest rank (each rank's jitter, paid per vote instead of once
-# per evaluation): on 2 CPU gloo processes with 9-12 ms batches, +44% per batch voting at each batch, +12% every 4th,
-# +10% every 16th (dev/LOG.md 2026-11-26; the last two within the noise). Every 4th: a stop waits for at most 4
-# batches (about a second for a large model on a GPU; a scheduler's grace period before SIGKILL is tens of seconds).
+# A vote costs an all-reduce (0.3-0.5 ms on 2 CPU gloo processes) and the wait for the slowest rank (each rank's
+# jitter, paid per vote instead of once per evaluation). bench/eval_stop_vote.py, 2 gloo processes, 6.4 ms batches:
+# +1.2 ms per batch voting at each batch, +0.3 ms every 4th, +0.07 ms every 16th (dev/LOG.md 2026-11-26). Every 4th:
+# a stop waits for at most 4 batches (about a second for a large model on a GPU, where a batch takes far longer than
+# a vote; a scheduler's grace period before SIGKILL is tens of seconds).
 VOTE_EVERY_BATCHES = 4
 
 
