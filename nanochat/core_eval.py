@@ -25,6 +25,7 @@ from tqdm import tqdm
 from nanochat.common import every_rank_ok, rank0_decides
 from nanochat.download import file_sha256
 from nanochat.eval_bundle import bundle_info, load_core_tasks, load_random_baselines, load_task_data, TaskSpec
+from nanochat.eval_resume import stop_voted
 from nanochat.jsonfile import write_text_atomic
 
 
@@ -151,12 +152,10 @@ def _score_batch(model, batch: list[Prepared], task_type: str, pad_id: int, devi
     return out
 
 
-def score_examples(model, examples: list[Prepared], task_type: str, pad_id: int, batch_size: int = 16,
-                   device="cpu", autocast_ctx=None, bar=None) -> list[bool]:
-    """Correctness of each example; rows of several examples go through one forward (<= batch_size rows,
-    an example with more rows than that runs alone). Examples are length-sorted to keep padding small."""
+def _example_batches(examples: list[Prepared], batch_size: int):
+    """Lists of example indices whose rows go through one forward (<= batch_size rows, an example with more rows
+    than that alone), length-sorted to keep padding small."""
     order = sorted(range(len(examples)), key=lambda i: max(len(r) for r in examples[i].rows))
-    results: list[bool] = [False] * len(examples)
     i = 0
     while i < len(order):
         batch_idx, n_rows = [order[i]], len(examples[order[i]].rows)
@@ -165,6 +164,15 @@ def score_examples(model, examples: list[Prepared], task_type: str, pad_id: int,
             n_rows += len(examples[order[i]].rows)
             batch_idx.append(order[i])
             i += 1
+        yield batch_idx
+
+
+def score_examples(model, examples: list[Prepared], task_type: str, pad_id: int, batch_size: int = 16,
+                   device="cpu", autocast_ctx=None, bar=None) -> list[bool]:
+    """Correctness of each example, scored in ``_example_batches``. A stop signal ends it with ``Interrupted``, on
+    every rank at the same batch (``stop_voted``)."""
+    results: list[bool] = [False] * len(examples)
+    for batch_idx in stop_voted(_example_batches(examples, batch_size), device):
         scores = _score_batch(model, [examples[j] for j in batch_idx], task_type, pad_id, device, autocast_ctx)
         for j, ok in zip(batch_idx, scores):
             results[j] = ok

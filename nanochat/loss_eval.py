@@ -12,13 +12,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from nanochat.eval_resume import stop_voted
+
 
 @torch.no_grad()
 def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast_ctx=None) -> float:
-    """``batches`` yields (inputs, targets) LongTensors of shape (B, T); ``token_bytes[id]`` = UTF-8 bytes of id."""
-    nats, nbytes, device = 0.0, 0, None
-    for x, y in batches:
-        device = x.device
+    """``batches`` yields (inputs, targets) LongTensors of shape (B, T); ``token_bytes[id]`` = UTF-8 bytes of id.
+    A stop signal ends it with ``Interrupted``, on every rank at the same batch (``stop_voted``)."""
+    nats, nbytes, device = 0.0, 0, next(model.parameters()).device
+    for x, y in stop_voted(batches, device):
         with autocast_ctx if autocast_ctx is not None else nullcontext():
             loss = model(x, targets=y, loss_reduction="none")
         loss = loss.float().view(-1)
@@ -29,8 +31,6 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast_ctx=None) -
         # Sum per batch in float64 on the host: 20M tokens of ~2.5 nats would lose digits in float32.
         nats += loss[counted].double().sum().item()
         nbytes += int(tb.sum().item())
-    if device is None:  # this rank got no rows; it must still join the all-reduce below
-        device = next(model.parameters()).device
     sums = torch.tensor([nats, float(nbytes)], dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)

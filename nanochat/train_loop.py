@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from nanochat.common import rows_to_device
-from nanochat.eval_resume import Interrupted
+from nanochat.eval_resume import signals_latched_for_votes, stop_evaluation
 
 
 def _dist_on() -> bool:
@@ -250,9 +250,10 @@ class StopSignal:
     (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save.
 
     Inside ``interrupts()`` (the final evaluation: the last checkpoint is saved, only the evaluation and the
-    summary are left) the first signal raises ``Interrupted`` at once instead, and one latched before raises on
-    entry; the signals after it change nothing (a later Ctrl-C aborts, as always), so the summary that follows is
-    written."""
+    summary are left) the first signal ends the evaluation instead, and one latched before ends it on entry: at
+    once in one process, at the next batch's stop vote on every rank under torch.distributed (see
+    ``nanochat.eval_resume.stop_evaluation``); the signals after it change nothing (a later Ctrl-C aborts, as
+    always), so the summary that follows is written."""
 
     abort_after_s = 1.0
 
@@ -265,14 +266,15 @@ class StopSignal:
 
     @contextmanager
     def interrupts(self):
-        """Run the block so that a stop signal ends it with ``Interrupted`` (at once, or on entry if one came)."""
-        if self.received is not None:
-            raise Interrupted(signal.Signals[self.received])
-        self._raise = True
-        try:
-            yield
-        finally:
-            self._raise = False
+        """Run the block so that a stop signal ends it with ``Interrupted`` (see the class doc)."""
+        with signals_latched_for_votes():
+            if self.received is not None:
+                stop_evaluation(signal.Signals[self.received])
+            self._raise = True
+            try:
+                yield
+            finally:
+                self._raise = False
 
     def install(self) -> "StopSignal":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -284,7 +286,7 @@ class StopSignal:
             self.received, self._first_at = signal.Signals(signum).name, self._clock()
             if self._raise:
                 self._raise = False
-                raise Interrupted(signum)
+                stop_evaluation(signum)
         elif signum == signal.SIGINT and self._clock() - self._first_at >= self.abort_after_s:
             self.uninstall()  # a later Ctrl-C: the user really wants out now
             raise KeyboardInterrupt

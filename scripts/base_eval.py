@@ -267,8 +267,9 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path) -> in
             res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, stores["bpb"])
             if rank == 0:
                 write_text_atomic(out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n")
-    except Interrupted as e:
+    except Interrupted as e:  # on every rank at the same batch (nanochat.eval_resume.stop_voted)
         print0(f"base_eval: interrupted ({e}); {kept_note(stores, out_dir)}", file=sys.stderr)
+        compute_cleanup()  # every rank is here: its gloo threads are joined now, not at exit (see compute_cleanup)
         return 128 + e.signum
     except Exception as e:  # e.g. another rank was stopped and a collective failed here: the error follows
         if any(store.items for store in stores.values()):

@@ -25,6 +25,7 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
+import signal
 import sys
 import time
 import traceback
@@ -420,6 +421,29 @@ def final_eval(run: Run, out: dict) -> None:
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
 
 
+def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: dict) -> str:
+    """The final evaluation, into ``evals``, after training stopped by ``training_stop`` (completed or the wall
+    time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all."""
+    # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike, with
+    # that rank's signal in the summary (rank 0, which writes it, may have none)
+    latched = [name for name in gather_objects(stop.received) if name is not None]
+    if latched:
+        return interrupted_final_eval(run, training_stop, latched[0], evals)
+    try:
+        with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation (at the next batch's vote)
+            final_eval(run, evals)
+    except Interrupted as e:  # raised on every rank alike, with the signal of the rank(s) that got one
+        return interrupted_final_eval(run, training_stop, signal.Signals(e.signum).name, evals)
+    except Exception:
+        if stop.received is None:
+            raise
+        # a signal latched here, and an error before the vote that would have acted on it (e.g. a collective that
+        # failed because another rank was killed outright)
+        traceback.print_exc()
+        return interrupted_final_eval(run, training_stop, stop.received, evals)
+    return training_stop
+
+
 def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:
     """A signal ended (or came before) the final evaluation: the checkpoint of this step is saved. Records the stop
     (metrics.jsonl, and the summary fields it returns the stop reason for) and says how to go on."""
@@ -428,7 +452,7 @@ def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals
     run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
                      "signal": signal_name})
     then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
-    print0(f"interrupted ({signal_name or 'a signal on another rank'}) during the final evaluation of step {step} "
+    print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
            f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
            f"evaluations; {then}")
     return "interrupted"
@@ -554,21 +578,8 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
     evals = {}
     try:
         reason = train(run, resumed_at, stop)
-        if reason in ("completed", "wall_time_limit") and any_rank(stop.received is not None, run.device):
-            # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike
-            reason = interrupted_final_eval(run, reason, stop.received, evals)
-        elif reason in ("completed", "wall_time_limit"):
-            try:
-                with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation at once
-                    final_eval(run, evals)
-            except Interrupted:
-                reason = interrupted_final_eval(run, reason, stop.received, evals)
-            except Exception:
-                if stop.received is None:
-                    raise
-                # e.g. a collective failed because another rank left on the signal
-                traceback.print_exc()
-                reason = interrupted_final_eval(run, reason, stop.received, evals)
+        if reason in ("completed", "wall_time_limit"):
+            reason = evaluate_at_the_end(run, reason, stop, evals)
     except NonFiniteLoss as e:
         print0(nonfinite_advice(run, e))
         write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})

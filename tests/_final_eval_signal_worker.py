@@ -1,31 +1,28 @@
-"""torchrun worker: scripts.base_train where a SIGTERM reaches every rank during the final evaluation, rank 1 first
-and rank 0 while it waits in the evaluation's collective for rank 1: rank 1 leaves on its signal, and rank 0's
-collective then fails (its partner is gone) with its own signal latched, the order a scheduler's cancel can take."""
+"""torchrun worker: scripts.base_train where SIGTERM reaches the ranks named by ``--sigterm-ranks R[,R...]`` (the
+first two arguments) during the final evaluation, once the rank has scored the first batch of its val bpb: one rank
+alone (rare, as torchrun and Slurm signal every rank, but it must not leave the other ranks waiting in the
+evaluation's collectives) or every rank. The signal is sent from inside the evaluation loop, so it is certain to
+land in it, between the collectives the ranks take together."""
 
 import os
 import signal
 import sys
-import threading
-import time
 
+from nanochat import dataloader
 from scripts import base_train
 
 rank = int(os.environ["RANK"])
-real_eval = base_train.run_split_bpb
+real_batches = dataloader.iter_eval_batches
 
 
-def sigterm_after(seconds: float) -> None:
-    threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM)).start()
+def iter_eval_batches(*args, **kwargs):  # the final evaluation's (the flags have no periodic evals)
+    for index, batch in enumerate(real_batches(*args, **kwargs)):
+        yield batch
+        if index == 0 and rank in signalled:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_split_bpb(*args, **kwargs):  # the final evaluation's (the flags have no periodic evals)
-    if rank == 1:
-        sigterm_after(1.0)
-        time.sleep(30)  # the handler raises in here
-        raise AssertionError("SIGTERM did not interrupt rank 1's final evaluation")
-    sigterm_after(0.3)  # while rank 0 waits in the evaluation's all-reduce for rank 1
-    return real_eval(*args, **kwargs)
-
-
-base_train.run_split_bpb = run_split_bpb
-sys.exit(base_train.main(sys.argv[1:]))
+assert sys.argv[1] == "--sigterm-ranks", sys.argv
+signalled = {int(r) for r in sys.argv[2].split(",")}
+dataloader.iter_eval_batches = iter_eval_batches
+sys.exit(base_train.main(sys.argv[3:]))

@@ -434,18 +434,21 @@ def test_attention_flag_on_cpu(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path):
-    """Under torchrun (2 gloo ranks) SIGTERM on every rank during the second CORE task: exit with one line (rank 0),
-    the first task kept; the rerun reuses it on both ranks (rank 0 decides) and finishes. Slow: two torchrun
-    launches, ~30 s on 2 cores."""
+@pytest.mark.parametrize("signalled", ["0,1", "1"])
+def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path, signalled):
+    """Under torchrun (2 gloo ranks) SIGTERM on every rank, or on rank 1 alone, during the second CORE task: every
+    rank stops at the same batch (a stop vote), exit with one line (rank 0's, with the signal rank 1 got), the first
+    task kept; the rerun reuses it on both ranks (rank 0 decides) and finishes. Slow: two torchrun launches, ~30 s
+    on 2 cores."""
     from conftest import run_torchrun
 
     root, _, _, bundle = tiny_run
     worker = Path(__file__).parent / "_base_eval_worker.py"
     args = ["--run-dir", str(root / "run"), "--bundle", str(bundle), "--eval", "core", "--no-progress",
             "--device-type", "cpu", "--out-dir", str(tmp_path / "o")]
-    res = run_torchrun(worker, 2, ["--sigterm-at-task", "1", *args], timeout=120)
+    res = run_torchrun(worker, 2, ["--sigterm-at-task", "1", signalled, *args], timeout=120)
     assert res.returncode != 0 and res.stderr.count("base_eval: interrupted (SIGTERM)") == 1, res.stderr[-3000:]
+    assert "exitcode  : 143" in res.stderr and "exitcode  : 1 " not in res.stderr, res.stderr[-3000:]
     saved = json.loads((tmp_path / "o" / "core.partial.json").read_text())
     assert list(saved["items"]) == ["mc"] and saved["settings"]["world_size"] == 2
     res = run_torchrun(worker, 2, args, timeout=120)
@@ -479,3 +482,21 @@ def test_a_finished_split_of_the_older_partial_format_is_scored_again(tiny_run, 
         assert main(args) == 0
     assert len(bpbs) == 3  # train again, val, ood
     assert json.loads((out / "bpb.json").read_text())["splits"]["train"] == item["result"]
+
+
+def test_the_stop_vote_stops_every_rank_at_the_same_batch(tmp_path):
+    """nanochat.eval_resume.stop_voted on 2 gloo ranks: ranks with different batch counts (one with none) all see
+    their own batches and finish together; a SIGTERM latched on one rank (between two votes, or after that rank's
+    last batch) ends the loop on both at the next vote, with the same Interrupted. One torchrun, ~5 s."""
+    from conftest import run_torchrun
+
+    out = tmp_path / "votes.json"
+    res = run_torchrun(Path(__file__).parent / "_stop_vote_worker.py", 2, [str(out)], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(out.read_text()) == {
+        "uneven, no signal": [[[0, 1, 2, 3, 4], "finished"], [[0, 1, 2], "finished"]],
+        "one rank empty": [[[], "finished"], [[0, 1], "finished"]],
+        # votes before batches 0 and 2 (every 2nd): the signal during batch 1 stops both before batch 2
+        "rank 1 signalled between votes": [[[0, 1], "SIGTERM"], [[0, 1], "SIGTERM"]],
+        "rank 0 signalled after its last batch": [[[0, 1], "SIGTERM"], [[0, 1], "SIGTERM"]],
+    }

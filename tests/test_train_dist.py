@@ -222,22 +222,29 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
     assert "KeyboardInterrupt" not in out
 
 
-@pytest.mark.parametrize("worker", ["_final_eval_signal_worker", "_last_step_one_rank_signal_worker"])
+@pytest.mark.parametrize("worker", [["_final_eval_signal_worker.py", "--sigterm-ranks", "1"],
+                                    ["_final_eval_signal_worker.py", "--sigterm-ranks", "0"],
+                                    ["_final_eval_signal_worker.py", "--sigterm-ranks", "0,1"],
+                                    ["_last_step_one_rank_signal_worker.py"]], ids=lambda w: " ".join(w))
 def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path, worker):
-    """_final_eval_signal_worker: under torchrun a signal reaches the ranks at different points of the final
-    evaluation: rank 1 leaves it at once, rank 0 is waiting in a collective for rank 1 (a signal cannot interrupt
-    that wait) and gets an error when rank 1 is gone; rank 0 counts that as the interruption its own latched signal
-    asked for. _last_step_one_rank_signal_worker: a SIGTERM reaches rank 1 only, after the last step's stop vote;
-    every rank must take the same branch at the final evaluation (one skipping it while the other waits in its
-    collectives hangs under NCCL and fails under gloo), so the latched signal skips it on every rank. Either way
-    summary.json says so and every worker exits 0."""
+    """_final_eval_signal_worker: SIGTERM reaches one rank (either) or both during the final evaluation's val bpb.
+    Every rank must take the same branch (one that leaves while the other waits in the evaluation's collectives
+    fails under gloo and hangs under NCCL): the ranks vote at each batch and stop at the same one.
+    _last_step_one_rank_signal_worker: SIGTERM reaches rank 1 only, after the last step's stop vote; the vote
+    before the final evaluation skips it on every rank. Either way summary.json says so, with the signal even
+    where rank 0 (which writes it) got none, the checkpoint is whole, and every worker exits 0."""
     run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / f"{worker}.py", 2,
-                     [*TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)], timeout=180)
+    r = run_torchrun(REPO / "tests" / worker[0], 2,
+                     [*worker[1:], *TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)], timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert (summary["stop_reason"], summary["interrupted_during"], summary["training_stop_reason"]) == \
-        ("interrupted", "final_eval", "completed"), summary
+    assert (summary["stop_reason"], summary["interrupted_during"], summary["training_stop_reason"],
+            summary["signal"]) == ("interrupted", "final_eval", "completed", "SIGTERM"), summary
     assert "val_bpb" not in summary and ckpt.list_steps(run) == [3]
-    if worker == "_final_eval_signal_worker":
-        assert "interrupted (SIGTERM) during the final evaluation of step 3" in r.stdout
+    stops = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "stop"]
+    assert stops == [{"kind": "stop", "step": 3, "reason": "interrupted", "during": "final_eval",
+                      "signal": "SIGTERM"}]
+    assert "interrupted (SIGTERM) during the final evaluation of step 3" in r.stdout
+    model, meta = ckpt.load_model(run, 3)  # the final checkpoint is whole: it loads, strictly, and is finite
+    assert meta["step"] == 3 and all(torch.isfinite(p).all() for p in model.parameters())

@@ -1,0 +1,51 @@
+"""torchrun worker (2 ranks) for test_base_eval: nanochat.eval_resume.stop_voted in the scenarios of SCENARIOS, each
+a number of batches per rank, a vote stride, and the rank that sends itself SIGTERM (under ``interrupts_raise``, as
+base_eval does) while it handles its batch K. Rank 0 writes {scenario: [[rank 0's batches, outcome], [rank 1's ...]]}
+to the JSON file named by the first argument."""
+
+import json
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+from nanochat.eval_resume import Interrupted, interrupts_raise, stop_voted
+
+# name: ((rank 0's batch count, rank 1's), vote every, (signalled rank, at its batch) or None)
+SCENARIOS = {
+    "uneven, no signal": ((5, 3), 2, None),
+    "one rank empty": ((0, 2), 1, None),
+    "rank 1 signalled between votes": ((5, 3), 2, (1, 1)),
+    "rank 0 signalled after its last batch": ((2, 5), 1, (0, 1)),
+}
+
+
+def run(counts, every, signalled, rank) -> tuple[list[int], str]:
+    seen = []
+    try:
+        with interrupts_raise():
+            for batch in stop_voted(range(counts[rank]), "cpu", every):
+                seen.append(batch)
+                if signalled == (rank, batch):
+                    os.kill(os.getpid(), signal.SIGTERM)
+    except Interrupted as e:
+        return seen, str(e)
+    return seen, "finished"
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = {}
+    for name, scenario in SCENARIOS.items():
+        mine = run(*scenario, rank)
+        both = [None, None]
+        dist.all_gather_object(both, mine)
+        results[name] = both
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
