@@ -181,10 +181,11 @@ def stop_evaluation(signum: int) -> None:
     timeout) when a signal reaches one rank only, or the ranks stop at different batches when it reaches each at a
     different moment."""
     global _latched_signum
+    if _latched_signum is not None:  # the evaluation is already stopping (e.g. in its clean-up): nothing changes
+        return
+    _latched_signum = signum
     if not is_dist():
         raise Interrupted(signum)
-    if _latched_signum is None:
-        _latched_signum = signum
 
 
 # A vote costs an all-reduce (0.3-0.5 ms on 2 CPU gloo processes) and the wait for the slowest rank (each rank's
@@ -201,6 +202,7 @@ def stop_voted(batches, device, every: int = VOTE_EVERY_BATCHES):
     raises the same ``Interrupted`` at the same vote; a rank whose batches ran out (ranks can have one more than
     others) counts on without work until the vote at which no rank has any left. Every rank must iterate it to the
     end (a collective); in one process it is ``batches`` itself (a signal raises at once)."""
+    global _latched_signum
     if not is_dist():
         yield from batches
         return
@@ -213,6 +215,7 @@ def stop_voted(batches, device, every: int = VOTE_EVERY_BATCHES):
             torch.distributed.all_reduce(votes, op=torch.distributed.ReduceOp.MAX)
             signum, any_left = votes.tolist()
             if signum:  # the largest number when ranks got different signals: the same exception on every rank
+                _latched_signum = signum  # stopping now: later signals change nothing on any rank
                 raise Interrupted(signum)
             if not any_left:
                 return

@@ -268,10 +268,11 @@ class StopSignal:
     def interrupts(self):
         """Run the block so that a stop signal ends it with ``Interrupted`` (see the class doc)."""
         with signals_latched_for_votes():
-            if self.received is not None:
-                stop_evaluation(signal.Signals[self.received])
-            self._raise = True
+            self._raise = True  # armed before the check: a signal between the two would otherwise be lost
             try:
+                if self.received is not None:
+                    self._raise = False
+                    stop_evaluation(signal.Signals[self.received])
                 yield
             finally:
                 self._raise = False

@@ -37,7 +37,7 @@ FP32_FUNCS = {
     torch.exp, T.exp, torch.expm1, T.expm1, torch.log, T.log, torch.log1p, T.log1p, torch.log2, T.log2,
     torch.log10, T.log10, torch.rsqrt, T.rsqrt, torch.reciprocal, T.reciprocal,
     torch.acos, T.acos, torch.asin, T.asin, torch.cosh, T.cosh, torch.sinh, T.sinh, torch.tan, T.tan,
-    torch.erfinv, T.erfinv, torch.logsumexp, T.logsumexp,
+    torch.erfinv, T.erfinv, torch.logsumexp, T.logsumexp, torch.special.logsumexp,
     torch.norm, T.norm, torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.linalg.norm, F.normalize,
     torch.layer_norm, F.layer_norm, torch.group_norm, F.group_norm, torch.rms_norm, F.rms_norm,
     torch.dist, T.dist, torch.cdist, F.pdist, torch.renorm, T.renorm, torch.cosine_similarity, F.cosine_similarity,
@@ -49,6 +49,7 @@ FP32_FUNCS = {
 FP32_UNLESS_DTYPE_FUNCS = {
     torch.sum, T.sum, torch.prod, T.prod, torch.cumsum, T.cumsum, torch.cumprod, T.cumprod,
     torch.softmax, T.softmax, F.softmax, torch.log_softmax, T.log_softmax, F.log_softmax, F.softmin,
+    torch.special.softmax, torch.special.log_softmax,
 }
 # run in the autocast dtype by CUDA autocast, left alone by CPU autocast
 LOWER_FUNCS = {torch.einsum, torch.mv, T.mv, torch.addmv, T.addmv, torch.addr, T.addr, torch.linalg.multi_dot,

@@ -42,7 +42,8 @@ def _cases():
         torch.sigmoid, T.sigmoid, torch.tanh, F.silu, F.gelu, F.relu, torch.mean, T.mean, T.abs)]  # last row: none
     out += [(fn, lambda a, fn=fn: fn(a, -1), [x]) for fn in (
         torch.logsumexp, T.logsumexp, torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.softmax, T.softmax,
-        F.softmax, torch.log_softmax, T.log_softmax, F.log_softmax, F.softmin)]
+        F.softmax, torch.log_softmax, T.log_softmax, F.log_softmax, F.softmin, torch.special.logsumexp,
+        torch.special.softmax, torch.special.log_softmax)]
     out += [(fn, lambda a, fn=fn: fn(a, 2), [x]) for fn in (torch.pow, T.pow, T.__pow__)]
     out += [(T.__rpow__, lambda a: 2 ** a, [x]), (T.sum, lambda a: a.sum(-1, dtype=torch.bfloat16), [x]),
             (F.softmax, lambda a: F.softmax(a, -1, dtype=torch.bfloat16), [x])]

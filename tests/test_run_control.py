@@ -405,3 +405,52 @@ def test_a_flop_target_at_the_target_flops_budget_is_the_final_step(tmp_path, ca
         err = capsys.readouterr().err
         assert f"{flag} " in err and "beyond this run's" in err, err
         assert f"its last step stands for --target-flops {float(budget):.6g}" in err
+
+
+# -- signals at the edges of the final evaluation (single process; the review of 2026-11-26) ------------------------
+def test_a_signal_after_the_evaluation_stopped_changes_nothing(monkeypatch):
+    """base_eval stops on the first signal and then cleans up (destroying the process group, so a later signal takes
+    the one-process path): a second signal, e.g. torchrun forwarding Slurm's, must not raise out of that clean-up."""
+    import signal
+
+    from nanochat.eval_resume import Interrupted, interrupts_raise
+
+    with interrupts_raise():
+        with pytest.raises(Interrupted):
+            signal.raise_signal(signal.SIGTERM)
+        try:  # during the clean-up: ignored
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+        except Interrupted as e:
+            pytest.fail(f"a signal after the evaluation stopped raised {e!r}")
+
+
+def test_a_signal_on_entry_to_the_final_evaluation_is_not_lost(monkeypatch):
+    """A signal that lands between interrupts()'s check of ``received`` and arming the handler used to be recorded
+    and never acted on: the evaluation ran to the end. Delivered at exactly that point by patching the check."""
+    import signal
+
+    from nanochat.eval_resume import Interrupted
+    from nanochat.train_loop import StopSignal
+
+    class Racy(StopSignal):
+        _received = None
+
+        @property
+        def received(self):  # the entry check reads None, and the signal lands right after it
+            value = self._received
+            if value is None and not getattr(self, "_fired", False):
+                self._fired = True
+                self._handle(signal.SIGTERM, None)
+            return value
+
+        @received.setter
+        def received(self, value):
+            self._received = value
+
+    stop = Racy()
+    evaluated = []
+    with pytest.raises(Interrupted):
+        with stop.interrupts():
+            evaluated.append("ran")
+    assert evaluated == [] and stop.received == "SIGTERM"
