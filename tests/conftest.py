@@ -37,6 +37,36 @@ def shared_dir():
     return SHARED
 
 
+# One option set per memory design and per MoME path that changes the computation: the bf16 step tests (on the
+# GPU, tests/test_gpu.py; under the CUDA autocast emulation, tests/test_cuda_autocast_policy.py) run each.
+MEMORY_OPTION_SETS = {
+    "base": dict(memory="base"),
+    "ve": dict(memory="ve"),
+    "bigram": dict(memory="bigram", memory_options={"factor": 2}),
+    "mome": dict(memory="mome", memory_options={"slots": 6, "topk": 2}),
+    "mome_full_routing": dict(memory="mome", memory_options={"slots": 4, "topk": 4}),
+    "mome_bigram_index": dict(memory="mome", memory_options={"slots": 4, "topk": 2, "index": "bigram",
+                                                             "bigram_factor": 2}),
+    "mome_headmod_index": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "index": "headmod",
+                                                              "rows": 100, "dedicated_size": 30}),
+    "mome_balance": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "bias"}),
+    "mome_trust_region": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "trust-region"}),
+    "mome_token_only": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "routing": "token-only"}),
+    "mome_conv1d": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d"}),
+    "mome_conv1d_value": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d",
+                                                             "router_input": "value"}),
+    "mome_shared_per_head": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "shared_expert": True,
+                                                                "per_head_table": True}),
+    "mome_k1_softmax": dict(memory="mome", memory_options={"slots": 4, "topk": 1}),
+    "mome_maxvio_window": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "maxvio_window": 1}),
+    "engram": dict(memory="engram", memory_options={"compression": "identity", "dim": 64, "heads": 2,
+                                                      "first_prime": 101}),
+    "jtok": dict(memory="jtok"),
+    "jtokm": dict(memory="jtokm"),
+    "move_input": dict(memory="move_input", memory_options={"experts": 5, "rank": 8}),
+}
+
+
 def tiny_config(**kw):
     from nanochat.gpt import GPTConfig
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_config
+from conftest import MEMORY_OPTION_SETS, tiny_config
 from cuda_autocast import (FP32_FUNCS, FP32_UNLESS_DTYPE_FUNCS, LOWER_FUNCS, PROMOTE_FUNCS,
                            CudaAutocastPolicy, cuda_autocast_dtype)
 from nanochat import moe as moe_module
@@ -210,32 +210,7 @@ def test_the_emulation_catches_the_h100_moe_grouped_bug(monkeypatch):
 
 
 # -- every model path under the emulation -----------------------------------------------------------------------
-MEMORIES = {
-    "base": dict(memory="base"),
-    "ve": dict(memory="ve"),
-    "bigram": dict(memory="bigram", memory_options={"factor": 2}),
-    "mome": dict(memory="mome", memory_options={"slots": 6, "topk": 2}),
-    "mome_full_routing": dict(memory="mome", memory_options={"slots": 4, "topk": 4}),
-    "mome_bigram_index": dict(memory="mome", memory_options={"slots": 4, "topk": 2, "index": "bigram",
-                                                             "bigram_factor": 2}),
-    "mome_headmod_index": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "index": "headmod",
-                                                              "rows": 100, "dedicated_size": 30}),
-    "mome_balance": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "bias"}),
-    "mome_trust_region": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "trust-region"}),
-    "mome_token_only": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "routing": "token-only"}),
-    "mome_conv1d": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d"}),
-    "mome_conv1d_value": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d",
-                                                             "router_input": "value"}),
-    "mome_shared_per_head": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "shared_expert": True,
-                                                                "per_head_table": True}),
-    "mome_k1_softmax": dict(memory="mome", memory_options={"slots": 4, "topk": 1}),
-    "mome_maxvio_window": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "maxvio_window": 1}),
-    "engram": dict(memory="engram", memory_options={"compression": "identity", "dim": 64, "heads": 2,
-                                                      "first_prime": 101}),
-    "jtok": dict(memory="jtok"),
-    "jtokm": dict(memory="jtokm"),
-    "move_input": dict(memory="move_input", memory_options={"experts": 5, "rank": 8}),
-}
+MEMORIES = MEMORY_OPTION_SETS
 
 
 def _batch(seed=0, B=2, T=16, V=512):

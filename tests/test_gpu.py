@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, tiny_config
+from conftest import MEMORY_OPTION_SETS, REPO, tiny_config
 from nanochat.common import autocast_context
 from nanochat.gpt import build_model
 from nanochat.memory import mome_mix as mix_paths
@@ -23,27 +23,7 @@ from nanochat.optim import build_optimizer
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")]
 
-MEMORIES = {
-    "base": dict(memory="base"),
-    "ve": dict(memory="ve"),
-    "bigram": dict(memory="bigram", memory_options={"factor": 2}),
-    "mome": dict(memory="mome", memory_options={"slots": 6, "topk": 2}),
-    "mome_full_routing": dict(memory="mome", memory_options={"slots": 4, "topk": 4}),
-    "mome_bigram_index": dict(memory="mome", memory_options={"slots": 4, "topk": 2, "index": "bigram",
-                                                             "bigram_factor": 2}),
-    "mome_balance": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "balance": "bias"}),
-    "mome_token_only": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "routing": "token-only"}),
-    # added 2026-11-26 without a GPU run (no device that session)
-    "mome_conv1d": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d"}),
-    "mome_conv1d_value": dict(memory="mome", memory_options={"slots": 6, "topk": 2, "router_type": "conv1d",
-                                                             "router_input": "value"}),
-    # the appendix blocks (added after the 2026-11-22 GPU run; STEM needs a SwiGLU backbone: the family test below)
-    "engram": dict(memory="engram", memory_options={"compression": "identity", "dim": 64, "heads": 2,
-                                                      "first_prime": 101}),
-    "jtok": dict(memory="jtok"),
-    "jtokm": dict(memory="jtokm"),
-    "move_input": dict(memory="move_input", memory_options={"experts": 5, "rank": 8}),
-}
+MEMORIES = MEMORY_OPTION_SETS
 
 
 def _batch(seed=0, B=4, T=32, V=512):
