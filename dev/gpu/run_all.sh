@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# GPU checks in one device call: the CUDA tests, then the d12 training-step benchmark.
-#   bash dev/gpu/run_all.sh [tests] [bench DESIGNS MIX TOPK ...]    (on the device machine, from the repo root)
+# GPU checks in one device call: the CUDA tests, MoME's ops alone, the d12 training-step benchmark.
+#   bash dev/gpu/run_all.sh [tests] [ops] [bench DESIGNS MIX TOPK ...]    (on the device machine, from the repo root)
+#   ops: bench/mome_ops.py (MoME's ops alone, variants checked then timed; OPS_ARGS adds flags, e.g. "--ops rowmix")
 #   MIX may be a comma list (auto,row: every MoME design once per mix); BENCH_ARGS adds flags, e.g. "--rounds 2"
 #   or "--profile-dir $OUT/prof" (a torch.profiler table per design). The tests need pytest-xdist and pytest-timeout
 #   (the device image has both).
-#   TESTS_LIMIT / BENCH_LIMIT: seconds each step may run (default 240 / 330), so that one call ends inside the device
-#   tool's 10-minute limit; the bench writes its JSON after every process, so a stopped bench keeps its rows.
+#   TESTS_LIMIT / OPS_LIMIT / BENCH_LIMIT: seconds each step may run (default 240 / 285 / 330), so that one call ends
+#   inside the device tool's 10-minute limit; both benches write their JSON as they go, so a stopped one keeps rows.
 # Budget (H100, 2026-11-26): the 54 CUDA tests took 96 s with 4 workers; a bench process ~80 s on a fresh machine
 # (40-44 s compiling), ~27 s once the inductor cache below holds its graphs (a warm machine keeps runs/ between calls).
 export PYTHONPATH=. PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
@@ -18,6 +19,8 @@ while [ $# -gt 0 ]; do
     tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -n 4 --timeout 150 -rfEs \
              > "$OUT/gpu_tests.log" 2>&1; echo "tests rc=$?"
            grep -E "passed|failed|FAILED|ERROR|SKIPPED|Timeout" "$OUT/gpu_tests.log" | tail -30; shift ;;
+    ops) timeout "${OPS_LIMIT:-285}" python3 bench/mome_ops.py --out "$OUT/mome_ops.json" $OPS_ARGS > "$OUT/mome_ops.log" 2>&1
+         echo "ops rc=$?"; tail -30 "$OUT/mome_ops.log"; shift ;;
     bench) name="${2//,/_}_${3//,/_}_$4"  # designs in the name: two bench calls with one mix write two files
            timeout "${BENCH_LIMIT:-330}" python3 bench/train_step.py --designs "$2" --mix "$3" --topk "$4" \
              --out "$OUT/train_step_$name.json" $BENCH_ARGS > "$OUT/bench_$name.log" 2>&1; echo "bench rc=$?"
