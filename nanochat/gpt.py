@@ -39,6 +39,12 @@ def check_window_pattern(pattern) -> str:
     return pattern
 
 
+def shortest_period(pattern: str) -> str:
+    """The shortest string whose repetition is ``pattern`` ("SLSL" -> "SL", "SSSL" -> "SSSL")."""
+    n = len(pattern)
+    return next(pattern[:k] for k in range(1, n + 1) if n % k == 0 and pattern[:k] * (n // k) == pattern)
+
+
 @dataclass
 class GPTConfig:
     family: ClassVar[str] = "nanochat"  # nanochat.families registry key (not a field: meta.json stays as it was)
@@ -78,9 +84,9 @@ class GPTConfig:
             raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
         if self.head_dim % 2:
             raise ValueError(f"head size n_embd / n_head = {self.head_dim} must be even (RoPE rotates pairs)")
-        check_window_pattern(self.window_pattern)
-        if set(self.window_pattern) == {"L"}:  # "LL" is the model "L" is: compare (resume, --init-from) and save alike
-            self.window_pattern = "L"
+        # a repetition tiles as its shortest period ("LL" is "L", "SLSL" is "SL"): the same model compares (resume,
+        # --init-from, eval reuse) and saves alike
+        self.window_pattern = shortest_period(check_window_pattern(self.window_pattern))
 
     @classmethod
     def from_depth(cls, depth: int, aspect_ratio: int = 64, head_dim: int = 128, **kwargs) -> "GPTConfig":

@@ -92,6 +92,20 @@ def test_an_all_L_pattern_is_the_default_config():
     assert GPTConfig(window_pattern="SL").to_dict()["window_pattern"] == "SL"
 
 
+def test_a_repeated_pattern_is_stored_as_its_shortest_period():
+    """"SLSL" tiles exactly as "SL" at every depth: the same model, so the configs compare equal (resume,
+    --init-from, eval reuse) and save alike; a pattern that is not a repetition is kept as given."""
+    for given, stored in (("SLSL", "SL"), ("SSLSSLSSL", "SSL"), ("SSSL", "SSSL"), ("SLS", "SLS"), ("SS", "S"),
+                          ("LSLS", "LS")):
+        assert GPTConfig(window_pattern=given).window_pattern == stored
+        for depth in range(1, 14):  # the given pattern tiled by hand, last layer L
+            letters = [given[i % len(given)] for i in range(depth - 1)] + ["L"]
+            want = tuple(None if c == "L" else 1024 for c in letters)
+            assert GPTConfig(n_layer=depth, window_pattern=given).attention_windows == want
+    assert GPTConfig(window_pattern="SLSL") == GPTConfig(window_pattern="SL")
+    assert GPTConfig(window_pattern="SLSL").to_dict()["window_pattern"] == "SL"
+
+
 def test_all_L_takes_todays_causal_path_bit_for_bit(monkeypatch):
     """Every layer of an all-L model calls SDPA with is_causal and no mask, as before windows existed; an S layer
     whose window reaches every key takes that path too, so its logits are bit-equal to the all-L model's."""
