@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from nanochat.common import is_dist
 from nanochat.eval_resume import stop_voted
 
 
@@ -32,7 +33,7 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast_ctx=None) -
         nats += loss[counted].double().sum().item()
         nbytes += int(tb.sum().item())
     sums = torch.tensor([nats, float(nbytes)], dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if is_dist():
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     nats, nbytes = sums[0].item(), sums[1].item()
     if nbytes == 0:

@@ -11,17 +11,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nanochat.common import rows_to_device
+from nanochat.common import is_dist, rows_to_device
 from nanochat.eval_resume import signals_latched_for_votes, stop_evaluation
-
-
-def _dist_on() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def any_rank(flag: bool, device) -> bool:
     """True on every rank if ``flag`` is true on any rank (used so all ranks stop at the same step)."""
-    if not _dist_on():
+    if not is_dist():
         return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -30,7 +26,7 @@ def any_rank(flag: bool, device) -> bool:
 
 def gather_objects(obj) -> list:
     """Every rank's ``obj`` (picklable), in rank order; [obj] without torch.distributed."""
-    if not _dist_on():
+    if not is_dist():
         return [obj]
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -79,7 +75,7 @@ def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, 
     votes = [float(stop_requested), float(time_up is not None and time_up())]
     shared = torch.cat([torch.stack([loss_sum / grad_accum, aux_sum / grad_accum]),
                         torch.tensor(votes, dtype=torch.float64, device=device)])
-    if _dist_on():
+    if is_dist():
         dist.all_reduce(shared, op=dist.ReduceOp.SUM)
         shared[:2] /= dist.get_world_size()
     loss_mean, aux_mean, signals, times_up, gnorm = torch.cat([shared,
@@ -122,7 +118,7 @@ def stats_buffers(model, kinds: tuple[str, ...] = ("STATS_BUFFERS",)) -> dict[st
 def _sum_over_ranks_(tensors: list[torch.Tensor]) -> None:
     """In place: each tensor summed over the ranks, in ONE collective per dtype (an MoE FFN has its counters in
     every layer), in that dtype: int32 counters stay exact. Collective with several processes; a no-op with one."""
-    if not (_dist_on() and tensors):
+    if not (is_dist() and tensors):
         return
     for dtype in dict.fromkeys(t.dtype for t in tensors):  # the same order on every rank
         group = [t for t in tensors if t.dtype == dtype]
