@@ -79,6 +79,7 @@ def measure_one(args) -> dict:
     _, device = compute_init(args.device)
     mix_paths.MIX = None if args.mix == "auto" else args.mix
     mix_paths.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
+    mix_paths.ROW_SUM = args.row_sum
     label, memory, options, _, backbone = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
                                memory_options=options, **backbone)
@@ -129,7 +130,8 @@ def measure_one(args) -> dict:
             "mfu": 100 * summary["flops_per_token"] * tokens / dt / peak if peak else None,
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
             "params_total": summary["params_total"], "params_memory": summary["params_memory"],
-            "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "compile": args.compile,
+            "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
+            "compile": args.compile,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__}
 
@@ -165,7 +167,8 @@ def table(rows: dict) -> str:
             lines.append(f"| {design[0]} | failed: {r['error'][-120:]} | | | | | | |")
             continue
         paper = paper_tok_per_sec(design[3])
-        variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else ""]
+        variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else "",
+                   f"{r['row_sum']} row sum" if r.get("row_sum", "unrolled") != "unrolled" else ""]
         variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
@@ -193,6 +196,9 @@ def parse_args(argv=None):
     p.add_argument("--topk", default="auto", choices=("auto", "argmax", "topk"),
                    help="MoME top-K selection: masked argmax passes or torch.topk; auto = the model's default "
                         "(argmax on CUDA)")
+    p.add_argument("--row-sum", default="unrolled", choices=("unrolled", "reduce"),
+                   help="the compiled row mix's sum over M: unrolled multiply-adds (the model's) or a broadcast "
+                        "multiply + reduction (before 2026-11-26)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)

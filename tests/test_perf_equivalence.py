@@ -212,18 +212,56 @@ def test_slot_weights_spread_topk_weights_exactly():
     assert torch.equal(dense.scatter(-1, sel, 0.0), torch.zeros_like(dense))
 
 
-def test_row_mix_compiled_form_equals_eager_form(monkeypatch):
-    """mome_row_mix's two formulas (einsum in eager, broadcast-sum when inductor traces it) agree."""
+@pytest.mark.parametrize("row_sum", mix_paths.ROW_SUMS)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_row_mix_compiled_form_equals_eager_form(row_sum, per_head, monkeypatch):
+    """mome_row_mix's formulas (einsum in eager; unrolled multiply-adds or a broadcast-sum when inductor traces it)
+    agree with the naive sum over M, values and gradients, for shared rows (B, T, M, d) and per-head rows
+    (B, T, H, M, d)."""
     g = torch.Generator().manual_seed(0)
-    rows = torch.randn(2, 5, 6, 16, generator=g, dtype=torch.float64)
-    w = torch.rand(2, 5, 3, 6, generator=g, dtype=torch.float64)
+    rows = torch.randn(2, 5, *((3,) if per_head else ()), 6, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(2, 5, 3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(2, 5, 3, 16, generator=g, dtype=torch.float64)
+    by_head = rows if per_head else rows[:, :, None].expand(2, 5, 3, 6, 16)
+    naive = torch.stack([sum(w[:, :, h, m, None] * by_head[:, :, h, m] for m in range(6)) for h in range(3)], dim=2)
+    want = torch.autograd.grad((naive * probe).sum(), (rows, w))
     eager = mix_paths.mome_row_mix(rows, w)
+    monkeypatch.setattr(mix_paths, "ROW_SUM", row_sum)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     traced = mix_paths.mome_row_mix(rows, w)
-    naive = torch.stack([sum(w[:, :, h, m, None] * rows[:, :, m] for m in range(6)) for h in range(3)], dim=2)
+    got = torch.autograd.grad((traced * probe).sum(), (rows, w))
     assert eager.shape == traced.shape == (2, 5, 3, 16)
     torch.testing.assert_close(eager, naive, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(traced, naive, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("row_sum", mix_paths.ROW_SUMS)
+def test_row_mix_compiled_by_inductor_equals_eager(row_sum, monkeypatch):
+    """The real inductor kernels of each compiled row-mix form (~6 s of CPU compilation each), values and
+    gradients, against the eager einsum in fp32."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(mix_paths, "ROW_SUM", row_sum)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(2, 5, 6, 16, generator=g, requires_grad=True)
+    w = torch.rand(2, 5, 3, 6, generator=g, requires_grad=True)
+    probe = torch.randn(2, 5, 3, 16, generator=g)
+    want = mix_paths.mome_row_mix(rows, w)
+    want_grads = torch.autograd.grad((want * probe).sum(), (rows, w))
+    got = torch.compile(mix_paths.mome_row_mix, fullgraph=True, dynamic=False)(rows, w)
+    got_grads = torch.autograd.grad((got * probe).sum(), (rows, w))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_unknown_row_sum_is_refused(monkeypatch):
+    monkeypatch.setattr(mix_paths, "ROW_SUM", "bmm")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(ValueError, match="ROW_SUM 'bmm' is unknown; allowed: unrolled, reduce"):
+        mix_paths.mome_row_mix(torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 3, 6))
 
 
 def _table_gathers(model, loss, target=None) -> int:

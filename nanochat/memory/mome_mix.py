@@ -29,6 +29,8 @@ import torch.nn.functional as F
 MIXES = ("bag", "plain", "row")
 MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
 TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
+ROW_SUMS = ("unrolled", "reduce")
+ROW_SUM = "unrolled"  # the compiled row mix: M unrolled multiply-adds, or a broadcast multiply + sum over M (see above)
 
 
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -71,8 +73,16 @@ def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     w (B, T, H, M) -> (B, T, H, d)."""
     w = w.to(rows.dtype)
     per_head = rows.dim() == 5
-    if torch.compiler.is_compiling():  # a broadcast reduction over M that inductor fuses with the gather
-        return (w[..., None] * (rows if per_head else rows[:, :, None])).sum(dim=-2)
+    if torch.compiler.is_compiling():  # elementwise work that inductor fuses with the gather and the gate
+        by_slot = rows if per_head else rows[:, :, None]  # (B, T, H or 1, M, d)
+        if ROW_SUM not in ROW_SUMS:
+            raise ValueError(f"nanochat.memory.mome_mix.ROW_SUM {ROW_SUM!r} is unknown; allowed: {', '.join(ROW_SUMS)}")
+        if ROW_SUM == "reduce":
+            return (w[..., None] * by_slot).sum(dim=-2)
+        out = w[..., 0, None] * by_slot[..., 0, :]  # (B, T, H, d)
+        for s in range(1, rows.size(-2)):
+            out = out + w[..., s, None] * by_slot[..., s, :]
+        return out
     # eager: batched GEMMs, no (B, T, H, M, d) temporary; in the table's dtype, like the K-row mixes (autocast
     # would run this bmm, and so the table gradient, in bf16)
     with torch.autocast(rows.device.type, enabled=False):
