@@ -6,7 +6,9 @@ timed forward and forward + backward.
     python bench/mome_ops.py --ops rowmix,gate                            # a subset of the ops
     python bench/mome_ops.py --device cpu --small                         # smoke test (eager, fp32)
 
-Ops (B=32, T=2048, H=6 heads of d=128, M=6 slots, K=2, vocab V=32768; the first variant is today's path):
+Ops (B=32, T=2048, H=6 heads of d=128, M=6 slots, K=2, vocab V=32768). The first variant of each op, the
+baseline, is the model's path when this bench was written; since 2026-11-26 the compiled row mix is the
+``unrolled`` variant (docs/performance.md):
 * ``rowmix``: rows (B, T, M, d) fp32 (n_t's slots, shared by the heads), sel/w (B, T, H, K) -> (B, T, H, d).
 * ``gate_rowmix``: logits (B, T, H, M) + rows -> (B, T, H, d), the gate and the row mix as inductor fuses them
   in the model (the profile's 0.71 ms row-mix kernel has the gate's sigmoid in its name).
@@ -179,7 +181,7 @@ class Op:
     names: tuple  # the inputs' names
     grad_args: tuple  # indices of the inputs that get gradients
     reference: object  # (*float64 inputs, Shape) -> the canonical output
-    variants: dict  # name -> (function, compiled?); the first is today's path
+    variants: dict  # name -> (function, compiled?); the first is the baseline
 
 
 def default_ops() -> dict[str, Op]:

@@ -71,12 +71,13 @@ def gate_mask_dense(logits, *, m, k, out_dtype):
 
 # -- the row mix: rows (B, T, M, d) shared by the heads, sel/w (B, T, H, K) -> (B, T, H, d) ---------------------
 def _mix_bcast_sum(rows, wd):
-    """Today's compiled mome_row_mix: dense weights (B, T, H, M), a broadcast multiply and a reduction over M."""
+    """The compiled mome_row_mix until 2026-11-26 (ROW_SUM "reduce"): dense weights (B, T, H, M), a broadcast multiply and a reduction over M."""
     return (wd.to(rows.dtype)[..., None] * rows[:, :, None]).sum(dim=-2)
 
 
 def _mix_unrolled(rows, wd):
-    """M unrolled as fused multiply-adds: pointwise over (B, T, H, d), no reduction dimension."""
+    """M unrolled as fused multiply-adds: pointwise over (B, T, H, d), no reduction dimension (the compiled
+    mome_row_mix since 2026-11-26)."""
     wd = wd.to(rows.dtype)
     out = wd[..., 0, None] * rows[:, :, None, 0]
     for s in range(1, rows.size(2)):
@@ -135,7 +136,8 @@ def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
 # -- gate + row mix end to end: rows (B, T, M, d), logits (B, T, H, M) -> (B, T, H, d) ---------------------------
 # In the model inductor fuses the gate into the row mix (the profile's 0.71 ms kernel is named ..._sigmoid_sum_...)
 def gate_rowmix_today(rows, logits, *, m, k, out_dtype):
-    """Today: argmax passes, sigmoid-norm of the K logits, slot_weights, the bcast-sum row mix."""
+    """The model until 2026-11-26: argmax passes, sigmoid-norm of the K logits, slot_weights, the bcast-sum row
+    mix."""
     return _mix_bcast_sum(rows, gate_argmax_dense(logits, m=m, k=k, out_dtype=out_dtype)).to(out_dtype)
 
 
@@ -198,7 +200,8 @@ def table_index_add(table, row, sel, w, *, m, k, out_dtype):
 
 
 def table_rowmix(table, row, sel, w, *, m, k, out_dtype):
-    """Today's shared-table path: gather the M slots of n_t (B, T, M, d), then the row mix (bcast_sum)."""
+    """The shared-table path until 2026-11-26: gather the M slots of n_t (B, T, M, d), then the row mix
+    (bcast_sum)."""
     return rowmix_bcast_sum(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
 
 

@@ -17,8 +17,12 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   the d12 compound-scaling row n24/M6 each is 604M fp32 entries). Measured on CPU: a depth-6 model's backward
   2.25x -> 1.03x VE's when compiled, fwd+bwd 2-3% faster in eager mode; on an H100 (d12, 2026-11-26) the step
   takes the same time as the plain mix's (295.1 vs 294.4 ms) with 1.5 GB less peak memory.
+  Compiled, its sum over M is M unrolled multiply-adds (``ROW_SUM``): autograd's backward of a broadcast multiply +
+  sum reduces over H at stride d, and took 0.96 ms of kernels per d12 call on an H100 against 0.55 ms
+  (bench/mome_ops.py); the bigram-indexed d12 step on an H200 went from 269.5 to 263.5 ms.
   For a per-layer table the row mix scatters M*d values per token (VE's count at equal memory) instead of H*K*d;
-  it is not the default there (slower on CPU in eager mode, 1.2% slower per d12 step on the H100).
+  it is not the default there (slower on CPU in eager mode; per d12 step on the H100 1.2% slower with the old sum,
+  on an H200 0.5% faster with the unrolled one, inside the spread between processes).
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
 """
