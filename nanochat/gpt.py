@@ -279,14 +279,27 @@ def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0, window: int | N
             mask = attention_mask(0, T, T, window, q.device)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
-        k, v = kv_cache.update(layer_idx, k, v)  # (B, kv_heads, pos+T, d)
+        if torch.is_autocast_enabled(q.device.type):
+            # SDPA is on autocast's lower-precision list (CPU and CUDA): it would cast q, k, v to the autocast dtype
+            # anyway. Casting the new k/v before caching gives SDPA the same inputs and keeps the cache in that
+            # dtype, instead of re-casting the whole fp32 prefix each step (under CUDA autocast QK-norm's rms_norm
+            # returns fp32 k). float64 is left alone, as autocast leaves it.
+            dt = torch.get_autocast_dtype(q.device.type)
+            q, k, v = (t.to(dt) if t.dtype != torch.float64 else t for t in (q, k, v))
+        k, v = kv_cache.update(layer_idx, k, v)  # views (B, kv_heads, pos+T, d) of the cache's storage
+        pos = k.size(2) - T  # position of the first new query
+        start = 0
+        if window is not None:
+            # keys before pos - window are outside every new query's window (they were masked out): leave them out
+            start = max(0, pos - window)
+            k, v = k[:, :, start:], v[:, :, start:]  # (B, kv_heads, pos+T-start, d)
         T_k = k.size(2)
-        if window is not None and window >= T_k:
-            window = None  # every cached key is within the window
+        if window is not None and window >= T_k - 1:
+            window = None  # every remaining key is within the window: row - col <= T_k - 1
         if T == 1 and window is None:
             y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         else:
-            mask = attention_mask(T_k - T, T, T_k, window, q.device)
+            mask = attention_mask(pos - start, T, T_k, window, q.device)  # key col here is key start+col
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
 
