@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from cuda_autocast import CudaAutocastPolicy, cuda_autocast_dtype
-from nanochat import gpt
 from nanochat.engine import generate, generate_uncached
 from nanochat.families import FAMILIES, build_model
 from nanochat.gpt import attention_mask, causal_attention
