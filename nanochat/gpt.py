@@ -255,9 +255,11 @@ def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0, window: int | N
     """Causal attention of q (B, T, H, d) over k, v (B, T, H_kv, d) -> (B, T, H, d), shared by every family.
 
     GQA: KV head j serves query heads j*H/H_kv ... (j+1)*H/H_kv - 1. The --attention backend (FlashAttention-2/3)
-    for forwards without a KV cache on its device, else SDPA; with a KV cache the new k/v are appended first and the
-    T new queries attend to the whole prefix. ``window`` (window_left) limits each query to itself and the ``window``
-    keys before it (flash: window_size=(window, 0)); None, or a window reaching every key, is the plain causal path."""
+    for forwards without a KV cache on its device, else SDPA; with a KV cache the new k/v are appended first (in
+    SDPA's autocast dtype under autocast) and the T new queries attend to the whole prefix, or on a windowed layer
+    to the cached keys within their window only. ``window`` (window_left) limits each query to itself and the
+    ``window`` keys before it (flash: window_size=(window, 0)); None, or a window reaching every key, is the plain
+    causal path."""
     T = q.size(1)
     flash = _ATTENTION
     if flash.func is not None and kv_cache is None and q.device.type == flash.device_type:

@@ -19,8 +19,9 @@ class KVCache:
                  device=None, dtype: torch.dtype | None = None):
         self.shape = (batch_size, n_kv_head, max_len, head_dim)
         self.device = device
-        # lists, not one (n_layer, ...) tensor: K and V, and in principle layers, may differ in dtype (under CUDA
-        # autocast outside the attention call, QK-norm's rms_norm returns fp32 k beside a bf16 v)
+        # lists, not one (n_layer, ...) tensor: K and V of each layer take the dtype of their own first write, so
+        # nothing forces one dtype on all of them (outside autocast a caller may write fp32 k beside a bf16 v;
+        # under autocast causal_attention casts both to SDPA's dtype first)
         self.k: list[torch.Tensor | None] = [None] * n_layer
         self.v: list[torch.Tensor | None] = [None] * n_layer
         if dtype is not None:
