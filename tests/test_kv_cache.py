@@ -194,3 +194,13 @@ def test_cached_decoding_under_bf16_autocast_with_a_sliding_window(memory):
     assert (torch.cat(steps, 1) - full).abs().max() < 5e-2
     assert cached[:3] == uncached[:3], (cached, uncached)
 
+
+
+def test_decode_bench_runs_tiny(capsys):
+    from conftest import load_bench
+
+    out = load_bench("decode").main(["--depth", "2", "--width", "64", "--head-dim", "32", "--seq-len", "8",
+                                     "--prompt", "3", "--tokens", "9", "--reps", "2", "--threads", "0"])
+    assert out["windows"] == (4, None) and out["min_seconds"] <= out["seconds"]
+    assert out["min_tok_per_s"] == pytest.approx(9 / out["min_seconds"])
+    assert "tokens 9" in capsys.readouterr().out
