@@ -255,9 +255,11 @@ def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0, window: int | N
     """Causal attention of q (B, T, H, d) over k, v (B, T, H_kv, d) -> (B, T, H, d), shared by every family.
 
     GQA: KV head j serves query heads j*H/H_kv ... (j+1)*H/H_kv - 1. The --attention backend (FlashAttention-2/3)
-    for forwards without a KV cache on its device, else SDPA; with a KV cache the new k/v are appended first and the
-    T new queries attend to the whole prefix. ``window`` (window_left) limits each query to itself and the ``window``
-    keys before it (flash: window_size=(window, 0)); None, or a window reaching every key, is the plain causal path."""
+    for forwards without a KV cache on its device, else SDPA; with a KV cache the new k/v are appended first (in
+    SDPA's autocast dtype under autocast) and the T new queries attend to the whole prefix, or on a windowed layer
+    to the cached keys within their window only. ``window`` (window_left) limits each query to itself and the
+    ``window`` keys before it (flash: window_size=(window, 0)); None, or a window reaching every key, is the plain
+    causal path."""
     T = q.size(1)
     flash = _ATTENTION
     if flash.func is not None and kv_cache is None and q.device.type == flash.device_type:
@@ -279,14 +281,27 @@ def causal_attention(q, k, v, kv_cache=None, layer_idx: int = 0, window: int | N
             mask = attention_mask(0, T, T, window, q.device)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
-        k, v = kv_cache.update(layer_idx, k, v)  # (B, kv_heads, pos+T, d)
+        if torch.is_autocast_enabled(q.device.type):
+            # SDPA is on autocast's lower-precision list (CPU and CUDA): it would cast q, k, v to the autocast dtype
+            # anyway. Casting the new k/v before caching gives SDPA the same inputs and keeps the cache in that
+            # dtype, instead of re-casting the whole fp32 prefix each step (under CUDA autocast QK-norm's rms_norm
+            # returns fp32 k). float64 is left alone, as autocast leaves it.
+            dt = torch.get_autocast_dtype(q.device.type)
+            q, k, v = (t.to(dt) if t.dtype != torch.float64 else t for t in (q, k, v))
+        k, v = kv_cache.update(layer_idx, k, v)  # views (B, kv_heads, pos+T, d) of the cache's storage
+        pos = k.size(2) - T  # position of the first new query
+        start = 0
+        if window is not None:
+            # keys before pos - window are outside every new query's window (they were masked out): leave them out
+            start = max(0, pos - window)
+            k, v = k[:, :, start:], v[:, :, start:]  # (B, kv_heads, pos+T-start, d)
         T_k = k.size(2)
-        if window is not None and window >= T_k:
-            window = None  # every cached key is within the window
+        if window is not None and window >= T_k - 1:
+            window = None  # every remaining key is within the window: row - col <= T_k - 1
         if T == 1 and window is None:
             y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         else:
-            mask = attention_mask(T_k - T, T, T_k, window, q.device)
+            mask = attention_mask(pos - start, T, T_k, window, q.device)  # key col here is key start+col
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
 
