@@ -500,3 +500,53 @@ def test_the_stop_vote_stops_every_rank_at_the_same_batch(tmp_path):
         "rank 1 signalled between votes": [[[0, 1], "SIGTERM"], [[0, 1], "SIGTERM"]],
         "rank 0 signalled after its last batch": [[[0, 1], "SIGTERM"], [[0, 1], "SIGTERM"]],
     }
+
+
+def test_a_signal_during_set_up_stops_every_rank_right_after_that_step(tmp_path):
+    """Set-up steps of an evaluation (every_rank_ok, rank0_decides) on 2 gloo ranks under interrupts_raise: a signal
+    latched on one rank during a step (or, for rank0_decides, on a rank that does not run fn) ends the evaluation on
+    every rank right after that step, with the same Interrupted (the larger signal number when ranks got different
+    ones, as the stop vote), not at the first batch's vote. An error in fn is raised first (the signal stays latched
+    and stops the next step). Without a signal the results are those of today; in training's set-up (StopSignal,
+    no interrupts_raise) a signal changes nothing there. One torchrun, ~5 s."""
+    from conftest import run_torchrun
+
+    out = tmp_path / "setup.json"
+    res = run_torchrun(Path(__file__).parent / "_setup_stop_worker.py", 2, [str(out)], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stopped_after_step = [["step done"], "SIGTERM"]
+    assert json.loads(out.read_text()) == {
+        "no signal": [[[0, "rank 0's choice"], "finished"], [[10, "rank 0's choice"], "finished"]],
+        "every_rank_ok, rank 1 signalled": [stopped_after_step, stopped_after_step],
+        "every_rank_ok, rank 0 signalled": [stopped_after_step, stopped_after_step],
+        "rank0_decides, rank 0 signalled in fn": [stopped_after_step, [[], "SIGTERM"]],
+        "rank0_decides, rank 1 signalled before": [[[], "SIGTERM"], [[], "SIGTERM"]],
+        "different signals": [stopped_after_step, stopped_after_step],  # SIGINT on rank 0, SIGTERM on rank 1
+        "every_rank_ok error and a signal": [[["FileNotFoundError: rank 0 of 2: gone"], "SIGTERM"]] * 2,
+        "rank0_decides error and a signal": [[["FileNotFoundError: gone"], "SIGTERM"]] * 2,
+        "a later signal changes nothing": [[["step done", "stopped (SIGTERM); latched 15", "SIGINT ignored"],
+                                            "SIGTERM"]] * 2,
+        "training set-up, rank 1 signalled": [[["step done", 0, "rank 0's choice"], "received None"],
+                                              [["step done", 10, "rank 0's choice"], "received SIGTERM"]],
+    }
+
+
+def test_a_signal_during_set_up_in_one_process_raises_at_once():
+    """One process (no torch.distributed): every_rank_ok and rank0_decides are fn itself, so the signal raises in
+    fn, where it arrives, as before."""
+    import os
+    import signal
+
+    from nanochat.common import every_rank_ok, rank0_decides
+    from nanochat.eval_resume import Interrupted, interrupts_raise
+
+    for helper in (every_rank_ok, rank0_decides):
+        seen = []
+
+        def step():
+            os.kill(os.getpid(), signal.SIGTERM)
+            seen.append("after the signal")
+
+        with interrupts_raise(), pytest.raises(Interrupted, match="SIGTERM"):
+            helper(step)
+        assert seen == [], helper
