@@ -120,13 +120,29 @@ def training_setup(rank) -> tuple[list, str]:
     return seen, f"received {stop.received}"
 
 
+def training_final_eval(rank) -> tuple[list, str]:
+    """base_train's final evaluation (StopSignal.interrupts) prepares CORE tasks in every_rank_ok/rank0_decides too:
+    a signal there ends it on every rank, as one during its batches (base_train writes the summary then)."""
+    seen, stop = [], StopSignal().install()
+    try:
+        with stop.interrupts():
+            seen.append(every_rank_ok(signalled_in(rank, {1: signal.SIGTERM}, seen)))
+    except Interrupted as e:
+        return seen, f"{e}; received {stop.received}"
+    finally:
+        stop.uninstall()
+    return seen, f"finished; received {stop.received}"
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     results = {}
-    for name, scenario in [*SCENARIOS.items(), ("training set-up, rank 1 signalled", None)]:
-        mine = run(scenario, rank) if scenario is not None else training_setup(rank)
+    training = {"training set-up, rank 1 signalled": training_setup,
+                "training's final evaluation, rank 1 signalled": training_final_eval}
+    for name, scenario in [*SCENARIOS.items(), *training.items()]:
+        mine = run(scenario, rank) if name in SCENARIOS else scenario(rank)
         both = [None, None]
         dist.all_gather_object(both, mine)
         results[name] = both
