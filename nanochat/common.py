@@ -122,7 +122,7 @@ def _broadcast_bytes_and_max_signal(payload: bytes) -> tuple[bytes, int]:
     else:
         data = torch.empty(size, dtype=torch.uint8, device=device)
     dist.broadcast(data, src=0)
-    return data.cpu().numpy().tobytes(), signum
+    return (payload if dist.get_rank() == 0 else data.cpu().numpy().tobytes()), signum
 
 
 def rank0_decides(fn):
@@ -139,21 +139,22 @@ def rank0_decides(fn):
     """
     if not is_dist():
         return fn()
-    error = None
+    outcome, error, payload = None, None, b""
     if dist.get_rank() == 0:
         try:
-            payload = pickle.dumps(("ok", fn()))  # an unpicklable value fails here, on rank 0, like fn itself
+            outcome = ("ok", fn())
+            payload = pickle.dumps(outcome)  # an unpicklable value fails here, on rank 0, like fn itself
         except Exception as e:  # noqa: BLE001 - raised on every rank below
-            payload, error = pickle.dumps(("error", _portable(e))), e
-    else:
-        payload = b""
+            outcome, error = ("error", _portable(e)), e
+            payload = pickle.dumps(outcome)
     payload, signum = _broadcast_bytes_and_max_signal(payload)
-    status, value = pickle.loads(payload)
-    if status == "error":
-        raise error if error is not None else value
+    if outcome is None:  # rank 0 keeps fn's own objects (and skips unpickling what may be a whole task's rows)
+        outcome = pickle.loads(payload)
+    if outcome[0] == "error":
+        raise error if error is not None else outcome[1]
     if signum:
         _stop_together(signum)
-    return value
+    return outcome[1]
 
 
 def every_rank_ok(fn):

@@ -34,6 +34,8 @@ def signalled_in(rank: int, signalled: dict, seen: list):
 def no_signal(rank, seen):
     seen.append(every_rank_ok(lambda: rank * 10))
     seen.append(rank0_decides(lambda: f"rank {rank}'s choice"))
+    mine = ["rank 0's object"]
+    seen.append(rank0_decides(lambda: mine) is mine)  # rank 0 gets fn's own object, the others a copy
 
 
 def every_rank_ok_one_rank(signalled_rank):

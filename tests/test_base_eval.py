@@ -517,7 +517,7 @@ def test_a_signal_during_set_up_stops_every_rank_right_after_that_step(tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     stopped_after_step = [["step done"], "SIGTERM"]
     assert json.loads(out.read_text()) == {
-        "no signal": [[[0, "rank 0's choice"], "finished"], [[10, "rank 0's choice"], "finished"]],
+        "no signal": [[[0, "rank 0's choice", True], "finished"], [[10, "rank 0's choice", False], "finished"]],
         "every_rank_ok, rank 1 signalled": [stopped_after_step, stopped_after_step],
         "every_rank_ok, rank 0 signalled": [stopped_after_step, stopped_after_step],
         "rank0_decides, rank 0 signalled in fn": [stopped_after_step, [[], "SIGTERM"]],
