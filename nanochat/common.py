@@ -88,26 +88,72 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+def _latched_signal() -> int:
+    """The signal an evaluation latched on this rank for the next stop vote, 0 when none (see
+    nanochat.eval_resume.stop_evaluation); imported here, not at the top: eval_resume imports this module."""
+    from nanochat.eval_resume import latched_signal
+    return latched_signal()
+
+
+def _stop_together(signum: int) -> None:
+    from nanochat.eval_resume import stop_together
+    stop_together(signum)
+
+
+def _object_device() -> torch.device:
+    """Where object collectives stage their bytes, as torch.distributed's own do: the current GPU under NCCL (it
+    moves only GPU tensors; compute_init chose the GPU), the CPU otherwise."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast_bytes_and_max_signal(payload: bytes) -> tuple[bytes, int]:
+    """(rank 0's ``payload``, the largest signal latched on any rank) on every rank, in the two collectives that
+    broadcast_object_list makes (the size, then the bytes): the size goes in an all-reduce that carries the signals
+    too (MAX: only rank 0 has a non-zero size)."""
+    device = _object_device()
+    head = torch.tensor([len(payload) if dist.get_rank() == 0 else 0, _latched_signal()], dtype=torch.int64,
+                        device=device)
+    dist.all_reduce(head, op=dist.ReduceOp.MAX)
+    size, signum = head.tolist()
+    if dist.get_rank() == 0:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        data = torch.empty(size, dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return (payload if dist.get_rank() == 0 else data.cpu().numpy().tobytes()), signum
+
+
 def rank0_decides(fn):
     """Run ``fn()`` on rank 0 only and return its result on every rank; if it raises, every rank raises it.
 
     For choices that must not differ between ranks (which checkpoint to resume, whether the CORE bundle is
     there, which task files exist): a per-rank decision on per-node filesystems or flaky downloads lets ranks
     take different branches and then hang in a collective. Every rank must call this (it is a collective).
+
+    In an evaluation (``nanochat.eval_resume.interrupts_raise``) a signal latched on any rank, before or during the
+    step, ends it with the same ``Interrupted`` on every rank once ``fn`` has returned, so a set-up step does not
+    carry a signal on to the first batch's stop vote; an error of ``fn`` is raised instead (the signal stays
+    latched and stops the next step or vote): it is what the user has to fix before the rerun.
     """
     if not is_dist():
         return fn()
-    outcome, error = None, None
+    outcome, error, payload = None, None, b""
     if dist.get_rank() == 0:
         try:
-            value = fn()
-            pickle.dumps(value)  # fail here, not inside the broadcast the other ranks are already waiting in
-            outcome = ("ok", value)
+            outcome = ("ok", fn())
+            payload = pickle.dumps(outcome)  # an unpicklable value fails here, on rank 0, like fn itself
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             outcome, error = ("error", _portable(e)), e
-    outcome = broadcast_object(outcome)
+            payload = pickle.dumps(outcome)
+    payload, signum = _broadcast_bytes_and_max_signal(payload)
+    if outcome is None:  # rank 0 keeps fn's own objects (and skips unpickling what may be a whole task's rows)
+        outcome = pickle.loads(payload)
     if outcome[0] == "error":
         raise error if error is not None else outcome[1]
+    if signum:
+        _stop_together(signum)
     return outcome[1]
 
 
@@ -117,6 +163,9 @@ def every_rank_ok(fn):
     If ``fn`` raises on any rank, every rank raises the lowest failing rank's exception (same type, message
     prefixed with that rank), so no rank goes on to a collective the others never enter. ``fn`` itself must not
     enter collectives (a failing rank would skip them). Every rank must call this (it is a collective).
+
+    A signal an evaluation latched on any rank ends the step on every rank as in ``rank0_decides`` (the error of a
+    failing rank first); the signal travels in the same exchange as the errors.
     """
     if not is_dist():
         return fn()
@@ -125,15 +174,18 @@ def every_rank_ok(fn):
         result = fn()
     except Exception as e:  # noqa: BLE001 - shared with the other ranks below
         error = e
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, None if error is None else _portable(error))
-    for rank, exc in enumerate(errors):
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (None if error is None else _portable(error), _latched_signal()))
+    for rank, (exc, _) in enumerate(gathered):
         if exc is not None:  # every rank raises the lowest failing rank's error, naming that rank
             try:  # same type, so callers catch it as they would on the failing rank
-                shared = type(exc)(f"rank {rank} of {len(errors)}: {exc}")
+                shared = type(exc)(f"rank {rank} of {len(gathered)}: {exc}")
             except Exception:  # noqa: BLE001 - a type that needs more than a message
                 shared = exc
             raise shared from (error or exc)
+    signum = max(signum for _, signum in gathered)  # the largest, as the stop vote: the same on every rank
+    if signum:
+        _stop_together(signum)
     return result
 
 

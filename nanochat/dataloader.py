@@ -330,7 +330,9 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
 
     With several ranks (collective: every rank must call it) the tokenization is split: the documents come in
     chunks of 128, rank r tokenizes chunks r, r+W, ... of each round of W chunks and the ranks exchange the
-    tokens, so each tokenizes ~1/W of the text and every rank packs the same rows.
+    tokens, so each tokenizes ~1/W of the text and every rank packs the same rows. In an evaluation
+    (``nanochat.eval_resume.interrupts_raise``) a signal latched on any rank ends it with ``Interrupted`` on every
+    rank after the round it came in.
     """
     from nanochat.dataset import iter_documents
 
@@ -345,8 +347,16 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
         if world_size > 1:
             import torch.distributed as dist
 
+            from nanochat.eval_resume import latched_signal, stop_together
+
+            # the exchange carries an evaluation's latched signal: a stop while a long split is tokenized takes
+            # effect after this round on every rank, not after the whole split (0 outside an evaluation)
             chunks = [None] * world_size
-            dist.all_gather_object(chunks, mine)
+            dist.all_gather_object(chunks, (mine, latched_signal()))
+            signum = max(signum for _, signum in chunks)
+            if signum:
+                stop_together(signum)
+            chunks = [chunk for chunk, _ in chunks]
         else:
             chunks = [mine]
         ready.extend(chunks)

@@ -143,8 +143,8 @@ class Interrupted(KeyboardInterrupt):
 @contextmanager
 def interrupts_raise():
     """Turn SIGINT and SIGTERM into ``Interrupted`` (SIGTERM would otherwise kill the process without a word), at
-    once or, under torch.distributed, at the next stop vote (``stop_evaluation``). Nothing is saved on the way out:
-    every finished item is already on disk."""
+    once or, under torch.distributed, at the next stop vote or set-up step (``stop_evaluation``). Nothing is saved
+    on the way out: every finished item is already on disk."""
     def handle(signum, frame):
         stop_evaluation(signum)
 
@@ -174,12 +174,29 @@ def signals_latched_for_votes():
         _latched_signum = None
 
 
+def latched_signal() -> int:
+    """The number of the signal this process latched for the next stop vote; 0 when none. Outside an evaluation
+    (training's set-up, which StopSignal handles without latching here) it is always 0."""
+    return _latched_signum or 0
+
+
+def stop_together(signum: int) -> None:
+    """Raise ``Interrupted(signum)``: a vote (``stop_voted``, or the exchange of a set-up step in
+    ``nanochat.common.every_rank_ok`` / ``rank0_decides``) found ``signum`` latched on some rank, so every rank raises
+    it here. Latched on every rank, so a later signal changes nothing on any rank (the clean-up that follows destroys
+    the group, after which a signal would otherwise take the one-process path and raise again)."""
+    global _latched_signum
+    _latched_signum = signum
+    raise Interrupted(signum)
+
+
 def stop_evaluation(signum: int) -> None:
     """What a signal handler does during an evaluation. One process: raise ``Interrupted`` at once. Several: latch
-    the signal; every rank raises it at the next ``stop_voted`` batch, together. Raised here it would leave this
-    rank alone: the others wait in the evaluation's next collective (gloo: an error; NCCL: a hang until the
-    timeout) when a signal reaches one rank only, or the ranks stop at different batches when it reaches each at a
-    different moment."""
+    the signal; every rank raises it together at the next ``stop_voted`` batch or at the end of the next set-up
+    step (``nanochat.common.every_rank_ok`` / ``rank0_decides``: loading, tokenizing, preparing a task), whichever
+    comes first. Raised here it would leave this rank alone: the others wait in the evaluation's next collective
+    (gloo: an error; NCCL: a hang until the timeout) when a signal reaches one rank only, or the ranks stop at
+    different batches when it reaches each at a different moment."""
     global _latched_signum
     if _latched_signum is not None:  # the evaluation is already stopping (e.g. in its clean-up): nothing changes
         return
@@ -202,7 +219,6 @@ def stop_voted(batches, device, every: int = VOTE_EVERY_BATCHES):
     raises the same ``Interrupted`` at the same vote; a rank whose batches ran out (ranks can have one more than
     others) counts on without work until the vote at which no rank has any left. Every rank must iterate it to the
     end (a collective); in one process it is ``batches`` itself (a signal raises at once)."""
-    global _latched_signum
     if not is_dist():
         yield from batches
         return
@@ -215,8 +231,7 @@ def stop_voted(batches, device, every: int = VOTE_EVERY_BATCHES):
             torch.distributed.all_reduce(votes, op=torch.distributed.ReduceOp.MAX)
             signum, any_left = votes.tolist()
             if signum:  # the largest number when ranks got different signals: the same exception on every rank
-                _latched_signum = signum  # stopping now: later signals change nothing on any rank
-                raise Interrupted(signum)
+                stop_together(signum)
             if not any_left:
                 return
         if batch is not none_left:

@@ -247,9 +247,9 @@ class StopSignal:
 
     Inside ``interrupts()`` (the final evaluation: the last checkpoint is saved, only the evaluation and the
     summary are left) the first signal ends the evaluation instead, and one latched before ends it on entry: at
-    once in one process, at the next batch's stop vote on every rank under torch.distributed (see
-    ``nanochat.eval_resume.stop_evaluation``); the signals after it change nothing (a later Ctrl-C aborts, as
-    always), so the summary that follows is written."""
+    once in one process, at the next batch's stop vote or set-up step (e.g. preparing a CORE task) on every rank
+    under torch.distributed (see ``nanochat.eval_resume.stop_evaluation``); the signals after it change nothing (a
+    later Ctrl-C aborts, as always), so the summary that follows is written."""
 
     abort_after_s = 1.0
 

@@ -210,8 +210,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         compute_cleanup()
         return 2
-    except Interrupted as e:  # during the setup (evaluate handles the evaluation itself)
+    except Interrupted as e:  # during the setup (evaluate handles the evaluation itself), on every rank alike
         print0(f"base_eval: interrupted ({e}) before anything was evaluated", file=sys.stderr)
+        compute_cleanup()  # gloo's threads joined now: left to the exit, a rank sometimes died of SIGABRT
         return 128 + e.signum
 
 
@@ -225,8 +226,8 @@ def evaluate(args) -> int:
     rank0_decides(lambda: ensure_writable(out_dir, "--out-dir"))  # rank 0 writes the results: fail now, not after
     # one evaluation per output directory at a time: two would overwrite each other's partial results and reports
     lock = RunDirLock(out_dir) if rank == 0 else None
-    rank0_decides(lambda: lock.acquire("--out-dir") and None)
-    try:
+    try:  # a signal on any rank can end the acquiring step once rank 0 holds the lock (release: a no-op if not held)
+        rank0_decides(lambda: lock.acquire("--out-dir") and None)
         return evaluate_into(args, info, device, run, step, out_dir)
     finally:
         if lock is not None:

@@ -430,7 +430,7 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
     if latched:
         return interrupted_final_eval(run, training_stop, latched[0], evals)
     try:
-        with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation (at the next batch's vote)
+        with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation (next vote or set-up step)
             final_eval(run, evals)
     except Interrupted as e:  # raised on every rank alike, with the signal of the rank(s) that got one
         return interrupted_final_eval(run, training_stop, signal.Signals(e.signum).name, evals)

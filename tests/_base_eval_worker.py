@@ -1,7 +1,11 @@
 """torchrun worker for test_base_eval: scripts.base_eval under gloo. ``--sigterm-at-task K R[,R...]`` first: the
 ranks R send themselves SIGTERM when they start CORE task K (0-based): every rank, as a Slurm time limit reaches
-them, or one alone."""
+them, or one alone. ``--sigterm-in MODULE:NAME R[,R...]`` first: the ranks R send themselves SIGTERM when they
+call MODULE.NAME (a set-up step, e.g. scripts.base_eval:load_chosen_checkpoint or
+nanochat.run_dir:RunDirLock.acquire)."""
 
+import functools
+import importlib
 import os
 import signal
 import sys
@@ -18,10 +22,24 @@ def sigterm_at_task(k: int, ranks: set[int]) -> None:
     def wrapped(*args, **kwargs):
         calls.append(1)
         if len(calls) > k and int(os.environ["RANK"]) in ranks:
-            os.kill(os.getpid(), signal.SIGTERM)  # latched: every rank stops at the task's first batch vote
+            os.kill(os.getpid(), signal.SIGTERM)  # latched: every rank stops once the task's examples are prepared
         return real(*args, **kwargs)
 
     core_eval.evaluate_task = wrapped
+
+
+def sigterm_in(where: str, ranks: set[int]) -> None:
+    module, _, name = where.partition(":")
+    *owners, attr = name.split(".")
+    owner = functools.reduce(getattr, owners, importlib.import_module(module))
+    real = getattr(owner, attr)
+
+    def wrapped(*args, **kwargs):
+        if int(os.environ["RANK"]) in ranks:
+            os.kill(os.getpid(), signal.SIGTERM)  # latched: every rank stops once this set-up step is done
+        return real(*args, **kwargs)
+
+    setattr(owner, attr, wrapped)
 
 
 if __name__ == "__main__":
@@ -29,5 +47,8 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     if argv[:1] == ["--sigterm-at-task"]:
         sigterm_at_task(int(argv[1]), {int(r) for r in argv[2].split(",")})
+        argv = argv[3:]
+    if argv[:1] == ["--sigterm-in"]:
+        sigterm_in(argv[1], {int(r) for r in argv[2].split(",")})
         argv = argv[3:]
     sys.exit(main(argv))

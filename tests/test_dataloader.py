@@ -319,3 +319,22 @@ def test_open_parquet_files_are_bounded(tmp_path):
     assert texts == {f"file {i} doc {j}" for i in range(len(files)) for j in range(3)}
     assert len(index._open) == MAX_OPEN_SHARDS
     assert all(index.read(u) == index.read(u) for u in range(4))  # reopening a closed file reads the same rows
+
+
+def test_a_signal_while_a_split_is_tokenized_stops_every_rank_after_that_round(embedded_data_dir,  # noqa: F811
+                                                                                tiny_tokenizer_dir, tmp_path):  # noqa: F811
+    """base_eval builds a split's rows under interrupts_raise: SIGTERM on rank 1 while it tokenizes round 2 (of
+    many: chunks of 4 documents here) ends the tokenization on both ranks right after that round's exchange, with
+    the same Interrupted, not after the whole split. Without a signal every rank runs every round. One torchrun."""
+    import json
+
+    from conftest import REPO, run_torchrun
+
+    out = tmp_path / "stops.json"
+    r = run_torchrun(REPO / "tests" / "_eval_rows_stop_worker.py", 2,
+                     [str(embedded_data_dir), str(tiny_tokenizer_dir), "0,2", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    (rounds0, done0), (rounds1, done1) = res["0"]
+    assert done0 == done1 == "finished" and rounds0 == rounds1 > 4, res
+    assert res["2"] == [[2, "SIGTERM"], [2, "SIGTERM"]]
