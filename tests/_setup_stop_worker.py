@@ -3,18 +3,17 @@ wrapped in nanochat.common.every_rank_ok or rank0_decides, under ``interrupts_ra
 scenarios of SCENARIOS. Each scenario returns (what the rank did, how it ended); rank 0 writes
 {scenario: [rank 0's, rank 1's]} to the JSON file named by the first argument."""
 
-import json
 import os
 import signal
 import sys
 
-import torch
-import torch.distributed as dist
 
 from nanochat import eval_resume
 from nanochat.common import every_rank_ok, rank0_decides
 from nanochat.eval_resume import Interrupted, interrupts_raise
 from nanochat.train_loop import StopSignal
+
+from _stop_vote_worker import run_scenarios_to_json  # noqa: E402 - tests/ is the script's directory
 
 
 def kill_self(signum=signal.SIGTERM) -> None:
@@ -137,18 +136,7 @@ def training_final_eval(rank) -> tuple[list, str]:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    results = {}
-    training = {"training set-up, rank 1 signalled": training_setup,
-                "training's final evaluation, rank 1 signalled": training_final_eval}
-    for name, scenario in [*SCENARIOS.items(), *training.items()]:
-        mine = run(scenario, rank) if name in SCENARIOS else scenario(rank)
-        both = [None, None]
-        dist.all_gather_object(both, mine)
-        results[name] = both
-    if rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f)
-    dist.destroy_process_group()
+    scenarios = {name: (lambda rank, sc=sc: run(sc, rank)) for name, sc in SCENARIOS.items()}
+    scenarios.update({"training set-up, rank 1 signalled": training_setup,
+                      "training's final evaluation, rank 1 signalled": training_final_eval})
+    run_scenarios_to_json(scenarios, sys.argv[1])

@@ -35,17 +35,22 @@ def run(counts, every, signalled, rank) -> tuple[list[int], str]:
     return seen, "finished"
 
 
-if __name__ == "__main__":
+def run_scenarios_to_json(scenarios: dict, path: str) -> None:
+    """Run each ``scenarios[name](rank)`` on both ranks of a gloo group; rank 0 writes {name: [rank 0's outcome,
+    rank 1's]} to ``path``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     results = {}
-    for name, scenario in SCENARIOS.items():
-        mine = run(*scenario, rank)
+    for name, scenario in scenarios.items():
         both = [None, None]
-        dist.all_gather_object(both, mine)
+        dist.all_gather_object(both, scenario(rank))
         results[name] = both
     if rank == 0:
-        with open(sys.argv[1], "w") as f:
+        with open(path, "w") as f:
             json.dump(results, f)
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_scenarios_to_json({name: (lambda rank, sc=sc: run(*sc, rank)) for name, sc in SCENARIOS.items()}, sys.argv[1])

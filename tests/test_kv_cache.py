@@ -163,7 +163,7 @@ def test_the_windowed_slice_equals_the_masked_full_prefix(window):
 
 # -- decoding equals the uncached forward ----------------------------------------------------------------------
 @pytest.mark.parametrize("memory", ["base", "mome"])
-@pytest.mark.parametrize("pattern", ["SL", "SSL"])
+@pytest.mark.parametrize("pattern", ["SL", "SSL", "SSSL"])
 def test_cached_greedy_with_a_sliding_window_equals_uncached(memory, pattern):
     """Window 4 < the 6-token prompt, 14 decoded tokens: the window slides past the prompt. fp32, so the logits of
     the cached path (other GEMM shapes, a sliced key range) agree with the full forward to rounding (1e-5), and

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from nanochat import gpt
-from nanochat.engine import generate, generate_uncached
 from nanochat.families import config_from_dict
 from nanochat.gpt import GPTConfig, build_model, causal_attention, model_summary
 from nanochat.kv_cache import KVCache
@@ -141,19 +140,6 @@ def test_windowed_model_equals_a_naive_attention_forward(monkeypatch):
         monkeypatch.setattr(gpt, "causal_attention", lambda q, k, v, cache, layer, window:
                             naive_window_attention(q, k, v, window))
         assert torch.allclose(got, model(idx), atol=1e-10)
-
-
-def test_kv_cache_generation_with_windows_equals_the_uncached_forward():
-    cfg = tiny_config(n_layer=4, window_pattern="SSSL", sequence_len=8, memory="mome")  # window 4, MoME on top
-    model = _nontrivial(build_model(cfg, seed=0))
-    idx = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache.for_model(model, batch_size=2, max_len=20)
-        steps = [model(idx[:, :7], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache) for t in range(7, 20)]
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
-    prompt = idx[0, :5].tolist()
-    assert generate(model, prompt, max_tokens=15, temperature=0.0)[0] == generate_uncached(model, prompt, 15)
 
 
 def test_flash_gets_the_window_size_of_S_layers_only(monkeypatch):
