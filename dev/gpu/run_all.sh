@@ -9,6 +9,7 @@
 #   inside the device tool's 10-minute limit; both benches write their JSON as they go, so a stopped one keeps rows.
 # Budget (H100, 2026-11-26): the 54 CUDA tests took 96 s with 4 workers; a bench process ~80 s on a fresh machine
 # (40-44 s compiling), ~27 s once the inductor cache below holds its graphs (a warm machine keeps runs/ between calls).
+# On an H200 (2026-11-26) graphs new to the cache took 50-62 s of warm-up: give each such bench process ~100 s.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
 export TORCHINDUCTOR_CACHE_DIR="$PWD/runs/inductor"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" runs
