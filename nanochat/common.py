@@ -95,34 +95,9 @@ def _latched_signal() -> int:
     return latched_signal()
 
 
-def _stop_together(signum: int) -> None:
-    from nanochat.eval_resume import stop_together
-    stop_together(signum)
-
-
-def _object_device() -> torch.device:
-    """Where object collectives stage their bytes, as torch.distributed's own do: the current GPU under NCCL (it
-    moves only GPU tensors; compute_init chose the GPU), the CPU otherwise."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _broadcast_bytes_and_max_signal(payload: bytes) -> tuple[bytes, int]:
-    """(rank 0's ``payload``, the largest signal latched on any rank) on every rank, in the two collectives that
-    broadcast_object_list makes (the size, then the bytes): the size goes in an all-reduce that carries the signals
-    too (MAX: only rank 0 has a non-zero size)."""
-    device = _object_device()
-    head = torch.tensor([len(payload) if dist.get_rank() == 0 else 0, _latched_signal()], dtype=torch.int64,
-                        device=device)
-    dist.all_reduce(head, op=dist.ReduceOp.MAX)
-    size, signum = head.tolist()
-    if dist.get_rank() == 0:
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-    else:
-        data = torch.empty(size, dtype=torch.uint8, device=device)
-    dist.broadcast(data, src=0)
-    return (payload if dist.get_rank() == 0 else data.cpu().numpy().tobytes()), signum
+def _stop_if_latched_on_any_rank(signals: list[int]) -> None:
+    from nanochat.eval_resume import stop_if_latched_on_any_rank
+    stop_if_latched_on_any_rank(signals)
 
 
 def rank0_decides(fn):
@@ -139,21 +114,22 @@ def rank0_decides(fn):
     """
     if not is_dist():
         return fn()
-    outcome, error, payload = None, None, b""
+    outcome, error = None, None
     if dist.get_rank() == 0:
         try:
-            outcome = ("ok", fn())
-            payload = pickle.dumps(outcome)  # an unpicklable value fails here, on rank 0, like fn itself
+            value = fn()
+            pickle.dumps(value)  # fail here, not inside the broadcast the other ranks are already waiting in
+            outcome = ("ok", value)
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             outcome, error = ("error", _portable(e)), e
-            payload = pickle.dumps(outcome)
-    payload, signum = _broadcast_bytes_and_max_signal(payload)
-    if outcome is None:  # rank 0 keeps fn's own objects (and skips unpickling what may be a whole task's rows)
-        outcome = pickle.loads(payload)
+    outcome = broadcast_object(outcome)  # rank 0 keeps fn's own objects
+    # the signals go in a small exchange of their own: rank 0's outcome may be a whole task's rows, which an
+    # all_gather_object would send from every rank's padded buffer
+    signals = [0] * dist.get_world_size()
+    dist.all_gather_object(signals, _latched_signal())
     if outcome[0] == "error":
         raise error if error is not None else outcome[1]
-    if signum:
-        _stop_together(signum)
+    _stop_if_latched_on_any_rank(signals)
     return outcome[1]
 
 
@@ -165,7 +141,7 @@ def every_rank_ok(fn):
     enter collectives (a failing rank would skip them). Every rank must call this (it is a collective).
 
     A signal an evaluation latched on any rank ends the step on every rank as in ``rank0_decides`` (the error of a
-    failing rank first); the signal travels in the same exchange as the errors.
+    failing rank first); the signals travel in the same exchange as the errors.
     """
     if not is_dist():
         return fn()
@@ -183,9 +159,7 @@ def every_rank_ok(fn):
             except Exception:  # noqa: BLE001 - a type that needs more than a message
                 shared = exc
             raise shared from (error or exc)
-    signum = max(signum for _, signum in gathered)  # the largest, as the stop vote: the same on every rank
-    if signum:
-        _stop_together(signum)
+    _stop_if_latched_on_any_rank([signum for _, signum in gathered])
     return result
 
 

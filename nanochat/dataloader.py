@@ -347,15 +347,13 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
         if world_size > 1:
             import torch.distributed as dist
 
-            from nanochat.eval_resume import latched_signal, stop_together
+            from nanochat.eval_resume import latched_signal, stop_if_latched_on_any_rank
 
             # the exchange carries an evaluation's latched signal: a stop while a long split is tokenized takes
             # effect after this round on every rank, not after the whole split (0 outside an evaluation)
             chunks = [None] * world_size
             dist.all_gather_object(chunks, (mine, latched_signal()))
-            signum = max(signum for _, signum in chunks)
-            if signum:
-                stop_together(signum)
+            stop_if_latched_on_any_rank([signum for _, signum in chunks])
             chunks = [chunk for chunk, _ in chunks]
         else:
             chunks = [mine]

@@ -190,6 +190,13 @@ def stop_together(signum: int) -> None:
     raise Interrupted(signum)
 
 
+def stop_if_latched_on_any_rank(signals: list[int]) -> None:
+    """``signals``: every rank's ``latched_signal()``, gathered by a set-up step's exchange. The largest one stops
+    every rank with the same ``Interrupted`` (as the stop vote picks it); all 0: nothing."""
+    if max(signals):
+        stop_together(max(signals))
+
+
 def stop_evaluation(signum: int) -> None:
     """What a signal handler does during an evaluation. One process: raise ``Interrupted`` at once. Several: latch
     the signal; every rank raises it together at the next ``stop_voted`` batch or at the end of the next set-up
