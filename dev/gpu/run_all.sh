@@ -3,7 +3,7 @@
 #   bash dev/gpu/run_all.sh [tests] [ops] [bench DESIGNS MIX TOPK ...]    (on the device machine, from the repo root)
 #   ops: bench/mome_ops.py (MoME's ops alone, variants checked then timed; OPS_ARGS adds flags, e.g. "--ops rowmix")
 #   MIX may be a comma list (auto,row: every MoME design once per mix); BENCH_ARGS adds flags, e.g. "--rounds 2"
-#   or "--profile-dir $OUT/prof" (a torch.profiler table per design). The tests need pytest-xdist and pytest-timeout
+#   or "--profile-dir $OUT/prof" (a torch.profiler table per design); BENCH_TAG=x adds _x to its file names. The tests need pytest-xdist and pytest-timeout
 #   (the device image has both).
 #   TESTS_LIMIT / OPS_LIMIT / BENCH_LIMIT: seconds each step may run (default 240 / 285 / 330), so that one call ends
 #   inside the device tool's 10-minute limit; both benches write their JSON as they go, so a stopped one keeps rows.
@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
            grep -E "passed|failed|FAILED|ERROR|SKIPPED|Timeout" "$OUT/gpu_tests.log" | tail -30; shift ;;
     ops) timeout "${OPS_LIMIT:-285}" python3 bench/mome_ops.py --out "$OUT/mome_ops.json" $OPS_ARGS > "$OUT/mome_ops.log" 2>&1
          echo "ops rc=$?"; tail -30 "$OUT/mome_ops.log"; shift ;;
-    bench) name="${2//,/_}_${3//,/_}_$4"  # designs in the name: two bench calls with one mix write two files
+    bench) name="${2//,/_}_${3//,/_}_$4${BENCH_TAG:+_$BENCH_TAG}"  # BENCH_TAG tells apart two calls of one name
            timeout "${BENCH_LIMIT:-330}" python3 bench/train_step.py --designs "$2" --mix "$3" --topk "$4" \
              --out "$OUT/train_step_$name.json" $BENCH_ARGS > "$OUT/bench_$name.log" 2>&1; echo "bench rc=$?"
            grep -v "^ " "$OUT/bench_$name.log" | tail -14; shift 4 ;;
