@@ -134,10 +134,11 @@ MODEL_OPTIONS = {  # memory options -> whether ROW_SUM "triton" takes the op (wh
 }
 
 
-def _loss_and_grads(model, x, y, autocast):
+def _loss_and_grads(model, x, y, autocast, run=None):
+    """Loss and gradients of ``run`` (default: the model; e.g. its compiled wrapper), keyed by the model's names."""
     model.zero_grad(set_to_none=True)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-        loss = model(x, y)
+        loss = (model if run is None else run)(x, y)
     loss.backward()
     return loss.detach(), {n: p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
                            for n, p in model.named_parameters() if p.grad is not None}
@@ -228,6 +229,43 @@ def test_kernels_refuse_what_they_do_not_take():
         mt.row_mix_forward_triton(torch.zeros(3, 8192), row.clamp_max(0), torch.zeros(4, 4, 3), torch.float32)
 
 
+class _InterpretedRowMix(torch.autograd.Function):
+    """The op's contract with the Triton launchers (in the interpreter) in place of its CPU math."""
+
+    @staticmethod
+    def forward(ctx, table, row, w, out_dtype):
+        ctx.save_for_backward(table, row, w)
+        return mt.row_mix_forward_triton(table, row, w, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        d_table, dw = mt.row_mix_backward_triton(grad, *ctx.saved_tensors)
+        return d_table, None, dw, None
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["per_layer", "shared_expert"])
+def test_model_with_interpreted_kernels_equals_unrolled(name, monkeypatch):
+    """The kernels inside a MoME model (eager, fp32, CPU): the loss and every gradient of "unrolled"."""
+    monkeypatch.setattr(mix_paths, "MIX", "row")
+    model = build_model(tiny_config(memory="mome", memory_options=MODEL_OPTIONS[name][0]), seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in model.memory.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    idx = torch.randint(0, 40, (2, 17), generator=g)  # 40 distinct tokens of 32 positions: repeated rows
+    want = _loss_and_grads(model, idx[:, :-1], idx[:, 1:], False)
+    calls = _spy(monkeypatch)
+    monkeypatch.setattr(mt, "mome_row_mix_op", lambda table, row, w, dt: _InterpretedRowMix.apply(table, row, w, dt))
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(mix_paths, "ROW_SUM", "triton")
+    got = _loss_and_grads(model, idx[:, :-1], idx[:, 1:], False)
+    assert len(calls) == len(model.memory.layers)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    for n in want[1]:
+        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
 # -- (c) CUDA --------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_cuda
@@ -298,7 +336,7 @@ def _compiled_run(model, x, y, row_sum, autocast, monkeypatch):
     monkeypatch.setattr(mix_paths, "ROW_SUM", row_sum)
     calls = _spy(monkeypatch)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
-    out = _loss_and_grads(compiled, x, y, autocast)
+    out = _loss_and_grads(model, x, y, autocast, run=compiled)
     monkeypatch.undo()  # the spy and ROW_SUM (MIX is set again by the caller)
     return out, len(calls)
 
