@@ -4,11 +4,13 @@
   its registration (``torch.library.opcheck``), ``torch.compile(fullgraph=True)`` of a function calling it, and
   MoMEMemory.value's routing: the op for a per-layer table only, the same losses and gradients as "unrolled";
 * with triton importable and ``TRITON_INTERPRET=1`` (Triton's interpreter, CPU tensors): the real kernels against
-  the float64 reference;
+  the float64 reference, alone and inside a MoME model; with triton importable and no TRITON_INTERPRET: both
+  kernels compiled for sm_90 by Triton's real compiler (no GPU needed);
 * marker ``gpu`` (CUDA): the kernels on the GPU, and a compiled MoME model with ROW_SUM "triton" against
   "unrolled", fp32 and bf16 autocast.
 
     PYTHONPATH=$PWD:/path/to/triton TRITON_INTERPRET=1 python -m pytest tests/test_mome_triton.py   # + kernels
+    PYTHONPATH=$PWD:/path/to/triton python -m pytest tests/test_mome_triton.py                      # + sm_90 build
     python -m pytest -m gpu tests/test_mome_triton.py                                             # on a GPU
 """
 
@@ -24,6 +26,7 @@ from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 
 INTERPRETED = mt.triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
+COMPILABLE = mt.triton is not None and not INTERPRETED  # the kernels are JITFunctions: they compile for a GPU
 needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="needs triton and TRITON_INTERPRET=1 (set before "
                                        "the import) to run the Triton kernels on the CPU")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")
@@ -227,6 +230,36 @@ def test_kernels_refuse_what_they_do_not_take():
         mt.row_mix_forward_triton(table, row.int(), w, torch.float32)
     with pytest.raises(ValueError, match="unsupported"):
         mt.row_mix_forward_triton(torch.zeros(3, 8192), row.clamp_max(0), torch.zeros(4, 4, 3), torch.float32)
+
+
+@pytest.mark.skipif(not COMPILABLE, reason="needs triton, not in interpreter mode (TRITON_INTERPRET unset)")
+@pytest.mark.parametrize("shape", [(6, 6, 128), (3, 5, 48)], ids=["d12", "non_pow2"])
+def test_kernels_compile_for_sm90_without_a_gpu(shape):
+    """Triton's real compiler (what the GPU runs; the interpreter skips it) builds both kernels for an H100 from
+    the launch config, with the table-gradient atomics relaxed fp32 reductions. Triton versions whose
+    ahead-of-time API differs skip."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"this triton has no ASTSource/GPUTarget: {e}")
+    H, M, d = shape
+    cfg = mt._launch_config(torch.zeros(M, d), torch.zeros(1, dtype=torch.long), torch.zeros(1, H, M))
+    warps = cfg.pop("num_warps")
+    consts = {k: "constexpr" for k in cfg}
+    kernels = {"fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"]),
+               "bwd": (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"])}
+    for name, (kernel, ptrs) in kernels.items():
+        sig = {**dict(zip(kernel.arg_names, ptrs)), **consts}
+        aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}  # as the JIT specialises them
+        try:
+            ptx = mt.triton.compile(ASTSource(kernel, sig, cfg, aligned), target=GPUTarget("cuda", 90, 32),
+                                    options={"num_warps": warps}).asm["ptx"]
+        except TypeError as e:  # another signature convention
+            pytest.skip(f"this triton's ahead-of-time API differs: {e}")
+        assert "ld.global" in ptx
+        if name == "bwd":
+            assert "red.global.gpu.relaxed.add" in ptx and "f32" in ptx
 
 
 class _InterpretedRowMix(torch.autograd.Function):
