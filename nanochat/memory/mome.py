@@ -64,12 +64,12 @@ import torch.nn.functional as F
 from nanochat.balance import loss_free_bias_update, sum_over_ranks, trust_region_bias_update
 from nanochat.slot_balance import window_maxvio
 
+from . import mome_triton
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
 from .mome_mix import forced_mix, mome_mix, mome_row_mix, row_sum, slot_weights, topk_indices
 from .mome_options import MoMEOptions
 from .mome_router import CausalConvRouter
-from . import mome_triton
 from .mome_triton import row_mix as kernel_row_mix
 from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
