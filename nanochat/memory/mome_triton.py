@@ -59,7 +59,8 @@ def row_mix_torch(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_d
     """table (R, d), row (N,) int64, w (N, H, M) -> (N, H, d) in out_dtype, computed in the table's dtype."""
     with torch.autocast(table.device.type, enabled=False):  # the table's dtype, as the eager row mix
         rows = table[_slot_ids(row, w.size(-1))]  # (N, M, d)
-        return torch.einsum("nhm,nmd->nhd", w.to(table.dtype), rows).to(out_dtype)
+        # contiguous, as the fake impl says (inductor takes the fake's strides for the op's outputs)
+        return torch.einsum("nhm,nmd->nhd", w.to(table.dtype), rows).to(out_dtype).contiguous()
 
 
 def row_mix_backward_torch(grad, table, row, w) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +68,7 @@ def row_mix_backward_torch(grad, table, row, w) -> tuple[torch.Tensor, torch.Ten
     with torch.autocast(table.device.type, enabled=False):
         ids = _slot_ids(row, w.size(-1))  # (N, M)
         rows, g = table[ids], grad.to(table.dtype)  # (N, M, d), (N, H, d)
-        dw = torch.einsum("nhd,nmd->nhm", g, rows).to(w.dtype)
+        dw = torch.einsum("nhd,nmd->nhm", g, rows).to(w.dtype).contiguous()
         d_rows = torch.einsum("nhm,nhd->nmd", w.to(table.dtype), g)  # (N, M, d)
         d_table = torch.zeros_like(table).index_add_(0, ids.reshape(-1), d_rows.reshape(-1, table.size(1)))
     return d_table, dw
