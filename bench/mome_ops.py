@@ -26,6 +26,8 @@ next of --sets input sets. Forward with grad enabled (the training forward), for
 ``*_eager`` variants run aten's kernels (embedding's sort-based CUDA backward). Floor: compulsory bytes /
 --bw (``floor_bytes``; FLOPs are negligible). JSON is rewritten after every variant; --budget-s skips the
 variants left after that many seconds, so a cut-short run keeps what it measured.
+The ``*triton`` variants call the custom op of nanochat.memory.mome_triton (Triton kernels on CUDA, opaque inside
+the compiled graph; its torch math on the CPU).
 The variants live in bench/mome_ops_variants.py; this file holds the inputs, references, floors and the harness.
 """
 
@@ -190,7 +192,7 @@ def default_ops() -> dict[str, Op]:
         "rowmix": Op(make_rowmix, ("rows", "sel", "w"), (0, 2), ref_rowmix, {
             "bcast_sum": (mv.rowmix_bcast_sum, True), "unrolled": (mv.rowmix_unrolled, True),
             "unrolled_fn": (mv.rowmix_unrolled_fn, True), "einsum": (mv.rowmix_einsum, True),
-            "kgather": (mv.rowmix_kgather, True)}),
+            "kgather": (mv.rowmix_kgather, True), "triton": (mv.rowmix_triton, True)}),
         "gate_rowmix": Op(make_gate_rowmix, ("rows", "logits"), (0, 1), ref_gate_rowmix, {
             "today": (mv.gate_rowmix_today, True), "mask_unrolled": (mv.gate_rowmix_mask_unrolled, True),
             "unrolled_fn": (mv.gate_rowmix_unrolled_fn, True), "kgather": (mv.gate_rowmix_kgather, True)}),
@@ -202,7 +204,8 @@ def default_ops() -> dict[str, Op]:
             "argmax_dense": (mv.gate_argmax_dense, True), "mask_dense": (mv.gate_mask_dense, True)}),
         "kmix": Op(make_kmix, ("table", "row", "sel", "w"), (0, 3), ref_table, {
             "plain": (mv.table_plain, True), "index_add": (mv.table_index_add, True), "bag": (mv.table_bag, True),
-            "rowmix": (mv.table_rowmix, True), "plain_eager": (mv.table_plain, False)}),
+            "rowmix": (mv.table_rowmix, True), "plain_eager": (mv.table_plain, False),
+            "rowmix_unrolled": (mv.table_rowmix_unrolled, True), "rowmix_triton": (mv.table_rowmix_triton, True)}),
     }
 
 

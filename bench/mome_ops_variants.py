@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from nanochat.memory.mome import NORM_EPS
 from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference, mome_row_mix, slot_weights
+from nanochat.memory.mome_triton import row_mix as kernel_row_mix
 
 
 # -- selection and gate weights: (B, T, H, M) logits -> (sel, w) over K, or dense weights over M ----------------
@@ -125,6 +126,15 @@ def rowmix_unrolled_fn(rows, sel, w, *, m, k, out_dtype):
     return RowMixUnrolled.apply(rows, wd).to(out_dtype)
 
 
+def rowmix_triton(rows, sel, w, *, m, k, out_dtype):
+    """Row mix: triton kernel (nanochat.memory.mome_triton; on the CPU its torch math). The gathered rows are the
+    kernel's table, (B*T*M, d), token t reading row t: the op's rows gradient is the kernel's table gradient
+    (zero-fill + atomics, no collisions here)."""
+    B, T, M, d = rows.shape
+    ids = torch.arange(B * T, device=rows.device).view(B, T)
+    return kernel_row_mix(rows.reshape(B * T * M, d), ids, slot_weights(sel, w, M), out_dtype)
+
+
 def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
     """The K-row mix on the same gathered rows: gather each head's K slots (B, T, H, K, d), weighted sum."""
     B, T, M, d = rows.shape
@@ -213,3 +223,15 @@ def table_rowmix_eager(table, row, sel, w, *, m, k, out_dtype):
 def table_rowmix_index_add(table, row, sel, w, *, m, k, out_dtype):
     rows = GatherIndexAdd.apply(table, _slots(row, m))
     return rowmix_bcast_sum(rows, sel, w, m=m, k=k, out_dtype=out_dtype)
+
+
+def table_rowmix_unrolled(table, row, sel, w, *, m, k, out_dtype):
+    """The per-layer row mix as the compiled model runs it with ROW_SUM "unrolled": gather (B, T, M, d), the
+    unrolled sum; embedding's backward."""
+    return rowmix_unrolled(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
+
+
+def table_rowmix_triton(table, row, sel, w, *, m, k, out_dtype):
+    """Row mix: triton kernel on the table itself (ROW_SUM "triton" in the model): no (B, T, M, d) gather; the
+    table gradient is one zero-fill + fp32 atomics of M rows per token. On the CPU: the custom op's torch math."""
+    return kernel_row_mix(table, row, slot_weights(sel, w, m), out_dtype)

@@ -196,9 +196,10 @@ def parse_args(argv=None):
     p.add_argument("--topk", default="auto", choices=("auto", "argmax", "topk"),
                    help="MoME top-K selection: masked argmax passes or torch.topk; auto = the model's default "
                         "(argmax on CUDA)")
-    p.add_argument("--row-sum", default="unrolled", choices=("unrolled", "reduce"),
+    p.add_argument("--row-sum", default="unrolled", choices=("unrolled", "reduce", "triton"),
                    help="the compiled row mix's sum over M: unrolled multiply-adds (the model's) or a broadcast "
-                        "multiply + reduction (before 2026-11-26)")
+                        "multiply + reduction (before 2026-11-26); triton: the fused kernel pair of "
+                        "nanochat.memory.mome_triton for per-layer tables on CUDA (else unrolled)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)

@@ -64,11 +64,13 @@ import torch.nn.functional as F
 from nanochat.balance import loss_free_bias_update, sum_over_ranks, trust_region_bias_update
 from nanochat.slot_balance import window_maxvio
 
+from . import mome_triton
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
-from .mome_mix import forced_mix, mome_mix, mome_row_mix, slot_weights, topk_indices
+from .mome_mix import forced_mix, mome_mix, mome_row_mix, row_sum, slot_weights, topk_indices
 from .mome_options import MoMEOptions
 from .mome_router import CausalConvRouter
+from .mome_triton import row_mix as kernel_row_mix
 from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
@@ -311,6 +313,15 @@ class MoMEMemory(MemoryBlock):
         mix = forced_mix()
         return hasattr(self, "table") if mix is None else mix == "row"  # by default for the shared table only
 
+    def _kernel_row_mix(self, table: torch.Tensor) -> bool:
+        """ROW_SUM "triton" (nanochat.memory.mome_triton) on a per-layer, not per-head, fp32 table on CUDA (the
+        op's ``KERNEL_DEVICES``; the tests add the CPU, where the op runs its torch math). The kernel stores mem
+        in v's dtype: the fp32 mix rounded once, as today's fp32 mix then ``mem.to(v.dtype)``; with a shared
+        expert (added to mem before that cast) it stores the table's dtype instead."""
+        if row_sum() != "triton" or table.device.type not in mome_triton.KERNEL_DEVICES:
+            return False
+        return not hasattr(self, "table") and not self.per_head and table.dtype == torch.float32
+
     def _head_rows(self, row: torch.Tensor) -> torch.Tensor:
         """Per-head tables: each head's row n_t*H + h, (B, T) -> (B, T, H)."""
         return row[..., None] * self.H + torch.arange(self.H, device=row.device)
@@ -390,8 +401,12 @@ class MoMEMemory(MemoryBlock):
                                state=state)
         table = self._table(pos)
         if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
-            rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
-            mem = mome_row_mix(rows, w if sel is None else slot_weights(sel, w, self.M))
+            wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
+            if self._kernel_row_mix(table):  # fused: no (B, T, M, d) gather; mem already in its cast dtype
+                mem = kernel_row_mix(table, row, wd, table.dtype if self._shared_experts() else v.dtype)
+            else:
+                rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
+                mem = mome_row_mix(rows, wd)
         else:
             base = self._head_rows(row) if self.per_head else row[..., None]  # (B, T, H) or (B, T, 1)
             flat = base[..., None] * self.M + sel  # (B, T, H, K) int64 flat row ids: only K rows per head

@@ -23,6 +23,10 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   For a per-layer table the row mix scatters M*d values per token (VE's count at equal memory) instead of H*K*d;
   it is not the default there (slower on CPU in eager mode; per d12 step on the H100 1.2% slower with the old sum,
   on an H200 0.5% faster with the unrolled one, inside the spread between processes).
+  ``ROW_SUM = "triton"``: for a per-layer (not per-head) fp32 table on CUDA, MoMEMemory.value calls the hand-fused
+  Triton kernel pair of nanochat.memory.mome_triton (table, row ids, dense weights; no (B, T, M, d) gather) in
+  place of the gather + ``mome_row_mix``, compiled or eager; every other row mix (the shared table, per-head
+  tables, the CPU) keeps the unrolled sum.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
 """
@@ -33,8 +37,10 @@ import torch.nn.functional as F
 MIXES = ("bag", "plain", "row")
 MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
 TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
-ROW_SUMS = ("unrolled", "reduce")
-ROW_SUM = "unrolled"  # the compiled row mix: M unrolled multiply-adds, or a broadcast multiply + sum over M (see above)
+ROW_SUMS = ("unrolled", "reduce", "triton")
+# the compiled row mix: M unrolled multiply-adds, or a broadcast multiply + sum over M; "triton": the kernel pair
+# for per-layer tables on CUDA, else unrolled (see above)
+ROW_SUM = "unrolled"
 
 
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -72,6 +78,12 @@ def slot_weights(sel: torch.Tensor, w: torch.Tensor, M: int) -> torch.Tensor:
     return (hits.to(w.dtype) * w[..., None]).sum(dim=-2)
 
 
+def row_sum() -> str:
+    if ROW_SUM not in ROW_SUMS:
+        raise ValueError(f"nanochat.memory.mome_mix.ROW_SUM {ROW_SUM!r} is unknown; allowed: {', '.join(ROW_SUMS)}")
+    return ROW_SUM
+
+
 def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Per-head mix of a token's M slots: rows (B, T, M, d) (per-head tables: (B, T, H, M, d), each head its own),
     w (B, T, H, M) -> (B, T, H, d)."""
@@ -79,9 +91,7 @@ def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     per_head = rows.dim() == 5
     if torch.compiler.is_compiling():  # elementwise work that inductor fuses with the gather and the gate
         by_slot = rows if per_head else rows[:, :, None]  # (B, T, H or 1, M, d)
-        if ROW_SUM not in ROW_SUMS:
-            raise ValueError(f"nanochat.memory.mome_mix.ROW_SUM {ROW_SUM!r} is unknown; allowed: {', '.join(ROW_SUMS)}")
-        if ROW_SUM == "reduce":
+        if row_sum() == "reduce":  # "triton" here: a table the kernels do not take (see above), so unrolled
             return (w[..., None] * by_slot).sum(dim=-2)
         out = w[..., 0, None] * by_slot[..., 0, :]  # (B, T, H, d)
         for s in range(1, rows.size(-2)):
