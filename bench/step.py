@@ -84,7 +84,8 @@ def family_designs(family: str) -> list[tuple[str, str, dict, str | None]]:
 
 def designs(l_mem: int, slot_map: str, variants: bool) -> list[tuple[str, str, dict, str | None]]:
     """(label, --memory, options, mix) at equal table memory for l_mem memory layers; mix: ``mome_mix.MIX`` (None =
-    the model's default: row for the bigram-indexed table, else embedding_bag on CPU and plain on CUDA). ``variants``
+    the model's default: row for the bigram-indexed table, and for per-layer tables where the Triton kernel applies
+    (CUDA); else embedding_bag on CPU and plain on CUDA). ``variants``
     adds MoME rows with other mixes."""
     token = {"slots": 6, "topk": 2}
     bigram_idx = {"slots": 6, "topk": 2, "index": "bigram", "bigram_factor": l_mem}

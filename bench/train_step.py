@@ -168,7 +168,7 @@ def table(rows: dict) -> str:
             continue
         paper = paper_tok_per_sec(design[3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else "",
-                   f"{r['row_sum']} row sum" if r.get("row_sum", "unrolled") != "unrolled" else ""]
+                   f"{r['row_sum']} row sum" if r.get("row_sum", "triton") != "triton" else ""]
         variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
@@ -192,14 +192,15 @@ def parse_args(argv=None):
     p.add_argument("--mix", default="auto",
                    help="MoME mix, or a comma list to run every MoME design once per mix: bag (one embedding_bag), "
                         "plain (gather + weighted sum), row (all M slots of the row, zero weight off the top-K); "
-                        "auto = the model's default (row for the bigram-indexed table; else plain on CUDA, bag on CPU)")
+                        "auto = the model's default (row for the bigram-indexed table, and for per-layer tables "
+                        "where the Triton kernel applies; else plain on CUDA, bag on CPU)")
     p.add_argument("--topk", default="auto", choices=("auto", "argmax", "topk"),
                    help="MoME top-K selection: masked argmax passes or torch.topk; auto = the model's default "
                         "(argmax on CUDA)")
-    p.add_argument("--row-sum", default="unrolled", choices=("unrolled", "reduce", "triton"),
-                   help="the compiled row mix's sum over M: unrolled multiply-adds (the model's) or a broadcast "
-                        "multiply + reduction (before 2026-11-26); triton: the fused kernel pair of "
-                        "nanochat.memory.mome_triton for per-layer tables on CUDA (else unrolled)")
+    p.add_argument("--row-sum", default="triton", choices=("triton", "unrolled", "reduce"),
+                   help="the row mix: triton (the model's default): the fused kernel pair of "
+                        "nanochat.memory.mome_triton for per-layer tables on CUDA, else unrolled multiply-adds; "
+                        "unrolled: never the kernel; reduce: a broadcast multiply + reduction (before 2026-11-26)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)

@@ -298,9 +298,10 @@ def test_polar_express_iterates_in_bf16_on_cuda():
 
 
 def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
-    """MIX / TOPK_BY_ARGMAX None on CUDA: top-K by masked argmax (ties go to the lowest slots), the plain K-row
-    mix for a per-layer table (never embedding_bag), the row mix for the shared bigram-indexed table, and dense
-    table gradients in eager training (the sparse ones are CPU-only)."""
+    """MIX / TOPK_BY_ARGMAX None on CUDA: top-K by masked argmax (ties go to the lowest slots), the row mix through
+    the Triton kernels for a per-layer table (the plain K-row mix if triton is missing; never embedding_bag), the
+    row mix for the shared bigram-indexed table, and dense table gradients in eager training (the sparse ones are
+    CPU-only)."""
     monkeypatch.setattr(mix_paths, "MIX", None)
     monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", None)
     ties = mix_paths.topk_indices(torch.zeros(3, 6, device="cuda"), 2)
@@ -310,11 +311,14 @@ def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
         raise AssertionError("the embedding_bag mix ran on CUDA with MIX None")
 
     monkeypatch.setattr(mix_paths, "mome_mix_fused", no_bag)
-    for name, row_mix in (("mome", False), ("mome_bigram_index", True)):
+    from nanochat.memory import mome_triton
+
+    for name, row_mix in (("mome", mome_triton.triton is not None), ("mome_bigram_index", True)):
         model = build_model(tiny_config(**MEMORIES[name]), device="cuda", seed=0)
         _randomize_routers(model)
         model.train()
-        assert model.memory._row_mix() == row_mix
+        assert model.memory._row_mix(model.memory._table(0)) == row_mix
+        assert model.memory._kernel_row_mix(model.memory._table(0)) == (name == "mome" and row_mix)
         x, y = _batch()
         model(x, y).backward()
         for table in model.memory.memory_tables():

@@ -124,7 +124,7 @@ def test_compile_fullgraph_of_the_op_on_cpu():
 def test_unknown_row_sum_is_refused_by_the_model(monkeypatch):
     monkeypatch.setattr(mix_paths, "ROW_SUM", "bmm")
     model = build_model(tiny_config(memory="mome", memory_options={"slots": 4, "topk": 4}), seed=0)
-    with pytest.raises(ValueError, match="ROW_SUM 'bmm' is unknown; allowed: unrolled, reduce, triton"):
+    with pytest.raises(ValueError, match="ROW_SUM 'bmm' is unknown; allowed: triton, unrolled, reduce"):
         model(torch.zeros(1, 4, dtype=torch.long))
 
 
@@ -175,6 +175,7 @@ def test_model_row_sum_triton_equals_unrolled(name, op_on_cpu, autocast, monkeyp
             router.weight.copy_(torch.randn(router.weight.shape, generator=g))
     idx = torch.randint(0, 512, (2, 17), generator=g)
     x, y = idx[:, :-1], idx[:, 1:]
+    monkeypatch.setattr(mix_paths, "ROW_SUM", "unrolled")
     want = _loss_and_grads(model, x, y, autocast)
     calls = _spy(monkeypatch)
     monkeypatch.setattr(mix_paths, "ROW_SUM", "triton")
@@ -188,6 +189,61 @@ def test_model_row_sum_triton_equals_unrolled(name, op_on_cpu, autocast, monkeyp
     assert got[1].keys() == want[1].keys()
     for n in want[1]:
         torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("name", list(MODEL_OPTIONS))
+def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkeypatch):
+    """MIX None and ROW_SUM at its default ("triton"): where the op applies (here the CPU, added to KERNEL_DEVICES)
+    a per-layer table takes the row mix through the op in every memory layer, whatever K, with the same loss and
+    gradients as the forced plain K-row mix; per-head and shared tables never take it. With the CPU's default
+    devices (CUDA only), no layer does."""
+    opts, takes_op = MODEL_OPTIONS[name]
+    assert mix_paths.ROW_SUM == "triton" and mix_paths.MIX is None
+    model = build_model(tiny_config(memory="mome", memory_options=opts), seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in model.memory.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    idx = torch.randint(0, 512, (2, 17), generator=g)
+    x, y = idx[:, :-1], idx[:, 1:]
+    calls = _spy(monkeypatch)
+    _loss_and_grads(model, x, y, False)
+    assert calls == []  # CPU: KERNEL_DEVICES is CUDA only
+    monkeypatch.setattr(mix_paths, "MIX", "plain")
+    want = _loss_and_grads(model, x, y, False)
+    monkeypatch.setattr(mix_paths, "MIX", None)
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
+    got = _loss_and_grads(model, x, y, False)
+    assert len(calls) == (len(model.memory.layers) if takes_op else 0)
+    if model.memory.K < model.memory.M and not takes_op:
+        return  # the shared table's default is the row mix already, per-head tables the K-row mix: nothing to check
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    for n in want[1]:
+        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+class _FakeTable:
+    """What ``applies`` reads of a table: device, dtype, size (a CUDA tensor cannot be made without a GPU)."""
+
+    def __init__(self, device, dtype=torch.float32, d=128):
+        self.device, self.dtype, self.d = torch.device(device), dtype, d
+
+    def size(self, dim):
+        return self.d
+
+
+def test_applies_only_where_the_kernels_can_run(monkeypatch):
+    assert mt.applies(_FakeTable("cuda"), 6, 6) == (mt.triton is not None)
+    monkeypatch.setattr(mt, "triton", None)
+    assert not mt.applies(_FakeTable("cuda"), 6, 6)  # CUDA without triton: the plain mix, not a failed launch
+    monkeypatch.setattr(mt, "triton", object())
+    assert mt.applies(_FakeTable("cuda"), 6, 6)
+    assert mt.applies(_FakeTable("cuda", d=48), 3, 5)  # padded to (4, 64) inside the kernels
+    assert not mt.applies(_FakeTable("cuda", dtype=torch.bfloat16), 6, 6)
+    assert not mt.applies(_FakeTable("cuda", d=4096), 6, 6)  # (8, 4096) > MAX_TILE accumulators
+    assert mt.applies(_FakeTable("cuda", d=2048), 8, 6)  # exactly MAX_TILE
+    assert not mt.applies(_FakeTable("cuda"), 6, 65)
+    assert not mt.applies(_FakeTable("cpu"), 6, 6)  # KERNEL_DEVICES is CUDA only
 
 
 # -- (b) the Triton kernels in the interpreter ---------------------------------------------------------------

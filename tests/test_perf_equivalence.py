@@ -260,7 +260,7 @@ def test_row_mix_compiled_by_inductor_equals_eager(row_sum, monkeypatch):
 def test_unknown_row_sum_is_refused(monkeypatch):
     monkeypatch.setattr(mix_paths, "ROW_SUM", "bmm")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    with pytest.raises(ValueError, match="ROW_SUM 'bmm' is unknown; allowed: unrolled, reduce, triton"):
+    with pytest.raises(ValueError, match="ROW_SUM 'bmm' is unknown; allowed: triton, unrolled, reduce"):
         mix_paths.mome_row_mix(torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 3, 6))
 
 

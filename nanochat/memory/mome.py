@@ -300,27 +300,31 @@ class MoMEMemory(MemoryBlock):
         else:
             row = idx.long()
         # the shared table's M slots of n_t, read by every memory layer: gathered once (see "row mix" above)
-        rows = self._gather_rows(self.table.weight, row) if hasattr(self, "table") and self._row_mix() else None
+        shared_rows = hasattr(self, "table") and self._row_mix(self.table.weight)
+        rows = self._gather_rows(self.table.weight, row) if shared_rows else None
         # token-only routing: one logit table for every layer, so one lookup (and one gradient) per forward
         token_logits = self.route_table(idx) if self.opts.routing == "token-only" else None  # (B, T, H*M)
         # the network-shared shared expert's row of n_t, the same for every layer: one lookup per forward too
         shared = self._shared_row(self.shared_expert, row) if hasattr(self, "shared_expert") else None
         return idx, row, rows, token_logits, shared, state  # state: the conv1d router's look-back when decoding
 
-    def _row_mix(self) -> bool:
+    def _row_mix(self, table: torch.Tensor) -> bool:
         if self.K == self.M:
             return True
         mix = forced_mix()
-        return hasattr(self, "table") if mix is None else mix == "row"  # by default for the shared table only
+        if mix is not None:
+            return mix == "row"
+        # by default: the shared table, and a per-layer table where the fused kernel takes it (CUDA)
+        return hasattr(self, "table") or self._kernel_row_mix(table)
 
     def _kernel_row_mix(self, table: torch.Tensor) -> bool:
-        """ROW_SUM "triton" (nanochat.memory.mome_triton) on a per-layer, not per-head, fp32 table on CUDA (the
-        op's ``KERNEL_DEVICES``; the tests add the CPU, where the op runs its torch math). The kernel stores mem
-        in v's dtype: the fp32 mix rounded once, as today's fp32 mix then ``mem.to(v.dtype)``; with a shared
-        expert (added to mem before that cast) it stores the table's dtype instead."""
-        if row_sum() != "triton" or table.device.type not in mome_triton.KERNEL_DEVICES:
+        """ROW_SUM "triton" (the default; nanochat.memory.mome_triton) on a per-layer, not per-head, fp32 table
+        where ``mome_triton.applies`` (CUDA with triton; the tests add the CPU, where the op runs its torch math).
+        The kernel stores mem in v's dtype: the fp32 mix rounded once, as today's fp32 mix then
+        ``mem.to(v.dtype)``; with a shared expert (added to mem before that cast) it stores the table's dtype."""
+        if row_sum() != "triton" or hasattr(self, "table") or self.per_head:
             return False
-        return not hasattr(self, "table") and not self.per_head and table.dtype == torch.float32
+        return mome_triton.applies(table, self.H, self.M)
 
     def _head_rows(self, row: torch.Tensor) -> torch.Tensor:
         """Per-head tables: each head's row n_t*H + h, (B, T) -> (B, T, H)."""
@@ -400,7 +404,7 @@ class MoMEMemory(MemoryBlock):
         sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits,
                                state=state)
         table = self._table(pos)
-        if self._row_mix():  # the M slots of n_t once per token, mixed per head (K == M: all of them)
+        if self._row_mix(table):  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
             if self._kernel_row_mix(table):  # fused: no (B, T, M, d) gather; mem already in its cast dtype
                 mem = kernel_row_mix(table, row, wd, table.dtype if self._shared_experts() else v.dtype)

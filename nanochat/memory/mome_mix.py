@@ -5,10 +5,14 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
 * CPU (eager): the K selected rows of every (token, head) are gathered AND mixed by ONE
   ``F.embedding_bag(mode="sum", per_sample_weights=alpha)`` over flat (B*T*H, K) int64 ids, so the (B,T,H,K,d)
   intermediate of the plain gather-multiply-sum never exists.
-* CUDA (compiled): the plain gather + weighted sum, which inductor fuses into the value injection (no (B,T,H,K,d)
-  tensor either) with a scatter-add backward, measured 4% faster per d12 training step than embedding_bag's
-  sort-based backward on an H100; and the top-K selection as K masked argmax passes over the M logits, which
-  inductor fuses, instead of ``torch.topk``'s radix select (0.5 ms per layer call at d12 for M = 6).
+* CUDA: for a per-layer table, the row mix below as one fused Triton kernel pair (``ROW_SUM = "triton"``,
+  nanochat.memory.mome_triton): 0.32 ms of kernels per d12 call (fwd+bwd) on an H100 against 0.74 for the plain
+  gather + weighted sum (bench/mome_ops.py, 2026-11-26); the d12 step went from 295.6 to 289.3 ms against the
+  unrolled row mix on the same machine. Where the kernel does not apply (triton missing, a shape it refuses):
+  the plain gather + weighted sum, which inductor fuses into the value injection (no (B,T,H,K,d) tensor either)
+  with a scatter-add backward, measured 4% faster per d12 training step than embedding_bag's sort-based backward
+  on an H100. The top-K selection is K masked argmax passes over the M logits, which inductor fuses, instead of
+  ``torch.topk``'s radix select (0.5 ms per layer call at d12 for M = 6).
 * The row mix: gather ALL M slots of n_t once per token, (B, T, M, d), and mix them per head with weights that are
   zero off the top-K, (B, T, H, M) (equal to the top-K mix: the extra terms are exact zeros). Used for K == M, and
   by default for the bigram-indexed table: that table is shared by every memory layer and n_t is the same for all
@@ -20,13 +24,14 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   Compiled, its sum over M is M unrolled multiply-adds (``ROW_SUM``): autograd's backward of a broadcast multiply +
   sum reduces over H at stride d, and took 0.96 ms of kernels per d12 call on an H100 against 0.55 ms
   (bench/mome_ops.py); the bigram-indexed d12 step on an H200 went from 269.5 to 263.5 ms.
-  For a per-layer table the row mix scatters M*d values per token (VE's count at equal memory) instead of H*K*d;
-  it is not the default there (slower on CPU in eager mode; per d12 step on the H100 1.2% slower with the old sum,
-  on an H200 0.5% faster with the unrolled one, inside the spread between processes).
-  ``ROW_SUM = "triton"``: for a per-layer (not per-head) fp32 table on CUDA, MoMEMemory.value calls the hand-fused
-  Triton kernel pair of nanochat.memory.mome_triton (table, row ids, dense weights; no (B, T, M, d) gather) in
-  place of the gather + ``mome_row_mix``, compiled or eager; every other row mix (the shared table, per-head
-  tables, the CPU) keeps the unrolled sum.
+  For a per-layer table the row mix scatters M*d values per token (VE's count at equal memory) instead of H*K*d.
+  In torch ops it is not the default there (slower on CPU in eager mode; per d12 step on the H100 1.2% slower
+  with the old sum, on an H200 0.5% faster with the unrolled one, inside the spread between processes); as the
+  Triton kernel pair it is the CUDA default (above).
+  ``ROW_SUM = "triton"`` (the default): for a per-layer (not per-head) fp32 table where
+  ``mome_triton.applies`` (CUDA with triton), MoMEMemory.value calls the kernel pair (table, row ids, dense
+  weights; no (B, T, M, d) gather) in place of the gather + ``mome_row_mix``, compiled or eager; every other row
+  mix (the shared table, per-head tables, the CPU) is the unrolled sum. "unrolled" / "reduce" keep the kernel off.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
 """
@@ -35,12 +40,14 @@ import torch
 import torch.nn.functional as F
 
 MIXES = ("bag", "plain", "row")
-MIX: str | None = None  # one of MIXES; None = row for the shared table, else bag on CPU, plain on CUDA (see above)
+# one of MIXES; None = row for the shared table and, where the Triton kernel applies, per-layer tables; else bag on
+# CPU, plain on CUDA (see above)
+MIX: str | None = None
 TOPK_BY_ARGMAX: bool | None = None  # masked-argmax selection; None = on CUDA only
-ROW_SUMS = ("unrolled", "reduce", "triton")
-# the compiled row mix: M unrolled multiply-adds, or a broadcast multiply + sum over M; "triton": the kernel pair
-# for per-layer tables on CUDA, else unrolled (see above)
-ROW_SUM = "unrolled"
+ROW_SUMS = ("triton", "unrolled", "reduce")
+# the row mix: the Triton kernel pair for per-layer tables on CUDA, else (and compiled) M unrolled multiply-adds;
+# "unrolled" keeps the kernel off; "reduce": a broadcast multiply + sum over M (see above)
+ROW_SUM = "triton"
 
 
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
