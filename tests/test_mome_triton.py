@@ -14,6 +14,7 @@
     python -m pytest -m gpu tests/test_mome_triton.py                                             # on a GPU
 """
 
+import contextlib
 import os
 
 import pytest
@@ -430,6 +431,18 @@ def _compiled_run(model, x, y, row_sum, autocast, monkeypatch):
     return out, len(calls)
 
 
+@contextlib.contextmanager
+def _fp32_matmuls():
+    """TF32 off for the block (the fp32 reference must be fp32), restored after; dynamo's caches dropped."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch._dynamo.reset()
+
+
 def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
@@ -441,16 +454,11 @@ def test_cuda_compiled_model_fp32_triton_equals_unrolled(name, monkeypatch):
     """fp32 (TF32 off), compiled fullgraph: ROW_SUM "triton" takes the kernels in every memory layer and gives
     the compiled "unrolled" model's loss and gradients to float rounding (the atomics' order is free)."""
     model, x, y = _cuda_model(MODEL_OPTIONS[name][0])
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with _fp32_matmuls():
         monkeypatch.setattr(mix_paths, "MIX", "row")
         (want, _) = _compiled_run(model, x, y, "unrolled", False, monkeypatch)
         monkeypatch.setattr(mix_paths, "MIX", "row")
         (got, calls) = _compiled_run(model, x, y, "triton", False, monkeypatch)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch._dynamo.reset()
     assert calls == len(model.memory.layers)  # traced once per memory layer into the one graph
     assert abs(got[0].item() - want[0].item()) < 1e-5 * want[0].item()
     for n in want[1]:
@@ -466,17 +474,12 @@ def test_cuda_compiled_model_bf16_triton_as_close_as_unrolled(name, monkeypatch)
     differently, and inductor may skip the bf16 rounding of mem that the kernel's bf16 store does, as eager
     mode does), and the two paths within 5e-2 of each other: a wrong kernel is off by O(1)."""
     model, x, y = _cuda_model(MODEL_OPTIONS[name][0])
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with _fp32_matmuls():
         monkeypatch.setattr(mix_paths, "MIX", "row")
         ref = _loss_and_grads(model, x, y, False)
         (unrolled, _) = _compiled_run(model, x, y, "unrolled", True, monkeypatch)
         monkeypatch.setattr(mix_paths, "MIX", "row")
         (triton_, calls) = _compiled_run(model, x, y, "triton", True, monkeypatch)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch._dynamo.reset()
     assert calls == len(model.memory.layers)
     errs = {n: (_rel(triton_[1][n], ref[1][n]), _rel(unrolled[1][n], ref[1][n]), _rel(triton_[1][n], unrolled[1][n]))
             for n in ref[1]}
