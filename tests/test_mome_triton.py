@@ -223,6 +223,30 @@ def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkey
         torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def test_defaults_compile_fullgraph_through_the_op(monkeypatch):
+    """The default selection (``mome_triton.applies`` included) traced by dynamo into one graph, as on CUDA: the
+    compiled model calls the op in every memory layer and gives the eager model's loss and gradients."""
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
+    model = build_model(tiny_config(memory="mome", memory_options=MODEL_OPTIONS["per_layer"][0]), seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in model.memory.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    idx = torch.randint(0, 512, (2, 17), generator=g)
+    x, y = idx[:, :-1], idx[:, 1:]
+    want = _loss_and_grads(model, x, y, False)
+    torch._dynamo.reset()
+    calls = _spy(monkeypatch)
+    try:
+        got = _loss_and_grads(model, x, y, False, run=torch.compile(model, fullgraph=True, dynamic=False))
+    finally:
+        torch._dynamo.reset()
+    assert len(calls) == len(model.memory.layers)  # traced once per memory layer
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for n in want[1]:
+        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-4, atol=1e-6, msg=n)
+
+
 class _FakeTable:
     """What ``applies`` reads of a table: device, dtype, size (a CUDA tensor cannot be made without a GPU)."""
 
