@@ -49,7 +49,8 @@ and, every W optimizer steps, all-reduces them into the authors' windowed MaxVio
 checkpoint written between the two keeps it).
 
 Fast paths: the K-row mix, the row mix and the top-K selection, chosen per device, live in
-nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX`` and ``TOPK_BY_ARGMAX`` force one).
+nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX``, ``ROW_SUM`` and ``TOPK_BY_ARGMAX``
+force one); the row mix's Triton kernels for per-layer tables on CUDA in nanochat.memory.mome_triton.
 
 The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
