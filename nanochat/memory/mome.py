@@ -68,10 +68,11 @@ from nanochat.slot_balance import window_maxvio
 from . import mome_triton
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
-from .mome_mix import forced_mix, mome_mix, mome_row_mix, row_sum, slot_weights, topk_indices
+from .mome_mix import forced_mix, fuse_inject, mome_mix, mome_row_mix, row_sum, slot_weights, topk_indices
 from .mome_options import MoMEOptions
 from .mome_router import CausalConvRouter
 from .mome_triton import row_mix as kernel_row_mix
+from .mome_triton import row_mix_inject as kernel_row_mix_inject
 from .slot_index import ARITHMETIC_INDEXERS, arithmetic_rows, check_rows_fit_vocab
 from .slot_map import check_slot_map_tokenizer, load_slot_map
 from .ve import GammaTracker, ValueGate, init_table_uniform, record
@@ -405,10 +406,36 @@ class MoMEMemory(MemoryBlock):
         sel, w, p = self.route(pos, xn, v, idx, row, probs=self.capture is not None, token_logits=token_logits,
                                state=state)
         table = self._table(pos)
+        gamma = self.gates[pos](xn)  # (B, T, H)
+        if self.training:
+            self._count(pos, sel, row, gamma)
+        if self.eval_loads is not None:
+            self._count_eval_loads(pos, sel, row)
+        if self._fused_inject(table, shared):  # v + gamma * mem in one kernel pair: mem never leaves it
+            wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
+            return kernel_row_mix_inject(table, row, wd, gamma, v)
+        mem = self._mem(pos, table, row, rows, sel, w, shared, v.dtype)  # (B, T, H, d)
+        inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
+        if self.capture is not None:
+            sel_c = sel if sel is not None else torch.arange(self.M, device=v.device).expand(w.shape)
+            record(self.capture, layer, slots=sel_c, weights=w, gamma=gamma, inject_norm=inject.float().norm(dim=-1),
+                   rows=row, **({"probs": p} if p is not None else {}))
+        return v + inject
+
+    def _fused_inject(self, table: torch.Tensor, shared) -> bool:
+        """``mome_mix.FUSE_INJECT`` (opt-in) where the row-mix kernel pair serves this table, except with a shared
+        expert (added to mem before the cast to v's dtype) or while ``capture`` records the injection's norm."""
+        if not fuse_inject() or self.capture is not None or shared is not None or self._shared_experts():
+            return False
+        return self._row_mix(table) and self._kernel_row_mix(table)
+
+    def _mem(self, pos, table, row, rows, sel, w, shared, v_dtype) -> torch.Tensor:
+        """The mixed memory vectors (B, T, H, d), the shared expert's row added: in the table's dtype, or v's where
+        the row-mix kernels store it (no shared expert)."""
         if self._row_mix(table):  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
             if self._kernel_row_mix(table):  # fused: no (B, T, M, d) gather; mem already in its cast dtype
-                mem = kernel_row_mix(table, row, wd, table.dtype if self._shared_experts() else v.dtype)
+                mem = kernel_row_mix(table, row, wd, table.dtype if self._shared_experts() else v_dtype)
             else:
                 rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
                 mem = mome_row_mix(rows, wd)
@@ -420,17 +447,7 @@ class MoMEMemory(MemoryBlock):
             shared = self._shared_row(self.shared_experts[pos], row)  # (B, T, 1 or H, d)
         if shared is not None:  # always on, weight 1 (one d-vector for all heads, or each its own); before the cast
             mem = mem + shared.to(mem.dtype)  # (B, T, 1 or H, d) -> (B, T, H, d)
-        gamma = self.gates[pos](xn)  # (B, T, H)
-        inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
-        if self.training:
-            self._count(pos, sel, row, gamma)
-        if self.eval_loads is not None:
-            self._count_eval_loads(pos, sel, row)
-        if self.capture is not None:
-            sel_c = sel if sel is not None else torch.arange(self.M, device=v.device).expand(w.shape)
-            record(self.capture, layer, slots=sel_c, weights=w, gamma=gamma, inject_norm=inject.float().norm(dim=-1),
-                   rows=row, **({"probs": p} if p is not None else {}))
-        return v + inject
+        return mem
 
     @torch.no_grad()
     def _count(self, pos, sel, row, gamma) -> None:

@@ -32,6 +32,11 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   ``mome_triton.applies`` (CUDA with triton), MoMEMemory.value calls the kernel pair (table, row ids, dense
   weights; no (B, T, M, d) gather) in place of the gather + ``mome_row_mix``, compiled or eager; every other row
   mix (the shared table, per-head tables, the CPU) is the unrolled sum. "unrolled" / "reduce" keep the kernel off.
+  ``FUSE_INJECT = True`` (opt-in, default False; not yet measured on a GPU): where that kernel pair serves a
+  per-layer table, MoMEMemory.value instead calls ``mome_triton.row_mix_inject``, one kernel pair that also does
+  the value injection ``v + gamma * mem``: mem never leaves the kernels (no (B, T, H, d) write and read-back, not
+  saved for the backward, which recomputes it from the M rows it loads anyway). Not with a shared expert (added to
+  mem before the cast) or while ``capture`` records the injection's norm: there, the kernel pair above.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
 """
@@ -48,6 +53,8 @@ ROW_SUMS = ("triton", "unrolled", "reduce")
 # the row mix: the Triton kernel pair for per-layer tables on CUDA, else (and compiled) M unrolled multiply-adds;
 # "unrolled" keeps the kernel off; "reduce": a broadcast multiply + sum over M (see above)
 ROW_SUM = "triton"
+# the row mix and the value injection as one kernel pair where the row-mix kernels serve a per-layer table (above)
+FUSE_INJECT = False
 
 
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -89,6 +96,12 @@ def row_sum() -> str:
     if ROW_SUM not in ROW_SUMS:
         raise ValueError(f"nanochat.memory.mome_mix.ROW_SUM {ROW_SUM!r} is unknown; allowed: {', '.join(ROW_SUMS)}")
     return ROW_SUM
+
+
+def fuse_inject() -> bool:
+    if not isinstance(FUSE_INJECT, bool):
+        raise ValueError(f"nanochat.memory.mome_mix.FUSE_INJECT must be True or False, got {FUSE_INJECT!r}")
+    return FUSE_INJECT
 
 
 def mome_row_mix(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

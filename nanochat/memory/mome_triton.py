@@ -76,6 +76,28 @@ def row_mix_backward_torch(grad, table, row, w) -> tuple[torch.Tensor, torch.Ten
     return d_table, dw
 
 
+def row_mix_inject_torch(table, row, w, gamma, v) -> torch.Tensor:
+    """The injection fused with the row mix: v (N, H, d) + gamma (N, H) * mem -> (N, H, d) in v's dtype, rounded
+    as the model's eager ``v + gamma[..., None].to(v.dtype) * mem.to(v.dtype)``: mem (the fp32 mix) and gamma
+    rounded to v's dtype, their product rounded, then the sum."""
+    with torch.autocast(table.device.type, enabled=False):
+        mem = row_mix_torch(table, row, w, v.dtype)  # (N, H, d)
+        return (v + gamma.to(v.dtype)[..., None] * mem).contiguous()
+
+
+def row_mix_inject_backward_torch(grad, table, row, w, gamma) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grad (N, H, d) of v_out, in v's dtype -> (d_table (R, d), dw (N, H, M), d_gamma (N, H)) in the inputs'
+    dtypes (grad v is grad itself). In fp32 from gamma and mem rounded to grad's dtype, as the forward multiplies
+    them: d_gamma = sum_d grad * mem, dw = gamma * <E_m, grad>, d_table += sum_h w * gamma * grad."""
+    with torch.autocast(table.device.type, enabled=False):
+        g = grad.to(table.dtype)  # (N, H, d)
+        gam = gamma.to(grad.dtype).to(table.dtype)  # (N, H)
+        mem = row_mix_torch(table, row, w, grad.dtype).to(table.dtype)
+        d_gamma = (g * mem).sum(dim=-1).to(gamma.dtype)
+        d_table, dw = row_mix_backward_torch(g * gam[..., None], table, row, w)
+    return d_table, dw, d_gamma
+
+
 # -- the Triton kernels: one program per token t -------------------------------------------------------------------
 if triton is not None:
 
@@ -117,6 +139,60 @@ if triton is not None:
             wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,)
             tl.atomic_add(dtable_ptr + (base + m) * D + c, tl.sum(wm[:, None] * g, axis=0), mask=c_ok,
                           sem="relaxed")
+
+    @triton.jit
+    def _row_mix_inject_fwd_kernel(table_ptr, row_ptr, w_ptr, gamma_ptr, v_ptr, out_ptr, H: tl.constexpr,
+                                   D: tl.constexpr, M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+        """out[t] (H, D) = v[t] + gamma[t, :, None] * mem[t], mem the forward kernel's fp32 mix; rounded as the
+        eager injection in out's dtype (v's): mem, gamma and their product each rounded to it, then the sum."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.arange(0, BLOCK_H)
+        c = tl.arange(0, BLOCK_D)
+        h_ok = h < H
+        c_ok = c < D
+        hc_ok = h_ok[:, None] & c_ok[None, :]
+        dt = out_ptr.dtype.element_ty  # v's dtype
+        base = tl.load(row_ptr + t) * M
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        for m in tl.static_range(M):
+            e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,) fp32
+            wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,) fp32
+            acc += wm[:, None] * e[None, :]
+        mem = acc.to(dt).to(tl.float32)
+        gam = tl.load(gamma_ptr + t * H + h, mask=h_ok, other=0.0).to(dt).to(tl.float32)  # (BLOCK_H,)
+        offs = (t * H + h[:, None]) * D + c[None, :]
+        v = tl.load(v_ptr + offs, mask=hc_ok, other=0.0).to(tl.float32)
+        inject = (gam[:, None] * mem).to(dt).to(tl.float32)
+        tl.store(out_ptr + offs, (v + inject).to(dt), mask=hc_ok)
+
+    @triton.jit
+    def _row_mix_inject_bwd_kernel(grad_ptr, table_ptr, row_ptr, w_ptr, gamma_ptr, dtable_ptr, dw_ptr, dgamma_ptr,
+                                   H: tl.constexpr, D: tl.constexpr, M: tl.constexpr, BLOCK_H: tl.constexpr,
+                                   BLOCK_D: tl.constexpr):
+        """grad[t] (H, D) (v's dtype) read once; per slot m: dw[t, :, m] = gamma * (grad[t] @ E_m), d_table[n_t*M
+        + m] += (w[t, :, m] * gamma) @ grad[t] (fp32 atomics), and mem recomputed from the same M rows (rounded
+        to grad's dtype, as the forward's multiply) for d_gamma[t] = sum_d grad[t] * mem[t]."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.arange(0, BLOCK_H)
+        c = tl.arange(0, BLOCK_D)
+        h_ok = h < H
+        c_ok = c < D
+        dt = grad_ptr.dtype.element_ty
+        g = tl.load(grad_ptr + (t * H + h[:, None]) * D + c[None, :], mask=h_ok[:, None] & c_ok[None, :],
+                    other=0.0).to(tl.float32)  # (BLOCK_H, BLOCK_D)
+        gam = tl.load(gamma_ptr + t * H + h, mask=h_ok, other=0.0).to(dt).to(tl.float32)  # (BLOCK_H,)
+        base = tl.load(row_ptr + t) * M
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        for m in tl.static_range(M):
+            e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,)
+            wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,)
+            acc += wm[:, None] * e[None, :]
+            tl.store(dw_ptr + (t * H + h) * M + m, gam * tl.sum(g * e[None, :], axis=1), mask=h_ok)
+            tl.atomic_add(dtable_ptr + (base + m) * D + c, tl.sum((wm * gam)[:, None] * g, axis=0), mask=c_ok,
+                          sem="relaxed")
+        mem = acc.to(dt).to(tl.float32)
+        d_gamma = tl.sum(g * mem, axis=1)  # (BLOCK_H,)
+        tl.store(dgamma_ptr + t * H + h, d_gamma.to(dgamma_ptr.dtype.element_ty), mask=h_ok)
 
 
 def _launch_config(table, row, w) -> dict:
@@ -179,6 +255,43 @@ def row_mix_backward_triton(grad, table, row, w) -> tuple[torch.Tensor, torch.Te
     return d_table, dw
 
 
+def _inject_launch_config(table, row, w, gamma, v) -> dict:
+    """``_launch_config`` plus the injection's inputs: gamma (N, H) and v (N, H, d), floating point."""
+    cfg = _launch_config(table, row, w)
+    N, H, d = w.size(0), cfg["H"], cfg["D"]
+    if tuple(gamma.shape) != (N, H) or tuple(v.shape) != (N, H, d):
+        raise ValueError(f"row-mix inject kernels take gamma (N, H) = {(N, H)} and v (N, H, d) = {(N, H, d)}; got "
+                         f"{tuple(gamma.shape)}, {tuple(v.shape)}")
+    if not (gamma.is_floating_point() and v.is_floating_point()):
+        raise ValueError(f"row-mix inject kernels take floating gamma and v, got {gamma.dtype}, {v.dtype}")
+    return cfg
+
+
+def row_mix_inject_forward_triton(table, row, w, gamma, v) -> torch.Tensor:
+    """The fused forward kernel: -> a new (N, H, d) tensor v + gamma * mem in v's dtype."""
+    cfg = _inject_launch_config(table, row, w, gamma, v)
+    table, row, w, gamma, v = (x.contiguous() for x in (table, row, w, gamma, v))
+    out = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if out.numel():
+        with _device_guard(table):
+            _row_mix_inject_fwd_kernel[(w.size(0),)](table, row, w, gamma, v, out, **cfg)
+    return out
+
+
+def row_mix_inject_backward_triton(grad, table, row, w, gamma) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused backward kernel: grad (N, H, d) in v's dtype -> (d_table (R, d) fp32, dw (N, H, M) fp32,
+    d_gamma (N, H) in gamma's dtype)."""
+    cfg = _inject_launch_config(table, row, w, gamma, grad)
+    grad, table, row, w, gamma = (x.contiguous() for x in (grad, table, row, w, gamma))
+    d_table = torch.zeros_like(table, memory_format=torch.contiguous_format)
+    dw = torch.empty_like(w, memory_format=torch.contiguous_format)
+    d_gamma = torch.empty_like(gamma, memory_format=torch.contiguous_format)
+    if w.numel():
+        with _device_guard(table):
+            _row_mix_inject_bwd_kernel[(w.size(0),)](grad, table, row, w, gamma, d_table, dw, d_gamma, **cfg)
+    return d_table, dw, d_gamma
+
+
 # -- the custom ops ----------------------------------------------------------------------------------------------
 @torch.library.custom_op("nanochat::mome_row_mix", mutates_args=())
 def mome_row_mix_op(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -233,3 +346,66 @@ def row_mix(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_dtype: 
     B, T, H, M = w.shape
     out = mome_row_mix_op(table, row.reshape(B * T).long(), w.to(table.dtype).reshape(B * T, H, M), out_dtype)
     return out.view(B, T, H, table.size(1))
+
+
+# -- the row mix fused with the injection (mome_mix.FUSE_INJECT; opt-in) ---------------------------------------
+@torch.library.custom_op("nanochat::mome_row_mix_inject", mutates_args=())
+def mome_row_mix_inject_op(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor,
+                           v: torch.Tensor) -> torch.Tensor:
+    """table (R, d) fp32, row (N,) int64, w (N, H, M) fp32, gamma (N, H), v (N, H, d) -> v + gamma * mem,
+    (N, H, d) in v's dtype (``row_mix_inject_torch``'s roundings). Devices other than CUDA: torch math."""
+    return row_mix_inject_torch(table, row, w, gamma, v)
+
+
+@mome_row_mix_inject_op.register_kernel("cuda")
+def _row_mix_inject_cuda(table, row, w, gamma, v):
+    return row_mix_inject_forward_triton(table, row, w, gamma, v)
+
+
+@mome_row_mix_inject_op.register_fake
+def _row_mix_inject_fake(table, row, w, gamma, v):
+    return v.new_empty(v.shape)
+
+
+@torch.library.custom_op("nanochat::mome_row_mix_inject_backward", mutates_args=())
+def mome_row_mix_inject_backward_op(grad: torch.Tensor, table: torch.Tensor, row: torch.Tensor, w: torch.Tensor,
+                                    gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grad (N, H, d) in v's dtype -> (d_table (R, d), dw (N, H, M), d_gamma (N, H)), fresh tensors."""
+    return row_mix_inject_backward_torch(grad, table, row, w, gamma)
+
+
+@mome_row_mix_inject_backward_op.register_kernel("cuda")
+def _row_mix_inject_backward_cuda(grad, table, row, w, gamma):
+    return row_mix_inject_backward_triton(grad, table, row, w, gamma)
+
+
+@mome_row_mix_inject_backward_op.register_fake
+def _row_mix_inject_backward_fake(grad, table, row, w, gamma):
+    return table.new_empty(table.shape), w.new_empty(w.shape), gamma.new_empty(gamma.shape)
+
+
+def _inject_setup_context(ctx, inputs, output):
+    table, row, w, gamma, v = inputs
+    ctx.save_for_backward(table, row, w, gamma)  # not mem, not v: the backward recomputes mem from the table
+    ctx.v_dtype = v.dtype
+
+
+def _inject_backward(ctx, grad):
+    table, row, w, gamma = ctx.saved_tensors
+    grad = grad.to(ctx.v_dtype)  # the rounding dtype of the forward (autograd gives v_out's dtype already)
+    d_table, dw, d_gamma = mome_row_mix_inject_backward_op(grad, table, row, w, gamma)
+    return d_table, None, dw, d_gamma, grad  # grad v = grad v_out (the identity)
+
+
+mome_row_mix_inject_op.register_autograd(_inject_backward, setup_context=_inject_setup_context)
+
+
+def row_mix_inject(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor,
+                   v: torch.Tensor) -> torch.Tensor:
+    """The model's fused call: table (R, d), row ids (B, T), dense weights w (B, T, H, M), gate gamma (B, T, H),
+    values v (B, T, H, d) -> v + gamma * mem, (B, T, H, d) in v's dtype. w is cast to the table's dtype."""
+    B, T, H, M = w.shape
+    d = v.size(-1)
+    out = mome_row_mix_inject_op(table, row.reshape(B * T).long(), w.to(table.dtype).reshape(B * T, H, M),
+                                 gamma.reshape(B * T, H), v.reshape(B * T, H, d))
+    return out.view(B, T, H, d)
