@@ -28,6 +28,19 @@ MoMEMemory.value calls ``row_mix`` for a per-layer, not per-head, fp32 table whe
 while ``nanochat.memory.mome_mix.ROW_SUM == "triton"`` (the default). Measured on an H100 (bench/mome_ops.py, d12
 shapes, 2026-11-26): 0.32 ms of kernels per call, forward and backward, against 0.74 for the compiled gather + unrolled
 sum.
+
+Opt-in (``nanochat.memory.mome_mix.FUSE_INJECT``, default False; not yet measured on a GPU): ``row_mix_inject``
+(``torch.ops.nanochat.mome_row_mix_inject``) also does the value injection, v_out = v + gamma * mem, so mem is
+neither written to memory, read back by the injection, nor saved for the backward. Its forward kernel rounds as
+the eager injection (mem and gamma to v's dtype, their product, then the sum); its backward kernel
+(``nanochat::mome_row_mix_inject_backward``) reads grad_out once and the M rows, recomputes mem from them and writes
+
+    d_gamma[t, h]     = sum_d grad_out[t, h, d] * mem[t, h, d]         (mem rounded to v's dtype; in gamma's dtype)
+    dw[t, h, m]       = gamma[t, h] * <E[n_t*M + m], grad_out[t, h]>
+    d_table[n_t*M+m] += sum_h w[t, h, m] * gamma[t, h] * grad_out[t, h]
+
+with grad v = grad_out itself. It differs from the unfused eager backward by bf16 rounding only: autograd rounds
+grad_out * mem and gamma * grad_out to bf16 before summing them, the kernel keeps them fp32.
 """
 
 import contextlib
