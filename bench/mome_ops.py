@@ -16,6 +16,8 @@ baseline, is the model's path when this bench was written; since 2026-11-26 the 
   the weights spread over M (``*_dense``, the row mix's input); compared in the dense form (slot order free).
 * ``kmix``: a per-layer table (V*M, d) fp32, token ids (B, T), sel/w -> the K-row mix; its backward is the
   table-gradient scatter. ``shared``: the same on the bigram-indexed table (6V*M, d), one layer's worth.
+* ``inject``: the per-layer row mix and the value injection, v (B, T, H, d) + gamma (B, T, H) * mem (both in the
+  compute dtype, as v and the gate's output under autocast) -> v_out; gradients of table, w, gamma and v.
 Token ids are Zipf over the vocabulary (scatter collisions as in text), bigram rows nanochat's hash of them;
 logits are tie-free (0.3 apart), so every selection variant picks the same slots; nothing is zero.
 
@@ -120,6 +122,13 @@ def make_shared(S, device, cdt, g):
     return [table, bigram_hash(token_ids(S, device, g), S.n * S.V), *_sel_w(S, device, g)]
 
 
+def make_inject(S, device, cdt, g):
+    """make_kmix's inputs, gamma = 2 sigmoid(.) in (0, 2) as the gate's, and v, both in the compute dtype."""
+    gamma = 2 * torch.sigmoid(torch.randn(S.B, S.T, S.H, device=device, generator=g))
+    v = torch.randn(S.B, S.T, S.H, S.d, device=device, generator=g)
+    return [*make_kmix(S, device, cdt, g), gamma.to(cdt).requires_grad_(), v.to(cdt).requires_grad_()]
+
+
 def _ref_sel_w(logits, S):
     sel = logits.topk(S.K, dim=-1).indices
     return sel, mv._norm(torch.sigmoid(logits.gather(-1, sel)))
@@ -143,6 +152,10 @@ def ref_table(table, row, sel, w, S):
     return (w[..., None] * table[mv._flat(row, sel, S.M)]).sum(dim=-2)
 
 
+def ref_inject(table, row, sel, w, gamma, v, S):
+    return v + gamma[..., None] * ref_table(table, row, sel, w, S)
+
+
 def canonical(out, m: int) -> torch.Tensor:
     """float64 form compared with the reference: (sel, w) pairs as dense (..., M) weights, order-free."""
     if isinstance(out, tuple):
@@ -158,7 +171,8 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     out, rows, sel + w, writes grad rows and grad w. gate_rowmix: rowmix's, the logits in place of sel + w.
     kmix/shared: fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u rows, counted on the inputs),
     writes out; bwd reads grad out and the u rows (for grad w), writes the dense table gradient once (its
-    zero-fill and scatter fused) and grad w. FLOPs 2*N*H*K*d forward, twice that backward."""
+    zero-fill and scatter fused) and grad w. inject: kmix's, plus v N*H*d*cb and gamma N*H*cb read forward, gamma read
+again and its gradient written backward (grad v is grad out itself, no traffic). FLOPs 2*N*H*K*d forward, twice that backward."""
     N, H, M, K, d = S.B * S.T, S.H, S.M, S.K, S.d
     sw = N * H * K * 12  # sel int64 + w fp32
     flops = 6 * N * H * K * d
@@ -174,7 +188,10 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     table, row, sel = inputs[0], inputs[1], inputs[2]
     u = int(torch.unique(mv._flat(row, sel, M)).numel()) * d * 4
     fwd = N * 8 + sw + u + N * H * d * cb
-    return fwd, fwd + N * H * d * cb + u + table.numel() * 4 + N * H * K * 4, flops
+    full = fwd + N * H * d * cb + u + table.numel() * 4 + N * H * K * 4
+    if op == "inject":  # + read v and gamma; bwd: read gamma again, write its gradient (grad v IS grad out: free)
+        return fwd + N * H * d * cb + N * H * cb, full + N * H * d * cb + 3 * N * H * cb, flops
+    return fwd, full, flops
 
 
 @dataclass
@@ -206,6 +223,10 @@ def default_ops() -> dict[str, Op]:
             "plain": (mv.table_plain, True), "index_add": (mv.table_index_add, True), "bag": (mv.table_bag, True),
             "rowmix": (mv.table_rowmix, True), "plain_eager": (mv.table_plain, False),
             "rowmix_unrolled": (mv.table_rowmix_unrolled, True), "rowmix_triton": (mv.table_rowmix_triton, True)}),
+        # last: a run of the ops above is unchanged by it
+        "inject": Op(make_inject, ("table", "row", "sel", "w", "gamma", "v"), (0, 3, 4, 5), ref_inject, {
+            "rowmix_unrolled": (mv.inject_rowmix_unrolled, True), "triton": (mv.inject_triton, True),
+            "triton_fused": (mv.inject_triton_fused, True)}),
     }
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from nanochat.memory.mome import NORM_EPS
 from nanochat.memory.mome_mix import mome_mix_fused, mome_mix_reference, mome_row_mix, slot_weights
 from nanochat.memory.mome_triton import row_mix as kernel_row_mix
+from nanochat.memory.mome_triton import row_mix_inject as kernel_row_mix_inject
 
 
 # -- selection and gate weights: (B, T, H, M) logits -> (sel, w) over K, or dense weights over M ----------------
@@ -235,3 +236,25 @@ def table_rowmix_triton(table, row, sel, w, *, m, k, out_dtype):
     """Row mix: triton kernel on the table itself (ROW_SUM "triton" in the model): no (B, T, M, d) gather; the
     table gradient is one zero-fill + fp32 atomics of M rows per token. On the CPU: the custom op's torch math."""
     return kernel_row_mix(table, row, slot_weights(sel, w, m), out_dtype)
+
+
+# -- the row mix and the value injection: table, row ids, sel/w, gamma (B, T, H), v (B, T, H, d) -> v_out ----------
+def _inject(v, gamma, mem):
+    """The model's injection (MoMEMemory.value): v + gamma * mem, gamma and mem cast to v's dtype."""
+    return v + gamma[..., None].to(v.dtype) * mem.to(v.dtype)
+
+
+def inject_rowmix_unrolled(table, row, sel, w, gamma, v, *, m, k, out_dtype):
+    """ROW_SUM "unrolled": gather (B, T, M, d), the unrolled sum, then the injection; inductor fuses them."""
+    return _inject(v, gamma, table_rowmix_unrolled(table, row, sel, w, m=m, k=k, out_dtype=v.dtype))
+
+
+def inject_triton(table, row, sel, w, gamma, v, *, m, k, out_dtype):
+    """Today's default: the row-mix kernel pair writes mem (B, T, H, d) in v's dtype, inductor injects it (and
+    saves mem for gamma's gradient)."""
+    return _inject(v, gamma, table_rowmix_triton(table, row, sel, w, m=m, k=k, out_dtype=v.dtype))
+
+
+def inject_triton_fused(table, row, sel, w, gamma, v, *, m, k, out_dtype):
+    """mome_mix.FUSE_INJECT: one kernel pair for the row mix and the injection; mem never leaves it."""
+    return kernel_row_mix_inject(table, row, slot_weights(sel, w, m), gamma, v)

@@ -6,6 +6,7 @@ the same size: tokens/s, MFU, peak memory.
     python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
     python bench/train_step.py --designs ve,mome,mome-bigram --mix auto,row   # each MoME design once per mix
     python bench/train_step.py --rounds 2        # every process twice (order reversed): the median of the rounds
+    python bench/train_step.py --designs ve,mome --fuse-inject   # MoME's row mix and injection as one kernel pair
     python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
 
@@ -80,6 +81,7 @@ def measure_one(args) -> dict:
     mix_paths.MIX = None if args.mix == "auto" else args.mix
     mix_paths.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
     mix_paths.ROW_SUM = args.row_sum
+    mix_paths.FUSE_INJECT = args.fuse_inject
     label, memory, options, _, backbone = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
                                memory_options=options, **backbone)
@@ -131,7 +133,7 @@ def measure_one(args) -> dict:
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
             "params_total": summary["params_total"], "params_memory": summary["params_memory"],
             "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
-            "compile": args.compile,
+            "fuse_inject": args.fuse_inject, "compile": args.compile,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__}
 
@@ -168,7 +170,8 @@ def table(rows: dict) -> str:
             continue
         paper = paper_tok_per_sec(design[3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else "",
-                   f"{r['row_sum']} row sum" if r.get("row_sum", "triton") != "triton" else ""]
+                   f"{r['row_sum']} row sum" if r.get("row_sum", "triton") != "triton" else "",
+                   "fused inject" if r.get("fuse_inject") else ""]
         variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
@@ -201,6 +204,9 @@ def parse_args(argv=None):
                    help="the row mix: triton (the model's default): the fused kernel pair of "
                         "nanochat.memory.mome_triton for per-layer tables on CUDA, else unrolled multiply-adds; "
                         "unrolled: never the kernel; reduce: a broadcast multiply + reduction (before 2026-11-26)")
+    p.add_argument("--fuse-inject", action="store_true",
+                   help="nanochat.memory.mome_mix.FUSE_INJECT: where the Triton row mix serves a per-layer table, "
+                        "one kernel pair for the row mix and the value injection v + gamma * mem (opt-in)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)

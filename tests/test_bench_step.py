@@ -120,6 +120,16 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
         bench.parse_args(["--mix", "auto,fused"])
 
 
+def test_train_step_bench_fuse_inject_is_recorded_and_labelled():
+    """--fuse-inject (mome_mix.FUSE_INJECT, off by default): in the JSON row, and in the MoME label when on."""
+    bench = load_bench("train_step")
+    assert bench.parse_args([]).fuse_inject is False and bench.parse_args(["--fuse-inject"]).fuse_inject is True
+    row = {"label": "MoME A2/6 token", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tok_per_sec": 1.0,
+           "mfu": None, "peak_mem_gb": None, "mix": "auto", "topk": "auto", "row_sum": "triton", "fuse_inject": True}
+    assert "| MoME A2/6 token (fused inject) |" in bench.table({"mome": row})
+    assert "| MoME A2/6 token |" in bench.table({"mome": {**row, "fuse_inject": False}})
+
+
 def test_train_step_bench_rounds_take_the_median_of_round_medians():
     bench = load_bench("train_step")
     rounds = [{"step_ms": ms, "step_ms_min": ms - 1, "step_ms_max": ms + 1, "tokens_per_step": 1000, "mfu": 40.0 * 100 / ms,
