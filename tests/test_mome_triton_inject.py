@@ -198,6 +198,25 @@ def test_model_fuse_inject_equals_the_unfused_path(name, autocast, monkeypatch):
     assert max(errs.values()) < 1e-2, errs
 
 
+def test_model_fuse_inject_compiles_fullgraph(monkeypatch):
+    """The fused path traced by dynamo into one graph (as on CUDA, here through the op's CPU math): the op in every
+    memory layer, the eager model's loss and gradients."""
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(mix_paths, "FUSE_INJECT", True)
+    model, x, y = _model("per_layer")
+    want = _loss_and_grads(model, x, y, False)
+    torch._dynamo.reset()
+    calls = _spy(monkeypatch)
+    try:
+        got = _loss_and_grads(model, x, y, False, run=torch.compile(model, fullgraph=True, dynamic=False))
+    finally:
+        torch._dynamo.reset()
+    assert len(calls) == len(model.memory.layers)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for n in want[1]:
+        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-4, atol=1e-6, msg=n)
+
+
 def test_model_fuse_inject_off_while_capturing(monkeypatch):
     """``capture`` records the injection's norm: the unfused path, which records it."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))

@@ -32,7 +32,8 @@ sum.
 Opt-in (``nanochat.memory.mome_mix.FUSE_INJECT``, default False; not yet measured on a GPU): ``row_mix_inject``
 (``torch.ops.nanochat.mome_row_mix_inject``) also does the value injection, v_out = v + gamma * mem, so mem is
 neither written to memory, read back by the injection, nor saved for the backward. Its forward kernel rounds as
-the eager injection (mem and gamma to v's dtype, their product, then the sum); its backward kernel
+the eager injection (mem and gamma to v's dtype, their product, then the sum; in fp32 the compiler may contract
+the multiply and the add into one FMA); its backward kernel
 (``nanochat::mome_row_mix_inject_backward``) reads grad_out once and the M rows, recomputes mem from them and writes
 
     d_gamma[t, h]     = sum_d grad_out[t, h, d] * mem[t, h, d]         (mem rounded to v's dtype; in gamma's dtype)
