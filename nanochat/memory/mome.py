@@ -50,7 +50,8 @@ checkpoint written between the two keeps it).
 
 Fast paths: the K-row mix, the row mix and the top-K selection, chosen per device, live in
 nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX``, ``ROW_SUM`` and ``TOPK_BY_ARGMAX``
-force one); the row mix's Triton kernels for per-layer tables on CUDA in nanochat.memory.mome_triton.
+force one); the row mix's Triton kernels for per-layer tables on CUDA in nanochat.memory.mome_triton, and there,
+opt-in (``mome_mix.FUSE_INJECT``), the row mix and the value injection as one kernel pair.
 
 The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
