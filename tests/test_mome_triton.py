@@ -192,6 +192,17 @@ def test_model_row_sum_triton_equals_unrolled(name, op_on_cpu, autocast, monkeyp
         torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def _random_router_model(opts):
+    """A tiny MoME model with random routers (real selections, no ties) and a batch (x, y)."""
+    model = build_model(tiny_config(memory="mome", memory_options=opts), seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in model.memory.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    idx = torch.randint(0, 512, (2, 17), generator=g)
+    return model, idx[:, :-1], idx[:, 1:]
+
+
 @pytest.mark.parametrize("name", list(MODEL_OPTIONS))
 def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkeypatch):
     """MIX None and ROW_SUM at its default ("triton"): where the op applies (here the CPU, added to KERNEL_DEVICES)
@@ -200,13 +211,7 @@ def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkey
     devices (CUDA only), no layer does."""
     opts, takes_op = MODEL_OPTIONS[name]
     assert mix_paths.ROW_SUM == "triton" and mix_paths.MIX is None
-    model = build_model(tiny_config(memory="mome", memory_options=opts), seed=0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for router in model.memory.routers:
-            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
-    idx = torch.randint(0, 512, (2, 17), generator=g)
-    x, y = idx[:, :-1], idx[:, 1:]
+    model, x, y = _random_router_model(opts)
     calls = _spy(monkeypatch)
     _loss_and_grads(model, x, y, False)
     assert calls == []  # CPU: KERNEL_DEVICES is CUDA only
@@ -227,24 +232,25 @@ def test_defaults_compile_fullgraph_through_the_op(monkeypatch):
     """The default selection (``mome_triton.applies`` included) traced by dynamo into one graph, as on CUDA: the
     compiled model calls the op in every memory layer and gives the eager model's loss and gradients."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
-    model = build_model(tiny_config(memory="mome", memory_options=MODEL_OPTIONS["per_layer"][0]), seed=0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for router in model.memory.routers:
-            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
-    idx = torch.randint(0, 512, (2, 17), generator=g)
-    x, y = idx[:, :-1], idx[:, 1:]
+    model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0])
+    calls = assert_compiled_equals_eager(model, x, y, lambda: _spy(monkeypatch))
+    assert len(calls) == len(model.memory.layers)  # traced once per memory layer
+
+
+def assert_compiled_equals_eager(model, x, y, install_spy) -> list:
+    """The model's loss and gradients eager, then compiled fullgraph on the CPU with ``install_spy()``'s spy in
+    place: equal to float rounding. Returns the spy's calls (those of the compiled run only)."""
     want = _loss_and_grads(model, x, y, False)
     torch._dynamo.reset()
-    calls = _spy(monkeypatch)
+    calls = install_spy()
     try:
         got = _loss_and_grads(model, x, y, False, run=torch.compile(model, fullgraph=True, dynamic=False))
     finally:
         torch._dynamo.reset()
-    assert len(calls) == len(model.memory.layers)  # traced once per memory layer
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     for n in want[1]:
         torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-4, atol=1e-6, msg=n)
+    return calls
 
 
 class _FakeTable:
@@ -313,12 +319,10 @@ def test_kernels_refuse_what_they_do_not_take():
         mt.row_mix_forward_triton(torch.zeros(3, 8192), row.clamp_max(0), torch.zeros(4, 4, 3), torch.float32)
 
 
-@pytest.mark.skipif(not COMPILABLE, reason="needs triton, not in interpreter mode (TRITON_INTERPRET unset)")
-@pytest.mark.parametrize("shape", [(6, 6, 128), (3, 5, 48)], ids=["d12", "non_pow2"])
-def test_kernels_compile_for_sm90_without_a_gpu(shape):
-    """Triton's real compiler (what the GPU runs; the interpreter skips it) builds both kernels for an H100 from
-    the launch config, with the table-gradient atomics relaxed fp32 reductions. Triton versions whose
-    ahead-of-time API differs skip."""
+def sm90_ptx(kernels: dict, shape) -> dict:
+    """{name: PTX} of each (kernel, pointer types) in ``kernels`` built by Triton's real compiler for an H100 (what
+    the GPU runs; the interpreter skips it), with the launch config of shape (H, M, d). Triton versions whose
+    ahead-of-time API differs skip the calling test."""
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -328,19 +332,26 @@ def test_kernels_compile_for_sm90_without_a_gpu(shape):
     cfg = mt._launch_config(torch.zeros(M, d), torch.zeros(1, dtype=torch.long), torch.zeros(1, H, M))
     warps = cfg.pop("num_warps")
     consts = {k: "constexpr" for k in cfg}
-    kernels = {"fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"]),
-               "bwd": (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"])}
+    out = {}
     for name, (kernel, ptrs) in kernels.items():
         sig = {**dict(zip(kernel.arg_names, ptrs)), **consts}
         aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}  # as the JIT specialises them
         try:
-            ptx = mt.triton.compile(ASTSource(kernel, sig, cfg, aligned), target=GPUTarget("cuda", 90, 32),
-                                    options={"num_warps": warps}).asm["ptx"]
+            out[name] = mt.triton.compile(ASTSource(kernel, sig, cfg, aligned), target=GPUTarget("cuda", 90, 32),
+                                          options={"num_warps": warps}).asm["ptx"]
         except TypeError as e:  # another signature convention
             pytest.skip(f"this triton's ahead-of-time API differs: {e}")
-        assert "ld.global" in ptx
-        if name == "bwd":
-            assert "red.global.gpu.relaxed.add" in ptx and "f32" in ptx
+    return out
+
+
+@pytest.mark.skipif(not COMPILABLE, reason="needs triton, not in interpreter mode (TRITON_INTERPRET unset)")
+@pytest.mark.parametrize("shape", [(6, 6, 128), (3, 5, 48)], ids=["d12", "non_pow2"])
+def test_kernels_compile_for_sm90_without_a_gpu(shape):
+    """Both kernels build for an H100 from the launch config, the table-gradient atomics relaxed fp32 reductions."""
+    ptx = sm90_ptx({"fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"]),
+                    "bwd": (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"])}, shape)
+    assert "ld.global" in ptx["fwd"] and "ld.global" in ptx["bwd"]
+    assert "red.global.gpu.relaxed.add" in ptx["bwd"] and "f32" in ptx["bwd"]
 
 
 class _InterpretedRowMix(torch.autograd.Function):
@@ -471,6 +482,24 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
 
+def assert_equal_to_fp32_rounding(got, want):
+    """(loss, {name: grad}) pairs of two fp32 paths: the same loss and gradients up to float rounding."""
+    assert abs(got[0].item() - want[0].item()) < 1e-5 * want[0].item()
+    for n in want[1]:
+        assert _rel(got[1][n], want[1][n]) < 1e-4, (n, _rel(got[1][n], want[1][n]))
+
+
+def assert_as_close_as(new, old, ref):
+    """(loss, {name: grad}) of a new and an old bf16 path and of the fp32 reference: the new path's loss and every
+    gradient no further from the reference than the old's (x2 + 5e-3: two fusions round differently), and the two
+    paths within 5e-2 of each other (a wrong kernel is off by O(1))."""
+    loss_new, loss_old = abs(new[0].item() - ref[0].item()), abs(old[0].item() - ref[0].item())
+    assert loss_new <= 2 * loss_old + 1e-3 * ref[0].item(), (loss_new, loss_old)
+    errs = {n: (_rel(new[1][n], ref[1][n]), _rel(old[1][n], ref[1][n]), _rel(new[1][n], old[1][n])) for n in ref[1]}
+    bad = {n: e for n, e in errs.items() if not (e[0] <= 2 * e[1] + 5e-3 and e[2] < 5e-2)}
+    assert not bad, bad  # (new vs fp32, old vs fp32, new vs old)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("name", ["per_layer", "full_routing", "shared_expert"])
@@ -484,9 +513,7 @@ def test_cuda_compiled_model_fp32_triton_equals_unrolled(name, monkeypatch):
         monkeypatch.setattr(mix_paths, "MIX", "row")
         (got, calls) = _compiled_run(model, x, y, "triton", False, monkeypatch)
     assert calls == len(model.memory.layers)  # traced once per memory layer into the one graph
-    assert abs(got[0].item() - want[0].item()) < 1e-5 * want[0].item()
-    for n in want[1]:
-        assert _rel(got[1][n], want[1][n]) < 1e-4, (n, _rel(got[1][n], want[1][n]))
+    assert_equal_to_fp32_rounding(got, want)
 
 
 @pytest.mark.gpu
@@ -505,9 +532,4 @@ def test_cuda_compiled_model_bf16_triton_as_close_as_unrolled(name, monkeypatch)
         monkeypatch.setattr(mix_paths, "MIX", "row")
         (triton_, calls) = _compiled_run(model, x, y, "triton", True, monkeypatch)
     assert calls == len(model.memory.layers)
-    errs = {n: (_rel(triton_[1][n], ref[1][n]), _rel(unrolled[1][n], ref[1][n]), _rel(triton_[1][n], unrolled[1][n]))
-            for n in ref[1]}
-    loss_t, loss_u = abs(triton_[0].item() - ref[0].item()), abs(unrolled[0].item() - ref[0].item())
-    assert loss_t <= 2 * loss_u + 1e-3 * ref[0].item(), (loss_t, loss_u)
-    bad = {n: e for n, e in errs.items() if not (e[0] <= 2 * e[1] + 5e-3 and e[2] < 5e-2)}
-    assert not bad, bad  # (triton vs fp32, unrolled vs fp32, triton vs unrolled)
+    assert_as_close_as(triton_, unrolled, ref)
