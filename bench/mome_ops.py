@@ -172,8 +172,9 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     out, rows, sel + w, writes grad rows and grad w. gate_rowmix: rowmix's, the logits in place of sel + w.
     kmix/shared: fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u rows, counted on the inputs),
     writes out; bwd reads grad out and the u rows (for grad w), writes the dense table gradient once (its
-    zero-fill and scatter fused) and grad w. inject: kmix's, plus v N*H*d*cb and gamma N*H*cb read forward, gamma read
-again and its gradient written backward (grad v is grad out itself, no traffic). FLOPs 2*N*H*K*d forward, twice that backward."""
+    zero-fill and scatter fused) and grad w. inject: kmix's, plus v N*H*d*cb and gamma N*H*cb read forward, gamma
+    read again and its gradient written backward (grad v is grad out itself, no traffic). FLOPs 2*N*H*K*d forward,
+    twice that backward."""
     N, H, M, K, d = S.B * S.T, S.H, S.M, S.K, S.d
     sw = N * H * K * 12  # sel int64 + w fp32
     flops = 6 * N * H * K * d
