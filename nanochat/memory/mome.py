@@ -412,7 +412,7 @@ class MoMEMemory(MemoryBlock):
             self._count(pos, sel, row, gamma)
         if self.eval_loads is not None:
             self._count_eval_loads(pos, sel, row)
-        if self._fused_inject(table, shared):  # v + gamma * mem in one kernel pair: mem never leaves it
+        if self._fused_inject(table):  # v + gamma * mem in one kernel pair: mem never leaves it
             wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
             return kernel_row_mix_inject(table, row, wd, gamma, v)
         mem = self._mem(pos, table, row, rows, sel, w, shared, v.dtype)  # (B, T, H, d)
@@ -423,10 +423,10 @@ class MoMEMemory(MemoryBlock):
                    rows=row, **({"probs": p} if p is not None else {}))
         return v + inject
 
-    def _fused_inject(self, table: torch.Tensor, shared) -> bool:
+    def _fused_inject(self, table: torch.Tensor) -> bool:
         """``mome_mix.FUSE_INJECT`` (opt-in) where the row-mix kernel pair serves this table, except with a shared
         expert (added to mem before the cast to v's dtype) or while ``capture`` records the injection's norm."""
-        if not fuse_inject() or self.capture is not None or shared is not None or self._shared_experts():
+        if not fuse_inject() or self.capture is not None or self._shared_experts():
             return False
         return self._row_mix(table) and self._kernel_row_mix(table)
 

@@ -116,6 +116,19 @@ def row_mix_inject_backward_torch(grad, table, row, w, gamma) -> tuple[torch.Ten
 if triton is not None:
 
     @triton.jit
+    def _mixed_rows(table_ptr, row_ptr, w_ptr, t, h, c, h_ok, c_ok, H: tl.constexpr, D: tl.constexpr,
+                    M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Token t's mix (BLOCK_H, BLOCK_D) fp32: w[t] (H, M) @ E[n_t*M : n_t*M + M] (M, D), each of the M rows
+        loaded once for all heads (the forward kernels' shared part; inlined by Triton)."""
+        base = tl.load(row_ptr + t) * M  # int64 (the ids are int64): the row's first flat slot
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        for m in tl.static_range(M):
+            e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,) fp32
+            wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,) fp32
+            acc += wm[:, None] * e[None, :]
+        return acc
+
+    @triton.jit
     def _row_mix_fwd_kernel(table_ptr, row_ptr, w_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr,
                             M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
         """out[t] (H, D) = w[t] (H, M) @ E[n_t*M : n_t*M + M] (M, D): each of the M rows is loaded once for all
@@ -125,12 +138,7 @@ if triton is not None:
         c = tl.arange(0, BLOCK_D)
         h_ok = h < H  # H and D need not be powers of 2: masked up to BLOCK_H, BLOCK_D
         c_ok = c < D
-        base = tl.load(row_ptr + t) * M  # int64 (the ids are int64): the row's first flat slot
-        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-        for m in tl.static_range(M):
-            e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,) fp32
-            wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,) fp32
-            acc += wm[:, None] * e[None, :]
+        acc = _mixed_rows(table_ptr, row_ptr, w_ptr, t, h, c, h_ok, c_ok, H, D, M, BLOCK_H, BLOCK_D)
         out = out_ptr + (t * H + h[:, None]) * D + c[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & c_ok[None, :])
 
@@ -166,12 +174,7 @@ if triton is not None:
         c_ok = c < D
         hc_ok = h_ok[:, None] & c_ok[None, :]
         dt = out_ptr.dtype.element_ty  # v's dtype
-        base = tl.load(row_ptr + t) * M
-        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-        for m in tl.static_range(M):
-            e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,) fp32
-            wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,) fp32
-            acc += wm[:, None] * e[None, :]
+        acc = _mixed_rows(table_ptr, row_ptr, w_ptr, t, h, c, h_ok, c_ok, H, D, M, BLOCK_H, BLOCK_D)
         mem = acc.to(dt).to(tl.float32)
         gam = tl.load(gamma_ptr + t * H + h, mask=h_ok, other=0.0).to(dt).to(tl.float32)  # (BLOCK_H,)
         offs = (t * H + h[:, None]) * D + c[None, :]
