@@ -6,7 +6,7 @@ the same size: tokens/s, MFU, peak memory.
     python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
     python bench/train_step.py --designs ve,mome,mome-bigram --mix auto,row   # each MoME design once per mix
     python bench/train_step.py --rounds 2        # every process twice (order reversed): the median of the rounds
-    python bench/train_step.py --designs ve,mome --fuse-inject   # MoME's row mix and injection as one kernel pair
+    python bench/train_step.py --designs ve,mome --no-fuse-inject   # MoME's injection apart from the row-mix kernels
     python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
 
@@ -171,7 +171,7 @@ def table(rows: dict) -> str:
         paper = paper_tok_per_sec(design[3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else "",
                    f"{r['row_sum']} row sum" if r.get("row_sum", "triton") != "triton" else "",
-                   "fused inject" if r.get("fuse_inject") else ""]
+                   "unfused inject" if not r.get("fuse_inject", True) else ""]
         variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
@@ -204,9 +204,10 @@ def parse_args(argv=None):
                    help="the row mix: triton (the model's default): the fused kernel pair of "
                         "nanochat.memory.mome_triton for per-layer tables on CUDA, else unrolled multiply-adds; "
                         "unrolled: never the kernel; reduce: a broadcast multiply + reduction (before 2026-11-26)")
-    p.add_argument("--fuse-inject", action="store_true",
-                   help="nanochat.memory.mome_mix.FUSE_INJECT: where the Triton row mix serves a per-layer table, "
-                        "one kernel pair for the row mix and the value injection v + gamma * mem (opt-in)")
+    p.add_argument("--fuse-inject", action=argparse.BooleanOptionalAction, default=True,
+                   help="nanochat.memory.mome_mix.FUSE_INJECT (the model's default: on): where the Triton row mix "
+                        "serves a per-layer table, one kernel pair for the row mix and the value injection "
+                        "v + gamma * mem; --no-fuse-inject: the row-mix kernels, then the injection in torch")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)

@@ -121,13 +121,14 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
 
 
 def test_train_step_bench_fuse_inject_is_recorded_and_labelled():
-    """--fuse-inject (mome_mix.FUSE_INJECT, off by default): in the JSON row, and in the MoME label when on."""
+    """--fuse-inject (mome_mix.FUSE_INJECT, on by default, as the model's): in the JSON row, and in the MoME label
+    when off."""
     bench = load_bench("train_step")
-    assert bench.parse_args([]).fuse_inject is False and bench.parse_args(["--fuse-inject"]).fuse_inject is True
+    assert bench.parse_args([]).fuse_inject is True and bench.parse_args(["--no-fuse-inject"]).fuse_inject is False
     row = {"label": "MoME A2/6 token", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tok_per_sec": 1.0,
            "mfu": None, "peak_mem_gb": None, "mix": "auto", "topk": "auto", "row_sum": "triton", "fuse_inject": True}
-    assert "| MoME A2/6 token (fused inject) |" in bench.table({"mome": row})
-    assert "| MoME A2/6 token |" in bench.table({"mome": {**row, "fuse_inject": False}})
+    assert "| MoME A2/6 token |" in bench.table({"mome": row})
+    assert "| MoME A2/6 token (unfused inject) |" in bench.table({"mome": {**row, "fuse_inject": False}})
 
 
 def test_train_step_bench_rounds_take_the_median_of_round_medians():

@@ -298,10 +298,10 @@ def test_polar_express_iterates_in_bf16_on_cuda():
 
 
 def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
-    """MIX / TOPK_BY_ARGMAX None on CUDA: top-K by masked argmax (ties go to the lowest slots), the row mix through
-    the Triton kernels for a per-layer table (the plain K-row mix if triton is missing; never embedding_bag), the
-    row mix for the shared bigram-indexed table, and dense table gradients in eager training (the sparse ones are
-    CPU-only)."""
+    """MIX / TOPK_BY_ARGMAX None on CUDA: top-K by masked argmax (ties go to the lowest slots), the row mix and the
+    value injection through the fused Triton kernels for a per-layer table (the plain K-row mix if triton is
+    missing; never embedding_bag), the row mix for the shared bigram-indexed table, and dense table gradients in
+    eager training (the sparse ones are CPU-only)."""
     monkeypatch.setattr(mix_paths, "MIX", None)
     monkeypatch.setattr(mix_paths, "TOPK_BY_ARGMAX", None)
     ties = mix_paths.topk_indices(torch.zeros(3, 6, device="cuda"), 2)
@@ -319,6 +319,7 @@ def test_mome_defaults_on_cuda_take_the_cuda_paths(monkeypatch):
         model.train()
         assert model.memory._row_mix(model.memory._table(0)) == row_mix
         assert model.memory._kernel_row_mix(model.memory._table(0)) == (name == "mome" and row_mix)
+        assert model.memory._fused_inject(model.memory._table(0)) == (name == "mome" and row_mix)
         x, y = _batch()
         model(x, y).backward()
         for table in model.memory.memory_tables():

@@ -9,6 +9,10 @@
 * marker ``gpu`` (CUDA): the kernels on the GPU, and a compiled MoME model with ROW_SUM "triton" against
   "unrolled", fp32 and bf16 autocast.
 
+Every test here runs with ``mome_mix.FUSE_INJECT`` off: by default the model takes the fused row mix + injection
+pair (tests/test_mome_triton_inject.py) wherever this pair would serve, and this pair where that one does not
+(a shared expert, ``capture``).
+
     PYTHONPATH=$PWD:/path/to/triton TRITON_INTERPRET=1 python -m pytest tests/test_mome_triton.py   # + kernels
     PYTHONPATH=$PWD:/path/to/triton python -m pytest tests/test_mome_triton.py                      # + sm_90 build
     python -m pytest -m gpu tests/test_mome_triton.py                                             # on a GPU
@@ -28,6 +32,13 @@ from nanochat.memory import mome_triton as mt
 
 INTERPRETED = mt.triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
 COMPILABLE = mt.triton is not None and not INTERPRETED  # the kernels are JITFunctions: they compile for a GPU
+
+
+@pytest.fixture(autouse=True)
+def _row_mix_pair_alone(monkeypatch):
+    monkeypatch.setattr(mix_paths, "FUSE_INJECT", False)
+
+
 needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="needs triton and TRITON_INTERPRET=1 (set before "
                                        "the import) to run the Triton kernels on the CPU")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")
@@ -205,7 +216,7 @@ def _random_router_model(opts):
 
 @pytest.mark.parametrize("name", list(MODEL_OPTIONS))
 def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkeypatch):
-    """MIX None and ROW_SUM at its default ("triton"): where the op applies (here the CPU, added to KERNEL_DEVICES)
+    """MIX None and ROW_SUM at its default ("triton"), FUSE_INJECT off: where the op applies (here the CPU, added to KERNEL_DEVICES)
     a per-layer table takes the row mix through the op in every memory layer, whatever K, with the same loss and
     gradients as the forced plain K-row mix; per-head and shared tables never take it. With the CPU's default
     devices (CUDA only), no layer does."""
@@ -229,7 +240,7 @@ def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkey
 
 
 def test_defaults_compile_fullgraph_through_the_op(monkeypatch):
-    """The default selection (``mome_triton.applies`` included) traced by dynamo into one graph, as on CUDA: the
+    """The default selection (``mome_triton.applies`` included; FUSE_INJECT off) traced by dynamo into one graph, as on CUDA: the
     compiled model calls the op in every memory layer and gives the eager model's loss and gradients."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
     model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0])
@@ -319,10 +330,10 @@ def test_kernels_refuse_what_they_do_not_take():
         mt.row_mix_forward_triton(torch.zeros(3, 8192), row.clamp_max(0), torch.zeros(4, 4, 3), torch.float32)
 
 
-def sm90_ptx(kernels: dict, shape) -> dict:
+def sm90_ptx(kernels: dict, shape, options: dict | None = None) -> dict:
     """{name: PTX} of each (kernel, pointer types) in ``kernels`` built by Triton's real compiler for an H100 (what
-    the GPU runs; the interpreter skips it), with the launch config of shape (H, M, d). Triton versions whose
-    ahead-of-time API differs skip the calling test."""
+    the GPU runs; the interpreter skips it), with the launch config of shape (H, M, d) and the compile ``options``
+    the launch passes. Triton versions whose ahead-of-time API differs skip the calling test."""
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -338,7 +349,7 @@ def sm90_ptx(kernels: dict, shape) -> dict:
         aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}  # as the JIT specialises them
         try:
             out[name] = mt.triton.compile(ASTSource(kernel, sig, cfg, aligned), target=GPUTarget("cuda", 90, 32),
-                                          options={"num_warps": warps}).asm["ptx"]
+                                          options={"num_warps": warps, **(options or {})}).asm["ptx"]
         except TypeError as e:  # another signature convention
             pytest.skip(f"this triton's ahead-of-time API differs: {e}")
     return out
@@ -456,13 +467,14 @@ def _cuda_model(opts):
 
 
 def _compiled_run(model, x, y, row_sum, autocast, monkeypatch):
-    """Loss and gradients of torch.compile(model, fullgraph=True) with ROW_SUM = row_sum, and the op's calls."""
+    """Loss and gradients of torch.compile(model, fullgraph=True) with ROW_SUM = row_sum, and the op's calls. The
+    spy and ROW_SUM are undone after; the fixture's FUSE_INJECT = False and the caller's MIX stay."""
     torch._dynamo.reset()
-    monkeypatch.setattr(mix_paths, "ROW_SUM", row_sum)
-    calls = _spy(monkeypatch)
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
-    out = _loss_and_grads(model, x, y, autocast, run=compiled)
-    monkeypatch.undo()  # the spy and ROW_SUM (MIX is set again by the caller)
+    with monkeypatch.context() as m:
+        m.setattr(mix_paths, "ROW_SUM", row_sum)
+        calls = _spy(m)
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        out = _loss_and_grads(model, x, y, autocast, run=compiled)
     return out, len(calls)
 
 
@@ -500,6 +512,18 @@ def assert_as_close_as(new, old, ref):
     assert not bad, bad  # (new vs fp32, old vs fp32, new vs old)
 
 
+def test_compiled_run_keeps_the_row_mix_pair_alone(monkeypatch):
+    """The CUDA model tests' harness on the CPU (the op's torch math): two compiled runs in a row, "unrolled" then
+    "triton", the second through the row-mix op in every memory layer (FUSE_INJECT stays off after the first)."""
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
+    model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0])
+    monkeypatch.setattr(mix_paths, "MIX", "row")
+    (want, n0) = _compiled_run(model, x, y, "unrolled", False, monkeypatch)
+    (got, n1) = _compiled_run(model, x, y, "triton", False, monkeypatch)
+    assert (n0, n1) == (0, len(model.memory.layers)) and mix_paths.FUSE_INJECT is False
+    assert_equal_to_fp32_rounding(got, want)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("name", ["per_layer", "full_routing", "shared_expert"])
@@ -510,7 +534,6 @@ def test_cuda_compiled_model_fp32_triton_equals_unrolled(name, monkeypatch):
     with _fp32_matmuls():
         monkeypatch.setattr(mix_paths, "MIX", "row")
         (want, _) = _compiled_run(model, x, y, "unrolled", False, monkeypatch)
-        monkeypatch.setattr(mix_paths, "MIX", "row")
         (got, calls) = _compiled_run(model, x, y, "triton", False, monkeypatch)
     assert calls == len(model.memory.layers)  # traced once per memory layer into the one graph
     assert_equal_to_fp32_rounding(got, want)
@@ -529,7 +552,6 @@ def test_cuda_compiled_model_bf16_triton_as_close_as_unrolled(name, monkeypatch)
         monkeypatch.setattr(mix_paths, "MIX", "row")
         ref = _loss_and_grads(model, x, y, False)
         (unrolled, _) = _compiled_run(model, x, y, "unrolled", True, monkeypatch)
-        monkeypatch.setattr(mix_paths, "MIX", "row")
         (triton_, calls) = _compiled_run(model, x, y, "triton", True, monkeypatch)
     assert calls == len(model.memory.layers)
     assert_as_close_as(triton_, unrolled, ref)

@@ -50,8 +50,8 @@ checkpoint written between the two keeps it).
 
 Fast paths: the K-row mix, the row mix and the top-K selection, chosen per device, live in
 nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX``, ``ROW_SUM`` and ``TOPK_BY_ARGMAX``
-force one); the row mix's Triton kernels for per-layer tables on CUDA in nanochat.memory.mome_triton, and there,
-opt-in (``mome_mix.FUSE_INJECT``), the row mix and the value injection as one kernel pair.
+force one); the row mix's Triton kernels for per-layer tables on CUDA in nanochat.memory.mome_triton, which by
+default (``mome_mix.FUSE_INJECT``) also do the value injection: the row mix and the injection as one kernel pair.
 
 The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
@@ -424,8 +424,8 @@ class MoMEMemory(MemoryBlock):
         return v + inject
 
     def _fused_inject(self, table: torch.Tensor) -> bool:
-        """``mome_mix.FUSE_INJECT`` (opt-in) where the row-mix kernel pair serves this table, except with a shared
-        expert (added to mem before the cast to v's dtype) or while ``capture`` records the injection's norm."""
+        """``mome_mix.FUSE_INJECT`` (on by default) where the row-mix kernel pair serves this table, except with a
+        shared expert (added to mem before the cast to v's dtype) or while ``capture`` records the injection's norm."""
         if not fuse_inject() or self.capture is not None or self._shared_experts():
             return False
         return self._row_mix(table) and self._kernel_row_mix(table)

@@ -32,11 +32,13 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   ``mome_triton.applies`` (CUDA with triton), MoMEMemory.value calls the kernel pair (table, row ids, dense
   weights; no (B, T, M, d) gather) in place of the gather + ``mome_row_mix``, compiled or eager; every other row
   mix (the shared table, per-head tables, the CPU) is the unrolled sum. "unrolled" / "reduce" keep the kernel off.
-  ``FUSE_INJECT = True`` (opt-in, default False; not yet measured on a GPU): where that kernel pair serves a
-  per-layer table, MoMEMemory.value instead calls ``mome_triton.row_mix_inject``, one kernel pair that also does
-  the value injection ``v + gamma * mem``: mem never leaves the kernels (no (B, T, H, d) write and read-back, not
-  saved for the backward, which recomputes it from the M rows it loads anyway). Not with a shared expert (added to
-  mem before the cast) or while ``capture`` records the injection's norm: there, the kernel pair above.
+  ``FUSE_INJECT = True`` (the default): where that kernel pair serves a per-layer table, MoMEMemory.value instead
+  calls ``mome_triton.row_mix_inject``, one kernel pair that also does the value injection ``v + gamma * mem``:
+  mem never leaves the kernels (no (B, T, H, d) write and read-back, not saved for the backward, which recomputes
+  it from the M rows it loads anyway). The d12 step on an H100 went from 289.0 to 285.8 ms (VE: 284.7; 2 rounds
+  of fresh processes each, 2026-11-26). Not with a shared expert (added to mem before the cast) or while
+  ``capture`` records the injection's norm: there, the kernel pair above. False: that pair, then the injection in
+  torch.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
 """
@@ -54,7 +56,7 @@ ROW_SUMS = ("triton", "unrolled", "reduce")
 # "unrolled" keeps the kernel off; "reduce": a broadcast multiply + sum over M (see above)
 ROW_SUM = "triton"
 # the row mix and the value injection as one kernel pair where the row-mix kernels serve a per-layer table (above)
-FUSE_INJECT = False
+FUSE_INJECT = True
 
 
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
