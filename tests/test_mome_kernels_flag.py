@@ -4,11 +4,13 @@ base_train runs that record it and train on the path it chose (the CPU added to 
 run their torch math and spies see whether the model called them)."""
 
 import json
+import shutil
 from contextlib import ExitStack
 
 import pytest
 import torch
 
+from nanochat import checkpoint as ckpt
 from nanochat import train_setup
 from nanochat.memory import mome as mome_module
 from nanochat.memory import mome_mix
@@ -151,3 +153,18 @@ def test_ranks_that_resolve_differently_stop_the_run(monkeypatch, kernel_globals
                                          r"install triton on every node, or pass --mome-kernels torch"):
         train_setup.setup_mome_kernels("auto", torch.device("cpu"), ExitStack())
     assert (mome_mix.ROW_SUM, mome_mix.FUSE_INJECT) == ("triton", True)  # nothing installed
+
+
+def test_a_resume_on_other_kernels_continues_and_names_both(tmp_path, monkeypatch, capsys, kernel_globals):
+    """Like --attention, the kernels do not define the run: a resume may change them (the losses then differ by
+    rounding only), and summary.json names every kernel choice its steps ran on; config.json this session's."""
+    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
+    run, flags = tmp_path / "r", [*TINY, "--num-iterations", "4", "--save-every", "2"]
+    assert base_train.main([*flags, "--run-dir", str(run), "--mome-kernels", "torch"]) == 0
+    shutil.rmtree(ckpt.step_dir(run, 4))
+    calls = _spies(monkeypatch)
+    assert base_train.main([*flags, "--run-dir", str(run), "--mome-kernels", "row", "--resume"]) == 0
+    assert calls["row"] > 0 and calls["fused"] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    config = json.loads((run / "config.json").read_text())
+    assert summary["step"] == 4 and summary["mome_kernels"] == "torch+row" and config["mome_kernels"] == "row"
