@@ -26,6 +26,7 @@ from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optim
                                preset_tokens)
 from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig, check_window_pattern
 from nanochat.memory import add_memory_args, memory_config_from_args
+from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.moe import MLP_KINDS
 from nanochat.optim import OptimConfig
 from nanochat.row_config import check_row_config
@@ -74,6 +75,14 @@ def _group_run(p):
                         "SDPA, FlashAttention-2 (flash_attn package), FlashAttention-3 (flash_attn_interface, or the "
                         "kernels hub), or auto = fa3 on a Hopper GPU when it loads, else sdpa; the resolved one is in "
                         "config.json and summary.json")
+    g.add_argument("--mome-kernels", choices=MOME_KERNELS, default="auto",
+                   help="MoME's Triton kernels on CUDA (per-layer fp32 tables; nanochat/memory/mome_triton.py): fused "
+                        "= the row mix and the value injection in one kernel pair, row = the row mix only (injection "
+                        "in torch), torch = no kernels (torch ops; compiled with --compile), e.g. to compare paths or "
+                        "to take the kernels' fp32 atomics (their sums in a free order) out of the table gradients; "
+                        "auto = fused where triton imports, else torch. fused/row without triton on CUDA is an "
+                        "error; on a CPU the kernels never run and fused/row have no effect. No effect without "
+                        "--memory mome. The resolved one is in config.json and summary.json")
     g.add_argument("--seed", type=int, default=42, help="model init (and default data order) seed")
     g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")

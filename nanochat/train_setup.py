@@ -1,11 +1,12 @@
 """Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle, the
-attention kernel.
+attention kernel, MoME's kernels.
 
 Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run needs no data and does not
-resolve --attention: of this it only reads an existing tokenizer (``existing_tokenizer``: its size, and for
+resolve --attention or --mome-kernels: of this it only reads an existing tokenizer (``existing_tokenizer``: its size, and for
 --init-from its fingerprint).
 """
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import torch
 
 from nanochat.common import every_rank_ok, print0, rank0_decides
 from nanochat.gpt import resolve_attention, set_attention_backend
+from nanochat.memory import mome_mix
+from nanochat.memory.mome_triton import resolve_kernels
 from nanochat.train_loop import SyntheticLoader, gather_objects, synthetic_eval_rows
 
 SYNTHETIC_VOCAB = 32768
@@ -50,6 +53,24 @@ def setup_attention(requested: str, device) -> str:
     set_attention_backend(backend)
     print0(f"attention: {backend.name}" + (f" ({backend.reason})" if backend.reason else ""))
     return backend.name
+
+
+def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
+    """Resolve --mome-kernels once, before the model is built and compiled (a compiled graph keeps the path it
+    traced), and install it (nanochat.memory.mome_mix.set_kernels) until ``stack`` closes; returns the resolved
+    name. Harmless for other memories. Every rank resolves alike (device kind, triton import), but a node without
+    triton would not: ranks that disagree stop the run rather than train with mixed kernels."""
+    name, reason = every_rank_ok(lambda: resolve_kernels(requested, device))
+    names = gather_objects(name)
+    if len(set(names)) > 1:
+        raise ValueError(f"--mome-kernels {requested} resolved to {names} on ranks 0..{len(names) - 1}: install triton "
+                         "on every node, or pass --mome-kernels torch")
+    # a caller in the same process (the tests, a notebook) gets the module's globals back as they were
+    before = {key: getattr(mome_mix, key) for settings in mome_mix.KERNEL_SETTINGS.values() for key in settings}
+    stack.callback(vars(mome_mix).update, before)
+    mome_mix.set_kernels(name)
+    print0(f"mome kernels: {name}" + (f" ({reason})" if reason else ""))
+    return name
 
 
 def tokenizer_dir(args) -> Path:

@@ -57,7 +57,8 @@ from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects
                                  train_step)
 from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (SYNTHETIC_VOCAB, RunData, existing_tokenizer, load_eval_rows, load_run_data,
-                                  resolve_bundle, run_core, run_split_bpb, setup_attention, tokenizer_dir)
+                                  resolve_bundle, run_core, run_split_bpb, setup_attention, setup_mome_kernels,
+                                  tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
@@ -101,6 +102,7 @@ class Run:
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
     session_start: float = 0.0  # time.time() when this session's execute() began
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
+    mome_kernels: str = "torch"  # the resolved --mome-kernels of this session (config.json, summary.json)
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
     resume: ResumePoint | None = None
     init_source: dict | None = None  # the --init-from source as checked before the set-up, loaded after it
@@ -202,6 +204,7 @@ def build_run(args, stack: ExitStack) -> Run:
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
+    mome_kernels = setup_mome_kernels(args.mome_kernels, device, stack)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
     claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:
@@ -232,15 +235,15 @@ def build_run(args, stack: ExitStack) -> Run:
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
-               data, autocast, loop=loop, attention=attention, resume=resume, init_source=source,
-               save_flops=save_flops, eval_flops=eval_flops)
+               data, autocast, loop=loop, attention=attention, mome_kernels=mome_kernels, resume=resume,
+               init_source=source, save_flops=save_flops, eval_flops=eval_flops)
 
 
 def resolved_config(run: Run) -> dict:
     return {"args": vars(run.args), "model_config": run.config.to_dict(), "plan": run.plan,
             "world_size": run.world, "device": str(run.device), "dtype": run.dtype, "attention": run.attention,
-            "data": run.data.describe(), "torch": torch.__version__, "lr_overrides": run.lr_overrides,
-            "init_from": run.init_from}
+            "mome_kernels": run.mome_kernels, "data": run.data.describe(), "torch": torch.__version__,
+            "lr_overrides": run.lr_overrides, "init_from": run.init_from}
 
 
 def save(run: Run, reason: str, keep: bool = False) -> None:
@@ -373,6 +376,8 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
     loop.setdefault("steady_time", 0.0)
     if run.attention not in loop.setdefault("attention", []):  # a resume on another kernel: tok/s mixes both
         loop["attention"].append(run.attention)
+    if run.mome_kernels not in loop.setdefault("mome_kernels", []):  # likewise (checkpoints before it: absent)
+        loop["mome_kernels"].append(run.mome_kernels)
     try:
         while True:
             step = loop["step"]
@@ -480,7 +485,8 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
                ("params_total", "params_memory", "params_backbone", "params_active", "flops_per_token",
                 "world_size")},
                "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype,
-               "attention": "+".join(run.loop.get("attention") or [run.attention]), **throughput(run),
+               "attention": "+".join(run.loop.get("attention") or [run.attention]),
+               "mome_kernels": "+".join(run.loop.get("mome_kernels") or [run.mome_kernels]), **throughput(run),
                "init_from": run.init_from, **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)

@@ -8,7 +8,7 @@
     python -m scripts.speedrun_preflight layout --gpus N [--max-device-batch 32] -- BASE_TRAIN_FLAGS...
         stdout "NPROC DEVICE_BATCH": the most GPUs (then the largest device batch) that split the flags' total
         batch exactly, after a base_train --dry-run of the flags with that layout (so the flags are checked;
-        --attention is resolved only when training starts).
+        --attention and --mome-kernels are resolved only when training starts).
 
 Messages go to stderr; the shell reads the one stdout line.
 """

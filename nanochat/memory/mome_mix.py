@@ -41,6 +41,9 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   torch.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
+``set_kernels`` installs a name of ``KERNEL_SETTINGS`` into ROW_SUM / FUSE_INJECT: scripts/base_train.py's
+``--mome-kernels`` (resolved by ``mome_triton.resolve_kernels``), e.g. "torch" to compare paths or to take the
+kernels' fp32 atomics out of the table gradients (they sum in a free order; so does a compiled scatter-add).
 """
 
 import torch
@@ -57,6 +60,22 @@ ROW_SUMS = ("triton", "unrolled", "reduce")
 ROW_SUM = "triton"
 # the row mix and the value injection as one kernel pair where the row-mix kernels serve a per-layer table (above)
 FUSE_INJECT = True
+# --mome-kernels (scripts/base_train.py): "auto" resolves to one of the others (mome_triton.resolve_kernels), each
+# of which sets these globals; "torch" keeps the kernels off, so FUSE_INJECT does nothing there and is left alone
+MOME_KERNELS = ("auto", "fused", "row", "torch")
+KERNEL_SETTINGS = {"fused": {"ROW_SUM": "triton", "FUSE_INJECT": True},
+                   "row": {"ROW_SUM": "triton", "FUSE_INJECT": False},
+                   "torch": {"ROW_SUM": "unrolled"}}
+
+
+def set_kernels(name: str) -> dict:
+    """Install a resolved --mome-kernels name (a key of KERNEL_SETTINGS); returns the globals it set. Call it
+    before the model is compiled: a compiled graph keeps the path it traced."""
+    if name not in KERNEL_SETTINGS:
+        raise ValueError(f"mome kernels {name!r} is unknown; allowed: {', '.join(KERNEL_SETTINGS)} (--mome-kernels "
+                         "auto is resolved first, by nanochat.memory.mome_triton.resolve_kernels)")
+    globals().update(KERNEL_SETTINGS[name])
+    return dict(KERNEL_SETTINGS[name])
 
 
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,8 @@ import contextlib
 
 import torch
 
+from .mome_mix import MOME_KERNELS
+
 try:
     import triton
     import triton.language as tl
@@ -242,6 +244,31 @@ def applies(table: torch.Tensor, H: int, M: int) -> bool:
         return False
     pow2 = 1 << max(H - 1, 0).bit_length(), 1 << max(table.size(-1) - 1, 0).bit_length()  # next powers of 2
     return pow2[0] * pow2[1] <= MAX_TILE and M <= 64
+
+
+def resolve_kernels(requested: str, device) -> tuple[str, str]:
+    """--mome-kernels -> (the ``mome_mix.KERNEL_SETTINGS`` name to install, why, for the log; "" if as asked).
+    Depends only on the device kind and whether triton imports, so every rank of a run resolves alike.
+
+    auto = "fused" where the kernels can run (a device of KERNEL_DEVICES; triton on CUDA), else "torch": the module
+    defaults' behaviour. fused/row on a device outside KERNEL_DEVICES (the CPU) change nothing there: "torch",
+    said so. fused/row on CUDA without triton are an error naming the flag, never a silent torch path."""
+    allowed = ", ".join(MOME_KERNELS)
+    if requested not in MOME_KERNELS:
+        raise ValueError(f"--mome-kernels must be one of {allowed} (got {requested!r})")
+    device = torch.device(device)
+    if requested == "torch":
+        return "torch", ""
+    if device.type not in KERNEL_DEVICES:
+        return "torch", (f"--mome-kernels {requested}: the MoME Triton kernels run on "
+                         f"{' and '.join(KERNEL_DEVICES)} only, this run is on {device.type}")
+    if device.type == "cuda" and triton is None:
+        if requested == "auto":
+            return "torch", "--mome-kernels auto: triton cannot be imported"
+        raise ValueError(f"--mome-kernels {requested}: the MoME Triton kernels need triton, which cannot be imported "
+                         f"here; install triton (pip install triton), or pass --mome-kernels torch or auto "
+                         f"(allowed: {allowed})")
+    return ("fused" if requested == "auto" else requested), ""
 
 
 def _device_guard(t: torch.Tensor):
