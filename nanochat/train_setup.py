@@ -2,8 +2,8 @@
 attention kernel, MoME's kernels.
 
 Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run needs no data and does not
-resolve --attention or --mome-kernels: of this it only reads an existing tokenizer (``existing_tokenizer``: its size, and for
---init-from its fingerprint).
+resolve --attention or --mome-kernels: of this it only reads an existing tokenizer (``existing_tokenizer``: its
+size, and for --init-from its fingerprint).
 """
 
 from contextlib import ExitStack
