@@ -179,6 +179,20 @@ def test_attention_auto_is_resolved_and_recorded_on_cuda(tmp_path):
     assert summary["attention"] == resolve_attention("auto", "cuda").name
 
 
+def test_mome_kernels_are_resolved_recorded_and_agree_on_cuda(tmp_path):
+    """--mome-kernels auto (fused where triton imports) and torch on CUDA: what the trainer resolved is in
+    summary.json, and the two paths (one function; fp32 atomics in a free order) train to the same losses."""
+    from nanochat.memory import mome_triton
+
+    runs = {name: _train(tmp_path / name, "--mome-kernels", name) for name in ("auto", "torch")}
+    for name, want in (("auto", "fused" if mome_triton.triton is not None else "torch"), ("torch", "torch")):
+        assert json.loads((tmp_path / name / "summary.json").read_text())["mome_kernels"] == want
+    a, b = ({r["step"]: r["loss"] for r in runs[name] if r["kind"] == "train"} for name in ("auto", "torch"))
+    assert a.keys() == b.keys() == set(range(1, 7))
+    for step in a:
+        assert abs(a[step] - b[step]) < 1e-4 * abs(a[step]), (step, a[step], b[step])
+
+
 # -- the MobileLLM and Qwen3 families (nanochat.families) -------------------------------------------------------
 FAMILY_BLOCKS = {"base": ("base", {}), "stem": ("stem", {}), "ve": ("ve", {}),
                  "mome_value": ("mome", {"slots": 3, "topk": 1, "router_input": "value"}),
