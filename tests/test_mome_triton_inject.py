@@ -340,6 +340,11 @@ def test_kernels_compile_for_sm90_without_a_gpu(shape):
         assert "cvt.rn.bf16" in code  # rounded to nearest even on the GPU
     assert "red.global.gpu.relaxed.add" in ptx["bwd"] and "f32" in ptx["bwd"]
     assert "fma.rn.f32" in ptx["fwd"] and not re.search(r"\bfma\.[a-z.]*bf16", ptx["fwd"])
+    # the backward recomputes mem with the forward's FMAs whatever Triton's FP-fusion default (off from Triton 3.10)
+    bwd_unfused = sm90_ptx({"bwd": (mt._row_mix_inject_bwd_kernel,
+                                    ["*bf16", "*fp32", "*i64", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16"])},
+                           shape, {"enable_fp_fusion": False})["bwd"]
+    assert "fma.rn.f32" in bwd_unfused
 
 
 # -- (c) CUDA --------------------------------------------------------------------------------------------------

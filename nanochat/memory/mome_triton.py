@@ -205,7 +205,7 @@ if triton is not None:
         for m in tl.static_range(M):
             e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,)
             wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,)
-            acc += wm[:, None] * e[None, :]
+            acc = tl.fma(wm[:, None], e[None, :], acc)  # as the forward, fusion on or off
             tl.store(dw_ptr + (t * H + h) * M + m, gam * tl.sum(g * e[None, :], axis=1), mask=h_ok)
             tl.atomic_add(dtable_ptr + (base + m) * D + c, tl.sum((wm * gam)[:, None] * g, axis=0), mask=c_ok,
                           sem="relaxed")
