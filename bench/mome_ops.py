@@ -18,7 +18,7 @@ baseline, is the model's path when this bench was written; since 2026-11-26 the 
   table-gradient scatter. ``shared``: the same on the bigram-indexed table (6V*M, d), one layer's worth.
 * ``inject``: the per-layer row mix and the value injection, v (B, T, H, d) + gamma (B, T, H) * mem (both in the
   compute dtype, as v and the gate's output under autocast) -> v_out; gradients of table, w, gamma and v. Its
-  baseline is ROW_SUM "unrolled"; the model's default is its ``triton`` variant, ``triton_fused`` is FUSE_INJECT.
+  baseline is ROW_SUM "unrolled"; ``triton`` is FUSE_INJECT off, ``triton_fused`` the model's default (on).
 Token ids are Zipf over the vocabulary (scatter collisions as in text), bigram rows nanochat's hash of them;
 logits are tie-free (0.3 apart), so every selection variant picks the same slots; nothing is zero.
 

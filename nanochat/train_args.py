@@ -82,7 +82,8 @@ def _group_run(p):
                         "to take the kernels' fp32 atomics (their sums in a free order) out of the table gradients; "
                         "auto = fused where triton imports, else torch. fused/row without triton on CUDA is an "
                         "error; on a CPU the kernels never run and fused/row have no effect. No effect without "
-                        "--memory mome. The resolved one is in config.json and summary.json")
+                        "--memory mome. What the model's layers take (fused, row, torch: a shared expert, per-head or "
+                        "bigram-indexed tables keep some kernels off) is in config.json and summary.json")
     g.add_argument("--seed", type=int, default=42, help="model init (and default data order) seed")
     g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")

@@ -56,8 +56,8 @@ def setup_attention(requested: str, device) -> str:
 
 
 def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
-    """Resolve --mome-kernels once, before the model is built and compiled (a compiled graph keeps the path it
-    traced), and install it (nanochat.memory.mome_mix.set_kernels) until ``stack`` closes; returns the resolved
+    """Resolve --mome-kernels once, before the model is built and compiled (a later change would only make dynamo
+    recompile), and install it (nanochat.memory.mome_mix.set_kernels) until ``stack`` closes; returns the resolved
     name. Harmless for other memories. Every rank resolves alike (device kind, triton import), but a node without
     triton would not: ranks that disagree stop the run rather than train with mixed kernels."""
     name, reason = every_rank_ok(lambda: resolve_kernels(requested, device))
@@ -71,6 +71,13 @@ def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
     mome_mix.set_kernels(name)
     print0(f"mome kernels: {name}" + (f" ({reason})" if reason else ""))
     return name
+
+
+def model_kernel_path(model) -> str:
+    """The MoME kernel path the built model's memory layers take (``MoMEMemory.kernel_path``), "none" for
+    memories without MoME's kernels: what config.json and summary.json record as ``mome_kernels``."""
+    path = getattr(getattr(model, "memory", None), "kernel_path", None)
+    return path() if path is not None else "none"
 
 
 def tokenizer_dir(args) -> Path:

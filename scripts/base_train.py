@@ -57,8 +57,8 @@ from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects
                                  train_step)
 from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (SYNTHETIC_VOCAB, RunData, existing_tokenizer, load_eval_rows, load_run_data,
-                                  resolve_bundle, run_core, run_split_bpb, setup_attention, setup_mome_kernels,
-                                  tokenizer_dir)
+                                  model_kernel_path, resolve_bundle, run_core, run_split_bpb, setup_attention,
+                                  setup_mome_kernels, tokenizer_dir)
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
@@ -102,7 +102,7 @@ class Run:
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
     session_start: float = 0.0  # time.time() when this session's execute() began
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
-    mome_kernels: str = "torch"  # the resolved --mome-kernels of this session (config.json, summary.json)
+    mome_kernels: str = "none"  # the MoME kernel path this session's model takes (config.json, summary.json)
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
     resume: ResumePoint | None = None
     init_source: dict | None = None  # the --init-from source as checked before the set-up, loaded after it
@@ -204,7 +204,7 @@ def build_run(args, stack: ExitStack) -> Run:
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
-    mome_kernels = setup_mome_kernels(args.mome_kernels, device, stack)  # likewise
+    setup_mome_kernels(args.mome_kernels, device, stack)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
     claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:
@@ -223,6 +223,8 @@ def build_run(args, stack: ExitStack) -> Run:
     load_eval_rows(args, data, info.rank, info.world_size)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
+    mome_kernels = model_kernel_path(model)  # what its layers take under that setting (recorded; not the flag)
+    print0(f"mome kernels in the model: {mome_kernels}")
     # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
     model.memory.bind_tokenizer(data.tokenizer)
     optimizer = MuonAdamW(param_groups(model, optim_config(args, plan["batch_lr_scale"])))

@@ -180,7 +180,7 @@ def test_attention_auto_is_resolved_and_recorded_on_cuda(tmp_path):
 
 
 def test_mome_kernels_are_resolved_recorded_and_agree_on_cuda(tmp_path):
-    """--mome-kernels auto (fused where triton imports) and torch on CUDA: what the trainer resolved is in
+    """--mome-kernels auto (fused where triton imports) and torch on CUDA: the path the model took is in
     summary.json, and the two paths (one function; fp32 atomics in a free order) train to the same losses."""
     from nanochat.memory import mome_triton
 

@@ -138,6 +138,22 @@ def test_base_train_on_cpu_resolves_auto_and_fused_to_torch(tmp_path, capsys, ke
     assert config["mome_kernels"] == "torch" and config["args"]["mome_kernels"] == "fused"
 
 
+@pytest.mark.parametrize("extra, ran", [(["--mome-shared-expert"], "row"), (["--mome-per-head-table"], "torch"),
+                                        (["--mome-index", "bigram"], "torch"), (["--memory", "ve"], "none")])
+def test_base_train_records_the_path_the_model_takes(extra, ran, tmp_path, monkeypatch, capsys, kernel_globals):
+    """--mome-kernels fused, the CPU added to KERNEL_DEVICES: tables the fused pair does not serve (a shared expert:
+    the row-mix pair; per-head and bigram-indexed tables: torch ops; no MoME: none) are recorded as what ran."""
+    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
+    calls = _spies(monkeypatch)
+    run = tmp_path / "r"
+    assert base_train.main([*TINY, *extra, "--run-dir", str(run), "--mome-kernels", "fused"]) == 0
+    assert f"mome kernels in the model: {ran}\n" in capsys.readouterr().out
+    assert {k: v > 0 for k, v in calls.items()} == {"fused": False, "row": ran == "row"}
+    config = json.loads((run / "config.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    assert config["mome_kernels"] == summary["mome_kernels"] == ran
+
+
 def test_setup_installs_the_choice_until_the_run_ends(monkeypatch, capsys, kernel_globals):
     monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
     with ExitStack() as stack:

@@ -423,6 +423,19 @@ class MoMEMemory(MemoryBlock):
                    rows=row, **({"probs": p} if p is not None else {}))
         return v + inject
 
+    def kernel_path(self) -> str:
+        """Which Triton kernels the memory layers take with the current settings and table devices: "fused" (row
+        mix + injection), "row" (row mix only) or "torch" (none), "+"-joined where layers differ. What
+        ``--mome-kernels`` recorded as having run (the flag is only a setting: a shared expert, per-head or shared
+        tables, the CPU keep some or all kernels off)."""
+        paths = []
+        for pos in range(len(self.layers)):
+            table = self._table(pos)
+            path = ("fused" if self._fused_inject(table) else
+                    "row" if self._row_mix(table) and self._kernel_row_mix(table) else "torch")
+            paths += [path] if path not in paths else []
+        return "+".join(paths)
+
     def _fused_inject(self, table: torch.Tensor) -> bool:
         """``mome_mix.FUSE_INJECT`` (on by default) where the row-mix kernel pair serves this table, except with a
         shared expert (added to mem before the cast to v's dtype) or while ``capture`` records the injection's norm."""

@@ -70,7 +70,7 @@ KERNEL_SETTINGS = {"fused": {"ROW_SUM": "triton", "FUSE_INJECT": True},
 
 def set_kernels(name: str) -> dict:
     """Install a resolved --mome-kernels name (a key of KERNEL_SETTINGS); returns the globals it set. Call it
-    before the model is compiled: a compiled graph keeps the path it traced."""
+    before the model is compiled: dynamo guards on these globals, so a later change costs a recompile."""
     if name not in KERNEL_SETTINGS:
         raise ValueError(f"mome kernels {name!r} is unknown; allowed: {', '.join(KERNEL_SETTINGS)} (--mome-kernels "
                          "auto is resolved first, by nanochat.memory.mome_triton.resolve_kernels)")
