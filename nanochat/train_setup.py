@@ -41,15 +41,21 @@ class RunData:
                 "bundle": str(self.bundle) if self.bundle else None}
 
 
+def _same_on_every_rank(flag: str, requested: str, name: str, fix: str) -> None:
+    """Every rank resolved ``flag requested`` alike (device kind, packages), unless one node differs: then every rank
+    stops, naming what each got and ``fix``, rather than train with mixed kernels. Collective."""
+    names = gather_objects(name)
+    if len(set(names)) > 1:
+        raise ValueError(f"{flag} {requested} resolved to {names} on ranks 0..{len(names) - 1}: {fix}")
+
+
 def setup_attention(requested: str, device) -> str:
     """Resolve --attention once, before the model is built and compiled, and install it for ``causal_attention``;
     returns the resolved name. Every rank resolves alike (device kind and packages), but a kernels-hub download can
     fail on one node only: ranks that disagree stop the run rather than train with mixed kernels."""
     backend = every_rank_ok(lambda: resolve_attention(requested, device))
-    names = gather_objects(backend.name)
-    if len(set(names)) > 1:
-        raise ValueError(f"--attention {requested} resolved to {names} on ranks 0..{len(names) - 1}: install the same "
-                         "attention packages on every node, or pass --attention sdpa, fa2 or fa3")
+    _same_on_every_rank("--attention", requested, backend.name,
+                        "install the same attention packages on every node, or pass --attention sdpa, fa2 or fa3")
     set_attention_backend(backend)
     print0(f"attention: {backend.name}" + (f" ({backend.reason})" if backend.reason else ""))
     return backend.name
@@ -61,10 +67,7 @@ def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
     name. Harmless for other memories. Every rank resolves alike (device kind, triton import), but a node without
     triton would not: ranks that disagree stop the run rather than train with mixed kernels."""
     name, reason = every_rank_ok(lambda: resolve_kernels(requested, device))
-    names = gather_objects(name)
-    if len(set(names)) > 1:
-        raise ValueError(f"--mome-kernels {requested} resolved to {names} on ranks 0..{len(names) - 1}: install triton "
-                         "on every node, or pass --mome-kernels torch")
+    _same_on_every_rank("--mome-kernels", requested, name, "install triton on every node, or pass --mome-kernels torch")
     # a caller in the same process (the tests, a notebook) gets the module's globals back as they were
     before = {key: getattr(mome_mix, key) for settings in mome_mix.KERNEL_SETTINGS.values() for key in settings}
     stack.callback(vars(mome_mix).update, before)

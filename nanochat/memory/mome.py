@@ -413,8 +413,7 @@ class MoMEMemory(MemoryBlock):
         if self.eval_loads is not None:
             self._count_eval_loads(pos, sel, row)
         if self._fused_inject(table):  # v + gamma * mem in one kernel pair: mem never leaves it
-            wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
-            return kernel_row_mix_inject(table, row, wd, gamma, v)
+            return kernel_row_mix_inject(table, row, self._dense_weights(sel, w), gamma, v)
         mem = self._mem(pos, table, row, rows, sel, w, shared, v.dtype)  # (B, T, H, d)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.capture is not None:
@@ -428,26 +427,30 @@ class MoMEMemory(MemoryBlock):
         mix + injection), "row" (row mix only) or "torch" (none), "+"-joined where layers differ. What
         ``--mome-kernels`` recorded as having run (the flag is only a setting: a shared expert, per-head or shared
         tables, the CPU keep some or all kernels off)."""
-        paths = []
-        for pos in range(len(self.layers)):
-            table = self._table(pos)
-            path = ("fused" if self._fused_inject(table) else
-                    "row" if self._row_mix(table) and self._kernel_row_mix(table) else "torch")
-            paths += [path] if path not in paths else []
-        return "+".join(paths)
+        tables = (self._table(pos) for pos in range(len(self.layers)))
+        paths = ("fused" if self._fused_inject(t) else "row" if self._kernels_serve(t) else "torch" for t in tables)
+        return "+".join(dict.fromkeys(paths))  # in layer order, each once
 
     def _fused_inject(self, table: torch.Tensor) -> bool:
         """``mome_mix.FUSE_INJECT`` (on by default) where the row-mix kernel pair serves this table, except with a
         shared expert (added to mem before the cast to v's dtype) or while ``capture`` records the injection's norm."""
         if not fuse_inject() or self.capture is not None or self._shared_experts():
             return False
+        return self._kernels_serve(table)
+
+    def _kernels_serve(self, table: torch.Tensor) -> bool:
+        """The row mix (not forced off by MIX) through the Triton row-mix kernels."""
         return self._row_mix(table) and self._kernel_row_mix(table)
+
+    def _dense_weights(self, sel, w) -> torch.Tensor:
+        """The row mix's weights (B, T, H, M): w itself (K == M, no selection) or zero off the top-K."""
+        return w if sel is None else slot_weights(sel, w, self.M)
 
     def _mem(self, pos, table, row, rows, sel, w, shared, v_dtype) -> torch.Tensor:
         """The mixed memory vectors (B, T, H, d), the shared expert's row added: in the table's dtype, or v's where
         the row-mix kernels store it (no shared expert)."""
         if self._row_mix(table):  # the M slots of n_t once per token, mixed per head (K == M: all of them)
-            wd = w if sel is None else slot_weights(sel, w, self.M)  # (B, T, H, M), zero off the top-K
+            wd = self._dense_weights(sel, w)  # (B, T, H, M)
             if self._kernel_row_mix(table):  # fused: no (B, T, M, d) gather; mem already in its cast dtype
                 mem = kernel_row_mix(table, row, wd, table.dtype if self._shared_experts() else v_dtype)
             else:

@@ -226,12 +226,21 @@ def _launch_config(table, row, w) -> dict:
         raise ValueError(f"row-mix kernels take table (R, d), row (N,), w (N, H, M); got {tuple(table.shape)}, "
                          f"{tuple(row.shape)}, {tuple(w.shape)}")
     H, M, d = w.size(1), w.size(2), table.size(1)
-    block_h, block_d = triton.next_power_of_2(H), triton.next_power_of_2(d)
-    if block_h * block_d > MAX_TILE or M > 64:
+    block_h, block_d = _next_pow2(H), _next_pow2(d)
+    if not _tile_fits(H, d, M):
         raise ValueError(f"row-mix kernels: H={H}, d={d}, M={M} unsupported (H and d rounded up to powers of 2 "
                          f"may hold at most {MAX_TILE} values per token, M at most 64)")
     warps = max(1, min(8, block_h * block_d // ACC_PER_WARP))
     return dict(H=H, D=d, M=M, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=warps)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _tile_fits(H: int, d: int, M: int) -> bool:
+    """One program's (H, d) tile, each rounded up to a power of 2, within MAX_TILE accumulators; M at most 64."""
+    return _next_pow2(H) * _next_pow2(d) <= MAX_TILE and M <= 64
 
 
 def applies(table: torch.Tensor, H: int, M: int) -> bool:
@@ -242,8 +251,7 @@ def applies(table: torch.Tensor, H: int, M: int) -> bool:
         return False
     if table.device.type == "cuda" and triton is None:
         return False
-    pow2 = 1 << max(H - 1, 0).bit_length(), 1 << max(table.size(-1) - 1, 0).bit_length()  # next powers of 2
-    return pow2[0] * pow2[1] <= MAX_TILE and M <= 64
+    return _tile_fits(H, table.size(-1), M)
 
 
 def resolve_kernels(requested: str, device) -> tuple[str, str]:
