@@ -42,6 +42,9 @@ def _row_mix_pair_alone(monkeypatch):
 needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="needs triton and TRITON_INTERPRET=1 (set before "
                                        "the import) to run the Triton kernels on the CPU")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")
+# the CUDA op tests' shapes (both kernel pairs): d12's (H 6, M 6, d 128), and non-powers of 2 that the tiles mask
+cuda_op_shapes = pytest.mark.parametrize("shape", [dict(N=4096, rows=50), dict(N=999, H=3, M=5, d=48, rows=7)],
+                                         ids=["d128", "non_pow2"])
 
 
 # -- inputs and the float64 reference ------------------------------------------------------------------------
@@ -405,8 +408,7 @@ def test_model_with_interpreted_kernels_equals_unrolled(name, monkeypatch):
 # -- (c) CUDA --------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("shape", [dict(N=4096, rows=50), dict(N=999, H=3, M=5, d=48, rows=7)],
-                         ids=["d128", "non_pow2"])
+@cuda_op_shapes
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_cuda_op_matches_the_float64_reference(shape, out_dtype):
     table, row, w, grad = _inputs(device="cuda", **shape)

@@ -27,7 +27,7 @@ from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 from test_mome_triton import (COMPILABLE, MODEL_OPTIONS, _close, _cuda_model, _fp32_matmuls, _inputs,
                               _loss_and_grads, _rel, assert_as_close_as, assert_compiled_equals_eager,
-                              assert_equal_to_fp32_rounding, needs_cuda, needs_interpreter, sm90_ptx)
+                              assert_equal_to_fp32_rounding, cuda_op_shapes, needs_cuda, needs_interpreter, sm90_ptx)
 
 BF16_ULP = 2**-7  # relative spacing of bf16 values (8 significant bits): one ulp is at most this
 
@@ -350,8 +350,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(shape):
 # -- (c) CUDA --------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("shape", [dict(N=4096, rows=50), dict(N=999, H=3, M=5, d=48, rows=7)],
-                         ids=["d128", "non_pow2"])
+@cuda_op_shapes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_op_matches_the_float64_reference(shape, dtype):
     """The kernels through the op (autograd included) against float64; bf16: the output within 2^-7 norm-wise and
