@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def kernel_globals(monkeypatch):
+    """Whatever a test (or base_train, base_eval in it) sets, MoME's kernel globals ROW_SUM and FUSE_INJECT are
+    restored afterwards."""
+    from nanochat.memory import mome_mix
+
+    monkeypatch.setattr(mome_mix, "ROW_SUM", mome_mix.ROW_SUM)
+    monkeypatch.setattr(mome_mix, "FUSE_INJECT", mome_mix.FUSE_INJECT)
+
+
+@pytest.fixture
 def shared_dir():
     if not SHARED.is_dir():
         pytest.skip(f"../shared not found at {SHARED} (only present on developer/CI machines)")

@@ -23,13 +23,6 @@ TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-rat
         "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "2", "--memory", "mome"]
 
 
-@pytest.fixture
-def kernel_globals(monkeypatch):
-    """Whatever a test (or base_train in it) sets, ROW_SUM and FUSE_INJECT are restored afterwards."""
-    monkeypatch.setattr(mome_mix, "ROW_SUM", mome_mix.ROW_SUM)
-    monkeypatch.setattr(mome_mix, "FUSE_INJECT", mome_mix.FUSE_INJECT)
-
-
 @pytest.mark.parametrize("name, want", [("fused", ("triton", True)), ("row", ("triton", False)),
                                         ("torch", ("unrolled", "untouched"))])
 def test_set_kernels_sets_exactly_its_globals(name, want, monkeypatch, kernel_globals):
