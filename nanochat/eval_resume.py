@@ -3,12 +3,12 @@ continues where it stopped instead of from zero.
 
 Every finished CORE task and bpb split/corpus is written at once to ``<out>/core.partial.json`` or
 ``<out>/bpb.partial.json`` (temp file + rename, rank 0 only) together with two fingerprints: the settings of the
-whole evaluation (checkpoint, tokenizer, dtype, numerics, attention kernel, device, torch and code versions,
-batch size, world size: all that can change a number, down to its last digits) and the item's own inputs (task file and --max-per-task, data
-manifest or corpus file and --eval-tokens). A rerun reuses an item only when both are equal, so a report never
-mixes numbers computed under different settings: it equals, to the byte, the report of an uninterrupted run. The
-files are deleted once the whole evaluation has finished, so a rerun of a completed evaluation computes everything
-again (as one with --fresh does).
+whole evaluation (checkpoint, tokenizer, dtype, numerics, attention kernel, MoME's kernel path, device, torch and
+code versions, batch size, world size: all that can change a number, down to its last digits) and the item's own
+inputs (task file and --max-per-task, data manifest or corpus file and --eval-tokens). A rerun reuses an item only
+when both are equal, so a report never mixes numbers computed under different settings: it equals, to the byte, the
+report of an uninterrupted run. The files are deleted once the whole evaluation has finished, so a rerun of a
+completed evaluation computes everything again (as one with --fresh does).
 
 Which items are reused is decided on rank 0 and broadcast (``rank0_decides``): ranks never disagree about which
 items to score, so they enter the same collectives.
@@ -46,7 +46,7 @@ def device_fingerprint(device: torch.device) -> str:
 
 def eval_settings(model_pt: Path, run: Path, step: int, device: torch.device, **settings) -> dict:
     """The fingerprint shared by every item of an evaluation: checkpoint, device, torch version, this code's
-    version and ``settings`` (the caller's: tokenizer, dtype, numerics, kernel, batch size, world size)."""
+    version and ``settings`` (the caller's: tokenizer, dtype, numerics, kernels, batch size, world size)."""
     return {"checkpoint": checkpoint_fingerprint(model_pt, run, step), "device": device_fingerprint(device),
             "torch": torch.__version__, "code": code_version(), **settings}
 

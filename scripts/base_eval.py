@@ -12,10 +12,10 @@ writable before anything is evaluated). The tokenizer and data directory come fr
 ("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given. CORE counts only the tasks whose data
 files exist and says so in its label (e.g. CORE-21/22).
 
-The autocast dtype and the attention kernel default to the ones the run trained (and evaluated) with, from the
-checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; both are written into
-core.json/bpb.json, and the dtype is printed beside every number, since bf16 and fp32 results differ in the last
-digits.
+The autocast dtype, the attention kernel and MoME's kernels default to the ones the run trained (and evaluated)
+with, from the checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; all three
+are written into core.json/bpb.json (MoME's as the path the model's layers took, "none" without MoME), and the dtype
+is printed beside every number, since bf16 and fp32 results differ in the last digits.
 
 Nothing finished is lost: every CORE task and bpb split/corpus is kept in <out>/core.partial.json and
 <out>/bpb.partial.json as soon as it is done, and running the same command again after Ctrl-C, SIGTERM (a Slurm
@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from nanochat.checkpoint import find_last_step, load_model, require_files, step_dir
@@ -35,11 +36,14 @@ from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_
 from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, interrupts_raise
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
+from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import RunDirLock, ensure_writable
 from nanochat.slot_balance import describe, with_slot_balance
 
 PAPER_EVAL_TOKENS = 20_971_520
+# MoME's kernel paths (MoMEMemory.kernel_path), each also the --mome-kernels setting that takes it; most capable first
+KERNEL_PATHS = ("fused", "row", "torch")
 
 
 def parse_args(argv=None):
@@ -72,6 +76,11 @@ def parse_args(argv=None):
                     help="attention kernel on CUDA (as base_train's --attention): run = the kernel the checkpoint's "
                     f"run trained with (its config.json 'attention'; runs that record none, e.g. imported ones, get "
                     f"the code's default, {AttentionBackend().name}); the CPU runs sdpa only")
+    ap.add_argument("--mome-kernels", default="run", choices=("run", *MOME_KERNELS),
+                    help="MoME's Triton kernels on CUDA (as base_train's --mome-kernels): run = the setting that "
+                    "takes the kernel path the checkpoint's run recorded (its config.json 'mome_kernels'; where its "
+                    "layers differed, the most capable one named, fused > row > torch; runs that record none, e.g. "
+                    "imported ones, get auto); the CPU runs the torch ops only")
     ap.add_argument("--out-dir", default=None, help="default: <run>/eval/step_NNNNNN")
     ap.add_argument("--fresh", action="store_true", help="ignore the results an earlier, interrupted run of this "
                     "evaluation finished (<out-dir>/*.partial.json) and compute everything")
@@ -139,6 +148,40 @@ def setup_eval_attention(flag: str, meta: dict, device) -> tuple[str, str]:
             raise
         raise ValueError(f"--attention run: the run trained with {requested}, which cannot run here ({e}); pass "
                          f"--attention {AttentionBackend().name} to evaluate with another kernel") from e
+
+
+def eval_mome_kernels(flag: str, meta: dict) -> tuple[str, str]:
+    """(requested --mome-kernels setting, where it came from): the flag, else the setting that takes the path the run
+    recorded (config 'mome_kernels'), else auto (no MoME: "none"; no record: imported runs, runs older than
+    --mome-kernels)."""
+    if flag != "run":
+        return flag, "--mome-kernels"
+    recorded = (meta.get("config") or {}).get("mome_kernels")
+    if not recorded or recorded == "none":
+        return "auto", "the code's default (the checkpoint records no MoME kernels)"
+    parts = recorded.split("+")
+    if not set(parts) <= set(KERNEL_PATHS):
+        raise ValueError(f"--mome-kernels run: the checkpoint records mome_kernels {recorded!r}, not a kernel path of "
+                         f"{', '.join(KERNEL_PATHS)}; pass --mome-kernels {', '.join(MOME_KERNELS[:-1])} or "
+                         f"{MOME_KERNELS[-1]}")
+    # layers that took different paths ("+"-joined) ran under the setting of the most capable one: only it takes
+    # each layer down the same path again (the others were kept off it by their own options, as they are here)
+    return min(parts, key=KERNEL_PATHS.index), f"the run's kernels, {recorded}"
+
+
+def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack) -> tuple[str, str]:
+    """Resolve and install MoME's kernels with training's own checks and errors (setup_mome_kernels) until ``stack``
+    closes; returns (the resolved setting, where the request came from)."""
+    from nanochat.train_setup import setup_mome_kernels
+
+    requested, source = eval_mome_kernels(flag, meta)
+    try:
+        return setup_mome_kernels(requested, device, stack), source
+    except ValueError as e:
+        if flag != "run":
+            raise
+        raise ValueError(f"--mome-kernels run: the run trained with {requested} kernels, which cannot run here ({e}); "
+                         f"pass --mome-kernels torch or auto to evaluate with other kernels") from e
 
 
 def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
@@ -228,14 +271,16 @@ def evaluate(args) -> int:
     lock = RunDirLock(out_dir) if rank == 0 else None
     try:  # a signal on any rank can end the acquiring step once rank 0 holds the lock (release: a no-op if not held)
         rank0_decides(lambda: lock.acquire("--out-dir") and None)
-        return evaluate_into(args, info, device, run, step, out_dir)
+        with ExitStack() as stack:  # MoME's kernel globals back as they were for a caller in this process (tests)
+            return evaluate_into(args, info, device, run, step, out_dir, stack)
     finally:
         if lock is not None:
             lock.release(remove_file=True)
 
 
-def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path) -> int:
+def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+    from nanochat.train_setup import model_kernel_path
 
     rank, world = (info.rank, info.world_size)
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
@@ -243,14 +288,19 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path) -> in
     numerics = apply_numerics(model, args.numerics)
     dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
     attention, attention_source = setup_eval_attention(args.attention, meta, device)
+    # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
+    # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
+    _, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack)
+    mome_kernels = model_kernel_path(model)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
-           f"numerics {args.numerics}; dtype {dtype} ({dtype_source}); attention {attention} ({attention_source})")
+           f"numerics {args.numerics}; dtype {dtype} ({dtype_source}); attention {attention} ({attention_source}); "
+           f"mome kernels {mome_kernels} ({mome_kernels_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}", meta)
     header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, "attention": attention,
-              **numerics}
+              "mome_kernels": mome_kernels, **numerics}
     # everything besides an item's own inputs that can change a number, down to its last digits: the batch size and
     # the world size decide which rows share a forward (CORE pads them to a common length, which moves float32
     # logits in the last bits) and the order of the bpb sums
@@ -258,7 +308,8 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path) -> in
     def settings():
         return eval_settings(step_dir(run, step) / "model.pt", run, step, device,
                              tokenizer_sha256=tokenizer.fingerprint(), dtype=dtype, numerics=numerics,
-                             attention=attention, device_batch_size=args.device_batch_size, world_size=world)
+                             attention=attention, mome_kernels=mome_kernels,
+                             device_batch_size=args.device_batch_size, world_size=world)
 
     stores = {name: FinishedResults.open(out_dir, name, settings, args.fresh) for name in args.evals}
     try:

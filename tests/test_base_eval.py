@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _eval_helpers import LM_ROWS, MC_ROWS, write_bundle  # noqa: E402
@@ -431,6 +432,182 @@ def test_attention_flag_on_cpu(tiny_run, tmp_path, capsys):
     assert main(["--run", str(run), *common, "--attention", "sdpa", "--max-per-task", "1"]) == 0
     core = json.loads((run / "eval" / "step_000001" / "core.json").read_text())
     assert (core["attention"], core["dtype"]) == ("sdpa", "float32")
+
+
+# -- MoME's kernels ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("recorded, want", [("fused", "fused"), ("row", "row"), ("torch", "torch"),
+                                            ("fused+torch", "fused"), ("torch+row", "row"), ("row+fused", "fused"),
+                                            ("torch+row+fused", "fused")])
+def test_eval_mome_kernels_come_from_the_run(recorded, want):
+    """The run's recorded path (config.json 'mome_kernels') -> the setting that takes it again: a "+"-joined path
+    (layers that differ) -> the most capable kernels named, fused > row > torch."""
+    from nanochat.memory.mome_mix import KERNEL_SETTINGS
+    from scripts.base_eval import KERNEL_PATHS, eval_mome_kernels
+
+    assert sorted(KERNEL_PATHS) == sorted(KERNEL_SETTINGS)  # every path is a setting's, and ranked
+    assert eval_mome_kernels("run", {"config": {"mome_kernels": recorded}}) == (want, f"the run's kernels, {recorded}")
+    assert eval_mome_kernels("torch", {"config": {"mome_kernels": recorded}}) == ("torch", "--mome-kernels")
+
+
+@pytest.mark.parametrize("meta", [{"config": {"mome_kernels": "none"}}, {"config": {"attention": "sdpa"}},
+                                  {"reason": "imported"}, {"config": None}])
+def test_eval_mome_kernels_are_auto_where_the_run_records_none(meta):
+    """No MoME in the run ("none"), or no record (imported runs, runs older than --mome-kernels)."""
+    from scripts.base_eval import eval_mome_kernels
+
+    assert eval_mome_kernels("run", meta) == ("auto", "the code's default (the checkpoint records no MoME kernels)")
+
+
+def test_an_unknown_recorded_mome_kernel_path_is_an_error():
+    from scripts.base_eval import eval_mome_kernels
+
+    with pytest.raises(ValueError, match=r"^--mome-kernels run: the checkpoint records mome_kernels 'fused\+triton', "
+                                         r"not a kernel path of fused, row, torch; pass --mome-kernels auto, fused, "
+                                         r"row or torch$"):
+        eval_mome_kernels("run", {"config": {"mome_kernels": "fused+triton"}})
+
+
+def test_mome_kernels_on_cuda_without_triton(monkeypatch, capsys, kernel_globals):
+    """A CUDA device string and a patched-out triton stand in for a GPU without triton (as in
+    tests/test_mome_kernels_flag.py): explicit fused/row are training's error; the run's fused is an error naming the
+    flag and what to pass; the run's torch and an unrecorded run (auto) evaluate on torch ops."""
+    from contextlib import ExitStack
+
+    from nanochat.memory import mome_mix, mome_triton
+    from scripts.base_eval import setup_eval_mome_kernels
+
+    monkeypatch.setattr(mome_triton, "triton", None)
+    cuda = torch.device("cuda")
+    fused_run = {"config": {"mome_kernels": "fused"}}
+    with ExitStack() as stack:
+        with pytest.raises(ValueError, match=r"^--mome-kernels row: the MoME Triton kernels need triton, which cannot "
+                                             r"be imported here; install triton"):
+            setup_eval_mome_kernels("row", fused_run, cuda, stack)
+        with pytest.raises(ValueError, match=r"^--mome-kernels run: the run trained with fused kernels, which cannot "
+                                             r"run here \(--mome-kernels fused: the MoME Triton kernels need triton, "
+                                             r".*\); pass --mome-kernels torch or auto to evaluate with other "
+                                             r"kernels$"):
+            setup_eval_mome_kernels("run", fused_run, cuda, stack)
+        assert setup_eval_mome_kernels("run", {"config": {"mome_kernels": "torch"}}, cuda, stack) == (
+            "torch", "the run's kernels, torch")
+        assert setup_eval_mome_kernels("run", {}, cuda, stack) == (
+            "torch", "the code's default (the checkpoint records no MoME kernels)")
+        assert mome_mix.ROW_SUM == "unrolled"  # installed until the stack closes
+    assert (mome_mix.ROW_SUM, mome_mix.FUSE_INJECT) == ("triton", True)
+    assert capsys.readouterr().out.endswith("mome kernels: torch (--mome-kernels auto: triton cannot be imported)\n")
+
+
+def _mome_run(root: Path, run: Path, recorded: str | None, model=None) -> Path:
+    """A checkpoint of a tiny MoME model (one whose per-layer tables the fused kernels serve) with the tiny run's
+    tokenizer and data; ``recorded``: its config.json 'mome_kernels' (None: no record)."""
+    from conftest import MEMORY_OPTION_SETS
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.gpt import build_model
+
+    if model is None:
+        model = build_model(tiny_config(vocab_size=300, sequence_len=64, **MEMORY_OPTION_SETS["mome"]), seed=0)
+    save_checkpoint(run, 1, model, {"tokenizer_dir": str(root / "tok"), "data_dir": str(root / "data"),
+                                    **({"config": {"mome_kernels": recorded}} if recorded else {})})
+    return run
+
+
+def _reports(out: Path) -> tuple[dict, dict]:
+    return tuple(json.loads((out / name).read_text()) for name in ("core.json", "bpb.json"))
+
+
+def _kernel_eval_args(bundle, out, *extra):
+    return ["--bundle", str(bundle), "--max-per-task", "1", "--eval-tokens", "256", "--splits", "val",
+            "--no-progress", "--device-type", "cpu", "--out-dir", str(out), *extra]
+
+
+def test_mome_kernels_on_cpu_are_torch_and_recorded(tiny_run, tmp_path, capsys, kernel_globals):
+    """The CPU as shipped runs MoME's torch ops whatever the run took: the run's fused is accepted, said to have no
+    effect, and the path the model took ("torch") is in core.json and bpb.json; "none" for a model without MoME."""
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    run = _mome_run(root, tmp_path / "mome", "fused")
+    assert main(["--run", str(run), *_kernel_eval_args(bundle, tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "mome kernels: torch (--mome-kernels fused: the MoME Triton kernels run on cuda only, this run is on " \
+           "cpu)\n" in out and "; mome kernels torch (the run's kernels, fused)\n" in out, out
+    assert [r["mome_kernels"] for r in _reports(tmp_path / "a")] == ["torch", "torch"]
+    assert main(["--run", str(root / "run"), *_kernel_eval_args(bundle, tmp_path / "b")]) == 0
+    assert [r["mome_kernels"] for r in _reports(tmp_path / "b")] == ["none", "none"]
+
+
+@pytest.mark.parametrize("flag, recorded, want", [(None, "fused", "fused"), (None, "row+torch", "row"),
+                                                  (None, None, "fused"), ("torch", "fused", "torch")])
+def test_mome_kernels_the_model_takes_are_recorded(flag, recorded, want, tiny_run, tmp_path, monkeypatch, capsys,
+                                                   kernel_globals):
+    """The CPU added to KERNEL_DEVICES (the kernel ops run their torch math): the setting, from the run or the flag,
+    is installed for the evaluation only and the path the model's layers took is recorded."""
+    from nanochat.memory import mome_mix, mome_triton
+    from scripts.base_eval import main
+
+    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
+    root, _, _, bundle = tiny_run
+    run = _mome_run(root, tmp_path / "mome", recorded)
+    extra = ["--mome-kernels", flag] if flag else []
+    assert main(["--run", str(run), *_kernel_eval_args(bundle, tmp_path / "o", *extra)]) == 0
+    assert f"mome kernels: {want}\n" in capsys.readouterr().out
+    assert [r["mome_kernels"] for r in _reports(tmp_path / "o")] == [want, want]
+    assert (mome_mix.ROW_SUM, mome_mix.FUSE_INJECT) == ("triton", True)  # the module as it was before
+
+
+def test_results_of_other_mome_kernels_are_recomputed(tiny_run, tmp_path, monkeypatch, capsys, kernel_globals):
+    """A CORE task finished on torch ops is not reused by a rerun on the fused kernels (the CPU added to
+    KERNEL_DEVICES): they round differently."""
+    from nanochat import core_eval
+    from nanochat.memory import mome_triton
+    from scripts.base_eval import main
+
+    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
+    root, _, _, bundle = tiny_run
+    run = _mome_run(root, tmp_path / "mome", "torch")
+    args = ["--run", str(run), *_kernel_eval_args(bundle, tmp_path / "o", "--eval", "core")]
+    with monkeypatch.context() as m:
+        sigterm_after(m, core_eval, "evaluate_task", 1)
+        assert main(args) == 143
+    with monkeypatch.context() as m:
+        tasks = _count_calls(m, core_eval, "evaluate_task")
+        assert main([*args, "--mome-kernels", "fused"]) == 0
+    assert [a[3].label for a in tasks] == ["mc", "lm"]
+    assert "computed with other settings (mome_kernels 'torch' -> 'fused'); recomputing them" in \
+        capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "core.json").read_text())["mome_kernels"] == "fused"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")
+def test_fused_and_torch_kernels_agree_on_cuda(tiny_run, tmp_path):
+    """bf16 on CUDA: the fused kernels and the torch ops (one function; other rounding, fp32 atomics in a free
+    order) give the same bpb to bf16 tolerance, and each report says which ran."""
+    from conftest import MEMORY_OPTION_SETS
+    from nanochat.gpt import build_model
+    from nanochat.memory import mome_triton
+    from scripts.base_eval import main
+
+    if mome_triton.triton is None:
+        pytest.skip("triton cannot be imported: the fused kernels cannot run")
+    root = tiny_run[0]
+    model = build_model(tiny_config(vocab_size=300, sequence_len=64, **MEMORY_OPTION_SETS["mome"]), seed=0)
+    with torch.no_grad():  # routers and output projections off their zero init: the memory reaches the logits
+        gen = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            if "router" in name or "c_proj" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.0 if "router" in name else 0.2))
+    run = _mome_run(root, tmp_path / "mome", "fused", model)
+    bpb = {}
+    for name in ("fused", "torch"):
+        out = tmp_path / name
+        assert main(["--run", str(run), "--eval", "bpb", "--splits", "val", "--eval-tokens", "256", "--no-progress",
+                     "--device-type", "cuda", "--dtype", "bfloat16", "--mome-kernels", name,
+                     "--out-dir", str(out)]) == 0
+        report = json.loads((out / "bpb.json").read_text())
+        assert report["mome_kernels"] == name
+        bpb[name] = report["splits"]["val"]
+    assert bpb["fused"] == pytest.approx(bpb["torch"], rel=5e-3)
 
 
 @pytest.mark.slow
