@@ -73,7 +73,8 @@ def gate_mask_dense(logits, *, m, k, out_dtype):
 
 # -- the row mix: rows (B, T, M, d) shared by the heads, sel/w (B, T, H, K) -> (B, T, H, d) ---------------------
 def _mix_bcast_sum(rows, wd):
-    """The compiled mome_row_mix until 2026-11-26 (ROW_SUM "reduce"): dense weights (B, T, H, M), a broadcast multiply and a reduction over M."""
+    """The compiled mome_row_mix until 2026-11-26 (ROW_SUM "reduce"): dense weights (B, T, H, M), a broadcast
+    multiply and a reduction over M."""
     return (wd.to(rows.dtype)[..., None] * rows[:, :, None]).sum(dim=-2)
 
 
