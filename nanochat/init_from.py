@@ -134,16 +134,18 @@ def compare_with_source(source: dict, config) -> tuple[list[str], list[str]]:
             [d for k, d in diffs.items() if k in training])
 
 
-def source_tokenizer_sha256(meta: dict) -> str | None:
+def source_tokenizer_sha256(meta: dict, tokenizer=None) -> str | None:
     """The tokenizer fingerprint a checkpoint records; an imported run records none but keeps its tokenizer in
-    its run dir (meta tokenizer_dir), which is fingerprinted instead. None: no tokenizer (synthetic data)."""
+    its run dir (meta tokenizer_dir), which is fingerprinted instead. None: no tokenizer (synthetic data).
+    ``tokenizer``: this run's; when it was read from that same directory it is not read again."""
     from nanochat.tokenizer import HEADER_FILE, get_tokenizer
 
     if meta.get("tokenizer_sha256"):
         return meta["tokenizer_sha256"]
     tok_dir = meta.get("tokenizer_dir")
     if tok_dir and (Path(tok_dir) / HEADER_FILE).is_file():
-        return get_tokenizer(tok_dir).fingerprint()
+        same = tokenizer is not None and tokenizer.directory == Path(tok_dir).resolve()
+        return (tokenizer if same else get_tokenizer(tok_dir)).fingerprint()
     return None
 
 
@@ -154,7 +156,7 @@ def check_source(run_dir: Path, step: int, meta: dict, config, tokenizer, synthe
     from nanochat.tokenizer import check_vocab_matches
 
     where = f"{FLAG} source {ckpt.step_dir(run_dir, step)}"
-    trained = source_tokenizer_sha256(meta)
+    trained = source_tokenizer_sha256(meta, tokenizer)
     note = "architecture and tokenizer match"
     if synthetic:
         if trained is not None:

@@ -70,6 +70,7 @@ class Tokenizer:
         )
         self.vocab_size = n + len(special_tokens)
         self.bos_token_id = self.special_tokens["<|bos|>"]
+        self.directory: Path | None = None  # where ``load`` read it (resolved): reused, not reread, for that directory
 
     # ---- training -------------------------------------------------------------------------------------
     @classmethod
@@ -167,6 +168,7 @@ class Tokenizer:
         if tok.vocab_size != header["vocab_size"] or tok.special_tokens != header["special_tokens"]:
             raise TokenizerError(f"{directory}: header says vocab {header['vocab_size']} but the files give "
                                  f"{tok.vocab_size}; retrain the tokenizer")
+        tok.directory = directory.resolve()
         return tok
 
 

@@ -105,9 +105,10 @@ def _data_dir(args) -> Path:
     return Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
 
 
-def load_run_data(args, rank: int, world: int, device) -> RunData:
+def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
     """Tokenizer (vocab checked against --vocab-size), the per-rank train loader and the fingerprints --resume
-    checks; the fixed eval rows (the expensive part) come later, from ``load_eval_rows``."""
+    checks; the fixed eval rows (the expensive part) come later, from ``load_eval_rows``. ``loaded``: the tokenizer
+    already read from this run's tokenizer directory (``existing_tokenizer``), else it is read here."""
     if args.synthetic_data:
         vocab = args.vocab_size or SYNTHETIC_VOCAB
         loader = SyntheticLoader(vocab, args.device_batch_size, args.max_seq_len, rank, world, args.data_seed, device)
@@ -121,7 +122,7 @@ def load_run_data(args, rank: int, world: int, device) -> RunData:
     data_dir = _data_dir(args)
 
     def open_local():  # per-rank files: every rank must have them before the collective row building
-        tokenizer = get_tokenizer(tok_dir)
+        tokenizer = loaded if loaded is not None else get_tokenizer(tok_dir)
         if args.vocab_size is not None:
             check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
         token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)

@@ -148,10 +148,12 @@ def dry_run_vocab(args, tokenizer) -> tuple[int, str, bool]:
     return DRY_RUN_VOCAB, assumed, True
 
 
-def dry_run(args) -> None:
-    """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON."""
+def dry_run(args, tokenizer=None) -> None:
+    """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON.
+    ``tokenizer``: the one preflight read, if it did."""
     world = get_dist_info().world_size
-    tokenizer = existing_tokenizer(args)  # the run's vocab, and for --init-from the fingerprint (None: synthetic)
+    if tokenizer is None:  # the run's vocab, and for --init-from the fingerprint (None: synthetic or none yet)
+        tokenizer = existing_tokenizer(args)
     check_pinned_vocab(args, tokenizer)
     vocab, vocab_source, assumed = dry_run_vocab(args, tokenizer)
     config = model_config(args, vocab)
@@ -199,8 +201,9 @@ def check_pinned_vocab(args, tokenizer) -> None:
                          "pass --tokenizer-dir DIR")
 
 
-def build_run(args, stack: ExitStack) -> Run:
-    """Everything before the first step: devices, run dir, data, model, optimizer; all flag errors surface here."""
+def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
+    """Everything before the first step: devices, run dir, data, model, optimizer; all flag errors surface here.
+    ``tokenizer``: the one preflight read, if it did."""
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
@@ -209,7 +212,7 @@ def build_run(args, stack: ExitStack) -> Run:
     claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:
         args.data_seed = args.seed
-    data = load_run_data(args, info.rank, info.world_size, device)
+    data = load_run_data(args, info.rank, info.world_size, device, tokenizer)
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
     save_flops, eval_flops = run_control.save_cadence(args, plan), run_control.eval_cadence(args, plan)  # real vocab
@@ -608,35 +611,37 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
     return 0
 
 
-def preflight(args) -> None:
+def preflight(args):
     """Flag checks that need the memory registry or the world size, before any process group, data or model.
     The vocab is the run's where it is known (--vocab-size, the synthetic stream's, the tokenizer's): memory
-    shapes depend on it (e.g. --mome-slot-factor f: N = ceil(V / f)), so an assumed one could refuse valid flags."""
+    shapes depend on it (e.g. --mome-slot-factor f: N = ceil(V / f)), so an assumed one could refuse valid flags.
+    Returns the tokenizer it read (None: none read), for the rest of the run: one read of its files per run."""
     tokenizer = existing_tokenizer(args) if args.vocab_size is None else None
     summary = model_summary(model_config(args, dry_run_vocab(args, tokenizer)[0]))  # geometry, memory flags (meta)
     grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
     if args.vocab_size is not None or args.synthetic_data:  # the real FLOPs/token: FLOP targets checked now
         run_control.check_flop_flags(args, build_plan(args, summary, get_dist_info().world_size))
+    return tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
     started = run_control.clock()  # --max-wall-time-seconds counts from here: set-up and compile count
     args = parse_args(argv)  # exits with code 2 and a message on bad flags
     try:
-        preflight(args)
+        tokenizer = preflight(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
         try:
-            dry_run(args)
+            dry_run(args, tokenizer)
         except (ValueError, FileNotFoundError) as e:  # flags, tokenizer, --init-from source
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
     with ExitStack() as stack:  # on every exit path: release run.lock, then the process group
         try:
-            run = build_run(args, stack)
+            run = build_run(args, stack, tokenizer)
             run.wall_limit = WallTimeLimit(args.max_wall_time_seconds, started)
             resumed_at = prepare_resume(run)
         except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
