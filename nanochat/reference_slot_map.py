@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from nanochat.memory.mome import MoMEOptions
-from nanochat.memory.slot_map import FLAG as OUR_FLAG, REFERENCE_FORMAT, check_slot_map_tokenizer, load_slot_map
+from nanochat.download import file_sha256
+from nanochat.memory.slot_map import (FLAG as OUR_FLAG, REFERENCE_FORMAT, check_slot_map_tokenizer, load_slot_map,
+                                      slot_map_from_data)
 from nanochat.reference_format import ReferenceFormatError
 
 FLAG = "--slot-map"
@@ -71,7 +73,7 @@ def read_for_import(path: Path, options: dict, vocab_size: int, tokenizer):
         raise ReferenceFormatError(f"{FLAG} {path}: has {rows_key} {data[rows_key]}, the checkpoint's table has "
                                    f"{slots} slots (model_config moe_ve_slot_vocab_size; {o.group_size} tokens each)")
     try:
-        loaded = load_slot_map(path, vocab_size, o.group_size)
+        loaded = slot_map_from_data(data, path, file_sha256(path), vocab_size, o.group_size)
         check_slot_map_tokenizer(loaded.header, tokenizer, path)
     except ValueError as e:
         raise _import_error(e, path) from None

@@ -551,6 +551,17 @@ def test_table_mapped_import_refuses_a_slot_map_that_does_not_fit(tmp_path, caps
     assert good.is_file()
 
 
+def test_table_mapped_import_parses_the_slot_map_once(tmp_path, monkeypatch):
+    """The checks against their meta and our loader's checks share one parse of the JSON (a d12 map: 32768 ids
+    and their texts)."""
+    src, _, _ = make_their_files(tmp_path, "mome_table")
+    text = (src / "slotmaps" / "tiny_k2.json").read_text()
+    parsed, real = [], json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s == text) or real(s, *a, **k))
+    assert run_import(src, tmp_path / "run") == 0
+    assert parsed.count(True) == 1
+
+
 def test_grouped_run_with_our_slot_map_exports_their_json_and_round_trips(tmp_path):
     """A run trained here reads our slot-map format: the export writes the map the model holds in theirs."""
     from nanochat.gpt import build_model

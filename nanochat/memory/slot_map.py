@@ -97,6 +97,12 @@ def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = N
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         _fail(path, f"corrupt file, not valid JSON ({e})")
+    return slot_map_from_data(data, path, digest, vocab_size, group_size)
+
+
+def slot_map_from_data(data, path: Path, digest: str, vocab_size: int, group_size: int) -> SlotMap:
+    """``load_slot_map``'s checks of the file's parsed JSON ``data`` (``digest``: the file's sha256), for a caller
+    that has parsed it already."""
     if isinstance(data, dict) and data.get("format") == REFERENCE_FORMAT:
         rows, header = _reference_rows(data, path, vocab_size, group_size)
         return SlotMap(validate_rows(rows, vocab_size, group_size, path), header, digest)
