@@ -172,6 +172,14 @@ def test_grouped_mome_source_without_its_slot_map_file(tmp_path, capsys):
     assert "map.json holds another map than the one in the checkpoint" in capsys.readouterr().err
 
 
+def on_imported(data_dir, imported) -> list[str]:
+    """Flags of a one-step run on ``data_dir`` from ``imported``, an import of make_their_files' "mome_token"."""
+    return ["--data-dir", str(data_dir), "--depth", "4", "--model-dim", "64", "--num-heads", "2", "--max-seq-len",
+            "64", "--memory", "mome", "--mome-slots", "6", "--device-batch-size", "2", "--total-batch-size", "128",
+            "--eval-tokens", "128", "--eval-every", "-1", "--no-final-core", "--no-final-train-bpb",
+            "--num-iterations", "1", "--init-from", str(imported)]
+
+
 def test_the_authors_imported_checkpoint_is_a_source(tmp_path, monkeypatch, capsys, embedded_data_dir,
                                                       tiny_tokenizer_dir, source):
     """An import of their files (weights only, no training state; its tokenizer inside the run dir) trains on."""
@@ -182,10 +190,7 @@ def test_the_authors_imported_checkpoint_is_a_source(tmp_path, monkeypatch, caps
     their, _, tok = make_their_files(tmp_path, "mome_token")
     imported = tmp_path / "imported"
     assert import_reference.main([str(their), "--run-dir", str(imported)]) == 0
-    common = ["--data-dir", str(embedded_data_dir), "--depth", "4", "--model-dim", "64", "--num-heads", "2",
-              "--max-seq-len", "64", "--memory", "mome", "--mome-slots", "6", "--device-batch-size", "2",
-              "--total-batch-size", "128", "--eval-tokens", "128", "--eval-every", "-1", "--no-final-core",
-              "--no-final-train-bpb", "--num-iterations", "1", "--init-from", str(imported)]
+    common = on_imported(embedded_data_dir, imported)
     first = record_first_step(monkeypatch)
     assert base_train.main([*common, "--tokenizer-dir", str(imported / "tokenizer"), "--run-dir",
                             str(tmp_path / "a")]) == 0

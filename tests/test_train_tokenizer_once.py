@@ -65,14 +65,12 @@ def test_an_imported_source_sharing_the_runs_tokenizer_directory_is_not_read_aga
     directory this run trains with, the run's loaded tokenizer serves (same files); another directory is read."""
     from reference_fixtures import make_their_files
     from scripts import import_reference
+    from test_init_from import on_imported
 
     their, _, _ = make_their_files(tmp_path, "mome_token")
     imported = tmp_path / "imported"
     assert import_reference.main([str(their), "--run-dir", str(imported)]) == 0
-    common = ["--data-dir", str(embedded_data_dir), "--depth", "4", "--model-dim", "64", "--num-heads", "2",
-              "--max-seq-len", "64", "--memory", "mome", "--mome-slots", "6", "--device-batch-size", "2",
-              "--total-batch-size", "128", "--eval-tokens", "128", "--eval-every", "-1", "--no-final-core",
-              "--no-final-train-bpb", "--num-iterations", "1", "--init-from", str(imported)]
+    common = on_imported(embedded_data_dir, imported)
     own = imported / "tokenizer"
     for i, extra in enumerate([[], ["--dry-run"]]):
         loads.clear()
