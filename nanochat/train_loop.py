@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from nanochat.common import is_dist, rows_to_device
+from nanochat.dataset import DataError
 from nanochat.eval_resume import signals_latched_for_votes, stop_evaluation
 
 
@@ -44,8 +45,30 @@ class StopVotes:
         return self.signal or self.wall_time
 
 
+def _batch_or_stand_in(loader, batch_shape, device, failed: list):
+    """The next micro-batch; under torch.distributed, after a DataError of this rank's loader (appended to
+    ``failed``), a stand-in batch of zeros of ``batch_shape`` (B, T), so this rank still enters the step's
+    collectives the other ranks are in (their gradient reductions start during backward) and votes to stop."""
+    if not failed:
+        try:
+            return next(loader)
+        except DataError as e:
+            if not is_dist() or batch_shape is None:
+                raise
+            failed.append(e)
+    zeros = torch.zeros(batch_shape, dtype=torch.long, device=device)
+    return zeros, zeros
+
+
+def _share_data_error(failed: list) -> None:
+    """Collective, once a rank voted a data error: every rank raises the lowest failing rank's DataError, named."""
+    errors = gather_objects(str(failed[0]) if failed else None)
+    rank, message = next((r, m) for r, m in enumerate(errors) if m is not None)
+    raise DataError(f"rank {rank} of {len(errors)}: {message}") from (failed[0] if failed else None)
+
+
 def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, stop_requested: bool = False,
-               time_up=None) -> tuple[float, float, StopVotes, float]:
+               time_up=None, batch_shape: tuple[int, int] | None = None) -> tuple[float, float, StopVotes, float]:
     """Run ``grad_accum`` micro-steps and one optimizer step; return (LM loss, grad norm, every rank's stop votes,
     aux loss). ``time_up`` (a callable, e.g. ``WallTimeLimit.reached``) is asked after the optimizer step, so the
     vote covers the step itself.
@@ -57,29 +80,38 @@ def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, 
     micro-steps and ranks (the loss of the full global batch), not rank 0's last micro-batch. The losses, the
     grad norm and every rank's stop request come back in ONE host sync per step (one small all-reduce with
     several processes); the votes ride in it, so deciding to stop costs no extra collective or sync.
+
+    A DataError of this rank's loader (a data file only it reads, unreadable mid-run): with several processes and
+    ``batch_shape`` (device batch, seq len) the rank finishes the step on a stand-in batch with zero loss weight
+    (the others are already in its collectives), votes in the same reduction, and then every rank raises the
+    failing rank's DataError together: the step's update is not to be saved (the caller stops without saving).
     """
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     aux_sum = torch.zeros((), dtype=torch.float64, device=device)
+    failed = []  # this rank's DataError, if its loader failed in this step
     for micro in range(grad_accum):
-        x, y = next(loader)
+        x, y = _batch_or_stand_in(loader, batch_shape, device, failed)
         with autocast_ctx:
             loss, aux = model(x, targets=y, return_aux=True)
-        loss_sum += loss.detach().double()
-        aux_sum += aux.detach().double()
+        weight = 0.0 if failed else 1.0  # a stand-in batch adds nothing to the gradients the other ranks average
+        loss_sum += loss.detach().double() * weight
+        aux_sum += aux.detach().double() * weight
         if micro == grad_accum - 1:
             optimizer.arm_grad_hooks()
-        ((loss + aux) / grad_accum).backward()
+        ((loss + aux) * (weight / grad_accum)).backward()
     optimizer.step()
     after_optimizer_step(model)
     model.zero_grad(set_to_none=True)
-    votes = [float(stop_requested), float(time_up is not None and time_up())]
+    votes = [float(stop_requested), float(time_up is not None and time_up()), float(bool(failed))]
     shared = torch.cat([torch.stack([loss_sum / grad_accum, aux_sum / grad_accum]),
                         torch.tensor(votes, dtype=torch.float64, device=device)])
     if is_dist():
         dist.all_reduce(shared, op=dist.ReduceOp.SUM)
         shared[:2] /= dist.get_world_size()
-    loss_mean, aux_mean, signals, times_up, gnorm = torch.cat([shared,
-                                                              optimizer.grad_norm.double().reshape(1)]).tolist()
+    loss_mean, aux_mean, signals, times_up, data_errors, gnorm = torch.cat(
+        [shared, optimizer.grad_norm.double().reshape(1)]).tolist()
+    if data_errors > 0:
+        _share_data_error(failed)
     return loss_mean, gnorm, StopVotes(signal=signals > 0, wall_time=times_up > 0), aux_mean
 
 

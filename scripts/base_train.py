@@ -396,7 +396,8 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
             t0 = time.perf_counter()
             loss, gnorm, votes, aux_loss = train_step(run.step_model, run.optimizer, run.data.loader,
                                                       run.plan["grad_accum_steps"], run.autocast, run.device,
-                                                      stop.received is not None, time_up)
+                                                      stop.received is not None, time_up,
+                                                      (run.args.device_batch_size, run.args.max_seq_len))
             dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"train loss is {loss} at step {step + 1}")
@@ -595,12 +596,17 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         print0(nonfinite_advice(run, e))
         write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
         return EXIT_NONFINITE
-    except DataError as e:  # a file the loader's reader thread could not read: named in the message
+    except DataError as e:  # a file a loader's reader thread could not read: named in the message
+        # raised on every rank together (train_step shares one rank's error), so rank 0 alone says it, and every
+        # rank waits for its summary.json: torchrun stops the ranks left once one has exited
         steps = ckpt.list_steps(run.run_dir)
-        print(f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: "
-              f"{f'step {steps[-1]}' if steps else 'none'} in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or "
-              "re-run scripts.prepare_data), then continue with --resume", file=sys.stderr)
+        if run.rank == 0:
+            print(f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: "
+                  f"{f'step {steps[-1]}' if steps else 'none'} in {run.run_dir / ckpt.CKPT_DIR}. Replace the file "
+                  "(or re-run scripts.prepare_data), then continue with --resume", file=sys.stderr, flush=True)
         write_summary(run, "data_error", {})
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
         return 2
     finally:
         run.metrics.close()

@@ -248,3 +248,22 @@ def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_pa
     assert "interrupted (SIGTERM) during the final evaluation of step 3" in r.stdout
     model, meta = ckpt.load_model(run, 3)  # the final checkpoint is whole: it loads, strictly, and is finite
     assert meta["step"] == 3 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path):
+    """A data file only rank 1 reads fails mid-step (each rank reads its own row groups): the other rank, already in
+    that step's collectives, must not crash on a closed connection (or hang, under NCCL). Every rank stops at the same
+    step, exit 2, rank 0 names rank 1's file, summary.json says data_error and no checkpoint of the broken step."""
+    run = tmp_path / "r"
+    r = run_torchrun(REPO / "tests" / "_one_rank_data_error_worker.py", 2,
+                     [*TINY, *BATCH, "--num-iterations", "6", "--save-every", "2", "--run-dir", str(run)], timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    # no worker traceback (torchrun prints its own ChildFailedError one for any failed worker)
+    assert "Connection closed by peer" not in out and "]: Traceback" not in out, out[-3000:]
+    assert "exitcode  : 2 " in r.stderr and "exitcode  : 1 " not in r.stderr, out[-3000:]
+    assert "rank 1 of 2: /data/train_00042.parquet: row group 7 cannot be read" in r.stderr, out[-3000:]
+    assert "training stopped during step 3; last checkpoint: step 2" in r.stderr, out[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["step"]) == ("data_error", 2), summary
+    assert ckpt.list_steps(run) == [2]
