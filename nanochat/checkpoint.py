@@ -28,6 +28,10 @@ SUPERSEDED_PREFIX = "superseded-"  # checkpoints of a continuation abandoned by 
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
+class CheckpointWriteError(RuntimeError):
+    """A trainer checkpoint could not be written (e.g. a full disk); raised on every rank together."""
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
-                             resolve_dtype, seed_everything)
+                             rank0_decides, resolve_dtype, seed_everything)
 from nanochat.eval_resume import Interrupted
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.jsonfile import write_text_atomic
@@ -270,17 +270,22 @@ def save(run: Run, reason: str, keep: bool = False) -> None:
                               f"{', '.join(bad[:6]) + (' ...' if len(bad) > 6 else '') if bad else 'another rank'}",
                               bad)
     optimizer_state = run.optimizer.state_dict_on_rank0()  # collective; None on the other ranks
-    if run.rank == 0:
+
+    def write() -> Path:  # rank 0 alone; its error (e.g. a full disk) is raised on every rank
         state = {"optimizer": optimizer_state, "loop": {**run.loop, "wall_time": run.wall_time()}, "dataloader": loaders,
                  "rng": rngs, "world_size": run.world, "stats": stats}
         meta = {"reason": reason, "keep": keep, "params_finite": True, "config": resolved_config(run),
                 "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
                 "tokenizer_sha256": run.data.tokenizer_sha256, "data_sha256": run.data.data_sha256}
-        path = ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
-        print0(f"saved checkpoint {path} ({reason})")
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        try:
+            return ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
+        except OSError as e:
+            raise ckpt.CheckpointWriteError(f"could not write checkpoint step {step} in "
+                                            f"{run.run_dir / ckpt.CKPT_DIR}: {e}") from e
+
+    path = rank0_decides(write)  # the other ranks wait for rank 0's write, as a barrier would
+    print0(f"saved checkpoint {path} ({reason})")
     run.last_saved = step
 
 
@@ -605,6 +610,18 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
                   f"{f'step {steps[-1]}' if steps else 'none'} in {run.run_dir / ckpt.CKPT_DIR}. Replace the file "
                   "(or re-run scripts.prepare_data), then continue with --resume", file=sys.stderr, flush=True)
         write_summary(run, "data_error", {})
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        return 2
+    except ckpt.CheckpointWriteError as e:  # raised on every rank together (rank 0 writes, the others wait)
+        steps = ckpt.list_steps(run.run_dir)
+        print0(f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: "
+               f"{f'step {steps[-1]}' if steps else 'none'}. Free space (or fix the run dir), then continue with "
+               "--resume (the next start removes the unfinished checkpoint)", file=sys.stderr)
+        try:
+            write_summary(run, "checkpoint_error", {})
+        except OSError as summary_error:  # the same full disk
+            print0(f"summary.json not written either: {summary_error}", file=sys.stderr)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return 2

@@ -267,3 +267,21 @@ def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["step"]) == ("data_error", 2), summary
     assert ckpt.list_steps(run) == [2]
+
+
+def test_a_checkpoint_write_error_on_rank0_stops_every_rank_with_checkpoint_error(tmp_path):
+    """Rank 0 writes checkpoints alone; a write that fails (full disk) stops every rank together: exit 2 with the
+    error, summary.json says checkpoint_error at that step, the last whole checkpoint stays and the half-written one
+    is swept by the next start."""
+    run = tmp_path / "r"
+    flags = [*TINY, *BATCH, "--num-iterations", "6", "--save-every", "2", "--run-dir", str(run)]
+    r = run_torchrun(REPO / "tests" / "_checkpoint_write_error_worker.py", 2, flags, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "Connection closed by peer" not in out and "]: Traceback" not in out, out[-3000:]
+    assert "exitcode  : 2 " in r.stderr and "exitcode  : 1 " not in r.stderr, out[-3000:]
+    assert "could not write checkpoint step 4" in r.stderr and "No space left on device" in r.stderr, out[-3000:]
+    assert "last checkpoint: step 2" in r.stderr, out[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["step"]) == ("checkpoint_error", 4), summary
+    assert ckpt.list_steps(run) == [2] and ckpt.sweep_leftovers(run) == [".tmp-step_000004"]
