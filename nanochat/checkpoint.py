@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -76,11 +77,37 @@ def find_last_step(run_dir) -> int:
 
 
 def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = None, keep_last: int = 0) -> Path:
-    """Atomically write a checkpoint (call on rank 0 only). ``keep_last > 0`` prunes older ones."""
+    """Atomically write a checkpoint (call on rank 0 only). ``keep_last > 0`` prunes older ones. A write or rename
+    that fails (e.g. a full disk) raises CheckpointWriteError after removing the unfinished copy, so that the space
+    it took is free again for summary.json; a prune that fails only warns (the checkpoint is whole by then)."""
     root = Path(run_dir) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(run_dir, step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
+    try:
+        _write_checkpoint(root, final, tmp, step, model, meta, state)
+    except (OSError, RuntimeError) as e:  # torch.save reports its file's OSError (ENOSPC) as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"could not write checkpoint step {step} in {root}: {_os_cause(e)}") from e
+    if keep_last > 0:
+        try:
+            prune_checkpoints(run_dir, keep_last)
+        except OSError as e:
+            print(f"warning: checkpoint step {step} is saved, but older ones could not be pruned ({e})",
+                  file=sys.stderr)
+    return final
+
+
+def _os_cause(error: BaseException) -> BaseException:
+    """The OSError behind ``error`` (e.g. ENOSPC behind torch.save's RuntimeError), else ``error`` itself."""
+    cause = error
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    return cause or error
+
+
+def _write_checkpoint(root: Path, final: Path, tmp: Path, step: int, model, meta: dict, state: dict | None) -> None:
+    """The files into ``tmp``, fsynced, then renamed to ``final`` (a checkpoint of the same step moved aside)."""
+    root.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -101,9 +128,6 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
     else:
         os.replace(tmp, final)
     _fsync_dir(root)
-    if keep_last > 0:
-        prune_checkpoints(run_dir, keep_last)
-    return final
 
 
 def is_kept(run_dir, step: int) -> bool:

@@ -56,8 +56,9 @@ def _batch_or_stand_in(loader, batch_shape, device, failed: list):
             if not is_dist() or batch_shape is None:
                 raise
             failed.append(e)
+    # two tensors, as a real batch: one as both would fail dynamo's aliasing guard and recompile this rank alone
     zeros = torch.zeros(batch_shape, dtype=torch.long, device=device)
-    return zeros, zeros
+    return zeros, torch.zeros_like(zeros)
 
 
 def _share_data_error(failed: list) -> None:

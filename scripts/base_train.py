@@ -278,11 +278,7 @@ def save(run: Run, reason: str, keep: bool = False) -> None:
                 "loop": dict(run.loop),
                 "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
                 "tokenizer_sha256": run.data.tokenizer_sha256, "data_sha256": run.data.data_sha256}
-        try:
-            return ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
-        except OSError as e:
-            raise ckpt.CheckpointWriteError(f"could not write checkpoint step {step} in "
-                                            f"{run.run_dir / ckpt.CKPT_DIR}: {e}") from e
+        return ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
 
     path = rank0_decides(write)  # the other ranks wait for rank 0's write, as a barrier would
     print0(f"saved checkpoint {path} ({reason})")
@@ -617,7 +613,7 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         steps = ckpt.list_steps(run.run_dir)
         print0(f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: "
                f"{f'step {steps[-1]}' if steps else 'none'}. Free space (or fix the run dir), then continue with "
-               "--resume (the next start removes the unfinished checkpoint)", file=sys.stderr)
+               "--resume", file=sys.stderr)
         try:
             write_summary(run, "checkpoint_error", {})
         except OSError as summary_error:  # the same full disk

@@ -2,6 +2,7 @@
 --overwrite, output directories checked writable before any work, crash-safe checkpoint pruning and the sweep
 of what an interrupted save/prune/overwrite leaves behind."""
 
+import errno
 import json
 import os
 import signal
@@ -176,6 +177,51 @@ def test_pruning_is_crash_safe(tmp_path, monkeypatch):
     assert ckpt.list_steps(run) == [3]
     assert ckpt.sweep_leftovers(run) == [".prune-step_000001", ".prune-step_000002"]
     assert sorted(p.name for p in root.iterdir()) == ["step_000003"]
+
+
+def test_a_full_disk_mid_save_raises_a_checkpoint_write_error_and_frees_the_space(tmp_path, monkeypatch):
+    """ENOSPC in the middle of torch.save (which turns its file's OSError into a RuntimeError): one error type for
+    the trainer to share with every rank, the earlier checkpoint intact, and the unfinished copy removed at once (its
+    bytes filled the disk: summary.json is written next)."""
+    import io
+
+    run = tmp_path / "r"
+    save_steps(run, [1])
+
+    class FullDisk(io.RawIOBase):  # takes 1000 bytes, then the device is full
+        def __init__(self, real):
+            self.real, self.left = real, 1000
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if len(b) > self.left:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.left -= len(b)
+            return self.real.write(b)
+
+    real_write_file = ckpt._write_file
+    monkeypatch.setattr(ckpt, "_write_file", lambda path, fn: real_write_file(path, lambda f: fn(FullDisk(f))))
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"could not write checkpoint step 2 in .*checkpoints: \[Errno 28\] No space"):
+        save_steps(run, [2])
+    assert ckpt.list_steps(run) == [1]
+    assert sorted(p.name for p in (run / ckpt.CKPT_DIR).iterdir()) == ["step_000001"]
+
+
+def test_a_prune_that_fails_keeps_the_saved_checkpoint_and_warns(tmp_path, monkeypatch, capsys):
+    """The new checkpoint is whole once renamed into place: an old one that cannot be deleted is reported, not
+    raised as a failed save."""
+    run = tmp_path / "r"
+    save_steps(run, [1])
+
+    def no_permission(run_dir, keep_last):
+        raise PermissionError(errno.EACCES, "Permission denied", "step_000001")
+
+    monkeypatch.setattr(ckpt, "prune_checkpoints", no_permission)
+    save_steps(run, [2], keep_last=1)
+    assert ckpt.list_steps(run) == [1, 2]
+    assert "warning: checkpoint step 2 is saved, but older ones could not be pruned" in capsys.readouterr().err
 
 
 def test_leftovers_are_swept_when_a_run_starts(tmp_path, capsys):

@@ -250,10 +250,16 @@ def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_pa
     assert meta["step"] == 3 and all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path):
+@pytest.mark.parametrize("fail_at, fail_ranks, named", [(4, "1", 1), (5, "1", 1), (4, "0,1", 0)],
+                         ids=["first-micro-step", "last-micro-step", "both-ranks"])
+def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path, monkeypatch, fail_at, fail_ranks, named):
     """A data file only rank 1 reads fails mid-step (each rank reads its own row groups): the other rank, already in
     that step's collectives, must not crash on a closed connection (or hang, under NCCL). Every rank stops at the same
-    step, exit 2, rank 0 names rank 1's file, summary.json says data_error and no checkpoint of the broken step."""
+    step, exit 2, rank 0 names rank 1's file, summary.json says data_error and no checkpoint of the broken step. The
+    same in the step's last micro-step (the gradient hooks are armed right after the stand-in batch), and when both
+    ranks fail (the lowest rank's error is named)."""
+    monkeypatch.setenv("FAIL_AT", str(fail_at))
+    monkeypatch.setenv("FAIL_RANKS", fail_ranks)
     run = tmp_path / "r"
     r = run_torchrun(REPO / "tests" / "_one_rank_data_error_worker.py", 2,
                      [*TINY, *BATCH, "--num-iterations", "6", "--save-every", "2", "--run-dir", str(run)], timeout=120)
@@ -262,7 +268,7 @@ def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path):
     # no worker traceback (torchrun prints its own ChildFailedError one for any failed worker)
     assert "Connection closed by peer" not in out and "]: Traceback" not in out, out[-3000:]
     assert "exitcode  : 2 " in r.stderr and "exitcode  : 1 " not in r.stderr, out[-3000:]
-    assert "rank 1 of 2: /data/train_00042.parquet: row group 7 cannot be read" in r.stderr, out[-3000:]
+    assert f"rank {named} of 2: /data/train_00042.parquet: row group 7 cannot be read" in r.stderr, out[-3000:]
     assert "training stopped during step 3; last checkpoint: step 2" in r.stderr, out[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["step"]) == ("data_error", 2), summary
@@ -272,7 +278,7 @@ def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path):
 def test_a_checkpoint_write_error_on_rank0_stops_every_rank_with_checkpoint_error(tmp_path):
     """Rank 0 writes checkpoints alone; a write that fails (full disk) stops every rank together: exit 2 with the
     error, summary.json says checkpoint_error at that step, the last whole checkpoint stays and the half-written one
-    is swept by the next start."""
+    is removed at once (on a full disk its bytes would keep summary.json from being written)."""
     run = tmp_path / "r"
     flags = [*TINY, *BATCH, "--num-iterations", "6", "--save-every", "2", "--run-dir", str(run)]
     r = run_torchrun(REPO / "tests" / "_checkpoint_write_error_worker.py", 2, flags, timeout=120)
@@ -284,4 +290,30 @@ def test_a_checkpoint_write_error_on_rank0_stops_every_rank_with_checkpoint_erro
     assert "last checkpoint: step 2" in r.stderr, out[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["step"]) == ("checkpoint_error", 4), summary
-    assert ckpt.list_steps(run) == [2] and ckpt.sweep_leftovers(run) == [".tmp-step_000004"]
+    assert ckpt.list_steps(run) == [2] and ckpt.sweep_leftovers(run) == []
+
+
+def test_the_stand_in_batch_keeps_the_compiled_model_from_recompiling(monkeypatch):
+    """A rank whose loader failed finishes the step on a stand-in batch while the other ranks wait in its collectives:
+    inputs and targets must be two tensors, as real batches are (one tensor as both would fail dynamo's guard on
+    aliased inputs and recompile the model on that rank alone, mid-step)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from nanochat import train_loop
+    from nanochat.dataset import DataError
+
+    def broken_loader():
+        raise DataError("/data/train_00042.parquet: cannot be read")
+        yield
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model = torch.compile(lambda x, y: (x * 2 + y).sum(), backend=counter, dynamic=False)
+    model(torch.randint(0, 9, (2, 8)), torch.randint(0, 9, (2, 8)))
+    monkeypatch.setattr(train_loop, "is_dist", lambda: True)
+    failed = []
+    x, y = train_loop._batch_or_stand_in(broken_loader(), (2, 8), "cpu", failed)
+    assert [type(e) for e in failed] == [DataError]
+    assert x.shape == y.shape == (2, 8) and x.dtype == y.dtype == torch.long and not (x.any() or y.any())
+    model(x, y)
+    assert counter.frame_count == 1
