@@ -84,7 +84,7 @@ def load_reference_state(path: Path) -> dict:
 
 
 def import_reference(args) -> Path:
-    from nanochat.checkpoint import save_checkpoint
+    from nanochat.checkpoint import CheckpointWriteError, save_checkpoint
     from nanochat.download import file_sha256
     from nanochat.families import meta_device
     from nanochat.gpt import GPT
@@ -152,7 +152,11 @@ def import_reference(args) -> Path:
     extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "imported_from": imported}
     if args.dataset:
         extra["dataset"] = args.dataset
-    save_checkpoint(tmp, step, model, extra)
+    try:
+        save_checkpoint(tmp, step, model, extra)
+    except CheckpointWriteError:
+        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: the tokenizer and map copies go too
+        raise
     if run_dir.exists():
         run_dir.rmdir()  # empty (checked above)
     os.replace(tmp, run_dir)
@@ -161,11 +165,12 @@ def import_reference(args) -> Path:
 
 
 def main(argv=None) -> int:
+    from nanochat.checkpoint import CheckpointWriteError
     from nanochat.download import DownloadError
 
     try:
         import_reference(parse_args(argv))
-    except (FileNotFoundError, FileExistsError, ValueError, DownloadError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, DownloadError, CheckpointWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
