@@ -79,7 +79,7 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
-def _portable(exc: BaseException) -> BaseException:
+def portable_error(exc: BaseException) -> BaseException:
     """``exc`` if it survives pickling (so another rank can raise the same type), else a RuntimeError copy."""
     try:
         pickle.loads(pickle.dumps(exc))
@@ -121,7 +121,7 @@ def rank0_decides(fn):
             pickle.dumps(value)  # fail here, not inside the broadcast the other ranks are already waiting in
             outcome = ("ok", value)
         except Exception as e:  # noqa: BLE001 - raised on every rank below
-            outcome, error = ("error", _portable(e)), e
+            outcome, error = ("error", portable_error(e)), e
     outcome = broadcast_object(outcome)  # rank 0 keeps fn's own objects
     # the signals go in a small exchange of their own: rank 0's outcome may be a whole task's rows, which an
     # all_gather_object would send from every rank's padded buffer
@@ -151,16 +151,23 @@ def every_rank_ok(fn):
     except Exception as e:  # noqa: BLE001 - shared with the other ranks below
         error = e
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (None if error is None else _portable(error), _latched_signal()))
-    for rank, (exc, _) in enumerate(gathered):
-        if exc is not None:  # every rank raises the lowest failing rank's error, naming that rank
-            try:  # same type, so callers catch it as they would on the failing rank
-                shared = type(exc)(f"rank {rank} of {len(gathered)}: {exc}")
-            except Exception:  # noqa: BLE001 - a type that needs more than a message
-                shared = exc
-            raise shared from (error or exc)
+    dist.all_gather_object(gathered, (None if error is None else portable_error(error), _latched_signal()))
+    raise_lowest_rank_error([exc for exc, _ in gathered], error)
     _stop_if_latched_on_any_rank([signum for _, signum in gathered])
     return result
+
+
+def raise_lowest_rank_error(errors: list, own: BaseException | None = None) -> None:
+    """``errors``: every rank's ``portable_error`` or None, gathered in rank order. If any rank failed, raise the
+    lowest failing rank's error on this rank (same type, so callers catch it as they would on the failing rank; the
+    message prefixed with that rank; chained to ``own``, this rank's error, if any); else nothing."""
+    for rank, exc in enumerate(errors):
+        if exc is not None:
+            try:
+                shared = type(exc)(f"rank {rank} of {len(errors)}: {exc}")
+            except Exception:  # noqa: BLE001 - a type that needs more than a message
+                shared = exc
+            raise shared from (own or exc)
 
 
 def compute_cleanup() -> None:

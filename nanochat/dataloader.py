@@ -342,22 +342,28 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
     ready: list[list[np.ndarray]] = []  # tokenized chunks in document order, not yet packed
 
     def next_round() -> None:
-        texts = [[t or "" for _, t in zip(range(EVAL_CHUNK_DOCS), docs)] for _ in range(world_size)]
-        mine = _tokenize_docs(tokenizer, texts[rank])
-        if world_size > 1:
-            import torch.distributed as dist
+        if world_size == 1:
+            ready.append(_tokenize_docs(tokenizer, [t or "" for _, t in zip(range(EVAL_CHUNK_DOCS), docs)]))
+            return
+        import torch.distributed as dist
 
-            from nanochat.eval_resume import latched_signal, stop_if_latched_on_any_rank
+        from nanochat.common import portable_error, raise_lowest_rank_error
+        from nanochat.eval_resume import latched_signal, stop_if_latched_on_any_rank
 
-            # the exchange carries an evaluation's latched signal: a stop while a long split is tokenized takes
-            # effect after this round on every rank, not after the whole split (0 outside an evaluation)
-            chunks = [None] * world_size
-            dist.all_gather_object(chunks, (mine, latched_signal()))
-            stop_if_latched_on_any_rank([signum for _, signum in chunks])
-            chunks = [chunk for chunk, _ in chunks]
-        else:
-            chunks = [mine]
-        ready.extend(chunks)
+        mine, error = [], None
+        try:  # every rank reads the data itself: a file only one rank cannot read (its node's copy) fails there alone
+            texts = [[t or "" for _, t in zip(range(EVAL_CHUNK_DOCS), docs)] for _ in range(world_size)]
+            mine = _tokenize_docs(tokenizer, texts[rank])
+        except Exception as e:  # noqa: BLE001 - shared below, so that no rank waits in an exchange the others left
+            error = e
+        # the exchange carries this rank's error (every rank raises the lowest failing rank's, naming it) and an
+        # evaluation's latched signal: a stop while a long split is tokenized takes effect after this round on
+        # every rank, not after the whole split (0 outside an evaluation)
+        chunks = [None] * world_size
+        dist.all_gather_object(chunks, (mine, latched_signal(), None if error is None else portable_error(error)))
+        raise_lowest_rank_error([err for _, _, err in chunks], error)
+        stop_if_latched_on_any_rank([signum for _, signum, _ in chunks])
+        ready.extend(chunk for chunk, _, _ in chunks)
 
     def refill() -> bool:
         if not ready:

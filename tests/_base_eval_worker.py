@@ -2,7 +2,8 @@
 ranks R send themselves SIGTERM when they start CORE task K (0-based): every rank, as a Slurm time limit reaches
 them, or one alone. ``--sigterm-in MODULE:NAME R[,R...]`` first: the ranks R send themselves SIGTERM when they
 call MODULE.NAME (a set-up step, e.g. scripts.base_eval:load_chosen_checkpoint or
-nanochat.run_dir:RunDirLock.acquire)."""
+nanochat.run_dir:RunDirLock.acquire). ``--truncated-shard-on R[,R...]`` first: the ranks R read every data shard as a
+truncated copy (a node whose local copy of the data is corrupt)."""
 
 import functools
 import importlib
@@ -42,6 +43,26 @@ def sigterm_in(where: str, ranks: set[int]) -> None:
     setattr(owner, attr, wrapped)
 
 
+def truncated_shard_on(ranks: set[int]) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from nanochat import dataset
+
+    real = dataset.split_files
+
+    def wrapped(data_dir, split):
+        files = real(data_dir, split)
+        if int(os.environ["RANK"]) not in ranks:
+            return files
+        copies = Path(tempfile.mkdtemp(prefix="truncated_shards_"))
+        for f in files:
+            (copies / f.name).write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        return [copies / f.name for f in files]
+
+    dataset.split_files = wrapped
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     argv = sys.argv[1:]
@@ -51,4 +72,7 @@ if __name__ == "__main__":
     if argv[:1] == ["--sigterm-in"]:
         sigterm_in(argv[1], {int(r) for r in argv[2].split(",")})
         argv = argv[3:]
+    if argv[:1] == ["--truncated-shard-on"]:
+        truncated_shard_on({int(r) for r in argv[1].split(",")})
+        argv = argv[2:]
     sys.exit(main(argv))

@@ -758,3 +758,26 @@ def test_two_ranks_stop_after_the_set_up_step_a_signal_came_in(tiny_run, tmp_pat
     assert "SIGABRT" not in res.stderr and "terminate called" not in res.stderr, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == []  # no partial results, no lock left behind
     assert not (out / LOCK_FILE).exists()
+
+
+def test_a_data_shard_one_rank_cannot_read_stops_every_rank_with_its_error(tiny_run, tmp_path):
+    """Under torchrun (2 gloo ranks) rank 1 alone reads a truncated copy of the val shard (a node's corrupt local
+    data) while the bpb rows are tokenized: every rank stops with rank 1's DataError naming the file, exit 2, no
+    traceback. Before: rank 1 died with a traceback and rank 0 crashed in the next exchange ('Connection closed by
+    peer'; under NCCL a hang until the timeout). One torchrun, ~5 s."""
+    from conftest import run_torchrun
+
+    from nanochat.run_dir import LOCK_FILE
+
+    root, _, _, _ = tiny_run
+    out = tmp_path / "o"
+    res = run_torchrun(Path(__file__).parent / "_base_eval_worker.py", 2,
+                       ["--truncated-shard-on", "1", "--run-dir", str(root / "run"), "--eval", "bpb", "--splits", "val",
+                        "--eval-tokens", "256", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)],
+                       timeout=120)
+    assert res.returncode != 0, res.stderr[-3000:]
+    assert "error: rank 1 of 2: " in res.stderr and "val_000.parquet is not a readable parquet file" in res.stderr, \
+        res.stderr[-3000:]
+    assert res.stderr.count("exitcode  : 2") == 2 and "exitcode  : 1 " not in res.stderr, res.stderr[-3000:]
+    assert "Connection closed by peer" not in res.stderr and "]: Traceback" not in res.stderr, res.stderr[-3000:]
+    assert not (out / LOCK_FILE).exists() and not (out / "bpb.json").exists()
