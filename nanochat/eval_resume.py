@@ -117,9 +117,10 @@ class FinishedResults:
             self.reused.append(item)
             return result
         result = run()
-        self.items[item] = {"key": key, "result": result}
-        if not is_dist() or torch.distributed.get_rank() == 0:
-            write_text_atomic(self.path, json.dumps({"settings": self.settings, "items": self.items}, indent=1) + "\n")
+        items = {**self.items, item: {"key": key, "result": result}}
+        write_on_rank0(self.path, lambda: write_text_atomic(
+            self.path, json.dumps({"settings": self.settings, "items": items}, indent=1) + "\n"))
+        self.items = items  # only what is on disk: the "kept" line counts these
         return result
 
     def reuse_note(self, what: str, total: int) -> str:
@@ -130,6 +131,24 @@ class FinishedResults:
         """Delete the file once the evaluation's report is written (rank 0)."""
         if not is_dist() or torch.distributed.get_rank() == 0:
             self.path.unlink(missing_ok=True)
+
+
+class ResultWriteError(OSError):
+    """Rank 0 could not write a result file of the evaluation (a full disk, a quota); raised on every rank."""
+
+
+def write_on_rank0(what, write) -> None:
+    """``write()`` (of ``what``, a file) on rank 0, the other ranks waiting for it: an OSError there (a full disk) raises
+    ``ResultWriteError`` naming it on every rank, so no rank goes on alone into a collective the others never
+    reach (or exits 0 while rank 0 fails)."""
+    def attempt():
+        try:
+            write()
+        except OSError as e:
+            raise ResultWriteError(f"writing {what} failed ({type(e).__name__}: {e}); free some space (or pass "
+                                   "another --out-dir) and run the same command again") from e
+
+    rank0_decides(attempt)
 
 
 class Interrupted(KeyboardInterrupt):

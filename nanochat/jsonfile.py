@@ -23,5 +23,9 @@ def write_text_atomic(path, text: str) -> None:
     file (or none), never a torn one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:  # e.g. a full disk: no torn temp file left beside ``path``
+        tmp.unlink(missing_ok=True)
+        raise

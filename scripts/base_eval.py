@@ -33,7 +33,8 @@ from pathlib import Path
 from nanochat.checkpoint import find_last_step, load_model, require_files, step_dir
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              rank0_decides, resolve_dtype)
-from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, interrupts_raise
+from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
+                                  write_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.memory.mome_mix import MOME_KERNELS
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         with interrupts_raise():
             return evaluate(args)
-    except (FileNotFoundError, ValueError, KeyError, DataError) as e:
+    except (FileNotFoundError, ValueError, KeyError, DataError, ResultWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         compute_cleanup()
         return 2
@@ -314,11 +315,11 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     stores = {name: FinishedResults.open(out_dir, name, settings, args.fresh) for name in args.evals}
     try:
         if "core" in args.evals:
-            run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir, header, stores["core"], rank)
+            run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir, header, stores["core"])
         if "bpb" in args.evals:
             res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, stores["bpb"])
-            if rank == 0:
-                write_text_atomic(out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n")
+            write_on_rank0(out_dir / "bpb.json", lambda: write_text_atomic(
+                out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n"))
     except Interrupted as e:  # on every rank at the same batch (nanochat.eval_resume.stop_voted)
         print0(f"base_eval: interrupted ({e}); {kept_note(stores, out_dir)}", file=sys.stderr)
         compute_cleanup()  # every rank is here: its gloo threads are joined now, not at exit (see compute_cleanup)
@@ -340,7 +341,7 @@ def kept_note(stores: dict, out_dir: Path) -> str:
 
 
 def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, header: dict,
-                  finished: FinishedResults, rank: int) -> None:
+                  finished: FinishedResults) -> None:
     from nanochat.core_eval import evaluate_core, write_core_report
     from nanochat.eval_bundle import find_bundle
 
@@ -349,8 +350,8 @@ def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, h
                         autocast_ctx, progress=not args.no_progress, finished=finished)
     if finished.reused:
         print0(finished.reuse_note("CORE tasks", len(res["tasks"])))
-    if rank == 0:
-        write_core_report(res, out_dir, header)
+    write_on_rank0(f"the CORE report (core.json, core.csv, core.md) in {out_dir}",
+                   lambda: write_core_report(res, out_dir, header))
     print0(f"{res['label']} [{header['dtype']}]: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
                                                                  if res["missing"] else ""))
 

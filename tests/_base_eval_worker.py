@@ -3,7 +3,8 @@ ranks R send themselves SIGTERM when they start CORE task K (0-based): every ran
 them, or one alone. ``--sigterm-in MODULE:NAME R[,R...]`` first: the ranks R send themselves SIGTERM when they
 call MODULE.NAME (a set-up step, e.g. scripts.base_eval:load_chosen_checkpoint or
 nanochat.run_dir:RunDirLock.acquire). ``--truncated-shard-on R[,R...]`` first: the ranks R read every data shard as a
-truncated copy (a node whose local copy of the data is corrupt)."""
+truncated copy (a node whose local copy of the data is corrupt). ``--enospc-writing NAME`` first: rank 0's disk is
+full when it writes the file NAME (half of it is written to the temp name, then ENOSPC)."""
 
 import functools
 import importlib
@@ -63,6 +64,21 @@ def truncated_shard_on(ranks: set[int]) -> None:
     dataset.split_files = wrapped
 
 
+def enospc_writing(name: str) -> None:
+    import errno
+    from pathlib import Path
+
+    real = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if int(os.environ["RANK"]) == 0 and self.name in (name, name + ".tmp"):
+            real(self, data[: len(data) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, data, *args, **kwargs)
+
+    Path.write_text = write_text
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     argv = sys.argv[1:]
@@ -74,5 +90,8 @@ if __name__ == "__main__":
         argv = argv[3:]
     if argv[:1] == ["--truncated-shard-on"]:
         truncated_shard_on({int(r) for r in argv[1].split(",")})
+        argv = argv[2:]
+    if argv[:1] == ["--enospc-writing"]:
+        enospc_writing(argv[1])
         argv = argv[2:]
     sys.exit(main(argv))
