@@ -113,12 +113,20 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
 
         def forward(signum, frame):
             received.append(signum)
-            proc.send_signal(signum)
+            # a hang-up (the terminal or ssh session closed) never reaches the child in its own session: it is
+            # stopped as by SIGTERM, so it saves its checkpoint instead of dying at its next line to a dead pipe
+            proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        echo = True
         try:
             for line in proc.stdout:  # until the child exits: its "saved checkpoint" lines reach the log too
-                sys.stdout.write(line)
+                if echo:
+                    try:
+                        sys.stdout.write(line)
+                        sys.stdout.flush()
+                    except OSError:  # the terminal is gone (EIO, a closed pipe): the log and the child go on
+                        echo = False
                 log.write(line)
                 log.flush()  # `tail -f train.log` follows the run live
             code = proc.wait()

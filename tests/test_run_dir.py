@@ -311,3 +311,47 @@ def test_row_runner_forwards_one_ctrl_c_to_its_child(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert "child got ['SIGINT']" in out, out + err
     assert proc.returncode == 1 and "interrupted" in err and "resumed by re-running" in err
+
+
+_SIGNAL_THEN_TALK = r"""
+import signal, sys, time
+got = []
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda s, f: got.append(signal.Signals(s).name))
+print("ready", flush=True)
+deadline = time.time() + 15  # bounded: a runner that never forwards anything must not leave it behind forever
+while not got and time.time() < deadline:
+    time.sleep(0.01)
+for i in range(200):  # base_train's lines while it saves (the runner's terminal is gone by now)
+    print(f"saving line {i}", flush=True)
+print("child got", got, flush=True)
+"""
+
+
+def test_row_runner_whose_terminal_hangs_up_lets_its_child_save(tmp_path):
+    """The terminal (an ssh session) closes: the runner gets SIGHUP and its stdout is gone. Its child (base_train)
+    runs in a session of its own, so only the runner can tell it: it must get a SIGTERM (it saves and exits) and
+    its output must still reach train.log, not kill it through a broken pipe. Before: the runner died of the
+    SIGHUP, the child was not told and died at its next line with a BrokenPipeError (the steps since the last
+    checkpoint lost, summary.json stale). ~1 s."""
+    run = tmp_path / "seed42"
+    child = [sys.executable, "-c", _SIGNAL_THEN_TALK]
+    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
+                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
+    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    log = run / "train.log"
+    deadline = time.time() + 60
+    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.02)
+    proc.stdout.close()  # the terminal is gone: the runner's next line to it fails
+    os.kill(proc.pid, signal.SIGHUP)
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    deadline = time.time() + 30  # (before the fix the child outlived the runner)
+    while time.time() < deadline and "child got" not in log.read_text():
+        time.sleep(0.05)
+    text = log.read_text()
+    assert "child got ['SIGTERM']" in text and "saving line 199" in text, text[-2000:] + err
+    assert proc.returncode == 1 and "interrupted" in err and "resumed by re-running" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
