@@ -237,7 +237,7 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
     data_dir = Path(data_dir)
     claim_for_dataset(data_dir, dataset)
 
-    failed = threading.Event()
+    failed = threading.Event()  # the first failure or a Ctrl-C: queued shards are skipped, mirror downloads stop
 
     def fetch(index: int) -> str | None:
         """Download one shard into data_dir; returns the hub commit it came from (None: mirror, already there, or
@@ -256,7 +256,7 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
             return None
         if url:
             download_file(f"{url}/{name}", data_dir / name, validate=validate_parquet, progress=progress,
-                          hint=f"check --base-url / ${BASE_URL_ENV} and the shard index", **http_kw)
+                          hint=f"check --base-url / ${BASE_URL_ENV} and the shard index", stop=failed, **http_kw)
             return None
         cached = hub_file(repo_id, name, revision=revision, progress=progress)
         try:
@@ -276,6 +276,7 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
                 commits.add(job.result())
                 bar.update(1)
         except BaseException:  # the first failure (or Ctrl-C) is reported now, not after every queued shard's retries
+            failed.set()  # and the mirror downloads in flight stop within a piece (their .part files are kept)
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     if url:

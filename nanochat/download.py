@@ -15,13 +15,18 @@ sha256 and a content check before the file gets its final name, so a final name 
 import hashlib
 import os
 import re
-import time
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 
 class DownloadError(RuntimeError):
     """A download failed or produced a bad file; the message says what to check."""
+
+
+class DownloadStopped(Exception):
+    """``download_file``'s ``stop`` event was set (Ctrl-C in the thread that waits for this download): the ``.part``
+    file is kept for the next run."""
 
 
 def stream_sha256(f) -> str:
@@ -138,13 +143,17 @@ def place_file(src: Path, dest: Path) -> Path:
 
 # ---- plain HTTP ---------------------------------------------------------------------------------------------
 def download_file(url: str, dest, *, validate=None, sha256: str | None = None, max_attempts: int = 5,
-                  backoff: float = 2.0, timeout: float = 60.0, progress: bool = True, hint: str = "") -> Path:
+                  backoff: float = 2.0, timeout: float = 60.0, progress: bool = True, hint: str = "",
+                  stop=None) -> Path:
     """Download ``url`` to ``dest`` robustly; returns ``dest`` (at once when it already exists).
 
     Bytes go to ``dest.part`` (resumed with an HTTP Range request after a dropped connection, also by a later
     run); the file gets its final name only after the sha256 (when given) and ``validate(part)`` pass. A ``.part``
     left by a network failure is kept so the next run resumes it; one with bad content is deleted. ``hint`` ends
-    every error message (what the user can change: a flag, an environment variable).
+    every error message (what the user can change: a flag, an environment variable). ``stop`` (a
+    ``threading.Event``), once set, ends the download within a piece of the body or a retry's wait with
+    ``DownloadStopped``, keeping the ``.part`` file: a download in a worker thread cannot see the main thread's
+    Ctrl-C.
     """
     dest = Path(dest)
     if dest.is_file():
@@ -153,7 +162,8 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
     with _locked_part(part) as locked:  # another process (a rank, a second run) fetching the same file waits
         try:
             if not dest.is_file():  # else another process finished it while this one waited
-                _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint)
+                _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint,
+                                 stop or threading.Event())
                 os.replace(part, dest)
         finally:
             if locked(part) and part.stat().st_size == 0:
@@ -191,16 +201,18 @@ def _locked_part(part: Path):
         f.close()
 
 
-def _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint) -> None:
+def _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint, stop) -> None:
     """``download_file``'s retries and checks, into ``part`` (locked by the caller)."""
     hint = f"; {hint}" if hint else ""
     last_error = None
     for attempt in range(max_attempts):
-        if attempt:
-            time.sleep(backoff * 2 ** (attempt - 1))
+        if (attempt and stop.wait(backoff * 2 ** (attempt - 1))) or stop.is_set():
+            raise DownloadStopped(url)
         try:
-            _fetch_into(url, part, timeout=timeout, progress=progress)
+            _fetch_into(url, part, timeout=timeout, progress=progress, stop=stop)
             break
+        except DownloadStopped:
+            raise
         except _PermanentHTTPError as e:
             part.unlink(missing_ok=True)
             raise DownloadError(f"{url}: {e}{hint}") from e
@@ -228,7 +240,7 @@ class _PermanentHTTPError(Exception):
     pass
 
 
-def _fetch_into(url: str, part: Path, timeout: float, progress: bool) -> None:
+def _fetch_into(url: str, part: Path, timeout: float, progress: bool, stop) -> None:
     """One attempt: append the missing bytes of ``url`` to ``part``; raise if the body ends early."""
     import requests
     from tqdm import tqdm
@@ -252,6 +264,8 @@ def _fetch_into(url: str, part: Path, timeout: float, progress: bool) -> None:
             disable=not progress, leave=False,
         ) as bar:
             for chunk in r.iter_content(chunk_size=1 << 16):  # small chunks: little is lost when a read fails
+                if stop.is_set():
+                    raise DownloadStopped(url)
                 f.write(chunk)
                 written += len(chunk)
                 bar.update(len(chunk))

@@ -292,6 +292,10 @@ def main(argv=None) -> int:
     except (DataError, DownloadError, ValueError) as e:  # NotWritable is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"prepare_data: interrupted; what finished in {data_dir} is kept (a mirror download's .part file too) "
+              "and running the same command again continues", file=sys.stderr)
+        return 130
     rows = {split: sum(manifest["shards"][n]["rows"] for n in manifest[split]) for split in ("train", "val")}
     print(f"{args.dataset}: {len(manifest['train'])} train shards ({rows['train']} docs), "
           f"{len(manifest['val'])} val shards ({rows['val']} docs) in {data_dir}")

@@ -34,11 +34,13 @@ class FlakyServer:
     'error' -> HTTP 503, 'truncate' -> full Content-Length header but only half the body. Honors Range.
     Every response also carries what the hub sends (X-Repo-Commit, ETag = sha256 of the file unless
     ``etags[path]`` says otherwise), so huggingface_hub can use it as an HF_ENDPOINT. ``requests`` records
-    (method, path, Range, Authorization) of GETs and HEADs; ``delay`` holds every response back."""
+    (method, path, Range, Authorization) of GETs and HEADs; ``delay`` holds every response back, ``chunk_delay``
+    slows every body down."""
 
     def __init__(self, files: dict[str, bytes]):
         self.files, self.fail, self.etags, self.requests = files, {}, {}, []
         self.delay = 0.0  # seconds every response waits before its headers
+        self.chunk_delay = 0.0  # seconds between the 64 KiB pieces of a body (a slow link)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,7 +81,13 @@ class FlakyServer:
                 self.end_headers()
                 if head:
                     return
-                self.wfile.write(payload[: len(payload) // 2] if action == "truncate" else payload)
+                payload = payload[: len(payload) // 2] if action == "truncate" else payload
+                try:
+                    for i in range(0, len(payload), 1 << 16):
+                        self.wfile.write(payload[i:i + (1 << 16)])
+                        time.sleep(server.chunk_delay)
+                except (BrokenPipeError, ConnectionResetError):  # the client went away (an interrupted download)
+                    return
                 if action == "truncate":
                     self.close_connection = True
 
@@ -315,3 +323,30 @@ def test_two_processes_downloading_one_file_both_get_it(server, tmp_path):
         t.join()
     assert results == [dest, dest] and dest.read_bytes() == server.files["/shard_00001.parquet"]
     assert sum(r[0] == "GET" for r in server.requests) == 1
+
+
+def test_ctrl_c_stops_the_shard_downloads_at_once_and_the_rerun_resumes_them(server, tmp_path, capsys):
+    """Ctrl-C while shards come from a slow mirror: KeyboardInterrupt within a piece of the body, not after every
+    download in flight has finished (minutes for real shards); the .part files are kept and the next run resumes
+    them with Range requests; one line, exit 130. Before: the interrupt waited for the worker threads, which
+    downloaded to the end, then a traceback. ~2 s."""
+    import signal
+
+    from scripts import prepare_data
+
+    server.chunk_delay = 0.15  # shard_00001: ~13 pieces of 64 KiB, ~2 s
+    timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    code = prepare_data.main(["--dataset", "fineweb-edu", "--num-shards", "2", "--base-url", server.url,
+                              "--data-dir", str(tmp_path), "--workers", "3", "--no-progress"])
+    assert time.monotonic() - started < 1.2
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    part = tmp_path / "shard_00001.parquet.part"
+    assert part.is_file() and 0 < part.stat().st_size < len(server.files["/shard_00001.parquet"])
+    assert not (tmp_path / "shard_00001.parquet").exists()
+    server.chunk_delay = 0.0
+    download_remote_shards("fineweb-edu", tmp_path, 2, base_url=server.url, progress=False)
+    assert (tmp_path / "shard_00001.parquet").read_bytes() == server.files["/shard_00001.parquet"]
+    assert any(r[1] == "/shard_00001.parquet" and r[2] for r in server.requests)  # resumed with a Range request
+    assert not list(tmp_path.glob("*.part"))
