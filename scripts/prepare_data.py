@@ -26,7 +26,7 @@ from nanochat.dataset import (HF_PREFIX, REMOTE_DATASETS, DataError, check_datas
                               download_remote_shards, read_jsonl_texts, remove_unlisted_shards, start_rebuild,
                               write_manifest, write_text_shard)
 from nanochat.download import DownloadError
-from nanochat.run_dir import ensure_writable
+from nanochat.run_dir import RunDirLock, ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -270,6 +270,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def build_local_dataset(args, data_dir: Path, progress: bool) -> dict:
+    """The shards + manifest of an hf:, embedded or local dataset (built here, not downloaded)."""
+    if args.dataset.startswith(HF_PREFIX):
+        return build_hf_dataset(args.dataset, data_dir, args.split, args.text_column, args.max_docs, args.val_fraction,
+                                args.docs_per_shard or 20_000, args.revision, progress=progress)
+    sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir, data_dir)
+    desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
+    return build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
+                              val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard or 1000)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
@@ -280,21 +291,22 @@ def main(argv=None) -> int:
             manifest = download_remote_shards(args.dataset, data_dir, args.num_shards, base_url=args.base_url,
                                               workers=args.workers, revision=args.revision, progress=progress,
                                               max_attempts=args.max_attempts)
-        elif args.dataset.startswith(HF_PREFIX):
-            manifest = build_hf_dataset(args.dataset, data_dir, args.split, args.text_column, args.max_docs,
-                                        args.val_fraction, args.docs_per_shard or 20_000, args.revision,
-                                        progress=progress)
         else:
-            sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir, data_dir)
-            desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
-            manifest = build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
-                                          val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard or 1000)
+            # one builder per directory: two would write the same temp shard names and manifest (downloads of
+            # remote shards need none: each file has a lock of its own, and the same shards are fetched once)
+            lock = RunDirLock(data_dir).acquire("--data-dir")
+            try:
+                manifest = build_local_dataset(args, data_dir, progress)
+            finally:
+                lock.release(remove_file=True)
     except (DataError, DownloadError, ValueError) as e:  # NotWritable is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"prepare_data: interrupted; what finished in {data_dir} is kept (a mirror download's .part file too) "
-              "and running the same command again continues", file=sys.stderr)
+        kept = ("the finished shards are kept (a mirror download's .part file too): running the same command again "
+                "continues" if args.dataset in REMOTE_DATASETS else
+                "no manifest was written (loaders refuse the directory): running the same command again builds it")
+        print(f"prepare_data: interrupted; in {data_dir} {kept}", file=sys.stderr)
         return 130
     rows = {split: sum(manifest["shards"][n]["rows"] for n in manifest[split]) for split in ("train", "val")}
     print(f"{args.dataset}: {len(manifest['train'])} train shards ({rows['train']} docs), "

@@ -301,3 +301,32 @@ def test_importing_every_module_creates_no_files_and_fetches_no_kernel(tmp_path)
     count, loaded = r.stdout.split(" ", 1)
     assert int(count) > 40 and loaded.strip() == "[]", r.stdout
     assert not any(home.iterdir()) and not any(cwd.iterdir()), (list(home.rglob("*")), list(cwd.rglob("*")))
+
+
+def test_a_second_build_into_a_data_dir_in_use_is_refused(tmp_path, capsys):
+    """Two builders (embedded/local/hf:) into one --data-dir wrote the same temp shard names: one died with a
+    FileNotFoundError traceback at its rename (2 of 3 tries of two `prepare_data --dataset embedded`), and a shard
+    torn by both could be renamed in. A second one is refused while the first lives, naming it; the lock goes
+    with the first. ~1 s."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    data = tmp_path / "data"
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("\n\n".join(f"paragraph {i} " * 20 for i in range(50)))
+    hold = subprocess.Popen([sys.executable, "-c", "import sys, time; from nanochat.run_dir import RunDirLock; "
+                             "RunDirLock(sys.argv[1]).acquire('--data-dir'); print('held', flush=True); time.sleep(60)",
+                             str(data)], cwd=REPO, stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO)})
+    try:
+        assert hold.stdout.readline().strip() == "held"
+        assert main(["--dataset", "local", "--text-dir", str(tmp_path / "src"), "--data-dir", str(data)]) == 1
+        err = capsys.readouterr().err
+        assert f"--data-dir {data} is in use" in err and f"pid {hold.pid}" in err, err
+        assert not list(data.glob("*.parquet*")) and not (data / "manifest.json").exists()
+    finally:
+        hold.kill()
+        hold.wait()
+    assert main(["--dataset", "local", "--text-dir", str(tmp_path / "src"), "--data-dir", str(data)]) == 0
+    assert sorted(p.name for p in data.iterdir()) == ["manifest.json", "train_00000.parquet", "val_00000.parquet"]
