@@ -138,9 +138,9 @@ class ResultWriteError(OSError):
 
 
 def write_on_rank0(what, write) -> None:
-    """``write()`` (of ``what``, a file) on rank 0, the other ranks waiting for it: an OSError there (a full disk) raises
-    ``ResultWriteError`` naming it on every rank, so no rank goes on alone into a collective the others never
-    reach (or exits 0 while rank 0 fails)."""
+    """``write()`` (of ``what``, a file) on rank 0, the other ranks waiting for it: an OSError there (a full
+    disk) raises ``ResultWriteError`` naming it on every rank, so no rank goes on alone into a collective the
+    others never reach (or exits 0 while rank 0 fails)."""
     def attempt():
         try:
             write()

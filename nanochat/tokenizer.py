@@ -130,18 +130,25 @@ class Tokenizer:
 
     # ---- persistence ----------------------------------------------------------------------------------
     def save(self, directory) -> None:
-        """Write the three tokenizer files; each is written to a temp name and renamed (no half files)."""
+        """Write the three tokenizer files; each is written to a temp name and renamed (no half files). The header
+        (tokenizer.json, what marks a directory as holding a tokenizer) goes first and comes back last: a save
+        stopped midway (Ctrl-C, a kill, a full disk) leaves no tokenizer, never a mix of new and old files."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / HEADER_FILE).unlink(missing_ok=True)
         header = {"format": FORMAT_VERSION, "pattern": self.pattern, "vocab_size": self.vocab_size,
                   "num_mergeable": len(self.mergeable_ranks), "special_tokens": self.special_tokens}
         lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}"
                  for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])]
         _atomic_write(directory / RANKS_FILE, ("\n".join(lines) + "\n").encode("ascii"))
-        _atomic_write(directory / HEADER_FILE, (json.dumps(header, indent=2) + "\n").encode("utf-8"))
         tmp = directory / (TOKEN_BYTES_FILE + ".tmp")
-        torch.save(self.token_bytes(), tmp)
+        try:
+            torch.save(self.token_bytes(), tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, directory / TOKEN_BYTES_FILE)
+        _atomic_write(directory / HEADER_FILE, (json.dumps(header, indent=2) + "\n").encode("utf-8"))
 
     @classmethod
     def load(cls, directory) -> "Tokenizer":
@@ -218,18 +225,19 @@ def get_token_bytes(tokenizer_dir=None, device="cpu", vocab_size: int | None = N
     directory = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
     path = directory / TOKEN_BYTES_FILE
     if not path.is_file():
-        raise TokenizerError(f"{path} is missing; retrain with `python -m scripts.tok_train --output-dir {directory}`")
+        raise TokenizerError(f"{path} is missing; retrain with "
+                             f"`python -m scripts.tok_train --output-dir {directory} --overwrite`")
     try:
         token_bytes = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # truncated or foreign file: UnpicklingError, RuntimeError, EOFError, ...
         raise TokenizerError(f"{path} is not a token-bytes tensor ({type(e).__name__}: {e}); retrain with "
-                             f"`python -m scripts.tok_train --output-dir {directory}`") from e
+                             f"`python -m scripts.tok_train --output-dir {directory} --overwrite`") from e
     if not torch.is_tensor(token_bytes) or token_bytes.ndim != 1 or token_bytes.is_floating_point():
         raise TokenizerError(f"{path} must hold a 1-D integer tensor (byte length per token); retrain with "
-                             f"`python -m scripts.tok_train --output-dir {directory}`")
+                             f"`python -m scripts.tok_train --output-dir {directory} --overwrite`")
     if vocab_size is not None and len(token_bytes) != vocab_size:
         raise TokenizerError(f"{path} has {len(token_bytes)} entries but the tokenizer has {vocab_size} tokens; "
-                             f"retrain with `python -m scripts.tok_train --output-dir {directory}`")
+                             f"retrain with `python -m scripts.tok_train --output-dir {directory} --overwrite`")
     return token_bytes
 
 

@@ -138,3 +138,39 @@ def test_tok_train_cli_reports_compression(embedded_data_dir, tmp_path, capsys):
     assert main(["--vocab-size", "300", "--data-dir", str(embedded_data_dir), "--max-chars", "300000",
                  "--eval-chars", "50000", "--output-dir", str(out), "--overwrite"]) == 0
     assert get_tokenizer(out).vocab_size == 300
+
+
+def test_an_interrupted_save_leaves_no_tokenizer_rather_than_a_mixed_one(tiny_tokenizer, tmp_path,  # noqa: F811
+                                                                          monkeypatch):
+    """tok_train stopped (Ctrl-C, a kill, a full disk) while it saves: the directory holds the complete tokenizer
+    or none (no tokenizer.json, the file loaders look for: a clear 'no tokenizer' error, and tok_train runs again
+    without --overwrite), never new merges under an old header and old token_bytes.pt. Before: the header was
+    written second, token_bytes.pt last: a fresh save stopped there left a tokenizer whose token_bytes.pt was
+    missing (and tok_train refused to retrain without --overwrite, which the error did not say), and a re-save
+    over an old one loaded as a mix."""
+    from nanochat import tokenizer as tokmod
+
+    tiny_tokenizer.save(tmp_path / "fresh")
+    (tmp_path / "fresh" / "token_bytes.pt").unlink()  # as left by a kill before its rename
+    with pytest.raises(TokenizerError, match=r"token_bytes.pt is missing; retrain with .*--overwrite"):
+        get_token_bytes(tmp_path / "fresh")
+
+    tiny_tokenizer.save(tmp_path)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    real_write = tokmod._atomic_write
+    failures = {"token_bytes.pt": lambda: monkeypatch.setattr(tokmod.torch, "save", full_disk),
+                "tokenizer.json": lambda: monkeypatch.setattr(tokmod, "_atomic_write", lambda path, data: (
+                    full_disk() if path.name == "tokenizer.json" else real_write(path, data)))}
+    for fail in failures.values():
+        fail()
+        with pytest.raises(OSError):
+            tiny_tokenizer.save(tmp_path)
+        monkeypatch.undo()
+        assert not (tmp_path / "tokenizer.json").exists()
+        with pytest.raises(TokenizerError, match="no tokenizer in"):
+            get_tokenizer(tmp_path)
+        tiny_tokenizer.save(tmp_path)  # the retry (tok_train without --overwrite) completes it
+        assert get_tokenizer(tmp_path).encode(SAMPLE) == tiny_tokenizer.encode(SAMPLE)
