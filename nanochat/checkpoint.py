@@ -87,7 +87,10 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
         _write_checkpoint(root, final, tmp, step, model, meta, state)
     except (OSError, RuntimeError) as e:  # torch.save reports its file's OSError (ENOSPC) as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(f"could not write checkpoint step {step} in {root}: {_os_cause(e)}") from e
+        cause = _os_cause(e)
+        if cause is None:  # not the file system (e.g. a CUDA error while copying to the CPU): a bug to see whole
+            raise
+        raise CheckpointWriteError(f"could not write checkpoint step {step} in {root}: {cause}") from e
     if keep_last > 0:
         try:
             prune_checkpoints(run_dir, keep_last)
@@ -97,12 +100,12 @@ def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = 
     return final
 
 
-def _os_cause(error: BaseException) -> BaseException:
-    """The OSError behind ``error`` (e.g. ENOSPC behind torch.save's RuntimeError), else ``error`` itself."""
+def _os_cause(error: BaseException) -> OSError | None:
+    """``error`` if an OSError, else the OSError behind it (e.g. ENOSPC behind torch.save's RuntimeError), else None."""
     cause = error
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__ or cause.__context__
-    return cause or error
+    return cause
 
 
 def _write_checkpoint(root: Path, final: Path, tmp: Path, step: int, model, meta: dict, state: dict | None) -> None:

@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from nanochat.download import DownloadError, download_file, hub_file, place_file
+from nanochat.download import DownloadError, DownloadStopped, download_file, hub_file, place_file
 from nanochat.jsonfile import read_json_object, write_text_atomic
 
 MANIFEST = "manifest.json"
@@ -246,6 +246,8 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
             return None
         try:
             return fetch_one(index)
+        except DownloadStopped:  # by another shard's failure or the Ctrl-C: that is what gets reported
+            return None
         except BaseException:
             failed.set()
             raise

@@ -118,8 +118,13 @@ class FinishedResults:
             return result
         result = run()
         items = {**self.items, item: {"key": key, "result": result}}
-        write_on_rank0(self.path, lambda: write_text_atomic(
-            self.path, json.dumps({"settings": self.settings, "items": items}, indent=1) + "\n"))
+        try:
+            write_on_rank0(self.path, lambda: write_text_atomic(
+                self.path, json.dumps({"settings": self.settings, "items": items}, indent=1) + "\n"))
+        except Interrupted:  # with several ranks, a stop voted in the write's step comes once the write succeeded
+            if is_dist():
+                self.items = items
+            raise
         self.items = items  # only what is on disk: the "kept" line counts these
         return result
 
@@ -145,8 +150,8 @@ def write_on_rank0(what, write) -> None:
         try:
             write()
         except OSError as e:
-            raise ResultWriteError(f"writing {what} failed ({type(e).__name__}: {e}); free some space (or pass "
-                                   "another --out-dir) and run the same command again") from e
+            raise ResultWriteError(f"writing {what} failed ({type(e).__name__}: {e}); free some space and run the "
+                                   "same command again (it reuses what was kept)") from e
 
     rank0_decides(attempt)
 

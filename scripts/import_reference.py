@@ -145,17 +145,17 @@ def import_reference(args) -> Path:
     tmp = run_dir.with_name(run_dir.name + ".importing")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tok.save(tmp / "tokenizer")
-    if slot_map:
-        reference_slot_map.copy_into_run(slot_map, tmp)
     # relative: the run's own tokenizer, found again after the run directory is moved or copied (load_meta)
     extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "imported_from": imported}
     if args.dataset:
         extra["dataset"] = args.dataset
     try:
+        tok.save(tmp / "tokenizer")
+        if slot_map:
+            reference_slot_map.copy_into_run(slot_map, tmp)
         save_checkpoint(tmp, step, model, extra)
-    except CheckpointWriteError:
-        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: the tokenizer and map copies go too
+    except (OSError, CheckpointWriteError):
+        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: what was written goes, freeing its space
         raise
     if run_dir.exists():
         run_dir.rmdir()  # empty (checked above)
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
 
     try:
         import_reference(parse_args(argv))
-    except (FileNotFoundError, FileExistsError, ValueError, DownloadError, CheckpointWriteError) as e:
+    except (OSError, ValueError, DownloadError, CheckpointWriteError) as e:  # OSError: e.g. a full disk
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

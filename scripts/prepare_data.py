@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from nanochat.cli_types import positive_int
-from nanochat.dataset import (HF_PREFIX, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
+from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
                               download_remote_shards, read_jsonl_texts, remove_unlisted_shards, start_rebuild,
                               write_manifest, write_text_shard)
 from nanochat.download import DownloadError
@@ -303,9 +303,13 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        kept = ("the finished shards are kept (a mirror download's .part file too): running the same command again "
-                "continues" if args.dataset in REMOTE_DATASETS else
-                "no manifest was written (loaders refuse the directory): running the same command again builds it")
+        if args.dataset in REMOTE_DATASETS:
+            kept = ("the finished shards are kept (a mirror download's .part file too): running the same command "
+                    "again continues")
+        elif (data_dir / MANIFEST).is_file():  # stopped while reading the sources, before the rebuild began
+            kept = "the dataset already there is unchanged: running the same command again builds the new one"
+        else:
+            kept = "no manifest was written (loaders refuse the directory): running the same command again builds it"
         print(f"prepare_data: interrupted; in {data_dir} {kept}", file=sys.stderr)
         return 130
     rows = {split: sum(manifest["shards"][n]["rows"] for n in manifest[split]) for split in ("train", "val")}

@@ -117,7 +117,9 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
             # stopped as by SIGTERM, so it saves its checkpoint instead of dying at its next line to a dead pipe
             proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # SIGHUP only where it is not ignored: under nohup the run is meant to outlive the terminal
+        hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, *hangup)}
         echo = True
         try:
             for line in proc.stdout:  # until the child exits: its "saved checkpoint" lines reach the log too

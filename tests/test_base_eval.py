@@ -809,3 +809,28 @@ def test_a_full_disk_under_out_dir_stops_every_rank_with_one_error(tiny_run, tmp
     else:  # nothing reached the disk: no line says otherwise
         assert "are kept" not in res.stderr and not (out / name).exists(), res.stderr[-3000:]
     assert not list(out.glob("*.tmp"))
+
+
+def test_a_stop_voted_at_a_partial_write_counts_the_item_it_wrote(tmp_path, monkeypatch):
+    """With several ranks, a signal latched on any rank ends the item's write step with Interrupted once rank 0's
+    write has succeeded: the item is on disk, so the "kept" line must count it."""
+    import signal
+
+    from nanochat import eval_resume
+
+    calls = []
+
+    def rank0_decides(fn):  # as with 2 ranks: fn runs (on rank 0), then a signal latched elsewhere stops the step
+        calls.append(fn)
+        value = fn()
+        if len(calls) == 2:  # the write, after the reuse decision
+            raise eval_resume.Interrupted(signal.SIGTERM)
+        return value
+
+    monkeypatch.setattr(eval_resume, "is_dist", lambda: True)
+    monkeypatch.setattr(eval_resume, "rank0_decides", rank0_decides)
+    store = eval_resume.FinishedResults(tmp_path / "core.partial.json", {"s": 1})
+    with pytest.raises(eval_resume.Interrupted):
+        store.get_or_run("arc_easy", lambda: {"k": 1}, lambda: {"acc": 0.5})
+    on_disk = json.loads((tmp_path / "core.partial.json").read_text())["items"]
+    assert list(on_disk) == list(store.items) == ["arc_easy"]

@@ -330,3 +330,30 @@ def test_a_second_build_into_a_data_dir_in_use_is_refused(tmp_path, capsys):
         hold.wait()
     assert main(["--dataset", "local", "--text-dir", str(tmp_path / "src"), "--data-dir", str(data)]) == 0
     assert sorted(p.name for p in data.iterdir()) == ["manifest.json", "train_00000.parquet", "val_00000.parquet"]
+
+
+@pytest.mark.parametrize("rebuilding", [False, True], ids=["reading-sources", "rebuilding"])
+def test_ctrl_c_during_a_local_build_says_what_is_left(tmp_path, monkeypatch, capsys, rebuilding):
+    """Ctrl-C while a local build reads its sources leaves the dataset already there as it was (its manifest is
+    removed only when the rebuild starts); once the rebuild has started, no manifest is left. Exit 130, one line
+    that says which."""
+    from scripts import prepare_data
+
+    data = tmp_path / "data"
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("\n\n".join(f"paragraph {i} " * 20 for i in range(50)))
+    flags = ["--dataset", "local", "--text-dir", str(tmp_path / "src"), "--data-dir", str(data)]
+    assert main(flags) == 0
+
+    def interrupted(args, data_dir, progress):
+        if rebuilding:
+            (data_dir / "manifest.json").unlink()  # what start_rebuild does first
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_data, "build_local_dataset", interrupted)
+    assert main(flags) == 130
+    err = capsys.readouterr().err
+    if rebuilding:
+        assert "no manifest was written (loaders refuse the directory)" in err, err
+    else:
+        assert "the dataset already there is unchanged" in err and (data / "manifest.json").is_file(), err

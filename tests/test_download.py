@@ -350,3 +350,21 @@ def test_ctrl_c_stops_the_shard_downloads_at_once_and_the_rerun_resumes_them(ser
     assert (tmp_path / "shard_00001.parquet").read_bytes() == server.files["/shard_00001.parquet"]
     assert any(r[1] == "/shard_00001.parquet" and r[2] for r in server.requests)  # resumed with a Range request
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_missing_shard_is_reported_while_another_download_is_stopped(tmp_path, capsys):
+    """A shard the mirror lacks (404) stops the downloads in flight; the error printed is the 404's one line, not the
+    stop of the (slow) val shard collected first. ~1 s."""
+    from scripts import prepare_data
+
+    slow = FlakyServer({"/shard_00369.parquet": parquet_bytes(20, "val", filler=40_000),
+                        "/shard_00000.parquet": parquet_bytes(30, "a")})  # shard_00001 missing: 404 at once
+    slow.chunk_delay = 0.1
+    try:
+        code = prepare_data.main(["--dataset", "fineweb-edu", "--num-shards", "2", "--base-url", slow.url,
+                                  "--data-dir", str(tmp_path), "--workers", "3", "--no-progress"])
+    finally:
+        slow.close()
+    err = capsys.readouterr().err
+    assert code == 1 and "shard_00001.parquet: HTTP 404" in err, err
+    assert (tmp_path / "shard_00369.parquet.part").is_file()  # kept for the rerun's Range request

@@ -293,22 +293,25 @@ def test_state_dict_errors_name_the_key(tmp_path, capsys):
         assert needle in capsys.readouterr().err
 
 
-def test_a_checkpoint_that_cannot_be_written_is_one_clear_error(tmp_path, monkeypatch, capsys):
-    """A full disk while the imported checkpoint is written: exit 2 with the write's error, no run dir, and the
-    partial import (tokenizer copy) removed."""
+@pytest.mark.parametrize("full_at", ["checkpoint", "tokenizer"])
+def test_a_checkpoint_that_cannot_be_written_is_one_clear_error(tmp_path, monkeypatch, capsys, full_at):
+    """A full disk while the imported checkpoint (or the run's tokenizer copy) is written: exit 2 with the write's
+    error, no run dir, and the partial import removed."""
     import errno
 
     from nanochat import checkpoint as ckpt
+    from nanochat import tokenizer as tokmod
 
     src, _, _ = make_their_files(tmp_path, "base")
 
-    def full_disk(path, write_fn):
+    def full_disk(path, *args):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(ckpt, "_write_file", full_disk)
+    monkeypatch.setattr(*((ckpt, "_write_file") if full_at == "checkpoint" else (tokmod, "_atomic_write")), full_disk)
     assert run_import(src, tmp_path / "run") == 2
     err = capsys.readouterr().err
-    assert "error: could not write checkpoint step" in err and "No space left on device" in err, err
+    assert "No space left on device" in err and "Traceback" not in err, err
+    assert ("error: could not write checkpoint step" in err) == (full_at == "checkpoint"), err
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.importing").exists()
 
 

@@ -209,6 +209,21 @@ def test_a_full_disk_mid_save_raises_a_checkpoint_write_error_and_frees_the_spac
     assert sorted(p.name for p in (run / ckpt.CKPT_DIR).iterdir()) == ["step_000001"]
 
 
+def test_an_error_of_the_save_that_is_not_the_file_system_stays_itself(tmp_path, monkeypatch):
+    """Only the file system's errors become CheckpointWriteError (exit 2, "free space"): another RuntimeError (a CUDA
+    error while the state is copied to the CPU, a bug) keeps its type and traceback; the unfinished copy goes."""
+    run = tmp_path / "r"
+
+    def cuda_error(path, write_fn):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(ckpt, "_write_file", cuda_error)
+    with pytest.raises(RuntimeError, match="illegal memory access") as caught:
+        save_steps(run, [1])
+    assert type(caught.value) is RuntimeError
+    assert ckpt.list_steps(run) == [] and list((run / ckpt.CKPT_DIR).iterdir()) == []
+
+
 def test_a_prune_that_fails_keeps_the_saved_checkpoint_and_warns(tmp_path, monkeypatch, capsys):
     """The new checkpoint is whole once renamed into place: an old one that cannot be deleted is reported, not
     raised as a failed save."""
@@ -355,3 +370,21 @@ def test_row_runner_whose_terminal_hangs_up_lets_its_child_save(tmp_path):
     assert "child got ['SIGTERM']" in text and "saving line 199" in text, text[-2000:] + err
     assert proc.returncode == 1 and "interrupted" in err and "resumed by re-running" in err, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_row_runner_under_nohup_keeps_training_when_its_terminal_closes(tmp_path):
+    """`nohup python -m scripts.run ... &` ignores SIGHUP so the run outlives the terminal: the runner must not
+    turn the hang-up into a SIGTERM for its child (it would stop training at the next step). ~2 s."""
+    run = tmp_path / "seed42"
+    child = [sys.executable, "-c", _SIGNAL_THEN_TALK.replace("time.time() + 15", "time.time() + 1.5")]
+    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
+                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
+    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    log = run / "train.log"
+    deadline = time.time() + 60
+    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGHUP)
+    out, err = proc.communicate(timeout=60)
+    assert "child got []" in log.read_text() and proc.returncode == 0, log.read_text()[-500:] + err
