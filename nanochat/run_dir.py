@@ -3,7 +3,8 @@
 A training run directory has one owner at a time. ``RunDirLock`` takes an exclusive ``flock`` on
 ``<run_dir>/run.lock`` and writes the owner (pid, host, start time, command) into it; the kernel drops the lock
 when the process ends in any way (SIGKILL and crashes included), so a second process is refused only while the
-owner lives. An owner that died without releasing leaves its record behind: the next owner reports it (stale
+owner lives, and is told who that is (it waits briefly for the record of an owner that has just taken the lock and
+not written it yet). An owner that died without releasing leaves its record behind: the next owner reports it (stale
 lock: who, when) and takes over. On filesystems without ``flock`` the record alone decides: a live pid on this
 host, or any owner on another host, is refused with the file to delete once that run is really gone.
 
@@ -30,6 +31,7 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "environment.json",
              "wandb_id.txt")
 RUN_DIRS = ("checkpoints", "eval", "wandb")
 TRASH_PREFIX = ".trash-"
+RECORD_WAIT_S = 2.0  # how long a refused process waits for the record of an owner that has just taken the lock
 
 
 class NotWritable(ValueError):
@@ -105,17 +107,14 @@ class RunDirLock:
         except OSError as e:
             raise NotWritable(f"{flag} {self.run_dir}: cannot create {self.path} ({e.strerror})") from e
         try:
-            previous = self._read(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                other = "--run-dir / --run-name" if flag == "--run-dir" else flag
-                raise RunDirBusy(f"{flag} {self.run_dir} is in use by another run: {describe_owner(previous)}. "
-                                 f"Wait for it to finish or stop it, or choose another {other}") from None
+                self._wait_for_owner_record(fd, flag)  # returns if the owner released meanwhile (we hold it now)
             except OSError as e:  # no flock on this filesystem: the record decides
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                     raise
-                self._check_record_only(previous, flag)
+                self._check_record_only(self._read(fd), flag)
             previous = self._read(fd)  # re-read under the lock: the owner may have released in between
             self.stale = previous or None
             os.ftruncate(fd, 0)
@@ -125,6 +124,29 @@ class RunDirLock:
             os.close(fd)
             raise
         return fd
+
+    def _wait_for_owner_record(self, fd: int, flag: str) -> None:
+        """Another open file holds the flock: refuse, naming its owner. The owner writes its record just after its
+        flock (and clears it just before unlocking), so the record read now may be empty, half written or the one
+        of the dead owner it takes over: wait up to RECORD_WAIT_S for a record naming a live owner (or another
+        host's: no pid to check there), retrying the flock meanwhile; return if it is ours after all."""
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while True:
+            rec = self._read(fd)
+            live = "pid" in rec and (rec.get("host") != socket.gethostname() or _pid_alive(rec["pid"]))
+            if live or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+        other = "--run-dir / --run-name" if flag == "--run-dir" else flag
+        who = (f"another run: {describe_owner(rec)}" if rec else
+               f"another process, which has not written its owner record into {self.path}")
+        raise RunDirBusy(f"{flag} {self.run_dir} is in use by {who}. Wait for it to finish or stop it, or choose "
+                         f"another {other}")
 
     def _check_record_only(self, rec: dict, flag: str) -> None:
         if not rec:

@@ -148,6 +148,84 @@ def test_lock_in_the_same_process_is_exclusive_and_removes_a_directory_it_create
     assert (tmp_path / "old" / LOCK_FILE).read_text() == ""
 
 
+def held_lock_file(run_dir, record: str):
+    """Another open file of run.lock holding its flock (another process as the kernel sees it), with ``record``."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode(), 0)
+    return fd
+
+
+def later(seconds, fn):
+    import threading
+
+    t = threading.Timer(seconds, fn)
+    t.start()
+    return t
+
+
+OWNER = {"pid": os.getpid(), "host": __import__("socket").gethostname(), "started": "2026-11-26 20:00:00 UTC",
+         "command": "python -m scripts.prepare_data --dataset embedded"}
+
+
+@pytest.mark.parametrize("left", ["", "dead owner"], ids=["empty", "dead-owner-record"])
+def test_a_refusal_names_an_owner_that_has_just_taken_the_lock(tmp_path, left):
+    """The owner writes its record just after its flock: a process refused in between read an empty record (or the
+    record of the dead owner taken over) and named nobody ("pid ? on host ?"). It waits for the record. ~0.3 s."""
+    run = tmp_path / "r"
+    if left:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        left = json.dumps({**OWNER, "pid": int(gone.stdout), "command": "the dead one"})
+    fd = held_lock_file(run, left)
+    writer = later(0.3, lambda: (os.ftruncate(fd, 0), os.pwrite(fd, json.dumps(OWNER).encode(), 0)))
+    try:
+        with pytest.raises(RunDirBusy) as refused:
+            RunDirLock(run).acquire("--data-dir")
+        assert (f"--data-dir {run} is in use by another run: pid {os.getpid()} on host {OWNER['host']} "
+                f"(started 2026-11-26 20:00:00 UTC: python -m scripts.prepare_data --dataset embedded)"
+                in str(refused.value))
+    finally:
+        writer.join()
+        os.close(fd)
+
+
+def test_an_owner_releasing_while_another_asks_is_no_refusal(tmp_path):
+    """release() clears the record, then unlocks: a process asking in between is not refused by nobody, it gets
+    the directory. ~0.2 s."""
+    import fcntl
+
+    run = tmp_path / "r"
+    fd = held_lock_file(run, "")
+    unlock = later(0.2, lambda: fcntl.flock(fd, fcntl.LOCK_UN))
+    try:
+        lock = RunDirLock(run).acquire()
+        assert json.loads((run / LOCK_FILE).read_text())["pid"] == os.getpid() and lock.stale is None
+        lock.release()
+    finally:
+        unlock.join()
+        os.close(fd)
+
+
+def test_an_owner_that_never_writes_its_record_is_still_refused(tmp_path, monkeypatch):
+    """A lock held with an empty record past the wait: refused, saying so, not "pid ?"."""
+    from nanochat import run_dir
+
+    monkeypatch.setattr(run_dir, "RECORD_WAIT_S", 0.1)
+    run = tmp_path / "r"
+    fd = held_lock_file(run, "")
+    try:
+        with pytest.raises(RunDirBusy, match=f"is in use by another process, which has not written its owner "
+                                             f"record into {run / LOCK_FILE}") as refused:
+            RunDirLock(run).acquire()
+        assert "pid ?" not in str(refused.value)
+    finally:
+        os.close(fd)
+
+
 def save_steps(run, steps, keep_last=0):
     from conftest import tiny_config
     from nanochat.gpt import build_model
