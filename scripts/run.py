@@ -87,19 +87,32 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
     return out
 
 
+def say(text: str) -> None:
+    """Write ``text`` (the runner's line, or its child's echoed) to stdout now. A stdout that is gone (EIO: the
+    terminal closed; EPIPE: a killed `| tee`) is pointed at /dev/null: the child, its log and the next seeds go
+    on, and neither a later line nor the interpreter's last flush raises."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
     from nanochat.report import read_json, unfinished
 
     if (run_dir / "summary.json").is_file() and unfinished(run_dir) is None:
-        print(f"[run] seed {seed}: finished run in {run_dir} (summary.json: completed), not overwriting")
+        say(f"[run] seed {seed}: finished run in {run_dir} (summary.json: completed), not overwriting\n")
         return
     if run_dir.is_dir() and any(run_dir.iterdir()) and cmd[-2:] == ["--resume", "auto"]:
         # an interrupted (SIGTERM) run has a summary.json too: it is continued
-        print(f"[run] seed {seed}: continuing the unfinished run in {run_dir} (--resume auto)")
+        say(f"[run] seed {seed}: continuing the unfinished run in {run_dir} (--resume auto)\n")
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "train.log"
     (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
-    print(f"[run] seed {seed}: {shlex.join(cmd)}\n[run] log: {log_path}", flush=True)
+    say(f"[run] seed {seed}: {shlex.join(cmd)}\n[run] log: {log_path}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if "torch.distributed.run" in cmd:
         env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless the user says otherwise
@@ -120,15 +133,9 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
         # SIGHUP only where it is not ignored: under nohup the run is meant to outlive the terminal
         hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, *hangup)}
-        echo = True
         try:
             for line in proc.stdout:  # until the child exits: its "saved checkpoint" lines reach the log too
-                if echo:
-                    try:
-                        sys.stdout.write(line)
-                        sys.stdout.flush()
-                    except OSError:  # the terminal is gone (EIO, a closed pipe): the log and the child go on
-                        echo = False
+                say(line)
                 log.write(line)
                 log.flush()  # `tail -f train.log` follows the run live
             code = proc.wait()
@@ -181,14 +188,14 @@ def main(argv=None) -> None:
         p.error(str(e))
     commands = build_commands(cfg, seeds, nproc, device_batch, Path(args.runs_root), extra)
     if args.plan:
-        print(f"# {cfg['row']['table']}/{cfg['row']['name']}: {len(seeds)} seed(s), nproc {nproc}, "
-              f"device batch {device_batch}, grad accum {accum}")
+        say(f"# {cfg['row']['table']}/{cfg['row']['name']}: {len(seeds)} seed(s), nproc {nproc}, "
+            f"device batch {device_batch}, grad accum {accum}\n")
         for _, _, cmd in commands:
-            print(shlex.join(cmd))
+            say(shlex.join(cmd) + "\n")
         return
     for seed, run_dir, cmd in commands:
         run_one(seed, run_dir, cmd)
-    print(f"[run] done: {len(commands)} seed(s) of {cfg['row']['table']}/{cfg['row']['name']}")
+    say(f"[run] done: {len(commands)} seed(s) of {cfg['row']['table']}/{cfg['row']['name']}\n")
 
 
 if __name__ == "__main__":

@@ -466,3 +466,40 @@ def test_row_runner_under_nohup_keeps_training_when_its_terminal_closes(tmp_path
     os.kill(proc.pid, signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
     assert "child got []" in log.read_text() and proc.returncode == 0, log.read_text()[-500:] + err
+
+
+_TALK_THEN_FINISH = r"""
+import json, os, pathlib, sys, time
+summary, closed = sys.argv[1:]
+deadline = time.time() + 15  # bounded: until the runner's stdout is gone
+while not os.path.exists(closed) and time.time() < deadline:
+    time.sleep(0.01)
+for i in range(200):
+    print(f"step line {i}", flush=True)
+pathlib.Path(summary).write_text(json.dumps({"stop_reason": "completed", "step": 9, "num_iterations": 9}))
+"""
+
+
+def test_row_runner_goes_on_to_the_next_seed_when_its_stdout_is_gone(tmp_path):
+    """`python -m scripts.run ... | tee log` and tee is killed during the first seed (no hang-up): the runner's own
+    lines (the next seed's, "done") must not kill it with a BrokenPipeError between seeds, nor its last flush print
+    "Exception ignored". Both seeds run, exit 0, logs whole. Before: the next seed's line raised. ~1 s."""
+    closed = tmp_path / "stdout-closed"
+    runs = {seed: tmp_path / f"seed{seed}" for seed in (42, 43)}
+    commands = [(seed, run, [sys.executable, "-c", _TALK_THEN_FINISH, str(run / "summary.json"), str(closed)])
+                for seed, run in runs.items()]
+    runner = [sys.executable, "-c", "import json, sys; from pathlib import Path; import scripts.run as r; "
+              "r.build_commands = lambda *a: [(s, Path(d), c) for s, d, c in json.loads(sys.argv[1])]; "
+              "r.main(['configs/mini/base.toml', '--seeds', '42,43', '--runs-root', sys.argv[2]])",
+              json.dumps([(seed, str(run), cmd) for seed, run, cmd in commands]), str(tmp_path)]
+    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().startswith("[run] seed 42: ")
+    proc.stdout.close()  # tee is gone
+    closed.touch()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+    for run in runs.values():
+        assert (run / "train.log").read_text() == "".join(f"step line {i}\n" for i in range(200))
+        assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
