@@ -17,7 +17,33 @@
 # DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
 set -euo pipefail
 cd "$(dirname "$0")"
-bash scripts/setup_env.sh
+# overrides are checked before anything runs (a bad DEMO_STEPS used to fail only at base_train, after the data)
+for name in SHARDS DEVICE_BATCH DEMO_STEPS; do
+    [[ -z "${!name:-}" || "${!name}" =~ ^[1-9][0-9]*$ ]] || {
+        echo "[speedrun] $name must be a positive integer (got '${!name}')" >&2; exit 2; }
+done
+[[ -z "${DEMO_CORE_MAX:-}" || "$DEMO_CORE_MAX" =~ ^(-1|[1-9][0-9]*)$ ]] || {
+    echo "[speedrun] DEMO_CORE_MAX must be a positive integer or -1 for every example (got '$DEMO_CORE_MAX')" >&2
+    exit 2; }
+
+# Each step runs as a child this shell waits for, and a SIGINT/SIGTERM sent to speedrun.sh alone (kill PID, a
+# scheduler) or to its process group (Ctrl-C) is passed on to it: the step stops the way Ctrl-C stops it (base_train
+# saves a checkpoint) and the script says where. Without this bash exits at once on SIGTERM, leaving the step
+# running unseen (holding its run dir), and ignores a SIGINT sent to it alone until the step ends.
+child=""
+trap '[ -z "$child" ] || kill -INT "$child" 2>/dev/null || true' INT
+trap '[ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM
+step() {
+    ( trap - INT TERM; exec "$@" ) &  # an asynchronous child would ignore SIGINT: restore it
+    child=$!
+    while wait "$child"; [ $? -gt 128 ] && kill -0 "$child" 2>/dev/null; do :; done  # a signal ends `wait` early
+    local rc=0
+    wait "$child" || rc=$?  # the step's own exit status
+    child=""
+    return "$rc"
+}
+
+step bash scripts/setup_env.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1
@@ -34,20 +60,27 @@ gpu_run() {
     layout="$(python -m scripts.speedrun_preflight layout --gpus "$ngpu" --max-device-batch "${DEVICE_BATCH:-32}" \
         -- "${train[@]}")"
     read -r nproc device_batch <<<"$layout"
-    python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
-    [ -f tokenizer/tokenizer.json ] || python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
-    torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" --device-batch-size "$device_batch"
+    step python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
+    [ -f tokenizer/tokenizer.json ] || step python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
+    step torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" --device-batch-size "$device_batch"
     # base_train wrote $run/report.md (provenance, throughput, metrics); add the table and curves beside it
-    python -m scripts.report "$run" --output "$run/comparison.md" --title "speedrun: d12 MoME (A2/6) at 3e18 FLOPs"
+    step python -m scripts.report "$run" --output "$run/comparison.md" --title "speedrun: d12 MoME (A2/6) at 3e18 FLOPs"
 }
 
 cpu_demo() {
     local root=runs/speedrun_cpu bundle=subset t0=$SECONDS
+    # one demo at a time in $root: a second one would rebuild the data under the first and then stop on its run lock
+    mkdir -p "$root"
+    if command -v flock >/dev/null; then
+        exec 9>>"$root/speedrun.lock"
+        flock -n 9 || { echo "[speedrun] another speedrun.sh is running the CPU demo in $root: wait for it to" \
+                        "finish or stop it" >&2; exit 2; }
+    fi
     echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, about 10 min on 2 cores)"
     [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
-    python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
+    step python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
     [ -f "$root/tokenizer/tokenizer.json" ] || \
-        python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
+        step python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
                   --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
@@ -59,12 +92,12 @@ cpu_demo() {
         echo "[speedrun] CPU demo interrupted: run 'bash speedrun.sh' again to continue from the checkpoint" >&2
         exit 1
     }
-    python -m scripts.base_train "${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base"
+    step python -m scripts.base_train "${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base"
     finished "$root/base"
-    python -m scripts.base_train "${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 \
+    step python -m scripts.base_train "${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 \
         --run-name speedrun_cpu_mome --run-dir "$root/mome"
     finished "$root/mome"
-    python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \
+    step python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \
         --title "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)"
     echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
 }

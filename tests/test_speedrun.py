@@ -2,8 +2,13 @@
 process x device-batch layout for 1-8 GPUs (arithmetic, then base_train --dry-run of the speedrun's own config)."""
 
 import json
+import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -170,3 +175,137 @@ def test_cli_prints_one_line_for_the_shell(tmp_path):
     if pre.probe().torch_gpus > 0:
         pytest.skip("this torch can use CUDA")
     assert r.returncode == 2 and r.stdout == "" and "nvidia-smi sees 2 GPU(s)" in r.stderr, r.stderr
+
+
+# speedrun.sh's own shell logic, run on a copy of it whose steps are fakes: setup_env.sh does nothing and the venv's
+# `python` records each step in FAKE_LOG; its base_train trains for FAKE_TRAIN_S seconds unless a SIGINT/SIGTERM
+# comes, and then, like the real one, writes summary.json with stop_reason "interrupted" and exits 0.
+FAKE_PYTHON = r'''
+import json, os, signal, sys, time
+from pathlib import Path
+args = sys.argv[1:]
+module = args[1] if args[:1] == ["-m"] else args[0]
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(" ".join(args) + "\n")
+flag = lambda name: args[args.index(name) + 1]
+if module == "scripts.speedrun_preflight":
+    print("cpu 0")
+elif module == "scripts.tok_train":
+    Path(flag("--output-dir")).mkdir(parents=True, exist_ok=True)
+    (Path(flag("--output-dir")) / "tokenizer.json").write_text("{}")
+elif module == "scripts.base_train":
+    run, got = Path(flag("--run-dir")), []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, frame: got.append(signal.Signals(s).name))
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "pid").write_text(str(os.getpid()))
+    end = time.time() + float(os.environ.get("FAKE_TRAIN_S", "0"))
+    while time.time() < end and not got:
+        time.sleep(0.02)
+    time.sleep(0.2)  # "saving": a forwarded copy of the signal arrives meanwhile
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "interrupted" if got else "completed",
+                                                 "signals": got}))
+elif module == "scripts.report" and "--check-completed" in args:
+    runs = [a for a in args[2:] if not a.startswith("--")]
+    bad = [r for r in runs if json.loads((Path(r) / "summary.json").read_text())["stop_reason"] != "completed"]
+    for r in bad:
+        print(f"not completed: {r}", file=sys.stderr)
+    sys.exit(1 if bad else 0)
+'''
+
+
+@pytest.fixture
+def fake_speedrun(tmp_path):
+    repo, fake_bin = tmp_path / "repo", tmp_path / "repo" / ".venv" / "bin"
+    (repo / "scripts").mkdir(parents=True)
+    fake_bin.mkdir(parents=True)
+    shutil.copy(REPO / "speedrun.sh", repo / "speedrun.sh")
+    for helper in (REPO / "scripts").glob("*.sh"):  # what speedrun.sh sources, if anything
+        shutil.copy(helper, repo / "scripts" / helper.name)
+    (repo / "scripts" / "setup_env.sh").write_text("exit 0\n")
+    (fake_bin / "activate").write_text(f'PATH="{fake_bin}:$PATH"\n')
+    (fake_bin / "python").write_text(f"#!{sys.executable}\n{FAKE_PYTHON}")
+    (fake_bin / "python").chmod(0o755)
+    env = {**os.environ, "SPEEDRUN_MODE": "cpu", "FAKE_LOG": str(tmp_path / "steps.log"), "FAKE_TRAIN_S": "30"}
+    for name in ("DEMO_STEPS", "DEMO_CORE_MAX"):
+        env.pop(name, None)
+    return repo, env
+
+
+def start_speedrun(repo, env, **kw):
+    # a session of its own, as a terminal's job is: its process group is the one a Ctrl-C signals
+    return subprocess.Popen(["bash", str(repo / "speedrun.sh")], env={**env, **kw}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_training(repo, proc, model="base") -> int:
+    pid_file = repo / "runs" / "speedrun_cpu" / model / "pid"
+    for _ in range(500):
+        if pid_file.is_file() and pid_file.read_text():
+            return int(pid_file.read_text())
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    pytest.fail("the fake base_train never started")
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie that init has yet to reap has finished)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True),
+                                          (signal.SIGTERM, True)])
+def test_a_stop_signal_reaches_the_training_step_and_the_demo_continues(fake_speedrun, signum, group):
+    """`kill PID` (or a scheduler's SIGTERM) to speedrun.sh alone must stop the running step the way Ctrl-C (the
+    whole process group) does: the step saves and exits, the demo exits 1 and says where, nothing is left running;
+    the next speedrun.sh continues."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env)
+    child = wait_for_training(repo, proc)
+    try:
+        (os.killpg if group else os.kill)(proc.pid, signum)
+        out, err = proc.communicate(timeout=20)
+        assert not alive(child), "the training step was left running after speedrun.sh exited"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+    summary = json.loads((repo / "runs" / "speedrun_cpu" / "base" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["signals"][0] == signum.name
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert "not completed: runs/speedrun_cpu/base" in err and "CPU demo interrupted" in err
+    assert "mome" not in open(env["FAKE_LOG"]).read()
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "CPU demo done" in out, err
+    steps = open(env["FAKE_LOG"]).read()
+    assert steps.count("--run-dir runs/speedrun_cpu/base") == 2 and steps.count("tok_train") == 1
+
+
+def test_a_second_speedrun_while_one_runs_is_refused_before_it_touches_the_data(fake_speedrun, tmp_path):
+    repo, env = fake_speedrun
+    first = start_speedrun(repo, env)
+    child = wait_for_training(repo, first)
+    try:
+        second = start_speedrun(repo, env, FAKE_LOG=str(tmp_path / "second.log"))
+        out, err = second.communicate(timeout=20)
+        assert second.returncode == 2, (second.returncode, err)
+        assert "another speedrun.sh is running the CPU demo in runs/speedrun_cpu" in err
+        assert "prepare_data" not in (tmp_path / "second.log").read_text()  # only the mode probe, if anything
+        assert first.poll() is None and alive(child)  # the first one goes on
+    finally:
+        os.kill(first.pid, signal.SIGTERM)
+        first.communicate(timeout=20)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5")])
+def test_a_bad_override_stops_before_any_step(fake_speedrun, name, value):
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", **{name: value})
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and f"{name} must be" in err and f"(got '{value}')" in err, err
+    assert not os.path.exists(env["FAKE_LOG"])  # not even the mode probe ran
