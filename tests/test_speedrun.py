@@ -214,6 +214,9 @@ elif module == "scripts.report" and "--check-completed" in args:
 '''
 
 
+STARTED = []  # the speedrun.sh sessions a test started: killed at its end, whatever it asserted
+
+
 @pytest.fixture
 def fake_speedrun(tmp_path):
     repo, fake_bin = tmp_path / "repo", tmp_path / "repo" / ".venv" / "bin"
@@ -229,13 +232,22 @@ def fake_speedrun(tmp_path):
     env = {**os.environ, "SPEEDRUN_MODE": "cpu", "FAKE_LOG": str(tmp_path / "steps.log"), "FAKE_TRAIN_S": "30"}
     for name in ("DEMO_STEPS", "DEMO_CORE_MAX"):
         env.pop(name, None)
-    return repo, env
+    yield repo, env
+    while STARTED:
+        proc = STARTED.pop()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session: speedrun.sh and any step it left behind
+        except ProcessLookupError:
+            pass
+        proc.communicate()
 
 
 def start_speedrun(repo, env, **kw):
     # a session of its own, as a terminal's job is: its process group is the one a Ctrl-C signals
-    return subprocess.Popen(["bash", str(repo / "speedrun.sh")], env={**env, **kw}, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["bash", str(repo / "speedrun.sh")], env={**env, **kw}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    STARTED.append(proc)
+    return proc
 
 
 def wait_for_training(repo, proc, model="base") -> int:
