@@ -28,19 +28,28 @@ done
 
 # Each step runs as a child this shell waits for, and a SIGINT/SIGTERM sent to speedrun.sh alone (kill PID, a
 # scheduler) or to its process group (Ctrl-C) is passed on to it: the step stops the way Ctrl-C stops it (base_train
-# saves a checkpoint) and the script says where. Without this bash exits at once on SIGTERM, leaving the step
-# running unseen (holding its run dir), and ignores a SIGINT sent to it alone until the step ends.
-child=""
-trap '[ -z "$child" ] || kill -INT "$child" 2>/dev/null || true' INT
-trap '[ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM
+# saves a checkpoint) and the script stops with exit 1 and says where (a signal between two steps stops it before the
+# next one). Without this bash exits at once on SIGTERM, leaving the step running unseen (holding its run dir), and
+# ignores a SIGINT sent to it alone until the step ends.
+child="" stopped="" last=""
+trap 'stopped=SIGINT; [ -z "$child" ] || kill -INT "$child" 2>/dev/null || true' INT
+trap 'stopped=SIGTERM; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM
 step() {
+    local name="$1" rc=0
+    [ "$1" != python ] || name="$3"  # python -m MODULE
+    [ -z "$stopped" ] || stop_here "after $last"  # a signal between two steps (no step to pass it to)
     ( trap - INT TERM; exec "$@" ) &  # an asynchronous child would ignore SIGINT: restore it
-    child=$!
+    child=$! last="$name"
     while wait "$child"; [ $? -gt 128 ] && kill -0 "$child" 2>/dev/null; do :; done  # a signal ends `wait` early
-    local rc=0
     wait "$child" || rc=$?  # the step's own exit status
     child=""
+    # a step stopped by the signal exits non-zero (base_train saves and exits 0: the demo's finished() says where)
+    [ "$rc" = 0 ] || [ -z "$stopped" ] || stop_here "during $name"
     return "$rc"
+}
+stop_here() {
+    echo "[speedrun] ${demo:-speedrun} stopped ($stopped) $1: run 'bash speedrun.sh' again to continue" >&2
+    exit 1
 }
 
 step bash scripts/setup_env.sh
@@ -69,6 +78,7 @@ gpu_run() {
 
 cpu_demo() {
     local root=runs/speedrun_cpu bundle=subset t0=$SECONDS
+    demo="CPU demo"
     # one demo at a time in $root: a second one would rebuild the data under the first and then stop on its run lock
     mkdir -p "$root"
     if command -v flock >/dev/null; then

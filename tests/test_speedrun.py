@@ -190,6 +190,14 @@ with open(os.environ["FAKE_LOG"], "a") as f:
 flag = lambda name: args[args.index(name) + 1]
 if module == "scripts.speedrun_preflight":
     print("cpu 0")
+elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "signal-me":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finishes (exit 0) although speedrun.sh got a SIGTERM: as if
+    os.kill(os.getppid(), signal.SIGTERM)  # the signal came between this step and the next
+    time.sleep(0.3)
+elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "slow":
+    (Path(flag("--data-dir")) / "..").resolve().mkdir(parents=True, exist_ok=True)
+    Path(os.environ["FAKE_LOG"] + ".prep").write_text(str(os.getpid()))
+    time.sleep(30)  # a Ctrl-C ends it with KeyboardInterrupt (exit by SIGINT), a SIGTERM kills it
 elif module == "scripts.tok_train":
     Path(flag("--output-dir")).mkdir(parents=True, exist_ok=True)
     (Path(flag("--output-dir")) / "tokenizer.json").write_text("{}")
@@ -321,3 +329,30 @@ def test_a_bad_override_stops_before_any_step(fake_speedrun, name, value):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2 and f"{name} must be" in err and f"(got '{value}')" in err, err
     assert not os.path.exists(env["FAKE_LOG"])  # not even the mode probe ran
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_during_data_preparation_says_where(fake_speedrun, signum):
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_PREP="slow")
+    marker = env["FAKE_LOG"] + ".prep"
+    for _ in range(500):
+        if os.path.exists(marker):
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signum)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert f"[speedrun] CPU demo stopped ({signum.name}) during scripts.prepare_data: run 'bash speedrun.sh' " \
+           "again to continue" in err
+    assert "tok_train" not in open(env["FAKE_LOG"]).read()
+
+
+def test_a_stop_signal_between_steps_is_not_lost(fake_speedrun):
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_PREP="signal-me")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert "[speedrun] CPU demo stopped (SIGTERM) after scripts.prepare_data" in err
+    assert "tok_train" not in open(env["FAKE_LOG"]).read()
