@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nanochat.common import is_dist, rows_to_device
+from nanochat.common import is_dist, portable_error, raise_lowest_rank_error, rows_to_device
 from nanochat.dataset import DataError
 from nanochat.eval_resume import signals_latched_for_votes, stop_evaluation
 
@@ -63,9 +63,8 @@ def _batch_or_stand_in(loader, batch_shape, device, failed: list):
 
 def _share_data_error(failed: list) -> None:
     """Collective, once a rank voted a data error: every rank raises the lowest failing rank's DataError, named."""
-    errors = gather_objects(str(failed[0]) if failed else None)
-    rank, message = next((r, m) for r, m in enumerate(errors) if m is not None)
-    raise DataError(f"rank {rank} of {len(errors)}: {message}") from (failed[0] if failed else None)
+    own = failed[0] if failed else None
+    raise_lowest_rank_error(gather_objects(None if own is None else portable_error(own)), own)
 
 
 def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, stop_requested: bool = False,
