@@ -584,6 +584,26 @@ def execute(run: Run, resumed_at: int | None) -> int:
         stop.uninstall()
 
 
+def last_checkpoint(run: Run) -> str:
+    steps = ckpt.list_steps(run.run_dir)
+    return f"step {steps[-1]}" if steps else "none"
+
+
+def stop_every_rank(run: Run, reason: str, message: str) -> int:
+    """After an error raised on every rank together (train_step shares one rank's DataError, rank0_decides rank 0's
+    failed checkpoint write): rank 0 prints ``message``, summary.json records ``reason`` (if it can be written: the
+    disk may be full), and every rank waits for it, since torchrun stops the ranks left once one has exited.
+    Exit code 2."""
+    print0(message, file=sys.stderr)
+    try:
+        write_summary(run, reason, {})
+    except OSError as e:  # e.g. the full disk that stopped the run
+        print0(f"summary.json not written either: {e}", file=sys.stderr)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return 2
+
+
 def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> int:
     """The step loop, the final evaluation and the summary; the exit code."""
     from nanochat.dataset import DataError
@@ -598,29 +618,14 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
         return EXIT_NONFINITE
     except DataError as e:  # a file a loader's reader thread could not read: named in the message
-        # raised on every rank together (train_step shares one rank's error), so rank 0 alone says it, and every
-        # rank waits for its summary.json: torchrun stops the ranks left once one has exited
-        steps = ckpt.list_steps(run.run_dir)
-        if run.rank == 0:
-            print(f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: "
-                  f"{f'step {steps[-1]}' if steps else 'none'} in {run.run_dir / ckpt.CKPT_DIR}. Replace the file "
-                  "(or re-run scripts.prepare_data), then continue with --resume", file=sys.stderr, flush=True)
-        write_summary(run, "data_error", {})
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-        return 2
-    except ckpt.CheckpointWriteError as e:  # raised on every rank together (rank 0 writes, the others wait)
-        steps = ckpt.list_steps(run.run_dir)
-        print0(f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: "
-               f"{f'step {steps[-1]}' if steps else 'none'}. Free space (or fix the run dir), then continue with "
-               "--resume", file=sys.stderr)
-        try:
-            write_summary(run, "checkpoint_error", {})
-        except OSError as summary_error:  # the same full disk
-            print0(f"summary.json not written either: {summary_error}", file=sys.stderr)
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-        return 2
+        return stop_every_rank(run, "data_error", (
+            f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: {last_checkpoint(run)} "
+            f"in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or re-run scripts.prepare_data), then continue with "
+            "--resume"))
+    except ckpt.CheckpointWriteError as e:
+        return stop_every_rank(run, "checkpoint_error", (
+            f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: {last_checkpoint(run)}. Free "
+            "space (or fix the run dir), then continue with --resume"))
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals)
