@@ -30,7 +30,8 @@ _STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
 class CheckpointWriteError(RuntimeError):
-    """A trainer checkpoint could not be written (e.g. a full disk); raised on every rank together."""
+    """A checkpoint could not be written (e.g. a full disk): ``save_checkpoint``'s file-system errors. base_train
+    raises it on every rank together (rank 0 writes, through rank0_decides)."""
 
 
 def _fsync_dir(path: Path) -> None:
