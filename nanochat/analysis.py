@@ -15,8 +15,12 @@ run trained with: they measure gates and routes, not a loss to compare with trai
 round q/k/v to bf16.
 """
 
+import argparse
 import json
 import math
+import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +29,44 @@ from tqdm import tqdm
 
 from nanochat.jsonfile import write_text_atomic
 from nanochat.routing_metrics import effective_count, jsd_base2
+
+
+# -- flags and outputs --------------------------------------------------------------------------------------
+def int_at_least(low: int):
+    """argparse ``type=`` for an integer >= ``low``: a negative --step/--max-tokens stops at its flag instead of
+    reading as a missing checkpoint, an empty domain or "all"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low} (got {text!r})")
+        return value
+    return parse
+
+
+class OutputWriteError(Exception):
+    """An output under --out-dir could not be written (full disk, no permission, not a directory)."""
+
+
+@contextmanager
+def staged_outputs(out_dir: Path):
+    """A fresh folder inside ``out_dir`` for one set of outputs, moved into ``out_dir`` once every file of the
+    set is written: a failure midway (full disk, Ctrl-C) leaves the previous set whole, never a mix or a torn
+    file. Raises OutputWriteError naming --out-dir for any OSError of the writes."""
+    stage = None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
+        yield stage
+        for f in sorted(stage.iterdir()):
+            f.replace(out_dir / f.name)
+    except OSError as e:
+        raise OutputWriteError(f"cannot write the outputs under --out-dir {out_dir}: {e}") from e
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 # -- loading ----------------------------------------------------------------------------------------------
@@ -136,6 +178,7 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
     is the option the specs came from, named in errors."""
     domains = []
     for spec in specs:
+        start = len(domains)
         kind, _, arg = spec.partition(":")
         if kind in ("val", "train") and not arg:
             from nanochat.dataloader import build_eval_rows
@@ -159,8 +202,11 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
             domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, read_corpus(path), seq_len), max_tokens)))
         else:
             raise ValueError(f"{flag} {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
-    if not domains or any(not d.rows for d in domains):
-        raise ValueError(f"{flag} {' '.join(specs)}: a domain produced no token rows")
+        for d in domains[start:]:  # means over no position would read as measured zeros / uniform routing
+            if not any(bool((r != tokenizer.bos_token_id).any()) for r in d.rows):
+                raise ValueError(f"{flag} {spec}: domain {d.name!r} has no token to analyse (empty or only BOS)")
+    if not domains:
+        raise ValueError(f"{flag}: no domain given")
     return domains
 
 
@@ -225,7 +271,8 @@ class GateAccumulator:
         self.count += int(mask.sum())
 
     def result(self) -> dict:
-        n = max(self.count, 1)
+        """Means per (layer, head); NaN (null in the JSON) over no position rather than a measured-looking 0."""
+        n = self.count if self.count else float("nan")
         return {"gamma": (self.gamma / n).tolist(), "inject_norm": (self.norm / n).tolist(), "tokens": self.count}
 
 

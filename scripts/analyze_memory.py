@@ -21,19 +21,19 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run, memory_block,
-                               meta_dir, write_json)
+from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, int_at_least, iter_captured, load_run,
+                               memory_block, meta_dir, OutputWriteError, staged_outputs, write_json)
 from nanochat.cli_types import device_name, positive_int
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/")
-    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=int_at_least(0), default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--corpus", nargs="+", action="extend", default=None,
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable; default val)")
-    ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain (0 = all for core/file)")
-    ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--max-tokens", type=int_at_least(0), default=65536, help="token positions per domain (0 = all for core/file)")
+    ap.add_argument("--max-per-task", type=int_at_least(-1), default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset' (see scripts/base_eval.py)")
     ap.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
@@ -113,7 +113,12 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
     header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
               "injection": injection_sites(block)}
-    write_outputs(results, block.layers, out_dir, header)
+    try:
+        with staged_outputs(out_dir) as stage:
+            write_outputs(results, block.layers, stage, header)
+    except OutputWriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print_summary(results, block.layers)
     print(f"wrote {out_dir}/memory_use.json, memory_use.csv, memory_gamma.png, memory_inject_norm.png")
     return 0

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (Domain, RoutingAccumulator, build_domains, iter_captured, load_run, memory_block,
-                               meta_dir, pad_rows, run_captured, single_token_at, write_json)
+from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, build_domains, int_at_least, iter_captured,
+                               load_run, memory_block, meta_dir, pad_rows, run_captured, single_token_at,
+                               staged_outputs, write_json)
 from nanochat.cli_types import device_name, positive_int
 
 BUILTIN_PROMPTS = {
@@ -53,12 +54,12 @@ AUDIT_COLUMNS = [("marginal_effective_slots", "Marginal effective slots"), ("wei
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/ (a MoME run)")
-    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=int_at_least(0), default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--corpus", nargs="*", action="extend", default=[],
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable)")
     ap.add_argument("--reference", default="val", help="corpus spec of the JSD reference domain ('' = no JSD)")
-    ap.add_argument("--max-tokens", type=int, default=65536, help="token positions per domain")
-    ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--max-tokens", type=int_at_least(0), default=65536, help="token positions per domain")
+    ap.add_argument("--max-per-task", type=int_at_least(-1), default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--min-count", type=positive_int, default=32, help="per-token effective slots: min occurrences")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset'")
     ap.add_argument("--words", default="", help="comma-separated target words for semantic routes")
@@ -266,7 +267,8 @@ def run_words(args, model, tokenizer, out_dir: Path, header: dict, sites) -> Non
     if not hits:
         raise ValueError(f"--words {args.words}: no prompt holds a target word as a single token")
     routes = semantic_routes(model, tokenizer, hits)
-    write_routes(routes, skipped, out_dir, header, sites)
+    with staged_outputs(out_dir) as stage:
+        write_routes(routes, skipped, stage, header, sites)
     print(routes_markdown(routes))
     print(f"wrote {out_dir}/semantic_routes.md, .csv, .json, .png")
 
@@ -291,12 +293,13 @@ def main(argv=None) -> int:
                 reference = refs[0]
             rows = slot_audit(model, domains, reference, args.batch_size, tokenizer.bos_token_id, args.min_count,
                               not args.no_progress)
-            write_audit(rows, reference.name if reference else None, out_dir, header)
+            with staged_outputs(out_dir) as stage:
+                write_audit(rows, reference.name if reference else None, stage, header)
             print(audit_markdown(rows, reference.name if reference else None))
             print(f"wrote {out_dir}/routing_audit.md, .csv, .json")
         if args.words:
             run_words(args, model, tokenizer, out_dir, header, sites)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, OutputWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

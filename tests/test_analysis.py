@@ -344,3 +344,66 @@ def test_analysis_json_is_strict_json(tmp_path):
         raise ValueError(name)
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [1.5, None], "t": [[1.0, None]]}
+
+
+def test_an_empty_corpus_file_is_an_error_not_statistics_of_zero_tokens(tmp_path, capsys):
+    """An empty file became one [BOS] row with no analysed position: analyze_memory printed gamma 0.000 and the
+    routing audit 1.000 effective slots over 0 tokens, exit 0 (and an empty --reference gave a JSD of nan)."""
+    from scripts import analyze_memory, analyze_routing
+
+    run, _, _ = make_run(tmp_path, "mome")
+    empty, text = tmp_path / "empty.txt", write_text(tmp_path / "a.txt")
+    empty.write_text("")
+    out = tmp_path / "o"
+    base = ["--run", str(run), "--no-progress", "--out-dir", str(out)]
+    assert analyze_memory.main([*base, "--corpus", f"file:{empty}"]) == 2
+    assert f"--corpus file:{empty}: domain 'empty' has no token to analyse" in capsys.readouterr().err
+    assert analyze_routing.main([*base, "--corpus", f"file:{empty}", "--reference", ""]) == 2
+    assert f"--corpus file:{empty}: domain 'empty' has no token to analyse" in capsys.readouterr().err
+    assert analyze_routing.main([*base, "--corpus", f"file:{text}", "--reference", f"file:{empty}"]) == 2
+    assert f"--reference file:{empty}: domain 'empty' has no token to analyse" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_gate_means_over_no_position_are_nan_not_zero():
+    from nanochat.analysis import GateAccumulator
+
+    r = GateAccumulator(2, 3).result()
+    assert r["tokens"] == 0 and all(v != v for row in r["gamma"] + r["inject_norm"] for v in row)
+
+
+@pytest.mark.parametrize("flag,value", [("--max-tokens", "-5"), ("--max-per-task", "-7"), ("--step", "-1")])
+def test_negative_counts_stop_at_the_flag(tmp_path, capsys, flag, value):
+    """--max-tokens -5 read as "a domain produced no token rows", --max-per-task -7 as "all", --step -1 as a
+    missing checkpoint step_-00001."""
+    from scripts import analyze_memory, analyze_routing
+
+    for main in (analyze_memory.main, analyze_routing.main):
+        with pytest.raises(SystemExit) as e:
+            main(["--run", str(tmp_path), "--corpus", "val", flag, value])
+        assert e.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool", ["analyze_memory", "analyze_routing"])
+def test_an_output_that_cannot_be_written_is_one_error_and_no_torn_file(tmp_path, capsys, monkeypatch, tool):
+    """A full disk under --out-dir was an OSError traceback (exit 1), with a torn .csv left behind."""
+    import builtins
+    import errno
+    import importlib
+
+    module = importlib.import_module(f"scripts.{tool}")
+    run, _, _ = make_run(tmp_path, "mome")
+    text, out = write_text(tmp_path / "a.txt"), tmp_path / "o"
+    real_open = builtins.open
+
+    def full_open(path, mode="r", *a, **k):
+        if "w" in mode and str(out) in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    argv = ["--run", str(run), "--no-progress", "--out-dir", str(out), "--corpus", f"file:{text}"]
+    assert module.main(argv + (["--reference", ""] if tool == "analyze_routing" else [])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write the outputs under --out-dir {out}") and "No space left" in err
+    assert not [p for p in out.rglob("*") if p.is_file()]
