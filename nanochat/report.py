@@ -108,12 +108,16 @@ def record_environment(run_dir, device, world_size: int, fresh: bool) -> dict:
 
 # ---- reading a run -----------------------------------------------------------------------------------------
 def read_json(path, default=None):
+    """The JSON object in ``path``, ``default`` when there is no file; ValueError naming the file otherwise."""
     try:
-        return json.loads(Path(path).read_text())
+        obj = json.loads(Path(path).read_text())
     except FileNotFoundError:
         return default
     except ValueError as e:  # not JSON, or not UTF-8
         raise ValueError(f"{path} is not valid JSON ({e})") from e
+    if not isinstance(obj, dict):  # every run file is an object: a list would fail later on .get
+        raise ValueError(f"{path} is not a JSON object")
+    return obj
 
 
 def read_metrics(run_dir) -> list[dict]:
@@ -335,6 +339,8 @@ def _steps_cell(s: dict) -> str:
     """The steps trained; for a run that stopped early (e.g. wall_time_limit, which has a val bpb) also of how many
     and why, so its numbers do not read as a finished run's."""
     reason = s.get("stop_reason")
+    if not s:  # still training, or killed before the end: its n/a cells are not a finished run's
+        return f"{NA} (not finished: no summary.json)"
     if reason in (None, "completed"):
         return fmt(s.get("step"))
     return f"{fmt(s.get('step'))} of {fmt(s.get('num_iterations'))} ({reason})"

@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from nanochat.jsonfile import write_text_atomic
 from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, provenance_table, read_metrics, run_facts,
                              unfinished, write_run_report)
 
@@ -62,9 +63,14 @@ def plot_curves(facts: list[dict], out: Path) -> Path:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, bbox_inches="tight", dpi=120)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, bbox_inches="tight", dpi=120)
+    except OSError as e:
+        out.unlink(missing_ok=True)  # a torn PNG must not pass for the curves
+        raise OutputError(f"cannot write {out}: {e}") from e
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -93,7 +99,7 @@ def replace_readme_table(readme: Path, table: list[str]) -> None:
                          "table to replace")
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
-    readme.write_text(head + README_START + "\n" + "\n".join(table) + "\n" + README_END + tail)
+    write_output(readme, head + README_START + "\n" + "\n".join(table) + "\n" + README_END + tail)
 
 
 def parse_args(argv=None):
@@ -102,13 +108,35 @@ def parse_args(argv=None):
     p.add_argument("--output", type=Path, default=None,
                    help="markdown file to write (default: <common parent of the runs>/report.md); the curves go "
                    "next to it as <name>_curves.png")
-    p.add_argument("--title", default="Run comparison", help="report title")
+    p.add_argument("--title", default=None, help="report title (default: Run comparison)")
     p.add_argument("--no-curves", action="store_true", help="skip the PNG")
     p.add_argument("--readme", type=Path, default=None, help="also replace the CPU-demo table in this README")
     p.add_argument("--run-report", action="store_true", help="rebuild each run's own report.md instead")
     p.add_argument("--check-completed", action="store_true",
                    help="only check that every run trained all its steps: print where the others stopped, exit 1")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    comparison = {"--output": args.output, "--title": args.title, "--no-curves": args.no_curves or None,
+                  "--readme": args.readme}
+    for mode, others in (("--check-completed", {"--run-report": args.run_report or None, **comparison}),
+                         ("--run-report", comparison)):
+        given = [flag for flag, value in others.items() if value is not None]
+        if getattr(args, mode[2:].replace("-", "_")) and given:  # the other flags would be silently ignored
+            p.error(f"{mode} cannot be combined with {', '.join(given)}")
+    args.title = args.title or "Run comparison"
+    return args
+
+
+def write_output(path: Path, text: str) -> None:
+    """Atomically (a full disk or a kill mid-write must not empty the README); OutputError names the file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, text)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e}") from e
+
+
+class OutputError(Exception):
+    pass
 
 
 def main(argv=None) -> int:
@@ -122,17 +150,19 @@ def main(argv=None) -> int:
             return 1 if problems else 0
         if args.run_report:
             for run_dir in args.run_dirs:
-                print(f"wrote {write_run_report(run_dir)}")
+                try:
+                    print(f"wrote {write_run_report(run_dir)}")
+                except OSError as e:
+                    raise OutputError(f"cannot write {run_dir}/report.md: {e}") from e
             return 0
         facts = [run_facts(d) for d in args.run_dirs]
         out = args.output or default_output(args.run_dirs)
         curves = None if args.no_curves else plot_curves(facts, out.with_name(out.stem + "_curves.png"))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(comparison_report(facts, args.title, curves, command))
+        write_output(out, comparison_report(facts, args.title, curves, command))
         table = comparison_table(facts)
         if args.readme is not None:
             replace_readme_table(args.readme, table)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("\n".join(table))

@@ -214,3 +214,61 @@ def test_comparison_table_marks_a_run_stopped_at_its_wall_time_limit():
 
     assert row(stop_reason="wall_time_limit")[4] == "120 of 300 (wall_time_limit)"
     assert row(stop_reason="completed", step=300)[4] == "300"
+
+
+def full_disk_write_text(monkeypatch, victim):
+    """Path.write_text truncates ``victim`` (opens it for writing) and then fails as a full disk does."""
+    import errno
+    import pathlib
+
+    real = pathlib.Path.write_text
+
+    def write_text(self, *a, **k):
+        if victim in self.name:
+            self.open("w").close()
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+
+
+def test_a_full_disk_keeps_the_readme_and_is_one_error(tmp_path, capsys, monkeypatch):
+    """--readme rewrote README.md in place: a full disk left it empty, with an OSError traceback (exit 1); so did
+    --output."""
+    a = fake_run(tmp_path / "runs", "a", "base")
+    readme = tmp_path / "README.md"
+    original = f"intro\n{report_cli.README_START}\n| old |\n{report_cli.README_END}\n"
+    readme.write_text(original)
+    full_disk_write_text(monkeypatch, "README")
+    assert report_cli.main([str(a), "--no-curves", "--output", str(tmp_path / "c.md"), "--readme", str(readme)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: cannot write {readme}: [Errno 28] No space left on device")
+    assert readme.read_text() == original and not list(tmp_path.glob("README*.tmp"))
+    full_disk_write_text(monkeypatch, "c.md")
+    assert report_cli.main([str(a), "--no-curves", "--output", str(tmp_path / "c.md")]) == 2
+    assert f"error: cannot write {tmp_path / 'c.md'}: [Errno 28]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--check-completed", "--run-report"], ["--check-completed", "--output", "x.md"],
+                                   ["--run-report", "--readme", "R.md"], ["--run-report", "--no-curves"]])
+def test_flags_of_another_mode_are_refused(tmp_path, capsys, flags):
+    """--check-completed silently won over --run-report, and each mode ignored the other modes' flags."""
+    with pytest.raises(SystemExit) as e:
+        report_cli.main([str(tmp_path), *flags])
+    assert e.value.code == 2 and "cannot be combined" in capsys.readouterr().err
+
+
+def test_a_summary_that_is_not_a_json_object_is_one_error(tmp_path, capsys):
+    """summary.json holding a list was an AttributeError traceback in every mode."""
+    a = fake_run(tmp_path, "a", "mome")
+    (a / "summary.json").write_text("[1, 2]")
+    for extra in (["--check-completed"], ["--run-report"], ["--no-curves"]):
+        assert report_cli.main([str(a), *extra]) == 2
+        assert f"error: {a / 'summary.json'} is not a JSON object" in capsys.readouterr().err
+
+
+def test_a_run_without_summary_reads_as_unfinished_in_the_comparison(tmp_path):
+    """A run still training (no summary.json) showed a row of n/a, like a finished run that recorded nothing."""
+    a = fake_run(tmp_path, "a", "mome")
+    (a / "summary.json").unlink()
+    row = report.comparison_table([report.run_facts(a)])[-1].split(" | ")
+    assert row[4] == "n/a (not finished: no summary.json)"
