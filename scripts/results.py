@@ -18,11 +18,13 @@ attention``), e.g. "412,000 (sdpa; paper fa3)", or when the table's rows ran on 
 
 import argparse
 import csv
-import json
+import io
 import math
 import statistics
+import sys
 from pathlib import Path
 
+from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.row_config import REPO, find_configs, load_row_config
 
 METRICS = [  # (summary key, paper key, column title, format)
@@ -63,14 +65,15 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     row_dir = runs_root / row["table"] / row["name"]
     summaries, notes = [], []
     for path in sorted(row_dir.glob("seed*/summary.json")):
-        try:
-            summary = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"corrupt {path}: {e}") from e
+        summary = read_json_object(path, ValueError, "rerun or remove that seed")
         source = summary.get("init_from")
+        diverged = [k for k, _, _, _ in METRICS if isinstance(summary.get(k), float) and not math.isfinite(summary[k])]
         if source:  # the paper's rows train from scratch: a fine-tune's numbers are not a seed of the row
             notes.append(f"{path.parent.name} started from the weights of {source['run_dir']} step {source['step']} "
                          "(--init-from), not averaged")
+        elif summary.get("stop_reason") == "completed" and diverged:  # a mean without it would hide the divergence
+            notes.append(f"{path.parent.name} has a non-finite {', '.join(f'{k} ({summary[k]})' for k in diverged)}, "
+                         "not averaged")
         elif summary.get("stop_reason") == "completed":
             summaries.append(summary)
         else:
@@ -172,7 +175,36 @@ def to_latex(header, body) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> None:
+def collect_tables(configs, runs_root: Path, tables: list[str] | None) -> dict[str, list[dict]]:
+    """{table: rows} of the row configs under ``configs`` (only ``tables`` when given); ValueError names an unknown
+    table or a missing --runs-root (a typo would print the paper's numbers beside no run of ours)."""
+    configs_by_table: dict[str, list[dict]] = {}
+    for path in find_configs(configs):
+        cfg = load_row_config(path)
+        configs_by_table.setdefault(cfg["row"]["table"], []).append(cfg)
+    unknown = [t for t in tables or [] if t not in configs_by_table]
+    if unknown or not configs_by_table:
+        raise ValueError(f"--table {', '.join(unknown)}: no such table under {configs} (known: "
+                         f"{', '.join(sorted(configs_by_table)) or 'none'})")
+    if not runs_root.is_dir():
+        raise ValueError(f"--runs-root {runs_root}: directory does not exist")
+    return {table: [collect_row(cfg, runs_root) for cfg in cfgs] for table, cfgs in configs_by_table.items()
+            if not tables or table in tables}
+
+
+def table_markdown(rows: list[dict]) -> tuple[str, list, list]:
+    """(markdown with the notes under the table, header, body)."""
+    header, body = table_rows(rows)
+    md = to_markdown(header, body)
+    if any(r["reconstructed"] for r in rows):
+        md += f"\n{RECONSTRUCTED_NOTE}\n"
+    notes = [f"- {r['label']}: {n}" for r in rows for n in r["notes"]]
+    if notes:
+        md += "\n" + "\n".join(notes) + "\n"
+    return md, header, body
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=str(REPO / "configs"), help="configs root")
     p.add_argument("--runs-root", default=str(REPO / "runs"), help="root of runs/<table>/<row>/seed<N>")
@@ -181,33 +213,29 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     runs_root = Path(args.runs_root)
     out_dir = Path(args.out) if args.out else runs_root / "results"
-    by_table: dict[str, list[dict]] = {}
-    for path in find_configs(args.configs):
-        cfg = load_row_config(path)
-        if args.table and cfg["row"]["table"] not in args.table:
-            continue
-        by_table.setdefault(cfg["row"]["table"], []).append(collect_row(cfg, runs_root))
-    if not by_table:
-        raise SystemExit(f"no configs found under {args.configs} (tables: {args.table or 'all'})")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        by_table = collect_tables(args.configs, runs_root, args.table)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for table, rows in sorted(by_table.items()):
         rows.sort(key=lambda r: r["order"])  # the paper's order (stable: file order among equal ones)
         add_wall_ratios(rows)
         rows = [r for r in rows if r["seeds"] > 0 or r["notes"]] or rows
-        header, body = table_rows(rows)
-        md = to_markdown(header, body)
-        if any(r["reconstructed"] for r in rows):
-            md += f"\n{RECONSTRUCTED_NOTE}\n"
-        notes = [f"- {r['label']}: {n}" for r in rows for n in r["notes"]]
-        if notes:
-            md += "\n" + "\n".join(notes) + "\n"
-        (out_dir / f"{table}.md").write_text(md)
-        (out_dir / f"{table}.tex").write_text(to_latex(header, body))
-        with open(out_dir / f"{table}.csv", "w", newline="") as f:
-            csv.writer(f).writerows([header, *body])
+        md, header, body = table_markdown(rows)
+        csv_text = io.StringIO(newline="")
+        csv.writer(csv_text).writerows([header, *body])
+        try:  # each file whole or not at all: a full disk or a kill must not leave a torn table
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for suffix, text in ((".md", md), (".tex", to_latex(header, body)), (".csv", csv_text.getvalue())):
+                write_text_atomic(out_dir / f"{table}{suffix}", text)
+        except OSError as e:
+            print(f"error: cannot write the tables under --out {out_dir}: {e}", file=sys.stderr)
+            return 2
         print(f"## {table}\n\n{md}")
     print(f"[results] wrote {', '.join(sorted(by_table))} to {out_dir} (.md, .csv, .tex each)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
