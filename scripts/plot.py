@@ -16,8 +16,12 @@ import sys
 from pathlib import Path
 
 from nanochat import report
-from nanochat.row_config import REPO, find_configs, load_row_config
-from scripts.results import collect_row
+from nanochat.row_config import REPO
+from scripts.results import collect_tables
+
+
+class PlotError(ValueError):
+    """Bad input or nothing to plot: main prints it and exits 2."""
 
 
 def _plt():
@@ -30,23 +34,33 @@ def _plt():
 
 
 def _save(fig, out: Path) -> list[Path]:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """The PNG and the PDF, or neither: a torn file must not pass for a figure."""
     paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
-    for path in paths:
-        fig.savefig(path, bbox_inches="tight", dpi=150)
+    path = out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            fig.savefig(path, bbox_inches="tight", dpi=150)
+    except OSError as e:
+        for written in paths:
+            written.unlink(missing_ok=True)
+        raise PlotError(f"cannot write {path}: {e}") from e
     return paths
+
+
+def table_rows(configs_root, runs_root, table: str) -> list[dict]:
+    try:
+        return collect_tables(configs_root, Path(runs_root), [table])[table]
+    except ValueError as e:  # an unknown table, a missing --runs-root, a corrupt summary.json
+        raise PlotError(str(e)) from e
 
 
 def scaling_series(configs_root, runs_root, table: str) -> dict[str, list[dict]]:
     series: dict[str, list[dict]] = {}
-    for path in find_configs(configs_root):
-        cfg = load_row_config(path)
-        if cfg["row"]["table"] != table:
-            continue
-        r = collect_row(cfg, Path(runs_root))
+    for r in table_rows(configs_root, runs_root, table):
         if r["seeds"] == 0:
             continue
-        method = cfg["row"]["name"].split("_")[0]
+        method = r["row"].split("_")[0]
         series.setdefault(method, []).append(r)
     for rows in series.values():
         rows.sort(key=lambda r: r["params_memory"])
@@ -57,7 +71,7 @@ def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[
     plt = _plt()
     series = scaling_series(configs_root, runs_root, table)
     if not series:
-        raise SystemExit(f"no finished runs for table {table!r} under {runs_root}")
+        raise PlotError(f"no finished runs for table {table!r} under {runs_root}")
     base = scaling_series(configs_root, runs_root, base_table).get("base", [])
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (key, title) in zip(axes, [("val_bpb", "val bpb"), ("core", "CORE")]):
@@ -85,13 +99,10 @@ def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[
 
 def plot_families(configs_root, runs_root, table, out: Path) -> list[Path]:
     plt = _plt()
-    configs = [load_row_config(path) for path in find_configs(configs_root)]
-    rows = [collect_row(cfg, Path(runs_root)) for cfg in configs if cfg["row"]["table"] == table]
+    rows = table_rows(configs_root, runs_root, table)
     blocks: dict[str, list[dict]] = {}  # per backbone block, blocks and rows in the paper's order
     for r in sorted(rows, key=lambda r: r["order"]):
         blocks.setdefault(r["row"].split("_")[0], []).append(r)
-    if not blocks:
-        raise SystemExit(f"no configs of table {table!r} under {configs_root}")
     fig, axes = plt.subplots(2, len(blocks), figsize=(4.5 * len(blocks), 6), squeeze=False)
     for col, (block, rows) in enumerate(blocks.items()):
         names = [r["label"].split(" ", 1)[-1] for r in rows]
@@ -120,10 +131,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
     try:
         return report.read_metrics(run_dir)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(str(e)) from e
+        raise PlotError(str(e)) from e
 
 
 def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:
+    missing = [str(d) for d in run_dirs if not Path(d).is_dir()]  # a typo, not a run that has not logged yet
+    if missing:
+        raise PlotError(f"{', '.join(missing)}: no such run directory")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     plotted = 0
@@ -137,7 +151,7 @@ def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:
         plotted += 1
     if not plotted:
         plt.close(fig)
-        raise SystemExit(f"no run has {metric!r} values in its metrics.jsonl")
+        raise PlotError(f"no run has {metric!r} values in its metrics.jsonl")
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
@@ -147,7 +161,7 @@ def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:
     return paths
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("scaling", help="val bpb and CORE vs memory params")
@@ -166,6 +180,16 @@ def main(argv=None) -> None:
     f.add_argument("--runs-root", default=str(REPO / "runs"))
     f.add_argument("--out", default=None, help="output path without suffix (default: <runs-root>/results/<table>)")
     args = p.parse_args(argv)
+    try:
+        paths = make_plot(args)
+    except PlotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("[plot] wrote " + ", ".join(str(x) for x in paths))
+    return 0
+
+
+def make_plot(args) -> list[Path]:
     if args.cmd == "families":
         out = Path(args.out) if args.out else Path(args.runs_root) / "results" / args.table
         paths = plot_families(args.configs, args.runs_root, args.table, out)
@@ -175,8 +199,8 @@ def main(argv=None) -> None:
     else:
         out = Path(args.out) if args.out else Path(args.run_dirs[0]) / f"curves_{args.metric}"
         paths = plot_curves(args.run_dirs, args.metric, out)
-    print("[plot] wrote " + ", ".join(str(x) for x in paths))
+    return paths
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

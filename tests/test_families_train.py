@@ -144,7 +144,7 @@ def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
     i = header.strip("|").split("|").index(" BB-avg ")
     assert cells[i:i + 6] == ["35.00", "21.98", "+13.0200", "1.25", "1.07", "+0.1800"]
     assert "188.7 / 313.8" in line and "188.7 / –" in line
-    assert plot.main(["families", "--runs-root", str(runs), "--out", str(tmp_path / "fam")]) is None
+    assert plot.main(["families", "--runs-root", str(runs), "--out", str(tmp_path / "fam")]) == 0
     assert (tmp_path / "fam.png").stat().st_size > 1000
 
 

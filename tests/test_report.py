@@ -200,7 +200,7 @@ def test_comparison_and_curves_with_a_run_killed_before_its_first_log_and_a_dive
     out = tmp_path / "curves"
     paths = plot.plot_curves([a, b], "val_bpb", out)
     assert paths and "b: no 'val_bpb' values, left out of the plot" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="no run has 'grad_norm' values"):
+    with pytest.raises(plot.PlotError, match="no run has 'grad_norm' values"):
         plot.plot_curves([a, b], "grad_norm", out)
 
 

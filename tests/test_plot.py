@@ -1,0 +1,65 @@
+"""scripts.plot under bad input: one error naming what is wrong, exit 2, nothing written or created."""
+
+import builtins
+import errno
+import json
+
+import pytest
+
+from scripts import plot
+
+
+def fake_curve_run(root, name):
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 5.0 - s / 10}) + "\n"
+                                               for s in range(1, 6)))
+    return run
+
+
+def test_a_run_directory_that_does_not_exist_is_an_error_and_is_not_created(tmp_path, capsys):
+    """A mistyped run directory was left out of the plot with a note (exit 0); as the first run it was created, to
+    hold the default output."""
+    a, typo = fake_curve_run(tmp_path, "a"), tmp_path / "typo"
+    for argv in (["curves", str(a), str(typo), "--out", str(tmp_path / "c")], ["curves", str(typo), str(a)]):
+        assert plot.main(argv) == 2
+        assert f"error: {typo}: no such run directory" in capsys.readouterr().err
+    assert not typo.exists() and not list(tmp_path.glob("c.*"))
+
+
+def test_unknown_table_and_missing_runs_root_name_the_flag(tmp_path, capsys):
+    """An unknown --table exited 1 without the known tables; a missing --runs-root drew the families plot from
+    the paper's bars alone, exit 0."""
+    out = ["--out", str(tmp_path / "p")]
+    for cmd in ("scaling", "families"):
+        assert plot.main([cmd, "--table", "nosuch", "--runs-root", str(tmp_path), *out]) == 2
+        err = capsys.readouterr().err
+        assert "--table nosuch: no such table" in err and "d12_scaling" in err
+        assert plot.main([cmd, "--runs-root", str(tmp_path / "none"), *out]) == 2
+        assert f"--runs-root {tmp_path / 'none'}: directory does not exist" in capsys.readouterr().err
+    assert not list(tmp_path.glob("p.*"))
+
+
+def test_a_full_disk_is_one_error_and_leaves_no_torn_figure(tmp_path, capsys, monkeypatch):
+    a = fake_curve_run(tmp_path, "a")
+    out = tmp_path / "figs" / "c"
+    real_open = builtins.open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        if "w" in mode and str(path).endswith(".pdf"):
+            real_open(path, mode).close()
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    assert plot.main(["curves", str(a), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: cannot write {out}.pdf: [Errno 28] No space left on device")
+    assert not [p for p in (tmp_path / "figs").iterdir()]
+
+
+def test_curves_with_no_run_holding_the_metric_is_an_error(tmp_path, capsys):
+    a = fake_curve_run(tmp_path, "a")
+    assert plot.main(["curves", str(a), "--metric", "nosuch", "--out", str(tmp_path / "c")]) == 2
+    assert "error: no run has 'nosuch' values in its metrics.jsonl" in capsys.readouterr().err
+    with pytest.raises(plot.PlotError):
+        plot.plot_curves([a], "nosuch", tmp_path / "c")
