@@ -16,11 +16,13 @@ same way.
 """
 
 import argparse
+import ctypes
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from nanochat.row_config import REPO, load_row_config
@@ -100,6 +102,26 @@ def say(text: str) -> None:
         os.close(devnull)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent():
+    """A ``preexec_fn`` that makes the child get SIGTERM when this runner dies, even by SIGKILL (no handler of
+    ours runs then): otherwise base_train trains on unseen until its next line hits the dead pipe, and is killed
+    by it mid-step instead of saving. None (nothing to do) off Linux, which has no PR_SET_PDEATHSIG, and off the
+    main thread: the signal fires when the *thread* that forked exits, which must not be before the runner."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+    parent = os.getpid()
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the runner died before prctl: no signal will come, so stop as it would
+            os._exit(128 + signal.SIGTERM)
+    return preexec
+
+
 def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
     from nanochat.report import read_json, unfinished
 
@@ -120,8 +142,9 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
         # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
         # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
         # a later Ctrl-C. (In one process group the child would get the terminal's SIGINT plus a forwarded one.)
+        # A runner that is SIGKILLed forwards nothing: die_with_parent tells the child then, on Linux.
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent())
         received = []
 
         def forward(signum, frame):

@@ -503,3 +503,48 @@ def test_row_runner_goes_on_to_the_next_seed_when_its_stdout_is_gone(tmp_path):
     for run in runs.values():
         assert (run / "train.log").read_text() == "".join(f"step line {i}\n" for i in range(200))
         assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+_RECORD_SIGTERM = r"""
+import pathlib, signal, sys, time
+mark = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda s, f: (mark.write_text("SIGTERM"), sys.exit(0)))
+print("ready", flush=True)
+time.sleep(30)  # bounded: a runner that never tells it must not leave it behind for long
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_row_runner_killed_by_sigkill_stops_its_child(tmp_path):
+    """A SIGKILLed runner runs no handler, so it cannot forward anything: the kernel must send the child (in a
+    session of its own, so no process-group signal reaches it either) a SIGTERM, so base_train saves and stops
+    instead of training on unseen until its next line hits the dead pipe. Before: the child slept its 30 s. ~1 s."""
+    run, mark = tmp_path / "seed42", tmp_path / "child-got"
+    child = [sys.executable, "-c", _RECORD_SIGTERM, str(mark)]
+    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
+                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
+    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    log = run / "train.log"
+    deadline = time.time() + 60
+    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.02)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.time() + 10
+    while time.time() < deadline and not mark.exists():
+        time.sleep(0.02)
+    assert mark.exists() and mark.read_text() == "SIGTERM"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_whose_runner_died_before_it_could_ask_for_the_signal_stops(monkeypatch):
+    """The runner can die between the fork and the child's prctl; the kernel then sends nothing, ever. The child
+    sees a parent that is not the runner and stops before exec, as the SIGTERM would have stopped it."""
+    from scripts.run import die_with_parent
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)  # "the runner" is a process that is not the child's parent
+    preexec = die_with_parent()
+    proc = subprocess.Popen([sys.executable, "-c", "print('ran')"], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=preexec)
+    assert proc.communicate(timeout=60)[0] == "" and proc.returncode == 128 + signal.SIGTERM
