@@ -13,6 +13,7 @@ on THEIR machine (``moe_ve_slot_map_path``). Ours is the grouped index, which lo
   the model's map (its sha256 survives a round trip), else one written from the map the model holds.
 """
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +21,6 @@ from pathlib import Path
 import torch
 
 from nanochat.memory.mome import MoMEOptions
-from nanochat.download import file_sha256
 from nanochat.memory.slot_map import (FLAG as OUR_FLAG, REFERENCE_FORMAT, check_slot_map_tokenizer, load_slot_map,
                                       slot_map_from_data)
 from nanochat.reference_format import ReferenceFormatError
@@ -61,8 +61,9 @@ def read_for_import(path: Path, options: dict, vocab_size: int, tokenizer):
     """The checked map (SlotMap) of ``path`` for our grouped ``options`` (from config_from_reference)."""
     o = MoMEOptions(**options)
     slots = vocab_size // o.group_size
+    raw = path.read_bytes()  # parsed and hashed from these bytes: one read, and the hash is of what was parsed
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ReferenceFormatError(f"{FLAG} {path}: not valid JSON ({e})") from None
     rows_key = "slot_vocab_size" if isinstance(data, dict) and data.get("format") == REFERENCE_FORMAT else "num_rows"
@@ -73,7 +74,7 @@ def read_for_import(path: Path, options: dict, vocab_size: int, tokenizer):
         raise ReferenceFormatError(f"{FLAG} {path}: has {rows_key} {data[rows_key]}, the checkpoint's table has "
                                    f"{slots} slots (model_config moe_ve_slot_vocab_size; {o.group_size} tokens each)")
     try:
-        loaded = slot_map_from_data(data, path, file_sha256(path), vocab_size, o.group_size)
+        loaded = slot_map_from_data(data, path, hashlib.sha256(raw).hexdigest(), vocab_size, o.group_size)
         check_slot_map_tokenizer(loaded.header, tokenizer, path)
     except ValueError as e:
         raise _import_error(e, path) from None

@@ -584,6 +584,36 @@ def test_table_mapped_import_parses_the_slot_map_once(tmp_path, monkeypatch):
     assert parsed.count(True) == 1
 
 
+def test_table_mapped_import_opens_the_slot_map_once(tmp_path, monkeypatch):
+    """read_for_import parses and hashes the same bytes: one read of the file (a d12 map is ~1 MB), and the
+    digest it records is the file's sha256."""
+    import builtins
+    import hashlib
+    import io
+
+    from nanochat import reference_slot_map
+
+    src, _, _ = make_their_files(tmp_path, "mome_table")
+    path = src / "slotmaps" / "tiny_k2.json"
+    opens, results, real_open, real_read = [], [], builtins.open, reference_slot_map.read_for_import
+
+    def counting_open(file, *a, **k):
+        opens.append(Path(file) == path if isinstance(file, (str, Path)) else False)
+        return real_open(file, *a, **k)
+
+    def read_counting_opens(*a, **k):
+        with monkeypatch.context() as m:
+            m.setattr(builtins, "open", counting_open)
+            m.setattr(io, "open", counting_open)  # Path.read_bytes/read_text open through io.open
+            results.append(real_read(*a, **k))
+        return results[-1]
+
+    monkeypatch.setattr(reference_slot_map, "read_for_import", read_counting_opens)
+    assert run_import(src, tmp_path / "run") == 0
+    assert opens.count(True) == 1
+    assert results[0].sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_grouped_run_with_our_slot_map_exports_their_json_and_round_trips(tmp_path):
     """A run trained here reads our slot-map format: the export writes the map the model holds in theirs."""
     from nanochat.gpt import build_model
