@@ -70,6 +70,7 @@ class Tokenizer:
         )
         self.vocab_size = n + len(special_tokens)
         self.bos_token_id = self.special_tokens["<|bos|>"]
+        self._fingerprint: str | None = None
         self.directory: Path | None = None  # where ``load`` read it (resolved): reused, not reread, for that directory
 
     # ---- training -------------------------------------------------------------------------------------
@@ -122,7 +123,13 @@ class Tokenizer:
 
     def fingerprint(self) -> str:
         """sha256 of what decides the token ids (merges, split pattern, special tokens), not of the files'
-        paths: a resumed run must tokenize exactly as the checkpoint's run did."""
+        paths: a resumed run must tokenize exactly as the checkpoint's run did. Hashed once per tokenizer (they
+        are never changed once built): a run asks for it in its data set-up and again in each source check."""
+        if self._fingerprint is None:
+            self._fingerprint = self._token_ids_sha256()
+        return self._fingerprint
+
+    def _token_ids_sha256(self) -> str:
         h = hashlib.sha256(json.dumps([self.pattern, self.special_tokens]).encode())
         for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1]):
             h.update(b"%d:" % rank + tok)
