@@ -3,6 +3,7 @@ them with one clear error that names the file, whatever is wrong with it (not UT
 and writing text so that a reader never sees half a file."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,14 +19,19 @@ def read_json_object(path, error: type[Exception], advice: str) -> dict:
     return obj
 
 
-def write_text_atomic(path, text: str) -> None:
-    """Write ``text`` to a temp name beside ``path``, then rename it over ``path``: a kill mid-write leaves the old
-    file (or none), never a torn one."""
+def write_atomic(path, write: Callable[[Path], object]) -> None:
+    """Call ``write(tmp)`` to write the file at a temp name beside ``path``, then rename it over ``path``: a kill
+    mid-write leaves the old file (or none), never a torn one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        write(tmp)
         tmp.replace(path)
-    except BaseException:  # e.g. a full disk: no torn temp file left beside ``path``
+    except BaseException:  # e.g. a full disk, Ctrl-C: no torn temp file left beside ``path``
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path, text: str) -> None:
+    """``write_atomic`` of ``text`` (UTF-8)."""
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

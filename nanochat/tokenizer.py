@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.jsonfile import read_json_object
+from nanochat.jsonfile import read_json_object, write_atomic
 
 # GPT-4's split pattern except that numbers are grouped 1-2 digits at a time (nanochat's choice: fewer
 # number tokens are wasted at small vocab sizes).
@@ -148,13 +148,8 @@ class Tokenizer:
         lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}"
                  for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])]
         _atomic_write(directory / RANKS_FILE, ("\n".join(lines) + "\n").encode("ascii"))
-        tmp = directory / (TOKEN_BYTES_FILE + ".tmp")
-        try:
-            torch.save(self.token_bytes(), tmp)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, directory / TOKEN_BYTES_FILE)
+        token_bytes = self.token_bytes()
+        write_atomic(directory / TOKEN_BYTES_FILE, lambda tmp: torch.save(token_bytes, tmp))
         _atomic_write(directory / HEADER_FILE, (json.dumps(header, indent=2) + "\n").encode("utf-8"))
 
     @classmethod
@@ -206,12 +201,13 @@ def _read_header(path: Path) -> dict:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    write_atomic(path, write)
 
 
 def default_tokenizer_dir() -> Path:
