@@ -374,6 +374,20 @@ def test_row_runner_stops_after_a_wall_time_stop(tmp_path):
         run_one(42, run, child)
 
 
+def start_runner(run, child: list[str], **popen) -> subprocess.Popen:
+    """scripts.run's run_one of ``child`` for seed 42 into ``run``, in a process group of its own (a terminal's
+    foreground job), once the child has printed "ready" (to train.log, through the runner)."""
+    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
+                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
+    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)
+    log = run / "train.log"
+    deadline = time.time() + 60
+    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.02)
+    return proc
+
+
 _SIGNAL_COUNTER = r"""
 import signal, sys, time
 got = []
@@ -393,13 +407,7 @@ def test_row_runner_forwards_one_ctrl_c_to_its_child(tmp_path):
     a resumable message and does not go on to the next seed."""
     run = tmp_path / "seed42"
     child = [sys.executable, "-c", _SIGNAL_COUNTER]
-    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
-                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
-    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, like a terminal's foreground job
-    deadline = time.time() + 60
-    while time.time() < deadline and "ready" not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
-        time.sleep(0.02)
+    proc = start_runner(run, child)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert "child got ['SIGINT']" in out, out + err
@@ -429,14 +437,7 @@ def test_row_runner_whose_terminal_hangs_up_lets_its_child_save(tmp_path):
     checkpoint lost, summary.json stale). ~1 s."""
     run = tmp_path / "seed42"
     child = [sys.executable, "-c", _SIGNAL_THEN_TALK]
-    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
-                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
-    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    log = run / "train.log"
-    deadline = time.time() + 60
-    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.02)
+    proc, log = start_runner(run, child), run / "train.log"
     proc.stdout.close()  # the terminal is gone: the runner's next line to it fails
     os.kill(proc.pid, signal.SIGHUP)
     err = proc.stderr.read()
@@ -455,14 +456,8 @@ def test_row_runner_under_nohup_keeps_training_when_its_terminal_closes(tmp_path
     turn the hang-up into a SIGTERM for its child (it would stop training at the next step). ~2 s."""
     run = tmp_path / "seed42"
     child = [sys.executable, "-c", _SIGNAL_THEN_TALK.replace("time.time() + 15", "time.time() + 1.5")]
-    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
-                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
-    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc = start_runner(run, child, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     log = run / "train.log"
-    deadline = time.time() + 60
-    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.02)
     os.kill(proc.pid, signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
     assert "child got []" in log.read_text() and proc.returncode == 0, log.read_text()[-500:] + err
@@ -520,15 +515,7 @@ def test_row_runner_killed_by_sigkill_stops_its_child(tmp_path):
     session of its own, so no process-group signal reaches it either) a SIGTERM, so base_train saves and stops
     instead of training on unseen until its next line hits the dead pipe. Before: the child slept its 30 s. ~1 s."""
     run, mark = tmp_path / "seed42", tmp_path / "child-got"
-    child = [sys.executable, "-c", _RECORD_SIGTERM, str(mark)]
-    runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
-                                    f"run_one(42, Path({str(run)!r}), {child!r})"]
-    proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    log = run / "train.log"
-    deadline = time.time() + 60
-    while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.02)
+    proc = start_runner(run, [sys.executable, "-c", _RECORD_SIGTERM, str(mark)])
     proc.kill()
     proc.communicate(timeout=60)
     deadline = time.time() + 10
