@@ -6,7 +6,8 @@ the same size: tokens/s, MFU, peak memory.
     python bench/train_step.py --designs ve,mome --mix plain     # MoME's top-K mix as gather + weighted sum
     python bench/train_step.py --designs ve,mome,mome-bigram --mix auto,row   # each MoME design once per mix
     python bench/train_step.py --rounds 2        # every process twice (order reversed): the median of the rounds
-    python bench/train_step.py --designs ve,mome --no-fuse-inject   # MoME's injection apart from the row-mix kernels
+    python bench/train_step.py --designs ve,mome --mome-kernels row  # MoME's injection apart from the row-mix kernels
+    python bench/train_step.py --designs mome --mome-kernels torch --row-sum reduce   # the older torch row sum
     python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
 
@@ -73,15 +74,18 @@ def measure_one(args) -> dict:
     from nanochat.common import autocast_context, compute_init
     from nanochat.gpt import GPTConfig, build_model, model_summary
     from nanochat.memory import mome_mix as mix_paths
+    from nanochat.memory.mome_triton import resolve_kernels
     from nanochat.metrics import peak_flops
     from nanochat.optim import build_optimizer
     from nanochat.train_loop import train_step
 
     _, device = compute_init(args.device)
-    mix_paths.MIX = None if args.mix == "auto" else args.mix
-    mix_paths.TOPK_BY_ARGMAX = {"auto": None, "argmax": True, "topk": False}[args.topk]
-    mix_paths.ROW_SUM = args.row_sum
-    mix_paths.FUSE_INJECT = args.fuse_inject
+    kernels, kernels_reason = resolve_kernels(args.mome_kernels, device)  # as base_train's --mome-kernels
+    mix_paths.set_kernels(kernels)
+    if args.row_sum != "unrolled":  # bench only: the torch row mix's older sum (parse_args: with kernels torch)
+        mix_paths.set_path("ROW_SUM", args.row_sum)
+    mix_paths.set_path("MIX", None if args.mix == "auto" else args.mix)
+    mix_paths.set_path("TOPK_BY_ARGMAX", {"auto": None, "argmax": True, "topk": False}[args.topk])
     label, memory, options, _, backbone = DESIGNS[args.one]
     cfg = GPTConfig.from_depth(args.depth, sequence_len=args.seq_len, vocab_size=args.vocab_size, memory=memory,
                                memory_options=options, **backbone)
@@ -133,7 +137,8 @@ def measure_one(args) -> dict:
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
             "params_total": summary["params_total"], "params_memory": summary["params_memory"],
             "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
-            "fuse_inject": args.fuse_inject, "compile": args.compile,
+            "mome_kernels": kernels, "mome_kernels_requested": args.mome_kernels, "mome_kernels_reason": kernels_reason,
+            "compile": args.compile,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__}
 
@@ -170,8 +175,8 @@ def table(rows: dict) -> str:
             continue
         paper = paper_tok_per_sec(design[3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else "",
-                   f"{r['row_sum']} row sum" if r.get("row_sum", "triton") != "triton" else "",
-                   "unfused inject" if not r.get("fuse_inject", True) else ""]
+                   f"{r['mome_kernels']} kernels" if r.get("mome_kernels_requested", "auto") != "auto" else "",
+                   f"{r['row_sum']} row sum" if r.get("row_sum", "unrolled") != "unrolled" else ""]
         variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
@@ -185,6 +190,8 @@ def table(rows: dict) -> str:
 
 
 def parse_args(argv=None):
+    from nanochat.memory.mome_mix import MOME_KERNELS  # base_train's --mome-kernels choices
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--designs", default=",".join(TABLE1),
                    help=f"comma list of {', '.join(DESIGNS)}, or 'all' (default: the Table 1 designs)")
@@ -200,14 +207,15 @@ def parse_args(argv=None):
     p.add_argument("--topk", default="auto", choices=("auto", "argmax", "topk"),
                    help="MoME top-K selection: masked argmax passes or torch.topk; auto = the model's default "
                         "(argmax on CUDA)")
-    p.add_argument("--row-sum", default="triton", choices=("triton", "unrolled", "reduce"),
-                   help="the row mix: triton (the model's default): the fused kernel pair of "
-                        "nanochat.memory.mome_triton for per-layer tables on CUDA, else unrolled multiply-adds; "
-                        "unrolled: never the kernel; reduce: a broadcast multiply + reduction (before 2026-11-26)")
-    p.add_argument("--fuse-inject", action=argparse.BooleanOptionalAction, default=True,
-                   help="nanochat.memory.mome_mix.FUSE_INJECT (the model's default: on): where the Triton row mix "
-                        "serves a per-layer table, one kernel pair for the row mix and the value injection "
-                        "v + gamma * mem; --no-fuse-inject: the row-mix kernels, then the injection in torch")
+    p.add_argument("--mome-kernels", default="auto", choices=MOME_KERNELS,
+                   help="MoME's Triton kernels, as base_train's flag (resolved for --device, installed with "
+                        "nanochat.memory.mome_mix.set_kernels): fused = the row mix and the value injection "
+                        "v + gamma * mem as one kernel pair, for per-layer tables on CUDA; row = the row-mix kernels, "
+                        "then the injection in torch; torch = no kernels (the unrolled row sum); auto = fused where "
+                        "the kernels run, else torch")
+    p.add_argument("--row-sum", default="unrolled", choices=("unrolled", "reduce"),
+                   help="bench only, with --mome-kernels torch: the torch row mix's sum over M: unrolled "
+                        "multiply-adds (the model's) or reduce, a broadcast multiply + reduction (before 2026-11-26)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)
@@ -232,6 +240,9 @@ def parse_args(argv=None):
         p.error(f"--mix: unknown {bad}; allowed: {', '.join(MIXES)} (or a comma list of them)")
     if args.one and "," in args.mix:
         p.error("--mix: one value per design process")
+    if args.row_sum != "unrolled" and args.mome_kernels != "torch":
+        p.error(f"--row-sum {args.row_sum} is a sum of the torch row mix: pass --mome-kernels torch with it (the "
+                f"kernels of --mome-kernels {args.mome_kernels} do their own)")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1 (got {args.rounds})")
     if args.compile is None:

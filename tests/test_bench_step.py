@@ -109,6 +109,7 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {"ve", "mome@auto", "mome@row"} and not any("error" in r for r in rows.values())
     assert rows["mome@row"]["mix"] == "row" and rows["mome@auto"]["mix"] == "auto" and rows["ve"]["mix"] == "auto"
+    assert rows["mome@auto"]["mome_kernels"] == "torch" and "run on cuda only" in rows["mome@auto"]["mome_kernels_reason"]
     rows["mome"] = rows["mome@row"]
     for r in rows.values():
         assert r["tokens_per_step"] == 2 * 16 * 2 and r["tok_per_sec"] > 0 and r["step_ms_min"] <= r["step_ms"]
@@ -120,15 +121,50 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
         bench.parse_args(["--mix", "auto,fused"])
 
 
-def test_train_step_bench_fuse_inject_is_recorded_and_labelled():
-    """--fuse-inject (mome_mix.FUSE_INJECT, on by default, as the model's): in the JSON row, and in the MoME label
-    when off."""
+def test_train_step_bench_kernels_are_base_trains_flag_recorded_and_labelled():
+    """--mome-kernels is base_train's flag (its choices, default auto); the older torch row sum (--row-sum reduce,
+    bench only) goes with the torch kernels alone. The resolved kernels are in the JSON row, and in the MoME label
+    when asked for."""
     bench = load_bench("train_step")
-    assert bench.parse_args([]).fuse_inject is True and bench.parse_args(["--no-fuse-inject"]).fuse_inject is False
+    assert bench.parse_args([]).mome_kernels == "auto" and bench.parse_args([]).row_sum == "unrolled"
+    for name in mix_paths.MOME_KERNELS:
+        assert bench.parse_args(["--mome-kernels", name]).mome_kernels == name
+    assert bench.parse_args(["--mome-kernels", "torch", "--row-sum", "reduce"]).row_sum == "reduce"
+    for bad in (["--mome-kernels", "triton"], ["--row-sum", "reduce"], ["--mome-kernels", "row", "--row-sum", "reduce"],
+                ["--fuse-inject"], ["--row-sum", "triton"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
     row = {"label": "MoME A2/6 token", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tok_per_sec": 1.0,
-           "mfu": None, "peak_mem_gb": None, "mix": "auto", "topk": "auto", "row_sum": "triton", "fuse_inject": True}
+           "mfu": None, "peak_mem_gb": None, "mix": "auto", "topk": "auto", "row_sum": "unrolled",
+           "mome_kernels": "fused", "mome_kernels_requested": "auto"}
     assert "| MoME A2/6 token |" in bench.table({"mome": row})
-    assert "| MoME A2/6 token (unfused inject) |" in bench.table({"mome": {**row, "fuse_inject": False}})
+    asked = {**row, "mome_kernels": "row", "mome_kernels_requested": "row"}
+    assert "| MoME A2/6 token (row kernels) |" in bench.table({"mome": asked})
+    reduce = {**row, "mome_kernels": "torch", "mome_kernels_requested": "torch", "row_sum": "reduce"}
+    assert "| MoME A2/6 token (torch kernels, reduce row sum) |" in bench.table({"mome": reduce})
+
+
+@pytest.mark.parametrize("flags, resolved, want", [
+    (["--mome-kernels", "row"], ("row", ""), ("triton", False)),
+    (["--mome-kernels", "torch", "--row-sum", "reduce"], ("torch", ""), ("reduce", True)),
+    ([], ("torch", "why"), ("unrolled", True))])
+def test_train_step_bench_installs_the_resolved_kernels(flags, resolved, want, monkeypatch, kernel_globals):
+    """A design process resolves --mome-kernels as base_train does (mome_triton.resolve_kernels: stood in for here,
+    as on a GPU) and installs it with mome_mix.set_kernels; the bench-only row sum through mome_mix.set_path."""
+    from nanochat.memory import mome_triton
+
+    bench = load_bench("train_step")
+    for name in ("MIX", "TOPK_BY_ARGMAX"):
+        monkeypatch.setattr(mix_paths, name, getattr(mix_paths, name))
+    asked = []
+    monkeypatch.setattr(mome_triton, "resolve_kernels", lambda name, device: asked.append(name) or resolved)
+    args = bench.parse_args(["--device", "cpu", "--one", "mome", "--depth", "1", "--seq-len", "16", "--vocab-size",
+                             "256", "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1", "--warmup", "0",
+                             "--topk", "topk", *flags])
+    row = bench.measure_one(args)
+    assert asked == [args.mome_kernels] and (mix_paths.ROW_SUM, mix_paths.FUSE_INJECT) == want
+    assert mix_paths.TOPK_BY_ARGMAX is False and mix_paths.MIX is None
+    assert (row["mome_kernels"], row["mome_kernels_reason"], row["row_sum"]) == (*resolved, args.row_sum)
 
 
 def test_train_step_bench_rounds_take_the_median_of_round_medians():

@@ -41,6 +41,27 @@ def test_set_kernels_refuses_unknown_names(name, kernel_globals):
     assert (mome_mix.ROW_SUM, mome_mix.FUSE_INJECT) == before
 
 
+@pytest.mark.parametrize("name, value", [("MIX", "row"), ("MIX", None), ("TOPK_BY_ARGMAX", False),
+                                         ("TOPK_BY_ARGMAX", None), ("ROW_SUM", "reduce")])
+def test_set_path_forces_one_setting(name, value, monkeypatch, kernel_globals):
+    for key in ("MIX", "TOPK_BY_ARGMAX"):
+        monkeypatch.setattr(mome_mix, key, getattr(mome_mix, key))
+    mome_mix.set_path(name, value)
+    assert getattr(mome_mix, name) is value or getattr(mome_mix, name) == value
+
+
+@pytest.mark.parametrize("name, value, needle", [("MIX", "fused", "MIX 'fused' is unknown"),
+                                                 ("TOPK_BY_ARGMAX", 1, "TOPK_BY_ARGMAX 1 is unknown"),
+                                                 ("ROW_SUM", None, "ROW_SUM None is unknown"),
+                                                 ("FUSE_INJECT", False, "'FUSE_INJECT' is not a path setting")])
+def test_set_path_refuses_what_the_model_would_refuse_later(name, value, needle, kernel_globals):
+    """Checked when set, not at the model's first call (FUSE_INJECT is a kernel setting: set_kernels')."""
+    before = {key: getattr(mome_mix, key) for key in (*mome_mix.FORCEABLE, "FUSE_INJECT")}
+    with pytest.raises(ValueError, match=needle):
+        mome_mix.set_path(name, value)
+    assert {key: getattr(mome_mix, key) for key in before} == before
+
+
 def test_auto_resolves_to_the_module_defaults():
     """auto = fused where the kernels run: the globals of the module as it ships."""
     assert mome_mix.KERNEL_SETTINGS["fused"] == {"ROW_SUM": "triton", "FUSE_INJECT": True}

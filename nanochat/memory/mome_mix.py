@@ -78,6 +78,22 @@ def set_kernels(name: str) -> dict:
     return dict(KERNEL_SETTINGS[name])
 
 
+# the path settings a benchmark or a test may force for every table (set_path), with their allowed values
+FORCEABLE = {"MIX": (None, *MIXES), "TOPK_BY_ARGMAX": (None, True, False), "ROW_SUM": ROW_SUMS}
+
+
+def set_path(name: str, value) -> None:
+    """Force one path setting (a key of FORCEABLE) for every table, checked here rather than at the model's first
+    call; the kernels (ROW_SUM's "triton", FUSE_INJECT) are ``set_kernels``'. Call it before the model is compiled
+    (dynamo guards on these globals)."""
+    allowed = FORCEABLE.get(name)
+    if allowed is None:
+        raise ValueError(f"mome_mix.set_path: {name!r} is not a path setting; allowed: {', '.join(FORCEABLE)}")
+    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):  # True is no 1
+        raise ValueError(f"mome_mix.set_path: {name} {value!r} is unknown; allowed: {', '.join(map(repr, allowed))}")
+    globals()[name] = value
+
+
 def mome_mix_reference(table: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Plain top-K mix: flat ids (B, T, H, K) -> gather (B, T, H, K, d) -> weighted sum over K -> (B, T, H, d)."""
     return (w.to(table.dtype)[..., None] * F.embedding(flat, table)).sum(dim=-2)
