@@ -200,9 +200,10 @@ def run_split_bpb(model, data: RunData, args, rank: int, world: int, device, aut
         model.train(was_training)
 
 
-def run_core(model, data: RunData, args, device, autocast_ctx) -> dict:
+def run_core(model, data: RunData, args, device, autocast_ctx, finished=None) -> dict:
+    """``finished``: see nanochat.core_eval.evaluate_core (the final evaluation keeps each task's counts)."""
     from nanochat.core_eval import evaluate_core
 
     return evaluate_core(model, data.tokenizer, data.bundle, max_per_task=args.core_max_per_task,
                          batch_size=args.eval_batch_size or args.device_batch_size, device=device,
-                         autocast_ctx=autocast_ctx, progress=True)
+                         autocast_ctx=autocast_ctx, progress=True, finished=finished)

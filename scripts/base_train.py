@@ -14,7 +14,12 @@ Exit codes: 0 = finished; or stopped by --max-wall-time-seconds after saving a c
 evaluation (stop_reason "wall_time_limit"); or stopped by SIGINT/SIGTERM after saving a checkpoint, without the
 final evaluation (stop_reason "interrupted"; a signal during the final evaluation ends it, and summary.json says so:
 "interrupted_during": "final_eval", with "training_stop_reason" and what finished); continue any of them with
---resume (from the last step, it runs the final evaluation); 2 = bad flags, data, tokenizer,
+--resume (from the last step, it runs the final evaluation). Each finished part of the final evaluation (each bpb
+split, each CORE task) is kept at once in final_eval.partial.json in the run dir, with a fingerprint of all that can
+change its number (the step's checkpoint, dtype, kernels, batch and world size, code version): a --resume after a
+signal or a crash during the final evaluation reuses the parts whose fingerprint matches (one line says which) and
+computes the rest, with the numbers of an uninterrupted run; the file is deleted once the final evaluation
+completes. 2 = bad flags, data, tokenizer,
 checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
 training (the message names it); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
 was checked finite when it was saved, the message names the last one and how to continue from it with lower LRs);
@@ -41,7 +46,7 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              rank0_decides, resolve_dtype, seed_everything)
-from nanochat.eval_resume import Interrupted
+from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.jsonfile import write_text_atomic
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
@@ -413,24 +418,56 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
         bar.close()
 
 
+FINAL_EVAL_PARTIAL = "final_eval"  # <run dir>/final_eval.partial.json: the finished parts of an interrupted one
+
+
+def final_eval_results(run: Run) -> FinishedResults:
+    """The parts of this step's final evaluation that an interrupted earlier session finished, read on rank 0 and
+    broadcast (nanochat.eval_resume, as base_eval keeps its own). Fingerprinted by this step's checkpoint (the
+    weights evaluated) and all that can move a number down to its last digits: the batch size and world size
+    decide which rows share a forward and the order of the sums."""
+    a, step = run.args, run.loop["step"]
+
+    def settings():
+        return eval_settings(ckpt.step_dir(run.run_dir, step) / "model.pt", run.run_dir, step, run.device,
+                             tokenizer_sha256=run.data.tokenizer_sha256, dtype=run.dtype, attention=run.attention,
+                             mome_kernels=run.mome_kernels, eval_batch_size=a.eval_batch_size or a.device_batch_size,
+                             world_size=run.world)
+    return FinishedResults.open(run.run_dir, FINAL_EVAL_PARTIAL, settings, fresh=False)
+
+
 def final_eval(run: Run, out: dict) -> None:
-    """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept)."""
+    """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept, in
+    ``out`` for summary.json and in the partial file for a --resume, which deletes the file once it completes)."""
     a = run.args
+    finished = final_eval_results(run)
     splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
+    rows = {"data_sha256": run.data.data_sha256, "synthetic_seed": a.data_seed if a.synthetic_data else None,
+            "eval_tokens": a.eval_tokens, "seq_len": a.max_seq_len, "result": "bpb, mome_slot_balance"}
     for split in splits:  # bpb, and for MoME the slot balance of the same pass (uncompiled model: see slot_balance)
-        out[f"{split}_bpb"], balance = with_slot_balance(run.model, lambda: run_split_bpb(
-            run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
+        def score():
+            bpb, balance = with_slot_balance(run.model, lambda: run_split_bpb(
+                run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
+            return {"bpb": bpb, "mome_slot_balance": balance}
+
+        scored = finished.get_or_run(f"split {split}", lambda: rows, score)
+        out[f"{split}_bpb"], balance = scored["bpb"], scored["mome_slot_balance"]
         print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
         if balance:
             out[f"{split}_mome_maxvio"], out[f"{split}_mome_abs_load_dev"] = balance["maxvio"], balance["abs_load_dev"]
             print0(f"final {split} {describe(balance)}")
+    parts = len(splits)
     if a.final_core and run.data.bundle is not None:
-        res = run_core(run.model, run.data, a, run.device, run.autocast)
+        res = run_core(run.model, run.data, a, run.device, run.autocast, finished=finished)
         out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"),
                    core_missing=res.get("missing"), core_dtype=run.dtype)
         print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
+        parts += len(res.get("tasks") or {})
+    if finished.reused:
+        print0(f"{finished.reuse_note('final evaluation parts', parts)}: {', '.join(finished.reused)}")
     run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
+    finished.discard()
 
 
 def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: dict) -> str:
@@ -464,9 +501,11 @@ def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals
     run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
                      "signal": signal_name})
     then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
+    partial = run.run_dir / f"{FINAL_EVAL_PARTIAL}.partial.json"
+    kept = f" (the finished ones are kept in {partial} for --resume)" if partial.is_file() else ""
     print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
            f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
-           f"evaluations; {then}")
+           f"evaluations{kept}; {then}")
     return "interrupted"
 
 

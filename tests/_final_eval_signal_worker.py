@@ -1,12 +1,19 @@
 """torchrun worker: scripts.base_train where SIGTERM reaches the ranks named by ``--sigterm-ranks R[,R...]`` (the
-first two arguments) during the final evaluation, once the rank has scored the first batch of its val bpb: one rank
-alone (rare, as torchrun and Slurm signal every rank, but it must not leave the other ranks waiting in the
-evaluation's collectives) or every rank. The signal is sent from inside the evaluation loop, so it is certain to
-land in it, between the collectives the ranks take together."""
+first two arguments; "" names none) during the final evaluation, once the rank has scored the first batch of its val
+bpb: one rank alone (rare, as torchrun and Slurm signal every rank, but it must not leave the other ranks waiting in
+the evaluation's collectives) or every rank. The signal is sent from inside the evaluation loop, so it is certain to
+land in it, between the collectives the ranks take together.
+
+With ``--in-core`` (the third argument) the final evaluation has a stand-in CORE of two tasks ("a", "b": each an
+all-reduce, kept like evaluate_core's tasks) after the val bpb, and the signal comes in task a instead: the val bpb
+and task a are finished and kept for a --resume. Each rank prints "rank R scores task T" for each task it computes."""
 
 import os
 import signal
 import sys
+
+import torch
+import torch.distributed as dist
 
 from nanochat import dataloader
 from scripts import base_train
@@ -18,11 +25,29 @@ real_batches = dataloader.iter_eval_batches
 def iter_eval_batches(*args, **kwargs):  # the final evaluation's (the flags have no periodic evals)
     for index, batch in enumerate(real_batches(*args, **kwargs)):
         yield batch
-        if index == 0 and rank in signalled:
+        if index == 0 and rank in signalled and not in_core:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def run_core(model, data, args, device, autocast, finished=None):
+    tasks = {}
+    for name in ("a", "b"):
+        def score():
+            print(f"rank {rank} scores task {name}", flush=True)
+            total = torch.tensor([rank + 1.0])
+            dist.all_reduce(total)
+            if name == "a" and rank in signalled:  # latched: the write of task a is the step every rank stops at
+                os.kill(os.getpid(), signal.SIGTERM)
+            return {"accuracy": total.item() / 4}
+        tasks[name] = finished.get_or_run(name, lambda: {"task": name}, score)
+    return {"core": sum(t["accuracy"] for t in tasks.values()) / 2, "label": "CORE", "tasks": tasks}
+
+
 assert sys.argv[1] == "--sigterm-ranks", sys.argv
-signalled = {int(r) for r in sys.argv[2].split(",")}
+signalled = {int(r) for r in sys.argv[2].split(",") if r}
+in_core = sys.argv[3] == "--in-core"
+if in_core:
+    base_train.resolve_bundle = lambda args: base_train.REPO  # stands in for a CORE bundle
+    base_train.run_core = run_core
 dataloader.iter_eval_batches = iter_eval_batches
-sys.exit(base_train.main(sys.argv[3:]))
+sys.exit(base_train.main(sys.argv[3 + in_core:]))

@@ -250,6 +250,30 @@ def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_pa
     assert meta["step"] == 3 and all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("ranks", ["1", "0,1"])
+def test_a_resume_on_two_ranks_reuses_the_finished_parts_of_the_final_evaluation(tmp_path, ranks):
+    """_final_eval_signal_worker --in-core: SIGTERM (rank 1 alone, or both) in the final evaluation's second part
+    (a stand-in CORE task a, after the val bpb). Every rank stops once task a is kept; a --resume on two ranks
+    reuses the val bpb and task a on every rank alike (rank 0 decides, broadcast: a rank that computed a part alone
+    would wait in its all-reduce) and computes task b, then deletes the partial file."""
+    run, worker = tmp_path / "r", REPO / "tests" / "_final_eval_signal_worker.py"
+    args = [*TINY, *BATCH, "--num-iterations", "3", "--final-core", "--run-dir", str(run)]
+    r = run_torchrun(worker, 2, ["--sigterm-ranks", ranks, "--in-core", *args], timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    first = json.loads((run / "summary.json").read_text())
+    assert (first["interrupted_during"], first["signal"]) == ("final_eval", "SIGTERM") and "core" not in first
+    assert sorted(json.loads((run / "final_eval.partial.json").read_text())["items"]) == ["a", "split val"]
+    r = run_torchrun(worker, 2, ["--sigterm-ranks", "", "--in-core", *args, "--resume"], timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(line for line in r.stdout.splitlines() if "scores task" in line) == \
+        ["rank 0 scores task b", "rank 1 scores task b"]
+    assert r.stdout.count("reused from") == 1 and "final evaluation parts: 2 of 3 reused" in r.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["val_bpb"]) == ("completed", first["val_bpb"])
+    assert (summary["core"], summary["core_tasks"]) == (0.75, {"a": {"accuracy": 0.75}, "b": {"accuracy": 0.75}})
+    assert not (run / "final_eval.partial.json").exists()
+
+
 @pytest.mark.parametrize("fail_at, fail_ranks, named", [(4, "1", 1), (5, "1", 1), (4, "0,1", 0)],
                          ids=["first-micro-step", "last-micro-step", "both-ranks"])
 def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path, monkeypatch, fail_at, fail_ranks, named):

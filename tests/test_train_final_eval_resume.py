@@ -1,0 +1,106 @@
+"""base_train's final evaluation keeps its finished parts (nanochat.eval_resume) across a signal: a --resume reuses
+those whose fingerprint matches and computes the rest, with the numbers of an uninterrupted run."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import REPO
+from scripts import base_train
+from test_train_e2e import train
+
+FLAGS = ["--num-iterations", "3", "--final-core"]
+PARTIAL = "final_eval.partial.json"
+
+
+def fake_core(monkeypatch, scored: list, sigterm_in: str | None = None) -> None:
+    """A stand-in CORE of tasks "a" and "b" that keeps each through base_train's ``finished`` (as evaluate_core
+    does): ``scored`` lists the tasks computed; a SIGTERM arrives in task ``sigterm_in``, once it is scored."""
+    monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)
+
+    def run_core(model, data, args, device, autocast, finished=None):
+        tasks = {}
+        for name, accuracy in (("a", 0.25), ("b", 0.75)):
+            def score():
+                scored.append(name)
+                if name == sigterm_in:
+                    os.kill(os.getpid(), signal.SIGTERM)  # one process: raises here, before the task is kept
+                return {"accuracy": accuracy}
+            tasks[name] = finished.get_or_run(name, lambda: {"task": name}, score)
+        return {"core": sum(t["accuracy"] for t in tasks.values()) / 2, "label": "CORE", "tasks": tasks}
+
+    monkeypatch.setattr(base_train, "run_core", run_core)
+
+
+def count_bpb(monkeypatch) -> list:
+    calls, real = [], base_train.run_split_bpb
+    monkeypatch.setattr(base_train, "run_split_bpb", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
+    return calls
+
+
+def interrupted_in_core(run, monkeypatch) -> dict:
+    """A run whose final evaluation is stopped by SIGTERM in CORE task b: val bpb and task a are kept."""
+    scored = []
+    with monkeypatch.context() as m:
+        fake_core(m, scored, sigterm_in="b")
+        assert train(run, *FLAGS) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["interrupted_during"]) == ("interrupted", "final_eval")
+    assert scored == ["a", "b"] and "core" not in summary
+    kept = json.loads((run / PARTIAL).read_text())["items"]
+    assert sorted(kept) == ["a", "split val"] and kept["a"]["result"] == {"accuracy": 0.25}
+    return summary
+
+
+def test_a_resume_reuses_the_finished_parts_and_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    fake_core(monkeypatch, [])
+    assert train(ref, *FLAGS) == 0
+    expected = json.loads((ref / "summary.json").read_text())
+    assert not (ref / PARTIAL).exists()  # deleted once the final evaluation completed
+    interrupted = interrupted_in_core(run, monkeypatch)
+    assert f"the finished ones are kept in {run / PARTIAL}" in capsys.readouterr().out
+    assert interrupted["val_bpb"] == expected["val_bpb"]
+    scored = []
+    fake_core(monkeypatch, scored)
+    bpb_calls = count_bpb(monkeypatch)
+    assert train(run, *FLAGS, "--resume") == 0
+    assert (bpb_calls, scored) == ([], ["b"])  # val bpb and task a were reused
+    out = capsys.readouterr().out
+    assert f"final evaluation parts: 2 of 3 reused from {run / PARTIAL} (finished by an earlier run): split val, a" \
+        in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and "interrupted_during" not in summary
+    keys = ("val_bpb", "core", "core_label", "core_tasks")
+    assert {k: summary[k] for k in keys} == {k: expected[k] for k in keys}  # one process: exactly
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "final"]
+    ref_final = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(line)["kind"] == "final"]
+    assert final == ref_final and len(final) == 1
+    assert not (run / PARTIAL).exists()
+
+
+@pytest.mark.parametrize("change", [["--eval-batch-size", "2"], ["--eval-tokens", "128"]],
+                         ids=["setting", "item inputs"])
+def test_a_changed_setting_recomputes_every_part(tmp_path, monkeypatch, capsys, change):
+    """Another eval batch size (a setting of the whole evaluation) or another --eval-tokens (the val split's own
+    inputs): the kept val bpb is not reused."""
+    run = tmp_path / "run"
+    interrupted_in_core(run, monkeypatch)
+    scored = []
+    fake_core(monkeypatch, scored)
+    bpb_calls = count_bpb(monkeypatch)
+    assert train(run, *FLAGS, *change, "--resume") == 0
+    assert bpb_calls == ["val"]
+    out = capsys.readouterr().out
+    if change[0] == "--eval-batch-size":
+        assert scored == ["a", "b"] and "reused from" not in out
+        assert "were computed with other settings (eval_batch_size 4 -> 2); recomputing them" in out
+    else:
+        assert scored == ["b"]  # the CORE task's inputs are unchanged
+        assert "the inputs of split val changed (eval_tokens 256 -> 128); recomputing it" in out
+        assert "final evaluation parts: 1 of 3 reused" in out
+    assert not (run / PARTIAL).exists()
