@@ -15,9 +15,10 @@ FLAGS = ["--num-iterations", "3", "--final-core"]
 PARTIAL = "final_eval.partial.json"
 
 
-def fake_core(monkeypatch, scored: list, sigterm_in: str | None = None) -> None:
+def fake_core(monkeypatch, scored: list, sigterm_in: str | None = None, fails_in: str | None = None) -> None:
     """A stand-in CORE of tasks "a" and "b" that keeps each through base_train's ``finished`` (as evaluate_core
-    does): ``scored`` lists the tasks computed; a SIGTERM arrives in task ``sigterm_in``, once it is scored."""
+    does): ``scored`` lists the tasks computed; a SIGTERM arrives in task ``sigterm_in`` once it is scored, and
+    task ``fails_in`` raises an error."""
     monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)
 
     def run_core(model, data, args, device, autocast, finished=None):
@@ -27,6 +28,8 @@ def fake_core(monkeypatch, scored: list, sigterm_in: str | None = None) -> None:
                 scored.append(name)
                 if name == sigterm_in:
                     os.kill(os.getpid(), signal.SIGTERM)  # one process: raises here, before the task is kept
+                if name == fails_in:
+                    raise RuntimeError(f"CORE task {name} failed")
                 return {"accuracy": accuracy}
             tasks[name] = finished.get_or_run(name, lambda: {"task": name}, score)
         return {"core": sum(t["accuracy"] for t in tasks.values()) / 2, "label": "CORE", "tasks": tasks}
@@ -103,4 +106,21 @@ def test_a_changed_setting_recomputes_every_part(tmp_path, monkeypatch, capsys, 
         assert scored == ["b"]  # the CORE task's inputs are unchanged
         assert "the inputs of split val changed (eval_tokens 256 -> 128); recomputing it" in out
         assert "final evaluation parts: 1 of 3 reused" in out
+    assert not (run / PARTIAL).exists()
+
+
+def test_a_crash_in_the_final_evaluation_keeps_the_finished_parts(tmp_path, monkeypatch):
+    """An error (here in CORE task b) ends the run with it; what finished before it is kept, and reused."""
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        fake_core(m, [], fails_in="b")
+        with pytest.raises(RuntimeError, match="CORE task b failed"):
+            train(run, *FLAGS)
+    assert sorted(json.loads((run / PARTIAL).read_text())["items"]) == ["a", "split val"]
+    scored = []
+    fake_core(monkeypatch, scored)
+    bpb_calls = count_bpb(monkeypatch)
+    assert train(run, *FLAGS, "--resume") == 0
+    assert (bpb_calls, scored) == ([], ["b"])
+    assert json.loads((run / "summary.json").read_text())["core"] == 0.5
     assert not (run / PARTIAL).exists()
