@@ -156,6 +156,22 @@ def write_on_rank0(what, write) -> None:
     rank0_decides(attempt)
 
 
+def write_report_on_rank0(what, write) -> None:
+    """The evaluation's last write (its report), after which it only tidies up: ``write_on_rank0``, then a signal
+    stops nothing more (``evaluation_complete``). Under torch.distributed a signal voted in the write's own step is
+    raised once the write succeeded (``rank0_decides``): the report is on disk, so it is noted and the evaluation
+    finishes (exit 0, the partial files deleted) rather than exit 128+N beside a complete report. In one process a
+    signal raises inside the write, which may not have finished: it stops the evaluation as before."""
+    try:
+        write_on_rank0(what, write)
+    except Interrupted as e:
+        if not is_dist():
+            raise
+        if torch.distributed.get_rank() == 0:
+            print(f"{e} came as the report was written: the evaluation is complete", flush=True)
+    evaluation_complete()
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM (a Slurm time limit, torchrun passing on its own) arrived during the evaluation."""
 
@@ -196,6 +212,14 @@ def signals_latched_for_votes():
         yield
     finally:
         _latched_signum = None
+
+
+def evaluation_complete() -> None:
+    """From here to the end of the evaluation's block (``signals_latched_for_votes``) a signal changes nothing: the
+    reports are written, what is left (deleting the partial files, the last line) is not worth a 128+N exit. The
+    handler ignores a signal once one is latched; 0 is latched and reads as none (``latched_signal``)."""
+    global _latched_signum
+    _latched_signum = 0
 
 
 def latched_signal() -> int:

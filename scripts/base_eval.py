@@ -34,7 +34,7 @@ from nanochat.checkpoint import find_last_step, load_model, require_files, step_
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
-                                  write_on_rank0)
+                                  write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.memory.mome_mix import MOME_KERNELS
@@ -243,7 +243,8 @@ def load_chosen_checkpoint(run: Path, step: int, device):
 
 def main(argv=None) -> int:
     """Exit 2 with one error line for a bad run dir, checkpoint, tokenizer, data or bundle; 128 + the signal number
-    with one line after Ctrl-C or SIGTERM (what finished is kept)."""
+    with one line after Ctrl-C or SIGTERM (what finished is kept); one that comes once the last report is written
+    (under torchrun: in that write's step) changes nothing, exit 0."""
     from nanochat.dataset import DataError
 
     try:
@@ -315,10 +316,11 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     stores = {name: FinishedResults.open(out_dir, name, settings, args.fresh) for name in args.evals}
     try:
         if "core" in args.evals:
-            run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir, header, stores["core"])
+            run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir, header, stores["core"],
+                          last="bpb" not in args.evals)
         if "bpb" in args.evals:
             res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, stores["bpb"])
-            write_on_rank0(out_dir / "bpb.json", lambda: write_text_atomic(
+            write_report_on_rank0(out_dir / "bpb.json", lambda: write_text_atomic(
                 out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n"))
     except Interrupted as e:  # on every rank at the same batch (nanochat.eval_resume.stop_voted)
         print0(f"base_eval: interrupted ({e}); {kept_note(stores, out_dir)}", file=sys.stderr)
@@ -341,7 +343,8 @@ def kept_note(stores: dict, out_dir: Path) -> str:
 
 
 def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, header: dict,
-                  finished: FinishedResults) -> None:
+                  finished: FinishedResults, last: bool) -> None:
+    """``last``: its report is the evaluation's last write (see write_report_on_rank0)."""
     from nanochat.core_eval import evaluate_core, write_core_report
     from nanochat.eval_bundle import find_bundle
 
@@ -350,8 +353,8 @@ def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, h
                         autocast_ctx, progress=not args.no_progress, finished=finished)
     if finished.reused:
         print0(finished.reuse_note("CORE tasks", len(res["tasks"])))
-    write_on_rank0(f"the CORE report (core.json, core.csv, core.md) in {out_dir}",
-                   lambda: write_core_report(res, out_dir, header))
+    (write_report_on_rank0 if last else write_on_rank0)(f"the CORE report (core.json, core.csv, core.md) in {out_dir}",
+                                                        lambda: write_core_report(res, out_dir, header))
     print0(f"{res['label']} [{header['dtype']}]: {res['core']:.6f}" + (f" (missing: {', '.join(res['missing'])})"
                                                                  if res["missing"] else ""))
 
