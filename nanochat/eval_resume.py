@@ -10,6 +10,9 @@ when both are equal, so a report never mixes numbers computed under different se
 report of an uninterrupted run. The files are deleted once the whole evaluation has finished, so a rerun of a
 completed evaluation computes everything again (as one with --fresh does).
 
+scripts/base_train.py keeps the parts of its final evaluation (each bpb split, each CORE task) the same way, in
+``<run dir>/final_eval.partial.json``, fingerprinted by the checkpoint of the evaluated step.
+
 Which items are reused is decided on rank 0 and broadcast (``rank0_decides``): ranks never disagree about which
 items to score, so they enter the same collectives.
 """
