@@ -31,8 +31,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from nanochat.checkpoint import find_last_step, load_model, require_files, step_dir
-from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
-                             rank0_decides, resolve_dtype)
+from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok,
+                             keep_running_without_output, print0, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
@@ -247,6 +247,7 @@ def main(argv=None) -> int:
     (under torchrun: in that write's step) changes nothing, exit 0."""
     from nanochat.dataset import DataError
 
+    keep_running_without_output()  # a dead reader of the output (a killed `| tee`) does not end the evaluation
     try:
         args = parse_args(argv)
         with interrupts_raise():

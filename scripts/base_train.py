@@ -44,8 +44,8 @@ from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
-from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
-                             rank0_decides, resolve_dtype, seed_everything)
+from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info,
+                             keep_running_without_output, print0, rank0_decides, resolve_dtype, seed_everything)
 from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings
 from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
 from nanochat.jsonfile import write_text_atomic
@@ -689,6 +689,7 @@ def preflight(args):
 
 def main(argv: list[str] | None = None) -> int:
     started = run_control.clock()  # --max-wall-time-seconds counts from here: set-up and compile count
+    keep_running_without_output()  # a dead reader of the output (a killed runner or `| tee`) does not end the run
     args = parse_args(argv)  # exits with code 2 and a message on bad flags
     try:
         tokenizer = preflight(args)
