@@ -18,10 +18,40 @@ refused by name. The grouped index is their ``table`` slot mapping (nanochat.ref
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import torch
+
+
+class ExportWriteError(Exception):
+    """Writing under --out failed (e.g. a full disk); what this export had added there was removed."""
+
+
+class OutputSnapshot:
+    """The output directories' contents before an export, so that a failed or interrupted export can remove
+    exactly what it added: --out may be a base dir shared with earlier exports (their tokenizer, other steps)."""
+
+    def __init__(self, dirs):
+        self.entries, self.roots = {}, set()
+        for d in map(Path, dirs):
+            if d.is_dir():
+                self.entries[d] = set(d.iterdir())
+            else:  # the highest missing ancestor: all below it is this export's
+                while not d.parent.exists():
+                    d = d.parent
+                self.roots.add(d)
+
+    def remove_additions(self) -> None:
+        for d, old in self.entries.items():
+            for p in set(d.iterdir()) - old:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+        for root in self.roots:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def parse_args(argv=None):
@@ -31,7 +61,10 @@ def parse_args(argv=None):
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--model-tag", default=None, help="checkpoint sub-directory (default: d<n_layer>, as theirs)")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.model_tag is not None and (args.model_tag in ("", ".", "..") or any(c in args.model_tag for c in "/\\")):
+        ap.error(f"--model-tag {args.model_tag!r}: must be a plain directory name (their base_checkpoints/<tag>)")
+    return args
 
 
 def val_bpb_of(meta: dict):
@@ -63,29 +96,42 @@ def export_reference(args) -> Path:
     for path in (model_path, meta_path):
         if path.exists():
             raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory or --model-tag")
-    write_reference_tokenizer(tok, out / "tokenizer")
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
-        model_config["moe_ve_slot_map_path"] = str(reference_slot_map.export(model, tok, ckpt_dir, args.run).resolve())
     their_meta = {"step": step, "val_bpb": val_bpb_of(meta), "model_type": model_type, "model_config": model_config,
                   "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,
                                     "model_config": config.to_dict()}}
-    # temp names + rename, meta last: an interrupted export never leaves a loadable half checkpoint
-    torch.save(state, model_path.with_suffix(".pt.tmp"))
-    os.replace(model_path.with_suffix(".pt.tmp"), model_path)
-    meta_path.with_suffix(".json.tmp").write_text(json.dumps(their_meta, indent=2) + "\n")
-    os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
+    before = OutputSnapshot([out / "tokenizer", ckpt_dir])
+    try:
+        write_reference_tokenizer(tok, out / "tokenizer")
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
+            model_config["moe_ve_slot_map_path"] = str(
+                reference_slot_map.export(model, tok, ckpt_dir, args.run).resolve())
+        # temp names + rename, meta last: even a kill (no clean-up) never leaves a loadable half checkpoint
+        torch.save(state, model_path.with_suffix(".pt.tmp"))
+        os.replace(model_path.with_suffix(".pt.tmp"), model_path)
+        meta_path.with_suffix(".json.tmp").write_text(json.dumps(their_meta, indent=2) + "\n")
+        os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
+    except BaseException as e:  # a full disk, Ctrl-C, a refusal midway: what this export added goes
+        before.remove_additions()
+        if isinstance(e, OSError) and e.errno is not None:  # not one of the refusals above (they carry no errno)
+            raise ExportWriteError(f"--out {out}: could not write {e.filename or out}: {e.strerror or e}; "
+                                   "nothing of this export was left there") from None
+        raise
     print(f"wrote {ckpt_dir} (step {step}, model_type {model_type}) and {out / 'tokenizer'}")
     return ckpt_dir
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
     try:
-        export_reference(parse_args(argv))
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        export_reference(args)
+    except (FileNotFoundError, FileExistsError, ValueError, ExportWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; nothing of this export was left in --out {args.out}", file=sys.stderr)
+        return 130
     return 0
 
 

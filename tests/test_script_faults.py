@@ -1,0 +1,87 @@
+"""Faults in the small entry points (export_reference, build_slot_map, wic_probe, sample, make_core_subset): bad
+flags, outputs that cannot be written, Ctrl-C midway. Each is one error line naming the flag or file, exit 2 (130
+for Ctrl-C), and no partial output left behind."""
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference_fixtures import make_their_files
+
+from nanochat.checkpoint import save_checkpoint
+from scripts import export_reference
+
+
+def full_disk(path, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def full_disk_save(obj, path, *args, **kwargs):  # torch.save's signature
+    full_disk(path)
+
+
+def files_under(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} if root.exists() else {}
+
+
+@pytest.fixture
+def our_run(tmp_path):
+    _, source, _ = make_their_files(tmp_path, "base")
+    run = tmp_path / "ours"
+    save_checkpoint(run, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok")})
+    return run
+
+
+@pytest.mark.parametrize("fault", ["model", "meta", "ctrl-c"])
+def test_export_that_fails_midway_leaves_the_shared_base_dir_as_it_was(our_run, tmp_path, monkeypatch, capsys, fault):
+    """A second export into a base dir that already holds one (their layout shares tokenizer/): a full disk at the
+    weights or at the meta, or Ctrl-C, is one line naming the file, and only what this export added is removed."""
+    out = tmp_path / "base"
+    assert export_reference.main(["--run", str(our_run), "--out", str(out), "--model-tag", "first"]) == 0
+    before = files_under(out)
+    capsys.readouterr()
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    if fault == "meta":
+        monkeypatch.setattr(Path, "write_text", full_disk)
+    else:
+        monkeypatch.setattr(torch, "save", full_disk_save if fault == "model" else interrupt)
+    rc = export_reference.main(["--run", str(our_run), "--out", str(out), "--model-tag", "second"])
+    err = capsys.readouterr().err
+    assert rc == (130 if fault == "ctrl-c" else 2)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    if fault != "ctrl-c":
+        tmp_name = "model_000012.pt.tmp" if fault == "model" else "meta_000012.json.tmp"
+        assert "No space left on device" in err and tmp_name in err, err
+    assert files_under(out) == before
+    assert not (out / "base_checkpoints" / "second").exists()
+
+
+def test_export_into_a_new_dir_on_a_full_disk_leaves_nothing(our_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch, "save", full_disk_save)  # the first write: the tokenizer's token_bytes.pt
+    out = tmp_path / "new" / "base"
+    assert export_reference.main(["--run", str(our_run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "token_bytes.pt" in err and "Traceback" not in err, err
+    assert not (tmp_path / "new").exists()
+
+
+def test_export_into_a_file_is_one_clear_error(our_run, tmp_path, capsys):
+    out = tmp_path / "a_file"
+    out.write_text("x")
+    assert export_reference.main(["--run", str(our_run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"could not write {out / 'tokenizer'}" in err and "Traceback" not in err, err
+    assert out.read_text() == "x"
+
+
+@pytest.mark.parametrize("tag", ["../escape", "a/b", ".."])
+def test_export_refuses_a_model_tag_that_is_a_path(our_run, tmp_path, capsys, tag):
+    with pytest.raises(SystemExit) as e:
+        export_reference.main(["--run", str(our_run), "--out", str(tmp_path / "base"), "--model-tag", tag])
+    assert e.value.code == 2 and "--model-tag" in capsys.readouterr().err
+    assert not (tmp_path / "base").exists() and not (tmp_path / "escape").exists()
