@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nanochat.cli_types import positive_int  # noqa: E402
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def run_tokenizer(directory, meta: dict):
 
     directory = directory or meta.get("tokenizer_dir")
     if not directory or not (Path(directory) / HEADER_FILE).is_file():
-        raise SystemExit(f"error: no tokenizer at {directory!r} (the checkpoint's run records "
+        raise ValueError(f"no tokenizer at {directory!r} (the checkpoint's run records "
                          f"{meta.get('tokenizer_dir')!r}): pass --tokenizer-dir DIR, the run's tokenizer")
     return get_tokenizer(directory)
 
@@ -43,34 +44,43 @@ def source_embedding(model, source: str) -> torch.Tensor:
         return model.wte.weight.detach()[:V]
     if source == "ve":
         if model.config.memory != "ve":
-            raise SystemExit(f"--source ve needs a --memory ve checkpoint (this one is --memory {model.config.memory})")
+            raise ValueError(f"--source ve needs a --memory ve checkpoint (this one is --memory {model.config.memory})")
         return model.memory.tables[-1].weight.detach()[:V]  # the last (deepest) VE layer's table
-    raise SystemExit(f"--source {source!r} is unknown; allowed: wte, ve")
+    raise ValueError(f"--source {source!r} is unknown; allowed: wte, ve")
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="run directory holding checkpoints/")
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
-    ap.add_argument("--group-size", type=int, required=True, help="c_grp: tokens per row")
+    ap.add_argument("--group-size", type=positive_int, required=True, help="c_grp: tokens per row")
     ap.add_argument("--source", default="wte", choices=("wte", "ve"))
     ap.add_argument("--tokenizer-dir", default=None,
                     help="tokenizer of the run (specials, fingerprint, BOS; default: the checkpoint run's)")
-    ap.add_argument("--knn", type=int, default=64, help="neighbour-list length of the greedy pass")
+    ap.add_argument("--knn", type=positive_int, default=64, help="neighbour-list length of the greedy pass")
     ap.add_argument("--output", required=True)
     args = ap.parse_args(argv)
-    if args.group_size < 1:
-        raise SystemExit(f"--group-size must be >= 1 (got {args.group_size})")
+    out = Path(args.output)
+    # checked before the (long) build; the write renames a temp file over it, which would replace a device
+    # such as /dev/full with a regular file (as root) or fail on a directory after all the work
+    if out.exists() and not out.is_file():
+        ap.error(f"--output {out} exists and is not a regular file; give the path of a .json file")
+    if not out.parent.is_dir():
+        ap.error(f"--output {out}: directory {out.parent} does not exist")
+    return args
+
+
+def build(args) -> None:
     from nanochat.checkpoint import load_model
 
     model, meta = load_model(args.checkpoint, args.step)
     V = model.config.vocab_size
     if V % args.group_size:
-        raise SystemExit(f"--group-size {args.group_size} must divide the vocab size {V}")
+        raise ValueError(f"--group-size {args.group_size} must divide the vocab size {V}")
     tokenizer = run_tokenizer(args.tokenizer_dir, meta)
     specials = sorted(int(i) for i in tokenizer.special_tokens.values())
     if any(not 0 <= i < V for i in specials):
-        raise SystemExit(f"--tokenizer-dir: special ids {specials} do not fit the model vocab {V}")
+        raise ValueError(f"--tokenizer-dir: special ids {specials} do not fit the model vocab {V}")
     emb = source_embedding(model, args.source)
     rows = build_groups(emb, args.group_size, special_ids=specials, k=args.knn)
     source_ckpt = f"{Path(args.checkpoint).resolve()}@step{meta['step']}"
@@ -82,8 +92,26 @@ def main(argv=None) -> None:
           f"sha256 {digest[:12]})")
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    tmp = Path(args.output).with_name(Path(args.output).name + ".tmp")  # write_slot_map's temp name
     try:
-        main()
+        build(args)
     except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / group size
-        raise SystemExit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. a full disk: the old --output (if any) is kept, the torn temp file goes
+        tmp.unlink(missing_ok=True)
+        writing = e.filename is not None and Path(e.filename) in (tmp, Path(args.output))
+        print(f"error: could not write --output {args.output}: {e.strerror}" if writing else f"error: {e}",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        tmp.unlink(missing_ok=True)
+        print(f"interrupted; --output {args.output} was not written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -85,3 +85,63 @@ def test_export_refuses_a_model_tag_that_is_a_path(our_run, tmp_path, capsys, ta
         export_reference.main(["--run", str(our_run), "--out", str(tmp_path / "base"), "--model-tag", tag])
     assert e.value.code == 2 and "--model-tag" in capsys.readouterr().err
     assert not (tmp_path / "base").exists() and not (tmp_path / "escape").exists()
+
+
+@pytest.fixture
+def ve_run(tmp_path, tiny_tokenizer_dir):
+    from conftest import tiny_config
+    from nanochat.gpt import build_model
+
+    run = tmp_path / "run"
+    save_checkpoint(run, 3, build_model(tiny_config(memory="ve", vocab_size=1024), seed=0),
+                    {"tokenizer_dir": str(tiny_tokenizer_dir)})
+    return run
+
+
+def slot_map_argv(run, output, *extra):
+    return ["--checkpoint", str(run), "--group-size", "4", "--knn", "8", "--output", str(output), *extra]
+
+
+@pytest.mark.parametrize("extra, needle", [(["--knn", "0"], "--knn"), (["--group-size", "0"], "--group-size"),
+                                           (["--output", "DIR"], "is not a regular file"),
+                                           (["--output", "DIR/missing/x.json"], "does not exist")])
+def test_build_slot_map_refuses_bad_flags_before_the_build(ve_run, tmp_path, capsys, extra, needle):
+    """An --output that is a directory (or a device: as root the temp file was renamed over /dev/full) or lies in
+    no directory is refused up front, not after the build."""
+    from scripts import build_slot_map
+
+    extra = [x.replace("DIR", str(tmp_path)) for x in extra]
+    with pytest.raises(SystemExit) as e:
+        build_slot_map.main(slot_map_argv(ve_run, tmp_path / "m.json", *extra))
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_build_slot_map_errors_exit_2_with_one_line(ve_run, tmp_path, capsys):
+    from scripts import build_slot_map
+
+    assert build_slot_map.main(slot_map_argv(ve_run, tmp_path / "m.json", "--group-size", "3")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --group-size 3 must divide the vocab size 1024") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("fault", ["full disk", "ctrl-c"])
+def test_build_slot_map_that_cannot_finish_keeps_the_old_map(ve_run, tmp_path, monkeypatch, capsys, fault):
+    from scripts import build_slot_map
+
+    out = tmp_path / "m.json"
+    assert build_slot_map.main(slot_map_argv(ve_run, out)) == 0
+    old = out.read_bytes()
+    capsys.readouterr()
+
+    def torn_write(path, *a, **k):  # part of the file reaches the disk, then the write fails
+        Path.write_bytes(path, b'{"vers')
+        if fault == "ctrl-c":
+            raise KeyboardInterrupt
+        full_disk(path)
+
+    monkeypatch.setattr(Path, "write_text", torn_write)
+    rc = build_slot_map.main(slot_map_argv(ve_run, out, "--knn", "16"))
+    err = capsys.readouterr().err
+    assert rc == (130 if fault == "ctrl-c" else 2) and len(err.splitlines()) == 1 and "--output" in err, err
+    assert out.read_bytes() == old and not (tmp_path / "m.json.tmp").exists()
