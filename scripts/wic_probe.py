@@ -29,6 +29,7 @@ and gate-weighted effects. Writes wic.json, wic_sites.csv, wic_routing.png, wic_
 import argparse
 import csv
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,6 +75,13 @@ def _index_pair(text: str, where: str) -> tuple[int, int]:
         raise ValueError(f"{where}: index {text!r} is not of the form i-j") from None
 
 
+def _text(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def read_wic(path, gold=None) -> list[WiCPair]:
     """Read a WiC TSV (5 columns + --gold, or 6 columns) or JSONL file; errors name the file and line."""
     path = Path(path)
@@ -83,8 +91,8 @@ def read_wic(path, gold=None) -> list[WiCPair]:
     if gold is not None:
         if not Path(gold).is_file():
             raise FileNotFoundError(f"--gold {gold}: file does not exist")
-        labels = [line.strip() for line in Path(gold).read_text(encoding="utf-8").splitlines() if line.strip()]
-    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+        labels = [line.strip() for line in _text(Path(gold), "--gold").splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(_text(path, "--wic").splitlines(), 1) if line.strip()]
     if labels is not None and len(labels) != len(lines):
         raise ValueError(f"--gold {gold}: {len(labels)} labels for {len(lines)} pairs in {path}")
     pairs = []
@@ -101,6 +109,8 @@ def read_wic(path, gold=None) -> list[WiCPair]:
                                  f"sentence2, label ({type(e).__name__}: {e})") from e
             continue
         cols = line.split("\t")
+        if len(cols) == 6 and labels is not None:  # which label would count is not for us to guess
+            raise ValueError(f"{where}: has a label column (6th) and --gold {gold} gives labels too; pass one")
         if len(cols) not in (5, 6) or (len(cols) == 5 and labels is None):
             raise ValueError(f"{where}: expected 6 tab-separated columns (word, POS, i-j, sentence1, sentence2, T/F) "
                              f"or 5 plus --gold; got {len(cols)}")
@@ -298,43 +308,76 @@ def parse_args(argv=None):
     try:
         args.tau_list = [float(t) for t in args.taus.split(",") if t.strip()]
     except ValueError:
-        ap.error(f"--taus {args.taus!r}: expected comma-separated numbers")
+        args.tau_list = [math.nan]
+    if not all(math.isfinite(t) and t >= 0 for t in args.tau_list):
+        ap.error(f"--taus {args.taus!r}: expected comma-separated numbers >= 0")
+    if args.bootstrap < 0:
+        ap.error(f"--bootstrap must be >= 0 (0 = no intervals), got {args.bootstrap}")
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
-        block = memory_block(model, need_routing=True)
-        if block.K >= block.M:
-            raise ValueError(f"the chance-corrected overlap needs K < M (run has K={block.K}, M={block.M})")
-        golds = args.gold or [None] * len(args.wic)
-        pairs = [p for f, g in zip(args.wic, golds) for p in read_wic(f, g)]
-        kept, dropped = filter_pairs(pairs, tokenizer)
-        labels = torch.tensor([k["pair"].label for k in kept], dtype=torch.bool)
-        print(f"{len(pairs)} pairs read, {len(kept)} kept ({int(labels.sum())} T / {int((~labels).sum())} F); dropped: {dropped}")
-        if not kept:
-            raise ValueError(f"--wic {' '.join(args.wic)}: no pair survives the strict-natural filter")
-        caps = capture_targets(model, kept, args.batch_size, args.distribution, not args.no_progress)
-        res = analyse(pair_metrics(*caps, block.M), labels, args.bootstrap, args.tau_list, args.seed)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    layers, H = list(block.layers), block.H
-    out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis" / "wic"
+OUTPUTS = ("wic_sites.csv", "wic_routing.png", "wic_gate.png", "wic_gate_mean.png", "wic.json")
+
+
+def write_outputs(out_dir: Path, report: dict, res: dict, layers, H: int) -> None:
+    """wic.json last: present only beside the csv and maps of the same probe. A write that fails (a full disk)
+    or is interrupted removes the set, so no older report describes newer files or the reverse."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        (out_dir / "wic.json").unlink(missing_ok=True)
+        write_sites_csv(res, layers, H, out_dir / "wic_sites.csv")
+        write_maps(res, layers, H, out_dir)
+        write_json(out_dir / "wic.json", report)
+    except BaseException:
+        for name in OUTPUTS:
+            (out_dir / name).unlink(missing_ok=True)
+        raise
+
+
+def probe(args, out_dir: Path) -> dict:
+    """Read, filter, capture, analyse, write; returns the per-metric summary."""
+    if out_dir.exists() and not out_dir.is_dir():  # found before the forwards, not after them
+        raise ValueError(f"--out-dir {out_dir} exists and is not a directory")
+    model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
+    block = memory_block(model, need_routing=True)
+    if block.K >= block.M:
+        raise ValueError(f"the chance-corrected overlap needs K < M (run has K={block.K}, M={block.M})")
+    golds = args.gold or [None] * len(args.wic)
+    pairs = [p for f, g in zip(args.wic, golds) for p in read_wic(f, g)]
+    kept, dropped = filter_pairs(pairs, tokenizer)
+    labels = torch.tensor([k["pair"].label for k in kept], dtype=torch.bool)
+    print(f"{len(pairs)} pairs read, {len(kept)} kept ({int(labels.sum())} T / {int((~labels).sum())} F); dropped: {dropped}")
+    if not kept:
+        raise ValueError(f"--wic {' '.join(args.wic)}: no pair survives the strict-natural filter")
+    caps = capture_targets(model, kept, args.batch_size, args.distribution, not args.no_progress)
+    res = analyse(pair_metrics(*caps, block.M), labels, args.bootstrap, args.tau_list, args.seed)
+    layers, H = list(block.layers), block.H
     summ = summary(res, layers, H)
-    write_json(out_dir / "wic.json", {
+    write_outputs(out_dir, {
         "run": str(args.run), "step": meta["step"], "files": args.wic, "distribution": args.distribution,
         "pairs_read": len(pairs), "pairs_kept": len(kept), "kept_T": int(labels.sum()), "dropped": dropped,
         "unique_target_ids": len({k["ids1"][k["pos1"]] for k in kept}), "bootstrap": args.bootstrap,
         "layers": layers, "heads": H, "summary": summ,
         "sites": {k: v for k, v in res.items() if k != "thresholds"},
         "thresholds": {str(t): th for t, th in res["thresholds"].items()},
-        "kept_pairs": [asdict(k["pair"]) for k in kept]})
-    write_sites_csv(res, layers, H, out_dir / "wic_sites.csv")
-    write_maps(res, layers, H, out_dir)
+        "kept_pairs": [asdict(k["pair"]) for k in kept]}, res, layers, H)
+    return summ
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis" / "wic"
+    try:
+        summ = probe(args, out_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # writing the outputs (e.g. a full disk); what this probe wrote was removed
+        print(f"error: could not write {e.filename or out_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; {out_dir} holds no partial results of this probe", file=sys.stderr)
+        return 130
     for name, s in summ.items():
         best = s["top10"][0]
         print(f"{name}: positive at {s['positive_sites']}/{s['sites']} sites; largest L{best['layer']}h{best['head']} "

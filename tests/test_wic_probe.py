@@ -158,3 +158,60 @@ def test_wic_probe_refuses_non_mome(tmp_path, capsys):
     run, _, _ = make_run(tmp_path, "ve")
     assert wic_probe.main(["--run", str(run), "--wic", str(FIXTURE)]) == 2
     assert "needs a MoME model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [(["--bootstrap", "-1"], "--bootstrap must be >= 0"),
+                                          (["--taus", "nan,0.2"], "--taus"), (["--taus", "-0.1"], "--taus"),
+                                          (["--taus", "x"], "--taus")])
+def test_wic_probe_refuses_bad_numbers(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        wic_probe.parse_args(["--run", str(tmp_path), "--wic", str(FIXTURE), *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_read_errors_for_binary_files_and_two_label_sources(tmp_path):
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(b"PK\x03\x04\x80\xff")
+    with pytest.raises(ValueError, match=r"--wic .*model.pt: not UTF-8"):
+        wic_probe.read_wic(binary)
+    gold = tmp_path / "g.txt"
+    gold.write_text("T\n" * 12)
+    with pytest.raises(ValueError, match=r"wic_synthetic.tsv:1: has a label column .* --gold"):
+        wic_probe.read_wic(FIXTURE, gold)  # 6 columns and --gold: which label counts would be a guess
+
+
+@pytest.mark.parametrize("fault", ["out-dir is a file", "full disk", "ctrl-c"])
+def test_wic_probe_that_cannot_write_or_is_interrupted(tmp_path, monkeypatch, capsys, fault):
+    """One error line naming the file; a failed write removes the whole output set (no wic.json describing other
+    files), Ctrl-C during the forwards leaves the earlier outputs alone."""
+    import errno
+
+    run, _, _ = make_run(tmp_path, "mome")
+    out = tmp_path / "wic"
+    argv = ["--run", str(run), "--wic", str(FIXTURE), "--bootstrap", "5", "--out-dir", str(out), "--no-progress"]
+    if fault == "out-dir is a file":
+        out.write_text("x")
+    else:
+        assert wic_probe.main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if out.is_dir() else None
+    capsys.readouterr()
+
+    def full_disk(res, layers, H, out_dir):
+        (out_dir / "wic_routing.png").write_bytes(b"\x89PNG")
+        raise OSError(errno.ENOSPC, "No space left on device", str(out_dir / "wic_gate.png"))
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wic_probe, "write_maps", full_disk)
+    monkeypatch.setattr(wic_probe, "capture_targets", interrupt if fault == "ctrl-c" else wic_probe.capture_targets)
+    rc = wic_probe.main(argv)
+    err = capsys.readouterr().err
+    assert rc == (130 if fault == "ctrl-c" else 2) and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    if fault == "out-dir is a file":
+        assert "is not a directory" in err and out.read_text() == "x"
+    elif fault == "full disk":
+        assert f"could not write {out / 'wic_gate.png'}: No space left on device" in err
+        assert not any((out / name).exists() for name in wic_probe.OUTPUTS)
+    else:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
