@@ -8,6 +8,9 @@ without a cache only), whatever the run trained with.
 """
 
 import argparse
+import math
+import os
+import sys
 
 import torch
 
@@ -17,7 +20,16 @@ from nanochat.common import autodetect_device
 from nanochat.engine import generate
 
 
-def main(argv=None):
+def device_available(device: str) -> bool:
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        return torch.cuda.is_available() and index < torch.cuda.device_count()
+    if device == "mps":
+        return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return True
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory holding checkpoints/")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -34,9 +46,15 @@ def main(argv=None):
         p.error("--num-samples and --max-tokens must be >= 1")
     if args.top_k < 0:
         p.error(f"--top-k must be >= 0 (0 = no top-k filtering), got {args.top_k}")
-    if args.temperature < 0:
-        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not args.temperature >= 0 or math.isinf(args.temperature):  # nan fails >= (torch's error is a traceback)
+        p.error(f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}")
+    if args.device_type and not device_available(args.device_type):
+        p.error(f"--device-type {args.device_type}: no such device here (torch sees {torch.cuda.device_count()} "
+                "CUDA devices); use cpu or leave the flag out to autodetect")
+    return args
 
+
+def sample(args) -> None:
     from nanochat.tokenizer import check_vocab_matches, get_tokenizer
 
     device = args.device_type or autodetect_device()
@@ -51,12 +69,26 @@ def main(argv=None):
             print(f"--- sample {i} (step {meta['step']}) ---")
             if out and out[-1] == tokenizer.bos_token_id:
                 out = out[:-1]  # the stop token ends the sample; it is not text
-            print(prompt + tokenizer.decode(out))
+            print(prompt + tokenizer.decode(out), flush=True)  # each sample as it comes: Ctrl-C keeps those shown
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        with torch.inference_mode():
+            sample(args)
+    except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / prompt
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # stdout failed (a full disk under a redirect); later writes to it would fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"error: could not write the samples to stdout: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        with torch.inference_mode():
-            main()
-    except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / prompt
-        raise SystemExit(f"error: {e}")
+    sys.exit(main())

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -82,3 +85,44 @@ def test_sample_script_does_not_print_the_stop_token(tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as e:
         sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "gpu"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("argv, needle", [(["--temperature", "nan"], "--temperature must be >= 0 and finite"),
+                                          (["--temperature", "inf"], "--temperature must be >= 0 and finite"),
+                                          (["--device-type", "cuda:999"], "--device-type cuda:999: no such device")])
+def test_sample_refuses_flags_torch_would_fail_on_with_a_traceback(tmp_path, capsys, argv, needle):
+    from scripts import sample
+
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--run", str(tmp_path), "--prompt", "hi", *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_sample_errors_and_ctrl_c_are_one_line(tmp_path, capsys, monkeypatch):
+    from scripts import sample
+
+    assert sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no checkpoint found") and len(err.splitlines()) == 1
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample, "load_model", interrupt)
+    assert sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "cpu"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_sample_to_a_full_stdout_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    from test_analysis import make_run
+
+    run, _, _ = make_run(tmp_path, "base")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "scripts.sample", "--run", str(run), "--prompt", "hi",
+                            "--max-tokens", "3", "--device-type", "cpu"], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 1 and r.stderr == "error: could not write the samples to stdout: No space left on device\n"
