@@ -17,8 +17,10 @@ import hashlib
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
 
+from nanochat.cli_types import positive_int
 from nanochat.eval_bundle import REPO_ROOT, load_core_tasks, load_task_data
 
 HELLASWAG_APPROX = "data/hellaswag_val_full/hellaswag_core_approx.jsonl"
@@ -40,10 +42,32 @@ def subset_rows(path: Path, task_type: str, n: int) -> list[dict]:
 
 
 def build(src: Path, out: Path, n: int) -> dict:
+    """Builds beside --out and swaps it in at the end: a failed or interrupted rebuild keeps the old subset (the
+    shipped one, by default), never half of one. Only a previous subset (SUBSET.json) or an empty dir is replaced."""
+    if out.exists() and not (out / "SUBSET.json").is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"--out {out} exists and is not a CORE subset (no SUBSET.json); it is replaced "
+                              "wholesale, so give a new directory")
+    tmp = out.with_name(out.name + ".building")
+    shutil.rmtree(tmp, ignore_errors=True)  # an earlier interrupted build
+    try:
+        info = _build_into(src, tmp, n, readme_from=out / "README.md")
+        if out.exists():
+            old = out.with_name(out.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def _build_into(src: Path, out: Path, n: int, readme_from: Path) -> dict:
     bundle = src / "eval_bundle"
-    readme = (out / "README.md").read_text(encoding="utf-8") if (out / "README.md").is_file() else None
-    if out.exists():
-        shutil.rmtree(out)
+    readme = readme_from.read_text(encoding="utf-8") if readme_from.is_file() else None
     (out / "eval_data").mkdir(parents=True)
     for name in ("core.yaml", "eval_meta_data.csv"):
         shutil.copy(bundle / name, out / name)
@@ -72,19 +96,27 @@ def build(src: Path, out: Path, n: int) -> dict:
     return info
 
 
-def main():
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", default=str(REPO_ROOT.parent / "shared"), help="shared/ folder holding eval_bundle/")
     ap.add_argument("--out", default=str(REPO_ROOT / "eval_data" / "core_subset"))
-    ap.add_argument("--rows", type=int, default=100, help="rows kept per task")
-    args = ap.parse_args()
+    ap.add_argument("--rows", type=positive_int, default=100, help="rows kept per task")
+    args = ap.parse_args(argv)
     src = Path(args.src)
     if not (src / "eval_bundle" / "core.yaml").is_file():
-        raise SystemExit(f"error: --src {src} has no eval_bundle/core.yaml")
-    info = build(src, Path(args.out), args.rows)
+        ap.error(f"--src {src} has no eval_bundle/core.yaml")
+    try:
+        info = build(src, Path(args.out), args.rows)
+    except (OSError, ValueError) as e:  # a refused --out, an unreadable task file, a full disk
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; --out {args.out} is as it was", file=sys.stderr)
+        return 130
     print(f"wrote {len(info['tasks'])} tasks to {args.out}; missing: {info['missing_tasks']}; "
           f"approximate: {list(info['approx_tasks'])}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

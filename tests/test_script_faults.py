@@ -3,6 +3,7 @@ flags, outputs that cannot be written, Ctrl-C midway. Each is one error line nam
 for Ctrl-C), and no partial output left behind."""
 
 import errno
+import json
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,58 @@ def test_build_slot_map_that_cannot_finish_keeps_the_old_map(ve_run, tmp_path, m
     err = capsys.readouterr().err
     assert rc == (130 if fault == "ctrl-c" else 2) and len(err.splitlines()) == 1 and "--output" in err, err
     assert out.read_bytes() == old and not (tmp_path / "m.json.tmp").exists()
+
+
+@pytest.fixture
+def subset_src(tmp_path):
+    """A --src whose eval_bundle is the shipped subset (small; the same layout as the full bundle)."""
+    from nanochat.eval_bundle import SUBSET_DIR
+
+    src = tmp_path / "shared"
+    src.mkdir()
+    (src / "eval_bundle").symlink_to(SUBSET_DIR)
+    return src
+
+
+def test_core_subset_refuses_an_out_dir_that_is_not_a_subset(subset_src, tmp_path, capsys):
+    """--out is replaced wholesale: a directory of other files was deleted."""
+    from scripts import make_core_subset
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "3"]) == 2
+    assert "is not a CORE subset" in capsys.readouterr().err and (out / "notes.txt").read_text() == "keep me"
+    with pytest.raises(SystemExit) as e:
+        make_core_subset.main(["--src", str(subset_src), "--out", str(tmp_path / "new"), "--rows", "0"])
+    assert e.value.code == 2 and "--rows" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", ["ctrl-c", "full disk"])
+def test_core_subset_rebuild_that_stops_midway_keeps_the_old_subset(subset_src, tmp_path, monkeypatch, capsys,
+                                                                    fault):
+    from scripts import make_core_subset
+
+    out = tmp_path / "sub"
+    assert make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "3"]) == 0
+    (out / "README.md").write_text("provenance notes")
+    before = files_under(out)
+    real, calls = make_core_subset.subset_rows, []
+
+    def stops_at_the_third_task(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            if fault == "ctrl-c":
+                raise KeyboardInterrupt
+            full_disk("sub.building/eval_data/x.jsonl")
+        return real(*a)
+
+    monkeypatch.setattr(make_core_subset, "subset_rows", stops_at_the_third_task)
+    rc = make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "2"])
+    assert rc == (130 if fault == "ctrl-c" else 2) and "Traceback" not in capsys.readouterr().err
+    assert files_under(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared", "sub"]  # no .building or .old left
+    monkeypatch.setattr(make_core_subset, "subset_rows", real)
+    assert make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "2"]) == 0
+    assert (out / "README.md").read_text() == "provenance notes"  # hand-written notes survive a rebuild
+    assert json.loads((out / "SUBSET.json").read_text())["rows_per_task"] == 2
