@@ -16,6 +16,7 @@ spread over the whole stream.
 """
 
 import argparse
+import hashlib
 import lzma
 import math
 import sys
@@ -23,8 +24,8 @@ from pathlib import Path
 
 from nanochat.cli_types import positive_int
 from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
-                              download_remote_shards, read_jsonl_texts, remove_unlisted_shards, start_rebuild,
-                              write_manifest, write_text_shard)
+                              download_remote_shards, load_manifest, read_jsonl_texts, remove_unlisted_shards,
+                              split_files, start_rebuild, write_manifest, write_text_shard)
 from nanochat.download import DownloadError
 from nanochat.run_dir import RunDirLock, ensure_writable
 
@@ -82,8 +83,9 @@ def read_source_documents(path: Path, doc_chars: int) -> list[str]:
 
 def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source_desc: str,
                        doc_chars: int = 1200, val_fraction: float = 0.05, docs_per_shard: int = 1000,
-                       row_group_size: int = 64) -> dict:
-    """Turn text sources into train/val parquet shards + manifest (the same format as the downloaded data)."""
+                       row_group_size: int = 64, request: dict | None = None) -> dict:
+    """Turn text sources into train/val parquet shards + manifest (the same format as the downloaded data).
+    ``request`` (``text_request``) is recorded in the manifest: a re-run of the same request can skip the build."""
     if not sources:
         raise DataError(f"no input files for --dataset {dataset} ({source_desc}); "
                         f"expected files ending in {LOCAL_SUFFIXES}")
@@ -106,9 +108,37 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
     train_names = _write_shards(data_dir, "train", train_docs, docs_per_shard, row_group_size)
     val_names = _write_shards(data_dir, "val", val_docs, docs_per_shard, row_group_size)
     manifest = write_manifest(data_dir, dataset, train_names, val_names, source=source_desc,
-                              documents={"train": len(train_docs), "val": len(val_docs)})
+                              documents={"train": len(train_docs), "val": len(val_docs)},
+                              **({"request": request} if request else {}))
     remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
     return manifest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def text_request(sources: list[Path], root: Path, doc_chars: int, val_fraction: float, docs_per_shard: int) -> dict:
+    """What an embedded/local build is made from: every source's content (path under ``root``, sha256) and the
+    flags that shape the shards. Equal requests build equal datasets."""
+    return {"sources": [[str(p.relative_to(root)), _sha256(p)] for p in sources], "doc_chars": doc_chars,
+            "val_fraction": val_fraction, "docs_per_shard": docs_per_shard}
+
+
+def already_prepared(data_dir: Path, dataset: str, request: dict) -> bool:
+    """``data_dir`` holds a complete build of ``request``: its manifest recorded the same request and every shard
+    it lists is there with its recorded size (an interrupted build has no manifest: start_rebuild drops it)."""
+    try:
+        manifest = load_manifest(data_dir)
+        split_files(data_dir, "train")
+        split_files(data_dir, "val")
+    except DataError:
+        return False
+    return manifest["dataset"] == dataset and manifest.get("request") == request
 
 
 class ShardWriter:
@@ -267,6 +297,8 @@ def parse_args(argv=None):
     p.add_argument("--text-column", default="text", help="hf: the column holding the document text")
     p.add_argument("--max-docs", type=positive_int, default=None, help="hf: stop after this many documents (default: all)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--rebuild", action="store_true", help="embedded/local: build again even when --data-dir already "
+                   "holds a complete build from the same sources and flags (which is otherwise kept)")
     return p.parse_args(argv)
 
 
@@ -277,8 +309,14 @@ def build_local_dataset(args, data_dir: Path, progress: bool) -> dict:
                                 args.docs_per_shard or 20_000, args.revision, progress=progress)
     sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir, data_dir)
     desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
+    docs_per_shard = args.docs_per_shard or 1000
+    request = text_request(sources, Path(desc), args.doc_chars, args.val_fraction, docs_per_shard)
+    if not args.rebuild and already_prepared(data_dir, args.dataset, request):
+        print(f"{args.dataset}: already prepared in {data_dir} from the same sources and flags: kept "
+              "(--rebuild builds it again)")
+        return load_manifest(data_dir)
     return build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
-                              val_fraction=args.val_fraction, docs_per_shard=args.docs_per_shard or 1000)
+                              val_fraction=args.val_fraction, docs_per_shard=docs_per_shard, request=request)
 
 
 def main(argv=None) -> int:

@@ -55,6 +55,37 @@ def test_local_dataset_txt_jsonl_parquet(tmp_path):
     assert val == ["txt paragraph 19", "json doc 19", "parquet doc 19"]
 
 
+def test_a_rerun_of_the_same_local_build_keeps_it(tmp_path, capsys):
+    """speedrun.sh runs prepare_data on every start: the same sources and flags into a directory holding their
+    complete build keep it (the CPU demo rebuilt the embedded corpus each time); anything else builds again."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(40)))
+    flags = ["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out)]
+
+    def prepare(*extra) -> bool:
+        """Run it; True when it kept the build (the shards are the same files, untouched)."""
+        before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.parquet")}
+        assert main([*flags, *extra]) == 0
+        kept = "already prepared in" in capsys.readouterr().out
+        after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.parquet")}
+        assert kept == (bool(before) and before == after), (before, after)
+        return kept
+
+    assert not prepare() and prepare()
+    assert not prepare("--doc-chars", "5")  # other flags: another dataset
+    assert prepare("--doc-chars", "5") and not prepare()  # and back
+    assert not prepare("--rebuild")
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(41)))
+    assert not prepare() and load_manifest(out)["documents"] == {"train": 38, "val": 3}  # the sources changed
+    (out / load_manifest(out)["val"][0]).unlink()  # a partial directory is never kept
+    assert not prepare() and prepare()
+    (out / "manifest.json").unlink()  # what a build stopped midway leaves
+    assert not prepare()
+    pq.write_table(pa.table({"text": ["another document"]}), out / load_manifest(out)["train"][0])  # overwritten
+    assert not prepare() and prepare()
+
+
 def test_bad_local_inputs_give_clear_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -228,8 +259,8 @@ def test_data_dir_inside_text_dir_is_not_read_back(tmp_path):
     src.mkdir()
     (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(40)))
     out = src / "prepared"
-    for _ in range(2):  # the second run must not read the first run's shards as input
-        assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out)]) == 0
+    for again in ([], ["--rebuild"]):  # the second build must not read the first one's shards as input
+        assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out), *again]) == 0
         assert load_manifest(out)["documents"] == {"train": 38, "val": 2}
     with pytest.raises(DataError, match="--data-dir .* is --text-dir"):
         build_text_dataset(local_sources(src, data_dir=src), src, "local", str(src))
