@@ -26,6 +26,21 @@ done
     echo "[speedrun] DEMO_CORE_MAX must be a positive integer or -1 for every example (got '$DEMO_CORE_MAX')" >&2
     exit 2; }
 
+# One speedrun.sh per checkout, taken before anything runs (setup_env.sh rebuilding .venv under a running one
+# would collide too, and the mode is not known yet): a second one stops here, naming what the first one runs
+# (runs/speedrun.lock holds that line). The GPU path also takes a lock in the data root (take_lock in gpu_run):
+# two checkouts of one user share it, and would share the GPUs.
+take_lock() {  # take_lock FILE WHAT: hold FILE's lock until this script exits and write WHAT in it, or stop
+    command -v flock >/dev/null || return 0
+    local fd
+    exec {fd}>>"$1"
+    flock -n "$fd" || { echo "[speedrun] another speedrun.sh is running $(head -n 1 "$1"): wait for it to" \
+                        "finish or stop it" >&2; exit 2; }
+    echo "$2" >"$1"  # the lock is the open file's, which this rewrite keeps
+}
+mkdir -p runs
+take_lock runs/speedrun.lock "in $PWD (pid $$; setting up)"
+
 # Each step runs as a child this shell waits for, and a SIGINT/SIGTERM sent to speedrun.sh alone (kill PID, a
 # scheduler) or to its process group (Ctrl-C) is passed on to it: the step stops the way Ctrl-C stops it (base_train
 # saves a checkpoint) and the script stops with exit 1 and says where (a signal between two steps stops it before the
@@ -37,6 +52,7 @@ trap 'stopped=SIGTERM; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || tru
 step() {
     local name="$1" rc=0
     [ "$1" != python ] || name="$3"  # python -m MODULE
+    [ "$1" != bash ] || name="$2"  # bash SCRIPT
     [ -z "$stopped" ] || stop_here "after $last"  # a signal between two steps (no step to pass it to)
     ( trap - INT TERM; exec "$@" ) &  # an asynchronous child would ignore SIGINT: restore it
     child=$! last="$name"
@@ -51,6 +67,12 @@ stop_here() {
     echo "[speedrun] ${demo:-speedrun} stopped ($stopped) $1: run 'bash speedrun.sh' again to continue" >&2
     exit 1
 }
+done_run() {  # done_run RUN_DIR BASE_TRAIN_FLAGS...: the run finished with these flags, final evaluation included
+    local run="$1"
+    shift
+    python -m scripts.speedrun_preflight done "$run" -- "$@" || return 1
+    echo "[speedrun] $run already done (completed with its final evaluation): not trained again"
+}
 
 step bash scripts/setup_env.sh
 # shellcheck disable=SC1091
@@ -62,6 +84,9 @@ gpu_run() {
     # the paper's d12 row: MoME A2/6 (token index) at 3e18 FLOPs, 524,288-token steps of 2048-token rows
     local train=(--config configs/d12/mome_c1_m6.toml --run-dir "$run" --run-name speedrun_d12_mome --save-every 500
                  --data-dir "$data" --tokenizer-dir tokenizer --resume auto)
+    echo "the d12 MoME run in $run (pid $$)" >runs/speedrun.lock  # what a second speedrun.sh is told
+    mkdir -p "$(dirname "$data")"
+    take_lock "$(dirname "$data")/speedrun-gpu.lock" "the d12 MoME run of $PWD (pid $$) on this machine's GPUs"
     echo "[speedrun] $ngpu CUDA GPU(s) and internet: d12 MoME A2/6 at 3e18 FLOPs"
     # processes x device batch that split the batch exactly on these GPUs, and a dry run of every flag with that
     # layout: a bad combination stops here, before any download or tokenizer training
@@ -69,9 +94,20 @@ gpu_run() {
     layout="$(python -m scripts.speedrun_preflight layout --gpus "$ngpu" --max-device-batch "${DEVICE_BATCH:-32}" \
         -- "${train[@]}")"
     read -r nproc device_batch <<<"$layout"
-    step python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
-    [ -f tokenizer/tokenizer.json ] || step python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
-    step torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" --device-batch-size "$device_batch"
+    train+=(--device-batch-size "$device_batch")
+    if done_run "$run" "${train[@]}"; then
+        if [ -f "$run/comparison.md" ]; then
+            echo "[speedrun] d12 MoME already done: report at $run/report.md and $run/comparison.md (delete $run" \
+                 "to train it again)"
+            return 0
+        fi
+    else
+        # shards already in $data are kept (only the missing ones are downloaded; every shard's footer is checked)
+        step python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
+        [ -f tokenizer/tokenizer.json ] || \
+            step python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
+        step torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}"
+    fi
     # base_train wrote $run/report.md (provenance, throughput, metrics); add the table and curves beside it
     step python -m scripts.report "$run" --output "$run/comparison.md" --title "speedrun: d12 MoME (A2/6) at 3e18 FLOPs"
 }
@@ -79,22 +115,30 @@ gpu_run() {
 cpu_demo() {
     local root=runs/speedrun_cpu bundle=subset t0=$SECONDS
     demo="CPU demo"
-    # one demo at a time in $root: a second one would rebuild the data under the first and then stop on its run lock
-    mkdir -p "$root"
-    if command -v flock >/dev/null; then
-        exec 9>>"$root/speedrun.lock"
-        flock -n 9 || { echo "[speedrun] another speedrun.sh is running the CPU demo in $root: wait for it to" \
-                        "finish or stop it" >&2; exit 2; }
-    fi
-    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, about 10 min on 2 cores)"
+    echo "the CPU demo in $root (pid $$)" >runs/speedrun.lock  # what a second speedrun.sh is told
     [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
-    step python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"
-    [ -f "$root/tokenizer/tokenizer.json" ] || \
-        step python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
                   --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
                   --dtype bfloat16 --log-every 10 --keep-last 1 --resume auto)
+    local base=("${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base")
+    local mome=("${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 --run-name speedrun_cpu_mome
+                --run-dir "$root/mome")
+    # a run that completed with its final evaluation and these flags is not trained or evaluated again (one stopped
+    # in its final evaluation is: base_train --resume runs it); when both are, neither is the data or the tokenizer
+    local train_base=yes train_mome=yes
+    if done_run "$root/base" "${base[@]}"; then train_base=""; fi
+    if done_run "$root/mome" "${mome[@]}"; then train_mome=""; fi
+    if [ -z "$train_base$train_mome" ] && [ -f "$root/report.md" ]; then
+        echo "[speedrun] CPU demo already done: report at $root/report.md (delete $root to run it again)"
+        return 0
+    fi
+    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, about 10 min on 2 cores)"
+    if [ -n "$train_base$train_mome" ]; then
+        step python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"  # keeps a complete one
+        [ -f "$root/tokenizer/tokenizer.json" ] || \
+            step python -m scripts.tok_train --vocab-size 4096 --data-dir "$root/data" --output-dir "$root/tokenizer"
+    fi
     # a model stopped early (Ctrl-C, SIGTERM) exits 0 after saving: stop here instead of reporting it as done;
     # running speedrun.sh again continues it from its checkpoint (--resume auto)
     finished() {
@@ -102,11 +146,14 @@ cpu_demo() {
         echo "[speedrun] CPU demo interrupted: run 'bash speedrun.sh' again to continue from the checkpoint" >&2
         exit 1
     }
-    step python -m scripts.base_train "${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base"
-    finished "$root/base"
-    step python -m scripts.base_train "${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 \
-        --run-name speedrun_cpu_mome --run-dir "$root/mome"
-    finished "$root/mome"
+    if [ -n "$train_base" ]; then
+        step python -m scripts.base_train "${base[@]}"
+        finished "$root/base"
+    fi
+    if [ -n "$train_mome" ]; then
+        step python -m scripts.base_train "${mome[@]}"
+        finished "$root/mome"
+    fi
     step python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \
         --title "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)"
     echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"

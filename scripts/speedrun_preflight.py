@@ -9,12 +9,16 @@
         stdout "NPROC DEVICE_BATCH": the most GPUs (then the largest device batch) that split the flags' total
         batch exactly, after a base_train --dry-run of the flags with that layout (so the flags are checked;
         --attention and --mome-kernels are resolved only when training starts).
+    python -m scripts.speedrun_preflight done RUN_DIR -- BASE_TRAIN_FLAGS...
+        exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
+        evaluation) and config.json records the same flags; else exit 1 (base_train --resume has work to do).
 
 Messages go to stderr; the shell reads the one stdout line.
 """
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +26,7 @@ import sys
 import urllib.request
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from unittest import mock
 
 
@@ -151,6 +156,23 @@ def layout(gpus: int, max_device_batch: int, train_flags: list[str]) -> tuple[in
     return nproc, device_batch
 
 
+def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
+    """None when ``run_dir`` holds the run of ``train_flags`` finished, final evaluation included; else why not.
+    A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again)."""
+    from nanochat.report import read_json, unfinished
+    from nanochat.train_args import parse_args
+
+    problem = unfinished(run_dir)
+    if problem:
+        return problem
+    saved = (read_json(run_dir / "config.json") or {}).get("args", {})
+    # the args as config.json holds them; None is a default base_train resolves (run name, data seed, compile)
+    wanted = json.loads(json.dumps(vars(parse_args(train_flags)), default=str))
+    missing = object()
+    differ = sorted(k for k, v in wanted.items() if v is not None and saved.get(k, missing) != v)
+    return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     train_flags = []
@@ -158,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, train_flags = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("mode", "layout"))
+    ap.add_argument("what", choices=("mode", "layout", "done"))
+    ap.add_argument("run_dir", nargs="?", type=Path, help="done: the run directory")
     ap.add_argument("--gpus", type=int, default=None, help="layout: GPUs available")
     ap.add_argument("--max-device-batch", type=int, default=32, help="layout: largest rows per micro-batch")
     args = ap.parse_args(argv)
@@ -166,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "mode":
             mode, ngpu = decide_mode(os.environ.get("SPEEDRUN_MODE", ""), probe(), have_internet)
             print(mode, ngpu)
+        elif args.what == "done":
+            if args.run_dir is None or not train_flags:
+                ap.error("done needs RUN_DIR and the base_train flags after --")
+            return 1 if unfinished_run(args.run_dir, train_flags) else 0
         else:
             if args.gpus is None or not train_flags:
                 ap.error("layout needs --gpus N and the base_train flags after --")

@@ -3,12 +3,12 @@ process x device-batch layout for 1-8 GPUs (arithmetic, then base_train --dry-ru
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,10 +68,38 @@ def test_speedrun_checks_the_layout_before_any_download():
     layout = gpu_run.index("scripts.speedrun_preflight layout")
     assert layout < gpu_run.index("scripts.prepare_data") < gpu_run.index("scripts.tok_train")
     assert SPEEDRUN_CONFIG in gpu_run
-    assert re.search(r'torchrun --standalone --nproc_per_node="\$nproc" -m scripts.base_train "\$\{train\[@\]\}" '
-                     r'--device-batch-size "\$device_batch"', gpu_run)
+    assert 'train+=(--device-batch-size "$device_batch")' in gpu_run
+    assert 'torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}"' in gpu_run
     assert SPEEDRUN.index("scripts.speedrun_preflight mode") < SPEEDRUN.index('gpu) gpu_run "$ngpu"')
     assert "have_internet" not in SPEEDRUN and "gpu_count" not in SPEEDRUN  # the old per-shell detection is gone
+
+
+def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_same_flags(tmp_path):
+    """What lets `bash speedrun.sh` after a finished run skip it: summary.json "completed" (a stop during the final
+    evaluation is "interrupted") and config.json's args (as base_train writes them, with the defaults it
+    resolves) equal to the flags speedrun.sh would pass now."""
+    from nanochat.train_args import parse_args
+
+    run = tmp_path / "run"
+    flags = ["--depth", "4", "--num-iterations", "20", "--core-max-per-task", "4", "--run-dir", str(run),
+             "--resume", "auto"]
+    assert "no summary.json" in pre.unfinished_run(run, flags)
+    args = parse_args(flags)
+    args.run_name, args.data_seed, args.compile = "d4-base", args.seed, False  # what base_train resolves
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"args": vars(args)}, default=str))
+    summary = {"stop_reason": "interrupted", "step": 20, "num_iterations": 20, "interrupted_during": "final_eval"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert "stop reason: interrupted" in pre.unfinished_run(run, flags)
+    assert pre.main(["done", str(run), "--", *flags]) == 1
+    (run / "summary.json").write_text(json.dumps({**summary, "stop_reason": "completed"}))
+    assert pre.unfinished_run(run, flags) is None
+    assert pre.main(["done", str(run), "--", *flags]) == 0
+    more = [f if f != "20" else "30" for f in flags]  # DEMO_STEPS=30 after a 20-step demo
+    assert pre.unfinished_run(run, more) == f"{run} completed with other flags (num_iterations)"
+    assert pre.main(["done", str(run), "--", *more]) == 1
+    assert "(core_max_per_task)" in pre.unfinished_run(run, [*flags, "--core-max-per-task", "8"])
+    assert "(memory" in pre.unfinished_run(run, [*flags, "--memory", "mome"])
 
 
 def fake_nvidia_smi(bin_dir, gpus: int, fail: bool = False):
@@ -177,9 +205,10 @@ def test_cli_prints_one_line_for_the_shell(tmp_path):
     assert r.returncode == 2 and r.stdout == "" and "nvidia-smi sees 2 GPU(s)" in r.stderr, r.stderr
 
 
-# speedrun.sh's own shell logic, run on a copy of it whose steps are fakes: setup_env.sh does nothing and the venv's
-# `python` records each step in FAKE_LOG; its base_train trains for FAKE_TRAIN_S seconds unless a SIGINT/SIGTERM
-# comes, and then, like the real one, writes summary.json with stop_reason "interrupted" and exits 0.
+# speedrun.sh's own shell logic, run on a copy of it whose steps are fakes: setup_env.sh and the venv's `python`
+# record each step in FAKE_LOG; its base_train trains for FAKE_TRAIN_S seconds unless a SIGINT/SIGTERM comes, and
+# then, like the real one, writes summary.json with stop_reason "interrupted" and exits 0; summary.json keeps its
+# flags, which the fake `speedrun_preflight done` compares as the real one compares config.json's.
 FAKE_PYTHON = r'''
 import json, os, signal, sys, time
 from pathlib import Path
@@ -188,7 +217,12 @@ module = args[1] if args[:1] == ["-m"] else args[0]
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(" ".join(args) + "\n")
 flag = lambda name: args[args.index(name) + 1]
-if module == "scripts.speedrun_preflight":
+if module == "scripts.speedrun_preflight" and args[2] == "done":
+    summary = Path(args[3]) / "summary.json"
+    done = summary.is_file() and json.loads(summary.read_text()) == {"stop_reason": "completed", "signals": [],
+                                                                      "flags": args[5:]}
+    sys.exit(0 if done else 1)
+elif module == "scripts.speedrun_preflight":
     print("cpu 0")
 elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "signal-me":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finishes (exit 0) although speedrun.sh got a SIGTERM: as if
@@ -212,13 +246,15 @@ elif module == "scripts.base_train":
         time.sleep(0.02)
     time.sleep(0.2)  # "saving": a forwarded copy of the signal arrives meanwhile
     (run / "summary.json").write_text(json.dumps({"stop_reason": "interrupted" if got else "completed",
-                                                 "signals": got}))
+                                                 "signals": got, "flags": args[2:]}))
 elif module == "scripts.report" and "--check-completed" in args:
     runs = [a for a in args[2:] if not a.startswith("--")]
     bad = [r for r in runs if json.loads((Path(r) / "summary.json").read_text())["stop_reason"] != "completed"]
     for r in bad:
         print(f"not completed: {r}", file=sys.stderr)
     sys.exit(1 if bad else 0)
+elif module == "scripts.report":
+    Path(flag("--output")).write_text("the report")
 '''
 
 
@@ -233,7 +269,8 @@ def fake_speedrun(tmp_path):
     shutil.copy(REPO / "speedrun.sh", repo / "speedrun.sh")
     for helper in (REPO / "scripts").glob("*.sh"):  # what speedrun.sh sources, if anything
         shutil.copy(helper, repo / "scripts" / helper.name)
-    (repo / "scripts" / "setup_env.sh").write_text("exit 0\n")
+    (repo / "scripts" / "setup_env.sh").write_text('echo setup_env >>"$FAKE_LOG"\n'
+                                                   '[ "${FAKE_SETUP:-}" != slow ] || exec sleep 30\n')
     (fake_bin / "activate").write_text(f'PATH="{fake_bin}:$PATH"\n')
     (fake_bin / "python").write_text(f"#!{sys.executable}\n{FAKE_PYTHON}")
     (fake_bin / "python").chmod(0o755)
@@ -268,6 +305,15 @@ def wait_for_training(repo, proc, model="base") -> int:
     pytest.fail("the fake base_train never started")
 
 
+REPORT = "scripts.report runs/speedrun_cpu/base runs/speedrun_cpu/mome"  # the demo's report (not a completion check)
+
+
+def ran(log, module: str) -> list[str]:
+    """The command lines of ``module``'s runs in a FAKE_LOG (its other lines name run dirs too: the done checks)."""
+    return [line for line in Path(log).read_text().splitlines() if line.startswith(f"-m {module} ")] \
+        if os.path.exists(log) else []
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie that init has yet to reap has finished)."""
     try:
@@ -296,30 +342,83 @@ def test_a_stop_signal_reaches_the_training_step_and_the_demo_continues(fake_spe
     assert summary["stop_reason"] == "interrupted" and summary["signals"][0] == signum.name
     assert proc.returncode == 1, (proc.returncode, err)
     assert "not completed: runs/speedrun_cpu/base" in err and "CPU demo interrupted" in err
-    assert "mome" not in open(env["FAKE_LOG"]).read()
+    assert not any("mome" in line for line in ran(env["FAKE_LOG"], "scripts.base_train"))
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 and "CPU demo done" in out, err
-    steps = open(env["FAKE_LOG"]).read()
-    assert steps.count("--run-dir runs/speedrun_cpu/base") == 2 and steps.count("tok_train") == 1
+    trained = ran(env["FAKE_LOG"], "scripts.base_train")
+    assert [line.endswith("runs/speedrun_cpu/base") for line in trained] == [True, True, False]
+    assert len(ran(env["FAKE_LOG"], "scripts.tok_train")) == 1
 
 
-def test_a_second_speedrun_while_one_runs_is_refused_before_it_touches_the_data(fake_speedrun, tmp_path):
+@pytest.mark.parametrize("stage", ["setup", "training"])
+def test_a_second_speedrun_while_one_runs_is_refused_before_anything_runs(fake_speedrun, tmp_path, stage):
+    """The refusal used to come after setup_env.sh and the mode probe (18 s; setup_env.sh re-installing .venv
+    under the first one): it now comes first, naming what the first one runs (the mode, once it knows it)."""
     repo, env = fake_speedrun
-    first = start_speedrun(repo, env)
-    child = wait_for_training(repo, first)
+    first = start_speedrun(repo, env, FAKE_SETUP="slow" if stage == "setup" else "")
+    if stage == "training":
+        wait_for_training(repo, first)
+    else:
+        for _ in range(500):
+            if os.path.exists(env["FAKE_LOG"]):
+                break
+            time.sleep(0.02)
     try:
         second = start_speedrun(repo, env, FAKE_LOG=str(tmp_path / "second.log"))
         out, err = second.communicate(timeout=20)
         assert second.returncode == 2, (second.returncode, err)
-        assert "another speedrun.sh is running the CPU demo in runs/speedrun_cpu" in err
-        assert "prepare_data" not in (tmp_path / "second.log").read_text()  # only the mode probe, if anything
-        assert first.poll() is None and alive(child)  # the first one goes on
+        what = ("the CPU demo in runs/speedrun_cpu" if stage == "training" else
+                f"in {repo} (pid {first.pid}; setting up)")
+        assert f"[speedrun] another speedrun.sh is running {what}" in err, err
+        assert not (tmp_path / "second.log").exists()  # not even setup_env.sh or the mode probe
+        assert first.poll() is None  # the first one goes on
     finally:
         os.kill(first.pid, signal.SIGTERM)
         first.communicate(timeout=20)
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+
+
+def test_a_finished_demo_is_not_run_again(fake_speedrun, tmp_path):
+    """`bash speedrun.sh` after a finished demo rebuilt the data and ran both final evaluations again (49 s of the
+    91). Now it says it is done; with other flags (DEMO_STEPS) the runs are base_train's again (it refuses them)."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "CPU demo done" in out, err
+    again = str(tmp_path / "again.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=again)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "[speedrun] CPU demo already done: report at runs/speedrun_cpu/report.md" in out
+    assert "[speedrun] runs/speedrun_cpu/base already done (completed with its final evaluation)" in out
+    for module in ("scripts.prepare_data", "scripts.tok_train", "scripts.base_train", "scripts.report"):
+        assert ran(again, module) == [], module
+    other = str(tmp_path / "other.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=other, DEMO_STEPS="30")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "already done" not in out, out
+    assert len(ran(other, "scripts.base_train")) == 2 and len(ran(other, REPORT)) == 1
+
+
+def test_a_demo_stopped_in_a_final_evaluation_continues_that_run_alone(fake_speedrun, tmp_path):
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    assert proc.communicate(timeout=20) and proc.returncode == 0
+    mome = repo / "runs" / "speedrun_cpu" / "mome" / "summary.json"
+    summary = json.loads(mome.read_text())
+    mome.write_text(json.dumps({**summary, "stop_reason": "interrupted", "interrupted_during": "final_eval"}))
+    again = str(tmp_path / "again.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=again)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "CPU demo done" in out and "CPU demo already done" not in out, err
+    assert [line.rsplit(" ", 1)[1] for line in ran(again, "scripts.base_train")] == ["runs/speedrun_cpu/mome"]
+    assert len(ran(again, "scripts.prepare_data")) == 1 and len(ran(again, REPORT)) == 1
+    (repo / "runs" / "speedrun_cpu" / "report.md").unlink()  # both done, no report: only the report is made
+    proc = start_speedrun(repo, env, FAKE_LOG=str(tmp_path / "report.log"))
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and (repo / "runs" / "speedrun_cpu" / "report.md").is_file(), err
+    assert ran(tmp_path / "report.log", "scripts.base_train") == ran(tmp_path / "report.log", "scripts.prepare_data")
+    assert ran(tmp_path / "report.log", "scripts.base_train") == []
 
 
 @pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5")])
