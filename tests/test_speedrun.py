@@ -223,7 +223,7 @@ if module == "scripts.speedrun_preflight" and args[2] == "done":
                                                                       "flags": args[5:]}
     sys.exit(0 if done else 1)
 elif module == "scripts.speedrun_preflight":
-    print("cpu 0")
+    print(os.environ.get("FAKE_MODE", "cpu 0") if args[2] == "mode" else "1 32")  # mode; layout
 elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "signal-me":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finishes (exit 0) although speedrun.sh got a SIGTERM: as if
     os.kill(os.getppid(), signal.SIGTERM)  # the signal came between this step and the next
@@ -274,6 +274,8 @@ def fake_speedrun(tmp_path):
     (fake_bin / "activate").write_text(f'PATH="{fake_bin}:$PATH"\n')
     (fake_bin / "python").write_text(f"#!{sys.executable}\n{FAKE_PYTHON}")
     (fake_bin / "python").chmod(0o755)
+    (fake_bin / "torchrun").write_text('#!/bin/sh\nshift 2\nexec python "$@"\n')  # --standalone --nproc_per_node=N
+    (fake_bin / "torchrun").chmod(0o755)
     env = {**os.environ, "SPEEDRUN_MODE": "cpu", "FAKE_LOG": str(tmp_path / "steps.log"), "FAKE_TRAIN_S": "30"}
     for name in ("DEMO_STEPS", "DEMO_CORE_MAX"):
         env.pop(name, None)
@@ -295,8 +297,8 @@ def start_speedrun(repo, env, **kw):
     return proc
 
 
-def wait_for_training(repo, proc, model="base") -> int:
-    pid_file = repo / "runs" / "speedrun_cpu" / model / "pid"
+def wait_for_training(repo, proc, model="base", run="runs/speedrun_cpu") -> int:
+    pid_file = repo / run / model / "pid"
     for _ in range(500):
         if pid_file.is_file() and pid_file.read_text():
             return int(pid_file.read_text())
@@ -455,3 +457,35 @@ def test_a_stop_signal_between_steps_is_not_lost(fake_speedrun):
     assert proc.returncode == 1, (proc.returncode, err)
     assert "[speedrun] CPU demo stopped (SIGTERM) after scripts.prepare_data" in err
     assert "tok_train" not in open(env["FAKE_LOG"]).read()
+
+
+def test_the_gpu_path_skips_a_finished_run_and_one_machine_trains_one_at_a_time(fake_speedrun, tmp_path):
+    """The same on the GPU path (torchrun a fake too): a finished d12 run is not run again, and a second checkout
+    of the same user (the same data root) is refused while the first one trains on the machine's GPUs."""
+    repo, env = fake_speedrun
+    env = {**env, "FAKE_MODE": "gpu 1", "NANOCHAT_DATA_DIR": str(tmp_path / "data")}
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and len(ran(env["FAKE_LOG"], "scripts.base_train")) == 1, err
+    again = str(tmp_path / "again.log")
+    proc = start_speedrun(repo, env, FAKE_LOG=again)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "[speedrun] d12 MoME already done: report at runs/speedrun_d12_mome/report.md" in out
+    assert ran(again, "scripts.prepare_data") == ran(again, "scripts.base_train") == ran(again, "scripts.report") == []
+    shutil.rmtree(repo / "runs" / "speedrun_d12_mome")
+    other = tmp_path / "other"
+    shutil.copytree(repo, other, ignore=shutil.ignore_patterns("runs"))
+    first = start_speedrun(repo, env)
+    wait_for_training(repo, first, model="", run="runs/speedrun_d12_mome")
+    try:
+        second = start_speedrun(other, env, FAKE_LOG=str(tmp_path / "second.log"))
+        out, err = second.communicate(timeout=20)
+        assert second.returncode == 2, err
+        assert f"another speedrun.sh is running the d12 MoME run of {repo} (pid {first.pid}) on this machine's " \
+               "GPUs" in err
+        assert ran(tmp_path / "second.log", "scripts.speedrun_preflight layout") == []
+        assert first.poll() is None
+    finally:
+        os.kill(first.pid, signal.SIGTERM)
+        first.communicate(timeout=20)
