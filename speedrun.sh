@@ -8,6 +8,10 @@
 #   processes: 3 GPUs use 2, 5-7 use 4) and checked with a dry run before anything is downloaded.
 # * No GPU: say so and run the CPU demo instead: embedded corpus -> 4096-token tokenizer -> tiny Base and tiny MoME
 #   models (a few minutes each) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
+# * Re-running either one does only what is left: a run that completed with its final evaluation and the same flags
+#   is not trained or evaluated again (one stopped in its final evaluation runs it), shards already downloaded and
+#   a complete embedded corpus are kept, and a finished one just says where its report is. One speedrun.sh per
+#   checkout (and on the GPU path per data root) at a time: a second one stops at once and says what runs.
 # * GPUs that torch cannot use (a CPU torch in .venv, a driver too old for the wheel) or no internet on a GPU
 #   machine: stop with what to do; a GPU machine never runs the CPU demo unless asked (SPEEDRUN_MODE=cpu).
 #
@@ -45,7 +49,10 @@ take_lock runs/speedrun.lock "in $PWD (pid $$; setting up)"
 # scheduler) or to its process group (Ctrl-C) is passed on to it: the step stops the way Ctrl-C stops it (base_train
 # saves a checkpoint) and the script stops with exit 1 and says where (a signal between two steps stops it before the
 # next one). Without this bash exits at once on SIGTERM, leaving the step running unseen (holding its run dir), and
-# ignores a SIGINT sent to it alone until the step ends.
+# ignores a SIGINT sent to it alone until the step ends. The step stays in this script's process group, so a
+# terminal's Ctrl-C reaches it twice (directly and from the trap; torchrun then shuts its workers down a second time,
+# with SIGTERM, and a new grace period): in a group of its own, a hang-up, Ctrl-Z, Ctrl-\ or a `kill -9 -PGID`
+# would no longer reach it, and a step left running holds its run's lock.
 child="" stopped="" last=""
 trap 'stopped=SIGINT; [ -z "$child" ] || kill -INT "$child" 2>/dev/null || true' INT
 trap 'stopped=SIGTERM; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM
