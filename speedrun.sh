@@ -36,10 +36,13 @@ done
 # two checkouts of one user share it, and would share the GPUs.
 take_lock() {  # take_lock FILE WHAT: hold FILE's lock until this script exits and write WHAT in it, or stop
     command -v flock >/dev/null || return 0
-    local fd
+    local fd held
     exec {fd}>>"$1"
-    flock -n "$fd" || { echo "[speedrun] another speedrun.sh is running $(head -n 1 "$1"): wait for it to" \
-                        "finish or stop it" >&2; exit 2; }
+    if ! flock -n "$fd"; then
+        held="$(head -n 1 "$1")"  # empty only in the instant between the holder's lock and its line
+        echo "[speedrun] another speedrun.sh is running ${held:-(lock $1)}: wait for it to finish or stop it" >&2
+        exit 2
+    fi
     echo "$2" >"$1"  # the lock is the open file's, which this rewrite keeps
 }
 mkdir -p runs
