@@ -192,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "done":
             if args.run_dir is None or not train_flags:
                 ap.error("done needs RUN_DIR and the base_train flags after --")
-            return 1 if unfinished_run(args.run_dir, train_flags) else 0
+            try:
+                return 1 if unfinished_run(args.run_dir, train_flags) else 0
+            except ValueError as e:  # a run file that is not JSON: not done; base_train --resume says what it finds
+                say(f"{args.run_dir}: {e}")
+                return 1
         else:
             if args.gpus is None or not train_flags:
                 ap.error("layout needs --gpus N and the base_train flags after --")

@@ -74,7 +74,7 @@ def test_speedrun_checks_the_layout_before_any_download():
     assert "have_internet" not in SPEEDRUN and "gpu_count" not in SPEEDRUN  # the old per-shell detection is gone
 
 
-def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_same_flags(tmp_path):
+def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_same_flags(tmp_path, capsys):
     """What lets `bash speedrun.sh` after a finished run skip it: summary.json "completed" (a stop during the final
     evaluation is "interrupted") and config.json's args (as base_train writes them, with the defaults it
     resolves) equal to the flags speedrun.sh would pass now."""
@@ -100,6 +100,9 @@ def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_sam
     assert pre.main(["done", str(run), "--", *more]) == 1
     assert "(core_max_per_task)" in pre.unfinished_run(run, [*flags, "--core-max-per-task", "8"])
     assert "(memory" in pre.unfinished_run(run, [*flags, "--memory", "mome"])
+    (run / "summary.json").write_text('{"stop_reason": "compl')  # cut short: not done, and no traceback
+    assert pre.main(["done", str(run), "--", *flags]) == 1
+    assert "summary.json is not valid JSON" in capsys.readouterr().err
 
 
 def fake_nvidia_smi(bin_dir, gpus: int, fail: bool = False):
