@@ -28,7 +28,7 @@ from pathlib import Path
 LOCK_FILE = "run.lock"
 # what a training run writes into its directory (checkpoints/ only counts when it holds a checkpoint)
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "environment.json", "report.md", "plan.json",
-             "wandb_id.txt")
+             "wandb_id.txt", "final_eval.partial.json")
 RUN_DIRS = ("checkpoints", "eval", "wandb")
 TRASH_PREFIX = ".trash-"
 RECORD_WAIT_S = 2.0  # how long a refused process waits for the record of an owner that has just taken the lock

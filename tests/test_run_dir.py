@@ -85,8 +85,11 @@ def test_fresh_run_into_a_run_dir_is_refused_unless_overwrite(tmp_path, capsys):
     assert f"--run-dir {run} already holds a run (config.json, metrics.jsonl" in err and "--overwrite" in err
     assert all(p.read_bytes() == b for p, b in before.items()) and ckpt.list_steps(run) == [2]
     (run / "eval").mkdir()  # an evaluation of the old run goes with it
+    (run / "final_eval.partial.json").write_text("{}")  # and the finished parts of its interrupted final evaluation
     assert train(run, "--num-iterations", "3", "--overwrite") == 0
-    assert "--overwrite: deleted the previous run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--overwrite: deleted the previous run" in out
+    assert "final_eval.partial.json is unreadable" not in out  # deleted with the run it belongs to
     assert ckpt.list_steps(run) == [3] and not (run / "eval").exists()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 3]
     with pytest.raises(SystemExit):  # contradictory flags
