@@ -18,8 +18,18 @@ def positive_int(text: str) -> int:
 
 
 def device_name(text: str) -> str:
-    """A torch device: cuda, cuda:N, cpu or mps (checked here: torch's own error is a traceback)."""
+    """A torch device this machine has: cuda, cuda:N, cpu or mps (checked here: torch's own error is a traceback,
+    and comes only once the checkpoint is loaded)."""
     kind, _, index = text.partition(":")
     if kind not in DEVICE_TYPES or (index and not (kind == "cuda" and index.isdigit())):
         raise argparse.ArgumentTypeError(f"{text!r} is not a device; allowed: cuda, cuda:N, cpu, mps")
+    import torch  # here, not at the top: scripts import this module before they need torch (e.g. for --plan)
+
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(index or 0) >= count:
+            raise argparse.ArgumentTypeError(f"{text}: no such device here (torch sees {count} CUDA device(s)); "
+                                             "use cpu, or cuda:N with N < that count")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        raise argparse.ArgumentTypeError(f"{text}: no such device here (torch sees no MPS device); use cpu")
     return text

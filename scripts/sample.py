@@ -20,15 +20,6 @@ from nanochat.common import autodetect_device
 from nanochat.engine import generate
 
 
-def device_available(device: str) -> bool:
-    if device.startswith("cuda"):
-        index = int(device.partition(":")[2] or 0)
-        return torch.cuda.is_available() and index < torch.cuda.device_count()
-    if device == "mps":
-        return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    return True
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory holding checkpoints/")
@@ -48,9 +39,6 @@ def parse_args(argv=None):
         p.error(f"--top-k must be >= 0 (0 = no top-k filtering), got {args.top_k}")
     if not args.temperature >= 0 or math.isinf(args.temperature):  # nan fails >= (torch's error is a traceback)
         p.error(f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}")
-    if args.device_type and not device_available(args.device_type):
-        p.error(f"--device-type {args.device_type}: no such device here (torch sees {torch.cuda.device_count()} "
-                "CUDA devices); use cpu or leave the flag out to autodetect")
     return args
 
 

@@ -407,3 +407,16 @@ def test_an_output_that_cannot_be_written_is_one_error_and_no_torn_file(tmp_path
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot write the outputs under --out-dir {out}") and "No space left" in err
     assert not [p for p in out.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("tool", ["analyze_memory", "analyze_routing", "wic_probe"])
+def test_a_device_torch_cannot_see_stops_at_the_flag(tmp_path, capsys, tool):
+    """--device cuda:99 (or cuda on a machine without one) was a torch traceback after the checkpoint was loaded."""
+    import importlib
+
+    main = importlib.import_module(f"scripts.{tool}").main
+    extra = ["--wic", str(tmp_path / "w.tsv")] if tool == "wic_probe" else ["--corpus", "val"]
+    with pytest.raises(SystemExit) as e:
+        main(["--run", str(tmp_path), *extra, "--device", "cuda:99"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --device: cuda:99: no such device here" in err

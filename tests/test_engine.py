@@ -89,7 +89,7 @@ def test_sample_script_does_not_print_the_stop_token(tmp_path, capsys, monkeypat
 
 @pytest.mark.parametrize("argv, needle", [(["--temperature", "nan"], "--temperature must be >= 0 and finite"),
                                           (["--temperature", "inf"], "--temperature must be >= 0 and finite"),
-                                          (["--device-type", "cuda:999"], "--device-type cuda:999: no such device")])
+                                          (["--device-type", "cuda:999"], "argument --device-type: cuda:999: no such device")])
 def test_sample_refuses_flags_torch_would_fail_on_with_a_traceback(tmp_path, capsys, argv, needle):
     from scripts import sample
 
