@@ -100,14 +100,12 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / group size
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # e.g. a full disk: the old --output (if any) is kept, the torn temp file goes
-        tmp.unlink(missing_ok=True)
+    except OSError as e:  # e.g. a full disk: write_slot_map kept the old --output (if any), removed its temp file
         writing = e.filename is not None and Path(e.filename) in (tmp, Path(args.output))
         print(f"error: could not write --output {args.output}: {e.strerror}" if writing else f"error: {e}",
               file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        tmp.unlink(missing_ok=True)
+    except KeyboardInterrupt:  # write_slot_map removed its temp file, if it was writing
         print(f"interrupted; --output {args.output} was not written", file=sys.stderr)
         return 130
     return 0

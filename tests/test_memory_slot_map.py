@@ -236,3 +236,19 @@ def test_resume_without_the_slot_map_file_takes_the_checkpoints_map(tmp_path):
     assert losses(tmp_path / "cut") == losses(tmp_path / "full")
     model, _ = ckpt.load_model(tmp_path / "cut")
     assert model.memory.slot_map.tolist() == [i % 128 for i in range(256)]
+
+
+def test_a_failed_slot_map_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    path = tmp_path / "map.json"
+    digest = write_slot_map(path, [[0, 1], [2, 3]], 4, 2)
+    assert digest == file_sha256(path)  # the returned hash is the file's
+    old = path.read_bytes()
+
+    def full_disk(self, target):
+        raise OSError(28, "No space left on device", str(self))
+    monkeypatch.setattr(Path, "replace", full_disk)
+    with pytest.raises(OSError):
+        write_slot_map(path, [[0, 2], [1, 3]], 4, 2)
+    assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == ["map.json"]

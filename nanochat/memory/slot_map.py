@@ -25,6 +25,7 @@ top-k neighbour lists computed in chunks (a 32768 x 32768 similarity matrix is n
 greedy pass that seeds the tightest neighbourhoods first and gives each seed its c-1 nearest unassigned tokens.
 """
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nanochat.download import file_sha256
+from nanochat.jsonfile import write_text_atomic
 
 FORMAT_NAME = "mome_nanochat_slot_map"
 FORMAT_VERSION = 1
@@ -89,12 +90,13 @@ def load_slot_map(path, vocab_size: int, group_size: int, sha256: str | None = N
     path = Path(path)
     if not path.is_file():
         _fail(path, "file does not exist (build one with scripts/build_slot_map.py)")
-    digest = file_sha256(path)
+    raw = path.read_bytes()  # one read: the hash and the parse are of the same bytes
+    digest = hashlib.sha256(raw).hexdigest()
     if sha256 and digest != sha256:
         _fail(path, f"content hash {digest[:12]}.. differs from the one recorded in the model config "
                     f"({sha256[:12]}..): the file changed since the model was configured")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         _fail(path, f"corrupt file, not valid JSON ({e})")
     return slot_map_from_data(data, path, digest, vocab_size, group_size)
@@ -192,11 +194,9 @@ def write_slot_map(path, rows: list[list[int]], vocab_size: int, group_size: int
             "num_rows": len(rows), "source_checkpoint": source_checkpoint, "source": source,
             "tokenizer_fingerprint": tokenizer_fingerprint, "bos_token_id": bos_token_id,
             "special_token_ids": sorted(int(i) for i in special_token_ids), "rows": rows}
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
-    tmp.replace(path)
-    return file_sha256(path)
+    text = json.dumps(data, separators=(",", ":"))
+    write_text_atomic(path, text)  # a failed write keeps the old map and leaves no temp file
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # -- builder -----------------------------------------------------------------------------------------------
