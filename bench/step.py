@@ -227,7 +227,7 @@ class Case:
         self.autocast = autocast_context(device.type, args.dtype)
 
     def loss(self):
-        mix_paths.MIX = self.mix  # set before every call: the designs share the module
+        mix_paths.set_path("MIX", self.mix)  # set before every call: the designs share the module
         with self.autocast:
             if self.kind in HARNESSES:
                 outs = self.forward(self.idx, self.x)

@@ -15,7 +15,6 @@ run trained with: they measure gates and routes, not a loss to compare with trai
 round q/k/v to bf16.
 """
 
-import argparse
 import json
 import math
 import shutil
@@ -32,20 +31,6 @@ from nanochat.routing_metrics import effective_count, jsd_base2
 
 
 # -- flags and outputs --------------------------------------------------------------------------------------
-def int_at_least(low: int):
-    """argparse ``type=`` for an integer >= ``low``: a negative --step/--max-tokens stops at its flag instead of
-    reading as a missing checkpoint, an empty domain or "all"."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low} (got {text!r})")
-        return value
-    return parse
-
-
 class OutputWriteError(Exception):
     """An output under --out-dir could not be written (full disk, no permission, not a directory)."""
 

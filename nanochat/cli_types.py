@@ -6,15 +6,21 @@ import argparse
 DEVICE_TYPES = ("cuda", "cpu", "mps")
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (counts, sizes, attempts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text!r})")
-    return value
+def int_at_least(low: int):
+    """argparse ``type=`` for an integer >= ``low``: a negative count stops at its flag instead of reading, later,
+    as a missing checkpoint step_-00001, an empty domain or "all"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low} (got {text!r})")
+        return value
+    return parse
+
+
+positive_int = int_at_least(1)  # counts, sizes, attempts
 
 
 def device_name(text: str) -> str:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, int_at_least, iter_captured, load_run,
+from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run,
                                memory_block, meta_dir, OutputWriteError, staged_outputs, write_json)
-from nanochat.cli_types import device_name, positive_int
+from nanochat.cli_types import device_name, int_at_least, positive_int
 
 
 def parse_args(argv=None):

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, build_domains, int_at_least, iter_captured,
+from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, build_domains, iter_captured,
                                load_run, memory_block, meta_dir, pad_rows, run_captured, single_token_at,
                                staged_outputs, write_json)
-from nanochat.cli_types import device_name, positive_int
+from nanochat.cli_types import device_name, int_at_least, positive_int
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),
