@@ -1,24 +1,34 @@
 """Trainer setup that touches the outside world: tokenizer, data loaders, fixed val rows, the CORE bundle, the
-attention kernel, MoME's kernels.
+attention kernel, MoME's kernels, the run dir; and --dry-run (the plan alone).
 
 Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run needs no data and does not
 resolve --attention or --mome-kernels: of this it only reads an existing tokenizer (``existing_tokenizer``: its
 size, and for --init-from its fingerprint).
 """
 
+import json
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from nanochat.common import every_rank_ok, print0, rank0_decides
+from nanochat import checkpoint as ckpt
+from nanochat import init_from, run_control
+from nanochat.common import every_rank_ok, get_dist_info, print0, rank0_decides
+from nanochat.families import NAMED_SIZES, model_summary
 from nanochat.gpt import resolve_attention, set_attention_backend
+from nanochat.jsonfile import write_text_atomic
 from nanochat.memory import mome_mix
 from nanochat.memory.mome_triton import resolve_kernels
+from nanochat.plan import build_plan
+from nanochat.run_dir import ensure_writable, run_contents
+from nanochat.train_args import model_config
 from nanochat.train_loop import SyntheticLoader, gather_objects, synthetic_eval_rows
 
 SYNTHETIC_VOCAB = 32768
+DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -207,3 +217,85 @@ def run_core(model, data: RunData, args, device, autocast_ctx, finished=None) ->
     return evaluate_core(model, data.tokenizer, data.bundle, max_per_task=args.core_max_per_task,
                          batch_size=args.eval_batch_size or args.device_batch_size, device=device,
                          autocast_ctx=autocast_ctx, progress=True, finished=finished)
+
+
+# -- the run dir, and --dry-run's plan ----------------------------------------------------------------------
+def resolve_run_dir(args) -> Path:
+    if args.run_name is None:
+        size = f"d{args.depth}" if args.model_type == "nanochat" else (
+            args.model_type if args.model_type in NAMED_SIZES else f"{args.model_type}-d{args.depth}")
+        args.run_name = f"{size}{'-moe' if args.mlp == 'moe' else ''}-{args.memory}"
+    return Path(args.run_dir) if args.run_dir else REPO / "runs" / args.run_name
+
+
+def write_json(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def dry_run_vocab(args, tokenizer) -> tuple[int, str, bool]:
+    """(vocab size, where it comes from, whether it is only assumed) for --dry-run: the vocab of the run's model is
+    --vocab-size, else its tokenizer's (``tokenizer``: the one the run would load, if it exists), else with
+    --synthetic-data that stream's default. With none of them (a plan made before the tokenizer is trained) the
+    paper's is assumed, and said: FLOPs/token, hence the steps of --target-flops and the FLOP targets, depend on it."""
+    if args.vocab_size is not None:
+        return args.vocab_size, "--vocab-size", False
+    if args.synthetic_data:
+        return SYNTHETIC_VOCAB, "the --synthetic-data default", False
+    if tokenizer is not None:
+        return tokenizer.vocab_size, f"the tokenizer in {tokenizer_dir(args)}", False
+    assumed = (f"ASSUMED (no tokenizer in {tokenizer_dir(args)} yet): the run uses its tokenizer's; pass --vocab-size N "
+               "or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one")
+    return DRY_RUN_VOCAB, assumed, True
+
+
+def dry_run(args, tokenizer=None) -> None:
+    """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON.
+    ``tokenizer``: the one preflight read, if it did."""
+    world = get_dist_info().world_size
+    if tokenizer is None:  # the run's vocab, and for --init-from the fingerprint (None: synthetic or none yet)
+        tokenizer = existing_tokenizer(args)
+    check_pinned_vocab(args, tokenizer)
+    vocab, vocab_source, assumed = dry_run_vocab(args, tokenizer)
+    config = model_config(args, vocab)
+    plan = build_plan(args, model_summary(config), world)
+    try:
+        flop_lines = run_control.check_flop_flags(args, plan)
+    except ValueError as e:
+        raise ValueError(f"{e} (vocab size {vocab:,} {vocab_source})" if assumed else str(e)) from None
+    run_dir = resolve_run_dir(args)
+    resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
+    checks_source = args.init_from and not resuming
+    source_line = None
+    if args.init_from and resuming:
+        source_line = f"{'init from':>26}: {args.init_from} not read: --resume continues this run's checkpoints"
+    elif checks_source:
+        source_line = init_from.check_for_dry_run(args, run_dir, tokenizer, lambda vocab: model_config(args, vocab))
+    existing_run = run_contents(run_dir) if run_dir.is_dir() else []
+    if get_dist_info().rank == 0 and not existing_run:
+        ensure_writable(run_dir, "--run-dir")
+        write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
+    print0(f"{'vocab size':>26}: {vocab:,} ({vocab_source})" if not assumed else
+           f"{'vocab size':>26}: {vocab:,} {vocab_source}")
+    for key, value in plan.items():
+        print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
+    if existing_run:  # its plan.json is the run's own (written when it started)
+        print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
+    else:
+        print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
+    for line in [source_line, *flop_lines]:
+        if line:
+            print0(line)
+    print0(json.dumps(plan))
+
+
+def check_pinned_vocab(args, tokenizer) -> None:
+    """--dry-run needs no tokenizer, but when --vocab-size is given (every config row pins it) and the tokenizer
+    directory already holds one (``tokenizer``), their sizes must agree: caught here, before a speedrun downloads
+    anything."""
+    if args.vocab_size is None or tokenizer is None:
+        return
+    if tokenizer.vocab_size != args.vocab_size:
+        raise ValueError(f"--tokenizer-dir {tokenizer_dir(args)} holds a tokenizer of vocab size "
+                         f"{tokenizer.vocab_size}, but this run needs --vocab-size {args.vocab_size}: train one there "
+                         f"with `python -m scripts.tok_train --vocab-size {args.vocab_size} --output-dir DIR` and "
+                         "pass --tokenizer-dir DIR")

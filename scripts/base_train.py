@@ -30,10 +30,8 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
-import signal
 import sys
 import time
-import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,27 +44,23 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info,
                              keep_running_without_output, print0, rank0_decides, resolve_dtype, seed_everything)
-from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings
-from nanochat.families import NAMED_SIZES, build_model, model_summary, param_groups
-from nanochat.jsonfile import write_text_atomic
+from nanochat.families import build_model, model_summary, param_groups
+from nanochat.final_eval import evaluate_at_the_end
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment, write_run_report
-from nanochat.run_dir import claim_run_dir, ensure_writable, remove_run, run_contents, set_aside_stale_results
+from nanochat.run_dir import claim_run_dir, remove_run, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
-from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
                                  train_step)
 from nanochat.train_resume import ResumePoint
-from nanochat.train_setup import (SYNTHETIC_VOCAB, RunData, existing_tokenizer, load_eval_rows, load_run_data,
-                                  model_kernel_path, resolve_bundle, run_core, run_split_bpb, setup_attention,
-                                  setup_mome_kernels, tokenizer_dir)
+from nanochat.train_setup import (RunData, dry_run, dry_run_vocab, existing_tokenizer, load_eval_rows, load_run_data,
+                                  model_kernel_path, resolve_bundle, resolve_run_dir, run_core, run_split_bpb,
+                                  setup_attention, setup_mome_kernels, write_json)
 
-REPO = Path(__file__).resolve().parents[1]
-DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
 EXIT_NONFINITE = 3
 # the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
 GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
@@ -123,87 +117,6 @@ class Run:
     def dtype(self) -> str:
         """The autocast dtype of training and of the evals during/after it (written into every result)."""
         return resolve_dtype(self.device.type, self.args.dtype)
-
-
-def resolve_run_dir(args) -> Path:
-    if args.run_name is None:
-        size = f"d{args.depth}" if args.model_type == "nanochat" else (
-            args.model_type if args.model_type in NAMED_SIZES else f"{args.model_type}-d{args.depth}")
-        args.run_name = f"{size}{'-moe' if args.mlp == 'moe' else ''}-{args.memory}"
-    return Path(args.run_dir) if args.run_dir else REPO / "runs" / args.run_name
-
-
-def write_json(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
-
-
-def dry_run_vocab(args, tokenizer) -> tuple[int, str, bool]:
-    """(vocab size, where it comes from, whether it is only assumed) for --dry-run: the vocab of the run's model is
-    --vocab-size, else its tokenizer's (``tokenizer``: the one the run would load, if it exists), else with
-    --synthetic-data that stream's default. With none of them (a plan made before the tokenizer is trained) the
-    paper's is assumed, and said: FLOPs/token, hence the steps of --target-flops and the FLOP targets, depend on it."""
-    if args.vocab_size is not None:
-        return args.vocab_size, "--vocab-size", False
-    if args.synthetic_data:
-        return SYNTHETIC_VOCAB, "the --synthetic-data default", False
-    if tokenizer is not None:
-        return tokenizer.vocab_size, f"the tokenizer in {tokenizer_dir(args)}", False
-    assumed = (f"ASSUMED (no tokenizer in {tokenizer_dir(args)} yet): the run uses its tokenizer's; pass --vocab-size N "
-               "or --tokenizer-dir DIR for the plan and FLOP-target steps of the real one")
-    return DRY_RUN_VOCAB, assumed, True
-
-
-def dry_run(args, tokenizer=None) -> None:
-    """Build on the meta device, print the plan, write plan.json; the last stdout line is the plan as JSON.
-    ``tokenizer``: the one preflight read, if it did."""
-    world = get_dist_info().world_size
-    if tokenizer is None:  # the run's vocab, and for --init-from the fingerprint (None: synthetic or none yet)
-        tokenizer = existing_tokenizer(args)
-    check_pinned_vocab(args, tokenizer)
-    vocab, vocab_source, assumed = dry_run_vocab(args, tokenizer)
-    config = model_config(args, vocab)
-    plan = build_plan(args, model_summary(config), world)
-    try:
-        flop_lines = run_control.check_flop_flags(args, plan)
-    except ValueError as e:
-        raise ValueError(f"{e} (vocab size {vocab:,} {vocab_source})" if assumed else str(e)) from None
-    run_dir = resolve_run_dir(args)
-    resuming = args.resume and ckpt.list_steps(run_dir)  # a resume never reads an --init-from source
-    checks_source = args.init_from and not resuming
-    source_line = None
-    if args.init_from and resuming:
-        source_line = f"{'init from':>26}: {args.init_from} not read: --resume continues this run's checkpoints"
-    elif checks_source:
-        source_line = init_from.check_for_dry_run(args, run_dir, tokenizer, lambda vocab: model_config(args, vocab))
-    existing_run = run_contents(run_dir) if run_dir.is_dir() else []
-    if get_dist_info().rank == 0 and not existing_run:
-        ensure_writable(run_dir, "--run-dir")
-        write_json(run_dir / "plan.json", {**plan, "model_config": config.to_dict()})
-    print0(f"{'vocab size':>26}: {vocab:,} ({vocab_source})" if not assumed else
-           f"{'vocab size':>26}: {vocab:,} {vocab_source}")
-    for key, value in plan.items():
-        print0(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
-    if existing_run:  # its plan.json is the run's own (written when it started)
-        print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
-    else:
-        print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
-    for line in [source_line, *flop_lines]:
-        if line:
-            print0(line)
-    print0(json.dumps(plan))
-
-
-def check_pinned_vocab(args, tokenizer) -> None:
-    """--dry-run needs no tokenizer, but when --vocab-size is given (every config row pins it) and the tokenizer
-    directory already holds one (``tokenizer``), their sizes must agree: caught here, before a speedrun downloads
-    anything."""
-    if args.vocab_size is None or tokenizer is None:
-        return
-    if tokenizer.vocab_size != args.vocab_size:
-        raise ValueError(f"--tokenizer-dir {tokenizer_dir(args)} holds a tokenizer of vocab size "
-                         f"{tokenizer.vocab_size}, but this run needs --vocab-size {args.vocab_size}: train one there "
-                         f"with `python -m scripts.tok_train --vocab-size {args.vocab_size} --output-dir DIR` and "
-                         "pass --tokenizer-dir DIR")
 
 
 def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
@@ -416,97 +329,6 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
                 log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
     finally:
         bar.close()
-
-
-FINAL_EVAL_PARTIAL = "final_eval"  # <run dir>/final_eval.partial.json: the finished parts of an interrupted one
-
-
-def final_eval_results(run: Run) -> FinishedResults:
-    """The parts of this step's final evaluation that an interrupted earlier session finished, read on rank 0 and
-    broadcast (nanochat.eval_resume, as base_eval keeps its own). Fingerprinted by this step's checkpoint (the
-    weights evaluated) and all that can move a number down to its last digits: the batch size and world size
-    decide which rows share a forward and the order of the sums."""
-    a, step = run.args, run.loop["step"]
-
-    def settings():
-        return eval_settings(ckpt.step_dir(run.run_dir, step) / "model.pt", run.run_dir, step, run.device,
-                             tokenizer_sha256=run.data.tokenizer_sha256, dtype=run.dtype, attention=run.attention,
-                             mome_kernels=run.mome_kernels, eval_batch_size=a.eval_batch_size or a.device_batch_size,
-                             world_size=run.world)
-    return FinishedResults.open(run.run_dir, FINAL_EVAL_PARTIAL, settings, fresh=False)
-
-
-def final_eval(run: Run, out: dict) -> None:
-    """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept, in
-    ``out`` for summary.json and in the partial file for a --resume, which deletes the file once it completes)."""
-    a = run.args
-    finished = final_eval_results(run)
-    splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
-    rows = {"data_sha256": run.data.data_sha256, "synthetic_seed": a.data_seed if a.synthetic_data else None,
-            "eval_tokens": a.eval_tokens, "seq_len": a.max_seq_len, "result": "bpb, mome_slot_balance"}
-    for split in splits:  # bpb, and for MoME the slot balance of the same pass (uncompiled model: see slot_balance)
-        def score():
-            bpb, balance = with_slot_balance(run.model, lambda: run_split_bpb(
-                run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
-            return {"bpb": bpb, "mome_slot_balance": balance}
-
-        scored = finished.get_or_run(f"split {split}", lambda: rows, score)
-        out[f"{split}_bpb"], balance = scored["bpb"], scored["mome_slot_balance"]
-        print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
-        if balance:
-            out[f"{split}_mome_maxvio"], out[f"{split}_mome_abs_load_dev"] = balance["maxvio"], balance["abs_load_dev"]
-            print0(f"final {split} {describe(balance)}")
-    parts = len(splits)
-    if a.final_core and run.data.bundle is not None:
-        res = run_core(run.model, run.data, a, run.device, run.autocast, finished=finished)
-        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"),
-                   core_missing=res.get("missing"), core_dtype=run.dtype)
-        print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
-        parts += len(res.get("tasks") or {})
-    if finished.reused:
-        print0(f"{finished.reuse_note('final evaluation parts', parts)}: {', '.join(finished.reused)}")
-    run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
-                     **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
-    finished.discard()
-
-
-def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: dict) -> str:
-    """The final evaluation, into ``evals``, after training stopped by ``training_stop`` (completed or the wall
-    time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all."""
-    # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike, with
-    # that rank's signal in the summary (rank 0, which writes it, may have none)
-    latched = [name for name in gather_objects(stop.received) if name is not None]
-    if latched:
-        return interrupted_final_eval(run, training_stop, latched[0], evals)
-    try:
-        with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation (next vote or set-up step)
-            final_eval(run, evals)
-    except Interrupted as e:  # raised on every rank alike, with the signal of the rank(s) that got one
-        return interrupted_final_eval(run, training_stop, signal.Signals(e.signum).name, evals)
-    except Exception:
-        if stop.received is None:
-            raise
-        # a signal latched here, and an error before the vote that would have acted on it (e.g. a collective that
-        # failed because another rank was killed outright)
-        traceback.print_exc()
-        return interrupted_final_eval(run, training_stop, stop.received, evals)
-    return training_stop
-
-
-def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:
-    """A signal ended (or came before) the final evaluation: the checkpoint of this step is saved. Records the stop
-    (metrics.jsonl, and the summary fields it returns the stop reason for) and says how to go on."""
-    step = run.loop["step"]
-    evals.update(interrupted_during="final_eval", training_stop_reason=training_stop, signal=signal_name)
-    run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
-                     "signal": signal_name})
-    then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
-    partial = run.run_dir / f"{FINAL_EVAL_PARTIAL}.partial.json"
-    kept = f" (the finished ones are kept in {partial} for --resume)" if partial.is_file() else ""
-    print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
-           f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
-           f"evaluations{kept}; {then}")
-    return "interrupted"
 
 
 def throughput(run: Run) -> dict:

@@ -11,11 +11,12 @@ and task a are finished and kept for a --resume. Each rank prints "rank R scores
 import os
 import signal
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from nanochat import dataloader
+from nanochat import dataloader, final_eval
 from scripts import base_train
 
 rank = int(os.environ["RANK"])
@@ -47,7 +48,7 @@ assert sys.argv[1] == "--sigterm-ranks", sys.argv
 signalled = {int(r) for r in sys.argv[2].split(",") if r}
 in_core = sys.argv[3] == "--in-core"
 if in_core:
-    base_train.resolve_bundle = lambda args: base_train.REPO  # stands in for a CORE bundle
-    base_train.run_core = run_core
+    base_train.resolve_bundle = lambda args: Path(__file__).resolve().parents[1]  # stands in for a CORE bundle
+    final_eval.run_core = run_core
 dataloader.iter_eval_batches = iter_eval_batches
 sys.exit(base_train.main(sys.argv[3 + in_core:]))

@@ -10,7 +10,7 @@ import torch
 
 from conftest import REPO, run_torchrun, sigterm_after, tiny_config
 from nanochat import checkpoint as ckpt
-from nanochat import run_control
+from nanochat import final_eval, run_control
 from nanochat.run_control import FlopCadence, first_step_reaching, parse_flop_count, parse_flop_list
 from scripts import base_train
 from test_train_e2e import TINY, losses, train
@@ -253,8 +253,9 @@ def test_a_signal_on_an_eval_step_saves_before_evaluating_and_the_resume_evaluat
 
 
 def fake_core(monkeypatch) -> None:
+    """A stand-in CORE for the final evaluation (nanochat.final_eval; periodic CORE is base_train's own)."""
     monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)  # stands in for a CORE bundle
-    monkeypatch.setattr(base_train, "run_core", lambda *a, **k: {"core": 0.5, "label": "CORE"})
+    monkeypatch.setattr(final_eval, "run_core", lambda *a, **k: {"core": 0.5, "label": "CORE"})
 
 
 @pytest.mark.parametrize("stop", ["completed", "wall_time_limit"])
@@ -276,7 +277,7 @@ def test_a_signal_during_the_final_evaluation_still_writes_the_summary(tmp_path,
         fake_step_clock(monkeypatch, 10.0)
         limit = ["--max-wall-time-seconds", "25"]
     with monkeypatch.context() as m:
-        calls = sigterm_after(m, base_train, "run_core", 0)
+        calls = sigterm_after(m, final_eval, "run_core", 0)
         assert train(run, *flags, *limit) == 0
     assert len(calls) == 1
     step = 8 if stop == "completed" else 3
@@ -320,8 +321,8 @@ def test_a_signal_during_the_last_step_skips_the_final_evaluation(tmp_path, monk
         return out
 
     monkeypatch.setattr(base_train, "train_step", step)
-    real_eval = base_train.run_split_bpb
-    monkeypatch.setattr(base_train, "run_split_bpb", lambda *a, **k: events.append("eval") or real_eval(*a, **k))
+    real_eval = final_eval.run_split_bpb  # TINY has no periodic evals: the final evaluation's
+    monkeypatch.setattr(final_eval, "run_split_bpb", lambda *a, **k: events.append("eval") or real_eval(*a, **k))
     assert train(run, "--num-iterations", "4") == 0
     assert events == ["step"] * 4
     summary = json.loads((run / "summary.json").read_text())

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from conftest import REPO
+from nanochat import final_eval
 from scripts import base_train
 from test_train_e2e import train
 
@@ -16,9 +17,9 @@ PARTIAL = "final_eval.partial.json"
 
 
 def fake_core(monkeypatch, scored: list, sigterm_in: str | None = None, fails_in: str | None = None) -> None:
-    """A stand-in CORE of tasks "a" and "b" that keeps each through base_train's ``finished`` (as evaluate_core
-    does): ``scored`` lists the tasks computed; a SIGTERM arrives in task ``sigterm_in`` once it is scored, and
-    task ``fails_in`` raises an error."""
+    """A stand-in CORE of tasks "a" and "b" that keeps each through the final evaluation's ``finished`` (as
+    evaluate_core does): ``scored`` lists the tasks computed; a SIGTERM arrives in task ``sigterm_in`` once it is
+    scored, and task ``fails_in`` raises an error."""
     monkeypatch.setattr(base_train, "resolve_bundle", lambda args: REPO)
 
     def run_core(model, data, args, device, autocast, finished=None):
@@ -34,12 +35,12 @@ def fake_core(monkeypatch, scored: list, sigterm_in: str | None = None, fails_in
             tasks[name] = finished.get_or_run(name, lambda: {"task": name}, score)
         return {"core": sum(t["accuracy"] for t in tasks.values()) / 2, "label": "CORE", "tasks": tasks}
 
-    monkeypatch.setattr(base_train, "run_core", run_core)
+    monkeypatch.setattr(final_eval, "run_core", run_core)
 
 
 def count_bpb(monkeypatch) -> list:
-    calls, real = [], base_train.run_split_bpb
-    monkeypatch.setattr(base_train, "run_split_bpb", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
+    calls, real = [], final_eval.run_split_bpb
+    monkeypatch.setattr(final_eval, "run_split_bpb", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
     return calls
 
 

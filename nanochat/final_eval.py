@@ -1,0 +1,113 @@
+"""base_train's final evaluation: val (and train) bpb with MoME's slot balance, then CORE, each part kept as it
+finishes so that a signal ends it cleanly and a --resume computes only the rest (nanochat.eval_resume).
+
+Kept apart from scripts/base_train.py so the loop reads top to bottom. Its functions take base_train's ``Run``
+(duck-typed: the type is imported for the checker alone, so there is no import cycle).
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from typing import TYPE_CHECKING
+
+from nanochat import checkpoint as ckpt
+from nanochat.common import print0
+from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings
+from nanochat.slot_balance import describe, with_slot_balance
+from nanochat.train_loop import StopSignal, gather_objects
+from nanochat.train_setup import run_core, run_split_bpb
+
+if TYPE_CHECKING:
+    from scripts.base_train import Run
+
+
+FINAL_EVAL_PARTIAL = "final_eval"  # <run dir>/final_eval.partial.json: the finished parts of an interrupted one
+
+
+def final_eval_results(run: Run) -> FinishedResults:
+    """The parts of this step's final evaluation that an interrupted earlier session finished, read on rank 0 and
+    broadcast (nanochat.eval_resume, as base_eval keeps its own). Fingerprinted by this step's checkpoint (the
+    weights evaluated) and all that can move a number down to its last digits: the batch size and world size
+    decide which rows share a forward and the order of the sums."""
+    a, step = run.args, run.loop["step"]
+
+    def settings():
+        return eval_settings(ckpt.step_dir(run.run_dir, step) / "model.pt", run.run_dir, step, run.device,
+                             tokenizer_sha256=run.data.tokenizer_sha256, dtype=run.dtype, attention=run.attention,
+                             mome_kernels=run.mome_kernels, eval_batch_size=a.eval_batch_size or a.device_batch_size,
+                             world_size=run.world)
+    return FinishedResults.open(run.run_dir, FINAL_EVAL_PARTIAL, settings, fresh=False)
+
+
+def final_eval(run: Run, out: dict) -> None:
+    """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept, in
+    ``out`` for summary.json and in the partial file for a --resume, which deletes the file once it completes)."""
+    a = run.args
+    finished = final_eval_results(run)
+    splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
+    rows = {"data_sha256": run.data.data_sha256, "synthetic_seed": a.data_seed if a.synthetic_data else None,
+            "eval_tokens": a.eval_tokens, "seq_len": a.max_seq_len, "result": "bpb, mome_slot_balance"}
+    for split in splits:  # bpb, and for MoME the slot balance of the same pass (uncompiled model: see slot_balance)
+        def score():
+            bpb, balance = with_slot_balance(run.model, lambda: run_split_bpb(
+                run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
+            return {"bpb": bpb, "mome_slot_balance": balance}
+
+        scored = finished.get_or_run(f"split {split}", lambda: rows, score)
+        out[f"{split}_bpb"], balance = scored["bpb"], scored["mome_slot_balance"]
+        print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
+        if balance:
+            out[f"{split}_mome_maxvio"], out[f"{split}_mome_abs_load_dev"] = balance["maxvio"], balance["abs_load_dev"]
+            print0(f"final {split} {describe(balance)}")
+    parts = len(splits)
+    if a.final_core and run.data.bundle is not None:
+        res = run_core(run.model, run.data, a, run.device, run.autocast, finished=finished)
+        out.update(core=res["core"], core_label=res["label"], core_tasks=res.get("tasks"),
+                   core_missing=res.get("missing"), core_dtype=run.dtype)
+        print0(f"final {res['label']} [{run.dtype}] {res['core']:.4f}")
+        parts += len(res.get("tasks") or {})
+    if finished.reused:
+        print0(f"{finished.reuse_note('final evaluation parts', parts)}: {', '.join(finished.reused)}")
+    run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
+                     **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
+    finished.discard()
+
+
+def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: dict) -> str:
+    """The final evaluation, into ``evals``, after training stopped by ``training_stop`` (completed or the wall
+    time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all."""
+    # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike, with
+    # that rank's signal in the summary (rank 0, which writes it, may have none)
+    latched = [name for name in gather_objects(stop.received) if name is not None]
+    if latched:
+        return interrupted_final_eval(run, training_stop, latched[0], evals)
+    try:
+        with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation (next vote or set-up step)
+            final_eval(run, evals)
+    except Interrupted as e:  # raised on every rank alike, with the signal of the rank(s) that got one
+        return interrupted_final_eval(run, training_stop, signal.Signals(e.signum).name, evals)
+    except Exception:
+        if stop.received is None:
+            raise
+        # a signal latched here, and an error before the vote that would have acted on it (e.g. a collective that
+        # failed because another rank was killed outright)
+        traceback.print_exc()
+        return interrupted_final_eval(run, training_stop, stop.received, evals)
+    return training_stop
+
+
+def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:
+    """A signal ended (or came before) the final evaluation: the checkpoint of this step is saved. Records the stop
+    (metrics.jsonl, and the summary fields it returns the stop reason for) and says how to go on."""
+    step = run.loop["step"]
+    evals.update(interrupted_during="final_eval", training_stop_reason=training_stop, signal=signal_name)
+    run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
+                     "signal": signal_name})
+    then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
+    partial = run.run_dir / f"{FINAL_EVAL_PARTIAL}.partial.json"
+    kept = f" (the finished ones are kept in {partial} for --resume)" if partial.is_file() else ""
+    print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
+           f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
+           f"evaluations{kept}; {then}")
+    return "interrupted"
