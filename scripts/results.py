@@ -27,8 +27,6 @@ from pathlib import Path
 from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.row_config import REPO, find_configs, load_row_config
 
-DEFAULT_RUNS_ROOT = REPO / "runs"  # git-ignored: absent until the first run
-
 METRICS = [  # (summary key, paper key, column title, format)
     ("train_bpb", "train_bpb", "train bpb", "{:.4f}"),
     ("val_bpb", "val_bpb", "val bpb", "{:.4f}"),
@@ -177,10 +175,9 @@ def to_latex(header, body) -> str:
     return "\n".join(lines) + "\n"
 
 
-def collect_tables(configs, runs_root: Path, tables: list[str] | None, root_given: bool = True) -> dict[str, list[dict]]:
+def collect_tables(configs, runs_root: Path, tables: list[str] | None) -> dict[str, list[dict]]:
     """{table: rows} of the row configs under ``configs`` (only ``tables`` when given); ValueError names an unknown
-    table or a missing --runs-root that was given (a typo would print the paper's numbers beside no run of ours;
-    the default root is missing in a checkout that has run nothing yet: no rows of ours then)."""
+    table or a missing --runs-root (a typo would print the paper's numbers beside no run of ours)."""
     configs_by_table: dict[str, list[dict]] = {}
     for path in find_configs(configs):
         cfg = load_row_config(path)
@@ -189,7 +186,7 @@ def collect_tables(configs, runs_root: Path, tables: list[str] | None, root_give
     if unknown or not configs_by_table:
         raise ValueError(f"--table {', '.join(unknown)}: no such table under {configs} (known: "
                          f"{', '.join(sorted(configs_by_table)) or 'none'})")
-    if not runs_root.is_dir() and root_given:
+    if not runs_root.is_dir():
         raise ValueError(f"--runs-root {runs_root}: directory does not exist")
     return {table: [collect_row(cfg, runs_root) for cfg in cfgs] for table, cfgs in configs_by_table.items()
             if not tables or table in tables}
@@ -210,19 +207,17 @@ def table_markdown(rows: list[dict]) -> tuple[str, list, list]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=str(REPO / "configs"), help="configs root")
-    p.add_argument("--runs-root", default=None, help="root of runs/<table>/<row>/seed<N> (default: runs/ of the repo)")
+    p.add_argument("--runs-root", default=str(REPO / "runs"), help="root of runs/<table>/<row>/seed<N>")
     p.add_argument("--table", action="append", default=None, help="only these tables (repeatable)")
     p.add_argument("--out", default=None, help="output directory (default: <runs-root>/results)")
     args = p.parse_args(argv)
-    runs_root = Path(args.runs_root) if args.runs_root is not None else DEFAULT_RUNS_ROOT
+    runs_root = Path(args.runs_root)
     out_dir = Path(args.out) if args.out else runs_root / "results"
     try:
-        by_table = collect_tables(args.configs, runs_root, args.table, root_given=args.runs_root is not None)
+        by_table = collect_tables(args.configs, runs_root, args.table)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not runs_root.is_dir():
-        print(f"[results] no runs under {runs_root} yet: the paper's numbers only")
     for table, rows in sorted(by_table.items()):
         rows.sort(key=lambda r: r["order"])  # the paper's order (stable: file order among equal ones)
         add_wall_ratios(rows)

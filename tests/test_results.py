@@ -48,18 +48,6 @@ def test_a_diverged_seed_is_listed_not_dropped_from_the_mean_silently(tmp_path):
     assert "- Base: seed1 has a non-finite val_bpb (nan), not averaged" in md
 
 
-def test_no_runs_yet_under_the_default_root_gives_the_papers_table(tmp_path, capsys, monkeypatch):
-    """A fresh checkout has no runs/ (git-ignored): the default --runs-root missing is no typo, so the tables show
-    the paper's numbers and say there are no runs; a --runs-root given and missing stays an error (below)."""
-    from scripts import results
-
-    monkeypatch.setattr(results, "DEFAULT_RUNS_ROOT", tmp_path / "runs")
-    assert results.main(["--table", "d12", "--out", str(tmp_path / "res")]) == 0
-    assert "| Base |" in (tmp_path / "res" / "d12.md").read_text()
-    assert f"no runs under {tmp_path / 'runs'} yet" in capsys.readouterr().out
-    assert not (tmp_path / "runs").exists()
-
-
 def test_bad_input_is_one_error_naming_it(tmp_path, capsys):
     """An unknown --table exited 1 without the known tables; a torn or non-object summary.json was a traceback; a
     --runs-root that does not exist (a typo) wrote tables of the paper's numbers only, exit 0."""
