@@ -18,6 +18,7 @@ import json
 import random
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from nanochat.cli_types import positive_int
@@ -47,21 +48,24 @@ def build(src: Path, out: Path, n: int) -> dict:
     if out.exists() and not (out / "SUBSET.json").is_file() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not a CORE subset (no SUBSET.json); it is replaced "
                               "wholesale, so give a new directory")
-    tmp = out.with_name(out.name + ".building")
-    shutil.rmtree(tmp, ignore_errors=True)  # an earlier interrupted build
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh hidden folder of our own beside --out (same file system: the renames are atomic); fixed names such as
+    # <out>.old could be a user's folder, which a clean-up would delete
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    new, old = work / "new", work / "old"
     try:
-        info = _build_into(src, tmp, n, readme_from=out / "README.md")
+        info = _build_into(src, new, n, readme_from=out / "README.md")
         if out.exists():
-            old = out.with_name(out.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
             out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
+            try:
+                new.rename(out)
+            except BaseException:
+                old.rename(out)  # --out as it was
+                raise
         else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            new.rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return info
 
 

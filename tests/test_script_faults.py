@@ -201,3 +201,20 @@ def test_core_subset_rebuild_that_stops_midway_keeps_the_old_subset(subset_src, 
     assert make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "2"]) == 0
     assert (out / "README.md").read_text() == "provenance notes"  # hand-written notes survive a rebuild
     assert json.loads((out / "SUBSET.json").read_text())["rows_per_task"] == 2
+
+
+@pytest.mark.parametrize("suffix", [".old", ".building"])
+def test_core_subset_rebuild_keeps_a_users_folder_beside_out(subset_src, tmp_path, suffix):
+    """The swap's work folders were <out>.old and <out>.building, removed with rmtree before use: a user's copy
+    of the old subset kept there (cp -r core_subset core_subset.old) was deleted by the next rebuild."""
+    from scripts import make_core_subset
+
+    out = tmp_path / "sub"
+    assert make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "3"]) == 0
+    mine = tmp_path / f"sub{suffix}"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert make_core_subset.main(["--src", str(subset_src), "--out", str(out), "--rows", "2"]) == 0
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["shared", "sub", mine.name])
+    assert json.loads((out / "SUBSET.json").read_text())["rows_per_task"] == 2
