@@ -42,6 +42,17 @@ def parse_args(argv=None):
     return args
 
 
+class StdoutError(Exception):
+    """Printing the samples failed (e.g. a full disk under a redirect); not an OSError of reading the run."""
+
+
+def show(text: str) -> None:
+    try:
+        print(text, flush=True)  # each sample as it comes: Ctrl-C keeps those shown
+    except OSError as e:
+        raise StdoutError(e.strerror or str(e)) from e
+
+
 def sample(args) -> None:
     from nanochat.tokenizer import check_vocab_matches, get_tokenizer
 
@@ -54,10 +65,10 @@ def sample(args) -> None:
         outs = generate(model, ids, args.max_tokens, num_samples=args.num_samples, temperature=args.temperature,
                         top_k=args.top_k or None, seed=args.seed, stop_ids={tokenizer.bos_token_id})
         for i, out in enumerate(outs):
-            print(f"--- sample {i} (step {meta['step']}) ---")
+            show(f"--- sample {i} (step {meta['step']}) ---")
             if out and out[-1] == tokenizer.bos_token_id:
                 out = out[:-1]  # the stop token ends the sample; it is not text
-            print(prompt + tokenizer.decode(out), flush=True)  # each sample as it comes: Ctrl-C keeps those shown
+            show(prompt + tokenizer.decode(out))
 
 
 def main(argv=None) -> int:
@@ -65,15 +76,15 @@ def main(argv=None) -> int:
     try:
         with torch.inference_mode():
             sample(args)
-    except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / prompt
+    except (OSError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / prompt, an unreadable file
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except OSError as e:  # stdout failed (a full disk under a redirect); later writes to it would fail again
+    except StdoutError as e:  # later writes to stdout (the exit's flush) would fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(f"error: could not write the samples to stdout: {e.strerror or e}", file=sys.stderr)
+        print(f"error: could not write the samples to stdout: {e}", file=sys.stderr)
         return 1
     return 0
 

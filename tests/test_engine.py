@@ -126,3 +126,19 @@ def test_sample_to_a_full_stdout_is_one_error_line(tmp_path):
                             "--max-tokens", "3", "--device-type", "cpu"], stdout=full, stderr=subprocess.PIPE,
                            text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 1 and r.stderr == "error: could not write the samples to stdout: No space left on device\n"
+
+
+def test_sample_read_error_is_not_reported_as_a_stdout_failure(tmp_path, capsys, monkeypatch):
+    """An OSError while loading (an unreadable checkpoint or tokenizer file, not root) was caught as a failed write
+    of the samples: "could not write the samples to stdout", exit 1, and stdout sent to /dev/null."""
+    from scripts import sample
+
+    meta = tmp_path / "checkpoints" / "step_000001" / "meta.json"
+
+    def unreadable(*a, **k):
+        raise PermissionError(13, "Permission denied", str(meta))
+
+    monkeypatch.setattr(sample, "load_model", unreadable)
+    assert sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: [Errno 13] Permission denied: '{meta}'\n", err
