@@ -213,9 +213,10 @@ def parse_args(argv=None):
                         "v + gamma * mem as one kernel pair, for per-layer tables on CUDA; row = the row-mix kernels, "
                         "then the injection in torch; torch = no kernels (the unrolled row sum); auto = fused where "
                         "the kernels run, else torch")
-    p.add_argument("--row-sum", default="unrolled", choices=("unrolled", "reduce"),
+    p.add_argument("--row-sum", default=None, choices=("unrolled", "reduce"),
                    help="bench only, with --mome-kernels torch: the torch row mix's sum over M: unrolled "
-                        "multiply-adds (the model's) or reduce, a broadcast multiply + reduction (before 2026-11-26)")
+                        "multiply-adds (the model's, the default) or reduce, a broadcast multiply + reduction "
+                        "(before 2026-11-26)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)
@@ -240,9 +241,11 @@ def parse_args(argv=None):
         p.error(f"--mix: unknown {bad}; allowed: {', '.join(MIXES)} (or a comma list of them)")
     if args.one and "," in args.mix:
         p.error("--mix: one value per design process")
-    if args.row_sum != "unrolled" and args.mome_kernels != "torch":
+    # given at all (unrolled too: before --mome-kernels it meant "no kernels"), it needs the torch row mix
+    if args.row_sum is not None and args.mome_kernels != "torch":
         p.error(f"--row-sum {args.row_sum} is a sum of the torch row mix: pass --mome-kernels torch with it (the "
                 f"kernels of --mome-kernels {args.mome_kernels} do their own)")
+    args.row_sum = args.row_sum or "unrolled"
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1 (got {args.rounds})")
     if args.compile is None:

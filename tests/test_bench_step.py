@@ -144,6 +144,16 @@ def test_train_step_bench_kernels_are_base_trains_flag_recorded_and_labelled():
     assert "| MoME A2/6 token (torch kernels, reduce row sum) |" in bench.table({"mome": reduce})
 
 
+def test_train_step_bench_old_row_sum_unrolled_is_not_silently_the_fused_kernels():
+    """Before --mome-kernels, --row-sum unrolled meant "never the kernels" (LOG: now --mome-kernels torch). It was
+    still accepted alone and then ran --mome-kernels auto (fused on CUDA): an old command measured the kernels it
+    asked to leave out. The other old flags (--row-sum triton, --[no-]fuse-inject) are refused; so is this one."""
+    bench = load_bench("train_step")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--row-sum", "unrolled"])
+    assert bench.parse_args(["--mome-kernels", "torch", "--row-sum", "unrolled"]).row_sum == "unrolled"
+
+
 @pytest.mark.parametrize("flags, resolved, want", [
     (["--mome-kernels", "row"], ("row", ""), ("triton", False)),
     (["--mome-kernels", "torch", "--row-sum", "reduce"], ("torch", ""), ("reduce", True)),
