@@ -182,10 +182,12 @@ def collect_tables(configs, runs_root: Path, tables: list[str] | None) -> dict[s
     for path in find_configs(configs):
         cfg = load_row_config(path)
         configs_by_table.setdefault(cfg["row"]["table"], []).append(cfg)
+    if not configs_by_table:
+        raise ValueError(f"--configs {configs}: no row configs found")
     unknown = [t for t in tables or [] if t not in configs_by_table]
-    if unknown or not configs_by_table:
+    if unknown:
         raise ValueError(f"--table {', '.join(unknown)}: no such table under {configs} (known: "
-                         f"{', '.join(sorted(configs_by_table)) or 'none'})")
+                         f"{', '.join(sorted(configs_by_table))})")
     if not runs_root.is_dir():
         raise ValueError(f"--runs-root {runs_root}: directory does not exist")
     return {table: [collect_row(cfg, runs_root) for cfg in cfgs] for table, cfgs in configs_by_table.items()

@@ -75,3 +75,15 @@ def test_an_output_directory_that_cannot_be_written_is_one_error(tmp_path, capsy
     (tmp_path / "file").write_text("")
     assert results.main(["--table", "d12", "--runs-root", str(runs), "--out", str(tmp_path / "file" / "res")]) == 2
     assert f"error: cannot write the tables under --out {tmp_path / 'file' / 'res'}" in capsys.readouterr().err
+
+
+def test_a_configs_root_without_row_configs_names_that_flag_not_table(tmp_path, capsys):
+    """With no row config under --configs (a wrong path) the error blamed --table, with an empty name, though no
+    --table was given ("--table : no such table"); before session 19 it was "no configs found under ..."."""
+    from scripts import results
+
+    (tmp_path / "configs").mkdir()
+    assert results.main(["--configs", str(tmp_path / "configs"), "--out", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --configs {tmp_path / 'configs'}: no row configs found\n", err
+    assert not (tmp_path / "res").exists()
