@@ -142,7 +142,10 @@ class FinishedResults:
 
 
 class ResultWriteError(OSError):
-    """Rank 0 could not write a result file of the evaluation (a full disk, a quota); raised on every rank."""
+    """Rank 0 could not write a result file of the evaluation (a full disk, a quota); raised on every rank.
+    ``failure``: what failed, without base_eval's advice (base_train's final evaluation gives its own)."""
+
+    failure = ""
 
 
 def write_on_rank0(what, write) -> None:
@@ -153,8 +156,11 @@ def write_on_rank0(what, write) -> None:
         try:
             write()
         except OSError as e:
-            raise ResultWriteError(f"writing {what} failed ({type(e).__name__}: {e}); free some space and run the "
-                                   "same command again (it reuses what was kept)") from e
+            failure = f"writing {what} failed ({type(e).__name__}: {e})"
+            error = ResultWriteError(f"{failure}; free some space and run the same command again (it reuses what "
+                                     "was kept)")
+            error.failure = failure  # an attribute, so rank0_decides's pickling takes it to the other ranks
+            raise error from e
 
     rank0_decides(attempt)
 

@@ -21,7 +21,8 @@ signal or a crash during the final evaluation reuses the parts whose fingerprint
 computes the rest, with the numbers of an uninterrupted run; the file is deleted once the final evaluation
 completes. 2 = bad flags, data, tokenizer,
 checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
-training (the message names it); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
+training (the message names it), or a failed write of a checkpoint or of final_eval.partial.json (a full disk:
+stop_reason "checkpoint_error" or "final_eval_write_error"; free space, then --resume); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
 was checked finite when it was saved, the message names the last one and how to continue from it with lower LRs);
 1 = any other error.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
@@ -44,6 +45,7 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info,
                              keep_running_without_output, print0, rank0_decides, resolve_dtype, seed_everything)
+from nanochat.eval_resume import ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
 from nanochat.final_eval import evaluate_at_the_end
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
@@ -450,14 +452,14 @@ def last_checkpoint(run: Run) -> str:
     return f"step {steps[-1]}" if steps else "none"
 
 
-def stop_every_rank(run: Run, reason: str, message: str) -> int:
+def stop_every_rank(run: Run, reason: str, message: str, evals: dict | None = None) -> int:
     """After an error raised on every rank together (train_step shares one rank's DataError, rank0_decides rank 0's
     failed checkpoint write): rank 0 prints ``message``, summary.json records ``reason`` (if it can be written: the
-    disk may be full), and every rank waits for it, since torchrun stops the ranks left once one has exited.
-    Exit code 2."""
+    disk may be full) with ``evals`` (what finished), and every rank waits for it, since torchrun stops the ranks
+    left once one has exited. Exit code 2."""
     print0(message, file=sys.stderr)
     try:
-        write_summary(run, reason, {})
+        write_summary(run, reason, evals or {})
     except OSError as e:  # e.g. the full disk that stopped the run
         print0(f"summary.json not written either: {e}", file=sys.stderr)
     if dist.is_available() and dist.is_initialized():
@@ -487,6 +489,10 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         return stop_every_rank(run, "checkpoint_error", (
             f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: {last_checkpoint(run)}. Free "
             "space (or fix the run dir), then continue with --resume"))
+    except ResultWriteError as e:  # keeping a finished part in final_eval.partial.json (rank 0's write)
+        return stop_every_rank(run, "final_eval_write_error", (
+            f"error: {e.failure or e}\nthe final evaluation of step {run.loop['step']} stopped; its checkpoint is "
+            "saved. Free space (or fix the run dir), then continue with --resume (it reuses the parts kept)"), evals)
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals)

@@ -1,6 +1,7 @@
 """base_train's final evaluation keeps its finished parts (nanochat.eval_resume) across a signal: a --resume reuses
 those whose fingerprint matches and computes the rest, with the numbers of an uninterrupted run."""
 
+import errno
 import json
 import os
 import signal
@@ -8,7 +9,7 @@ import signal
 import pytest
 
 from conftest import REPO
-from nanochat import final_eval
+from nanochat import eval_resume, final_eval
 from scripts import base_train
 from test_train_e2e import train
 
@@ -125,3 +126,34 @@ def test_a_crash_in_the_final_evaluation_keeps_the_finished_parts(tmp_path, monk
     assert (bpb_calls, scored) == ([], ["b"])
     assert json.loads((run / "summary.json").read_text())["core"] == 0.5
     assert not (run / PARTIAL).exists()
+
+
+def test_a_full_disk_while_a_part_is_kept_stops_with_advice_and_a_resume_goes_on(tmp_path, monkeypatch, capsys):
+    """Keeping CORE task a fails (a full disk: the val bpb was kept): exit 2 with an error line that says to free
+    space and continue with --resume (not base_eval's "run the same command again", which a run dir refuses), no
+    traceback; summary.json says final_eval_write_error with the val bpb that finished; the --resume reuses it."""
+    run = tmp_path / "run"
+    real, writes = eval_resume.write_text_atomic, []
+
+    def full_after_one(path, text):
+        writes.append(path)
+        if len(writes) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    with monkeypatch.context() as m:
+        fake_core(m, [])
+        m.setattr(eval_resume, "write_text_atomic", full_after_one)
+        assert train(run, *FLAGS) == 2
+    err = capsys.readouterr().err
+    assert f"writing {run / PARTIAL} failed (OSError: [Errno 28] No space left on device)" in err
+    assert "continue with --resume" in err and "run the same command again" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "final_eval_write_error" and "val_bpb" in summary and "core" not in summary
+    scored = []
+    fake_core(monkeypatch, scored)
+    bpb_calls = count_bpb(monkeypatch)
+    assert train(run, *FLAGS, "--resume") == 0
+    assert (bpb_calls, scored) == ([], ["a", "b"])
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+
