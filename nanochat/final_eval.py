@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import print0
-from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings
+from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, evaluation_complete
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
@@ -69,6 +69,9 @@ def final_eval(run: Run, out: dict) -> None:
         parts += len(res.get("tasks") or {})
     if finished.reused:
         print0(f"{finished.reuse_note('final evaluation parts', parts)}: {', '.join(finished.reused)}")
+    # every number is in: a signal from here on (the record, deleting the kept parts) ends nothing, as in base_eval
+    # after its last report; "interrupted" would send a --resume to compute, from zero once the file is gone
+    evaluation_complete()
     run.metrics.log({"kind": "final", "step": run.loop["step"], "tokens": run.loop["step"] * a.total_batch_size,
                      **{k: v for k, v in out.items() if not isinstance(v, (dict, list))}})
     finished.discard()

@@ -157,3 +157,20 @@ def test_a_full_disk_while_a_part_is_kept_stops_with_advice_and_a_resume_goes_on
     assert (bpb_calls, scored) == ([], ["a", "b"])
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
 
+
+def test_a_signal_once_every_part_is_computed_changes_nothing(tmp_path, monkeypatch):
+    """SIGTERM as the kept parts are deleted (every number computed, the final record logged): the run completed,
+    as base_eval after its last report; not "interrupted" beside a complete evaluation whose parts are gone, which a
+    --resume would compute all over again."""
+    run = tmp_path / "run"
+    fake_core(monkeypatch, [])
+    real = final_eval.FinishedResults.discard
+
+    def discard_then_signal(self):
+        real(self)
+        os.kill(os.getpid(), signal.SIGTERM)  # one process: the handler runs here
+
+    monkeypatch.setattr(final_eval.FinishedResults, "discard", discard_then_signal)
+    assert train(run, *FLAGS) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["core"]) == ("completed", 0.5) and "interrupted_during" not in summary
