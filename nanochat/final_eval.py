@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import print0
-from nanochat.eval_resume import FinishedResults, Interrupted, eval_settings, evaluation_complete
+from nanochat.eval_resume import FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
@@ -90,6 +90,8 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
             final_eval(run, evals)
     except Interrupted as e:  # raised on every rank alike, with the signal of the rank(s) that got one
         return interrupted_final_eval(run, training_stop, signal.Signals(e.signum).name, evals)
+    except ResultWriteError:  # raised on every rank together (rank0_decides): all take its branch, a signal or not
+        raise
     except Exception:
         if stop.received is None:
             raise

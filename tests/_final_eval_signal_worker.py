@@ -6,8 +6,10 @@ land in it, between the collectives the ranks take together.
 
 With ``--in-core`` (the third argument) the final evaluation has a stand-in CORE of two tasks ("a", "b": each an
 all-reduce, kept like evaluate_core's tasks) after the val bpb, and the signal comes in task a instead: the val bpb
-and task a are finished and kept for a --resume. Each rank prints "rank R scores task T" for each task it computes."""
+and task a are finished and kept for a --resume. Each rank prints "rank R scores task T" for each task it computes.
+With FULL_DISK_IN_TASK_A=1 in the environment rank 0's write that keeps task a fails (ENOSPC)."""
 
+import errno
 import os
 import signal
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from nanochat import dataloader, final_eval
+from nanochat import dataloader, eval_resume, final_eval
 from scripts import base_train
 
 rank = int(os.environ["RANK"])
@@ -50,5 +52,13 @@ in_core = sys.argv[3] == "--in-core"
 if in_core:
     base_train.resolve_bundle = lambda args: Path(__file__).resolve().parents[1]  # stands in for a CORE bundle
     final_eval.run_core = run_core
+if os.environ.get("FULL_DISK_IN_TASK_A") and rank == 0:  # keeping task a fails on rank 0 (the only writer)
+    real_write = eval_resume.write_text_atomic
+
+    def write_text_atomic(path, text):
+        if '"a"' in text:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, text)
+    eval_resume.write_text_atomic = write_text_atomic
 dataloader.iter_eval_batches = iter_eval_batches
 sys.exit(base_train.main(sys.argv[3 + in_core:]))

@@ -274,6 +274,27 @@ def test_a_resume_on_two_ranks_reuses_the_finished_parts_of_the_final_evaluation
     assert not (run / "final_eval.partial.json").exists()
 
 
+def test_a_full_disk_in_the_final_evaluation_stops_both_ranks_alike_with_a_signal_on_one(tmp_path, monkeypatch):
+    """_final_eval_signal_worker --in-core, FULL_DISK_IN_TASK_A: SIGTERM reaches rank 1 in task a, and rank 0's
+    write that keeps task a fails (a full disk). The write error is raised on every rank together (rank0_decides):
+    every rank must stop with it, exit 2 and final_eval_write_error, not rank 1 alone take the signal's branch
+    (exit 0) while rank 0 waits for it in the error's barrier."""
+    monkeypatch.setenv("FULL_DISK_IN_TASK_A", "1")
+    run = tmp_path / "r"
+    r = run_torchrun(REPO / "tests" / "_final_eval_signal_worker.py", 2,
+                     ["--sigterm-ranks", "1", "--in-core", *TINY, *BATCH, "--num-iterations", "3", "--final-core",
+                      "--run-dir", str(run)], timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    # no worker traceback (torchrun prints its own ChildFailedError one for any failed worker)
+    assert "]: Traceback" not in out and "in evaluate_at_the_end" not in out, out[-3000:]
+    assert r.stderr.count("exitcode  : 2 ") == 2, out[-3000:]  # both workers
+    assert out.count("No space left on device") == 1 and "continue with --resume" in out, out[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "final_eval_write_error" and "val_bpb" in summary, summary
+    assert sorted(json.loads((run / "final_eval.partial.json").read_text())["items"]) == ["split val"]
+
+
 @pytest.mark.parametrize("fail_at, fail_ranks, named", [(4, "1", 1), (5, "1", 1), (4, "0,1", 0)],
                          ids=["first-micro-step", "last-micro-step", "both-ranks"])
 def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path, monkeypatch, fail_at, fail_ranks, named):
