@@ -22,9 +22,9 @@ computes the rest, with the numbers of an uninterrupted run; the file is deleted
 completes. 2 = bad flags, data, tokenizer,
 checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
 training (the message names it), or a failed write of a checkpoint or of final_eval.partial.json (a full disk:
-stop_reason "checkpoint_error" or "final_eval_write_error"; free space, then --resume); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint
-was checked finite when it was saved, the message names the last one and how to continue from it with lower LRs);
-1 = any other error.
+stop_reason "checkpoint_error" or "final_eval_write_error"; free space, then --resume); 3 = non-finite loss or
+parameters (nothing saved for the bad step; every checkpoint was checked finite when it was saved, the message
+names the last one and how to continue from it with lower LRs); 1 = any other error.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
 (see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
