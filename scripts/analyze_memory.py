@@ -101,6 +101,15 @@ def injection_sites(block) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
+    try:
+        return analyze(args, out_dir)
+    except KeyboardInterrupt:  # the outputs are moved in as a whole set (staged_outputs): none is torn
+        print(f"interrupted: no partial output under --out-dir {out_dir}", file=sys.stderr)
+        return 130
+
+
+def analyze(args, out_dir: Path) -> int:
     try:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
         block = memory_block(model)
@@ -110,7 +119,6 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results = memory_use(model, domains, args.batch_size, tokenizer.bos_token_id, not args.no_progress)
-    out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
     header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
               "injection": injection_sites(block)}
     try:

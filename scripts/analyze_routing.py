@@ -275,11 +275,19 @@ def run_words(args, model, tokenizer, out_dir: Path, header: dict, sites) -> Non
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
+    try:
+        return analyze(args, out_dir)
+    except KeyboardInterrupt:  # each set of outputs is moved in whole (staged_outputs): none is torn
+        print(f"interrupted: no partial output under --out-dir {out_dir}", file=sys.stderr)
+        return 130
+
+
+def analyze(args, out_dir: Path) -> int:
     try:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
         block = memory_block(model, need_routing=True)
         sites = parse_sites(args.sites, block.layers, block.H)  # checked before any forward
-        out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis"
         header = {"run": str(args.run), "step": meta["step"], "memory_options": model.config.memory_options}
         if args.corpus:
             common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), bundle=args.bundle,

@@ -420,3 +420,21 @@ def test_a_device_torch_cannot_see_stops_at_the_flag(tmp_path, capsys, tool):
         main(["--run", str(tmp_path), *extra, "--device", "cuda:99"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --device: cuda:99: no such device here" in err
+
+
+@pytest.mark.parametrize("tool, busy", [("analyze_memory", "memory_use"), ("analyze_routing", "slot_audit")])
+def test_ctrl_c_midway_is_one_line_exit_130_and_no_output(tmp_path, capsys, monkeypatch, tool, busy):
+    """Ctrl-C during the forward passes was a KeyboardInterrupt traceback (exit 1 from the interpreter)."""
+    import importlib
+
+    module = importlib.import_module(f"scripts.{tool}")
+    run, _, _ = make_run(tmp_path, "mome")
+    text, out = write_text(tmp_path / "a.txt"), tmp_path / "o"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(module, busy, interrupted)
+    argv = ["--run", str(run), "--no-progress", "--out-dir", str(out), "--corpus", f"file:{text}"]
+    assert module.main(argv + (["--reference", ""] if tool == "analyze_routing" else [])) == 130
+    assert capsys.readouterr().err == f"interrupted: no partial output under --out-dir {out}\n"
+    assert not [p for p in out.rglob("*") if p.is_file()] if out.exists() else True
