@@ -174,9 +174,14 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
             rows = build_eval_rows(data_dir, kind, tokenizer, seq_len, n)[:, :-1]
             domains.append(Domain(kind, list(rows), "split"))
         elif kind == "core" and arg:
+            from nanochat.download import DownloadError
             from nanochat.eval_bundle import find_bundle
 
-            for d in core_domains(tokenizer, find_bundle(bundle), arg, seq_len, max_per_task, flag):
+            try:
+                bundle_dir = find_bundle(bundle)
+            except DownloadError as e:  # offline without --bundle: its advice (--bundle subset), not a traceback
+                raise ValueError(f"{flag} {spec}: {e}") from e
+            for d in core_domains(tokenizer, bundle_dir, arg, seq_len, max_per_task, flag):
                 domains.append(Domain(d.name, _cap_rows(d.rows, max_tokens), "core"))
         elif kind == "file" and arg:
             from nanochat.loss_eval import read_corpus

@@ -77,6 +77,16 @@ def find_last_step(run_dir) -> int:
     return steps[-1]
 
 
+def existing_step(run_dir, step: int | None) -> int:
+    """``step``, or the last one when None; a step without a checkpoint is an error listing the available ones."""
+    if step is None:
+        return find_last_step(run_dir)
+    if step not in list_steps(run_dir):
+        raise FileNotFoundError(f"checkpoint {step_dir(run_dir, step)} does not exist "
+                                f"(available steps: {list_steps(run_dir) or 'none'})")
+    return step
+
+
 def save_checkpoint(run_dir, step: int, model, meta: dict, state: dict | None = None, keep_last: int = 0) -> Path:
     """Atomically write a checkpoint (call on rank 0 only). ``keep_last > 0`` prunes older ones. A write or rename
     that fails (e.g. a full disk) raises CheckpointWriteError after removing the unfinished copy, so that the space

@@ -30,7 +30,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from nanochat.checkpoint import find_last_step, load_model, require_files, step_dir
+from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok,
                              keep_running_without_output, print0, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
@@ -246,13 +246,14 @@ def main(argv=None) -> int:
     with one line after Ctrl-C or SIGTERM (what finished is kept); one that comes once the last report is written
     (under torchrun: in that write's step) changes nothing, exit 0."""
     from nanochat.dataset import DataError
+    from nanochat.download import DownloadError  # the CORE bundle, offline without --bundle
 
     keep_running_without_output()  # a dead reader of the output (a killed `| tee`) does not end the evaluation
     try:
         args = parse_args(argv)
         with interrupts_raise():
             return evaluate(args)
-    except (FileNotFoundError, ValueError, KeyError, DataError, ResultWriteError) as e:
+    except (FileNotFoundError, ValueError, KeyError, DataError, DownloadError, ResultWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         compute_cleanup()
         return 2
@@ -267,7 +268,7 @@ def evaluate(args) -> int:
     rank = info.rank
     run = Path(args.run)
     # rank 0 picks the step; every rank must then load it (under torchrun all ranks take the same branches)
-    step = rank0_decides(lambda: args.step if args.step is not None else find_last_step(run))
+    step = rank0_decides(lambda: existing_step(run, args.step))
     out_dir = Path(args.out_dir) if args.out_dir else run / "eval" / f"step_{step:06d}"
     rank0_decides(lambda: ensure_writable(out_dir, "--out-dir"))  # rank 0 writes the results: fail now, not after
     # one evaluation per output directory at a time: two would overwrite each other's partial results and reports

@@ -157,3 +157,39 @@ def test_engine_rejects_negative_top_k():
 
     with pytest.raises(ValueError, match="--top-k must be >= 0"):
         sample_next(torch.zeros(1, 8), 1.0, -5, None)
+
+
+def _eval_run(tmp_path, tok_dir, vocab_size):
+    from conftest import tiny_config
+    from nanochat.gpt import build_model
+
+    run = tmp_path / "run"
+    model = build_model(tiny_config(vocab_size=vocab_size, sequence_len=64), seed=0)
+    ckpt.save_checkpoint(run, 7, model, {"tokenizer_dir": str(tok_dir)})
+    return run
+
+
+def test_base_eval_step_without_a_checkpoint_lists_the_available_steps(tmp_path, capsys):
+    """A mistyped --step in one process named ranks and shared filesystems and left an empty eval/step_N/ behind."""
+    from scripts import base_eval
+
+    run = _eval_run(tmp_path, tmp_path / "tok", 256)
+    assert base_eval.main(["--run", str(run), "--step", "99", "--eval", "bpb", "--device-type", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "step_000099 does not exist (available steps: [7])" in err and "rank" not in err
+    assert not (run / "eval" / "step_000099").exists()
+
+
+def test_base_eval_failed_bundle_download_is_one_error_line(tmp_path, capsys, monkeypatch, tiny_tokenizer_dir,
+                                                            tiny_tokenizer):
+    """Offline, base_eval without --bundle ended in a DownloadError traceback (exit 1), not the one-line advice."""
+    from scripts import base_eval
+
+    monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
+    monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", "http://127.0.0.1:9/none.zip")  # port 9: nothing listens
+    monkeypatch.setenv("NANOCHAT_EVAL_RETRY_SCALE", "0")
+    run = _eval_run(tmp_path, tiny_tokenizer_dir, tiny_tokenizer.vocab_size)
+    assert base_eval.main(["--run", str(run), "--eval", "core", "--no-progress", "--device-type", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--bundle subset" in err and "Traceback" not in err
