@@ -143,7 +143,7 @@ cpu_demo() {
         echo "[speedrun] CPU demo already done: report at $root/report.md (delete $root to run it again)"
         return 0
     fi
-    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, about 10 min on 2 cores)"
+    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, 10-16 min on 2 cores)"
     if [ -n "$train_base$train_mome" ]; then
         step python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"  # keeps a complete one
         [ -f "$root/tokenizer/tokenizer.json" ] || \
