@@ -4,9 +4,9 @@ decision is kept the same on every rank (rank0_decides, every_rank_ok)."""
 import errno
 import gc
 import os
-import sys
 import pickle
 import random
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 
