@@ -7,15 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def read_json_object(path, error: type[Exception], advice: str) -> dict:
-    """The JSON object in ``path``; raises ``error`` naming the file and ending with ``advice`` otherwise."""
+def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
+    """The JSON object in ``path``; raises ``error`` naming the file (and ending with ``advice``, if any) otherwise."""
     path = Path(path)
+    advice = f"; {advice}" if advice else ""
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        raise error(f"{path} is not valid JSON ({e}); {advice}") from e
+        raise error(f"{path} is not valid JSON ({e}){advice}") from e
     if not isinstance(obj, dict):
-        raise error(f"{path} is not a JSON object; {advice}")
+        raise error(f"{path} is not a JSON object{advice}")
     return obj
 
 

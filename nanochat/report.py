@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from nanochat.jsonfile import write_text_atomic
+from nanochat.jsonfile import read_json_object, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 ENVIRONMENT = "environment.json"
@@ -110,14 +110,9 @@ def record_environment(run_dir, device, world_size: int, fresh: bool) -> dict:
 def read_json(path, default=None):
     """The JSON object in ``path``, ``default`` when there is no file; ValueError naming the file otherwise."""
     try:
-        obj = json.loads(Path(path).read_text())
+        return read_json_object(path, ValueError)  # every run file is an object: a list would fail later on .get
     except FileNotFoundError:
         return default
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise ValueError(f"{path} is not valid JSON ({e})") from e
-    if not isinstance(obj, dict):  # every run file is an object: a list would fail later on .get
-        raise ValueError(f"{path} is not a JSON object")
-    return obj
 
 
 def read_metrics(run_dir) -> list[dict]:
