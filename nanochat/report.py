@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from nanochat.jsonfile import read_json_object, write_text_atomic
+from nanochat.row_config import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 ENVIRONMENT = "environment.json"
 REPORT = "report.md"
 NA = "n/a"

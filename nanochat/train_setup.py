@@ -22,13 +22,13 @@ from nanochat.jsonfile import write_text_atomic
 from nanochat.memory import mome_mix
 from nanochat.memory.mome_triton import resolve_kernels
 from nanochat.plan import build_plan
+from nanochat.row_config import REPO
 from nanochat.run_dir import ensure_writable, run_contents
 from nanochat.train_args import model_config
 from nanochat.train_loop import SyntheticLoader, gather_objects, synthetic_eval_rows
 
 SYNTHETIC_VOCAB = 32768
 DRY_RUN_VOCAB = 32768  # the paper's tokenizer: what --dry-run assumes when there is none yet and no --vocab-size
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
