@@ -16,7 +16,6 @@ spread over the whole stream.
 """
 
 import argparse
-import hashlib
 import lzma
 import math
 import sys
@@ -26,7 +25,7 @@ from nanochat.cli_types import positive_int
 from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
                               download_remote_shards, load_manifest, read_jsonl_texts, remove_unlisted_shards,
                               split_files, start_rebuild, write_manifest, write_text_shard)
-from nanochat.download import DownloadError
+from nanochat.download import DownloadError, file_sha256
 from nanochat.run_dir import RunDirLock, ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
@@ -114,18 +113,10 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
     return manifest
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def text_request(sources: list[Path], root: Path, doc_chars: int, val_fraction: float, docs_per_shard: int) -> dict:
     """What an embedded/local build is made from: every source's content (path under ``root``, sha256) and the
     flags that shape the shards. Equal requests build equal datasets."""
-    return {"sources": [[str(p.relative_to(root)), _sha256(p)] for p in sources], "doc_chars": doc_chars,
+    return {"sources": [[str(p.relative_to(root)), file_sha256(p)] for p in sources], "doc_chars": doc_chars,
             "val_fraction": val_fraction, "docs_per_shard": docs_per_shard}
 
 
