@@ -187,6 +187,14 @@ def print0(*args, **kwargs) -> None:
         print(*args, **kwargs, flush=True)
 
 
+def point_at_devnull(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (same fd): a later write, or the interpreter's last flush,
+    cannot fail again on a stdout that is gone or full."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
 class _OutputThatSurvivesItsReader:
     """A text stream whose writes outlive their reader: see survive_lost_output."""
 
@@ -198,9 +206,7 @@ class _OutputThatSurvivesItsReader:
     def _lost(self, e: OSError) -> None:
         if e.errno not in self.LOST:
             raise e
-        devnull = os.open(os.devnull, os.O_WRONLY)  # same fd, so a later write or the exit's flush cannot raise
-        os.dup2(devnull, self._stream.fileno())
-        os.close(devnull)
+        point_at_devnull(self._stream)
 
     def write(self, text: str) -> int:
         try:

@@ -9,14 +9,13 @@ without a cache only), whatever the run trained with.
 
 import argparse
 import math
-import os
 import sys
 
 import torch
 
 from nanochat.checkpoint import load_model
 from nanochat.cli_types import device_name
-from nanochat.common import autodetect_device
+from nanochat.common import autodetect_device, point_at_devnull
 from nanochat.engine import generate
 
 
@@ -83,7 +82,7 @@ def main(argv=None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except StdoutError as e:  # later writes to stdout (the exit's flush) would fail again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        point_at_devnull(sys.stdout)
         print(f"error: could not write the samples to stdout: {e}", file=sys.stderr)
         return 1
     return 0
