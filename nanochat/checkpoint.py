@@ -242,10 +242,7 @@ def nonfinite_tensors(state) -> list[str]:
 
 
 def load_meta(run_dir, step: int | None = None) -> dict:
-    step = find_last_step(run_dir) if step is None else step
-    path = step_dir(run_dir, step) / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path.parent} does not exist (available steps: {list_steps(run_dir)})")
+    path = step_dir(run_dir, existing_step(run_dir, step)) / "meta.json"  # a listed step has its meta.json
     meta = read_json_object(path, ValueError, "corrupt checkpoint metadata: use another step or re-run")
     if not isinstance(meta.get("model_config"), dict):
         raise ValueError(f"corrupt checkpoint metadata {path}: no 'model_config' object")
