@@ -41,6 +41,15 @@ def kernel_globals(monkeypatch):
 
 
 @pytest.fixture
+def offline_bundle(tmp_path, monkeypatch):
+    """No CORE bundle given or cached, and its download fails at once: an offline machine without --bundle."""
+    monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
+    monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", "http://127.0.0.1:9/none.zip")  # port 9: nothing listens
+    monkeypatch.setenv("NANOCHAT_EVAL_RETRY_SCALE", "0")
+
+
+@pytest.fixture
 def shared_dir():
     if not SHARED.is_dir():
         pytest.skip(f"../shared not found at {SHARED} (only present on developer/CI machines)")

@@ -441,14 +441,10 @@ def test_ctrl_c_midway_is_one_line_exit_130_and_no_output(tmp_path, capsys, monk
 
 
 @pytest.mark.parametrize("tool", ["analyze_memory", "analyze_routing"])
-def test_a_failed_bundle_download_is_one_error_line(tmp_path, capsys, monkeypatch, tool):
+def test_a_failed_bundle_download_is_one_error_line(tmp_path, capsys, offline_bundle, tool):
     """Offline, --corpus core:all without --bundle ended in a DownloadError traceback (exit 1)."""
     import importlib
 
-    monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
-    monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", "http://127.0.0.1:9/none.zip")  # port 9: nothing listens
-    monkeypatch.setenv("NANOCHAT_EVAL_RETRY_SCALE", "0")
     run, _, _ = make_run(tmp_path, "mome")
     main = importlib.import_module(f"scripts.{tool}").main
     assert main(["--run", str(run), "--no-progress", "--out-dir", str(tmp_path / "o"), "--corpus", "core:all"]) == 2

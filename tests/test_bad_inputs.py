@@ -180,15 +180,11 @@ def test_base_eval_step_without_a_checkpoint_lists_the_available_steps(tmp_path,
     assert not (run / "eval" / "step_000099").exists()
 
 
-def test_base_eval_failed_bundle_download_is_one_error_line(tmp_path, capsys, monkeypatch, tiny_tokenizer_dir,
+def test_base_eval_failed_bundle_download_is_one_error_line(tmp_path, capsys, offline_bundle, tiny_tokenizer_dir,
                                                             tiny_tokenizer):
     """Offline, base_eval without --bundle ended in a DownloadError traceback (exit 1), not the one-line advice."""
     from scripts import base_eval
 
-    monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
-    monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", "http://127.0.0.1:9/none.zip")  # port 9: nothing listens
-    monkeypatch.setenv("NANOCHAT_EVAL_RETRY_SCALE", "0")
     run = _eval_run(tmp_path, tiny_tokenizer_dir, tiny_tokenizer.vocab_size)
     assert base_eval.main(["--run", str(run), "--eval", "core", "--no-progress", "--device-type", "cpu"]) == 2
     err = capsys.readouterr().err

@@ -138,11 +138,7 @@ def test_download_extract_checksum_and_cache(tmp_path, monkeypatch):
     assert eb.find_bundle() == got  # cached: no server needed any more
 
 
-def test_download_failure_is_clear(tmp_path, monkeypatch):
-    monkeypatch.delenv("NANOCHAT_EVAL_BUNDLE", raising=False)
-    monkeypatch.setenv("NANOCHAT_EVAL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE_URL", "http://127.0.0.1:9/none.zip")  # port 9: nothing listens
-    monkeypatch.setenv("NANOCHAT_EVAL_RETRY_SCALE", "0")
+def test_download_failure_is_clear(tmp_path, offline_bundle):
     with pytest.raises(RuntimeError, match=r"after 3 attempts.*--bundle DIR.*--bundle subset"):
         eb.find_bundle()
     assert not list((tmp_path / "cache").glob("eval_bundle.zip*"))
