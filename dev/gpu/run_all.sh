@@ -5,6 +5,9 @@
 #   MIX may be a comma list (auto,row: every MoME design once per mix); BENCH_ARGS adds flags, e.g. "--rounds 2"
 #   or "--profile-dir $OUT/prof" (a torch.profiler table per design); BENCH_TAG=x adds _x to its file names. The tests need pytest-xdist and pytest-timeout
 #   (the device image has both).
+#   TESTS_FILES / TESTS_K narrow the tests (default: every gpu test of tests/), e.g. TESTS_FILES="tests/test_gpu.py
+#   tests/test_base_eval.py" TESTS_K="mome_kernels or fused_and_torch_kernels". Wheels in .whl/ (bash dev/gpu/fetch_wheels.sh here, then `carry: [".whl"]`) are installed first:
+#   rustbpe, which the image lacks and base_eval's CUDA test needs for its tiny tokenizer.
 #   TESTS_LIMIT / OPS_LIMIT / BENCH_LIMIT: seconds each step may run (default 240 / 285 / 330), so that one call ends
 #   inside the device tool's 10-minute limit; both benches write their JSON as they go, so a stopped one keeps rows.
 # Budget (H100, 2026-11-26): the 54 CUDA tests took 96 s with 4 workers; a bench process ~80 s on a fresh machine
@@ -13,11 +16,15 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
 export TORCHINDUCTOR_CACHE_DIR="$PWD/runs/inductor"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" runs
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=".:/tmp/site" && echo "wheels: $(ls .whl | tr '\n' ' ')"
+fi
 python3 -c "import torch;print('torch',torch.__version__,'cuda',torch.version.cuda,torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 while [ $# -gt 0 ]; do
   case "$1" in
-    tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -n 4 --timeout 150 -rfEs \
+    tests) timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu ${TESTS_FILES:-tests/} ${TESTS_K:+-k "$TESTS_K"} -p no:cacheprovider -n 4 --timeout 150 -rfEs \
              > "$OUT/gpu_tests.log" 2>&1; echo "tests rc=$?"
            grep -E "passed|failed|FAILED|ERROR|SKIPPED|Timeout" "$OUT/gpu_tests.log" | tail -30; shift ;;
     ops) timeout "${OPS_LIMIT:-285}" python3 bench/mome_ops.py --out "$OUT/mome_ops.json" $OPS_ARGS > "$OUT/mome_ops.log" 2>&1
