@@ -117,30 +117,52 @@ def measure_one(args) -> dict:
         t0 = time.perf_counter()
         train_step(step_model, opt, loader, args.grad_accum, autocast, device)  # ends with a host sync
         times.append(time.perf_counter() - t0)
-    if args.profile_dir:  # one more step under the profiler: per-kernel device time of this design
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            train_step(step_model, opt, loader, args.grad_accum, autocast, device)
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.profile_dir) / f"{args.one}_{args.mix}_{args.topk}.txt").write_text(
-            prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
     dt = statistics.median(times)
     tokens = args.device_batch_size * args.seq_len * args.grad_accum
     summary = model_summary(cfg)
     peak = peak_flops(device)
-    return {"label": label, "step_ms": 1e3 * dt, "step_ms_min": 1e3 * min(times), "step_ms_max": 1e3 * max(times),
-            "tok_per_sec": tokens / dt, "tokens_per_step": tokens, "flops_per_token": summary["flops_per_token"],
-            "mfu": 100 * summary["flops_per_token"] * tokens / dt / peak if peak else None,
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-            "params_total": summary["params_total"], "params_memory": summary["params_memory"],
-            "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
-            "mome_kernels": kernels, "mome_kernels_requested": args.mome_kernels, "mome_kernels_reason": kernels_reason,
-            "compile": args.compile,
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-            "torch": torch.__version__}
+    result = {"label": label, "step_ms": 1e3 * dt, "step_ms_min": 1e3 * min(times), "step_ms_max": 1e3 * max(times),
+              "tok_per_sec": tokens / dt, "tokens_per_step": tokens, "flops_per_token": summary["flops_per_token"],
+              "mfu": 100 * summary["flops_per_token"] * tokens / dt / peak if peak else None,
+              "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+              "params_total": summary["params_total"], "params_memory": summary["params_memory"],
+              "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
+              "mome_kernels": kernels, "mome_kernels_requested": args.mome_kernels, "mome_kernels_reason": kernels_reason,
+              "compile": args.compile,
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+              "torch": torch.__version__}
+    if args.profile_dir:
+        write_profile(args, device, lambda: train_step(step_model, opt, loader, args.grad_accum, autocast, device),
+                      result)
+    return result
+
+
+def write_profile(args, device, step, result: dict) -> None:
+    """--profile-steps more steps under torch.profiler, after the timed ones: the top-40 op table as text and every
+    kernel as JSON (bench/kernel_table.py; bench/profile_diff.py compares two designs' JSON). Several steps, as the
+    timed steps' median, keep one slow step from deciding a kernel's share; their totals are divided by the steps
+    in profile_diff, not here."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.kernel_table import write_profile_json
+
+    on_device = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.profile_steps):
+            step()  # ends with a host sync: the wall time covers the steps' kernels
+        wall_ms = 1e3 * (time.perf_counter() - t0) / args.profile_steps
+    stem = Path(args.profile_dir) / f"{args.one}_{args.mix}_{args.topk}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    sort = "self_cuda_time_total" if on_device else "self_cpu_time_total"
+    stem.with_name(stem.name + ".txt").write_text(
+        f"{args.profile_steps} steps profiled: the times are their sums\n"
+        + prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+    meta = {"design": args.one, "device": device.type, "profiled_step_ms": wall_ms,
+            **{k: result[k] for k in ("label", "mix", "topk", "mome_kernels", "row_sum", "compile", "step_ms",
+                                      "tokens_per_step", "device_name", "torch")}}
+    write_profile_json(stem.with_name(stem.name + ".json"), prof.events(), on_device, args.profile_steps, meta)
 
 
 def merge_rounds(results: list[dict]) -> dict:
@@ -227,7 +249,11 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="run the list of design processes this many times, alternating its order, and report the "
                         "median of each design's per-round medians (separates design from run-to-run drift)")
-    p.add_argument("--profile-dir", default="", help="also write a torch.profiler op table of one step per design")
+    p.add_argument("--profile-dir", default="",
+                   help="after the timed steps, profile --profile-steps more steps per design (in the first round "
+                        "only) and write DIR/<design>_<mix>_<topk>.txt (the top-40 op table) and .json (every "
+                        "kernel: name, category, calls, device us; compare two with bench/profile_diff.py)")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps profiled with --profile-dir")
     p.add_argument("--out", default="", help="JSON path (default bench/results/train_step_<device>.json)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: one design in this process
     args = p.parse_args(argv)
@@ -246,6 +272,8 @@ def parse_args(argv=None):
         p.error(f"--row-sum {args.row_sum} is a sum of the torch row mix: pass --mome-kernels torch with it (the "
                 f"kernels of --mome-kernels {args.mome_kernels} do their own)")
     args.row_sum = args.row_sum or "unrolled"
+    if args.profile_steps < 1:
+        p.error(f"--profile-steps must be >= 1 (got {args.profile_steps})")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1 (got {args.rounds})")
     if args.compile is None:
@@ -281,7 +309,7 @@ def main(argv=None):
     for r in range(args.rounds):
         for key, mix, row_key in (runs if r % 2 == 0 else runs[::-1]):
             cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key, "--mix", mix,
-                   "--compile" if args.compile else "--no-compile"]
+                   "--compile" if args.compile else "--no-compile", *(["--profile-dir", ""] if r else [])]
             res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             if res.returncode != 0:
                 rounds.setdefault(row_key, []).append({"error": res.stderr.strip()})
