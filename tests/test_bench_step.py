@@ -216,6 +216,52 @@ def test_train_step_bench_writes_what_it_has_after_every_process(tmp_path, monke
     assert saved["complete"] is False and list(saved["rows"]) == ["ve"] and saved["rows"]["ve"]["step_ms"] == 10.0
 
 
+def test_train_step_bench_profile_dir_writes_every_kernel_as_json(tmp_path):
+    """--profile-dir: beside the op table, every op of the --profile-steps profiled steps (on CPU: the host ops'
+    self time; on CUDA: the device kernels) with its category, as bench/profile_diff.py reads it."""
+    bench = load_bench("train_step")
+    kernel_table = load_bench("kernel_table")
+    prof = tmp_path / "prof"
+    bench.main(["--device", "cpu", "--designs", "mome", "--depth", "1", "--seq-len", "16", "--vocab-size", "256",
+                "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1", "--warmup", "1",
+                "--profile-dir", str(prof), "--profile-steps", "2", "--out", str(tmp_path / "ts.json")])
+    assert sorted(p.name for p in prof.iterdir()) == ["mome_auto_auto.json", "mome_auto_auto.txt"]
+    assert "2 steps profiled" in (prof / "mome_auto_auto.txt").read_text()
+    doc = json.loads((prof / "mome_auto_auto.json").read_text())
+    assert (doc["design"], doc["label"], doc["device"], doc["time"], doc["steps"]) == (
+        "mome", "MoME A2/6 token", "cpu", "self_cpu", 2)
+    assert doc["step_ms"] > 0 and doc["profiled_step_ms"] > 0 and doc["tokens_per_step"] == 2 * 16
+    kernels = doc["kernels"]
+    assert all(set(k) == {"name", "category", "calls", "total_us"} for k in kernels)
+    assert all(k["category"] in kernel_table.CATEGORIES and k["calls"] >= 1 for k in kernels)
+    assert doc["total_us"] == pytest.approx(sum(k["total_us"] for k in kernels))
+    assert [k["total_us"] for k in kernels] == sorted((k["total_us"] for k in kernels), reverse=True)
+    cats = {k["category"] for k in kernels}
+    assert {"gemm", "optimizer"} <= cats  # the model's matmuls, and MuonAdamW's step
+    # the optimizer annotation once per profiled step (the timed and warm-up steps are not in the profile)
+    assert [k["calls"] for k in kernels if k["name"].startswith("Optimizer.step")] == [2]
+    bad = load_bench("profile_diff").main([str(prof / "mome_auto_auto.json"), str(prof / "mome_auto_auto.json")])
+    assert bad == 0  # the JSON is what profile_diff reads
+
+
+def test_train_step_bench_profiles_in_the_first_round_only(tmp_path, monkeypatch):
+    """Every profiled step is device time: with --rounds the later rounds' processes do not profile again."""
+    import subprocess
+
+    bench = load_bench("train_step")
+    one = {"step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tokens_per_step": 64, "tok_per_sec": 6400.0,
+           "mfu": None, "peak_mem_gb": None, "label": "VE", "params_memory": 0, "mix": "auto", "topk": "auto"}
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0, stdout=json.dumps(one) + "\n", stderr=""))
+    bench.main(["--device", "cpu", "--designs", "ve,mome", "--rounds", "2", "--profile-dir", str(tmp_path),
+                "--out", str(tmp_path / "ts.json")])
+    profile_dirs = [bench.parse_args(cmd[2:]).profile_dir for cmd in calls]
+    assert profile_dirs == [str(tmp_path)] * 2 + [""] * 2
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--profile-steps", "0"])
+
+
 @pytest.mark.slow  # 22 s: one process per design; the designs' training is tested in their own files
 def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):
     """Every appendix design builds and steps through the trainer's train_step in the bench (Engram's d24-sized
