@@ -9,6 +9,8 @@ the same size: tokens/s, MFU, peak memory.
     python bench/train_step.py --designs ve,mome --mome-kernels row  # MoME's injection apart from the row-mix kernels
     python bench/train_step.py --designs mome --mome-kernels torch --row-sum reduce   # the older torch row sum
     python bench/train_step.py --designs all                     # + the appendix designs
+    python bench/train_step.py --designs ve,mome --profile-dir prof  # + every kernel of 3 steps per design, then
+    python bench/profile_diff.py prof/ve_auto_auto.json prof/mome_auto_auto.json   # where MoME's extra time goes
     python bench/train_step.py --device cpu --depth 2 --seq-len 64 --device-batch-size 2 --steps 2 --warmup 1
 
 Each design runs in a FRESH process (its own compile, its own peak-memory counter) and calls the trainer's
@@ -327,6 +329,8 @@ def main(argv=None):
           f"{'compiled' if args.compile else 'eager'}, MoME mix: {args.mix}, selection: {args.topk}\n")
     print(table(rows))
     print(f"\nwrote {out}")
+    if args.profile_dir:
+        print(f"profiles: {args.profile_dir}/<design>_<mix>_<topk>.txt|.json; compare two with bench/profile_diff.py")
 
 
 if __name__ == "__main__":
