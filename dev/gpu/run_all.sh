@@ -3,8 +3,9 @@
 #   bash dev/gpu/run_all.sh [tests] [ops] [bench DESIGNS MIX TOPK ...]    (on the device machine, from the repo root)
 #   ops: bench/mome_ops.py (MoME's ops alone, variants checked then timed; OPS_ARGS adds flags, e.g. "--ops rowmix")
 #   MIX may be a comma list (auto,row: every MoME design once per mix); BENCH_ARGS adds flags, e.g. "--rounds 2"
-#   or "--profile-dir $OUT/prof" (a torch.profiler table per design); BENCH_TAG=x adds _x to its file names. The tests need pytest-xdist and pytest-timeout
+#   or "--profile-dir $OUT/prof" (per design a top-40 op table, .txt, and every kernel, .json); BENCH_TAG=x adds _x to its file names. The tests need pytest-xdist and pytest-timeout
 #   (the device image has both).
+#   diff A.json B.json: bench/profile_diff.py's comparison of two --profile-dir kernel files (DIFF_TOP rows, 40).
 #   TESTS_FILES / TESTS_K narrow the tests (default: every gpu test of tests/), e.g. TESTS_FILES="tests/test_gpu.py
 #   tests/test_base_eval.py" TESTS_K="mome_kernels or fused_and_torch_kernels". Wheels in .whl/ (bash dev/gpu/fetch_wheels.sh here, then `carry: [".whl"]`) are installed first:
 #   rustbpe, which the image lacks and base_eval's CUDA test needs for its tiny tokenizer.
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
            timeout "${BENCH_LIMIT:-330}" python3 bench/train_step.py --designs "$2" --mix "$3" --topk "$4" \
              --out "$OUT/train_step_$name.json" $BENCH_ARGS > "$OUT/bench_$name.log" 2>&1; echo "bench rc=$?"
            grep -v "^ " "$OUT/bench_$name.log" | tail -14; shift 4 ;;
+    diff) python3 bench/profile_diff.py "$2" "$3" --top "${DIFF_TOP:-40}"; echo "diff rc=$?"; shift 3 ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done
