@@ -3,6 +3,8 @@ them with one clear error that names the file, whatever is wrong with it (not UT
 and writing text so that a reader never sees half a file."""
 
 import json
+import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,18 +23,46 @@ def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
 
 
 def write_atomic(path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` to write the file at a temp name beside ``path``, then rename it over ``path``: a kill
-    mid-write leaves the old file (or none), never a torn one."""
+    """Call ``write(tmp)`` to write the file at a temp name of its own beside ``path``, fsync it, then rename it over
+    ``path``: a kill mid-write leaves the old file (or none), never a torn one, and two processes writing ``path`` at
+    once each rename a whole file (the last rename wins) instead of one renaming or removing the other's."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, tmp = _create_temp(path)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+            os.fsync(fd)  # the data before the rename: else a power cut can leave ``path`` empty
+        finally:
+            os.close(fd)
         tmp.replace(path)
     except BaseException:  # e.g. a full disk, Ctrl-C: no torn temp file left beside ``path``
         tmp.unlink(missing_ok=True)
         raise
 
 
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new empty ``<name>.<8 hex digits>.tmp`` beside ``path`` (same file system: the rename is atomic), opened.
+    O_EXCL never takes another writer's file; mode 0o666 lets the umask decide, as a plain open() does (mkstemp's
+    0o600 would make every report private)."""
+    for _ in range(100):
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:  # 1 in 4e9 per existing temp file
+            continue
+    raise FileExistsError(f"no free temp name beside {path} after 100 tries")
+
+
 def write_text_atomic(path, text: str) -> None:
     """``write_atomic`` of ``text`` (UTF-8)."""
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def is_temp_for(path, candidate) -> bool:
+    """Whether ``candidate`` is named like one of ``write_atomic``'s temp files for ``path`` (beside it,
+    ``<name>.<8 hex digits>.tmp``): how an OSError's filename is told to be about writing ``path``."""
+    path, candidate = Path(path), Path(candidate)
+    stem, dot, suffix = candidate.name.rpartition(".")
+    name, dot2, token = stem.rpartition(".")
+    return (candidate.parent == path.parent and name == path.name and dot2 == dot == "." and suffix == "tmp"
+            and len(token) == 8 and all(c in "0123456789abcdef" for c in token))

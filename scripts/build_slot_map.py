@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nanochat.cli_types import positive_int  # noqa: E402
+from nanochat.jsonfile import is_temp_for  # noqa: E402
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
 
 
@@ -94,14 +95,14 @@ def build(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    tmp = Path(args.output).with_name(Path(args.output).name + ".tmp")  # write_slot_map's temp name
     try:
         build(args)
     except (FileNotFoundError, ValueError) as e:  # bad run dir / checkpoint / tokenizer / group size
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # e.g. a full disk: write_slot_map kept the old --output (if any), removed its temp file
-        writing = e.filename is not None and Path(e.filename) in (tmp, Path(args.output))
+        writing = e.filename is not None and (Path(e.filename) == Path(args.output)
+                                              or is_temp_for(args.output, e.filename))  # write_slot_map's temp
         print(f"error: could not write --output {args.output}: {e.strerror}" if writing else f"error: {e}",
               file=sys.stderr)
         return 2

@@ -68,10 +68,12 @@ def enospc_writing(name: str) -> None:
     import errno
     from pathlib import Path
 
+    from nanochat.jsonfile import is_temp_for
+
     real = Path.write_text
 
     def write_text(self, data, *args, **kwargs):
-        if int(os.environ["RANK"]) == 0 and self.name in (name, name + ".tmp"):
+        if int(os.environ["RANK"]) == 0 and (self.name == name or is_temp_for(self.with_name(name), self)):
             real(self, data[: len(data) // 2], *args, **kwargs)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
         return real(self, data, *args, **kwargs)

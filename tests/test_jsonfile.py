@@ -1,8 +1,13 @@
-"""nanochat.jsonfile's atomic write: a writer that fails leaves the old file and no temp file."""
+"""nanochat.jsonfile's atomic write: a writer that fails leaves the old file and no temp file; writers of one file
+at once never share a temp file; the file gets a plain open()'s permissions and reaches the disk before the rename."""
+
+import os
+import stat
 
 import pytest
 
-from nanochat.jsonfile import write_atomic, write_text_atomic
+from nanochat import jsonfile
+from nanochat.jsonfile import is_temp_for, write_atomic, write_text_atomic
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
@@ -24,3 +29,70 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
         assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
     write_atomic(path, lambda tmp: tmp.write_bytes(b"new"))
     assert path.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
+def test_two_writers_of_one_file_at_once_each_rename_their_own_whole_file(tmp_path):
+    """A second writer starts and finishes while the first is midway (two processes, as one deterministic
+    interleaving): each writes a temp file of its own, so both succeed and ``path`` holds the last rename's whole
+    content. Before: one fixed temp name, so the second truncated and renamed the first's half-written file and the
+    first then failed (FileNotFoundError) on the rename."""
+    path, temps = tmp_path / "f.json", []
+
+    def first(tmp):
+        temps.append(tmp)
+        tmp.write_text('{"writer": ')
+        write_atomic(path, second)
+        assert tmp.read_text() == '{"writer": '  # untouched by the second writer
+        with open(tmp, "a") as f:
+            f.write('"first"}')
+
+    def second(tmp):
+        temps.append(tmp)
+        tmp.write_text('{"writer": "second"}')
+
+    write_atomic(path, first)
+    assert path.read_text() == '{"writer": "first"}'
+    assert temps[0] != temps[1] and all(is_temp_for(path, t) for t in temps)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_the_file_has_the_mode_a_plain_open_gives(tmp_path, umask):
+    """What open() gives under the umask (0o666 less the umask), also when it replaces a file of another mode: a
+    private temp file (mkstemp's 0600) would make every report unreadable to the group."""
+    path = tmp_path / "f.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    before = os.umask(umask)
+    try:
+        write_text_atomic(path, "new")
+        (tmp_path / "plain").write_text("x")
+    finally:
+        os.umask(before)
+    want = 0o666 & ~umask
+    assert stat.S_IMODE(path.stat().st_mode) == want == stat.S_IMODE((tmp_path / "plain").stat().st_mode)
+
+
+def test_the_temp_file_is_fsynced_before_the_rename(tmp_path, monkeypatch):
+    """A power cut after the rename must not leave an empty ``path`` (the rename can reach the disk before the
+    data): the temp file's content is fsynced first."""
+    path, synced = tmp_path / "f.json", []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append((os.fstat(fd).st_ino, path.exists()))
+        real(fd)
+
+    monkeypatch.setattr(jsonfile.os, "fsync", spy)
+    write_text_atomic(path, "data")
+    assert synced == [(path.stat().st_ino, False)]
+
+
+def test_is_temp_for_names_only_write_atomics_temp_files(tmp_path):
+    path = tmp_path / "m.json"
+    seen = []
+    write_atomic(path, lambda tmp: seen.append(tmp) or tmp.write_text("{}"))
+    assert is_temp_for(path, seen[0]) and is_temp_for(path, str(seen[0]))
+    for other in (path, tmp_path / "m.json.tmp.bak", tmp_path / "other.json.ab12cd34.tmp",
+                  tmp_path / "sub" / seen[0].name, tmp_path / "m.jsonab12cd34.tmp"):
+        assert not is_temp_for(path, other), other
