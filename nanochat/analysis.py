@@ -17,8 +17,6 @@ round q/k/v to bf16.
 
 import json
 import math
-import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from tqdm import tqdm
 
 from nanochat.jsonfile import write_text_atomic
 from nanochat.routing_metrics import effective_count, jsd_base2
+from nanochat.work_dirs import work_dir
 
 
 # -- flags and outputs --------------------------------------------------------------------------------------
@@ -39,19 +38,16 @@ class OutputWriteError(Exception):
 def staged_outputs(out_dir: Path):
     """A fresh folder inside ``out_dir`` for one set of outputs, moved into ``out_dir`` once every file of the
     set is written: a failure midway (full disk, Ctrl-C) leaves the previous set whole, never a mix or a torn
-    file. Raises OutputWriteError naming --out-dir for any OSError of the writes."""
-    stage = None
+    file. A SIGKILLed run's folder is removed by the next (nanochat.work_dirs). Raises OutputWriteError naming
+    --out-dir for any OSError of the writes."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
-        yield stage
-        for f in sorted(stage.iterdir()):
-            f.replace(out_dir / f.name)
+        with work_dir(out_dir, ".partial-") as stage:
+            yield stage
+            for f in sorted(stage.iterdir()):
+                f.replace(out_dir / f.name)
     except OSError as e:
         raise OutputWriteError(f"cannot write the outputs under --out-dir {out_dir}: {e}") from e
-    finally:
-        if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
 
 
 # -- loading ----------------------------------------------------------------------------------------------

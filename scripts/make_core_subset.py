@@ -18,11 +18,11 @@ import json
 import random
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from nanochat.cli_types import positive_int
 from nanochat.eval_bundle import REPO_ROOT, load_core_tasks, load_task_data
+from nanochat.work_dirs import work_dir
 
 HELLASWAG_APPROX = "data/hellaswag_val_full/hellaswag_core_approx.jsonl"
 
@@ -50,10 +50,9 @@ def build(src: Path, out: Path, n: int) -> dict:
                               "wholesale, so give a new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     # a fresh hidden folder of our own beside --out (same file system: the renames are atomic); fixed names such as
-    # <out>.old could be a user's folder, which a clean-up would delete
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    new, old = work / "new", work / "old"
-    try:
+    # <out>.old could be a user's folder, which a clean-up would delete. One a SIGKILLed build left is removed now.
+    with work_dir(out.parent, f".{out.name}.", salvage=lambda stale: _restore_out(stale, out)) as work:
+        new, old = work / "new", work / "old"
         info = _build_into(src, new, n, readme_from=out / "README.md")
         if out.exists():
             out.rename(old)
@@ -64,9 +63,14 @@ def build(src: Path, out: Path, n: int) -> dict:
                 raise
         else:
             new.rename(out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return info
+
+
+def _restore_out(work: Path, out: Path) -> None:
+    """A build killed between its two renames left --out moved aside into its work folder: put it back."""
+    if (work / "old").is_dir() and not out.exists():
+        (work / "old").rename(out)
+        print(f"restored --out {out} from {work.name} (a build killed midway had moved it aside)", file=sys.stderr)
 
 
 def _build_into(src: Path, out: Path, n: int, readme_from: Path) -> dict:

@@ -1,0 +1,123 @@
+"""Hidden work folders that a later run can prove abandoned: a build that stages its outputs in a folder beside them
+(the analyses' ``.partial-*``, make_core_subset's ``.<out>.*``) and is SIGKILLed (an OOM kill, a scheduler's
+pre-emption, kill -9) cannot remove it; the next run of that build does, but only what it can prove stale.
+
+A folder is named ``<prefix><pid>-<host>-<boot>.<random>`` (host: a hash of the host name, boot: of the kernel's
+boot id) and its owner holds an exclusive ``flock`` on it while it works. A later run removes a folder only if its
+whole name has that form with its own prefix and host, its owner is gone (another boot, or no process with that pid
+on this one) and the folder's flock is free: a live run (on this host, in another container of this host, or on
+another host sharing the file system) is never touched, nor anything named otherwise (a user's folder, a folder of
+the older ``<prefix><random>`` form, which says nothing of its owner).
+"""
+
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _hash8(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _host() -> str:
+    return _hash8(socket.gethostname())
+
+
+def _boot() -> str:
+    try:
+        return _hash8(BOOT_ID.read_text().strip())
+    except OSError:  # no boot id (not Linux): the pid alone tells, on this host
+        return "0" * 8
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a live process of another user
+        return False
+    return False
+
+
+def _lock(fd: int, blocking: bool) -> bool:
+    """Take an exclusive flock on ``fd``; False if another holds it. A file system without flock counts as free."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF):
+            raise
+    return True
+
+
+def _claim_stale(folder: Path, prefix: str) -> int | None:
+    """An open fd holding ``folder``'s flock if it is a stale work folder of ``prefix`` (see the module doc), else
+    None. Holding it keeps a second cleaner off while this one salvages and removes."""
+    m = re.fullmatch(re.escape(prefix) + r"(\d+)-([0-9a-f]{8})-([0-9a-f]{8})\.[a-z0-9_]+", folder.name)
+    if m is None or m[2] != _host() or folder.is_symlink() or not folder.is_dir():
+        return None
+    if m[3] == _boot() and not _pid_gone(int(m[1])):
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:  # another cleaner removed it meanwhile
+        return None
+    if _lock(fd, blocking=False):  # else its owner lives after all (in another pid namespace), or a cleaner works
+        return fd
+    os.close(fd)
+    return None
+
+
+def remove_stale(parent: Path, prefix: str, salvage: Callable[[Path], object] | None = None) -> list[Path]:
+    """Remove the work folders named ``<prefix>...`` in ``parent`` that runs killed midway left (see the module
+    doc); ``salvage(folder)`` first takes out what must survive. Says in one line what it removed."""
+    try:
+        candidates = sorted(p for p in parent.iterdir() if p.name.startswith(prefix))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for folder in candidates:
+        fd = _claim_stale(folder, prefix)
+        if fd is None:
+            continue
+        try:
+            if salvage is not None:
+                salvage(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(folder)
+    if removed:
+        print(f"removed {len(removed)} work folder(s) left in {parent} by runs killed midway: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+    return removed
+
+
+@contextmanager
+def work_dir(parent: Path, prefix: str, salvage: Callable[[Path], object] | None = None) -> Iterator[Path]:
+    """A fresh work folder ``<prefix><pid>-<host>-<boot>.<random>`` in ``parent``, locked by this process until the
+    block ends, then removed; stale ones of earlier runs (``remove_stale``) are removed first."""
+    remove_stale(parent, prefix, salvage)
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{_host()}-{_boot()}.", dir=parent))
+    fd = None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        _lock(fd, blocking=True)  # nobody else knows the folder yet: this never waits
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
