@@ -71,18 +71,29 @@ def setup_attention(requested: str, device) -> str:
     return backend.name
 
 
-def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
+def install_mome_kernels(requested: str, device, stack: ExitStack) -> tuple[str, str]:
     """Resolve --mome-kernels once, before the model is built and compiled (a later change would only make dynamo
     recompile), and install it (nanochat.memory.mome_mix.set_kernels) until ``stack`` closes; returns the resolved
-    name. Harmless for other memories. Every rank resolves alike (device kind, triton import), but a node without
-    triton would not: ranks that disagree stop the run rather than train with mixed kernels."""
+    name and why it differs from the request ("" if it does not). Harmless for other memories. Every rank resolves
+    alike (device kind, triton import), but a node without triton would not: ranks that disagree stop the run rather
+    than train with mixed kernels."""
     name, reason = every_rank_ok(lambda: resolve_kernels(requested, device))
     _same_on_every_rank("--mome-kernels", requested, name, "install triton on every node, or pass --mome-kernels torch")
     # a caller in the same process (the tests, a notebook) gets the module's globals back as they were
     before = {key: getattr(mome_mix, key) for settings in mome_mix.KERNEL_SETTINGS.values() for key in settings}
     stack.callback(vars(mome_mix).update, before)
     mome_mix.set_kernels(name)
-    print0(f"mome kernels: {name}" + (f" ({reason})" if reason else ""))
+    return name, reason
+
+
+def mome_kernels_line(name: str, reason: str) -> str:
+    return f"mome kernels: {name}" + (f" ({reason})" if reason else "")
+
+
+def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
+    """``install_mome_kernels``, saying what it installed; returns the resolved name."""
+    name, reason = install_mome_kernels(requested, device, stack)
+    print0(mome_kernels_line(name, reason))
     return name
 
 

@@ -59,9 +59,9 @@ from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
                                  train_step)
 from nanochat.train_resume import ResumePoint
-from nanochat.train_setup import (RunData, dry_run, dry_run_vocab, existing_tokenizer, load_eval_rows, load_run_data,
-                                  model_kernel_path, resolve_bundle, resolve_run_dir, run_core, run_split_bpb,
-                                  setup_attention, setup_mome_kernels, write_json)
+from nanochat.train_setup import (RunData, dry_run, dry_run_vocab, existing_tokenizer, install_mome_kernels,
+                                  load_eval_rows, load_run_data, model_kernel_path, mome_kernels_line, resolve_bundle,
+                                  resolve_run_dir, run_core, run_split_bpb, setup_attention, write_json)
 
 EXIT_NONFINITE = 3
 # the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
@@ -127,7 +127,7 @@ def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
-    setup_mome_kernels(args.mome_kernels, device, stack)  # likewise
+    kernels = install_mome_kernels(args.mome_kernels, device, stack)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
     claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:
@@ -147,6 +147,8 @@ def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
     mome_kernels = model_kernel_path(model)  # what its layers take under that setting (recorded; not the flag)
+    if mome_kernels != "none":  # the flag's resolution says nothing about a model without MoME's layers
+        print0(mome_kernels_line(*kernels))
     print0(f"mome kernels in the model: {mome_kernels}")
     # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
     model.memory.bind_tokenizer(data.tokenizer)

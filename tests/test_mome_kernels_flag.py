@@ -168,6 +168,22 @@ def test_base_train_records_the_path_the_model_takes(extra, ran, tmp_path, monke
     assert config["mome_kernels"] == summary["mome_kernels"] == ran
 
 
+@pytest.mark.parametrize("memory, lines", [
+    ("base", ["mome kernels in the model: none"]),
+    ("mome", ["mome kernels: torch (--mome-kernels fused: the MoME Triton kernels run on cuda only, this run is on "
+              "cpu)", "mome kernels in the model: torch"])])
+def test_base_train_logs_the_flags_resolution_only_for_a_mome_model(memory, lines, tmp_path, capsys, kernel_globals):
+    """A Base run logged 'mome kernels: torch (...)' (the flag, which its layers never read) and then 'mome kernels
+    in the model: none'; both runs still record what their layers take."""
+    run = tmp_path / "r"
+    assert base_train.main([*TINY, "--memory", memory, "--run-dir", str(run), "--mome-kernels", "fused"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("mome kernels")] == lines
+    config = json.loads((run / "config.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    want = "none" if memory == "base" else "torch"
+    assert config["mome_kernels"] == summary["mome_kernels"] == want and config["args"]["mome_kernels"] == "fused"
+
+
 def test_setup_installs_the_choice_until_the_run_ends(monkeypatch, capsys, kernel_globals):
     monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
     with ExitStack() as stack:
