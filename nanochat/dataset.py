@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from nanochat.download import DownloadError, DownloadStopped, download_file, hub_file, place_file
-from nanochat.jsonfile import read_json_object, write_text_atomic
+from nanochat.jsonfile import read_json_object, write_atomic, write_text_atomic
 
 MANIFEST = "manifest.json"
 DATASET_MARK = ".dataset"  # remote datasets: which dataset this directory's shard_NNNNN.parquet files belong to
@@ -182,17 +182,15 @@ def iter_documents(data_dir, split: str):
 
 
 def write_text_shard(path, texts: list[str], row_group_size: int = 256) -> None:
-    """Write documents to a parquet shard (temp name + rename). Small row groups let ranks stripe small data."""
+    """Write documents to a parquet shard (write_atomic: never a torn shard or a temp file left). Small row groups
+    let ranks stripe small data."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not texts:
         raise DataError(f"refusing to write the empty shard {path}")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.table({"text": pa.array(texts, type=pa.string())}), tmp,
-                   row_group_size=row_group_size, compression="zstd")
-    os.replace(tmp, path)
+    table = pa.table({"text": pa.array(texts, type=pa.string())})
+    write_atomic(path, lambda tmp: pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd"))
 
 
 # ---- downloading ------------------------------------------------------------------------------------------
