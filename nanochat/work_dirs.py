@@ -46,7 +46,7 @@ def _pid_gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:  # a live process of another user
+    except (PermissionError, OverflowError):  # a live process of another user; no pid at all: keep it
         return False
     return False
 
