@@ -119,3 +119,9 @@ def test_a_killed_core_subset_build_is_cleaned_and_its_old_subset_kept(tmp_path,
 def test_remove_stale_leaves_names_without_an_owner(tmp_path, name):
     (tmp_path / name).mkdir()
     assert work_dirs.remove_stale(tmp_path, ".partial-") == [] and (tmp_path / name).is_dir()
+
+
+def test_remove_stale_keeps_a_folder_whose_pid_no_process_can_have(tmp_path):
+    name = f".partial-{2 ** 70}-{work_dirs._host()}-{work_dirs._boot()}.abcd1234"  # os.kill: OverflowError
+    (tmp_path / name).mkdir()
+    assert work_dirs.remove_stale(tmp_path, ".partial-") == [] and (tmp_path / name).is_dir()
