@@ -21,6 +21,18 @@ def int_at_least(low: int):
 
 
 positive_int = int_at_least(1)  # counts, sizes, attempts
+checkpoint_step = int_at_least(0)  # --step; its default None (not parsed) stays "the last checkpoint"
+
+
+def open_fraction(text: str) -> float:
+    """argparse ``type=`` for a float strictly between 0 and 1 (a held-out share: 0 or 1 leaves a split empty)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1:  # nan fails this too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1) (got {text!r})")
+    return value
 
 
 def device_name(text: str) -> str:
@@ -39,3 +51,12 @@ def device_name(text: str) -> str:
     if kind == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
         raise argparse.ArgumentTypeError(f"{text}: no such device here (torch sees no MPS device); use cpu")
     return text
+
+
+def device_type_name(text: str) -> str:
+    """A device type this machine has, without an index (cuda, cpu, mps): for the scripts that run under torchrun,
+    where each rank takes cuda:LOCAL_RANK (compute_init refuses an index, but only after parsing, exit 1)."""
+    if ":" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: no GPU index (each rank uses cuda:LOCAL_RANK; choose the GPUs "
+                                         "with CUDA_VISIBLE_DEVICES); allowed: cuda, cpu, mps")
+    return device_name(text)

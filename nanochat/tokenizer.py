@@ -39,6 +39,7 @@ SPECIAL_TOKENS = [
     "<|output_end|>",
 ]
 DEFAULT_VOCAB_SIZE = 32768
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte + the specials
 FORMAT_VERSION = "mome-nanochat-bpe-v1"
 HEADER_FILE, RANKS_FILE, TOKEN_BYTES_FILE = "tokenizer.json", "tokenizer.bpe", "token_bytes.pt"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -79,10 +80,9 @@ class Tokenizer:
         """Train with rustbpe on an iterator of strings; ``vocab_size`` includes the special tokens."""
         import rustbpe
 
-        min_size = 256 + len(SPECIAL_TOKENS)
-        if vocab_size < min_size:
-            raise TokenizerError(f"--vocab-size must be >= {min_size} (256 bytes + {len(SPECIAL_TOKENS)} specials), "
-                                 f"got {vocab_size}")
+        if vocab_size < MIN_VOCAB_SIZE:
+            raise TokenizerError(f"--vocab-size must be >= {MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} "
+                                 f"specials), got {vocab_size}")
         trainer = rustbpe.Tokenizer()
         trainer.train_from_iterator(texts, vocab_size - len(SPECIAL_TOKENS), pattern=pattern)
         ranks = {bytes(tok): rank for tok, rank in trainer.get_mergeable_ranks()}

@@ -31,6 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
+from nanochat.cli_types import checkpoint_step, device_type_name, int_at_least, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok,
                              keep_running_without_output, print0, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
@@ -52,21 +53,21 @@ def parse_args(argv=None):
     # --run-dir exists because torchrun's own parser rejects "--run" as an ambiguous prefix of its --run-path.
     ap.add_argument("--run", "--run-dir", dest="run", required=True,
                     help="run directory holding checkpoints/step_NNNNNN/ (use --run-dir under torchrun)")
-    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--eval", default="core,bpb", help="comma list of: core, bpb")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir, or 'subset' for eval_data/core_subset "
                     "(default: $NANOCHAT_EVAL_BUNDLE, the cache, then download)")
-    ap.add_argument("--max-per-task", type=int, default=-1, help="examples per CORE task (-1 = all)")
-    ap.add_argument("--device-batch-size", type=int, default=16, help="rows per forward pass (CORE and bpb)")
+    ap.add_argument("--max-per-task", type=int_at_least(-1), default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--device-batch-size", type=positive_int, default=16, help="rows per forward pass (CORE and bpb)")
     ap.add_argument("--splits", default="train,val", help="dataset splits for bpb (comma list; '' for none)")
-    ap.add_argument("--eval-tokens", type=int, default=PAPER_EVAL_TOKENS,
+    ap.add_argument("--eval-tokens", type=positive_int, default=PAPER_EVAL_TOKENS,
                     help="tokens per bpb split/corpus (fixed rows: independent of world size and batch size)")
     ap.add_argument("--bpb-corpus", action="append", default=[], metavar="NAME=PATH",
                     help="out-of-domain text (.txt = one document, .jsonl = one 'text' per line), scored with "
                     "the document-reset protocol; repeatable")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
     ap.add_argument("--data-dir", default=None, help="override meta['data_dir']")
-    ap.add_argument("--device-type", default="", help="cuda|cpu|mps (default: autodetect)")
+    ap.add_argument("--device-type", type=device_type_name, default=None, help="cuda|cpu|mps (default: autodetect)")
     ap.add_argument("--dtype", default="run", choices=("run", *DTYPES),
                     help="autocast dtype: run = the dtype the checkpoint's run trained with (auto: bf16 on CUDA, "
                     "fp32 elsewhere)")

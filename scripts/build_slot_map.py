@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nanochat.cli_types import positive_int  # noqa: E402
+from nanochat.cli_types import checkpoint_step, positive_int  # noqa: E402
 from nanochat.jsonfile import is_temp_for  # noqa: E402
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
 
@@ -53,7 +53,7 @@ def source_embedding(model, source: str) -> torch.Tensor:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="run directory holding checkpoints/")
-    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--group-size", type=positive_int, required=True, help="c_grp: tokens per row")
     ap.add_argument("--source", default="wte", choices=("wte", "ve"))
     ap.add_argument("--tokenizer-dir", default=None,

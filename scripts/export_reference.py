@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from nanochat.cli_types import checkpoint_step
+
 
 class ExportWriteError(Exception):
     """Writing under --out failed (e.g. a full disk); what this export had added there was removed."""
@@ -58,7 +60,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", "--run-dir", dest="run", required=True, help="our run directory")
     ap.add_argument("--out", required=True, help="output base directory (their NANOCHAT_BASE_DIR layout)")
-    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--model-tag", default=None, help="checkpoint sub-directory (default: d<n_layer>, as theirs)")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
     args = ap.parse_args(argv)

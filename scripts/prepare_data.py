@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-from nanochat.cli_types import positive_int
+from nanochat.cli_types import int_at_least, open_fraction, positive_int
 from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
                               download_remote_shards, load_manifest, read_jsonl_texts, remove_unlisted_shards,
                               split_files, start_rebuild, write_manifest, write_text_shard)
@@ -72,6 +72,10 @@ def read_source_documents(path: Path, doc_chars: int) -> list[str]:
             raise DataError(f"{path}: unsupported file type; use one of {LOCAL_SUFFIXES}")
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8 or leave it out of --text-dir") from e
+    except lzma.LZMAError as e:  # only the shipped corpus is .txt.xz
+        raise DataError(f"{path} is not a valid .xz file ({e}); restore data/embedded/ from git") from e
+    except OSError as e:  # a read error: main's OSError branch is for writes under --data-dir
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from e
     docs = [t for t in texts if isinstance(t, str)]
     if len(docs) < len(texts):
         skipped = len(texts) - len(docs)
@@ -280,13 +284,14 @@ def parse_args(argv=None):
     p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files")
     p.add_argument("--doc-chars", type=positive_int, default=1200,
                    help="text files: paragraphs are grouped into documents of up to this many characters")
-    p.add_argument("--val-fraction", type=float, default=0.05,
+    p.add_argument("--val-fraction", type=open_fraction, default=0.05,
                    help="embedded/local: held-out fraction per file; hf: one val document in every 1/fraction")
     p.add_argument("--docs-per-shard", type=positive_int, default=None,
                    help="embedded/local/hf: documents per shard (default 1000; hf: 20000)")
     p.add_argument("--split", default="train", help="hf: the dataset split to stream")
     p.add_argument("--text-column", default="text", help="hf: the column holding the document text")
-    p.add_argument("--max-docs", type=positive_int, default=None, help="hf: stop after this many documents (default: all)")
+    p.add_argument("--max-docs", type=int_at_least(2), default=None,
+                   help="hf: stop after this many documents (default: all; at least one train and one val)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--rebuild", action="store_true", help="embedded/local: build again even when --data-dir already "
                    "holds a complete build from the same sources and flags (which is otherwise kept)")
@@ -311,6 +316,8 @@ def build_local_dataset(args, data_dir: Path, progress: bool) -> dict:
 
 
 def main(argv=None) -> int:
+    """Exit 2 with one error line for bad flags, inputs or --data-dir and for a write that fails there (a full
+    disk), as the other entry points do; 130 after Ctrl-C, saying what was kept."""
     args = parse_args(argv)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     progress = not args.no_progress
@@ -330,7 +337,10 @@ def main(argv=None) -> int:
                 lock.release(remove_file=True)
     except (DataError, DownloadError, ValueError) as e:  # NotWritable is a ValueError
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    except OSError as e:  # reading the inputs raises DataError: this is writing the shards or manifest
+        print(f"error: could not write {e.filename or data_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         if args.dataset in REMOTE_DATASETS:
             kept = ("the finished shards are kept (a mirror download's .part file too): running the same command "

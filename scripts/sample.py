@@ -14,7 +14,7 @@ import sys
 import torch
 
 from nanochat.checkpoint import load_model
-from nanochat.cli_types import device_name
+from nanochat.cli_types import checkpoint_step, device_name
 from nanochat.common import autodetect_device, point_at_devnull
 from nanochat.engine import generate
 
@@ -22,7 +22,7 @@ from nanochat.engine import generate
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory holding checkpoints/")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=64)

@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+from nanochat.cli_types import int_at_least, positive_int
 from nanochat.dataset import DataError, default_data_dir, iter_documents
 from nanochat.run_dir import NotWritable, ensure_writable
-from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, Tokenizer, TokenizerError, default_tokenizer_dir,
-                                get_tokenizer)
+from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE, Tokenizer, TokenizerError,
+                                default_tokenizer_dir, get_tokenizer)
 
 
 def capped_texts(data_dir, split: str, max_chars: int, doc_cap: int):
@@ -43,13 +44,13 @@ def compression_ratio(tokenizer: Tokenizer, texts: list[str]) -> tuple[float, in
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+    p.add_argument("--vocab-size", type=int_at_least(MIN_VOCAB_SIZE), default=DEFAULT_VOCAB_SIZE,
                    help="total vocab including the 9 special tokens")
     p.add_argument("--data-dir", default=None, help="prepared dataset (default: $NANOCHAT_DATA_DIR/<--dataset>)")
     p.add_argument("--dataset", default="embedded", help="used only to pick the default --data-dir")
-    p.add_argument("--max-chars", type=int, default=2_000_000_000, help="training text budget (characters)")
-    p.add_argument("--doc-cap", type=int, default=10_000, help="crop each training document to this many chars")
-    p.add_argument("--eval-chars", type=int, default=5_000_000, help="held-out val text used for the ratio")
+    p.add_argument("--max-chars", type=positive_int, default=2_000_000_000, help="training text budget (characters)")
+    p.add_argument("--doc-cap", type=positive_int, default=10_000, help="crop each training document to this many chars")
+    p.add_argument("--eval-chars", type=positive_int, default=5_000_000, help="held-out val text used for the ratio")
     p.add_argument("--output-dir", default=None, help="tokenizer directory (default: $NANOCHAT_TOKENIZER_DIR "
                    "or <repo>/tokenizer)")
     p.add_argument("--overwrite", action="store_true",
@@ -57,30 +58,48 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class SaveError(Exception):
+    """The trained tokenizer could not be written (e.g. a full disk); not an OSError of reading the data."""
+
+
+def train(args, data_dir: Path, out_dir: Path) -> tuple[Tokenizer, float, tuple[float, int, int]]:
+    """(tokenizer, training seconds, compression on val) after saving the tokenizer to ``out_dir``."""
+    if (out_dir / HEADER_FILE).is_file() and not args.overwrite:
+        raise TokenizerError(f"--output-dir {out_dir} already holds a tokenizer (vocab "
+                             f"{get_tokenizer(out_dir).vocab_size}); runs trained with it need it: give another "
+                             "--output-dir, or --overwrite to replace it")
+    ensure_writable(out_dir, "--output-dir")  # before the (long) training, not after it
+    t0 = time.time()
+    tok = Tokenizer.train_from_iterator(capped_texts(data_dir, "train", args.max_chars, args.doc_cap),
+                                        vocab_size=args.vocab_size)
+    train_s = time.time() - t0
+    try:
+        tok.save(out_dir)
+    except OSError as e:  # save drops tokenizer.json first: what is left there is no tokenizer, never a mix
+        raise SaveError(f"could not write the tokenizer to --output-dir {out_dir}: {e.strerror or e} "
+                        f"({e.filename}); no tokenizer is left there") from e
+    val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
+    return tok, train_s, compression_ratio(tok, val_texts)
+
+
 def main(argv=None) -> int:
+    """Exit 2 with one error line for bad data, flags or --output-dir, and for a tokenizer that cannot be saved (a
+    full disk), as the other entry points do; 130 after Ctrl-C."""
     args = parse_args(argv)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     out_dir = Path(args.output_dir) if args.output_dir else default_tokenizer_dir()
     try:
-        if (out_dir / HEADER_FILE).is_file() and not args.overwrite:
-            raise TokenizerError(f"--output-dir {out_dir} already holds a tokenizer (vocab "
-                                 f"{get_tokenizer(out_dir).vocab_size}); runs trained with it need it: give another "
-                                 "--output-dir, or --overwrite to replace it")
-        ensure_writable(out_dir, "--output-dir")  # before the (long) training, not after it
-        t0 = time.time()
-        tok = Tokenizer.train_from_iterator(capped_texts(data_dir, "train", args.max_chars, args.doc_cap),
-                                            vocab_size=args.vocab_size)
-        train_s = time.time() - t0
-        tok.save(out_dir)
-        val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
-        ratio, n_bytes, n_tokens = compression_ratio(tok, val_texts)
-    except (DataError, TokenizerError, NotWritable) as e:
+        tok, train_s, (ratio, n_bytes, n_tokens) = train(args, data_dir, out_dir)
+    except (DataError, TokenizerError, NotWritable, SaveError, OSError) as e:  # OSError: an unreadable data file
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    except KeyboardInterrupt:
+        print(f"tok_train: interrupted; --output-dir {out_dir} holds the tokenizer it held before, or none if the "
+              "save had begun", file=sys.stderr)
+        return 130
     print(f"trained vocab {tok.vocab_size} (bos id {tok.bos_token_id}) in {train_s:.1f}s -> {out_dir}")
     print(f"compression on held-out val: {ratio:.3f} bytes/token ({n_bytes:,} bytes -> {n_tokens:,} tokens)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

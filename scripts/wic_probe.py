@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from nanochat.analysis import heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at, top_ranks, write_json
-from nanochat.cli_types import device_name, positive_int
+from nanochat.cli_types import checkpoint_step, device_name, positive_int
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
 MIN_PAIRS = 10  # thresholded cells with fewer pairs in either class are flagged (grey), as in the paper
@@ -290,7 +290,7 @@ def write_maps(res: dict, layers, H: int, out_dir: Path) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/ (a MoME run)")
-    ap.add_argument("--step", type=int, default=None)
+    ap.add_argument("--step", type=checkpoint_step, default=None)
     ap.add_argument("--wic", action="append", required=True, help="WiC TSV or JSONL file (repeatable: files are pooled)")
     ap.add_argument("--gold", action="append", default=[], help="T/F labels for a 5-column --wic (same order)")
     ap.add_argument("--bootstrap", type=int, default=1000, help="pair-stratified bootstrap resamples (0 = none)")

@@ -89,10 +89,11 @@ def test_a_rerun_of_the_same_local_build_keeps_it(tmp_path, capsys):
 def test_bad_local_inputs_give_clear_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main(["--dataset", "local", "--text-dir", str(empty), "--data-dir", str(tmp_path / "o")]) == 1
+    # bad input exits 2 with one line, as in every entry point (prepare_data exited 1 before session 20)
+    assert main(["--dataset", "local", "--text-dir", str(empty), "--data-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: no input files")
-    assert main(["--dataset", "local", "--data-dir", str(tmp_path / "o")]) == 1
+    assert main(["--dataset", "local", "--data-dir", str(tmp_path / "o")]) == 2
     assert "--text-dir" in capsys.readouterr().err
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -183,14 +184,14 @@ def test_hf_dataset_json_split_and_clear_errors(tmp_path, capsys):
                  "--no-progress"]) == 0
     assert list(iter_documents(out, "val")) == ["test 3", "test 7"]
     assert main(["--dataset", f"hf:{src}", "--text-column", "body", "--data-dir", str(tmp_path / "x"),
-                 "--no-progress"]) == 1
+                 "--no-progress"]) == 2
     assert "no column 'body' (columns: ['text']); pick one with --text-column" in capsys.readouterr().err
     assert main(["--dataset", f"hf:{src}", "--split", "nope", "--data-dir", str(tmp_path / "y"),
-                 "--no-progress"]) == 1
+                 "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --dataset hf:{src} --split nope: cannot open the dataset") and "nope" in err
     assert main(["--dataset", f"hf:{src}", "--max-docs", "3", "--data-dir", str(tmp_path / "z"),
-                 "--no-progress"]) == 1  # 3 documents at 5%: no val document
+                 "--no-progress"]) == 2  # 3 documents at 5%: no val document
     assert "3 train and 0 val documents" in capsys.readouterr().err
     assert not (tmp_path / "z" / "manifest.json").exists()
 
@@ -216,7 +217,7 @@ def test_hf_dataset_undecodable_rows_give_a_clear_error(tmp_path, capsys):
     src.mkdir()
     (src / "a.jsonl").write_text(json.dumps({"text": "one"}) + "\n")
     (src / "b.jsonl").write_text(json.dumps({"text": "two", "extra": 1}) + "\n")  # a schema the first file lacks
-    assert main(["--dataset", f"hf:{src}", "--data-dir", str(tmp_path / "o"), "--no-progress"]) == 1
+    assert main(["--dataset", f"hf:{src}", "--data-dir", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --dataset hf:{src} --split train: reading the stream failed after 1 rows")
     assert err.count("\n") == 1 and not (tmp_path / "o" / "manifest.json").exists()
@@ -232,7 +233,7 @@ def test_failed_rerun_leaves_no_manifest_describing_a_mix_of_shards(tmp_path, ca
     args = ["--dataset", f"hf:{src}", "--docs-per-shard", "10", "--data-dir", str(out), "--no-progress"]
     assert main(args + ["--val-fraction", "0.5"]) == 0
     (src / "b.jsonl").write_text(json.dumps({"text": "x", "extra": 1}) + "\n")  # the stream breaks after 100 rows
-    assert main(args + ["--val-fraction", "0.05"]) == 1
+    assert main(args + ["--val-fraction", "0.05"]) == 2
     capsys.readouterr()
     with pytest.raises(DataError, match="manifest.json not found: prepare the data first"):
         split_files(out, "train")
@@ -277,7 +278,7 @@ def test_local_sources_with_null_or_non_text_rows_and_bad_encoding(tmp_path, cap
     assert f"{src / 'a.parquet'}: skipped 1 row" in err and f"{src / 'b.jsonl'}: skipped 2 rows" in err
     assert sorted([*iter_documents(out, "train"), *iter_documents(out, "val")]) == [f"doc {c}" for c in "abcdef"]
     (src / "c.txt").write_bytes("caf\xe9 latin-1 text\n\nmore".encode("latin-1"))
-    assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(tmp_path / "o2")]) == 1
+    assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1].startswith(f"error: {src / 'c.txt'} is not UTF-8 text") and err[0].startswith("warning:")
 
@@ -352,7 +353,7 @@ def test_a_second_build_into_a_data_dir_in_use_is_refused(tmp_path, capsys):
                              str(data)], cwd=REPO, stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO)})
     try:
         assert hold.stdout.readline().strip() == "held"
-        assert main(["--dataset", "local", "--text-dir", str(tmp_path / "src"), "--data-dir", str(data)]) == 1
+        assert main(["--dataset", "local", "--text-dir", str(tmp_path / "src"), "--data-dir", str(data)]) == 2
         err = capsys.readouterr().err
         assert f"--data-dir {data} is in use" in err and f"pid {hold.pid}" in err, err
         assert not list(data.glob("*.parquet*")) and not (data / "manifest.json").exists()

@@ -173,14 +173,15 @@ def test_cli_env_base_url_and_unreachable_network(server, tmp_path, monkeypatch,
     from scripts.prepare_data import main
 
     monkeypatch.setenv("NANOCHAT_DATA_BASE_URL", server.url)
-    assert main(["--dataset", "climbmix", "--num-shards", "1", "--data-dir", str(tmp_path / "c")]) == 1
+    # a failed download is bad input (a dead mirror, no network): exit 2 as in base_eval (it was 1 before session 20)
+    assert main(["--dataset", "climbmix", "--num-shards", "1", "--data-dir", str(tmp_path / "c")]) == 2
     assert "shard_06542.parquet: HTTP 404" in capsys.readouterr().err  # val shard of climbmix is 6542
     assert main(["--dataset", "fineweb-edu", "--num-shards", "1", "--data-dir", str(tmp_path / "f")]) == 0
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert main(["--dataset", "fineweb-edu", "--num-shards", "1", "--data-dir", str(tmp_path / "d"),
-                 "--base-url", dead, "--max-attempts", "1", "--workers", "1"]) == 1
+                 "--base-url", dead, "--max-attempts", "1", "--workers", "1"]) == 2
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # earlier stderr lines are tqdm bars
     assert err.count("error:") == 1 and last.startswith("error: could not download") and "--base-url" in last
@@ -277,7 +278,7 @@ def test_hub_errors_are_clear(hub, tmp_path, monkeypatch, capsys):
     # offline and not cached (the library's answer to an unreachable hub too, after its own retries)
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     assert main(["--dataset", "fineweb-edu", "--num-shards", "1", "--data-dir", str(tmp_path / "d"),
-                 "--workers", "1", "--no-progress"]) == 1
+                 "--workers", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: dataset repo karpathy/fineweb-edu-100b-shuffle, file shard_00369.parquet: "
                               "not in the hub cache and the hub cannot be reached")
@@ -366,4 +367,4 @@ def test_a_missing_shard_is_reported_while_another_download_is_stopped(tmp_path,
     finally:
         slow.close()
     err = capsys.readouterr().err
-    assert code == 1 and "shard_00001.parquet: HTTP 404" in err and "Traceback" not in err, err
+    assert code == 2 and "shard_00001.parquet: HTTP 404" in err and "Traceback" not in err, err

@@ -119,11 +119,12 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(prepare_data, "embedded_sources", no_work)
     monkeypatch.setattr(prepare_data, "download_remote_shards", no_work)
-    assert prepare_data.main(["--dataset", "embedded", "--data-dir", str(bad), "--no-progress"]) == 1
+    # exit 2 like the others here (prepare_data and tok_train exited 1 before session 20)
+    assert prepare_data.main(["--dataset", "embedded", "--data-dir", str(bad), "--no-progress"]) == 2
     assert f"--data-dir {bad} is not a writable directory" in capsys.readouterr().err
 
     monkeypatch.setattr(tokmod.Tokenizer, "train_from_iterator", no_work)
-    assert tok_train.main(["--data-dir", str(tmp_path), "--output-dir", str(bad)]) == 1
+    assert tok_train.main(["--data-dir", str(tmp_path), "--output-dir", str(bad)]) == 2
     assert f"--output-dir {bad} is not a writable directory" in capsys.readouterr().err
 
     run = tmp_path / "run"

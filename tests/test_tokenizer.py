@@ -127,11 +127,12 @@ def test_tok_train_cli_reports_compression(embedded_data_dir, tmp_path, capsys):
     ratio = float(text.split("held-out val: ")[1].split(" bytes/token")[0])
     assert 1.5 < ratio < 5
     assert get_tokenizer(out).vocab_size == 512
-    assert main(["--vocab-size", "512", "--data-dir", str(tmp_path / "none"), "--output-dir", str(tmp_path / "t2")]) == 1
+    # bad input exits 2, as in every entry point (tok_train exited 1 before session 20)
+    assert main(["--vocab-size", "512", "--data-dir", str(tmp_path / "none"), "--output-dir", str(tmp_path / "t2")]) == 2
     assert "prepare_data" in capsys.readouterr().err
     # the tokenizer of existing runs is not replaced silently (a 4096-token one over the 32768 of the GPU rows)
     before = {f.name: f.read_bytes() for f in out.iterdir()}
-    assert main(["--vocab-size", "300", "--data-dir", str(embedded_data_dir), "--output-dir", str(out)]) == 1
+    assert main(["--vocab-size", "300", "--data-dir", str(embedded_data_dir), "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --output-dir {out} already holds a tokenizer (vocab 512)") and "--overwrite" in err
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before

@@ -1,0 +1,172 @@
+"""Exit codes and error lines of the entry points, alike across them: a bad flag, file or value exits 2 with one
+line naming it (no traceback), a full disk exits 2 naming what could not be written, Ctrl-C exits 130 with one
+line. tok_train and prepare_data exited 1 for bad input, and a negative --step read as a missing checkpoint."""
+
+import errno
+import importlib
+
+import pytest
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+# ---- tok_train ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag, value", [("--max-chars", "0"), ("--max-chars", "-1"), ("--doc-cap", "0"),
+                                         ("--doc-cap", "-5"), ("--eval-chars", "0"), ("--vocab-size", "264")])
+def test_tok_train_count_flags_are_flag_errors(flag, value, tmp_path, capsys):
+    """--max-chars -1 trained on one document cropped by a character, --doc-cap -5 cropped every document by five
+    (both silently); a zero read every document and then failed late; a vocab below 256 bytes + 9 specials failed
+    only once the data was found (exit 1)."""
+    from scripts.tok_train import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "t"), flag, value])
+    assert e.value.code == 2 and f"argument {flag}: must be an integer >= " in capsys.readouterr().err
+
+
+def test_tok_train_bad_inputs_exit_2(embedded_data_dir, tmp_path, capsys):
+    from scripts.tok_train import main
+
+    out = str(tmp_path / "t")
+    assert main(["--data-dir", str(tmp_path / "none"), "--output-dir", out]) == 2
+    assert "prepare_data" in one_error_line(capsys.readouterr().err)
+    assert main(["--vocab-size", "5000", "--max-chars", "3000", "--data-dir", str(embedded_data_dir),
+                 "--output-dir", out]) == 2
+    assert "the training text is too small for this vocab" in one_error_line(capsys.readouterr().err)
+    (tmp_path / "file").write_text("x")
+    assert main(["--data-dir", str(embedded_data_dir), "--output-dir", str(tmp_path / "file" / "t")]) == 2
+    assert "is not a writable directory" in one_error_line(capsys.readouterr().err)
+
+
+def test_tok_train_full_disk_and_ctrl_c(embedded_data_dir, tmp_path, capsys, monkeypatch):
+    from nanochat.tokenizer import Tokenizer
+    from scripts.tok_train import main
+
+    out = tmp_path / "t"
+    flags = ["--vocab-size", "300", "--data-dir", str(embedded_data_dir), "--max-chars", "20000",
+             "--output-dir", str(out)]
+
+    def full_disk(self, directory):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory / "tokenizer.bpe.tmp"))
+
+    monkeypatch.setattr(Tokenizer, "save", full_disk)
+    assert main(flags) == 2
+    err = one_error_line(capsys.readouterr().err)
+    assert f"could not write the tokenizer to --output-dir {out}" in err and "No space left on device" in err
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Tokenizer, "train_from_iterator", interrupted)
+    assert main(flags) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "interrupted" in err, err
+
+
+# ---- prepare_data ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag, value, needle", [("--val-fraction", "0", "in (0, 1)"),
+                                                 ("--val-fraction", "1.5", "in (0, 1)"),
+                                                 ("--val-fraction", "nan", "in (0, 1)"),
+                                                 ("--max-docs", "1", "must be an integer >= 2")])
+def test_prepare_data_value_flags_are_flag_errors(flag, value, needle, tmp_path, capsys):
+    """Both were a ValueError after the lock and the output check (exit 1); --max-docs 1 only with hf: data."""
+    from scripts.prepare_data import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--dataset", "local", "--text-dir", str(tmp_path), "--data-dir", str(tmp_path / "o"), flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: " in err and needle in err, err
+
+
+def test_prepare_data_corrupt_embedded_corpus_is_one_line(tmp_path, capsys, monkeypatch):
+    """A damaged data/embedded/*.txt.xz was an LZMAError traceback."""
+    from scripts import prepare_data
+
+    src = tmp_path / "embedded"
+    src.mkdir()
+    (src / "book.txt.xz").write_bytes(b"not xz at all")
+    monkeypatch.setattr(prepare_data, "EMBEDDED_DIR", src)
+    assert prepare_data.main(["--dataset", "embedded", "--data-dir", str(tmp_path / "o")]) == 2
+    err = one_error_line(capsys.readouterr().err)
+    assert f"{src / 'book.txt.xz'}" in err and "restore data/embedded/ from git" in err
+
+
+def test_prepare_data_unreadable_input_and_full_disk_exit_2(tmp_path, capsys, monkeypatch):
+    from scripts import prepare_data
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("one paragraph\n\nanother paragraph\n\nand a third\n")
+    flags = ["--dataset", "local", "--text-dir", str(src), "--data-dir", str(tmp_path / "o"), "--doc-chars", "10"]
+    real_read_text = type(src).read_text
+
+    def unreadable(path, *a, **k):  # as root chmod cannot make a file unreadable
+        if path.name == "a.txt":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_read_text(path, *a, **k)
+
+    monkeypatch.setattr(type(src), "read_text", unreadable)
+    assert prepare_data.main(flags) == 2
+    err = one_error_line(capsys.readouterr().err)
+    assert f"cannot read {src / 'a.txt'}: Permission denied" in err
+    monkeypatch.undo()
+
+    def full_disk(path, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path) + ".tmp")
+
+    monkeypatch.setattr(prepare_data, "write_text_shard", full_disk)
+    assert prepare_data.main(flags) == 2
+    err = one_error_line(capsys.readouterr().err)
+    assert f"could not write {tmp_path / 'o' / 'train_00000.parquet.tmp'}: No space left on device" in err
+
+
+# ---- --step and the other numeric flags ----------------------------------------------------------------------
+STEP_SCRIPTS = {
+    "scripts.wic_probe": ["--run", "r", "--wic", "w.tsv"],
+    "scripts.build_slot_map": ["--checkpoint", "r", "--group-size", "4", "--output", "m.json"],
+    "scripts.export_reference": ["--run", "r", "--out", "o"],
+    "scripts.sample": ["--run", "r", "--prompt", "hi"],
+    "scripts.base_eval": ["--run", "r"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(STEP_SCRIPTS))
+def test_negative_step_is_a_flag_error(module, capsys):
+    """It was a late 'checkpoint step_-00001 does not exist' (after loading torch and reading the run dir)."""
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as e:
+        main([*STEP_SCRIPTS[module], "--step", "-1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --step: must be an integer >= 0 (got '-1')" in err, err
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--device-batch-size", "0", ">= 1"),
+                                                 ("--device-batch-size", "-2", ">= 1"),
+                                                 ("--eval-tokens", "0", ">= 1"),
+                                                 ("--eval-tokens", "-5", ">= 1"),
+                                                 ("--max-per-task", "-2", ">= -1")])
+def test_base_eval_count_flags_are_flag_errors(flag, value, needle, capsys):
+    from scripts import base_eval
+
+    with pytest.raises(SystemExit) as e:
+        base_eval.main(["--run", "r", flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: must be an integer {needle}" in err, err
+
+
+@pytest.mark.parametrize("value, needle", [("gpu", "is not a device"), ("cuda:0", "no GPU index"),
+                                           ("cuda", "no such device here")])
+def test_base_eval_device_type_is_a_flag_error(value, needle, capsys, monkeypatch):
+    """compute_init's SystemExit(message) exited 1, after parsing, under torchrun on every rank."""
+    import torch
+
+    from scripts import base_eval
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        base_eval.main(["--run", "r", "--device-type", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --device-type: " in err and needle in err, err
