@@ -28,9 +28,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: list[int], max_tokens: int, num_samples: int = 1, temperature: float = 1.0,
-             top_k: int | None = None, seed: int = 0, stop_ids: set[int] | None = None) -> list[list[int]]:
-    """Return ``num_samples`` continuations (token ids, prompt excluded) of ``prompt_ids``.
+def iter_samples(model, prompt_ids: list[int], max_tokens: int, num_samples: int = 1, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int = 0, stop_ids: set[int] | None = None):
+    """Yield ``(i, ids)`` for each of ``num_samples`` continuations of ``prompt_ids`` as soon as it is finished: at
+    its stop token (its last id), else after ``max_tokens`` (the rest, in index order). A caller can show each one
+    while the others are still decoding; ``generate`` collects them.
 
     Sampling is reproducible for a fixed seed; each sample draws its own tokens from the first step on.
     """
@@ -46,19 +48,29 @@ def generate(model, prompt_ids: list[int], max_tokens: int, num_samples: int = 1
     idx = torch.tensor([prompt_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T0)
     logits = model(idx, kv_cache=cache)[:, -1]
     out = [[] for _ in range(num_samples)]
-    done = torch.zeros(num_samples, dtype=torch.bool, device=device)
+    done = [False] * num_samples
     for step in range(max_tokens):
-        nxt = sample_next(logits, temperature, top_k, generator)  # (num_samples,)
+        nxt = sample_next(logits, temperature, top_k, generator)  # (num_samples,); finished rows draw too
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
                 out[i].append(t)
-        if stop_ids:
-            done |= torch.tensor([t in stop_ids for t in nxt.tolist()], device=device)
-            if bool(done.all()):
-                break
-        if step == max_tokens - 1:
+                if stop_ids and t in stop_ids:
+                    done[i] = True
+                    yield i, out[i]
+        if all(done) or step == max_tokens - 1:
             break  # the last token's logits would never be used
         logits = model(nxt[:, None], kv_cache=cache)[:, -1]
+    for i in range(num_samples):
+        if not done[i]:
+            yield i, out[i]
+
+
+def generate(model, prompt_ids: list[int], max_tokens: int, num_samples: int = 1, temperature: float = 1.0,
+             top_k: int | None = None, seed: int = 0, stop_ids: set[int] | None = None) -> list[list[int]]:
+    """Return ``num_samples`` continuations (token ids, prompt excluded) of ``prompt_ids`` (see ``iter_samples``)."""
+    out = [[] for _ in range(num_samples)]
+    for i, ids in iter_samples(model, prompt_ids, max_tokens, num_samples, temperature, top_k, seed, stop_ids):
+        out[i] = ids
     return out
 
 

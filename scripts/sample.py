@@ -3,6 +3,9 @@
     python -m scripts.sample --run runs/X --prompt "The capital of France is" [--step S] [--num-samples 3]
         [--max-tokens 64] [--temperature 0.8] [--top-k 50] [--seed 0]
 
+Each sample is printed as soon as it is done: one that ends early (at the BOS token) before those still decoding,
+the rest in order, so Ctrl-C keeps every finished one.
+
 Decoding runs in fp32 with a KV cache, so attention is always PyTorch SDPA (the --attention kernels serve forwards
 without a cache only), whatever the run trained with.
 """
@@ -16,7 +19,7 @@ import torch
 from nanochat.checkpoint import load_model
 from nanochat.cli_types import checkpoint_step, device_name
 from nanochat.common import autodetect_device, point_at_devnull
-from nanochat.engine import generate
+from nanochat.engine import iter_samples
 
 
 def parse_args(argv=None):
@@ -61,9 +64,9 @@ def sample(args) -> None:
     check_vocab_matches(tokenizer, model.config.vocab_size, f"checkpoint {args.run}", meta)
     for prompt in args.prompt:
         ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
-        outs = generate(model, ids, args.max_tokens, num_samples=args.num_samples, temperature=args.temperature,
-                        top_k=args.top_k or None, seed=args.seed, stop_ids={tokenizer.bos_token_id})
-        for i, out in enumerate(outs):
+        samples = iter_samples(model, ids, args.max_tokens, num_samples=args.num_samples, temperature=args.temperature,
+                               top_k=args.top_k or None, seed=args.seed, stop_ids={tokenizer.bos_token_id})
+        for i, out in samples:
             show(f"--- sample {i} (step {meta['step']}) ---")
             if out and out[-1] == tokenizer.bos_token_id:
                 out = out[:-1]  # the stop token ends the sample; it is not text

@@ -170,3 +170,55 @@ def test_base_eval_device_type_is_a_flag_error(value, needle, capsys, monkeypatc
         base_eval.main(["--run", "r", "--device-type", value])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --device-type: " in err and needle in err, err
+
+
+# ---- sample: each sample printed when it is done -------------------------------------------------------------
+def test_iter_samples_yields_each_sample_when_it_stops():
+    """A sample that meets a stop token is yielded before the decoding of the others goes on; the tokens are
+    generate()'s, which collects them."""
+    import torch
+
+    from conftest import tiny_config
+    from nanochat.engine import generate, iter_samples
+    from nanochat.gpt import build_model
+
+    model = build_model(tiny_config(), seed=0)
+    with torch.no_grad():  # zero-initialised output layers would make every sample the same
+        for p in model.parameters():
+            if p.ndim >= 1 and torch.all(p == 0):
+                p.normal_(std=0.5)
+    kw = dict(max_tokens=12, num_samples=4, temperature=1.0, seed=3)
+    free = generate(model, [1, 2, 3], **kw)
+    stop = free[2][1]  # sample 2 stops at its second token; the same seed draws the same tokens until then
+    assert any(stop not in s for s in free), "precondition: another sample runs on past it"
+    forwards = []
+    model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    seen = [(i, list(ids), len(forwards)) for i, ids in iter_samples(model, [1, 2, 3], stop_ids={stop}, **kw)]
+    expected = generate(model, [1, 2, 3], stop_ids={stop}, **kw)
+    assert sorted(i for i, _, _ in seen) == [0, 1, 2, 3] and all(ids == expected[i] for i, ids, _ in seen)
+    first_i, first_ids, forwards_then = seen[0]
+    assert first_ids[-1] == stop and len(first_ids) <= 2
+    assert forwards_then == len(first_ids) < seen[-1][2]  # the prefill + one decode step per token after the first
+
+
+def test_sample_prints_finished_samples_before_ctrl_c(tmp_path, capsys, monkeypatch):
+    """The samples of a prompt were printed only once all were generated: Ctrl-C midway showed none of them."""
+    from scripts import sample
+    from test_analysis import make_run
+
+    run, _, _ = make_run(tmp_path, "base")
+    real = sample.iter_samples
+
+    def first_then_ctrl_c(*a, **k):
+        yield next(real(*a, **k))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample, "iter_samples", first_then_ctrl_c)
+    argv = ["--run", str(run), "--prompt", "hi", "--num-samples", "3", "--max-tokens", "4", "--device-type", "cpu"]
+    assert sample.main(argv) == 130
+    out, err = capsys.readouterr()
+    assert err == "interrupted\n" and out.startswith("--- sample 0 (step ") and out.count("--- sample") == 1, out
+    monkeypatch.undo()
+    assert sample.main(argv) == 0
+    whole = capsys.readouterr().out
+    assert whole.startswith(out) and [f"--- sample {i} " in whole for i in range(3)] == [True] * 3

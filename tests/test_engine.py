@@ -77,7 +77,7 @@ def test_sample_script_does_not_print_the_stop_token(tmp_path, capsys, monkeypat
 
     meta = {"step": 3}
     monkeypatch.setattr(sample, "load_model", lambda *a, **k: (_model(), meta))
-    monkeypatch.setattr(sample, "generate", lambda *a, **k: [[4, 5, 9]])
+    monkeypatch.setattr(sample, "iter_samples", lambda *a, **k: iter([(0, [4, 5, 9])]))
     monkeypatch.setattr("nanochat.tokenizer.get_tokenizer", lambda *a: Tok())
     monkeypatch.setattr("nanochat.tokenizer.check_vocab_matches", lambda *a: None)
     sample.main(["--run", str(tmp_path), "--prompt", "hi", "--device-type", "cpu"])
