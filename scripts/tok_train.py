@@ -49,7 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=None, help="prepared dataset (default: $NANOCHAT_DATA_DIR/<--dataset>)")
     p.add_argument("--dataset", default="embedded", help="used only to pick the default --data-dir")
     p.add_argument("--max-chars", type=positive_int, default=2_000_000_000, help="training text budget (characters)")
-    p.add_argument("--doc-cap", type=positive_int, default=10_000, help="crop each training document to this many chars")
+    p.add_argument("--doc-cap", type=positive_int, default=10_000,
+                   help="crop each training document to this many chars")
     p.add_argument("--eval-chars", type=positive_int, default=5_000_000, help="held-out val text used for the ratio")
     p.add_argument("--output-dir", default=None, help="tokenizer directory (default: $NANOCHAT_TOKENIZER_DIR "
                    "or <repo>/tokenizer)")
