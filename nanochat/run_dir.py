@@ -66,13 +66,19 @@ def describe_owner(rec: dict) -> str:
             f"{rec.get('command', '?')})")
 
 
-def _pid_alive(pid) -> bool:
+def pid_alive(pid) -> bool:
+    """Whether a process ``pid`` may live on this host: False only when no process has that pid. Another user's
+    process, or a record naming no valid pid (text, none, past a C long, 0 or negative: kill() would read those as
+    process groups), counts as alive, so that callers keep what it may own."""
     try:
-        os.kill(int(pid), 0)
+        pid = int(pid)
+        if pid <= 0:
+            return True
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, TypeError):
-        return True  # exists but not ours, or unreadable record: assume alive
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True
     return True
 
 
@@ -133,7 +139,7 @@ class RunDirLock:
         deadline = time.monotonic() + RECORD_WAIT_S
         while True:
             rec = self._read(fd)
-            live = "pid" in rec and (rec.get("host") != socket.gethostname() or _pid_alive(rec["pid"]))
+            live = "pid" in rec and (rec.get("host") != socket.gethostname() or pid_alive(rec["pid"]))
             if live or time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
@@ -154,7 +160,7 @@ class RunDirLock:
         if rec.get("host") != socket.gethostname():
             raise RunDirBusy(f"{flag} {self.run_dir} is recorded as owned by {describe_owner(rec)} and this "
                              f"filesystem has no file locks to check it; if that run is gone, delete {self.path}")
-        if _pid_alive(rec.get("pid")) and rec.get("pid") != os.getpid():
+        if pid_alive(rec.get("pid")) and rec.get("pid") != os.getpid():
             raise RunDirBusy(f"{flag} {self.run_dir} is in use by another run: {describe_owner(rec)}")
 
     @staticmethod

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nanochat.run_dir import pid_alive
+
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -41,16 +43,6 @@ def _boot() -> str:
         return "0" * 8
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):  # a live process of another user; no pid at all: keep it
-        return False
-    return False
-
-
 def _lock(fd: int, blocking: bool) -> bool:
     """Take an exclusive flock on ``fd``; False if another holds it. A file system without flock counts as free."""
     try:
@@ -63,13 +55,25 @@ def _lock(fd: int, blocking: bool) -> bool:
     return True
 
 
+def _parse(folder: Path, prefix: str) -> re.Match | None:
+    """pid, host and boot of a work folder's name (see the module doc), or None if it is named otherwise."""
+    return re.fullmatch(re.escape(prefix) + r"(\d+)-([0-9a-f]{8})-([0-9a-f]{8})\.[a-z0-9_]+", folder.name)
+
+
+def _named(parent: Path, prefix: str) -> list[Path]:
+    try:
+        return sorted(p for p in parent.iterdir() if p.name.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
 def _claim_stale(folder: Path, prefix: str) -> int | None:
     """An open fd holding ``folder``'s flock if it is a stale work folder of ``prefix`` (see the module doc), else
     None. Holding it keeps a second cleaner off while this one salvages and removes."""
-    m = re.fullmatch(re.escape(prefix) + r"(\d+)-([0-9a-f]{8})-([0-9a-f]{8})\.[a-z0-9_]+", folder.name)
+    m = _parse(folder, prefix)
     if m is None or m[2] != _host() or folder.is_symlink() or not folder.is_dir():
         return None
-    if m[3] == _boot() and not _pid_gone(int(m[1])):
+    if m[3] == _boot() and pid_alive(m[1]):
         return None
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -84,12 +88,8 @@ def _claim_stale(folder: Path, prefix: str) -> int | None:
 def remove_stale(parent: Path, prefix: str, salvage: Callable[[Path], object] | None = None) -> list[Path]:
     """Remove the work folders named ``<prefix>...`` in ``parent`` that runs killed midway left (see the module
     doc); ``salvage(folder)`` first takes out what must survive. Says in one line what it removed."""
-    try:
-        candidates = sorted(p for p in parent.iterdir() if p.name.startswith(prefix))
-    except FileNotFoundError:
-        return []
     removed = []
-    for folder in candidates:
+    for folder in _named(parent, prefix):
         fd = _claim_stale(folder, prefix)
         if fd is None:
             continue
@@ -104,6 +104,22 @@ def remove_stale(parent: Path, prefix: str, salvage: Callable[[Path], object] | 
         print(f"removed {len(removed)} work folder(s) left in {parent} by runs killed midway: "
               f"{', '.join(p.name for p in removed)}", file=sys.stderr)
     return removed
+
+
+def in_use(parent: Path, prefix: str) -> list[Path]:
+    """The work folders ``<prefix>...`` in ``parent`` (named as the module doc says) that a run may still be using:
+    those ``remove_stale`` would keep, another host's included. How a build that must be the only one writing its
+    output (an import into one run directory) tells that another is at it."""
+    found = []
+    for folder in _named(parent, prefix):
+        if _parse(folder, prefix) is None:
+            continue
+        fd = _claim_stale(folder, prefix)
+        if fd is not None:  # provably stale: not in use (its removal is left to remove_stale)
+            os.close(fd)
+        elif folder.is_dir() and not folder.is_symlink():
+            found.append(folder)
+    return found
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO
 from nanochat import checkpoint as ckpt
-from nanochat.run_dir import LOCK_FILE, RunDirBusy, RunDirLock, ensure_writable
+from nanochat.run_dir import LOCK_FILE, RunDirBusy, RunDirLock, ensure_writable, pid_alive
 from scripts import base_train
 from test_train_e2e import TINY, train
 
@@ -195,6 +195,27 @@ def test_a_refusal_names_an_owner_that_has_just_taken_the_lock(tmp_path, left):
     finally:
         writer.join()
         os.close(fd)
+
+
+@pytest.mark.parametrize("pid", [2 ** 70, "12x", None, -1, 0])
+def test_a_held_lock_whose_record_names_no_valid_pid_is_a_refusal(tmp_path, pid):
+    """A record that names no process (a pid past the C long: OverflowError before, a traceback; text; none; 0 and
+    negatives, which kill() reads as process groups) under a held flock: refused, naming what the record says."""
+    run = tmp_path / "r"
+    fd = held_lock_file(run, json.dumps({**OWNER, "pid": pid}))
+    try:
+        with pytest.raises(RunDirBusy) as refused:
+            RunDirLock(run).acquire()
+        assert f"in use by another run: pid {pid} on host {OWNER['host']}" in str(refused.value)
+    finally:
+        os.close(fd)
+
+
+def test_pid_alive_is_false_only_for_a_pid_no_process_has():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not pid_alive(gone.pid) and pid_alive(os.getpid()) and pid_alive(1)  # 1: init, another user's maybe
+    assert all(pid_alive(p) for p in (2 ** 70, "x", None, 0, -1))  # no valid pid: kept, as a live owner's
 
 
 def test_an_owner_releasing_while_another_asks_is_no_refusal(tmp_path):

@@ -125,3 +125,19 @@ def test_remove_stale_keeps_a_folder_whose_pid_no_process_can_have(tmp_path):
     name = f".partial-{2 ** 70}-{work_dirs._host()}-{work_dirs._boot()}.abcd1234"  # os.kill: OverflowError
     (tmp_path / name).mkdir()
     assert work_dirs.remove_stale(tmp_path, ".partial-") == [] and (tmp_path / name).is_dir()
+
+
+def test_in_use_names_the_folders_a_run_may_still_be_using(tmp_path):
+    """A live run's folder (this process's) and another host's (its owner cannot be checked from here) are in use;
+    a folder of a pid now gone and folders named otherwise are not; in_use removes nothing."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host, boot = work_dirs._host(), work_dirs._boot()
+    live = tmp_path / f".w-{os.getpid()}-{host}-{boot}.abc"
+    stale = tmp_path / f".w-{gone.pid}-{host}-{boot}.abc"
+    other_host = tmp_path / f".w-{gone.pid}-{'0' * 8 if host != '0' * 8 else '1' * 8}-{boot}.abc"
+    others = [tmp_path / ".w-a user's", tmp_path / f".w-z1-{host}-{boot}.abc"]
+    for folder in (live, stale, other_host, *others):
+        folder.mkdir()
+    assert work_dirs.in_use(tmp_path, ".w-") == sorted([live, other_host])
+    assert all(p.is_dir() for p in (live, stale, other_host, *others))
