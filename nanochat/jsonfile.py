@@ -1,12 +1,16 @@
 """The small JSON files every tool depends on (manifest, tokenizer header, checkpoint meta, eval reports): reading
 them with one clear error that names the file, whatever is wrong with it (not UTF-8, not JSON, not a JSON object),
-and writing text so that a reader never sees half a file."""
+and writing files (text, bytes, a torch.save, a link) so that a reader never sees half a file and two writers of
+one file never share a temp file."""
 
 import json
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
@@ -44,13 +48,33 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     """A new empty ``<name>.<8 hex digits>.tmp`` beside ``path`` (same file system: the rename is atomic), opened.
     O_EXCL never takes another writer's file; mode 0o666 lets the umask decide, as a plain open() does (mkstemp's
     0o600 would make every report private)."""
+    return _at_free_temp_name(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                                        0o666))
+
+
+def _at_free_temp_name(path: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
+    """``create(tmp)`` at a fresh ``<name>.<8 hex digits>.tmp`` beside ``path``, tried again at another name while
+    it raises FileExistsError (the name is another writer's)."""
     for _ in range(100):
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+            return create(tmp), tmp
         except FileExistsError:  # 1 in 4e9 per existing temp file
             continue
     raise FileExistsError(f"no free temp name beside {path} after 100 tries")
+
+
+def replace_atomic(path, create: Callable[[Path], object]) -> None:
+    """``create(tmp)`` makes a new entry that is not a file written in place (a hard link, a symbolic link) at a
+    free temp name beside ``path``, raising FileExistsError if that name is taken (another is tried); then it is
+    renamed over ``path``, or removed if anything fails. Two processes placing ``path`` at once each rename their
+    own entry (the last rename wins)."""
+    path = Path(path)
+    _, tmp = _at_free_temp_name(path, create)
+    try:
+        tmp.replace(path)
+    finally:  # also after a rename: one of a hard link over another link of its file does nothing (POSIX)
+        tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(path, text: str) -> None:
@@ -58,11 +82,25 @@ def write_text_atomic(path, text: str) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def write_bytes_atomic(path, data: bytes) -> None:
+    """``write_atomic`` of ``data``."""
+    write_atomic(path, lambda tmp: tmp.write_bytes(data))
+
+
 def is_temp_for(path, candidate) -> bool:
     """Whether ``candidate`` is named like one of ``write_atomic``'s temp files for ``path`` (beside it,
     ``<name>.<8 hex digits>.tmp``): how an OSError's filename is told to be about writing ``path``."""
-    path, candidate = Path(path), Path(candidate)
-    stem, dot, suffix = candidate.name.rpartition(".")
+    return Path(candidate) != written_path(candidate) == Path(path)
+
+
+def written_path(filename) -> Path:
+    """The file that ``write_atomic`` (or ``replace_atomic``) was writing through the temp file ``filename``:
+    ``filename`` less its ``.<8 hex digits>.tmp``, or ``filename`` itself if it is named otherwise. An error
+    message names the file the user asked for, not a temp name they never see."""
+    filename = Path(filename)
+    stem, dot, suffix = filename.name.rpartition(".")
     name, dot2, token = stem.rpartition(".")
-    return (candidate.parent == path.parent and name == path.name and dot2 == dot == "." and suffix == "tmp"
-            and len(token) == 8 and all(c in "0123456789abcdef" for c in token))
+    if (name and dot2 == dot == "." and suffix == "tmp" and len(token) == 8
+            and all(c in "0123456789abcdef" for c in token)):
+        return filename.with_name(name)
+    return filename

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.jsonfile import read_json_object, write_atomic
+from nanochat.jsonfile import read_json_object, write_atomic, write_bytes_atomic
 
 # GPT-4's split pattern except that numbers are grouped 1-2 digits at a time (nanochat's choice: fewer
 # number tokens are wasted at small vocab sizes).
@@ -147,10 +147,10 @@ class Tokenizer:
                   "num_mergeable": len(self.mergeable_ranks), "special_tokens": self.special_tokens}
         lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}"
                  for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])]
-        _atomic_write(directory / RANKS_FILE, ("\n".join(lines) + "\n").encode("ascii"))
+        write_bytes_atomic(directory / RANKS_FILE, ("\n".join(lines) + "\n").encode("ascii"))
         token_bytes = self.token_bytes()
         write_atomic(directory / TOKEN_BYTES_FILE, lambda tmp: torch.save(token_bytes, tmp))
-        _atomic_write(directory / HEADER_FILE, (json.dumps(header, indent=2) + "\n").encode("utf-8"))
+        write_bytes_atomic(directory / HEADER_FILE, (json.dumps(header, indent=2) + "\n").encode("utf-8"))
 
     @classmethod
     def load(cls, directory) -> "Tokenizer":
@@ -198,16 +198,6 @@ def _read_header(path: Path) -> dict:
         raise TokenizerError(f"{path}: 'special_tokens' must map token names (with <|bos|>) to ids; "
                              "retrain the tokenizer")
     return header
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-
-    write_atomic(path, write)
 
 
 def default_tokenizer_dir() -> Path:

@@ -307,7 +307,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_clear_error(tmp_path, monkey
     def full_disk(path, *args):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(*((ckpt, "_write_file") if full_at == "checkpoint" else (tokmod, "_atomic_write")), full_disk)
+    monkeypatch.setattr(*((ckpt, "_write_file") if full_at == "checkpoint" else (tokmod, "write_bytes_atomic")), full_disk)
     assert run_import(src, tmp_path / "run") == 2
     err = capsys.readouterr().err
     assert "No space left on device" in err and "Traceback" not in err, err

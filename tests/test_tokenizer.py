@@ -1,3 +1,4 @@
+import os
 import time
 
 import pytest
@@ -82,6 +83,18 @@ def test_save_load_round_trip(tiny_tokenizer, tmp_path):  # noqa: F811
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_save_fsyncs_each_file_once(tiny_tokenizer, tmp_path, monkeypatch):  # noqa: F811
+    """Each of the three files reaches the disk before its rename, once: write_atomic fsyncs the temp file, so a
+    second fsync of the same data in the writer (as _atomic_write had) only costs time."""
+    from nanochat import jsonfile
+
+    synced, real = [], os.fsync
+    monkeypatch.setattr(jsonfile.os, "fsync", lambda fd: synced.append(os.fstat(fd).st_ino) or real(fd))
+    tiny_tokenizer.save(tmp_path)
+    files = [tmp_path / name for name in ("tokenizer.bpe", "token_bytes.pt", "tokenizer.json")]
+    assert synced == [f.stat().st_ino for f in files]
+
+
 def test_missing_and_corrupt_tokenizer_errors(tmp_path, tiny_tokenizer):  # noqa: F811
     with pytest.raises(TokenizerError, match="scripts.tok_train"):
         get_tokenizer(tmp_path / "nowhere")
@@ -161,9 +174,9 @@ def test_an_interrupted_save_leaves_no_tokenizer_rather_than_a_mixed_one(tiny_to
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    real_write = tokmod._atomic_write
+    real_write = tokmod.write_bytes_atomic
     failures = {"token_bytes.pt": lambda: monkeypatch.setattr(tokmod.torch, "save", full_disk),
-                "tokenizer.json": lambda: monkeypatch.setattr(tokmod, "_atomic_write", lambda path, data: (
+                "tokenizer.json": lambda: monkeypatch.setattr(tokmod, "write_bytes_atomic", lambda path, data: (
                     full_disk() if path.name == "tokenizer.json" else real_write(path, data)))}
     for fail in failures.values():
         fail()
