@@ -19,6 +19,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from nanochat.jsonfile import replace_atomic
+
 
 class DownloadError(RuntimeError):
     """A download failed or produced a bad file; the message says what to check."""
@@ -130,15 +132,17 @@ def place_file(src: Path, dest: Path) -> Path:
     """Give ``dest`` the content of ``src`` (a hub cache file) without copying: a hard link to the blob (which
     survives a cache clean-up), else a symbolic link when the cache is on another file system."""
     blob = Path(src).resolve()
-    dest = Path(dest)
-    tmp = dest.with_name(dest.name + ".link-tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(blob, tmp)
-    except OSError:
-        tmp.symlink_to(blob)
-    os.replace(tmp, dest)
-    return dest
+
+    def link(tmp: Path) -> None:
+        try:
+            os.link(blob, tmp)
+        except FileExistsError:  # another placer's temp name: replace_atomic tries another
+            raise
+        except OSError:
+            tmp.symlink_to(blob)
+
+    replace_atomic(dest, link)  # a temp link of its own: two processes placing one file both succeed
+    return Path(dest)
 
 
 # ---- plain HTTP ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from nanochat.jsonfile import write_bytes_atomic
 from nanochat.memory.mome import MoMEOptions
 from nanochat.memory.slot_map import (FLAG as OUR_FLAG, REFERENCE_FORMAT, check_slot_map_tokenizer, load_slot_map,
                                       slot_map_from_data)
@@ -138,7 +139,5 @@ def export(model, tokenizer, ckpt_dir: Path, run_dir=None) -> Path:
         data = json.dumps(_their_json(token_to_row, o.group_size, tokenizer, str(src))).encode()
     if dst.exists() and dst.read_bytes() != data:  # another step of the same --model-tag may share it
         raise FileExistsError(f"--out: {dst} already exists with another slot map; choose a new --model-tag")
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(dst)
+    write_bytes_atomic(dst, data)
     return dst

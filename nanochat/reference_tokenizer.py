@@ -13,12 +13,12 @@ their convention from any tokenizer (used by ``--numerics reference`` in base_ev
 
 import codecs
 import io
-import os
 import pickle
 from pathlib import Path
 
 import torch
 
+from nanochat.jsonfile import write_atomic, write_bytes_atomic
 from nanochat.tokenizer import Tokenizer, TokenizerError
 
 REFERENCE_ENCODING_NAME = "rustbpe"  # the name their tok_train gives the Encoding
@@ -160,8 +160,8 @@ def write_reference_tokenizer(tok: Tokenizer, directory) -> bool:
             return False
         raise FileExistsError(f"{pkl} already holds a different tokenizer; export into a new directory")
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(reference_token_bytes(tok), directory / "token_bytes.pt.tmp")
-    os.replace(directory / "token_bytes.pt.tmp", directory / "token_bytes.pt")
-    (directory / "tokenizer.pkl.tmp").write_bytes(data)
-    os.replace(directory / "tokenizer.pkl.tmp", pkl)  # last: its presence means the directory is complete
+    # temp files of their own: two exports into one base dir may write this shared tokenizer at once
+    token_bytes = reference_token_bytes(tok)
+    write_atomic(directory / "token_bytes.pt", lambda tmp: torch.save(token_bytes, tmp))
+    write_bytes_atomic(pkl, data)  # last: its presence means the directory is complete
     return True

@@ -17,7 +17,6 @@ refused by name. The grouped index is their ``table`` slot mapping (nanochat.ref
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from nanochat.cli_types import checkpoint_step
+from nanochat.jsonfile import write_atomic, write_text_atomic, written_path
 
 
 class ExportWriteError(Exception):
@@ -109,15 +109,15 @@ def export_reference(args) -> Path:
         if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
             model_config["moe_ve_slot_map_path"] = str(
                 reference_slot_map.export(model, tok, ckpt_dir, args.run).resolve())
-        # temp names + rename, meta last: even a kill (no clean-up) never leaves a loadable half checkpoint
-        torch.save(state, model_path.with_suffix(".pt.tmp"))
-        os.replace(model_path.with_suffix(".pt.tmp"), model_path)
-        meta_path.with_suffix(".json.tmp").write_text(json.dumps(their_meta, indent=2) + "\n")
-        os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
+        # temp files + rename, meta last: even a kill (no clean-up) never leaves a loadable half checkpoint; each
+        # export has temp files of its own, so two exports of one step at once both finish whole
+        write_atomic(model_path, lambda tmp: torch.save(state, tmp))
+        write_text_atomic(meta_path, json.dumps(their_meta, indent=2) + "\n")
     except BaseException as e:  # a full disk, Ctrl-C, a refusal midway: what this export added goes
         before.remove_additions()
         if isinstance(e, OSError) and e.errno is not None:  # not one of the refusals above (they carry no errno)
-            raise ExportWriteError(f"--out {out}: could not write {e.filename or out}: {e.strerror or e}; "
+            failed = written_path(e.filename) if e.filename else out  # the file, not its temp name
+            raise ExportWriteError(f"--out {out}: could not write {failed}: {e.strerror or e}; "
                                    "nothing of this export was left there") from None
         raise
     print(f"wrote {ckpt_dir} (step {step}, model_type {model_type}) and {out / 'tokenizer'}")

@@ -11,15 +11,18 @@ reuses the cache): first the small files, then only the chosen step's weights. T
 config), ``tokenizer/`` (converted without executing the pickle) and, for a MoME checkpoint with their
 ``table`` slot mapping (the d12 grouped rows), ``slot_map/`` (a copy of the slot-map JSON, which their checkpoint
 does not hold; the run's checkpoint then holds the map too), so base_eval, sample, analyze_memory,
-analyze_routing, wic_probe and build_slot_map read it like any run of ours. It is written under a temporary
-name and renamed into place, so an interrupted import leaves no half run behind.
+analyze_routing, wic_probe and build_slot_map read it like any run of ours. It is written in a hidden work folder
+beside the run directory and renamed into place, so an interrupted import leaves no half run behind (the folder of
+one killed outright is removed by the next import into that run); a second import into a run that another is
+writing is refused.
 """
 
 import argparse
+import errno
 import os
 import re
-import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -83,8 +86,69 @@ def load_reference_state(path: Path) -> dict:
     return state
 
 
+def work_prefix(run_dir: Path) -> str:
+    """The name of an import's hidden work folders beside ``run_dir``, less their owner and random parts."""
+    return f".{run_dir.name}.importing-"
+
+
+@contextmanager
+def import_work_dir(run_dir: Path):
+    """A work folder of this import's own beside ``run_dir`` (renamed into place when whole), after those of imports
+    killed midway are removed. A live import into the same run is an error: two would write one run twice over."""
+    from nanochat import work_dirs
+
+    created = [p for p in run_dir.parents if not p.exists()]  # nearest first
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        busy = work_dirs.in_use(run_dir.parent, work_prefix(run_dir))
+        if busy:
+            raise FileExistsError(f"--run-dir {run_dir} is being written by another import (its work folder "
+                                  f"{busy[0]}); wait for it to finish, or choose a new directory; if no import is "
+                                  "running, delete that folder")
+        with work_dirs.work_dir(run_dir.parent, work_prefix(run_dir)) as tmp:
+            yield tmp
+    except BaseException:  # a bad SRC, a full disk, Ctrl-C: no empty folders made for the run stay either
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: another process's by now
+                break
+        raise
+
+
+def publish(tmp: Path, run_dir: Path) -> None:
+    """Rename the finished import into place: over nothing or an empty folder, never over a run (one that another
+    import, started at the same moment as this one, renamed there first)."""
+    try:
+        os.replace(tmp, run_dir)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise FileExistsError(f"--run-dir {run_dir} was written by another process meanwhile; this import "
+                              "left nothing there") from None
+
+
 def import_reference(args) -> Path:
-    from nanochat.checkpoint import CheckpointWriteError, save_checkpoint
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat import reference_slot_map
+
+    run_dir = Path(args.run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"--run-dir {run_dir} exists and is not empty; choose a new directory")
+    with import_work_dir(run_dir) as tmp:  # first: a second import into this run is refused before its work
+        tok, slot_map, model, step, extra = convert(args, run_dir)
+        tok.save(tmp / "tokenizer")
+        if slot_map:
+            reference_slot_map.copy_into_run(slot_map, tmp)
+        save_checkpoint(tmp, step, model, extra)
+        publish(tmp, run_dir)  # a failure before this (e.g. a full disk) leaves nothing: the work folder goes
+    print(f"wrote {run_dir} (step {step}); evaluate with: python -m scripts.base_eval --run {run_dir}")
+    return run_dir
+
+
+def convert(args, run_dir: Path) -> tuple:
+    """Find, read and convert the source checkpoint: (our tokenizer, the slot-map file or None, our model, the
+    step, the checkpoint meta to write)."""
     from nanochat.download import file_sha256
     from nanochat.families import meta_device
     from nanochat.gpt import GPT
@@ -93,9 +157,6 @@ def import_reference(args) -> Path:
                                            state_from_reference)
     from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
 
-    run_dir = Path(args.run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise FileExistsError(f"--run-dir {run_dir} exists and is not empty; choose a new directory")
     src = Path(args.src)
     if src.is_dir():
         origin = {"local_dir": str(src.resolve())}
@@ -142,26 +203,11 @@ def import_reference(args) -> Path:
                 "model_type": meta["model_type"], "model_config": meta["model_config"],
                 "reference_meta": {k: v for k, v in meta.items() if k not in ("model_config", "user_config")},
                 **report, "token_bytes": token_bytes}
-    tmp = run_dir.with_name(run_dir.name + ".importing")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     # relative: the run's own tokenizer, found again after the run directory is moved or copied (load_meta)
     extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "imported_from": imported}
     if args.dataset:
         extra["dataset"] = args.dataset
-    try:
-        tok.save(tmp / "tokenizer")
-        if slot_map:
-            reference_slot_map.copy_into_run(slot_map, tmp)
-        save_checkpoint(tmp, step, model, extra)
-    except (OSError, CheckpointWriteError):
-        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: what was written goes, freeing its space
-        raise
-    if run_dir.exists():
-        run_dir.rmdir()  # empty (checked above)
-    os.replace(tmp, run_dir)
-    print(f"wrote {run_dir} (step {step}); evaluate with: python -m scripts.base_eval --run {run_dir}")
-    return run_dir
+    return tok, slot_map, model, step, extra
 
 
 def main(argv=None) -> int:

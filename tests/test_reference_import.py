@@ -64,7 +64,7 @@ def test_import_gives_the_source_model_exactly(tmp_path, design):
     assert len(imported["sha256"]["model"]) == 64
     ours = get_tokenizer(meta["tokenizer_dir"])
     assert ours.encode(TEXT) == tok.encode(TEXT) and ours.special_tokens == tok.special_tokens
-    assert not (tmp_path / "run.importing").exists()
+    assert not list(tmp_path.glob(".run.importing-*"))
 
 
 def test_import_of_a_slot_factor_run_equals_ours_with_the_factor(tmp_path):
@@ -264,7 +264,7 @@ def test_unsupported_design_fields_are_refused_by_name(tmp_path, capsys, fields,
     assert run_import(src, tmp_path / "run") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "run").exists() and not (tmp_path / "run.importing").exists()
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run.importing-*"))
 
 
 def _rewrite_state(src, fn):
@@ -312,7 +312,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_clear_error(tmp_path, monkey
     err = capsys.readouterr().err
     assert "No space left on device" in err and "Traceback" not in err, err
     assert ("error: could not write checkpoint step" in err) == (full_at == "checkpoint"), err
-    assert not (tmp_path / "run").exists() and not (tmp_path / "run.importing").exists()
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run.importing-*"))
 
 
 def test_missing_files_and_vocab_mismatch(tmp_path, capsys):
