@@ -90,13 +90,6 @@ def mome_kernels_line(name: str, reason: str) -> str:
     return f"mome kernels: {name}" + (f" ({reason})" if reason else "")
 
 
-def setup_mome_kernels(requested: str, device, stack: ExitStack) -> str:
-    """``install_mome_kernels``, saying what it installed; returns the resolved name."""
-    name, reason = install_mome_kernels(requested, device, stack)
-    print0(mome_kernels_line(name, reason))
-    return name
-
-
 def model_kernel_path(model) -> str:
     """The MoME kernel path the built model's memory layers take (``MoMEMemory.kernel_path``), "none" for
     memories without MoME's kernels: what config.json and summary.json record as ``mome_kernels``."""

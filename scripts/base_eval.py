@@ -171,14 +171,15 @@ def eval_mome_kernels(flag: str, meta: dict) -> tuple[str, str]:
     return min(parts, key=KERNEL_PATHS.index), f"the run's kernels, {recorded}"
 
 
-def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack) -> tuple[str, str]:
-    """Resolve and install MoME's kernels with training's own checks and errors (setup_mome_kernels) until ``stack``
-    closes; returns (the resolved setting, where the request came from)."""
-    from nanochat.train_setup import setup_mome_kernels
+def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack) -> tuple[str, str, str]:
+    """Resolve and install MoME's kernels with training's own checks and errors (install_mome_kernels) until
+    ``stack`` closes; returns (the resolved setting, why it differs from the request or "", where the request came
+    from)."""
+    from nanochat.train_setup import install_mome_kernels
 
     requested, source = eval_mome_kernels(flag, meta)
     try:
-        return setup_mome_kernels(requested, device, stack), source
+        return *install_mome_kernels(requested, device, stack), source
     except ValueError as e:
         if flag != "run":
             raise
@@ -285,7 +286,7 @@ def evaluate(args) -> int:
 
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
-    from nanochat.train_setup import model_kernel_path
+    from nanochat.train_setup import model_kernel_path, mome_kernels_line
 
     rank, world = (info.rank, info.world_size)
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
@@ -295,8 +296,10 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     attention, attention_source = setup_eval_attention(args.attention, meta, device)
     # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
     # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
-    _, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack)
+    *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack)
     mome_kernels = model_kernel_path(model)
+    if mome_kernels != "none":  # the setting's resolution says nothing about a model without MoME's layers
+        print0(mome_kernels_line(*kernels))
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "

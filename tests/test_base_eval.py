@@ -485,12 +485,13 @@ def test_mome_kernels_on_cuda_without_triton(monkeypatch, capsys, kernel_globals
                                              r"kernels$"):
             setup_eval_mome_kernels("run", fused_run, cuda, stack)
         assert setup_eval_mome_kernels("run", {"config": {"mome_kernels": "torch"}}, cuda, stack) == (
-            "torch", "the run's kernels, torch")
+            "torch", "", "the run's kernels, torch")
         assert setup_eval_mome_kernels("run", {}, cuda, stack) == (
-            "torch", "the code's default (the checkpoint records no MoME kernels)")
+            "torch", "--mome-kernels auto: triton cannot be imported",
+            "the code's default (the checkpoint records no MoME kernels)")
         assert mome_mix.ROW_SUM == "unrolled"  # installed until the stack closes
     assert (mome_mix.ROW_SUM, mome_mix.FUSE_INJECT) == ("triton", True)
-    assert capsys.readouterr().out.endswith("mome kernels: torch (--mome-kernels auto: triton cannot be imported)\n")
+    assert capsys.readouterr().out == ""  # evaluate_into says it, once the model shows it has MoME layers
 
 
 def _mome_run(root: Path, run: Path, recorded: str | None, model=None) -> Path:
@@ -528,8 +529,14 @@ def test_mome_kernels_on_cpu_are_torch_and_recorded(tiny_run, tmp_path, capsys, 
     assert "mome kernels: torch (--mome-kernels fused: the MoME Triton kernels run on cuda only, this run is on " \
            "cpu)\n" in out and "; mome kernels torch (the run's kernels, fused)\n" in out, out
     assert [r["mome_kernels"] for r in _reports(tmp_path / "a")] == ["torch", "torch"]
+    assert [line for line in out.splitlines() if line.startswith("mome kernels:")] == [
+        "mome kernels: torch (--mome-kernels fused: the MoME Triton kernels run on cuda only, this run is on cpu)"]
     assert main(["--run", str(root / "run"), *_kernel_eval_args(bundle, tmp_path / "b")]) == 0
     assert [r["mome_kernels"] for r in _reports(tmp_path / "b")] == ["none", "none"]
+    # a Base run has no layer the flag's resolution applies to: only the checkpoint line's "none" (it printed
+    # "mome kernels: torch (...)" before, as base_train did)
+    out = capsys.readouterr().out
+    assert not [line for line in out.splitlines() if line.startswith("mome kernels")] and "; mome kernels none (" in out
 
 
 @pytest.mark.parametrize("flag, recorded, want", [(None, "fused", "fused"), (None, "row+torch", "row"),
