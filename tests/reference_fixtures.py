@@ -242,3 +242,14 @@ def make_their_files(tmp_path: Path, design: str, seed: int = 0):
     write_their_checkpoint(root / "base_checkpoints" / "d4", model, design)
     write_their_tokenizer(tok, root / "tokenizer")
     return root, model, tok
+
+
+def our_base_run(tmp_path: Path) -> Path:
+    """A run of ours (tmp_path/ours, checkpoint step 12) of make_their_files' Base model: what export_reference
+    exports."""
+    from nanochat.checkpoint import save_checkpoint
+
+    _, source, _ = make_their_files(tmp_path, "base")
+    run = tmp_path / "ours"
+    save_checkpoint(run, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok")})
+    return run

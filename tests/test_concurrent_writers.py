@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reference_fixtures import make_their_files
+from reference_fixtures import make_their_files, our_base_run
 from test_analysis import make_tokenizer
 
 from nanochat import download, jsonfile, reference_slot_map, reference_tokenizer, work_dirs
-from nanochat.checkpoint import load_model, save_checkpoint
+from nanochat.checkpoint import load_model
 from scripts import export_reference, import_reference
 
 
@@ -138,10 +138,7 @@ def test_two_slot_map_exports_into_one_folder_both_succeed(tmp_path, monkeypatch
 
 @pytest.fixture
 def our_run(tmp_path):
-    _, source, _ = make_their_files(tmp_path, "base")
-    run = tmp_path / "ours"
-    save_checkpoint(run, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok")})
-    return run
+    return our_base_run(tmp_path)
 
 
 def test_two_exports_of_one_step_at_once_both_finish_whole(our_run, tmp_path, monkeypatch, capsys):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_fixtures import make_their_files
+from reference_fixtures import our_base_run
 
 from nanochat.checkpoint import save_checkpoint
 from scripts import export_reference
@@ -29,10 +29,7 @@ def files_under(root: Path) -> dict:
 
 @pytest.fixture
 def our_run(tmp_path):
-    _, source, _ = make_their_files(tmp_path, "base")
-    run = tmp_path / "ours"
-    save_checkpoint(run, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok")})
-    return run
+    return our_base_run(tmp_path)
 
 
 @pytest.mark.parametrize("fault", ["model", "meta", "ctrl-c"])
