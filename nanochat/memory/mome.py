@@ -51,7 +51,8 @@ checkpoint written between the two keeps it).
 Fast paths: the K-row mix, the row mix and the top-K selection, chosen per device, live in
 nanochat.memory.mome_mix (its docstring says which path runs where; its ``MIX``, ``ROW_SUM`` and ``TOPK_BY_ARGMAX``
 force one); the row mix's Triton kernels for per-layer tables on CUDA in nanochat.memory.mome_triton, which by
-default (``mome_mix.FUSE_INJECT``) also do the value injection: the row mix and the injection as one kernel pair.
+default (``mome_mix.FUSE_INJECT``) also do the value injection: the row mix and the injection as one kernel pair;
+for the shared table too, on its rows gathered once, with ``mome_mix.SHARED_TABLE_KERNEL`` (off by default).
 
 The options (--mome-* flags) and their validation live in nanochat.memory.mome_options.
 """
@@ -69,7 +70,8 @@ from nanochat.slot_balance import window_maxvio
 from . import mome_triton
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
-from .mome_mix import forced_mix, fuse_inject, mome_mix, mome_row_mix, row_sum, slot_weights, topk_indices
+from .mome_mix import (forced_mix, fuse_inject, mome_mix, mome_row_mix, row_sum, shared_table_kernel, slot_weights,
+                       topk_indices)
 from .mome_options import MoMEOptions
 from .mome_router import CausalConvRouter
 from .mome_triton import row_mix as kernel_row_mix
@@ -322,12 +324,23 @@ class MoMEMemory(MemoryBlock):
 
     def _kernel_row_mix(self, table: torch.Tensor) -> bool:
         """ROW_SUM "triton" (the default; nanochat.memory.mome_triton) on a per-layer, not per-head, fp32 table
-        where ``mome_triton.applies`` (CUDA with triton; the tests add the CPU, where the op runs its torch math).
+        where ``mome_triton.applies`` (CUDA with triton; the tests add the CPU, where the op runs its torch math);
+        the shared table too with ``mome_mix.SHARED_TABLE_KERNEL``, on its gathered rows (``_kernel_operands``:
+        ``applies`` holds for them iff for the table, the same device, dtype and d: embedding is not autocast).
         The kernel stores mem in v's dtype: the fp32 mix rounded once, as today's fp32 mix then
         ``mem.to(v.dtype)``; with a shared expert (added to mem before that cast) it stores the table's dtype."""
-        if row_sum() != "triton" or hasattr(self, "table") or self.per_head:
+        if row_sum() != "triton" or self.per_head or (hasattr(self, "table") and not shared_table_kernel()):
             return False
         return mome_triton.applies(table, self.H, self.M)
+
+    def _kernel_operands(self, table, row, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernels' (table, row ids): a per-layer table and n_t; for the shared table its rows gathered once,
+        (B, T, M, d) -> a (B*T*M, d) table read at ids 0..B*T-1, so the kernels' table gradient is (B*T*M, d),
+        free of collisions, and the gather's backward scatters the layers' summed gradient into the table once."""
+        if not hasattr(self, "table"):
+            return table, row
+        B, T = row.shape
+        return rows.reshape(B * T * self.M, self.d), torch.arange(B * T, device=row.device).view(B, T)
 
     def _head_rows(self, row: torch.Tensor) -> torch.Tensor:
         """Per-head tables: each head's row n_t*H + h, (B, T) -> (B, T, H)."""
@@ -413,7 +426,8 @@ class MoMEMemory(MemoryBlock):
         if self.eval_loads is not None:
             self._count_eval_loads(pos, sel, row)
         if self._fused_inject(table):  # v + gamma * mem in one kernel pair: mem never leaves it
-            return kernel_row_mix_inject(table, row, self._dense_weights(sel, w), gamma, v)
+            return kernel_row_mix_inject(*self._kernel_operands(table, row, rows), self._dense_weights(sel, w), gamma,
+                                         v)
         mem = self._mem(pos, table, row, rows, sel, w, shared, v.dtype)  # (B, T, H, d)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.capture is not None:
@@ -425,8 +439,8 @@ class MoMEMemory(MemoryBlock):
     def kernel_path(self) -> str:
         """Which Triton kernels the memory layers take with the current settings and table devices: "fused" (row
         mix + injection), "row" (row mix only) or "torch" (none), "+"-joined where layers differ. What
-        ``--mome-kernels`` recorded as having run (the flag is only a setting: a shared expert, per-head or shared
-        tables, the CPU keep some or all kernels off)."""
+        ``--mome-kernels`` recorded as having run (the flag is only a setting: a shared expert, per-head tables, the
+        shared table unless ``mome_mix.SHARED_TABLE_KERNEL``, the CPU keep some or all kernels off)."""
         tables = (self._table(pos) for pos in range(len(self.layers)))
         paths = ("fused" if self._fused_inject(t) else "row" if self._kernels_serve(t) else "torch" for t in tables)
         return "+".join(dict.fromkeys(paths))  # in layer order, each once
@@ -452,7 +466,8 @@ class MoMEMemory(MemoryBlock):
         if self._row_mix(table):  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             wd = self._dense_weights(sel, w)  # (B, T, H, M)
             if self._kernel_row_mix(table):  # fused: no (B, T, M, d) gather; mem already in its cast dtype
-                mem = kernel_row_mix(table, row, wd, table.dtype if self._shared_experts() else v_dtype)
+                mem = kernel_row_mix(*self._kernel_operands(table, row, rows), wd,
+                                     table.dtype if self._shared_experts() else v_dtype)
             else:
                 rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
                 mem = mome_row_mix(rows, wd)

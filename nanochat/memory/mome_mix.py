@@ -31,7 +31,7 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   ``ROW_SUM = "triton"`` (the default): for a per-layer (not per-head) fp32 table where
   ``mome_triton.applies`` (CUDA with triton), MoMEMemory.value calls the kernel pair (table, row ids, dense
   weights; no (B, T, M, d) gather) in place of the gather + ``mome_row_mix``, compiled or eager; every other row
-  mix (the shared table, per-head tables, the CPU) is the unrolled sum. "unrolled" / "reduce" keep the kernel off.
+  mix (the shared table unless ``SHARED_TABLE_KERNEL``, per-head tables, the CPU) is the unrolled sum. "unrolled" / "reduce" keep the kernel off.
   ``FUSE_INJECT = True`` (the default): where that kernel pair serves a per-layer table, MoMEMemory.value instead
   calls ``mome_triton.row_mix_inject``, one kernel pair that also does the value injection ``v + gamma * mem``:
   mem never leaves the kernels (no (B, T, H, d) write and read-back, not saved for the backward, which recomputes
@@ -39,6 +39,12 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   of fresh processes each, 2026-11-26). Not with a shared expert (added to mem before the cast) or while
   ``capture`` records the injection's norm: there, the kernel pair above. False: that pair, then the injection in
   torch.
+``SHARED_TABLE_KERNEL = False`` (the default; opt-in by ``set_shared_table_kernel``, not measured on a GPU yet): the
+  shared table's layers take the same kernel pair where it applies (ROW_SUM "triton"; ``FUSE_INJECT`` picks the
+  fused or the row-mix pair, as for a per-layer table) on the rows ``prepare`` gathered once, flattened to a
+  (B*T*M, d) "table" read with ids 0..B*T-1: the kernels' table gradient is then (B*T*M, d) (no collisions in
+  its atomics), not the shared table's size (604 MB fp32 at n24/M6) per layer call; autograd sums the layers'
+  row gradients and the one gather's backward scatters them into the shared table, as the torch row mix does.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
 path for every table; the tests compare them.
 ``set_kernels`` installs a name of ``KERNEL_SETTINGS`` into ROW_SUM / FUSE_INJECT: scripts/base_train.py's
@@ -60,6 +66,8 @@ ROW_SUMS = ("triton", "unrolled", "reduce")
 ROW_SUM = "triton"
 # the row mix and the value injection as one kernel pair where the row-mix kernels serve a per-layer table (above)
 FUSE_INJECT = True
+# the kernel pair (above) for the shared bigram-indexed table too, on its rows gathered once (above); off by default
+SHARED_TABLE_KERNEL = False
 # --mome-kernels (scripts/base_train.py): "auto" resolves to one of the others (mome_triton.resolve_kernels), each
 # of which sets these globals; "torch" keeps the kernels off, so FUSE_INJECT does nothing there and is left alone
 MOME_KERNELS = ("auto", "fused", "row", "torch")
@@ -127,6 +135,23 @@ def slot_weights(sel: torch.Tensor, w: torch.Tensor, M: int) -> torch.Tensor:
     head's K slots are distinct, so each output is one weight plus zeros."""
     hits = sel[..., None] == torch.arange(M, device=sel.device)  # (..., K, M)
     return (hits.to(w.dtype) * w[..., None]).sum(dim=-2)
+
+
+def set_shared_table_kernel(on: bool) -> None:
+    """Switch ``SHARED_TABLE_KERNEL`` (bench/train_step.py's --shared-table-kernel). Call it before the model is
+    compiled (dynamo guards on these globals). It acts only where the kernels serve tables at all (ROW_SUM
+    "triton", a device of mome_triton.KERNEL_DEVICES): ``--mome-kernels torch`` keeps them off for every table."""
+    if not isinstance(on, bool):
+        raise ValueError(f"mome_mix.set_shared_table_kernel takes True or False, got {on!r}")
+    global SHARED_TABLE_KERNEL
+    SHARED_TABLE_KERNEL = on
+
+
+def shared_table_kernel() -> bool:
+    if not isinstance(SHARED_TABLE_KERNEL, bool):
+        raise ValueError(f"nanochat.memory.mome_mix.SHARED_TABLE_KERNEL must be True or False, got "
+                         f"{SHARED_TABLE_KERNEL!r}")
+    return SHARED_TABLE_KERNEL
 
 
 def row_sum() -> str:
