@@ -19,6 +19,11 @@ baseline, is the model's path when this bench was written; since 2026-11-26 the 
 * ``inject``: the per-layer row mix and the value injection, v (B, T, H, d) + gamma (B, T, H) * mem (both in the
   compute dtype, as v and the gate's output under autocast) -> v_out; gradients of table, w, gamma and v. Its
   baseline is ROW_SUM "unrolled"; ``triton`` is FUSE_INJECT off, ``triton_fused`` the model's default (on).
+* ``shared_inject``: ``inject`` on the shared bigram-indexed table (6V*M, d), one layer's worth (the gather of
+  n_t's M slots, once per forward in the model, is counted in every call here). Its baseline is today's shared
+  path (gather + unrolled row mix + injection); ``rows_triton`` / ``rows_triton_fused`` are the row-mix / fused
+  kernel pair on the gathered rows (mome_mix.SHARED_TABLE_KERNEL with FUSE_INJECT off / on). ``shared`` has the
+  row mix alone that way (``rowmix_rows_triton``) beside today's ``rowmix_unrolled``.
 Token ids are Zipf over the vocabulary (scatter collisions as in text), bigram rows nanochat's hash of them;
 logits are tie-free (0.3 apart), so every selection variant picks the same slots; nothing is zero.
 
@@ -123,11 +128,19 @@ def make_shared(S, device, cdt, g):
     return [table, bigram_hash(token_ids(S, device, g), S.n * S.V), *_sel_w(S, device, g)]
 
 
-def make_inject(S, device, cdt, g):
-    """make_kmix's inputs, gamma = 2 sigmoid(.) in (0, 2) as the gate's, and v, both in the compute dtype."""
+def _gamma_v(S, device, cdt, g):
+    """gamma = 2 sigmoid(.) in (0, 2) as the gate's, and v, both in the compute dtype."""
     gamma = 2 * torch.sigmoid(torch.randn(S.B, S.T, S.H, device=device, generator=g))
     v = torch.randn(S.B, S.T, S.H, S.d, device=device, generator=g)
-    return [*make_kmix(S, device, cdt, g), gamma.to(cdt).requires_grad_(), v.to(cdt).requires_grad_()]
+    return [gamma.to(cdt).requires_grad_(), v.to(cdt).requires_grad_()]
+
+
+def make_inject(S, device, cdt, g):
+    return [*make_kmix(S, device, cdt, g), *_gamma_v(S, device, cdt, g)]
+
+
+def make_shared_inject(S, device, cdt, g):
+    return [*make_shared(S, device, cdt, g), *_gamma_v(S, device, cdt, g)]
 
 
 def _ref_sel_w(logits, S):
@@ -170,7 +183,7 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     weights and tables fp32. gate: fwd reads logits N*H*M*cb, writes sel + w N*H*K*(8+4); bwd reads grad w and
     the logits, writes grad logits. rowmix: fwd reads rows N*M*d*4, sel + w, writes out N*H*d*cb; bwd reads grad
     out, rows, sel + w, writes grad rows and grad w. gate_rowmix: rowmix's, the logits in place of sel + w.
-    kmix/shared: fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u rows, counted on the inputs),
+    kmix/shared(_inject): fwd reads ids N*8, sel + w, each DISTINCT selected table row once (u rows, counted on the inputs),
     writes out; bwd reads grad out and the u rows (for grad w), writes the dense table gradient once (its
     zero-fill and scatter fused) and grad w. inject: kmix's, plus v N*H*d*cb and gamma N*H*cb read forward, gamma
     read again and its gradient written backward (grad v is grad out itself, no traffic). FLOPs 2*N*H*K*d forward,
@@ -191,7 +204,8 @@ def floor_bytes(op: str, S: Shape, inputs, cb: int) -> tuple[int, int, int]:
     u = int(torch.unique(mv._flat(row, sel, M)).numel()) * d * 4
     fwd = N * 8 + sw + u + N * H * d * cb
     full = fwd + N * H * d * cb + u + table.numel() * 4 + N * H * K * 4
-    if op == "inject":  # + read v and gamma; bwd: read gamma again, write its gradient (grad v IS grad out: free)
+    if op in ("inject", "shared_inject"):  # + read v and gamma; bwd: read gamma again, write its gradient (grad v
+        # IS grad out: free)
         return fwd + N * H * d * cb + N * H * cb, full + N * H * d * cb + 3 * N * H * cb, flops
     return fwd, full, flops
 
@@ -217,7 +231,9 @@ def default_ops() -> dict[str, Op]:
             "unrolled_fn": (mv.gate_rowmix_unrolled_fn, True), "kgather": (mv.gate_rowmix_kgather, True)}),
         "shared": Op(make_shared, ("table", "row", "sel", "w"), (0, 3), ref_table, {
             "rowmix": (mv.table_rowmix, True), "rowmix_index_add": (mv.table_rowmix_index_add, True),
-            "plain": (mv.table_plain, True), "rowmix_eager": (mv.table_rowmix_eager, False)}),
+            "plain": (mv.table_plain, True), "rowmix_eager": (mv.table_rowmix_eager, False),
+            "rowmix_unrolled": (mv.table_rowmix_unrolled, True),
+            "rowmix_rows_triton": (mv.table_rowmix_rows_triton, True)}),
         "gate": Op(make_gate, ("logits",), (0,), ref_gate, {
             "argmax": (mv.gate_argmax, True), "topk": (mv.gate_topk, True), "max_pass": (mv.gate_max_pass, True),
             "argmax_dense": (mv.gate_argmax_dense, True), "mask_dense": (mv.gate_mask_dense, True)}),
@@ -229,6 +245,9 @@ def default_ops() -> dict[str, Op]:
         "inject": Op(make_inject, ("table", "row", "sel", "w", "gamma", "v"), (0, 3, 4, 5), ref_inject, {
             "rowmix_unrolled": (mv.inject_rowmix_unrolled, True), "triton": (mv.inject_triton, True),
             "triton_fused": (mv.inject_triton_fused, True)}),
+        "shared_inject": Op(make_shared_inject, ("table", "row", "sel", "w", "gamma", "v"), (0, 3, 4, 5), ref_inject, {
+            "rowmix_unrolled": (mv.inject_rowmix_unrolled, True), "rows_triton": (mv.inject_rows_triton, True),
+            "rows_triton_fused": (mv.inject_rows_triton_fused, True)}),
     }
 
 

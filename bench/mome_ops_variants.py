@@ -128,13 +128,18 @@ def rowmix_unrolled_fn(rows, sel, w, *, m, k, out_dtype):
     return RowMixUnrolled.apply(rows, wd).to(out_dtype)
 
 
+def _rows_as_table(rows):
+    """Gathered rows (B, T, M, d) as the kernels' (table (B*T*M, d), row ids (B, T) = 0..B*T-1): token t reads
+    its own M rows (MoMEMemory._kernel_operands for the shared table)."""
+    B, T, M, d = rows.shape
+    return rows.reshape(B * T * M, d), torch.arange(B * T, device=rows.device).view(B, T)
+
+
 def rowmix_triton(rows, sel, w, *, m, k, out_dtype):
     """Row mix: triton kernel (nanochat.memory.mome_triton; on the CPU its torch math). The gathered rows are the
     kernel's table, (B*T*M, d), token t reading row t: the op's rows gradient is the kernel's table gradient
     (zero-fill + atomics, no collisions here)."""
-    B, T, M, d = rows.shape
-    ids = torch.arange(B * T, device=rows.device).view(B, T)
-    return kernel_row_mix(rows.reshape(B * T * M, d), ids, slot_weights(sel, w, M), out_dtype)
+    return kernel_row_mix(*_rows_as_table(rows), slot_weights(sel, w, rows.size(2)), out_dtype)
 
 
 def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
@@ -233,6 +238,12 @@ def table_rowmix_unrolled(table, row, sel, w, *, m, k, out_dtype):
     return rowmix_unrolled(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
 
 
+def table_rowmix_rows_triton(table, row, sel, w, *, m, k, out_dtype):
+    """The shared table with mome_mix.SHARED_TABLE_KERNEL: gather the M slots of n_t (B, T, M, d) (once per
+    forward in the model, here per call), then the row-mix kernel pair on those rows (``rowmix_triton``)."""
+    return rowmix_triton(F.embedding(_slots(row, m), table), sel, w, m=m, k=k, out_dtype=out_dtype)
+
+
 def table_rowmix_triton(table, row, sel, w, *, m, k, out_dtype):
     """Row mix: triton kernel on the table itself (ROW_SUM "triton" in the model): no (B, T, M, d) gather; the
     table gradient is one zero-fill + fp32 atomics of M rows per token. On the CPU: the custom op's torch math."""
@@ -259,3 +270,15 @@ def inject_triton(table, row, sel, w, gamma, v, *, m, k, out_dtype):
 def inject_triton_fused(table, row, sel, w, gamma, v, *, m, k, out_dtype):
     """mome_mix.FUSE_INJECT: one kernel pair for the row mix and the injection; mem never leaves it."""
     return kernel_row_mix_inject(table, row, slot_weights(sel, w, m), gamma, v)
+
+
+def inject_rows_triton(table, row, sel, w, gamma, v, *, m, k, out_dtype):
+    """The shared table with SHARED_TABLE_KERNEL and FUSE_INJECT off: gather, the row-mix pair on the rows storing
+    mem in v's dtype, then inductor's injection."""
+    return _inject(v, gamma, table_rowmix_rows_triton(table, row, sel, w, m=m, k=k, out_dtype=v.dtype))
+
+
+def inject_rows_triton_fused(table, row, sel, w, gamma, v, *, m, k, out_dtype):
+    """The shared table with SHARED_TABLE_KERNEL (FUSE_INJECT on): gather, then the fused pair on the rows."""
+    rows = F.embedding(_slots(row, m), table)  # (B, T, M, d)
+    return kernel_row_mix_inject(*_rows_as_table(rows), slot_weights(sel, w, m), gamma, v)

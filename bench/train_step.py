@@ -8,6 +8,7 @@ the same size: tokens/s, MFU, peak memory.
     python bench/train_step.py --rounds 2        # every process twice (order reversed): the median of the rounds
     python bench/train_step.py --designs ve,mome --mome-kernels row  # MoME's injection apart from the row-mix kernels
     python bench/train_step.py --designs mome --mome-kernels torch --row-sum reduce   # the older torch row sum
+    python bench/train_step.py --designs ve,mome-bigram --shared-table-kernel   # the kernels on the shared table too
     python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --designs ve,mome --profile-dir prof  # + every kernel of 3 steps per design, then
     python bench/profile_diff.py prof/ve_auto_auto.json prof/mome_auto_auto.json   # where MoME's extra time goes
@@ -79,11 +80,13 @@ def measure_one(args) -> dict:
     from nanochat.memory.mome_triton import resolve_kernels
     from nanochat.metrics import peak_flops
     from nanochat.optim import build_optimizer
+    from nanochat.train_setup import model_kernel_path
     from nanochat.train_loop import train_step
 
     _, device = compute_init(args.device)
     kernels, kernels_reason = resolve_kernels(args.mome_kernels, device)  # as base_train's --mome-kernels
     mix_paths.set_kernels(kernels)
+    mix_paths.set_shared_table_kernel(args.shared_table_kernel)
     if args.row_sum != "unrolled":  # bench only: the torch row mix's older sum (parse_args: with kernels torch)
         mix_paths.set_path("ROW_SUM", args.row_sum)
     mix_paths.set_path("MIX", None if args.mix == "auto" else args.mix)
@@ -130,6 +133,7 @@ def measure_one(args) -> dict:
               "params_total": summary["params_total"], "params_memory": summary["params_memory"],
               "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
               "mome_kernels": kernels, "mome_kernels_requested": args.mome_kernels, "mome_kernels_reason": kernels_reason,
+              "shared_table_kernel": args.shared_table_kernel, "kernel_path": model_kernel_path(model),
               "compile": args.compile,
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
               "torch": torch.__version__}
@@ -200,7 +204,8 @@ def table(rows: dict) -> str:
         paper = paper_tok_per_sec(design[3])
         variant = [f"{r['mix']} mix" if r["mix"] != "auto" else "", f"{r['topk']} selection" if r["topk"] != "auto" else "",
                    f"{r['mome_kernels']} kernels" if r.get("mome_kernels_requested", "auto") != "auto" else "",
-                   f"{r['row_sum']} row sum" if r.get("row_sum", "unrolled") != "unrolled" else ""]
+                   f"{r['row_sum']} row sum" if r.get("row_sum", "unrolled") != "unrolled" else "",
+                   f"shared-table {r.get('kernel_path')} kernels" if r.get("shared_table_kernel") else ""]
         variant = ", ".join(v for v in variant if v) if design[1] == "mome" else ""
         cells = [r["label"] + (f" ({variant})" if variant else ""),
                  f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]", f"{r['tok_per_sec']:,.0f}",
@@ -241,6 +246,10 @@ def parse_args(argv=None):
                    help="bench only, with --mome-kernels torch: the torch row mix's sum over M: unrolled "
                         "multiply-adds (the model's, the default) or reduce, a broadcast multiply + reduction "
                         "(before 2026-11-26)")
+    p.add_argument("--shared-table-kernel", action="store_true",
+                   help="MoME's shared bigram-indexed table through the --mome-kernels kernel pair too, on its rows "
+                        "gathered once (nanochat.memory.mome_mix.SHARED_TABLE_KERNEL, off by default); recorded "
+                        "with the kernel path that ran")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)
@@ -274,6 +283,9 @@ def parse_args(argv=None):
         p.error(f"--row-sum {args.row_sum} is a sum of the torch row mix: pass --mome-kernels torch with it (the "
                 f"kernels of --mome-kernels {args.mome_kernels} do their own)")
     args.row_sum = args.row_sum or "unrolled"
+    if args.shared_table_kernel and args.mome_kernels == "torch":
+        p.error("--shared-table-kernel puts the shared table through the MoME Triton kernels: it needs --mome-kernels "
+                "auto, fused or row (torch keeps the kernels off for every table)")
     if args.profile_steps < 1:
         p.error(f"--profile-steps must be >= 1 (got {args.profile_steps})")
     if args.rounds < 1:

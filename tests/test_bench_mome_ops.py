@@ -27,7 +27,7 @@ def _outputs_and_grads(bench, op, fn, inputs, S):
     return [y.detach(), *grads]
 
 
-@pytest.mark.parametrize("op_name", ["rowmix", "gate_rowmix", "gate", "shared", "kmix", "inject"])
+@pytest.mark.parametrize("op_name", ["rowmix", "gate_rowmix", "gate", "shared", "kmix", "inject", "shared_inject"])
 def test_variants_agree_with_the_reference_and_each_other_in_fp32(bench, op_name):
     op, S = bench.OPS[op_name], bench.SMALL
     for vname, (fn, _) in op.variants.items():

@@ -177,6 +177,40 @@ def test_train_step_bench_installs_the_resolved_kernels(flags, resolved, want, m
     assert (row["mome_kernels"], row["mome_kernels_reason"], row["row_sum"]) == (*resolved, args.row_sum)
 
 
+def test_train_step_bench_shared_table_kernel_flag_parses_and_needs_the_kernels():
+    bench = load_bench("train_step")
+    assert bench.parse_args([]).shared_table_kernel is False
+    assert bench.parse_args(["--shared-table-kernel", "--mome-kernels", "row"]).shared_table_kernel is True
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--shared-table-kernel", "--mome-kernels", "torch"])
+    row = {"label": "MoME A2/6 bigram-idx n6", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0,
+           "tok_per_sec": 1.0, "mfu": None, "peak_mem_gb": None, "mix": "row", "topk": "auto", "row_sum": "unrolled",
+           "mome_kernels": "fused", "mome_kernels_requested": "auto", "shared_table_kernel": True,
+           "kernel_path": "fused"}
+    assert "| MoME A2/6 bigram-idx n6 (row mix, shared-table fused kernels) |" in bench.table({"mome-bigram": row})
+    assert "shared-table" not in bench.table({"mome-bigram": {**row, "shared_table_kernel": False}})
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
+def test_train_step_bench_shared_table_kernel_installed_and_recorded(on, monkeypatch, kernel_globals):
+    """A mome-bigram design process switches mome_mix.SHARED_TABLE_KERNEL by the flag and records it with the
+    kernel path that ran (the CPU added to the kernels' devices and --mome-kernels resolved to fused, as on a
+    GPU): fused for the shared table with the flag, torch without it."""
+    from nanochat.memory import mome_triton
+
+    bench = load_bench("train_step")
+    for name in ("MIX", "TOPK_BY_ARGMAX", "SHARED_TABLE_KERNEL"):
+        monkeypatch.setattr(mix_paths, name, getattr(mix_paths, name))
+    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(mome_triton, "resolve_kernels", lambda name, device: ("fused", ""))
+    args = bench.parse_args(["--device", "cpu", "--one", "mome-bigram", "--depth", "1", "--seq-len", "16",
+                             "--vocab-size", "256", "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1",
+                             "--warmup", "0", *(["--shared-table-kernel"] if on else [])])
+    row = bench.measure_one(args)
+    assert mix_paths.SHARED_TABLE_KERNEL is on
+    assert (row["shared_table_kernel"], row["kernel_path"]) == (on, "fused" if on else "torch")
+
+
 def test_train_step_bench_rounds_take_the_median_of_round_medians():
     bench = load_bench("train_step")
     rounds = [{"step_ms": ms, "step_ms_min": ms - 1, "step_ms_max": ms + 1, "tokens_per_step": 1000, "mfu": 40.0 * 100 / ms,
