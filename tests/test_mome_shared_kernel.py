@@ -5,9 +5,11 @@ loss and gradients (the shared table's, the routers', the gates', v's through ev
 
 * always: the ops' CPU math (the CPU added to KERNEL_DEVICES), eager in fp32 and bf16 autocast, compiled fullgraph;
   ``kernel_path`` with the switch on and off; the switch's setter;
-* triton with ``TRITON_INTERPRET=1``: the real kernels in the model (tests/test_mome_triton*.py's wrappers).
+* triton with ``TRITON_INTERPRET=1``: the real kernels in the model (tests/test_mome_triton*.py's wrappers);
+* marker ``gpu`` (CUDA): the compiled model with the switch on and off, fp32 and bf16 autocast.
 
     PYTHONPATH=$PWD:/path/to/triton TRITON_INTERPRET=1 python -m pytest tests/test_mome_shared_kernel.py
+    python -m pytest -m gpu tests/test_mome_shared_kernel.py                                        # on a GPU
 """
 
 import pytest
@@ -18,8 +20,9 @@ from nanochat.gpt import build_model
 from nanochat.memory import mome as mome_module
 from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
-from test_mome_triton import (_InterpretedRowMix, _loss_and_grads, _rel, assert_compiled_equals_eager,
-                              needs_interpreter)
+from test_mome_triton import (_cuda_model, _fp32_matmuls, _InterpretedRowMix, _loss_and_grads, _rel,
+                              assert_as_close_as, assert_compiled_equals_eager, assert_equal_to_fp32_rounding,
+                              needs_cuda, needs_interpreter)
 from test_mome_triton_inject import _InterpretedInject
 
 BIGRAM = {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2}
@@ -193,3 +196,39 @@ def test_interpreted_kernels_on_the_gathered_rows_equal_the_torch_row_mix(fuse, 
     got = _loss_and_grads(model, x, y, False)
     _assert_rows_in_calls(model, calls, "fused" if fuse else "row", torch.float32)
     _assert_fp32_equal(got, want)
+
+
+def _cuda_compiled_run(model, x, y, on, autocast, monkeypatch):
+    """Loss and gradients of the compiled fullgraph model on CUDA with SHARED_TABLE_KERNEL = on (the defaults
+    otherwise: the fused pair), and the kernel calls traced."""
+    torch._dynamo.reset()
+    with monkeypatch.context() as m:
+        m.setattr(mix_paths, "SHARED_TABLE_KERNEL", on)
+        calls = _spy(m)
+        out = _loss_and_grads(model, x, y, autocast, run=torch.compile(model, fullgraph=True, dynamic=False))
+    return out, len(calls)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_compiled_shared_table_fp32_kernels_equal_the_torch_row_mix(monkeypatch):
+    model, x, y = _cuda_model(BIGRAM)
+    with _fp32_matmuls():
+        (want, n0) = _cuda_compiled_run(model, x, y, False, False, monkeypatch)
+        (got, n1) = _cuda_compiled_run(model, x, y, True, False, monkeypatch)
+    assert (n0, n1) == (0, len(model.memory.layers))
+    assert_equal_to_fp32_rounding(got, want)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_compiled_shared_table_bf16_kernels_as_close_as_the_torch_row_mix(monkeypatch):
+    """bf16 autocast: the switch on and off each against the fp32 eager model (TF32 off), as the per-layer fused
+    pair's test (tests/test_mome_triton_inject.py)."""
+    model, x, y = _cuda_model(BIGRAM)
+    with _fp32_matmuls():
+        ref = _loss_and_grads(model, x, y, False)
+        (off, n0) = _cuda_compiled_run(model, x, y, False, True, monkeypatch)
+        (on, n1) = _cuda_compiled_run(model, x, y, True, True, monkeypatch)
+    assert (n0, n1) == (0, len(model.memory.layers))
+    assert_as_close_as(on, off, ref)
