@@ -22,7 +22,7 @@ from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 from test_mome_triton import (_cuda_model, _fp32_matmuls, _InterpretedRowMix, _loss_and_grads, _rel,
                               assert_as_close_as, assert_compiled_equals_eager, assert_equal_to_fp32_rounding,
-                              needs_cuda, needs_interpreter)
+                              compiled_run_with, needs_cuda, needs_interpreter)
 from test_mome_triton_inject import _InterpretedInject
 
 BIGRAM = {"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2}
@@ -199,36 +199,24 @@ def test_interpreted_kernels_on_the_gathered_rows_equal_the_torch_row_mix(fuse, 
 
 
 def _cuda_compiled_run(model, x, y, on, autocast, monkeypatch):
-    """Loss and gradients of the compiled fullgraph model on CUDA with SHARED_TABLE_KERNEL = on (the defaults
-    otherwise: the fused pair), and the kernel calls traced."""
-    torch._dynamo.reset()
-    with monkeypatch.context() as m:
-        m.setattr(mix_paths, "SHARED_TABLE_KERNEL", on)
-        calls = _spy(m)
-        out = _loss_and_grads(model, x, y, autocast, run=torch.compile(model, fullgraph=True, dynamic=False))
-    return out, len(calls)
+    """compiled_run_with SHARED_TABLE_KERNEL = on (the defaults otherwise: the fused pair) and both kernels' spy."""
+    return compiled_run_with(model, x, y, autocast, monkeypatch, {"SHARED_TABLE_KERNEL": on}, _spy)
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_compiled_shared_table_fp32_kernels_equal_the_torch_row_mix(monkeypatch):
-    model, x, y = _cuda_model(BIGRAM)
-    with _fp32_matmuls():
-        (want, n0) = _cuda_compiled_run(model, x, y, False, False, monkeypatch)
-        (got, n1) = _cuda_compiled_run(model, x, y, True, False, monkeypatch)
-    assert (n0, n1) == (0, len(model.memory.layers))
-    assert_equal_to_fp32_rounding(got, want)
-
-
-@pytest.mark.gpu
-@needs_cuda
-def test_cuda_compiled_shared_table_bf16_kernels_as_close_as_the_torch_row_mix(monkeypatch):
-    """bf16 autocast: the switch on and off each against the fp32 eager model (TF32 off), as the per-layer fused
-    pair's test (tests/test_mome_triton_inject.py)."""
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
+def test_cuda_compiled_shared_table_kernels_against_the_torch_row_mix(autocast, monkeypatch):
+    """Compiled fullgraph on CUDA (TF32 off), the switch off then on: fp32 the same loss and gradients to float
+    rounding (the atomics' order is free); bf16 autocast each against the fp32 eager model, the kernels no further
+    from it than the torch row mix, as the per-layer fused pair's test (tests/test_mome_triton_inject.py)."""
     model, x, y = _cuda_model(BIGRAM)
     with _fp32_matmuls():
         ref = _loss_and_grads(model, x, y, False)
-        (off, n0) = _cuda_compiled_run(model, x, y, False, True, monkeypatch)
-        (on, n1) = _cuda_compiled_run(model, x, y, True, True, monkeypatch)
-    assert (n0, n1) == (0, len(model.memory.layers))
-    assert_as_close_as(on, off, ref)
+        runs = [_cuda_compiled_run(model, x, y, on, autocast, monkeypatch) for on in (False, True)]
+    (off, n_off), (on, n_on) = runs
+    assert (n_off, n_on) == (0, len(model.memory.layers))
+    if autocast:
+        assert_as_close_as(on, off, ref)
+    else:
+        assert_equal_to_fp32_rounding(on, off)

@@ -468,16 +468,23 @@ def _cuda_model(opts):
     return model, idx[:, :-1], idx[:, 1:]
 
 
-def _compiled_run(model, x, y, row_sum, autocast, monkeypatch):
-    """Loss and gradients of torch.compile(model, fullgraph=True) with ROW_SUM = row_sum, and the op's calls. The
-    spy and ROW_SUM are undone after; the fixture's FUSE_INJECT = False and the caller's MIX stay."""
+def compiled_run_with(model, x, y, autocast, monkeypatch, settings: dict, install_spy):
+    """Loss and gradients of torch.compile(model, fullgraph=True) with the mome_mix ``settings`` (name -> value),
+    and the number of calls ``install_spy(monkeypatch)``'s spy saw (traced once per memory layer). The settings and
+    the spy are undone after; the caller's other settings stay."""
     torch._dynamo.reset()
     with monkeypatch.context() as m:
-        m.setattr(mix_paths, "ROW_SUM", row_sum)
-        calls = _spy(m)
-        compiled = torch.compile(model, fullgraph=True, dynamic=False)
-        out = _loss_and_grads(model, x, y, autocast, run=compiled)
+        for name, value in settings.items():
+            m.setattr(mix_paths, name, value)
+        calls = install_spy(m)
+        out = _loss_and_grads(model, x, y, autocast, run=torch.compile(model, fullgraph=True, dynamic=False))
     return out, len(calls)
+
+
+def _compiled_run(model, x, y, row_sum, autocast, monkeypatch):
+    """compiled_run_with ROW_SUM = row_sum and the row-mix op's spy; the fixture's FUSE_INJECT = False and the
+    caller's MIX stay."""
+    return compiled_run_with(model, x, y, autocast, monkeypatch, {"ROW_SUM": row_sum}, _spy)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,8 @@ from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 from test_mome_triton import (COMPILABLE, MODEL_OPTIONS, _close, _cuda_model, _fp32_matmuls, _inputs,
                               _loss_and_grads, _rel, assert_as_close_as, assert_compiled_equals_eager,
-                              assert_equal_to_fp32_rounding, cuda_op_shapes, needs_cuda, needs_interpreter, sm90_ptx)
+                              assert_equal_to_fp32_rounding, compiled_run_with, cuda_op_shapes, needs_cuda,
+                              needs_interpreter, sm90_ptx)
 
 BF16_ULP = 2**-7  # relative spacing of bf16 values (8 significant bits): one ulp is at most this
 
@@ -413,14 +414,8 @@ def test_cuda_op_matches_the_float64_reference(shape, dtype):
 
 
 def _compiled_run(model, x, y, fuse, autocast, monkeypatch):
-    """Loss and gradients of torch.compile(model, fullgraph=True) with FUSE_INJECT = fuse, and the fused op's
-    calls (traced once per memory layer)."""
-    torch._dynamo.reset()
-    with monkeypatch.context() as m:
-        m.setattr(mix_paths, "FUSE_INJECT", fuse)
-        calls = _spy(m)
-        out = _loss_and_grads(model, x, y, autocast, run=torch.compile(model, fullgraph=True, dynamic=False))
-    return out, len(calls)
+    """compiled_run_with FUSE_INJECT = fuse and the fused op's spy."""
+    return compiled_run_with(model, x, y, autocast, monkeypatch, {"FUSE_INJECT": fuse}, _spy)
 
 
 @pytest.mark.gpu
