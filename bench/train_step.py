@@ -9,6 +9,7 @@ the same size: tokens/s, MFU, peak memory.
     python bench/train_step.py --designs ve,mome --mome-kernels row  # MoME's injection apart from the row-mix kernels
     python bench/train_step.py --designs mome --mome-kernels torch --row-sum reduce   # the older torch row sum
     python bench/train_step.py --designs ve,mome-bigram --shared-table-kernel   # the kernels on the shared table too
+    python bench/train_step.py --designs ve,mome-bigram --mix row --shared-table-kernel both --rounds 2  # off and on
     python bench/train_step.py --designs all                     # + the appendix designs
     python bench/train_step.py --designs ve,mome --profile-dir prof  # + every kernel of 3 steps per design, then
     python bench/profile_diff.py prof/ve_auto_auto.json prof/mome_auto_auto.json   # where MoME's extra time goes
@@ -58,6 +59,7 @@ DESIGNS = {
 }
 TABLE1 = ("base", "ve", "bigram", "mome", "mome-bigram")  # the default set
 MIXES = ("auto", "bag", "plain", "row")  # --mix: nanochat.memory.mome_mix.MIX (auto = None)
+SHARED_TABLE_KERNEL = ("off", "on", "both")  # --shared-table-kernel: nanochat.memory.mome_mix.SHARED_TABLE_KERNEL
 PAPER_GPUS = 4  # Table 1 throughput is for 4 GPUs
 
 
@@ -86,7 +88,7 @@ def measure_one(args) -> dict:
     _, device = compute_init(args.device)
     kernels, kernels_reason = resolve_kernels(args.mome_kernels, device)  # as base_train's --mome-kernels
     mix_paths.set_kernels(kernels)
-    mix_paths.set_shared_table_kernel(args.shared_table_kernel)
+    mix_paths.set_shared_table_kernel(args.shared_table_kernel == "on")
     if args.row_sum != "unrolled":  # bench only: the torch row mix's older sum (parse_args: with kernels torch)
         mix_paths.set_path("ROW_SUM", args.row_sum)
     mix_paths.set_path("MIX", None if args.mix == "auto" else args.mix)
@@ -133,7 +135,7 @@ def measure_one(args) -> dict:
               "params_total": summary["params_total"], "params_memory": summary["params_memory"],
               "warmup_s": warmup_s, "mix": args.mix, "topk": args.topk, "row_sum": args.row_sum,
               "mome_kernels": kernels, "mome_kernels_requested": args.mome_kernels, "mome_kernels_reason": kernels_reason,
-              "shared_table_kernel": args.shared_table_kernel, "kernel_path": model_kernel_path(model),
+              "shared_table_kernel": args.shared_table_kernel == "on", "kernel_path": model_kernel_path(model),
               "compile": args.compile,
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
               "torch": torch.__version__}
@@ -189,7 +191,7 @@ def merge_rounds(results: list[dict]) -> dict:
 
 
 def design_of(row_key: str) -> str:
-    return row_key.split("@")[0]  # "mome@row" -> "mome"
+    return row_key.split("@")[0].split("+")[0]  # "mome@row" -> "mome"; "mome-bigram+stk" -> "mome-bigram"
 
 
 def table(rows: dict) -> str:
@@ -246,10 +248,11 @@ def parse_args(argv=None):
                    help="bench only, with --mome-kernels torch: the torch row mix's sum over M: unrolled "
                         "multiply-adds (the model's, the default) or reduce, a broadcast multiply + reduction "
                         "(before 2026-11-26)")
-    p.add_argument("--shared-table-kernel", action="store_true",
+    p.add_argument("--shared-table-kernel", nargs="?", const="on", default="off", choices=SHARED_TABLE_KERNEL,
                    help="MoME's shared bigram-indexed table through the --mome-kernels kernel pair too, on its rows "
-                        "gathered once (nanochat.memory.mome_mix.SHARED_TABLE_KERNEL, off by default); recorded "
-                        "with the kernel path that ran")
+                        "gathered once (nanochat.memory.mome_mix.SHARED_TABLE_KERNEL, off by default): on (the flag "
+                        "alone), off, or both: each shared-table design once off and once on (row key <design>+stk), "
+                        "in the same rounds; recorded with the kernel path that ran")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab-size", type=int, default=32768)
@@ -283,7 +286,9 @@ def parse_args(argv=None):
         p.error(f"--row-sum {args.row_sum} is a sum of the torch row mix: pass --mome-kernels torch with it (the "
                 f"kernels of --mome-kernels {args.mome_kernels} do their own)")
     args.row_sum = args.row_sum or "unrolled"
-    if args.shared_table_kernel and args.mome_kernels == "torch":
+    if args.one and args.shared_table_kernel == "both":
+        p.error("--shared-table-kernel: on or off per design process")
+    if args.shared_table_kernel != "off" and args.mome_kernels == "torch":
         p.error("--shared-table-kernel puts the shared table through the MoME Triton kernels: it needs --mome-kernels "
                 "auto, fused or row (torch keeps the kernels off for every table)")
     if args.profile_steps < 1:
@@ -295,20 +300,31 @@ def parse_args(argv=None):
     return args
 
 
+def plan_runs(args) -> list[tuple[str, str, str, str]]:
+    """(design, mix, shared-table kernel on/off, row key) per design process of a round: a MoME design once per
+    --mix, keyed design@mix when there are several; --shared-table-kernel for the shared-table designs only (the
+    others run off: the switch does nothing there), with "both" once off and once on, the latter keyed +stk."""
+    mixes, stk = args.mix.split(","), args.shared_table_kernel
+    runs = []
+    for key in args.designs.split(","):
+        _, memory, options, _, _ = DESIGNS[key]
+        if memory != "mome":
+            runs.append((key, "auto", "off", key))
+            continue
+        switches = ("off",) if options.get("index") != "bigram" else ("off", "on") if stk == "both" else (stk,)
+        for mix in mixes:
+            row_key = key if len(mixes) == 1 else f"{key}@{mix}"
+            runs += [(key, mix, on, row_key + ("+stk" if stk == "both" and on == "on" else "")) for on in switches]
+    return runs
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.one:
         print(json.dumps(measure_one(args)))
         return
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
-    rows = {}
-    mixes = args.mix.split(",")
-    runs = []  # (design, mix, row key): a MoME design once per mix, keyed design@mix when there are several
-    for key in args.designs.split(","):
-        if DESIGNS[key][1] != "mome":
-            runs.append((key, "auto", key))
-        else:
-            runs += [(key, mix, key if len(mixes) == 1 else f"{key}@{mix}") for mix in mixes]
+    runs = plan_runs(args)
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"train_step_{args.device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -321,8 +337,9 @@ def main(argv=None):
 
     rounds: dict[str, list[dict]] = {}
     for r in range(args.rounds):
-        for key, mix, row_key in (runs if r % 2 == 0 else runs[::-1]):
+        for key, mix, stk, row_key in (runs if r % 2 == 0 else runs[::-1]):
             cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key, "--mix", mix,
+                   "--shared-table-kernel", stk,
                    "--compile" if args.compile else "--no-compile", *(["--profile-dir", ""] if r else [])]
             res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             if res.returncode != 0:

@@ -178,11 +178,17 @@ def test_train_step_bench_installs_the_resolved_kernels(flags, resolved, want, m
 
 
 def test_train_step_bench_shared_table_kernel_flag_parses_and_needs_the_kernels():
+    """--shared-table-kernel: off by default, on alone, or off/on/both; it needs the kernels (not --mome-kernels
+    torch); a design process takes on or off. The label names the kernel path that ran."""
     bench = load_bench("train_step")
-    assert bench.parse_args([]).shared_table_kernel is False
-    assert bench.parse_args(["--shared-table-kernel", "--mome-kernels", "row"]).shared_table_kernel is True
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--shared-table-kernel", "--mome-kernels", "torch"])
+    assert bench.parse_args([]).shared_table_kernel == "off"
+    assert bench.parse_args(["--shared-table-kernel", "--mome-kernels", "row"]).shared_table_kernel == "on"
+    assert bench.parse_args(["--shared-table-kernel", "both"]).shared_table_kernel == "both"
+    for bad in (["--shared-table-kernel", "--mome-kernels", "torch"], ["--shared-table-kernel", "yes"],
+                ["--shared-table-kernel", "both", "--one", "mome-bigram"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    assert bench.parse_args(["--shared-table-kernel", "off", "--mome-kernels", "torch"]).shared_table_kernel == "off"
     row = {"label": "MoME A2/6 bigram-idx n6", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0,
            "tok_per_sec": 1.0, "mfu": None, "peak_mem_gb": None, "mix": "row", "topk": "auto", "row_sum": "unrolled",
            "mome_kernels": "fused", "mome_kernels_requested": "auto", "shared_table_kernel": True,
@@ -209,6 +215,44 @@ def test_train_step_bench_shared_table_kernel_installed_and_recorded(on, monkeyp
     row = bench.measure_one(args)
     assert mix_paths.SHARED_TABLE_KERNEL is on
     assert (row["shared_table_kernel"], row["kernel_path"]) == (on, "fused" if on else "torch")
+
+
+def test_train_step_bench_plans_the_shared_table_kernel_runs():
+    """Only the shared-table designs take the switch; "both" runs each of them off and on (keyed +stk), per mix."""
+    bench = load_bench("train_step")
+    args = bench.parse_args(["--designs", "ve,mome,mome-bigram", "--mix", "auto,row", "--shared-table-kernel", "both"])
+    assert bench.plan_runs(args) == [
+        ("ve", "auto", "off", "ve"), ("mome", "auto", "off", "mome@auto"), ("mome", "row", "off", "mome@row"),
+        ("mome-bigram", "auto", "off", "mome-bigram@auto"), ("mome-bigram", "auto", "on", "mome-bigram@auto+stk"),
+        ("mome-bigram", "row", "off", "mome-bigram@row"), ("mome-bigram", "row", "on", "mome-bigram@row+stk")]
+    args = bench.parse_args(["--designs", "mome,mome-bigram-n24", "--shared-table-kernel"])
+    assert bench.plan_runs(args) == [("mome", "auto", "off", "mome"),
+                                     ("mome-bigram-n24", "auto", "on", "mome-bigram-n24")]
+    assert bench.design_of("mome-bigram@row+stk") == "mome-bigram"
+
+
+def test_train_step_bench_both_passes_each_process_its_switch(tmp_path, monkeypatch):
+    """--shared-table-kernel both: the shared-table design's two processes get off and on (the last flag wins
+    over the forwarded "both"), in the same round, reversed in the next; each row under its key."""
+    import subprocess
+
+    bench = load_bench("train_step")
+    one = {"step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tokens_per_step": 64, "tok_per_sec": 6400.0,
+           "mfu": None, "peak_mem_gb": None, "label": "x", "params_memory": 0, "mix": "auto", "topk": "auto"}
+    switches = []
+
+    def fake_run(cmd, **kw):
+        args = bench.parse_args(cmd[2:])  # what the design process parses
+        switches.append((args.one, args.shared_table_kernel))
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(one) + "\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    out = tmp_path / "ts.json"
+    bench.main(["--device", "cpu", "--designs", "ve,mome-bigram", "--shared-table-kernel", "both", "--rounds", "2",
+                "--out", str(out)])
+    first = [("ve", "off"), ("mome-bigram", "off"), ("mome-bigram", "on")]
+    assert switches == first + first[::-1]
+    assert list(json.loads(out.read_text())["rows"]) == ["ve", "mome-bigram", "mome-bigram+stk"]
 
 
 def test_train_step_bench_rounds_take_the_median_of_round_medians():
