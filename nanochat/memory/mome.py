@@ -465,7 +465,7 @@ class MoMEMemory(MemoryBlock):
         the row-mix kernels store it (no shared expert)."""
         if self._row_mix(table):  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             wd = self._dense_weights(sel, w)  # (B, T, H, M)
-            if self._kernel_row_mix(table):  # fused: no (B, T, M, d) gather; mem already in its cast dtype
+            if self._kernel_row_mix(table):  # mem already in its cast dtype; per-layer: no (B, T, M, d) gather
                 mem = kernel_row_mix(*self._kernel_operands(table, row, rows), wd,
                                      table.dtype if self._shared_experts() else v_dtype)
             else:
