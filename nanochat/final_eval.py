@@ -8,8 +8,11 @@ Kept apart from scripts/base_train.py so the loop reads top to bottom. Its funct
 from __future__ import annotations
 
 import signal
+import time
 import traceback
 from typing import TYPE_CHECKING
+
+import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import print0
@@ -79,7 +82,8 @@ def final_eval(run: Run, out: dict) -> None:
 
 def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: dict) -> str:
     """The final evaluation, into ``evals``, after training stopped by ``training_stop`` (completed or the wall
-    time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all."""
+    time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all,
+    and an error either fails every rank or, explained by a signal, interrupts every rank (agreed_failure_branch)."""
     # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike, with
     # that rank's signal in the summary (rank 0, which writes it, may have none)
     latched = [name for name in gather_objects(stop.received) if name is not None]
@@ -93,13 +97,57 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
     except ResultWriteError:  # raised on every rank together (rank0_decides): all take its branch, a signal or not
         raise
     except Exception:
-        if stop.received is None:
+        signal_name = agreed_failure_branch(stop.received)
+        if signal_name is None:
             raise
-        # a signal latched here, and an error before the vote that would have acted on it (e.g. a collective that
-        # failed because another rank was killed outright)
+        # a signal latched on a rank, and an error before the vote that would have acted on it (e.g. a collective
+        # that failed because another rank was killed outright)
         traceback.print_exc()
-        return interrupted_final_eval(run, training_stop, stop.received, evals)
+        return interrupted_final_eval(run, training_stop, signal_name, evals)
     return training_stop
+
+
+# How long a rank whose final evaluation failed, with a signal latched, waits for the other ranks' word before it
+# takes the signal's branch alone: ranks that fail at the same point (an error every rank raises, an OOM at the same
+# batch) arrive within a few batches of each other; a scheduler's grace period before SIGKILL is tens of seconds
+# (Slurm's KillWait: 30 s), which must still hold the summary written after it.
+AGREEMENT_WAIT_S = 10.0
+_FAILED = "failed"
+
+
+def agreed_failure_branch(own_signal: str | None) -> str | None:
+    """After an error of the final evaluation on this rank, with ``own_signal`` latched or None: the branch every rank
+    whose evaluation failed takes, the same on all of them. None: the error is raised (exit 1); a signal's name: the
+    evaluation counts as interrupted by it (summary.json, exit 0).
+
+    The ranks cannot vote in a collective: one may have raised inside a collective the others are still waiting in
+    (or be dead). They agree through the process group's key-value store instead, which needs no other rank to take
+    part: each failed rank posts its failure, and the first decision written (``compare_set``) is every rank's. A
+    rank without a signal decides "failed" at once (an error no signal explains: as with no signal anywhere). A rank
+    with one decides "failed" too once every rank has posted a failure (an error raised on every rank: the error, not
+    the signal, is what a rerun would meet), and the signal's branch once ``AGREEMENT_WAIT_S`` passed without (the
+    others wait in a collective that failed here, or were killed): then a rank that fails later, when its collective
+    breaks as this rank exits, takes that branch too. One process, or a store that fails: this rank's own branch."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return own_signal
+    try:
+        store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
+        store.set(f"final_eval_failed/{rank}", own_signal or "")
+        proposal = _FAILED
+        if own_signal is not None:
+            everyone = [f"final_eval_failed/{r}" for r in range(world)]
+            deadline = time.monotonic() + AGREEMENT_WAIT_S
+            while not (store.check(["final_eval_branch"]) or store.check(everyone)):
+                if time.monotonic() >= deadline:
+                    proposal = own_signal
+                    break
+                time.sleep(0.02)
+        decided = store.compare_set("final_eval_branch", "", proposal).decode()
+    except Exception as e:  # noqa: BLE001 - the store went with a rank that hosted it: no agreement to be had
+        print(f"rank {dist.get_rank()}: the ranks could not agree on the final evaluation's failure "
+              f"({type(e).__name__}: {e}); this rank's own branch", flush=True)
+        return own_signal
+    return None if decided == _FAILED else decided
 
 
 def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:

@@ -1,0 +1,64 @@
+"""The final evaluation failing under torchrun (gloo, 2 ranks) with a signal latched on some rank: every rank takes
+the same branch (nanochat.final_eval.agreed_failure_branch), and an error on one rank still ends the job at once."""
+
+import json
+import re
+import time
+
+import pytest
+
+from conftest import REPO, run_torchrun
+from test_train_dist import BATCH
+from test_train_e2e import TINY
+
+WORKER = REPO / "tests" / "_final_eval_error_worker.py"
+
+
+def run_worker(tmp_path, monkeypatch, fail: str, sigterm: str, **env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "r"
+    started = time.monotonic()
+    r = run_torchrun(WORKER, 2, ["--fail-ranks", fail, "--sigterm-ranks", sigterm, *TINY, *BATCH,
+                                 "--num-iterations", "3", "--run-dir", str(run)], timeout=120)
+    # findall, not lines: print writes the text and its newline apart, so two ranks' lines may run together
+    branches = dict(re.findall(r"rank (\d) final evaluation: (raised \w+|returned \w+)", r.stdout))
+    return r, run, branches, time.monotonic() - started
+
+
+@pytest.mark.parametrize("sigterm", ["1", "0", "0,1"])
+def test_an_error_on_every_rank_fails_every_rank_whichever_has_a_signal(tmp_path, monkeypatch, sigterm):
+    """A broken eval bundle raises on both ranks at the same point, while SIGTERM is latched on one rank (either) or
+    both. Each rank used to pick its branch by its own signal: the rank with one reported "interrupted" (rank 0:
+    summary.json said so, exit 0), the other raised (exit 1), and torchrun killed whichever was left. Every rank
+    must raise the error: it is what a --resume would meet again."""
+    r, run, branches, _ = run_worker(tmp_path, monkeypatch, "0,1", sigterm, BRANCH_BARRIER="1")
+    out = r.stdout + r.stderr
+    assert branches == {"0": "raised RuntimeError", "1": "raised RuntimeError"}, out[-3000:]
+    assert r.returncode != 0 and "the eval bundle is broken (rank 0)" in out, out[-3000:]
+    assert "interrupted" not in r.stdout and not (run / "summary.json").exists(), out[-3000:]
+
+
+def test_an_error_on_the_rank_with_the_signal_interrupts_every_rank(tmp_path, monkeypatch):
+    """The error on rank 1 alone, with its SIGTERM latched (the case the signal's branch is for: e.g. a collective
+    that broke as the scheduler killed another rank): rank 1 waits AGREEMENT_WAIT_S for the others' word, then
+    takes the signal's branch; rank 0, whose collective breaks as rank 1 exits, takes it too (it used to raise the
+    broken connection, exit 1). Both exit 0; summary.json, from rank 0, says interrupted by SIGTERM."""
+    r, run, branches, _ = run_worker(tmp_path, monkeypatch, "1", "1", AGREEMENT_WAIT_S="2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert branches == {"0": "returned interrupted", "1": "returned interrupted"}, r.stdout[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["interrupted_during"], summary["signal"]) == (
+        "interrupted", "final_eval", "SIGTERM"), summary
+
+
+@pytest.mark.parametrize("sigterm", ["", "1"])
+def test_an_error_on_one_rank_without_a_signal_ends_the_job_at_once(tmp_path, monkeypatch, sigterm):
+    """The error on rank 0 alone, no signal there (rank 1, with or without one, waits in the val bpb's collective):
+    rank 0 decides "failed" without waiting, so the job ends as soon as before (no AGREEMENT_WAIT_S: set long
+    here, a wait would show), and rank 1 fails too (its signal explains no error)."""
+    r, run, _, elapsed = run_worker(tmp_path, monkeypatch, "0", sigterm, AGREEMENT_WAIT_S="60")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "the eval bundle is broken (rank 0)" in out, out[-3000:]
+    assert "interrupted" not in r.stdout and not (run / "summary.json").exists(), out[-3000:]
+    assert elapsed < 60, elapsed
