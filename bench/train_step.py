@@ -140,8 +140,12 @@ def measure_one(args) -> dict:
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
               "torch": torch.__version__}
     if args.profile_dir:
-        write_profile(args, device, lambda: train_step(step_model, opt, loader, args.grad_accum, autocast, device),
-                      result)
+        try:
+            write_profile(args, device, lambda: train_step(step_model, opt, loader, args.grad_accum, autocast, device),
+                          result)
+        except Exception as e:  # the profile is an extra: a failure there must not cost the timed row
+            result["profile_error"] = f"{type(e).__name__}: {e}"
+            print(f"profile of {args.one} failed: {result['profile_error']}", file=sys.stderr)
     return result
 
 
@@ -161,15 +165,17 @@ def write_profile(args, device, step, result: dict) -> None:
         for _ in range(args.profile_steps):
             step()  # ends with a host sync: the wall time covers the steps' kernels
         wall_ms = 1e3 * (time.perf_counter() - t0) / args.profile_steps
-    stem = Path(args.profile_dir) / f"{args.one}_{args.mix}_{args.topk}"
+    stk = "_stk" if args.shared_table_kernel == "on" else ""  # --shared-table-kernel both: one file per switch
+    stem = Path(args.profile_dir) / f"{args.one}_{args.mix}_{args.topk}{stk}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     sort = "self_cuda_time_total" if on_device else "self_cpu_time_total"
     stem.with_name(stem.name + ".txt").write_text(
         f"{args.profile_steps} steps profiled: the times are their sums\n"
         + prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
     meta = {"design": args.one, "device": device.type, "profiled_step_ms": wall_ms,
-            **{k: result[k] for k in ("label", "mix", "topk", "mome_kernels", "row_sum", "compile", "step_ms",
-                                      "tokens_per_step", "device_name", "torch")}}
+            **{k: result[k] for k in ("label", "mix", "topk", "mome_kernels", "row_sum", "shared_table_kernel",
+                                      "kernel_path", "compile", "step_ms", "tokens_per_step", "device_name", "torch")}}
+    meta["label"] += " +stk" if stk else ""  # profile_diff's column heads: the off and on runs share a label
     write_profile_json(stem.with_name(stem.name + ".json"), prof.events(), on_device, args.profile_steps, meta)
 
 
@@ -265,7 +271,8 @@ def parse_args(argv=None):
                         "median of each design's per-round medians (separates design from run-to-run drift)")
     p.add_argument("--profile-dir", default="",
                    help="after the timed steps, profile --profile-steps more steps per design (in the first round "
-                        "only) and write DIR/<design>_<mix>_<topk>.txt (the top-40 op table) and .json (every "
+                        "only) and write DIR/<design>_<mix>_<topk>[_stk].txt (the top-40 op table; _stk with the "
+                        "shared-table kernel on) and .json (every "
                         "kernel: name, category, calls, device us; compare two with bench/profile_diff.py)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps profiled with --profile-dir")
     p.add_argument("--out", default="", help="JSON path (default bench/results/train_step_<device>.json)")
@@ -348,8 +355,8 @@ def main(argv=None):
             else:
                 one = json.loads(res.stdout.strip().splitlines()[-1])
                 rounds.setdefault(row_key, []).append(one)
-                print(f"{row_key} (round {r + 1}): {one['step_ms']:.1f} ms/step, {one['tok_per_sec']:,.0f} tok/s",
-                      flush=True)
+                print(f"{row_key} (round {r + 1}): {one['step_ms']:.1f} ms/step, {one['tok_per_sec']:,.0f} tok/s"
+                      + (f"; profile failed: {one['profile_error']}" if "profile_error" in one else ""), flush=True)
             save(rounds, complete=False)
     rows = save(rounds, complete=True)
     head = next((r for r in rows.values() if "error" not in r), {})
@@ -359,7 +366,8 @@ def main(argv=None):
     print(table(rows))
     print(f"\nwrote {out}")
     if args.profile_dir:
-        print(f"profiles: {args.profile_dir}/<design>_<mix>_<topk>.txt|.json; compare two with bench/profile_diff.py")
+        print(f"profiles: {args.profile_dir}/<design>_<mix>_<topk>[_stk].txt|.json (_stk: --shared-table-kernel on); "
+              "compare two with bench/profile_diff.py")
 
 
 if __name__ == "__main__":

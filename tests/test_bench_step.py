@@ -197,22 +197,27 @@ def test_train_step_bench_shared_table_kernel_flag_parses_and_needs_the_kernels(
     assert "shared-table" not in bench.table({"mome-bigram": {**row, "shared_table_kernel": False}})
 
 
+def _bigram_process_args(bench, monkeypatch, *flags):
+    """A tiny mome-bigram design process on the CPU with the kernels installed as on a GPU (the CPU added to their
+    devices, --mome-kernels resolved to fused); the globals it sets are restored after the test."""
+    from nanochat.memory import mome_triton
+
+    for name in ("MIX", "TOPK_BY_ARGMAX", "SHARED_TABLE_KERNEL"):
+        monkeypatch.setattr(mix_paths, name, getattr(mix_paths, name))
+    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(mome_triton, "resolve_kernels", lambda name, device: ("fused", ""))
+    return bench.parse_args(["--device", "cpu", "--one", "mome-bigram", "--depth", "1", "--seq-len", "16",
+                             "--vocab-size", "256", "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1",
+                             "--warmup", "0", *flags])
+
+
 @pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
 def test_train_step_bench_shared_table_kernel_installed_and_recorded(on, monkeypatch, kernel_globals):
     """A mome-bigram design process switches mome_mix.SHARED_TABLE_KERNEL by the flag and records it with the
     kernel path that ran (the CPU added to the kernels' devices and --mome-kernels resolved to fused, as on a
     GPU): fused for the shared table with the flag, torch without it."""
-    from nanochat.memory import mome_triton
-
     bench = load_bench("train_step")
-    for name in ("MIX", "TOPK_BY_ARGMAX", "SHARED_TABLE_KERNEL"):
-        monkeypatch.setattr(mix_paths, name, getattr(mix_paths, name))
-    monkeypatch.setattr(mome_triton, "KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(mome_triton, "resolve_kernels", lambda name, device: ("fused", ""))
-    args = bench.parse_args(["--device", "cpu", "--one", "mome-bigram", "--depth", "1", "--seq-len", "16",
-                             "--vocab-size", "256", "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1",
-                             "--warmup", "0", *(["--shared-table-kernel"] if on else [])])
-    row = bench.measure_one(args)
+    row = bench.measure_one(_bigram_process_args(bench, monkeypatch, *(["--shared-table-kernel"] if on else [])))
     assert mix_paths.SHARED_TABLE_KERNEL is on
     assert (row["shared_table_kernel"], row["kernel_path"]) == (on, "fused" if on else "torch")
 
@@ -320,6 +325,41 @@ def test_train_step_bench_profile_dir_writes_every_kernel_as_json(tmp_path):
     assert [k["calls"] for k in kernels if k["name"].startswith("Optimizer.step")] == [2]
     bad = load_bench("profile_diff").main([str(prof / "mome_auto_auto.json"), str(prof / "mome_auto_auto.json")])
     assert bad == 0  # the JSON is what profile_diff reads
+
+
+def test_train_step_bench_profiles_of_the_shared_table_kernel_off_and_on_are_two_files(tmp_path, monkeypatch,
+                                                                                       kernel_globals):
+    """--shared-table-kernel both runs a design off and on in one round: with --profile-dir the on run writes
+    <stem>_stk (the off run's file stays; '+' is no name the device tool returns), labelled and recorded as such."""
+    bench = load_bench("train_step")
+    docs = {}
+    for flags in ([], ["--shared-table-kernel", "on"]):
+        args = _bigram_process_args(bench, monkeypatch, "--profile-dir", str(tmp_path), "--profile-steps", "1",
+                                    *flags)
+        assert "profile_error" not in bench.measure_one(args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mome-bigram_auto_auto.json", "mome-bigram_auto_auto.txt", "mome-bigram_auto_auto_stk.json",
+        "mome-bigram_auto_auto_stk.txt"]
+    for name in ("mome-bigram_auto_auto", "mome-bigram_auto_auto_stk"):
+        doc = json.loads((tmp_path / f"{name}.json").read_text())
+        docs[name] = (doc["label"], doc["shared_table_kernel"], doc["kernel_path"])
+    assert docs == {"mome-bigram_auto_auto": ("MoME A2/6 bigram-idx n6", False, "torch"),
+                    "mome-bigram_auto_auto_stk": ("MoME A2/6 bigram-idx n6 +stk", True, "fused")}
+
+
+def test_train_step_bench_a_failed_profile_keeps_the_timed_row(tmp_path, monkeypatch, capsys, kernel_globals):
+    """The profile comes after the timed steps: an error there (say, no device events read) is recorded with the
+    row and said on stderr, and the design's timing still comes back."""
+    bench = load_bench("train_step")
+
+    def no_events(*_):
+        raise RuntimeError("the profiler recorded no device events")
+
+    monkeypatch.setattr(bench, "write_profile", no_events)
+    row = bench.measure_one(_bigram_process_args(bench, monkeypatch, "--profile-dir", str(tmp_path)))
+    assert row["step_ms"] > 0 and row["profile_error"] == "RuntimeError: the profiler recorded no device events"
+    assert "profile of mome-bigram failed: RuntimeError: the profiler recorded no device events" in (
+        capsys.readouterr().err)
 
 
 def test_train_step_bench_profiles_in_the_first_round_only(tmp_path, monkeypatch):
