@@ -51,13 +51,25 @@ def _is_annotation(e) -> bool:
     return bool(getattr(e, "is_user_annotation", False)) or "annotation" in (getattr(e, "activity_type", None) or "")
 
 
+def _side(events, on_device: bool) -> list:
+    return [e for e in events if not getattr(e, "is_async", False) and _is_device(e) == on_device]
+
+
+def optimizer_windows(events) -> list[tuple[float, float]]:
+    """(start, end) of every ``Optimizer.step`` annotation among ``events`` (one side's). On the device these are
+    the profiler's spans of the kernels the step launched; none there means this torch emitted no device-side
+    annotation, and 'optimizer' then holds only the kernels named so (write_profile_json records the count)."""
+    return [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(OPTIMIZER_ANNOTATION)]
+
+
 def kernel_rows(events, on_device: bool) -> list[dict]:
     """profiler FunctionEvents -> one row per (name, category), the longest first. on_device: the device events
-    and their device time; else the host ops and their self CPU time. A row launched while an optimizer step
-    ran (inside the profiler's ``Optimizer.step`` annotation on the same side) is 'optimizer' whatever its name:
+    and their device time; else the host ops and their self CPU time. An event that starts inside an
+    ``Optimizer.step`` annotation of its own side (on the device: the span of the step's kernels, never the host's
+    launch window, whose clock runs ahead of the device's work) is 'optimizer' whatever its name:
     Muon's GEMMs and the compiled optimizer's Triton kernels are the optimizer's cost, not the model's."""
-    events = [e for e in events if not getattr(e, "is_async", False) and _is_device(e) == on_device]
-    windows = [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(OPTIMIZER_ANNOTATION)]
+    events = _side(events, on_device)
+    windows = optimizer_windows(events)
     rows: dict[tuple[str, str], dict] = {}
     for e in events:
         if e.name in PROFILER_OVERHEAD or (on_device and _is_annotation(e)):
@@ -78,6 +90,7 @@ def write_profile_json(path: Path, events, on_device: bool, steps: int, meta: di
     if not rows:
         raise RuntimeError(f"the profiler recorded no {'device' if on_device else 'CPU'} events for {path.name}")
     doc = {**meta, "steps": steps, "time": "device" if on_device else "self_cpu",
+           "optimizer_windows": len(optimizer_windows(_side(events, on_device))),
            "total_us": sum(r["total_us"] for r in rows), "kernels": rows}
     path.write_text(json.dumps(doc, indent=1))
     return doc

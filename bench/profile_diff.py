@@ -8,7 +8,10 @@ idle, i.e. host-bound gaps), then the busy-time gap B - A split by category and 
 with the share of the gap each explains (signed: a negative share is time B saves). Inductor numbers its
 generated kernels per graph, so one fused op can be ``triton_poi_fused_add_14`` in A and ``..._add_17`` in B:
 kernels are matched by name with a trailing ``_<number>`` stripped, and kernels sharing a stripped name and
-category are summed. Bad input (a missing file, not JSON, missing fields) is one error line and exit status 2.
+category are summed. Warning lines come first where the comparison is doubtful: two devices, a device profile
+without the optimizer step's device-side annotation (its 'optimizer' row is then only the kernels named so), or
+kernels adding up to more than the profiled wall (overlapping events counted). Bad input (a missing file, not
+JSON, missing fields) is one error line and exit status 2.
 """
 
 import argparse
@@ -124,13 +127,31 @@ def summary_table(a: dict, b: dict, la: str, lb: str) -> list[str]:
     return lines
 
 
+def doubts(a: dict, b: dict) -> list[str]:
+    """What makes the comparison doubtful, read from the profiles themselves (nothing of this has a GPU test)."""
+    out = [f"warning: A ran on {a.get('device_name')!r}, B on {b.get('device_name')!r}"] \
+        if a.get("device_name") != b.get("device_name") else []
+    for side, doc in (("A", a), ("B", b)):
+        if doc.get("time", "device") != "device":
+            continue
+        if doc.get("optimizer_windows") == 0:
+            out.append(f"warning: {side} has no device-side Optimizer.step annotation: its 'optimizer' row holds only "
+                       "the kernels named so (Muon's GEMMs count as gemm)")
+        wall, busy = doc.get("profiled_step_ms"), doc["total_us"] / doc["steps"] / 1e3
+        if _number(wall) and busy > wall:
+            out.append(f"warning: {side}'s kernels add up to {busy:.2f} ms per step, more than its profiled wall "
+                       f"{wall:.2f} ms: overlapping events are counted (several streams, or annotations read as "
+                       "kernels)")
+    return out
+
+
 def render(a: dict, b: dict, path_a: str, path_b: str, top: int) -> str:
     la, lb = side_label(a, path_a), side_label(b, path_b)
     rows = diff_rows(a, b)
     gap = b["total_us"] / b["steps"] - a["total_us"] / a["steps"]
     out = [f"### Kernel profile: B = {lb} ({path_b}) vs A = {la} ({path_a})", ""]
-    if a.get("device_name") != b.get("device_name"):
-        out += [f"warning: A ran on {a.get('device_name')!r}, B on {b.get('device_name')!r}", ""]
+    warn = doubts(a, b)
+    out += [*warn, ""] if warn else []
     out += summary_table(a, b, la, lb)
     out += ["", f"Gap B - A in the sum of the kernels: {gap / 1e3:+.3f} ms per step. Kernels are matched by name with "
             "a trailing `_<number>` stripped (inductor numbers its kernels per graph); kernels with the same stripped "

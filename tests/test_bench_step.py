@@ -323,6 +323,7 @@ def test_train_step_bench_profile_dir_writes_every_kernel_as_json(tmp_path):
     assert {"gemm", "optimizer"} <= cats  # the model's matmuls, and MuonAdamW's step
     # the optimizer annotation once per profiled step (the timed and warm-up steps are not in the profile)
     assert [k["calls"] for k in kernels if k["name"].startswith("Optimizer.step")] == [2]
+    assert doc["optimizer_windows"] == 2
     bad = load_bench("profile_diff").main([str(prof / "mome_auto_auto.json"), str(prof / "mome_auto_auto.json")])
     assert bad == 0  # the JSON is what profile_diff reads
 

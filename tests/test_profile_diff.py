@@ -78,6 +78,19 @@ def test_kernel_rows_read_device_events_of_a_cuda_profile(table):
     assert cpu_rows == [{"name": "aten::mm", "category": "gemm", "calls": 1, "total_us": 50.0}]
 
 
+def test_profile_json_counts_the_optimizer_windows_it_read(table, tmp_path):
+    """The number of Optimizer.step annotations on the side read goes into the JSON: 0 on the device means no
+    kernel was put under 'optimizer' by its time (profile_diff warns)."""
+    kernels = [_event("nvjet_gemm_NNN", 10, 30), _event("nvjet_gemm_NNN", 110, 140)]
+    steps = [_event("Optimizer.step#MuonAdamW.step", 100, 200, activity_type="gpu_user_annotation"),
+             _event("Optimizer.step#MuonAdamW.step", 90, 210, device=False, is_user_annotation=True)]
+    for events, windows, optimizer_us in ((kernels + steps, 1, 30.0), (kernels + steps[1:], 0, 0.0)):
+        doc = table.write_profile_json(tmp_path / "p.json", events, True, 1, {"design": "mome"})
+        assert json.loads((tmp_path / "p.json").read_text()) == doc
+        assert doc["optimizer_windows"] == windows and doc["total_us"] == 50.0
+        assert sum(k["total_us"] for k in doc["kernels"] if k["category"] == "optimizer") == optimizer_us
+
+
 def _write(path, steps, kernels, **meta):
     path.write_text(json.dumps({"steps": steps, "time": "device", "device_name": "GPU X", **meta,
                                 "total_us": sum(k[3] for k in kernels),
@@ -128,6 +141,23 @@ def test_profile_diff_gives_per_step_deltas_and_shares_of_the_gap(diff, pair, ca
         assert line in out, line
     assert "Memset" not in out.split("| kernel (top 2 of 4")[1]  # beyond --top: only in the sum of the rest
     assert "warning" not in out
+
+
+def test_profile_diff_warns_where_a_device_profile_is_doubtful(diff, pair, tmp_path, capsys):
+    """No device-side optimizer annotation (A), kernels adding up to more than the profiled wall (B: 1.6 ms in
+    1.0): each one warning line before the tables; the numbers are still printed."""
+    a, b = (json.loads(open(path).read()) for path in pair)
+    (tmp_path / "a0.json").write_text(json.dumps(a | {"optimizer_windows": 0}))
+    (tmp_path / "b1.json").write_text(json.dumps(b | {"profiled_step_ms": 1.0, "optimizer_windows": 1}))
+    assert diff.main([str(tmp_path / "a0.json"), str(tmp_path / "b1.json")]) == 0
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        "warning: A has no device-side Optimizer.step annotation: its 'optimizer' row holds only the kernels named "
+        "so (Muon's GEMMs count as gemm)",
+        "warning: B's kernels add up to 1.60 ms per step, more than its profiled wall 1.00 ms: overlapping events "
+        "are counted (several streams, or annotations read as kernels)"]
+    assert out.index(warnings[-1]) < out.index("| per step, ms |") and "| mome_triton | 0.000 | 0.250 |" in out
 
 
 @pytest.mark.parametrize("content, why", [
