@@ -17,6 +17,7 @@ import torch
 
 from conftest import tiny_config
 from nanochat.gpt import build_model
+from nanochat.kv_cache import KVCache
 from nanochat.memory import mome as mome_module
 from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
@@ -166,6 +167,28 @@ def test_switch_off_or_per_head_never_calls_the_kernels(monkeypatch):
     monkeypatch.setattr(mix_paths, "SHARED_TABLE_KERNEL", False)
     _loss_and_grads(_model(BIGRAM)[0], x, y, False)
     assert calls == []
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "row"])
+def test_kv_cache_decoding_with_the_switch_on_gives_the_uncached_logits(fuse, monkeypatch):
+    """Eval under no_grad: a prefill of 6 tokens, then one token per forward (T = 1: the kernels get B*M rows at
+    ids 0..B-1) through the KV cache and the bigram hash's carried state, with the switch on, equal the full
+    sequence's logits with the switch off (the torch row mix); every memory layer of every forward took a kernel."""
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(mix_paths, "FUSE_INJECT", fuse)
+    model, x, _ = _model(BIGRAM)
+    model.eval()
+    with torch.no_grad():
+        want = model(x[:, :9])
+        calls = _spy(monkeypatch)
+        monkeypatch.setattr(mix_paths, "SHARED_TABLE_KERNEL", True)
+        cache = KVCache.for_model(model, batch_size=B, max_len=9)
+        got = [model(x[:, :6], kv_cache=cache)] + [model(x[:, t:t + 1], kv_cache=cache) for t in range(6, 9)]
+    torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-5, atol=1e-5)
+    M, d, layers = model.memory.M, model.memory.d, len(model.memory.layers)
+    assert [(c[0], c[1]) for c in calls] == ([("fused" if fuse else "row", (B * 6 * M, d))] * layers
+                                             + [("fused" if fuse else "row", (B * M, d))] * 3 * layers)
+    assert all(torch.equal(c[2], torch.arange(c[1][0] // M).view(B, -1)) for c in calls)
 
 
 def test_set_shared_table_kernel_takes_a_bool_only(monkeypatch):
