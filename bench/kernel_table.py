@@ -67,7 +67,7 @@ def kernel_rows(events, on_device: bool) -> list[dict]:
     and their device time; else the host ops and their self CPU time. An event that starts inside an
     ``Optimizer.step`` annotation of its own side (on the device: the span of the step's kernels, never the host's
     launch window, whose clock runs ahead of the device's work) is 'optimizer' whatever its name:
-    Muon's GEMMs and the compiled optimizer's Triton kernels are the optimizer's cost, not the model's."""
+    Muon's GEMMs and elementwise kernels are the optimizer's cost, not the model's."""
     events = _side(events, on_device)
     windows = optimizer_windows(events)
     rows: dict[tuple[str, str], dict] = {}

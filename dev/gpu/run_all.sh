@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU checks in one device call: the CUDA tests, MoME's ops alone, the d12 training-step benchmark.
-#   bash dev/gpu/run_all.sh [tests] [ops] [bench DESIGNS MIX TOPK ...]    (on the device machine, from the repo root)
+#   bash dev/gpu/run_all.sh [tests] [ops] [bench DESIGNS MIX TOPK ...] [diff A B] (on the device machine, from the repo root)
 #   ops: bench/mome_ops.py (MoME's ops alone, variants checked then timed; OPS_ARGS adds flags, e.g. "--ops rowmix")
 #   MIX may be a comma list (auto,row: every MoME design once per mix); BENCH_ARGS adds flags, e.g. "--rounds 2"
-#   or "--profile-dir $OUT/prof" (per design a top-40 op table, .txt, and every kernel, .json); BENCH_TAG=x adds _x to its file names. The tests need pytest-xdist and pytest-timeout
+#   or "--profile-dir $OUT/prof" (per design <design>_<mix>_<topk>[_stk]: a top-40 op table, .txt, and every kernel,
+#   .json; _stk with --shared-table-kernel on); BENCH_TAG=x adds _x to its file names. The tests need pytest-xdist and pytest-timeout
 #   (the device image has both).
 #   diff A.json B.json: bench/profile_diff.py's comparison of two --profile-dir kernel files (DIFF_TOP rows, 40).
 #   TESTS_FILES / TESTS_K narrow the tests (default: every gpu test of tests/), e.g. TESTS_FILES="tests/test_gpu.py
