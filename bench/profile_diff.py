@@ -34,7 +34,8 @@ def _number(x) -> bool:
 
 
 def load(path: str) -> dict:
-    """A profile JSON, checked: 'steps' >= 1, 'kernels' a list of {name, category, calls, total_us}."""
+    """A profile JSON, checked: 'steps' >= 1, 'total_us' a number, 'kernels' a list of {name, category, calls,
+    total_us}."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -56,6 +57,8 @@ def load(path: str) -> dict:
                or isinstance(k[f], bool) or (t is not str and not _number(k[f]))]
         if bad:
             raise ProfileError(f"{path}: kernels[{i}]: missing or wrong {', '.join(bad)} (want {WANT})")
+    if not _number(doc.get("total_us")):  # the busy time the gap and the shares are taken from
+        raise ProfileError(f"{path}: 'total_us' must be a number (got {doc.get('total_us')!r})")
     return doc
 
 

@@ -166,6 +166,8 @@ def test_profile_diff_warns_where_a_device_profile_is_doubtful(diff, pair, tmp_p
     ("[1, 2]", "expected a JSON object"),
     ('{"steps": 0, "kernels": [{"name": "k", "category": "gemm", "calls": 1, "total_us": 1.0}]}', "'steps'"),
     ('{"steps": 1, "kernels": []}', "'kernels' must be a non-empty list"),
+    ('{"steps": 1, "kernels": [{"name": "k", "category": "gemm", "calls": 1, "total_us": 1.0}]}',
+     "'total_us' must be a number (got None)"),
     ('{"steps": 1, "kernels": [{"name": "k", "category": "gemm", "total_us": 1.0}]}', "kernels[0]: missing or wrong calls"),
     ('{"steps": 1, "kernels": [{"name": "k", "category": "gemm", "calls": 1, "total_us": "9"}]}', "wrong total_us"),
 ])
