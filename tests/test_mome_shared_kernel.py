@@ -169,11 +169,14 @@ def test_switch_off_or_per_head_never_calls_the_kernels(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("interpreted", [False, pytest.param(True, marks=needs_interpreter)],
+                         ids=["op_math", "interpreted"])
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "row"])
-def test_kv_cache_decoding_with_the_switch_on_gives_the_uncached_logits(fuse, monkeypatch):
+def test_kv_cache_decoding_with_the_switch_on_gives_the_uncached_logits(fuse, interpreted, monkeypatch):
     """Eval under no_grad: a prefill of 6 tokens, then one token per forward (T = 1: the kernels get B*M rows at
     ids 0..B-1) through the KV cache and the bigram hash's carried state, with the switch on, equal the full
-    sequence's logits with the switch off (the torch row mix); every memory layer of every forward took a kernel."""
+    sequence's logits with the switch off (the torch row mix); every memory layer of every forward took a kernel
+    (the ops' CPU math, or the real kernels interpreted)."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(mix_paths, "FUSE_INJECT", fuse)
     model, x, _ = _model(BIGRAM)
@@ -181,6 +184,9 @@ def test_kv_cache_decoding_with_the_switch_on_gives_the_uncached_logits(fuse, mo
     with torch.no_grad():
         want = model(x[:, :9])
         calls = _spy(monkeypatch)
+        if interpreted:
+            monkeypatch.setattr(mt, "mome_row_mix_inject_op", _InterpretedInject.apply)
+            monkeypatch.setattr(mt, "mome_row_mix_op", lambda t, r, w, dt: _InterpretedRowMix.apply(t, r, w, dt))
         monkeypatch.setattr(mix_paths, "SHARED_TABLE_KERNEL", True)
         cache = KVCache.for_model(model, batch_size=B, max_len=9)
         got = [model(x[:, :6], kv_cache=cache)] + [model(x[:, t:t + 1], kv_cache=cache) for t in range(6, 9)]
