@@ -17,43 +17,79 @@ refused by name. The grouped index is their ``table`` slot mapping (nanochat.ref
 
 import argparse
 import json
-import shutil
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from nanochat.cli_types import checkpoint_step
-from nanochat.jsonfile import write_atomic, write_text_atomic, written_path
+from nanochat.jsonfile import write_atomic, written_path
 
 
 class ExportWriteError(Exception):
     """Writing under --out failed (e.g. a full disk); what this export had added there was removed."""
 
 
-class OutputSnapshot:
-    """The output directories' contents before an export, so that a failed or interrupted export can remove
-    exactly what it added: --out may be a base dir shared with earlier exports (their tokenizer, other steps)."""
+class ExportAdditions:
+    """The paths this export created under --out, so that a failed or interrupted export removes exactly those:
+    --out may be a base dir shared with earlier exports, or with another export writing at the same time. A file
+    goes only if it was not there before this export and still is the very file (device, inode) it wrote (another
+    export's rename over it keeps it); a directory only if this export made it and it is empty. A shared file (the
+    tokenizer, a slot map) stays while another checkpoint is beside it: that export may have found it and use it."""
 
     def __init__(self, dirs):
-        self.entries, self.roots = {}, set()
-        for d in map(Path, dirs):
-            if d.is_dir():
-                self.entries[d] = set(d.iterdir())
-            else:  # the highest missing ancestor: all below it is this export's
-                while not d.parent.exists():
-                    d = d.parent
-                self.roots.add(d)
+        self.before = {Path(d): set(Path(d).iterdir()) if Path(d).is_dir() else set() for d in dirs}
+        self.files, self.shared, self.dirs = {}, set(), []
 
-    def remove_additions(self) -> None:
-        for d, old in self.entries.items():
-            for p in set(d.iterdir()) - old:
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
-        for root in self.roots:
-            shutil.rmtree(root, ignore_errors=True)
+    def make_dirs(self, path: Path) -> None:
+        missing = []
+        while not path.exists():
+            missing.append(path)
+            path = path.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:  # another export made it meanwhile: its, not this one's
+                continue
+            self.dirs.append(d)
+
+    def note(self, path: Path, written=None, shared: bool = False) -> None:
+        """``path`` was written by this export, through the file ``written`` (its temp name) or in place."""
+        if path not in self.before.get(path.parent, ()):
+            st = os.stat(written or path)
+            self.files[path] = (st.st_dev, st.st_ino)
+            if shared:
+                self.shared.add(path)
+
+    def write(self, path: Path, write) -> None:
+        """``write_atomic(path, write)``, noted before its rename: a Ctrl-C just after the rename still finds it."""
+        write_atomic(path, lambda tmp: (write(tmp), self.note(path, tmp)))
+
+    def remove(self) -> None:
+        for path in set(self.files) - self.shared:
+            self._unlink_own(path)
+        self._remove_empty_dirs()
+        for path in self.shared:
+            folder = path.parent.parent / "base_checkpoints" if path.parent.name == "tokenizer" else path.parent
+            if not (folder.is_dir() and any(p != path for p in folder.iterdir())):
+                self._unlink_own(path)
+        self._remove_empty_dirs()
+
+    def _unlink_own(self, path: Path) -> None:
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == self.files[path]:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _remove_empty_dirs(self) -> None:
+        for d in reversed(self.dirs):
+            try:
+                d.rmdir()
+            except OSError:  # not empty (another export's files, or a shared file kept) or gone
+                pass
 
 
 def parse_args(argv=None):
@@ -102,19 +138,24 @@ def export_reference(args) -> Path:
                   "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,
                                     "model_config": config.to_dict()}}
-    before = OutputSnapshot([out / "tokenizer", ckpt_dir])
+    added = ExportAdditions([out / "tokenizer", ckpt_dir])
     try:
-        write_reference_tokenizer(tok, out / "tokenizer")
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        # the checkpoint folder first: an export that fails meanwhile keeps a tokenizer this one found there
+        added.make_dirs(ckpt_dir)
+        added.make_dirs(out / "tokenizer")
+        if write_reference_tokenizer(tok, out / "tokenizer"):
+            for name in ("token_bytes.pt", "tokenizer.pkl"):
+                added.note(out / "tokenizer" / name, shared=True)
         if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
-            model_config["moe_ve_slot_map_path"] = str(
-                reference_slot_map.export(model, tok, ckpt_dir, args.run).resolve())
+            slot_map = reference_slot_map.export(model, tok, ckpt_dir, args.run)
+            added.note(slot_map, shared=True)
+            model_config["moe_ve_slot_map_path"] = str(slot_map.resolve())
         # temp files + rename, meta last: even a kill (no clean-up) never leaves a loadable half checkpoint; each
         # export has temp files of its own, so two exports of one step at once both finish whole
-        write_atomic(model_path, lambda tmp: torch.save(state, tmp))
-        write_text_atomic(meta_path, json.dumps(their_meta, indent=2) + "\n")
+        added.write(model_path, lambda tmp: torch.save(state, tmp))
+        added.write(meta_path, lambda tmp: tmp.write_text(json.dumps(their_meta, indent=2) + "\n", encoding="utf-8"))
     except BaseException as e:  # a full disk, Ctrl-C, a refusal midway: what this export added goes
-        before.remove_additions()
+        added.remove()
         if isinstance(e, OSError) and e.errno is not None:  # not one of the refusals above (they carry no errno)
             failed = written_path(e.filename) if e.filename else out  # the file, not its temp name
             raise ExportWriteError(f"--out {out}: could not write {failed}: {e.strerror or e}; "

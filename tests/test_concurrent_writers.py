@@ -198,3 +198,32 @@ def test_an_import_killed_midway_leaves_a_folder_the_next_import_removes(tmp_pat
     assert import_reference.main([str(src), "--run-dir", str(run)]) == 0
     assert "removed 1 work folder(s)" in capsys.readouterr().err
     assert names(run.parent) == ["run"]
+
+
+@pytest.mark.parametrize("tag", ["other", "d4"])
+def test_a_failed_export_keeps_what_a_concurrent_export_wrote(our_run, tmp_path, monkeypatch, capsys, tag):
+    """A second export into the same new base dir (another --model-tag, or the same one) runs whole while the first
+    is at its weights' torch.save, which then fails (a full disk). The first removes only what it created: the
+    second's checkpoint and the tokenizer it shares stay whole. Before: the first's clean-up removed everything new
+    under the base dir since its snapshot (all of it: the base dir was new), the second's export too."""
+    out = tmp_path / "base"
+    real_save, nested = torch.save, []
+
+    def save(obj, path, *a, **k):
+        if nested or not Path(path).name.startswith("model_"):
+            return real_save(obj, path, *a, **k)
+        nested.append("running")
+        nested[:] = [export_reference.main(["--run", str(our_run), "--out", str(out), "--model-tag", tag])]
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(torch, "save", save)
+    assert export_reference.main(["--run", str(our_run), "--out", str(out)]) == 2
+    assert nested == [0] and "No space left on device" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "save", real_save)
+    assert names(out) == ["base_checkpoints", "tokenizer"]
+    assert names(out / "base_checkpoints") == [tag] and names(out / "tokenizer") == ["token_bytes.pt", "tokenizer.pkl"]
+    assert names(out / "base_checkpoints" / tag) == ["meta_000012.json", "model_000012.pt"]
+    reimported = tmp_path / "reimported"
+    assert import_reference.main([str(out / "base_checkpoints" / tag), "--run-dir", str(reimported),
+                                  "--tokenizer", str(out / "tokenizer" / "tokenizer.pkl")]) == 0
+    assert load_model(reimported)[1]["step"] == 12

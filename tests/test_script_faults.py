@@ -73,7 +73,7 @@ def test_export_into_a_file_is_one_clear_error(our_run, tmp_path, capsys):
     out.write_text("x")
     assert export_reference.main(["--run", str(our_run), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"could not write {out / 'tokenizer'}" in err and "Traceback" not in err, err
+    assert f"could not write {out / 'base_checkpoints'}" in err and "Traceback" not in err, err
     assert out.read_text() == "x"
 
 
