@@ -7,7 +7,10 @@ boot id) and its owner holds an exclusive ``flock`` on it while it works. A late
 whole name has that form with its own prefix and host, its owner is gone (another boot, or no process with that pid
 on this one) and the folder's flock is free: a live run (on this host, in another container of this host, or on
 another host sharing the file system) is never touched, nor anything named otherwise (a user's folder, a folder of
-the older ``<prefix><random>`` form, which says nothing of its owner).
+the older ``<prefix><random>`` form, which says nothing of its owner). On a file system without flock, only a dead
+pid of this boot proves a folder stale: a folder of another boot stays (it may be a live run's on another node whose
+container has our host name). Left to the user: a file system whose flock is per node (Lustre -o localflock, NFS
+-o local_lock) hides another node's lock, so a second node with this host name can lose its live folder.
 """
 
 import errno
@@ -43,8 +46,9 @@ def _boot() -> str:
         return "0" * 8
 
 
-def _lock(fd: int, blocking: bool) -> bool:
-    """Take an exclusive flock on ``fd``; False if another holds it. A file system without flock counts as free."""
+def _lock(fd: int, blocking: bool) -> bool | None:
+    """Take an exclusive flock on ``fd``: True, or False if another holds it, or None if the file system has no
+    flock (Lustre without -o flock; its owner goes on without one, a cleaner cannot learn anything from it)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
     except BlockingIOError:
@@ -52,6 +56,7 @@ def _lock(fd: int, blocking: bool) -> bool:
     except OSError as e:
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF):
             raise
+        return None
     return True
 
 
@@ -79,7 +84,11 @@ def _claim_stale(folder: Path, prefix: str) -> int | None:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:  # another cleaner removed it meanwhile
         return None
-    if _lock(fd, blocking=False):  # else its owner lives after all (in another pid namespace), or a cleaner works
+    locked = _lock(fd, blocking=False)
+    # False: its owner lives after all (in another pid namespace), or a cleaner works. None (no flock): only a dead
+    # pid of this boot proves it stale; another boot id with our host name may be a live run on another node whose
+    # container has the same host name
+    if locked or (locked is None and m[3] == _boot()):
         return fd
     os.close(fd)
     return None

@@ -141,3 +141,32 @@ def test_in_use_names_the_folders_a_run_may_still_be_using(tmp_path):
         folder.mkdir()
     assert work_dirs.in_use(tmp_path, ".w-") == sorted([live, other_host])
     assert all(p.is_dir() for p in (live, stale, other_host, *others))
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP", "ENOSYS"])
+def test_without_file_locks_only_a_dead_pid_of_this_boot_proves_a_folder_stale(tmp_path, monkeypatch, code):
+    """A file system without flock (Lustre without -o flock, NFS with nolock for other nodes) cannot show that a
+    folder's owner lives. A folder of our host name but another boot id may be a live run on another node whose
+    container has the same host name: it is kept (before: removed, its lock counted as free). A folder of this boot
+    whose pid is gone is still removed."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host, boot = work_dirs._host(), work_dirs._boot()
+    other_boot = "0" * 8 if boot != "0" * 8 else "1" * 8
+    elsewhere = tmp_path / f".w-{gone.pid}-{host}-{other_boot}.abc"
+    stale = tmp_path / f".w-{gone.pid}-{host}-{boot}.abc"
+    for folder in (elsewhere, stale):
+        folder.mkdir()
+    assert work_dirs.in_use(tmp_path, ".w-") == [elsewhere]
+    assert work_dirs.remove_stale(tmp_path, ".w-") == [stale]
+    assert elsewhere.is_dir() and not stale.exists()
+    with work_dirs.work_dir(tmp_path, ".w-") as own:  # a work folder of its own still works without flock
+        assert own.is_dir()
+    assert not own.exists()
