@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import print0
+from nanochat.common import is_dist, print0
 from nanochat.eval_resume import FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_loop import StopSignal, gather_objects
@@ -128,7 +128,7 @@ def agreed_failure_branch(own_signal: str | None) -> str | None:
     the signal, is what a rerun would meet), and the signal's branch once ``AGREEMENT_WAIT_S`` passed without (the
     others wait in a collective that failed here, or were killed): then a rank that fails later, when its collective
     breaks as this rank exits, takes that branch too. One process, or a store that fails: this rank's own branch."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_dist():  # one process, or a group of one: no other rank to agree with (every rank "failed" alike)
         return own_signal
     try:
         store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()

@@ -62,3 +62,20 @@ def test_an_error_on_one_rank_without_a_signal_ends_the_job_at_once(tmp_path, mo
     assert r.returncode != 0 and "the eval bundle is broken (rank 0)" in out, out[-3000:]
     assert "interrupted" not in r.stdout and not (run / "summary.json").exists(), out[-3000:]
     assert elapsed < 60, elapsed
+
+
+def test_one_rank_in_a_process_group_takes_its_own_branch(tmp_path):
+    """A process group of one (torchrun --nproc-per-node 1 where something initialized it, or a launcher that
+    always does): the same branch as without one, the signal's. Before: the one rank had "posted a failure on every
+    rank", so the error was raised (exit 1) where a plain run of the same job reported "interrupted"."""
+    import torch.distributed as dist
+
+    from nanochat.final_eval import agreed_failure_branch
+
+    assert agreed_failure_branch("SIGTERM") == "SIGTERM" and agreed_failure_branch(None) is None  # no group
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert agreed_failure_branch("SIGTERM") == "SIGTERM"
+        assert agreed_failure_branch(None) is None
+    finally:
+        dist.destroy_process_group()
