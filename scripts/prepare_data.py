@@ -26,6 +26,7 @@ from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, c
                               download_remote_shards, load_manifest, read_jsonl_texts, remove_unlisted_shards,
                               split_files, start_rebuild, write_manifest, write_text_shard)
 from nanochat.download import DownloadError, file_sha256
+from nanochat.jsonfile import written_path
 from nanochat.run_dir import RunDirLock, ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
@@ -339,7 +340,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # reading the inputs raises DataError: this is writing the shards or manifest
-        print(f"error: could not write {e.filename or data_dir}: {e.strerror or e}", file=sys.stderr)
+        where = written_path(e.filename) if e.filename else data_dir  # the shard, not its temp name
+        print(f"error: could not write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if args.dataset in REMOTE_DATASETS:

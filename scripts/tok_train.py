@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nanochat.cli_types import int_at_least, positive_int
 from nanochat.dataset import DataError, default_data_dir, iter_documents
+from nanochat.jsonfile import written_path
 from nanochat.run_dir import NotWritable, ensure_writable
 from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE, Tokenizer, TokenizerError,
                                 default_tokenizer_dir, get_tokenizer)
@@ -78,7 +79,7 @@ def train(args, data_dir: Path, out_dir: Path) -> tuple[Tokenizer, float, tuple[
         tok.save(out_dir)
     except OSError as e:  # save drops tokenizer.json first: what is left there is no tokenizer, never a mix
         raise SaveError(f"could not write the tokenizer to --output-dir {out_dir}: {e.strerror or e} "
-                        f"({e.filename}); no tokenizer is left there") from e
+                        f"({written_path(e.filename) if e.filename else out_dir}); no tokenizer is left there") from e
     val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
     return tok, train_s, compression_ratio(tok, val_texts)
 
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
     print(f"trained vocab {tok.vocab_size} (bos id {tok.bos_token_id}) in {train_s:.1f}s -> {out_dir}")
     print(f"compression on held-out val: {ratio:.3f} bytes/token ({n_bytes:,} bytes -> {n_tokens:,} tokens)")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,6 +4,7 @@ line. tok_train and prepare_data exited 1 for bad input, and a negative --step r
 
 import errno
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -49,13 +50,16 @@ def test_tok_train_full_disk_and_ctrl_c(embedded_data_dir, tmp_path, capsys, mon
     flags = ["--vocab-size", "300", "--data-dir", str(embedded_data_dir), "--max-chars", "20000",
              "--output-dir", str(out)]
 
-    def full_disk(self, directory):
-        raise OSError(errno.ENOSPC, "No space left on device", str(directory / "tokenizer.bpe.tmp"))
+    def full_disk(self, data):  # the real Tokenizer.save, whose first temp file fills the disk
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
 
-    monkeypatch.setattr(Tokenizer, "save", full_disk)
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
     assert main(flags) == 2
+    monkeypatch.undo()
     err = one_error_line(capsys.readouterr().err)
     assert f"could not write the tokenizer to --output-dir {out}" in err and "No space left on device" in err
+    assert f"({out / 'tokenizer.bpe'})" in err, err  # the file, not the temp name it was written under
+    assert sorted(p.name for p in out.iterdir()) == []
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -114,13 +118,18 @@ def test_prepare_data_unreadable_input_and_full_disk_exit_2(tmp_path, capsys, mo
     assert f"cannot read {src / 'a.txt'}: Permission denied" in err
     monkeypatch.undo()
 
-    def full_disk(path, *a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path) + ".tmp")
+    import pyarrow.parquet as pq
 
-    monkeypatch.setattr(prepare_data, "write_text_shard", full_disk)
+    def full_disk(table, where, *a, **k):  # the real write_text_shard, whose temp file fills the disk
+        Path(where).write_bytes(b"PAR1")
+        raise OSError(errno.ENOSPC, "No space left on device", str(where))
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
     assert prepare_data.main(flags) == 2
     err = one_error_line(capsys.readouterr().err)
-    assert f"could not write {tmp_path / 'o' / 'train_00000.parquet.tmp'}: No space left on device" in err
+    # the shard asked for, not the temp name it was written under (its own since session 20); no temp file left
+    assert f"could not write {tmp_path / 'o' / 'train_00000.parquet'}: No space left on device" in err, err
+    assert not [p.name for p in (tmp_path / "o").iterdir() if p.name.endswith(".tmp")]
 
 
 # ---- --step and the other numeric flags ----------------------------------------------------------------------
