@@ -3,14 +3,22 @@ them with one clear error that names the file, whatever is wrong with it (not UT
 and writing files (text, bytes, a torch.save, a link) so that a reader never sees half a file and two writers of
 one file never share a temp file."""
 
+import fcntl
+import fnmatch
 import json
 import os
 import secrets
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# A temp file of write_atomic untouched this long, and not flocked, was left by a writer killed midway (SIGKILL,
+# an OOM kill): a live writer holds its flock, and writes into it from the moment it is created
+STALE_TEMP_S = 3600.0
 
 
 def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
@@ -34,6 +42,7 @@ def write_atomic(path, write: Callable[[Path], object]) -> None:
     fd, tmp = _create_temp(path)
     try:
         try:
+            _hold_lock(fd)  # while it writes: remove_stale_temps keeps this temp file
             write(tmp)
             os.fsync(fd)  # the data before the rename: else a power cut can leave ``path`` empty
         finally:
@@ -104,3 +113,53 @@ def written_path(filename) -> Path:
             and all(c in "0123456789abcdef" for c in token)):
         return filename.with_name(name)
     return filename
+
+
+def _hold_lock(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file of its own: never held by another
+    except OSError:  # no flock here: remove_stale_temps then removes none
+        pass
+
+
+def _unlocked(fd: int) -> bool:
+    """Whether no process holds a flock on ``fd``'s file (False also where flock is unsupported: it cannot tell)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def remove_stale_temps(directory, patterns: tuple[str, ...]) -> list[Path]:
+    """Remove the temp files that ``write_atomic`` writers of files matching ``patterns`` (fnmatch) in
+    ``directory`` left when killed midway (a rename never came; the name is this writer's own, so no later writer
+    reuses or replaces it): those named ``<file>.<8 hex digits>.tmp``, untouched for ``STALE_TEMP_S`` and not
+    flocked. A build calls it once it is done; returns what it removed (one stderr line says so)."""
+    removed = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except FileNotFoundError:
+        return removed
+    for tmp in entries:
+        target = written_path(tmp)
+        if target == tmp or not any(fnmatch.fnmatchcase(target.name, p) for p in patterns):
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # RDWR: NFS locks need a writable fd
+        except OSError:  # gone meanwhile (its writer renamed it), or a link: not ours to judge
+            continue
+        try:
+            st = os.fstat(fd)
+            if (st.st_nlink == 1 and time.time() - st.st_mtime > STALE_TEMP_S and _unlocked(fd)
+                    and os.path.samestat(st, os.stat(tmp, follow_symlinks=False))):
+                tmp.unlink()
+                removed.append(tmp)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+    if removed:
+        print(f"removed {len(removed)} temp file(s) left in {directory} by writers killed midway: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+    return removed

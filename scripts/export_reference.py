@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from nanochat.cli_types import checkpoint_step
-from nanochat.jsonfile import write_atomic, written_path
+from nanochat.jsonfile import remove_stale_temps, write_atomic, written_path
 
 
 class ExportWriteError(Exception):
@@ -161,6 +161,8 @@ def export_reference(args) -> Path:
             raise ExportWriteError(f"--out {out}: could not write {failed}: {e.strerror or e}; "
                                    "nothing of this export was left there") from None
         raise
+    remove_stale_temps(ckpt_dir, ("model_*.pt", "*.json"))  # of exports killed midway (a model's is large)
+    remove_stale_temps(out / "tokenizer", ("tokenizer.pkl", "token_bytes.pt"))
     print(f"wrote {ckpt_dir} (step {step}, model_type {model_type}) and {out / 'tokenizer'}")
     return ckpt_dir
 

@@ -26,7 +26,7 @@ from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, c
                               download_remote_shards, load_manifest, read_jsonl_texts, remove_unlisted_shards,
                               split_files, start_rebuild, write_manifest, write_text_shard)
 from nanochat.download import DownloadError, file_sha256
-from nanochat.jsonfile import written_path
+from nanochat.jsonfile import remove_stale_temps, written_path
 from nanochat.run_dir import RunDirLock, ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
@@ -115,6 +115,7 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
                               documents={"train": len(train_docs), "val": len(val_docs)},
                               **({"request": request} if request else {}))
     remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
+    remove_stale_temps(data_dir, (*OWN_SHARDS, MANIFEST))  # of builders killed midway
     return manifest
 
 
@@ -268,6 +269,7 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
     manifest = write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
                               documents={s: w.count for s, w in writers.items()}, hf=hf)
     remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
+    remove_stale_temps(data_dir, (*OWN_SHARDS, MANIFEST))  # of builders killed midway
     return manifest
 
 

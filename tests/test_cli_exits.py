@@ -4,6 +4,7 @@ line. tok_train and prepare_data exited 1 for bad input, and a negative --step r
 
 import errno
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,41 @@ def test_sample_prints_finished_samples_before_ctrl_c(tmp_path, capsys, monkeypa
     assert sample.main(argv) == 0
     whole = capsys.readouterr().out
     assert whole.startswith(out) and [f"--- sample {i} " in whole for i in range(3)] == [True] * 3
+
+
+def left_by_a_killed_writer(folder, name: str) -> Path:
+    """The temp file a SIGKILLed write_atomic of ``folder/name`` leaves (its own name, old, unlocked)."""
+    from nanochat.jsonfile import STALE_TEMP_S
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{name}.0123abcd.tmp"
+    tmp.write_bytes(b"half")
+    then = tmp.stat().st_mtime - 2 * STALE_TEMP_S
+    os.utime(tmp, (then, then))
+    return tmp
+
+
+def test_builds_remove_the_temp_files_of_killed_ones(embedded_data_dir, tmp_path, capsys):
+    """prepare_data, tok_train and export_reference each remove, once done, the temp files that a SIGKILLed run of
+    theirs left (a shard's, a tokenizer file's, a model's: no later write reuses the name); before, they stayed."""
+    from reference_fixtures import our_base_run
+    from scripts import export_reference, prepare_data, tok_train
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("one paragraph\n\nanother paragraph\n\nand a third\n")
+    data = tmp_path / "o"
+    left = left_by_a_killed_writer(data, "train_00000.parquet")
+    assert prepare_data.main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(data),
+                              "--doc-chars", "10"]) == 0
+    tok = tmp_path / "tok"
+    left_tok = left_by_a_killed_writer(tok, "tokenizer.bpe")
+    assert tok_train.main(["--vocab-size", "300", "--data-dir", str(embedded_data_dir), "--max-chars", "20000",
+                           "--output-dir", str(tok)]) == 0
+    run = our_base_run(tmp_path)
+    ckpt = tmp_path / "base" / "base_checkpoints" / "d4"
+    left_model = left_by_a_killed_writer(ckpt, "model_000012.pt")
+    assert export_reference.main(["--run", str(run), "--out", str(tmp_path / "base")]) == 0
+    err = capsys.readouterr().err
+    for tmp in (left, left_tok, left_model):
+        assert not tmp.exists() and f"by writers killed midway: {tmp.name}" in err, err

@@ -96,3 +96,60 @@ def test_is_temp_for_names_only_write_atomics_temp_files(tmp_path):
     for other in (path, tmp_path / "m.json.tmp.bak", tmp_path / "other.json.ab12cd34.tmp",
                   tmp_path / "sub" / seen[0].name, tmp_path / "m.jsonab12cd34.tmp"):
         assert not is_temp_for(path, other), other
+
+
+# a writer stopped for good midway through its temp file (what SIGKILL leaves), or still writing: it holds the lock
+STUCK_WRITER = """
+import sys, time
+from nanochat.jsonfile import write_atomic
+def write(tmp):
+    tmp.write_bytes(b"half")
+    print(tmp, flush=True)
+    time.sleep(600)
+write_atomic(sys.argv[1], write)
+"""
+
+
+def stuck_writer(path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen([sys.executable, "-c", STUCK_WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(repo)})
+    return child, Path(child.stdout.readline().strip())
+
+
+def age(path, seconds):
+    then = path.stat().st_mtime - seconds
+    os.utime(path, (then, then))
+
+
+def test_remove_stale_temps_removes_a_killed_writers_temp_file_and_nothing_else(tmp_path, capsys):
+    """A SIGKILLed writer's ``<name>.<hex>.tmp`` stayed for good (no later writer uses that name): a build removes
+    it once it is old and unlocked. A live writer's (locked, however old), a fresh one, a name no pattern covers
+    and files named otherwise stay."""
+    import signal
+
+    dead, dead_tmp = stuck_writer(tmp_path / "train_00000.parquet")
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(timeout=30)
+    live, live_tmp = stuck_writer(tmp_path / "train_00001.parquet")
+    try:
+        fresh = tmp_path / "val_00000.parquet.0123abcd.tmp"
+        users = [tmp_path / "notes.txt.0123abcd.tmp", tmp_path / "train_00002.parquet.tmp"]
+        for p in (fresh, *users):
+            p.write_text("x")
+        for p in (dead_tmp, live_tmp, *users):
+            age(p, 2 * jsonfile.STALE_TEMP_S)
+        assert is_temp_for(tmp_path / "train_00000.parquet", dead_tmp)
+        patterns = ("train_[0-9]*.parquet", "val_[0-9]*.parquet")
+        assert jsonfile.remove_stale_temps(tmp_path, patterns) == [dead_tmp]
+        assert f"removed 1 temp file(s) left in {tmp_path} by writers killed midway: {dead_tmp.name}" in (
+            capsys.readouterr().err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live_tmp, fresh, *users))
+        assert jsonfile.remove_stale_temps(tmp_path / "gone", patterns) == []
+    finally:
+        live.kill()
+        live.wait(timeout=30)
