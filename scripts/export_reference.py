@@ -67,14 +67,15 @@ class ExportAdditions:
         write_atomic(path, lambda tmp: (write(tmp), self.note(path, tmp)))
 
     def remove(self) -> None:
-        for path in set(self.files) - self.shared:
-            self._unlink_own(path)
-        self._remove_empty_dirs()
-        for path in self.shared:
-            folder = path.parent.parent / "base_checkpoints" if path.parent.name == "tokenizer" else path.parent
-            if not (folder.is_dir() and any(p != path for p in folder.iterdir())):
-                self._unlink_own(path)
-        self._remove_empty_dirs()
+        tokenizer = {p for p in self.shared if p.parent.name == "tokenizer"}
+        # the checkpoint's own files, then a slot map, then the tokenizer: each shared file is judged once what
+        # this export wrote beside it is gone (its slot map would keep the tokenizer, as another checkpoint does)
+        for paths in (set(self.files) - self.shared, self.shared - tokenizer, tokenizer):
+            for path in paths:
+                folder = path.parent.parent / "base_checkpoints" if path in tokenizer else path.parent
+                if path not in self.shared or not (folder.is_dir() and any(p != path for p in folder.iterdir())):
+                    self._unlink_own(path)
+            self._remove_empty_dirs()
 
     def _unlink_own(self, path: Path) -> None:
         try:

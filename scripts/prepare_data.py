@@ -331,7 +331,7 @@ def main(argv=None) -> int:
                                               workers=args.workers, revision=args.revision, progress=progress,
                                               max_attempts=args.max_attempts)
         else:
-            # one builder per directory: two would write the same temp shard names and manifest (downloads of
+            # one builder per directory: two would write the same shard names and manifest (downloads of
             # remote shards need none: each file has a lock of its own, and the same shards are fetched once)
             lock = RunDirLock(data_dir).acquire("--data-dir")
             try:

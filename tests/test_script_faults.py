@@ -215,3 +215,24 @@ def test_core_subset_rebuild_keeps_a_users_folder_beside_out(subset_src, tmp_pat
     assert (mine / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["shared", "sub", mine.name])
     assert json.loads((out / "SUBSET.json").read_text())["rows_per_task"] == 2
+
+
+def test_grouped_export_into_a_new_dir_that_fails_at_the_weights_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """A grouped (their table mapping) export writes the tokenizer and the slot map, both shared files, before the
+    weights: a full disk there removes both and every folder it made (the tokenizer stayed when it was judged while
+    the slot map still sat in the checkpoint folder, as if another checkpoint might use it)."""
+    from reference_fixtures import make_their_files
+
+    _, source, _ = make_their_files(tmp_path, "mome_table")
+    run = tmp_path / "ours"
+    save_checkpoint(run, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok")})
+    real_save = torch.save
+
+    def full_at_weights(obj, path, *a, **k):
+        return (full_disk_save if Path(path).name.startswith("model_") else real_save)(obj, path, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_at_weights)
+    out = tmp_path / "new" / "base"
+    assert export_reference.main(["--run", str(run), "--out", str(out)]) == 2
+    assert "model_000012.pt: No space left on device" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
