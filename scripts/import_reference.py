@@ -93,8 +93,9 @@ def work_prefix(run_dir: Path) -> str:
 
 @contextmanager
 def import_work_dir(run_dir: Path):
-    """A work folder of this import's own beside ``run_dir`` (renamed into place when whole), after those of imports
-    killed midway are removed. A live import into the same run is an error: two would write one run twice over."""
+    """A folder for the run in a work folder of this import's own beside ``run_dir`` (renamed into place when
+    whole), after those of imports killed midway are removed. A live import into the same run is an error: two
+    would write one run twice over."""
     from nanochat import work_dirs
 
     created = [p for p in run_dir.parents if not p.exists()]  # nearest first
@@ -105,8 +106,9 @@ def import_work_dir(run_dir: Path):
             raise FileExistsError(f"--run-dir {run_dir} is being written by another import (its work folder "
                                   f"{busy[0]}); wait for it to finish, or choose a new directory; if no import is "
                                   "running, delete that folder")
-        with work_dirs.work_dir(run_dir.parent, work_prefix(run_dir)) as tmp:
-            yield tmp
+        with work_dirs.work_dir(run_dir.parent, work_prefix(run_dir)) as work:
+            (work / "run").mkdir()  # the run itself under the umask (the work folder is mkdtemp's, 0o700)
+            yield work / "run"
     except BaseException:  # a bad SRC, a full disk, Ctrl-C: no empty folders made for the run stay either
         for folder in created:
             try:

@@ -227,3 +227,18 @@ def test_a_failed_export_keeps_what_a_concurrent_export_wrote(our_run, tmp_path,
     assert import_reference.main([str(out / "base_checkpoints" / tag), "--run-dir", str(reimported),
                                   "--tokenizer", str(out / "tokenizer" / "tokenizer.pkl")]) == 0
     assert load_model(reimported)[1]["step"] == 12
+
+
+def test_an_imported_run_directory_has_the_mode_mkdir_gives(tmp_path):
+    """The import's work folder (mkdtemp: 0o700) used to become --run-dir itself, so an imported run was private
+    to its user on a shared file system; it is made like every other folder, under the umask."""
+    import stat
+
+    src, _, _ = make_their_files(tmp_path, "base")
+    run = tmp_path / "runs" / "run"
+    old = os.umask(0o022)
+    try:
+        assert import_reference.main([str(src), "--run-dir", str(run)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(run.stat().st_mode) == 0o755 and names(run.parent) == ["run"]
