@@ -1,4 +1,4 @@
-"""torchrun worker for test_base_eval: scripts.base_eval under gloo. ``--sigterm-at-task K R[,R...]`` first: the
+"""torchrun worker for test_base_eval_ranks: scripts.base_eval under gloo. ``--sigterm-at-task K R[,R...]`` first: the
 ranks R send themselves SIGTERM when they start CORE task K (0-based): every rank, as a Slurm time limit reaches
 them, or one alone. ``--sigterm-in MODULE:NAME R[,R...]`` first: the ranks R send themselves SIGTERM when they
 call MODULE.NAME (a set-up step, e.g. scripts.base_eval:load_chosen_checkpoint or

@@ -1,4 +1,4 @@
-"""torchrun worker (2 ranks) for test_base_eval: a signal latched during a set-up step of an evaluation (a step
+"""torchrun worker (2 ranks) for test_base_eval_ranks: a signal latched during a set-up step of an evaluation (a step
 wrapped in nanochat.common.every_rank_ok or rank0_decides, under ``interrupts_raise`` as base_eval runs it) in the
 scenarios of SCENARIOS. Each scenario returns (what the rank did, how it ended); rank 0 writes
 {scenario: [rank 0's, rank 1's]} to the JSON file named by the first argument."""

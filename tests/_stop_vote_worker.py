@@ -1,7 +1,7 @@
-"""torchrun worker (2 ranks) for test_base_eval: nanochat.eval_resume.stop_voted in the scenarios of SCENARIOS, each
-a number of batches per rank, a vote stride, and the rank that sends itself SIGTERM (under ``interrupts_raise``, as
-base_eval does) while it handles its batch K. Rank 0 writes {scenario: [[rank 0's batches, outcome], [rank 1's ...]]}
-to the JSON file named by the first argument."""
+"""torchrun worker (2 ranks) for test_base_eval_ranks: nanochat.eval_resume.stop_voted in the scenarios of
+SCENARIOS, each a number of batches per rank, a vote stride, and the rank that sends itself SIGTERM (under
+``interrupts_raise``, as base_eval does) while it handles its batch K. Rank 0 writes {scenario: [[rank 0's batches,
+outcome], [rank 1's ...]]} to the JSON file named by the first argument."""
 
 import json
 import os

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import test_base_eval
+import base_eval_fixtures
+from base_eval_fixtures import _eval_args
 from conftest import run_torchrun
-from test_base_eval import _eval_args
 
-tiny_run = test_base_eval.tiny_run  # the fixture (module scope: one tiny trained run for this file)
+tiny_run = base_eval_fixtures.tiny_run  # the fixture (module scope: one tiny trained run for this file)
 
 
 def test_a_signal_after_the_report_finishes_the_evaluation(tiny_run, tmp_path, monkeypatch, capsys):
