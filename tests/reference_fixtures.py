@@ -16,6 +16,7 @@ import torch
 
 from conftest import tiny_config
 from nanochat.reference_format import REFERENCE_DEFAULTS
+from scripts import import_reference
 from test_analysis import make_tokenizer
 
 STEP = 5
@@ -253,3 +254,21 @@ def our_base_run(tmp_path: Path) -> Path:
     run = tmp_path / "ours"
     save_checkpoint(run, 12, source, {"tokenizer_dir": str(tmp_path / "our_tok")})
     return run
+
+
+# -- driving the importer in the import/export tests --------------------------------------------------------
+def run_import(src, run_dir, *extra) -> int:
+    return import_reference.main([str(src), "--run-dir", str(run_dir), *extra])
+
+
+def logits(model, seed=0):
+    idx = torch.randint(0, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(idx)
+
+
+def _edit_meta(src, **fields):
+    path = src / "base_checkpoints" / "d4" / f"meta_{STEP:06d}.json"
+    meta = json.loads(path.read_text())
+    meta["model_config"].update(fields)
+    path.write_text(json.dumps(meta))
