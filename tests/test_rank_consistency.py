@@ -14,15 +14,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import REPO, run_torchrun  # noqa: E402
-import test_base_eval  # noqa: E402
+import base_eval_fixtures  # noqa: E402
 from test_train_e2e import TINY, losses  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.common import every_rank_ok, rank0_decides  # noqa: E402
 
+tiny_run = base_eval_fixtures.tiny_run  # the module fixture (a checkpoint, tokenizer, data, bundle) of base_eval's tests
+
 WORKER = REPO / "tests" / "_rank_view_worker.py"
 TIMEOUT = 180
-tiny_run = test_base_eval.tiny_run  # the module fixture (a checkpoint, tokenizer, data, bundle) test_base_eval uses
 TRAIN = [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
 
 
