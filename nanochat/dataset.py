@@ -18,7 +18,8 @@ import os
 import re
 from pathlib import Path
 
-from nanochat.download import DownloadError, DownloadStopped, download_file, hub_file, place_file
+from nanochat.download import (DownloadError, DownloadStopped, StopFlag, download_file, hub_file, place_file,
+                              run_in_daemon_threads)
 from nanochat.jsonfile import read_json_object, write_atomic, write_text_atomic
 
 MANIFEST = "manifest.json"
@@ -224,9 +225,6 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
     is hard-linked into ``data_dir``), or from a plain-HTTP mirror holding ``<base_url>/shard_NNNNN.parquet``
     when ``base_url`` / NANOCHAT_DATA_BASE_URL is set (``download_file``: retries, resumable ``.part`` files).
     """
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     from tqdm import tqdm
 
     train_idx, val_idx = remote_shard_plan(dataset, num_shards)
@@ -235,7 +233,7 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
     data_dir = Path(data_dir)
     claim_for_dataset(data_dir, dataset)
 
-    failed = threading.Event()  # the first failure or a Ctrl-C: queued shards are skipped, mirror downloads stop
+    failed = StopFlag()  # the first failure or a Ctrl-C: queued shards are skipped, mirror downloads stop
 
     def fetch(index: int) -> str | None:
         """Download one shard into data_dir; returns the hub commit it came from (None: mirror, already there, or
@@ -263,22 +261,16 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
             validate_parquet(cached)
         except DataError as e:
             raise DownloadError(f"hub dataset {repo_id}, file {name}: {e}") from e
-        place_file(cached, data_dir / name)
+        with failed.placing(name):  # a hub download still running after Ctrl-C places nothing
+            place_file(cached, data_dir / name)
         return cached.parent.name  # snapshots/<commit>/<file>
 
     indices = [val_idx] + train_idx
-    commits = set()
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
-            tqdm(total=len(indices), desc=f"{dataset} shards", unit="shard", disable=not progress) as bar:
-        jobs = [pool.submit(fetch, i) for i in indices]
-        try:
-            for job in jobs:
-                commits.add(job.result())
-                bar.update(1)
-        except BaseException:  # the first failure (or Ctrl-C) is reported now, not after every queued shard's retries
-            failed.set()  # and the mirror downloads in flight stop within a piece (their .part files are kept)
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    # the first failure (or Ctrl-C) is reported now, not after every queued shard's retries or the hub downloads in
+    # flight: mirror downloads stop within a piece (their .part files are kept), hub ones run on in daemon threads
+    # until the process exits (the hub cache keeps their .incomplete files for the next run)
+    with tqdm(total=len(indices), desc=f"{dataset} shards", unit="shard", disable=not progress) as bar:
+        commits = set(run_in_daemon_threads(fetch, indices, workers, failed, done=lambda: bar.update(1)))
     if url:
         source, provenance = url, {}
     else:

@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,6 +30,73 @@ class DownloadError(RuntimeError):
 class DownloadStopped(Exception):
     """``download_file``'s ``stop`` event was set (Ctrl-C in the thread that waits for this download): the ``.part``
     file is kept for the next run."""
+
+
+class StopFlag(threading.Event):
+    """The stop event of downloads in worker threads. Once ``set()`` has returned, no file is given its final name
+    under ``placing()`` any more: a worker left running after Ctrl-C (``hf_hub_download`` cannot be stopped
+    mid-file) must not add a file to the data dir behind the back of the "interrupted" message."""
+
+    def __init__(self):
+        super().__init__()
+        self._placing = threading.Lock()
+
+    def set(self) -> None:
+        with self._placing:  # waits for a placement under way (a link and a rename: milliseconds)
+            super().set()
+
+    @contextmanager
+    def placing(self, what: str):
+        """Hold the flag unset for the block (a rename into the destination), or raise ``DownloadStopped``."""
+        with self._placing:
+            if self.is_set():
+                raise DownloadStopped(what)
+            yield
+
+
+def run_in_daemon_threads(fn, items: list, workers: int, stop: StopFlag, done=None, grace: float = 2.0) -> list:
+    """``[fn(item) for item in items]``, computed by up to ``workers`` daemon threads; ``done()`` is called in
+    this thread as each result (in order) arrives. An exception from ``fn`` (raised here when its item's turn
+    comes) or a Ctrl-C here sets ``stop`` (no queued item starts), gives the threads in flight ``grace`` seconds to
+    see it and is raised without waiting further. Daemon threads, because a ``ThreadPoolExecutor`` joins its workers on exit from its ``with`` and again
+    at interpreter exit: Ctrl-C waited there for whole hub downloads (hundreds of MB) that nothing can stop."""
+    import queue
+    from concurrent.futures import Future
+
+    futures = [Future() for _ in items]
+    todo = queue.SimpleQueue()
+    for pair in zip(items, futures):
+        todo.put(pair)
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                item, future = todo.get_nowait()
+            except queue.Empty:
+                return
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(fn(item))
+            except BaseException as e:  # noqa: BLE001 (handed to the waiting thread, which raises it)
+                future.set_exception(e)
+
+    threads = [threading.Thread(target=work, name=f"nanochat-download-{i}", daemon=True)
+               for i in range(max(1, min(workers, len(items))))]
+    for t in threads:
+        t.start()
+    results = []
+    try:
+        for future in futures:
+            results.append(future.result())
+            if done is not None:
+                done()
+    except BaseException:
+        stop.set()
+        deadline = time.monotonic() + grace
+        for t in threads:  # downloads stop within a piece (a Xet one never does) and clean up their files
+            t.join(max(0.0, deadline - time.monotonic()))
+        raise
+    return results
 
 
 def stream_sha256(f) -> str:
@@ -155,9 +223,9 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
     run); the file gets its final name only after the sha256 (when given) and ``validate(part)`` pass. A ``.part``
     left by a network failure is kept so the next run resumes it; one with bad content is deleted. ``hint`` ends
     every error message (what the user can change: a flag, an environment variable). ``stop`` (a
-    ``threading.Event``), once set, ends the download within a piece of the body or a retry's wait with
-    ``DownloadStopped``, keeping the ``.part`` file: a download in a worker thread cannot see the main thread's
-    Ctrl-C.
+    ``StopFlag``), once set, ends the download within a piece of the body or a retry's wait with
+    ``DownloadStopped``, keeping the ``.part`` file (a download in a worker thread cannot see the main thread's
+    Ctrl-C), and no file gets its final name after ``stop.set()`` has returned.
     """
     dest = Path(dest)
     if dest.is_file():
@@ -166,9 +234,10 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
     with _locked_part(part) as locked:  # another process (a rank, a second run) fetching the same file waits
         try:
             if not dest.is_file():  # else another process finished it while this one waited
-                _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint,
-                                 stop or threading.Event())
-                os.replace(part, dest)
+                stop = stop or StopFlag()
+                _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint, stop)
+                with stop.placing(url):
+                    os.replace(part, dest)
         finally:
             if locked(part) and part.stat().st_size == 0:
                 part.unlink()  # nothing received (or only the lock's empty file): no .part to resume from
