@@ -256,7 +256,7 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
             download_file(f"{url}/{name}", data_dir / name, validate=validate_parquet, progress=progress,
                           hint=f"check --base-url / ${BASE_URL_ENV} and the shard index", stop=failed, **http_kw)
             return None
-        cached = hub_file(repo_id, name, revision=revision, progress=progress)
+        cached = hub_file(repo_id, name, revision=revision, progress=progress, stop=failed)
         try:
             validate_parquet(cached)
         except DataError as e:

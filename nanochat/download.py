@@ -127,11 +127,13 @@ _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def hub_file(repo_id: str, filename: str, *, repo_type: str = "dataset", revision: str | None = None,
-             cache_dir=None, progress: bool = True) -> Path:
+             cache_dir=None, progress: bool = True, stop: StopFlag | None = None) -> Path:
     """Download ``filename`` of a hub repo into the hub cache (or find it there), verify it, return its path.
 
     The returned path is the cache's snapshot entry ``.../snapshots/<commit>/<filename>`` (a link to the blob), so
     ``path.parent.name`` is the commit the file came from. ``HF_ENDPOINT`` and ``HF_TOKEN`` are read at call time.
+    ``stop``, once set, ends a plain-HTTP download (not a Xet one) within a piece of 10 MB with ``DownloadStopped``;
+    what happens to the partial file is the library's choice (2.4 deletes it: a rerun fetches that file whole).
     """
     import huggingface_hub
     from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
@@ -142,7 +144,7 @@ def hub_file(repo_id: str, filename: str, *, repo_type: str = "dataset", revisio
     try:
         path = huggingface_hub.hf_hub_download(
             repo_id, filename, repo_type=repo_type, revision=revision, cache_dir=cache_dir, endpoint=endpoint,
-            token=os.environ.get("HF_TOKEN") or None, tqdm_class=None if progress else _silent_bar())
+            token=os.environ.get("HF_TOKEN") or None, tqdm_class=_hub_bar(progress, stop, where))
     except GatedRepoError as e:
         raise DownloadError(f"{where}: the repo is gated; accept its terms on the hub and set HF_TOKEN ({e})") from e
     except RepositoryNotFoundError as e:
@@ -185,15 +187,27 @@ def verify_hub_blob(path: Path, where: str = "") -> bool:
     return True
 
 
-def _silent_bar():
-    """A tqdm class that never draws (progress=False), as hf_hub_download's ``tqdm_class``."""
-    from tqdm.auto import tqdm
+def _hub_bar(progress: bool, stop, where: str):
+    """hf_hub_download's ``tqdm_class``: the library's own bar (None) unless it must stay hidden (not ``progress``)
+    or watch ``stop``. Once ``stop`` is set, the bar's next update in the downloading thread raises
+    ``DownloadStopped``: the library updates it after every piece of the body (10 MB), lets the exception through
+    and deletes its partial file, the one way to stop it from another thread without an HTTP client of our own."""
+    if progress and stop is None:
+        return None
+    from huggingface_hub.utils import tqdm as hub_tqdm
 
-    class SilentBar(tqdm):
+    class HubBar(hub_tqdm):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "disable": True})
+            super().__init__(*args, **(kwargs if progress else {**kwargs, "disable": True}))
+            self.owner = threading.get_ident()
 
-    return SilentBar
+        def update(self, n=1):
+            # only in the thread that downloads: Xet reports progress from threads of its own
+            if stop is not None and stop.is_set() and threading.get_ident() == self.owner:
+                raise DownloadStopped(where)
+            return super().update(n)
+
+    return HubBar
 
 
 def place_file(src: Path, dest: Path) -> Path:

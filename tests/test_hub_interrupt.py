@@ -1,16 +1,23 @@
-"""Ctrl-C during hub shard downloads (``hf_hub_download`` in worker threads, which nothing can stop mid-file):
-prepare_data stops within a second or two, says what it kept, exits 130, and no download still running afterwards
-places a shard or writes a manifest. In-process with a blocking fake of the library."""
+"""Ctrl-C during hub shard downloads (``hf_hub_download`` in worker threads, which the main thread's
+KeyboardInterrupt never reaches): prepare_data stops within a second or two, says what it kept, exits 130, and no
+download still running afterwards places a shard or writes a manifest. In-process with a blocking fake of the
+library (a download that never stops, like a Xet one), and with the real library against a slow local server as
+HF_ENDPOINT (never the internet), whose plain-HTTP downloads stop within a piece and delete their partial files."""
 
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from test_download import HUB_COMMIT, parquet_bytes
+import pytest
 
+from test_download import HUB_COMMIT, FlakyServer, hub_path, parquet_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("shard_00000.parquet", "shard_00001.parquet")  # the train shards; the val shard (369) comes at once
 
 
@@ -124,3 +131,107 @@ def test_a_hub_error_is_still_one_line_while_other_hub_downloads_hang(tmp_path, 
     assert err.strip().splitlines()[-1] == ("error: dataset repo karpathy/fineweb-edu-100b-shuffle, file "
                                             "shard_00369.parquet: no such file in the repo"), err
     assert not list((tmp_path / "d").glob("*.parquet")) and not (tmp_path / "d" / "manifest.json").exists()
+
+
+@pytest.fixture
+def slow_hub(tmp_path):
+    """Three ~800 kB shards at hub URLs, sent at 64 KiB a second (~13 s each)."""
+    files = {hub_path("fineweb-edu", f"shard_{i:05d}.parquet"): parquet_bytes(20, str(i), filler=40_000)
+             for i in (0, 1, 369)}
+    server = FlakyServer(files)
+    server.chunk_delay = 1.0
+    yield server
+    server.close()
+
+
+def test_ctrl_c_stops_real_hub_downloads_at_once_and_leaves_no_partial_files(slow_hub, tmp_path):
+    """End to end, a process with the real huggingface_hub in its worker threads: SIGINT mid-body exits 130 within
+    seconds (nothing at exit waits for the threads either), with no shard and no manifest; the downloads in flight
+    stop within a piece and the library deletes its partial files (abandoned threads would leave one per shard, a
+    random name no rerun reuses); the rerun completes. Before: exit after every body had arrived (~12 s here, minutes
+    for real shards). ~8 s (two interpreter starts)."""
+    data, cache = tmp_path / "data", tmp_path / "hub"
+    env = {**os.environ, "HF_ENDPOINT": slow_hub.url, "HF_TOKEN": "hf_test_token", "HF_HUB_CACHE": str(cache),
+           "HF_HUB_OFFLINE": "0", "PYTHONPATH": str(ROOT)}
+    env.pop("NANOCHAT_DATA_BASE_URL", None)
+    # the library reads bodies in 10 MB pieces, a small part of a real shard: 64 KiB ones are as small a part here
+    launch = ("import sys, huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = 1 << 16; "
+              "from scripts.prepare_data import main; sys.exit(main(sys.argv[1:]))")
+    cmd = [sys.executable, "-c", launch, "--dataset", "fineweb-edu", "--num-shards", "2", "--data-dir", str(data),
+           "--workers", "3", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (sum(r[0] == "GET" and r[1] in slow_hub.files for r in slow_hub.requests) < 3
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        time.sleep(1.2)  # a few pieces of every body have arrived
+        assert list(cache.rglob("*.incomplete")), "no download in flight"
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - interrupted
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and elapsed < 5, (proc.returncode, elapsed, err)
+    assert "Traceback" not in err and "prepare_data: interrupted" in err, err
+    assert not list(data.glob("*.parquet")) and not (data / "manifest.json").exists()
+    assert not list(cache.rglob("*.incomplete"))
+    slow_hub.chunk_delay = 0.0
+    rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    for path, body in slow_hub.files.items():
+        assert (data / path.rsplit("/", 1)[1]).read_bytes() == body
+
+
+@pytest.fixture
+def slow_hub_env(slow_hub, tmp_path, monkeypatch):
+    """This process's huggingface_hub pointed at ``slow_hub``, its cache in tmp_path, bodies read in 64 KiB
+    pieces (10 MB for real: a small part of a real shard, as 64 KiB is of these)."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setenv("HF_ENDPOINT", slow_hub.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.delenv("NANOCHAT_DATA_BASE_URL", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+    return slow_hub
+
+
+def test_a_failed_shard_stops_the_real_hub_downloads_in_flight(slow_hub_env, tmp_path, capsys):
+    """The val shard is missing (404) while both train shards are being fetched: exit 2 with the 404's line within
+    seconds, and the two downloads stop at their first piece, the library deleting their partial files (before,
+    with daemon threads alone, they ran on to the end of their ~13 s bodies). ~2 s."""
+    from scripts import prepare_data
+
+    del slow_hub_env.files[hub_path("fineweb-edu", "shard_00369.parquet")]
+    slow_hub_env.delay = 1.0  # every answer: the train shards' GETs are sent after the 404 has come
+    started = time.monotonic()
+    code = prepare_data.main(["--dataset", "fineweb-edu", "--num-shards", "2", "--data-dir", str(tmp_path / "d"),
+                              "--workers", "3", "--no-progress"])
+    elapsed = time.monotonic() - started
+    join_download_threads()
+    err = capsys.readouterr().err
+    assert code == 2 and elapsed < 5, (code, elapsed, err)
+    assert err.strip().splitlines()[-1].endswith("file shard_00369.parquet: no such file in the repo"), err
+    assert not list((tmp_path / "d").glob("*.parquet")) and not list((tmp_path / "hub").rglob("*.incomplete"))
+    gets = [r for r in slow_hub_env.requests if r[0] == "GET" and r[1] in slow_hub_env.files]
+    assert len(gets) == 2, slow_hub_env.requests  # both train shards had started
+
+
+def test_a_hub_download_in_the_main_thread_stops_at_once_on_ctrl_c(slow_hub_env, tmp_path):
+    """A single hub_file in the main thread (import_reference's weights) needs nothing of ours: the KeyboardInterrupt
+    comes out of the library's socket read at once and the library deletes its partial file. ~1 s."""
+    from nanochat.download import hub_file
+
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            hub_file("karpathy/fineweb-edu-100b-shuffle", "shard_00001.parquet", progress=False)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 3  # the body takes ~13 s
+    assert not list((tmp_path / "hub").rglob("*.incomplete"))
