@@ -266,9 +266,9 @@ def download_remote_shards(dataset: str, data_dir, num_shards: int, base_url: st
         return cached.parent.name  # snapshots/<commit>/<file>
 
     indices = [val_idx] + train_idx
-    # the first failure (or Ctrl-C) is reported now, not after every queued shard's retries or the hub downloads in
-    # flight: mirror downloads stop within a piece (their .part files are kept), hub ones run on in daemon threads
-    # until the process exits (the hub cache keeps their .incomplete files for the next run)
+    # the first failure (or Ctrl-C) is reported now, not after every queued shard's retries or the downloads in
+    # flight: these stop within a piece (a mirror's .part file is kept; huggingface_hub deletes its partial file),
+    # and one that cannot stop (Xet) is left to run in its daemon thread until the process exits
     with tqdm(total=len(indices), desc=f"{dataset} shards", unit="shard", disable=not progress) as bar:
         commits = set(run_in_daemon_threads(fetch, indices, workers, failed, done=lambda: bar.update(1)))
     if url:

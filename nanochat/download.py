@@ -34,7 +34,7 @@ class DownloadStopped(Exception):
 
 class StopFlag(threading.Event):
     """The stop event of downloads in worker threads. Once ``set()`` has returned, no file is given its final name
-    under ``placing()`` any more: a worker left running after Ctrl-C (``hf_hub_download`` cannot be stopped
+    under ``placing()`` any more: a worker left running after Ctrl-C (a Xet download, which nothing stops
     mid-file) must not add a file to the data dir behind the back of the "interrupted" message."""
 
     def __init__(self):
@@ -58,8 +58,9 @@ def run_in_daemon_threads(fn, items: list, workers: int, stop: StopFlag, done=No
     """``[fn(item) for item in items]``, computed by up to ``workers`` daemon threads; ``done()`` is called in
     this thread as each result (in order) arrives. An exception from ``fn`` (raised here when its item's turn
     comes) or a Ctrl-C here sets ``stop`` (no queued item starts), gives the threads in flight ``grace`` seconds to
-    see it and is raised without waiting further. Daemon threads, because a ``ThreadPoolExecutor`` joins its workers on exit from its ``with`` and again
-    at interpreter exit: Ctrl-C waited there for whole hub downloads (hundreds of MB) that nothing can stop."""
+    see it and is raised without waiting further. Daemon threads, because a ``ThreadPoolExecutor`` joins its
+    workers on exit from its ``with`` and again at interpreter exit: Ctrl-C waited there for whole hub downloads
+    (hundreds of MB), which the main thread's KeyboardInterrupt does not reach."""
     import queue
     from concurrent.futures import Future
 
