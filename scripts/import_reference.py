@@ -216,11 +216,15 @@ def main(argv=None) -> int:
     from nanochat.checkpoint import CheckpointWriteError
     from nanochat.download import DownloadError
 
+    args = parse_args(argv)
     try:
-        import_reference(parse_args(argv))
+        import_reference(args)
     except (OSError, ValueError, DownloadError, CheckpointWriteError) as e:  # OSError: e.g. a full disk
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # import_work_dir removed the work folder: the run is imported whole or not at all
+        print(f"interrupted; nothing was imported into --run-dir {args.run_dir}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -138,6 +138,26 @@ def test_a_checkpoint_that_cannot_be_written_is_one_clear_error(tmp_path, monkey
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run.importing-*"))
 
 
+@pytest.mark.parametrize("stop_at", ["convert", "checkpoint"])
+def test_ctrl_c_midway_is_one_line_exit_130_and_leaves_no_run(tmp_path, monkeypatch, capsys, stop_at):
+    """Ctrl-C while the source is read (convert) or the checkpoint written: one line, exit 130, no traceback, no
+    run dir and no work folder (a rerun imports afresh)."""
+    from nanochat import checkpoint as ckpt
+    from scripts import import_reference
+
+    src, _, _ = make_their_files(tmp_path, "base")
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(*((import_reference, "convert") if stop_at == "convert" else (ckpt, "_write_file")), ctrl_c)
+    assert run_import(src, tmp_path / "run") == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "interrupted" in err, err
+    assert str(tmp_path / "run") in err
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run.importing-*"))
+
+
 def test_missing_files_and_vocab_mismatch(tmp_path, capsys):
     src, source, tok = make_their_files(tmp_path, "base")
     (src / "base_checkpoints" / "d4" / f"model_{STEP:06d}.pt").rename(tmp_path / "moved.pt")
