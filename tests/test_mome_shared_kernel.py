@@ -47,17 +47,18 @@ def _model(opts):
 
 
 def _spy(monkeypatch):
-    """Record every call of both kernel wrappers: (which, its table's shape, its row ids, the dtype it stores)."""
+    """Record every call of both kernel wrappers: (which, its table's shape, its row ids, the dtype it stores,
+    unique_rows)."""
     calls = []
     real_row, real_inject = mome_module.kernel_row_mix, mome_module.kernel_row_mix_inject
 
-    def row_mix(table, row, w, out_dtype):
-        calls.append(("row", tuple(table.shape), row.clone(), out_dtype))
-        return real_row(table, row, w, out_dtype)
+    def row_mix(table, row, w, out_dtype, unique_rows):
+        calls.append(("row", tuple(table.shape), row.clone(), out_dtype, unique_rows))
+        return real_row(table, row, w, out_dtype, unique_rows)
 
-    def inject(table, row, w, gamma, v):
-        calls.append(("fused", tuple(table.shape), row.clone(), v.dtype))
-        return real_inject(table, row, w, gamma, v)
+    def inject(table, row, w, gamma, v, unique_rows):
+        calls.append(("fused", tuple(table.shape), row.clone(), v.dtype, unique_rows))
+        return real_inject(table, row, w, gamma, v, unique_rows)
 
     monkeypatch.setattr(mome_module, "kernel_row_mix", row_mix)
     monkeypatch.setattr(mome_module, "kernel_row_mix_inject", inject)
@@ -80,10 +81,10 @@ def _on_and_off(monkeypatch, name, autocast, fuse=True):
 
 
 def _assert_rows_in_calls(model, calls, kind, dtype):
-    """One call per memory layer, each on the gathered rows as a (B*T*M, d) table at ids 0..B*T-1, never on the
-    shared table itself."""
+    """One call per memory layer, each on the gathered rows as a (B*T*M, d) table at ids 0..B*T-1 declared unique
+    (the backward stores its table gradient), never on the shared table itself."""
     M, d = model.memory.M, model.memory.d
-    assert [(c[0], c[1], c[3]) for c in calls] == [(kind, (B * T * M, d), dtype)] * len(model.memory.layers)
+    assert [(c[0], c[1], c[3], c[4]) for c in calls] == [(kind, (B * T * M, d), dtype, True)] * len(model.memory.layers)
     assert all(torch.equal(c[2], torch.arange(B * T).view(B, T)) for c in calls)
     assert model.memory.table.weight.shape[0] > B * T * M  # the shared table: not what the kernels got
 
@@ -186,7 +187,7 @@ def test_kv_cache_decoding_with_the_switch_on_gives_the_uncached_logits(fuse, in
         calls = _spy(monkeypatch)
         if interpreted:
             monkeypatch.setattr(mt, "mome_row_mix_inject_op", _InterpretedInject.apply)
-            monkeypatch.setattr(mt, "mome_row_mix_op", lambda t, r, w, dt: _InterpretedRowMix.apply(t, r, w, dt))
+            monkeypatch.setattr(mt, "mome_row_mix_op", _InterpretedRowMix.apply)
         monkeypatch.setattr(mix_paths, "SHARED_TABLE_KERNEL", True)
         cache = KVCache.for_model(model, batch_size=B, max_len=9)
         got = [model(x[:, :6], kv_cache=cache)] + [model(x[:, t:t + 1], kv_cache=cache) for t in range(6, 9)]
@@ -220,7 +221,7 @@ def test_interpreted_kernels_on_the_gathered_rows_equal_the_torch_row_mix(fuse, 
     want = _loss_and_grads(model, x, y, False)
     calls = _spy(monkeypatch)
     monkeypatch.setattr(mt, "mome_row_mix_inject_op", _InterpretedInject.apply)
-    monkeypatch.setattr(mt, "mome_row_mix_op", lambda table, row, w, dt: _InterpretedRowMix.apply(table, row, w, dt))
+    monkeypatch.setattr(mt, "mome_row_mix_op", _InterpretedRowMix.apply)
     monkeypatch.setattr(mix_paths, "SHARED_TABLE_KERNEL", True)
     got = _loss_and_grads(model, x, y, False)
     _assert_rows_in_calls(model, calls, "fused" if fuse else "row", torch.float32)

@@ -166,9 +166,10 @@ def _spy(monkeypatch):
     calls = []
     real = mome_module.kernel_row_mix
 
-    def spy(table, row, w, out_dtype):
+    def spy(table, row, w, out_dtype, unique_rows):
         calls.append(out_dtype)
-        return real(table, row, w, out_dtype)
+        assert unique_rows is False  # a per-layer table: its row ids repeat
+        return real(table, row, w, out_dtype, unique_rows)
 
     monkeypatch.setattr(mome_module, "kernel_row_mix", spy)
     return calls
@@ -333,10 +334,11 @@ def test_kernels_refuse_what_they_do_not_take():
         mt.row_mix_forward_triton(torch.zeros(3, 8192), row.clamp_max(0), torch.zeros(4, 4, 3), torch.float32)
 
 
-def sm90_ptx(kernels: dict, shape, options: dict | None = None) -> dict:
+def sm90_ptx(kernels: dict, shape, options: dict | None = None, constants: dict | None = None) -> dict:
     """{name: PTX} of each (kernel, pointer types) in ``kernels`` built by Triton's real compiler for an H100 (what
-    the GPU runs; the interpreter skips it), with the launch config of shape (H, M, d) and the compile ``options``
-    the launch passes. Triton versions whose ahead-of-time API differs skip the calling test."""
+    the GPU runs; the interpreter skips it), with the launch config of shape (H, M, d), the extra constexprs
+    ``constants`` (the backward kernels' UNIQUE_ROWS) and the compile ``options`` the launch passes. Triton
+    versions whose ahead-of-time API differs skip the calling test."""
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -345,6 +347,7 @@ def sm90_ptx(kernels: dict, shape, options: dict | None = None) -> dict:
     H, M, d = shape
     cfg = mt._launch_config(torch.zeros(M, d), torch.zeros(1, dtype=torch.long), torch.zeros(1, H, M))
     warps = cfg.pop("num_warps")
+    cfg |= constants or {}
     consts = {k: "constexpr" for k in cfg}
     out = {}
     for name, (kernel, ptrs) in kernels.items():
@@ -361,25 +364,31 @@ def sm90_ptx(kernels: dict, shape, options: dict | None = None) -> dict:
 @pytest.mark.skipif(not COMPILABLE, reason="needs triton, not in interpreter mode (TRITON_INTERPRET unset)")
 @pytest.mark.parametrize("shape", [(6, 6, 128), (3, 5, 48)], ids=["d12", "non_pow2"])
 def test_kernels_compile_for_sm90_without_a_gpu(shape):
-    """Both kernels build for an H100 from the launch config, the table-gradient atomics relaxed fp32 reductions."""
-    ptx = sm90_ptx({"fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"]),
-                    "bwd": (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"])}, shape)
+    """Both kernels build for an H100 from the launch config, the table-gradient atomics relaxed fp32 reductions;
+    with UNIQUE_ROWS the backward's table gradient is plain 128-bit stores, no atomics."""
+    ptx = sm90_ptx({"fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"])}, shape)
+    bwd = (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"])
+    ptx |= sm90_ptx({"bwd": bwd}, shape, constants={"UNIQUE_ROWS": False})
+    ptx |= sm90_ptx({"bwd_unique": bwd}, shape, constants={"UNIQUE_ROWS": True})
     assert "ld.global" in ptx["fwd"] and "ld.global" in ptx["bwd"]
     assert "red.global.gpu.relaxed.add" in ptx["bwd"] and "f32" in ptx["bwd"]
+    assert "red.global" not in ptx["bwd_unique"] and "atom." not in ptx["bwd_unique"]
+    assert "st.global" in ptx["bwd_unique"]
 
 
 class _InterpretedRowMix(torch.autograd.Function):
     """The op's contract with the Triton launchers (in the interpreter) in place of its CPU math."""
 
     @staticmethod
-    def forward(ctx, table, row, w, out_dtype):
+    def forward(ctx, table, row, w, out_dtype, unique_rows=False):
         ctx.save_for_backward(table, row, w)
+        ctx.unique_rows = unique_rows
         return mt.row_mix_forward_triton(table, row, w, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        d_table, dw = mt.row_mix_backward_triton(grad, *ctx.saved_tensors)
-        return d_table, None, dw, None
+        d_table, dw = mt.row_mix_backward_triton(grad, *ctx.saved_tensors, ctx.unique_rows)
+        return d_table, None, dw, None, None
 
 
 @needs_interpreter
@@ -395,7 +404,7 @@ def test_model_with_interpreted_kernels_equals_unrolled(name, monkeypatch):
     idx = torch.randint(0, 40, (2, 17), generator=g)  # 40 distinct tokens of 32 positions: repeated rows
     want = _loss_and_grads(model, idx[:, :-1], idx[:, 1:], False)
     calls = _spy(monkeypatch)
-    monkeypatch.setattr(mt, "mome_row_mix_op", lambda table, row, w, dt: _InterpretedRowMix.apply(table, row, w, dt))
+    monkeypatch.setattr(mt, "mome_row_mix_op", _InterpretedRowMix.apply)
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(mix_paths, "ROW_SUM", "triton")
     got = _loss_and_grads(model, idx[:, :-1], idx[:, 1:], False)

@@ -163,9 +163,10 @@ def _spy(monkeypatch):
     calls = []
     real = mome_module.kernel_row_mix_inject
 
-    def spy(table, row, w, gamma, v):
+    def spy(table, row, w, gamma, v, unique_rows):
         calls.append(v.dtype)
-        return real(table, row, w, gamma, v)
+        assert unique_rows is False  # a per-layer table: its row ids repeat
+        return real(table, row, w, gamma, v, unique_rows)
 
     monkeypatch.setattr(mome_module, "kernel_row_mix_inject", spy)
     return calls
@@ -299,14 +300,15 @@ class _InterpretedInject(torch.autograd.Function):
     """The fused op's contract with the Triton launchers (in the interpreter) in place of its CPU math."""
 
     @staticmethod
-    def forward(ctx, table, row, w, gamma, v):
+    def forward(ctx, table, row, w, gamma, v, unique_rows=False):
         ctx.save_for_backward(table, row, w, gamma)
+        ctx.unique_rows = unique_rows
         return mt.row_mix_inject_forward_triton(table, row, w, gamma, v)
 
     @staticmethod
     def backward(ctx, grad):
-        d_table, dw, d_gamma = mt.row_mix_inject_backward_triton(grad, *ctx.saved_tensors)
-        return d_table, None, dw, d_gamma, grad
+        d_table, dw, d_gamma = mt.row_mix_inject_backward_triton(grad, *ctx.saved_tensors, ctx.unique_rows)
+        return d_table, None, dw, d_gamma, grad, None
 
 
 @needs_interpreter
@@ -325,26 +327,32 @@ def test_model_with_interpreted_kernels_equals_the_unfused_path(monkeypatch):
         torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+# the backward kernels' pointer types as the model launches them under autocast (bf16 grad, gamma and d_gamma)
+INJECT_BWD_PTRS = ["*bf16", "*fp32", "*i64", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16"]
+ROW_BWD_PTRS = ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"]
+
+
 @pytest.mark.skipif(not COMPILABLE, reason="needs triton, not in interpreter mode (TRITON_INTERPRET unset)")
 @pytest.mark.parametrize("shape", [(6, 6, 128), (3, 5, 48)], ids=["d12", "non_pow2"])
 def test_kernels_compile_for_sm90_without_a_gpu(shape):
     """Triton's real compiler builds both fused kernels for an H100 (bf16 v, gamma and grad; fp32 atomics), with
     the forward's launch options: its injection rounds the product gamma * mem to bf16 before adding v (as eager),
     not one bf16 FMA (on 2026-11-26, with FP fusion on, a quarter of the H100's outputs differed from the eager
-    rounding by 1 ulp), while the mix over M keeps its fp32 FMAs."""
+    rounding by 1 ulp), while the mix over M keeps its fp32 FMAs. With UNIQUE_ROWS the backward stores its table
+    gradient, no atomics."""
     ptx = sm90_ptx({"fwd": (mt._row_mix_inject_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16", "*bf16", "*bf16"])},
                    shape, mt.INJECT_FWD_OPTIONS)
-    ptx |= sm90_ptx({"bwd": (mt._row_mix_inject_bwd_kernel,
-                             ["*bf16", "*fp32", "*i64", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16"])}, shape)
+    bwd = (mt._row_mix_inject_bwd_kernel, INJECT_BWD_PTRS)
+    ptx |= sm90_ptx({"bwd": bwd}, shape, constants={"UNIQUE_ROWS": False})
+    ptx |= sm90_ptx({"bwd_unique": bwd}, shape, constants={"UNIQUE_ROWS": True})
     for code in ptx.values():
         assert "ld.global" in code and "st.global" in code
         assert "cvt.rn.bf16" in code  # rounded to nearest even on the GPU
     assert "red.global.gpu.relaxed.add" in ptx["bwd"] and "f32" in ptx["bwd"]
+    assert "red.global" not in ptx["bwd_unique"] and "atom." not in ptx["bwd_unique"]
     assert "fma.rn.f32" in ptx["fwd"] and not re.search(r"\bfma\.[a-z.]*bf16", ptx["fwd"])
     # the backward recomputes mem with the forward's FMAs whatever Triton's FP-fusion default (off from Triton 3.10)
-    bwd_unfused = sm90_ptx({"bwd": (mt._row_mix_inject_bwd_kernel,
-                                    ["*bf16", "*fp32", "*i64", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16"])},
-                           shape, {"enable_fp_fusion": False})["bwd"]
+    bwd_unfused = sm90_ptx({"bwd": bwd}, shape, {"enable_fp_fusion": False}, {"UNIQUE_ROWS": False})["bwd"]
     assert "fma.rn.f32" in bwd_unfused
 
 
@@ -379,11 +387,13 @@ def test_kernels_keep_their_tiles_in_registers_on_sm90(shape):
     accumulators at 8 warps), at M = 8 and at the largest M (64; the kernels unroll over M; ~1 min to build): the
     fused backward, which holds two (BLOCK_H, BLOCK_D) fp32 tiles (grad and the
     recomputed mem), is the one closest to the 255-register limit (on 2026-11-26 with Triton 3.9's ptxas: 96
-    registers at d12, 255 at the largest tile, no spills)."""
-    ptx = sm90_ptx({"row_fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"]),
-                    "row_bwd": (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"]),
-                    "inject_bwd": (mt._row_mix_inject_bwd_kernel,
-                                   ["*bf16", "*fp32", "*i64", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16"])}, shape)
+    registers at d12, 255 at the largest tile, no spills). The backward kernels with and without UNIQUE_ROWS (stores
+    in place of the table gradient's atomics)."""
+    ptx = sm90_ptx({"row_fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"])}, shape)
+    for unique in (False, True):
+        ptx |= sm90_ptx({f"row_bwd_{unique}": (mt._row_mix_bwd_kernel, ROW_BWD_PTRS),
+                         f"inject_bwd_{unique}": (mt._row_mix_inject_bwd_kernel, INJECT_BWD_PTRS)}, shape,
+                        constants={"UNIQUE_ROWS": unique})
     ptx |= sm90_ptx({"inject_fwd": (mt._row_mix_inject_fwd_kernel,
                                     ["*fp32", "*i64", "*fp32", "*bf16", "*bf16", "*bf16"])}, shape, mt.INJECT_FWD_OPTIONS)
     usage = {name: ptxas_usage(code) for name, code in ptx.items()}

@@ -333,14 +333,15 @@ class MoMEMemory(MemoryBlock):
             return False
         return mome_triton.applies(table, self.H, self.M)
 
-    def _kernel_operands(self, table, row, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernels' (table, row ids): a per-layer table and n_t; for the shared table its rows gathered once,
-        (B, T, M, d) -> a (B*T*M, d) table read at ids 0..B*T-1, so the kernels' table gradient is (B*T*M, d),
-        free of collisions, and the gather's backward scatters the layers' summed gradient into the table once."""
+    def _kernel_operands(self, table, row, rows) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The kernels' (table, row ids, unique_rows): a per-layer table and n_t (ids repeat); for the shared table
+        its rows gathered once, (B, T, M, d) -> a (B*T*M, d) table read at ids 0..B*T-1, each row by one token: the
+        kernels' table gradient is (B*T*M, d), stored without a zero fill or atomics (unique_rows), and the gather's
+        backward scatters the layers' summed gradient into the table once."""
         if not hasattr(self, "table"):
-            return table, row
+            return table, row, False
         B, T = row.shape
-        return rows.reshape(B * T * self.M, self.d), torch.arange(B * T, device=row.device).view(B, T)
+        return rows.reshape(B * T * self.M, self.d), torch.arange(B * T, device=row.device).view(B, T), True
 
     def _head_rows(self, row: torch.Tensor) -> torch.Tensor:
         """Per-head tables: each head's row n_t*H + h, (B, T) -> (B, T, H)."""
@@ -426,8 +427,8 @@ class MoMEMemory(MemoryBlock):
         if self.eval_loads is not None:
             self._count_eval_loads(pos, sel, row)
         if self._fused_inject(table):  # v + gamma * mem in one kernel pair: mem never leaves it
-            return kernel_row_mix_inject(*self._kernel_operands(table, row, rows), self._dense_weights(sel, w), gamma,
-                                         v)
+            k_table, k_row, unique = self._kernel_operands(table, row, rows)
+            return kernel_row_mix_inject(k_table, k_row, self._dense_weights(sel, w), gamma, v, unique)
         mem = self._mem(pos, table, row, rows, sel, w, shared, v.dtype)  # (B, T, H, d)
         inject = gamma[..., None].to(v.dtype) * mem.to(v.dtype)
         if self.capture is not None:
@@ -466,8 +467,8 @@ class MoMEMemory(MemoryBlock):
         if self._row_mix(table):  # the M slots of n_t once per token, mixed per head (K == M: all of them)
             wd = self._dense_weights(sel, w)  # (B, T, H, M)
             if self._kernel_row_mix(table):  # mem already in its cast dtype; per-layer: no (B, T, M, d) gather
-                mem = kernel_row_mix(*self._kernel_operands(table, row, rows), wd,
-                                     table.dtype if self._shared_experts() else v_dtype)
+                k_table, k_row, unique = self._kernel_operands(table, row, rows)
+                mem = kernel_row_mix(k_table, k_row, wd, table.dtype if self._shared_experts() else v_dtype, unique)
             else:
                 rows = self._gather_rows(table, row) if rows is None else rows  # (B, T, M, d)
                 mem = mome_row_mix(rows, wd)

@@ -81,8 +81,12 @@ def row_mix_torch(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_d
         return torch.einsum("nhm,nmd->nhd", w.to(table.dtype), rows).to(out_dtype).contiguous()
 
 
-def row_mix_backward_torch(grad, table, row, w) -> tuple[torch.Tensor, torch.Tensor]:
-    """grad (N, H, d) -> (d_table (R, d) in the table's dtype, dw (N, H, M) in w's dtype)."""
+def row_mix_backward_torch(grad, table, row, w, unique_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """grad (N, H, d) -> (d_table (R, d) in the table's dtype, dw (N, H, M) in w's dtype). ``unique_rows``: the
+    caller's promise that the kernels' stores may replace their atomics (``check_unique_rows``), checked here in
+    full (the ids too: cheap off the GPU); the sum is the same, each row's d_rows added once into a zero."""
+    if unique_rows:
+        check_unique_rows(table, w, row)
     with torch.autocast(table.device.type, enabled=False):
         ids = _slot_ids(row, w.size(-1))  # (N, M)
         rows, g = table[ids], grad.to(table.dtype)  # (N, M, d), (N, H, d)
@@ -101,17 +105,43 @@ def row_mix_inject_torch(table, row, w, gamma, v) -> torch.Tensor:
         return (v + gamma.to(v.dtype)[..., None] * mem).contiguous()
 
 
-def row_mix_inject_backward_torch(grad, table, row, w, gamma) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_mix_inject_backward_torch(grad, table, row, w, gamma,
+                                  unique_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad (N, H, d) of v_out, in v's dtype -> (d_table (R, d), dw (N, H, M), d_gamma (N, H)) in the inputs'
     dtypes (grad v is grad itself). In fp32 from gamma and mem rounded to grad's dtype, as the forward multiplies
-    them: d_gamma = sum_d grad * mem, dw = gamma * <E_m, grad>, d_table += sum_h w * gamma * grad."""
+    them: d_gamma = sum_d grad * mem, dw = gamma * <E_m, grad>, d_table += sum_h w * gamma * grad. ``unique_rows``
+    as ``row_mix_backward_torch``'s."""
     with torch.autocast(table.device.type, enabled=False):
         g = grad.to(table.dtype)  # (N, H, d)
         gam = gamma.to(grad.dtype).to(table.dtype)  # (N, H)
         mem = row_mix_torch(table, row, w, grad.dtype).to(table.dtype)
         d_gamma = (g * mem).sum(dim=-1).to(gamma.dtype)
-        d_table, dw = row_mix_backward_torch(g * gam[..., None], table, row, w)
+        d_table, dw = row_mix_backward_torch(g * gam[..., None], table, row, w, unique_rows)
     return d_table, dw, d_gamma
+
+
+def check_unique_rows(table, w, row=None) -> None:
+    """The contract of ``unique_rows`` (the backward stores each table row's gradient once into an unfilled
+    tensor): every table row is read by exactly one token, i.e. R == N*M and the N row ids are distinct (then a
+    permutation of 0..N-1). The shapes are checked always; the ids where ``row`` is given (off the GPU: checking
+    them there would sync the host)."""
+    N, M = w.size(0), w.size(-1)
+    if table.size(0) != N * M:
+        raise ValueError(f"unique_rows: each of the table's rows must be read by exactly one token, so R == N*M; got "
+                         f"a table of {table.size(0)} rows for N={N} tokens of M={M} slots")
+    if row is not None and torch.unique(row).numel() != row.numel():
+        raise ValueError(f"unique_rows: the {row.numel()} row ids repeat (the per-layer tables' ids do: "
+                         f"unique_rows=False there)")
+
+
+def _table_grad(table, w, unique_rows: bool) -> torch.Tensor:
+    """The backward kernels' fp32 (R, d) table gradient: zero-filled for their atomics; unfilled (no R*d*4-byte
+    fill) where ``unique_rows`` has the kernels store every row once."""
+    if unique_rows:
+        check_unique_rows(table, w)
+        if w.numel():  # else no kernel runs to store the rows
+            return torch.empty_like(table, memory_format=torch.contiguous_format)
+    return torch.zeros_like(table, memory_format=torch.contiguous_format)
 
 
 # -- the Triton kernels: one program per token t -------------------------------------------------------------------
@@ -131,6 +161,17 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _add_row_grad(ptr, d_row, c_ok, UNIQUE_ROWS: tl.constexpr):
+        """d_table[row] += d_row (BLOCK_D,) fp32. UNIQUE_ROWS (every table row read by exactly one token, e.g. the
+        shared table's gathered rows): no other program writes this row, so a plain store into the unfilled
+        gradient; ``+ 0.0`` is the atomic add into the zero fill (-0.0 becomes +0.0), so the two are bitwise equal.
+        Else relaxed fp32 atomics into the zero fill: tokens sharing a row collide."""
+        if UNIQUE_ROWS:
+            tl.store(ptr, d_row + 0.0, mask=c_ok)
+        else:
+            tl.atomic_add(ptr, d_row, mask=c_ok, sem="relaxed")
+
+    @triton.jit
     def _row_mix_fwd_kernel(table_ptr, row_ptr, w_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr,
                             M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
         """out[t] (H, D) = w[t] (H, M) @ E[n_t*M : n_t*M + M] (M, D): each of the M rows is loaded once for all
@@ -146,9 +187,10 @@ if triton is not None:
 
     @triton.jit
     def _row_mix_bwd_kernel(grad_ptr, table_ptr, row_ptr, w_ptr, dtable_ptr, dw_ptr, H: tl.constexpr,
-                            D: tl.constexpr, M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                            D: tl.constexpr, M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                            UNIQUE_ROWS: tl.constexpr):
         """grad[t] (H, D) read once (any float dtype, upcast to fp32); per slot m: dw[t, :, m] = grad[t] @ E_m
-        and d_table[n_t*M + m] += w[t, :, m] @ grad[t] by fp32 atomics (tokens sharing a row collide)."""
+        and d_table[n_t*M + m] += w[t, :, m] @ grad[t] (``_add_row_grad``: atomics, or stores for UNIQUE_ROWS)."""
         t = tl.program_id(0).to(tl.int64)
         h = tl.arange(0, BLOCK_H)
         c = tl.arange(0, BLOCK_D)
@@ -161,8 +203,7 @@ if triton is not None:
             e = tl.load(table_ptr + (base + m) * D + c, mask=c_ok, other=0.0)  # (BLOCK_D,)
             tl.store(dw_ptr + (t * H + h) * M + m, tl.sum(g * e[None, :], axis=1), mask=h_ok)
             wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,)
-            tl.atomic_add(dtable_ptr + (base + m) * D + c, tl.sum(wm[:, None] * g, axis=0), mask=c_ok,
-                          sem="relaxed")
+            _add_row_grad(dtable_ptr + (base + m) * D + c, tl.sum(wm[:, None] * g, axis=0), c_ok, UNIQUE_ROWS)
 
     @triton.jit
     def _row_mix_inject_fwd_kernel(table_ptr, row_ptr, w_ptr, gamma_ptr, v_ptr, out_ptr, H: tl.constexpr,
@@ -187,9 +228,9 @@ if triton is not None:
     @triton.jit
     def _row_mix_inject_bwd_kernel(grad_ptr, table_ptr, row_ptr, w_ptr, gamma_ptr, dtable_ptr, dw_ptr, dgamma_ptr,
                                    H: tl.constexpr, D: tl.constexpr, M: tl.constexpr, BLOCK_H: tl.constexpr,
-                                   BLOCK_D: tl.constexpr):
+                                   BLOCK_D: tl.constexpr, UNIQUE_ROWS: tl.constexpr):
         """grad[t] (H, D) (v's dtype) read once; per slot m: dw[t, :, m] = gamma * (grad[t] @ E_m), d_table[n_t*M
-        + m] += (w[t, :, m] * gamma) @ grad[t] (fp32 atomics), and mem recomputed from the same M rows (rounded
+        + m] += (w[t, :, m] * gamma) @ grad[t] (``_add_row_grad``), and mem recomputed from the same M rows (rounded
         to grad's dtype, as the forward's multiply) for d_gamma[t] = sum_d grad[t] * mem[t]."""
         t = tl.program_id(0).to(tl.int64)
         h = tl.arange(0, BLOCK_H)
@@ -207,8 +248,8 @@ if triton is not None:
             wm = tl.load(w_ptr + (t * H + h) * M + m, mask=h_ok, other=0.0)  # (BLOCK_H,)
             acc = tl.fma(wm[:, None], e[None, :], acc)  # as the forward, fusion on or off
             tl.store(dw_ptr + (t * H + h) * M + m, gam * tl.sum(g * e[None, :], axis=1), mask=h_ok)
-            tl.atomic_add(dtable_ptr + (base + m) * D + c, tl.sum((wm * gam)[:, None] * g, axis=0), mask=c_ok,
-                          sem="relaxed")
+            _add_row_grad(dtable_ptr + (base + m) * D + c, tl.sum((wm * gam)[:, None] * g, axis=0), c_ok,
+                          UNIQUE_ROWS)
         mem = acc.to(dt).to(tl.float32)
         d_gamma = tl.sum(g * mem, axis=1)  # (BLOCK_H,)
         tl.store(dgamma_ptr + t * H + h, d_gamma.to(dgamma_ptr.dtype.element_ty), mask=h_ok)
@@ -295,15 +336,17 @@ def row_mix_forward_triton(table, row, w, out_dtype: torch.dtype) -> torch.Tenso
     return out
 
 
-def row_mix_backward_triton(grad, table, row, w) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backward kernel: grad (N, H, d) (any float dtype) -> (d_table (R, d) fp32, dw (N, H, M) fp32)."""
+def row_mix_backward_triton(grad, table, row, w, unique_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward kernel: grad (N, H, d) (any float dtype) -> (d_table (R, d) fp32, dw (N, H, M) fp32).
+    ``unique_rows``: stores into an unfilled d_table in place of atomics into a zero-filled one (``_add_row_grad``;
+    the ids are the caller's promise, ``check_unique_rows``)."""
     cfg = _launch_config(table, row, w)
     grad, table, row, w = grad.contiguous(), table.contiguous(), row.contiguous(), w.contiguous()
-    d_table = torch.zeros_like(table, memory_format=torch.contiguous_format)
+    d_table = _table_grad(table, w, unique_rows)
     dw = torch.empty_like(w, memory_format=torch.contiguous_format)
     if w.numel():
         with _device_guard(table):
-            _row_mix_bwd_kernel[(w.size(0),)](grad, table, row, w, d_table, dw, **cfg)
+            _row_mix_bwd_kernel[(w.size(0),)](grad, table, row, w, d_table, dw, **cfg, UNIQUE_ROWS=unique_rows)
     return d_table, dw
 
 
@@ -336,114 +379,124 @@ def row_mix_inject_forward_triton(table, row, w, gamma, v) -> torch.Tensor:
     return out
 
 
-def row_mix_inject_backward_triton(grad, table, row, w, gamma) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_mix_inject_backward_triton(grad, table, row, w, gamma,
+                                   unique_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused backward kernel: grad (N, H, d) in v's dtype -> (d_table (R, d) fp32, dw (N, H, M) fp32,
-    d_gamma (N, H) in gamma's dtype)."""
+    d_gamma (N, H) in gamma's dtype). ``unique_rows`` as ``row_mix_backward_triton``'s."""
     cfg = _inject_launch_config(table, row, w, gamma, grad)
     grad, table, row, w, gamma = (x.contiguous() for x in (grad, table, row, w, gamma))
-    d_table = torch.zeros_like(table, memory_format=torch.contiguous_format)
+    d_table = _table_grad(table, w, unique_rows)
     dw = torch.empty_like(w, memory_format=torch.contiguous_format)
     d_gamma = torch.empty_like(gamma, memory_format=torch.contiguous_format)
     if w.numel():
         with _device_guard(table):
-            _row_mix_inject_bwd_kernel[(w.size(0),)](grad, table, row, w, gamma, d_table, dw, d_gamma, **cfg)
+            _row_mix_inject_bwd_kernel[(w.size(0),)](grad, table, row, w, gamma, d_table, dw, d_gamma, **cfg,
+                                                     UNIQUE_ROWS=unique_rows)
     return d_table, dw, d_gamma
 
 
 # -- the custom ops ----------------------------------------------------------------------------------------------
 @torch.library.custom_op("nanochat::mome_row_mix", mutates_args=())
-def mome_row_mix_op(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """table (R, d), row (N,) int64, w (N, H, M) -> (N, H, d) in out_dtype. Devices other than CUDA: torch math."""
+def mome_row_mix_op(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
+                    unique_rows: bool = False) -> torch.Tensor:
+    """table (R, d), row (N,) int64, w (N, H, M) -> (N, H, d) in out_dtype. Devices other than CUDA: torch math.
+    ``unique_rows`` (every table row read by one token: ``check_unique_rows``) changes only how the backward
+    writes the table gradient (stores, no zero fill), not a value."""
     return row_mix_torch(table, row, w, out_dtype)
 
 
 @mome_row_mix_op.register_kernel("cuda")
-def _row_mix_cuda(table, row, w, out_dtype):
+def _row_mix_cuda(table, row, w, out_dtype, unique_rows=False):
     return row_mix_forward_triton(table, row, w, out_dtype)
 
 
 @mome_row_mix_op.register_fake
-def _row_mix_fake(table, row, w, out_dtype):
+def _row_mix_fake(table, row, w, out_dtype, unique_rows=False):
     return table.new_empty((w.size(0), w.size(1), table.size(1)), dtype=out_dtype)
 
 
 @torch.library.custom_op("nanochat::mome_row_mix_backward", mutates_args=())
-def mome_row_mix_backward_op(grad: torch.Tensor, table: torch.Tensor, row: torch.Tensor,
-                             w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mome_row_mix_backward_op(grad: torch.Tensor, table: torch.Tensor, row: torch.Tensor, w: torch.Tensor,
+                             unique_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """grad (N, H, d) -> (d_table (R, d), dw (N, H, M)), fresh tensors. Devices other than CUDA: torch math."""
-    return row_mix_backward_torch(grad, table, row, w)
+    return row_mix_backward_torch(grad, table, row, w, unique_rows)
 
 
 @mome_row_mix_backward_op.register_kernel("cuda")
-def _row_mix_backward_cuda(grad, table, row, w):
-    return row_mix_backward_triton(grad, table, row, w)
+def _row_mix_backward_cuda(grad, table, row, w, unique_rows=False):
+    return row_mix_backward_triton(grad, table, row, w, unique_rows)
 
 
 @mome_row_mix_backward_op.register_fake
-def _row_mix_backward_fake(grad, table, row, w):
+def _row_mix_backward_fake(grad, table, row, w, unique_rows=False):
     return table.new_empty(table.shape), w.new_empty(w.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    table, row, w, _ = inputs
+    table, row, w, _, ctx.unique_rows = inputs
     ctx.save_for_backward(table, row, w)
 
 
 def _backward(ctx, grad):
     table, row, w = ctx.saved_tensors
-    d_table, dw = mome_row_mix_backward_op(grad, table, row, w)
-    return d_table, None, dw, None  # row ids and out_dtype take no gradient
+    d_table, dw = mome_row_mix_backward_op(grad, table, row, w, ctx.unique_rows)
+    return d_table, None, dw, None, None  # row ids, out_dtype and unique_rows take no gradient
 
 
 mome_row_mix_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def row_mix(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def row_mix(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
+            unique_rows: bool = False) -> torch.Tensor:
     """The model's call: table (R, d), row ids n_t (B, T), dense weights w (B, T, H, M) -> mem (B, T, H, d) in
-    out_dtype. w is cast to the table's dtype first, as mome_row_mix does (its gradient flows back through)."""
+    out_dtype. w is cast to the table's dtype first, as mome_row_mix does (its gradient flows back through).
+    ``unique_rows``: every table row read by one token (``check_unique_rows``; the shared table's gathered rows)."""
     B, T, H, M = w.shape
-    out = mome_row_mix_op(table, row.reshape(B * T).long(), w.to(table.dtype).reshape(B * T, H, M), out_dtype)
+    out = mome_row_mix_op(table, row.reshape(B * T).long(), w.to(table.dtype).reshape(B * T, H, M), out_dtype,
+                          unique_rows)
     return out.view(B, T, H, table.size(1))
 
 
 # -- the row mix fused with the injection (mome_mix.FUSE_INJECT; on by default) ---------------------------------------
 @torch.library.custom_op("nanochat::mome_row_mix_inject", mutates_args=())
 def mome_row_mix_inject_op(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor,
-                           v: torch.Tensor) -> torch.Tensor:
+                           v: torch.Tensor, unique_rows: bool = False) -> torch.Tensor:
     """table (R, d) fp32, row (N,) int64, w (N, H, M) fp32, gamma (N, H), v (N, H, d) -> v + gamma * mem,
-    (N, H, d) in v's dtype (``row_mix_inject_torch``'s roundings). Devices other than CUDA: torch math."""
+    (N, H, d) in v's dtype (``row_mix_inject_torch``'s roundings). Devices other than CUDA: torch math.
+    ``unique_rows`` as ``mome_row_mix_op``'s (the backward only)."""
     return row_mix_inject_torch(table, row, w, gamma, v)
 
 
 @mome_row_mix_inject_op.register_kernel("cuda")
-def _row_mix_inject_cuda(table, row, w, gamma, v):
+def _row_mix_inject_cuda(table, row, w, gamma, v, unique_rows=False):
     return row_mix_inject_forward_triton(table, row, w, gamma, v)
 
 
 @mome_row_mix_inject_op.register_fake
-def _row_mix_inject_fake(table, row, w, gamma, v):
+def _row_mix_inject_fake(table, row, w, gamma, v, unique_rows=False):
     return v.new_empty(v.shape)
 
 
 @torch.library.custom_op("nanochat::mome_row_mix_inject_backward", mutates_args=())
 def mome_row_mix_inject_backward_op(grad: torch.Tensor, table: torch.Tensor, row: torch.Tensor, w: torch.Tensor,
-                                    gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                    gamma: torch.Tensor, unique_rows: bool = False
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad (N, H, d) in v's dtype -> (d_table (R, d), dw (N, H, M), d_gamma (N, H)), fresh tensors."""
-    return row_mix_inject_backward_torch(grad, table, row, w, gamma)
+    return row_mix_inject_backward_torch(grad, table, row, w, gamma, unique_rows)
 
 
 @mome_row_mix_inject_backward_op.register_kernel("cuda")
-def _row_mix_inject_backward_cuda(grad, table, row, w, gamma):
-    return row_mix_inject_backward_triton(grad, table, row, w, gamma)
+def _row_mix_inject_backward_cuda(grad, table, row, w, gamma, unique_rows=False):
+    return row_mix_inject_backward_triton(grad, table, row, w, gamma, unique_rows)
 
 
 @mome_row_mix_inject_backward_op.register_fake
-def _row_mix_inject_backward_fake(grad, table, row, w, gamma):
+def _row_mix_inject_backward_fake(grad, table, row, w, gamma, unique_rows=False):
     return table.new_empty(table.shape), w.new_empty(w.shape), gamma.new_empty(gamma.shape)
 
 
 def _inject_setup_context(ctx, inputs, output):
-    table, row, w, gamma, v = inputs
+    table, row, w, gamma, v, ctx.unique_rows = inputs
     ctx.save_for_backward(table, row, w, gamma)  # not mem, not v: the backward recomputes mem from the table
     ctx.v_dtype = v.dtype
 
@@ -451,19 +504,20 @@ def _inject_setup_context(ctx, inputs, output):
 def _inject_backward(ctx, grad):
     table, row, w, gamma = ctx.saved_tensors
     grad = grad.to(ctx.v_dtype)  # the rounding dtype of the forward (autograd gives v_out's dtype already)
-    d_table, dw, d_gamma = mome_row_mix_inject_backward_op(grad, table, row, w, gamma)
-    return d_table, None, dw, d_gamma, grad  # grad v = grad v_out (the identity)
+    d_table, dw, d_gamma = mome_row_mix_inject_backward_op(grad, table, row, w, gamma, ctx.unique_rows)
+    return d_table, None, dw, d_gamma, grad, None  # grad v = grad v_out (the identity)
 
 
 mome_row_mix_inject_op.register_autograd(_inject_backward, setup_context=_inject_setup_context)
 
 
 def row_mix_inject(table: torch.Tensor, row: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor,
-                   v: torch.Tensor) -> torch.Tensor:
+                   v: torch.Tensor, unique_rows: bool = False) -> torch.Tensor:
     """The model's fused call: table (R, d), row ids (B, T), dense weights w (B, T, H, M), gate gamma (B, T, H),
-    values v (B, T, H, d) -> v + gamma * mem, (B, T, H, d) in v's dtype. w is cast to the table's dtype."""
+    values v (B, T, H, d) -> v + gamma * mem, (B, T, H, d) in v's dtype. w is cast to the table's dtype.
+    ``unique_rows`` as ``row_mix``'s."""
     B, T, H, M = w.shape
     d = v.size(-1)
     out = mome_row_mix_inject_op(table, row.reshape(B * T).long(), w.to(table.dtype).reshape(B * T, H, M),
-                                 gamma.reshape(B * T, H), v.reshape(B * T, H, d))
+                                 gamma.reshape(B * T, H), v.reshape(B * T, H, d), unique_rows)
     return out.view(B, T, H, d)
