@@ -14,7 +14,14 @@ one backward kernel reads grad_mem and the M rows once per token and writes
     d_table[n_t*M+m] += sum_h w[t, h, m] * grad_mem[t, h]              (fp32 atomics into a zero-filled table-sized
                                                                         gradient, as embedding's dense backward)
 
-so no (B, T, M, d) or (B, T, H, M, d) tensor exists in either direction.
+so no (B, T, M, d) or (B, T, H, M, d) tensor exists in either direction. ``unique_rows=True`` (every op here takes
+it; default False) is the caller's promise that each table row is read by exactly one token (R == N*M, distinct ids:
+``check_unique_rows``), as for the shared table's rows gathered once (MoMEMemory._kernel_operands): then no two
+programs touch one row, and the backward kernels (constexpr UNIQUE_ROWS) store each row's gradient into an unfilled
+tensor, no zero fill (B*T*M*d*4 bytes per call: 201 MB at B*T = 65536, M = 6, d = 128) and no atomics, bit for bit
+the atomics' values (one add into a zero; the stores add +0.0 so that a sum of -0.0 becomes +0.0 as there). A
+per-layer table's ids repeat: False. The op's CPU math checks the promise in full; the CUDA launchers check the
+shapes only (the ids would cost a host sync).
 
 ``mome_row_mix_op`` (``torch.ops.nanochat.mome_row_mix``) is a ``torch.library.custom_op``: opaque to
 ``torch.compile(fullgraph=True)`` (fake impl for the shapes), differentiable (its backward is the custom op
