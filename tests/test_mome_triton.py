@@ -20,6 +20,7 @@ pair (tests/test_mome_triton_inject.py) wherever this pair would serve, and this
 
 import contextlib
 import os
+import re
 
 import pytest
 import torch
@@ -365,7 +366,7 @@ def sm90_ptx(kernels: dict, shape, options: dict | None = None, constants: dict 
 @pytest.mark.parametrize("shape", [(6, 6, 128), (3, 5, 48)], ids=["d12", "non_pow2"])
 def test_kernels_compile_for_sm90_without_a_gpu(shape):
     """Both kernels build for an H100 from the launch config, the table-gradient atomics relaxed fp32 reductions;
-    with UNIQUE_ROWS the backward's table gradient is plain 128-bit stores, no atomics."""
+    with UNIQUE_ROWS the backward's table gradient is plain stores as wide as those atomics (128-bit at d12)."""
     ptx = sm90_ptx({"fwd": (mt._row_mix_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16"])}, shape)
     bwd = (mt._row_mix_bwd_kernel, ["*bf16", "*fp32", "*i64", "*fp32", "*fp32", "*fp32"])
     ptx |= sm90_ptx({"bwd": bwd}, shape, constants={"UNIQUE_ROWS": False})
@@ -373,7 +374,12 @@ def test_kernels_compile_for_sm90_without_a_gpu(shape):
     assert "ld.global" in ptx["fwd"] and "ld.global" in ptx["bwd"]
     assert "red.global.gpu.relaxed.add" in ptx["bwd"] and "f32" in ptx["bwd"]
     assert "red.global" not in ptx["bwd_unique"] and "atom." not in ptx["bwd_unique"]
-    assert "st.global" in ptx["bwd_unique"]
+    assert f"st.global{atomics_width(ptx['bwd'])}.b32" in ptx["bwd_unique"]
+
+
+def atomics_width(ptx: str) -> str:
+    """The vector suffix (".v4", ".v2" or "") of the table-gradient atomics in ``ptx``."""
+    return re.search(r"red\.global\.gpu\.relaxed\.add(\.v\d)?\.f32", ptx).group(1) or ""
 
 
 class _InterpretedRowMix(torch.autograd.Function):

@@ -27,8 +27,8 @@ from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 from test_mome_triton import (COMPILABLE, MODEL_OPTIONS, _close, _cuda_model, _fp32_matmuls, _inputs,
                               _loss_and_grads, _rel, assert_as_close_as, assert_compiled_equals_eager,
-                              assert_equal_to_fp32_rounding, compiled_run_with, cuda_op_shapes, needs_cuda,
-                              needs_interpreter, sm90_ptx)
+                              assert_equal_to_fp32_rounding, atomics_width, compiled_run_with, cuda_op_shapes,
+                              needs_cuda, needs_interpreter, sm90_ptx)
 
 BF16_ULP = 2**-7  # relative spacing of bf16 values (8 significant bits): one ulp is at most this
 
@@ -339,7 +339,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(shape):
     the forward's launch options: its injection rounds the product gamma * mem to bf16 before adding v (as eager),
     not one bf16 FMA (on 2026-11-26, with FP fusion on, a quarter of the H100's outputs differed from the eager
     rounding by 1 ulp), while the mix over M keeps its fp32 FMAs. With UNIQUE_ROWS the backward stores its table
-    gradient, no atomics."""
+    gradient, as wide as the atomics, with none."""
     ptx = sm90_ptx({"fwd": (mt._row_mix_inject_fwd_kernel, ["*fp32", "*i64", "*fp32", "*bf16", "*bf16", "*bf16"])},
                    shape, mt.INJECT_FWD_OPTIONS)
     bwd = (mt._row_mix_inject_bwd_kernel, INJECT_BWD_PTRS)
@@ -350,6 +350,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(shape):
         assert "cvt.rn.bf16" in code  # rounded to nearest even on the GPU
     assert "red.global.gpu.relaxed.add" in ptx["bwd"] and "f32" in ptx["bwd"]
     assert "red.global" not in ptx["bwd_unique"] and "atom." not in ptx["bwd_unique"]
+    assert f"st.global{atomics_width(ptx['bwd'])}.b32" in ptx["bwd_unique"]
     assert "fma.rn.f32" in ptx["fwd"] and not re.search(r"\bfma\.[a-z.]*bf16", ptx["fwd"])
     # the backward recomputes mem with the forward's FMAs whatever Triton's FP-fusion default (off from Triton 3.10)
     bwd_unfused = sm90_ptx({"bwd": bwd}, shape, {"enable_fp_fusion": False}, {"UNIQUE_ROWS": False})["bwd"]
