@@ -137,9 +137,9 @@ def _rows_as_table(rows):
 
 def rowmix_triton(rows, sel, w, *, m, k, out_dtype):
     """Row mix: triton kernel (nanochat.memory.mome_triton; on the CPU its torch math). The gathered rows are the
-    kernel's table, (B*T*M, d), token t reading row t: the op's rows gradient is the kernel's table gradient
-    (zero-fill + atomics, no collisions here)."""
-    return kernel_row_mix(*_rows_as_table(rows), slot_weights(sel, w, rows.size(2)), out_dtype)
+    kernel's table, (B*T*M, d), token t reading its own rows: the op's rows gradient is the kernel's table
+    gradient, stored (``unique_rows``: no zero fill, no atomics), as MoMEMemory._kernel_operands declares it."""
+    return kernel_row_mix(*_rows_as_table(rows), slot_weights(sel, w, rows.size(2)), out_dtype, unique_rows=True)
 
 
 def rowmix_kgather(rows, sel, w, *, m, k, out_dtype):
@@ -281,4 +281,4 @@ def inject_rows_triton(table, row, sel, w, gamma, v, *, m, k, out_dtype):
 def inject_rows_triton_fused(table, row, sel, w, gamma, v, *, m, k, out_dtype):
     """The shared table with SHARED_TABLE_KERNEL (FUSE_INJECT on): gather, then the fused pair on the rows."""
     rows = F.embedding(_slots(row, m), table)  # (B, T, M, d)
-    return kernel_row_mix_inject(*_rows_as_table(rows), slot_weights(sel, w, m), gamma, v)
+    return kernel_row_mix_inject(*_rows_as_table(rows), slot_weights(sel, w, m), gamma, v, unique_rows=True)
