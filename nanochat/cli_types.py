@@ -60,3 +60,19 @@ def device_type_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: no GPU index (each rank uses cuda:LOCAL_RANK; choose the GPUs "
                                          "with CUDA_VISIBLE_DEVICES); allowed: cuda, cpu, mps")
     return device_name(text)
+
+
+SEED_MAX = 2**32 - 1  # torch's CPU generator keeps a seed's low 32 bits: 2**32 would repeat seed 0's draws
+
+
+def seed_int(text: str) -> int:
+    """argparse ``type=`` for a random seed in [0, SEED_MAX]: torch refused one outside [-2**63, 2**64) only where
+    it seeded ("Overflow when unpacking long long", no flag named), numpy's data order refuses a negative one, and
+    above 2**32 the CPU generator repeats smaller seeds."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_MAX}] (got {text!r})")
+    return value

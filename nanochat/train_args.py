@@ -20,6 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
+from nanochat.cli_types import seed_int
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
@@ -84,8 +85,8 @@ def _group_run(p):
                         "error; on a CPU the kernels never run and fused/row have no effect. No effect without "
                         "--memory mome. What the model's layers take (fused, row, torch: a shared expert, per-head or "
                         "bigram-indexed tables keep some kernels off) is in config.json and summary.json")
-    g.add_argument("--seed", type=int, default=42, help="model init (and default data order) seed")
-    g.add_argument("--data-seed", type=int, default=None, help="data order seed (default: --seed)")
+    g.add_argument("--seed", type=seed_int, default=42, help="model init (and default data order) seed")
+    g.add_argument("--data-seed", type=seed_int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")
     g.add_argument("--wandb-project", type=str, default="mome-nanochat", help="W&B project")
     g.add_argument("--max-wall-time-seconds", type=float, default=-1,

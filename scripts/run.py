@@ -25,16 +25,18 @@ import sys
 import threading
 from pathlib import Path
 
+from nanochat.cli_types import SEED_MAX
 from nanochat.row_config import REPO, load_row_config
 
 
 def parse_seeds(text: str) -> list[int]:
+    wrong = f"--seeds must be a comma-separated list of integers in [0, {SEED_MAX}] (got {text!r})"
     try:
         seeds = [int(s) for s in text.split(",") if s.strip() != ""]
     except ValueError:
-        raise ValueError(f"--seeds must be a comma-separated list of non-negative integers (got {text!r})") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise ValueError(f"--seeds must be a comma-separated list of non-negative integers (got {text!r})")
+        raise ValueError(wrong) from None
+    if not seeds or any(not 0 <= s <= SEED_MAX for s in seeds):  # each is a base_train --seed (cli_types.seed_int)
+        raise ValueError(wrong)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds has duplicates: {text!r}")
     return seeds

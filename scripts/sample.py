@@ -17,7 +17,7 @@ import sys
 import torch
 
 from nanochat.checkpoint import load_model
-from nanochat.cli_types import checkpoint_step, device_name
+from nanochat.cli_types import checkpoint_step, device_name, seed_int
 from nanochat.common import autodetect_device, point_at_devnull
 from nanochat.engine import iter_samples
 
@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**32-1")
     p.add_argument("--tokenizer-dir", default=None, help="default: the one recorded in the checkpoint")
     p.add_argument("--device-type", type=device_name, default=None, help="cuda|mps|cpu (default: autodetect)")
     args = p.parse_args(argv)

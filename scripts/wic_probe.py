@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from nanochat.analysis import heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at, top_ranks, write_json
-from nanochat.cli_types import checkpoint_step, device_name, positive_int
+from nanochat.cli_types import checkpoint_step, device_name, positive_int, seed_int
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
 MIN_PAIRS = 10  # thresholded cells with fewer pairs in either class are flagged (grey), as in the paper
@@ -296,7 +296,7 @@ def parse_args(argv=None):
     ap.add_argument("--bootstrap", type=int, default=1000, help="pair-stratified bootstrap resamples (0 = none)")
     ap.add_argument("--taus", default="0.1,0.2,0.25", help="gate thresholds for min(gamma1, gamma2) >= tau")
     ap.add_argument("--distribution", default="scores", choices=("scores", "executed"))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed, 0 to 2**32-1")
     ap.add_argument("--batch-size", type=positive_int, default=32)
     ap.add_argument("--tokenizer-dir", default=None)
     ap.add_argument("--device", type=device_name, default="cpu")

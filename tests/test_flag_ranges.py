@@ -1,0 +1,60 @@
+"""Seeds and devices checked at flag parsing (exit 2 naming the flag), session 20: a seed torch cannot take was
+'Overflow when unpacking long long' without the flag's name, and base_train --device-type cuda on a machine
+without CUDA exited 1 from compute_init after parsing."""
+
+import importlib
+
+import pytest
+import torch
+
+from nanochat.cli_types import SEED_MAX
+
+SEED_SCRIPTS = {  # module -> flags that get it past its required ones (parsing stops at the bad seed)
+    "scripts.sample": ["--run", "r", "--prompt", "hi"],
+    "scripts.wic_probe": ["--run", "r", "--wic", "w.tsv"],
+    "scripts.base_train": ["--depth", "2"],
+}
+
+
+def seed_cases():
+    for module in sorted(SEED_SCRIPTS):
+        flags = ["--seed", "--data-seed"] if module == "scripts.base_train" else ["--seed"]
+        for flag in flags:
+            for value in (str(2**64), str(2**63), str(SEED_MAX + 1), "-1", "x"):
+                yield module, flag, value
+
+
+@pytest.mark.parametrize("module, flag, value", list(seed_cases()))
+def test_seed_out_of_range_is_a_flag_error(module, flag, value, capsys):
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as e:
+        main([*SEED_SCRIPTS[module], flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: must be an integer in [0, {SEED_MAX}] (got '{value}')" in err, err
+
+
+def test_seed_range_ends_where_the_cpu_generator_repeats():
+    """torch's CPU generator keeps the low 32 bits of a seed: SEED_MAX + 1 would silently repeat seed 0's draws."""
+    def draws(seed):
+        return torch.randint(0, 1 << 30, (8,), generator=torch.Generator().manual_seed(seed))
+
+    assert SEED_MAX == 2**32 - 1
+    assert torch.equal(draws(SEED_MAX + 1), draws(0)) and not torch.equal(draws(SEED_MAX), draws(0))
+
+
+def test_seed_range_ends_are_accepted():
+    from nanochat.train_args import parse_args
+    from scripts import sample
+
+    assert sample.parse_args(["--run", "r", "--prompt", "hi", "--seed", str(SEED_MAX)]).seed == SEED_MAX
+    args = parse_args(["--depth", "2", "--seed", "0", "--data-seed", str(SEED_MAX)])
+    assert (args.seed, args.data_seed) == (0, SEED_MAX)
+
+
+def test_runner_seeds_share_the_range():
+    """scripts.run planned a row whose seed base_train then refused (each seed is a base_train --seed)."""
+    from scripts.run import parse_seeds
+
+    assert parse_seeds(f"0,{SEED_MAX}") == [0, SEED_MAX]
+    with pytest.raises(ValueError, match=rf"--seeds must be .* integers in \[0, {SEED_MAX}\] \(got '42,{SEED_MAX + 1}'\)"):
+        parse_seeds(f"42,{SEED_MAX + 1}")
