@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from nanochat.cli_types import seed_int
+from nanochat.cli_types import device_type_name, seed_int
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
@@ -279,6 +279,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(str(e))
     chosen = pre.parse_known_args(tokens + argv)[0]  # the command line's model type and memory win over the file's
     args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
+    if args.device_type != "auto" and not args.dry_run:  # a plan builds nothing: a GPU row is planned anywhere
+        try:
+            device_type_name(args.device_type)  # compute_init's own check exits 1, after the tokenizer is read
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"argument --device-type: {e}")
     try:
         validate_args(args)
         check_eval_cadences(args, given_flags(tokens + argv))

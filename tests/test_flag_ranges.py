@@ -58,3 +58,27 @@ def test_runner_seeds_share_the_range():
     assert parse_seeds(f"0,{SEED_MAX}") == [0, SEED_MAX]
     with pytest.raises(ValueError, match=rf"--seeds must be .* integers in \[0, {SEED_MAX}\] \(got '42,{SEED_MAX + 1}'\)"):
         parse_seeds(f"42,{SEED_MAX + 1}")
+
+
+@pytest.mark.parametrize("value, needle", [("cuda", "no such device here (torch sees 0 CUDA device(s))"),
+                                           ("mps", "no such device here (torch sees no MPS device)")])
+def test_base_train_device_type_is_a_flag_error(value, needle, capsys, monkeypatch):
+    """compute_init's SystemExit(message) exited 1, after parsing (and after the tokenizer was read)."""
+    from scripts import base_train
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        base_train.main(["--depth", "2", "--synthetic-data", "--device-type", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument --device-type: {value}: {needle}" in err, err
+
+
+def test_base_train_dry_run_plans_a_gpu_run_on_a_cpu_machine(tmp_path, capsys, monkeypatch):
+    """A plan needs no device (nothing is built on it): a GPU row is planned on a laptop, as before."""
+    from scripts import base_train
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = base_train.main(["--depth", "2", "--synthetic-data", "--device-type", "cuda", "--dry-run",
+                            "--run-dir", str(tmp_path / "run")])
+    assert code == 0 and (tmp_path / "run" / "plan.json").is_file(), capsys.readouterr().err
