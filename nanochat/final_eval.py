@@ -7,6 +7,7 @@ Kept apart from scripts/base_train.py so the loop reads top to bottom. Its funct
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 import traceback
@@ -84,6 +85,7 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
     """The final evaluation, into ``evals``, after training stopped by ``training_stop`` (completed or the wall
     time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all,
     and an error either fails every rank or, explained by a signal, interrupts every rank (agreed_failure_branch)."""
+    evaluation = next(_evaluations)  # before the gather below: every rank counts every call, so the number agrees
     # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike, with
     # that rank's signal in the summary (rank 0, which writes it, may have none)
     latched = [name for name in gather_objects(stop.received) if name is not None]
@@ -97,7 +99,7 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
     except ResultWriteError:  # raised on every rank together (rank0_decides): all take its branch, a signal or not
         raise
     except Exception:
-        signal_name = agreed_failure_branch(stop.received)
+        signal_name = agreed_failure_branch(stop.received, evaluation)
         if signal_name is None:
             raise
         # a signal latched on a rank, and an error before the vote that would have acted on it (e.g. a collective
@@ -113,11 +115,15 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
 # (Slurm's KillWait: 30 s), which must still hold the summary written after it.
 AGREEMENT_WAIT_S = 10.0
 _FAILED = "failed"
+# the final evaluations of this process, numbered (the same on every rank): each agrees under its own store keys, so
+# a second failure in one process group does not read the first one's decision
+_evaluations = itertools.count()
 
 
-def agreed_failure_branch(own_signal: str | None) -> str | None:
-    """After an error of the final evaluation on this rank, with ``own_signal`` latched or None: the branch every rank
-    whose evaluation failed takes, the same on all of them. None: the error is raised (exit 1); a signal's name: the
+def agreed_failure_branch(own_signal: str | None, evaluation: int) -> str | None:
+    """After an error of the final evaluation number ``evaluation`` (of this process, the same on every rank) on this
+    rank, with ``own_signal`` latched or None: the branch every rank whose evaluation failed takes, the same on all
+    of them. None: the error is raised (exit 1); a signal's name: the
     evaluation counts as interrupted by it (summary.json, exit 0).
 
     The ranks cannot vote in a collective: one may have raised inside a collective the others are still waiting in
@@ -132,17 +138,18 @@ def agreed_failure_branch(own_signal: str | None) -> str | None:
         return own_signal
     try:
         store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
-        store.set(f"final_eval_failed/{rank}", own_signal or "")
+        key = f"final_eval/{evaluation}"
+        store.set(f"{key}/failed/{rank}", own_signal or "")
         proposal = _FAILED
         if own_signal is not None:
-            everyone = [f"final_eval_failed/{r}" for r in range(world)]
+            everyone = [f"{key}/failed/{r}" for r in range(world)]
             deadline = time.monotonic() + AGREEMENT_WAIT_S
-            while not (store.check(["final_eval_branch"]) or store.check(everyone)):
+            while not (store.check([f"{key}/branch"]) or store.check(everyone)):
                 if time.monotonic() >= deadline:
                     proposal = own_signal
                     break
                 time.sleep(0.02)
-        decided = store.compare_set("final_eval_branch", "", proposal).decode()
+        decided = store.compare_set(f"{key}/branch", "", proposal).decode()
     except Exception as e:  # noqa: BLE001 - the store went with a rank that hosted it: no agreement to be had
         print(f"rank {dist.get_rank()}: the ranks could not agree on the final evaluation's failure "
               f"({type(e).__name__}: {e}); this rank's own branch", flush=True)

@@ -72,10 +72,64 @@ def test_one_rank_in_a_process_group_takes_its_own_branch(tmp_path):
 
     from nanochat.final_eval import agreed_failure_branch
 
-    assert agreed_failure_branch("SIGTERM") == "SIGTERM" and agreed_failure_branch(None) is None  # no group
+    assert agreed_failure_branch("SIGTERM", 0) == "SIGTERM" and agreed_failure_branch(None, 0) is None  # no group
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        assert agreed_failure_branch("SIGTERM") == "SIGTERM"
-        assert agreed_failure_branch(None) is None
+        assert agreed_failure_branch("SIGTERM", 0) == "SIGTERM"
+        assert agreed_failure_branch(None, 1) is None
     finally:
         dist.destroy_process_group()
+
+
+class FakeGroup:
+    """One process playing the ranks of a 2-rank group in turn, against a real c10d store (what the function reads
+    of torch.distributed: is_dist, rank, world size, the default store)."""
+
+    def __init__(self, monkeypatch):
+        import torch.distributed as dist
+
+        from nanochat import final_eval
+
+        self.rank = 0
+        store = dist.HashStore()
+        monkeypatch.setattr(final_eval, "is_dist", lambda: True)
+        monkeypatch.setattr(final_eval, "AGREEMENT_WAIT_S", 0.2)
+        monkeypatch.setattr(dist, "get_rank", lambda: self.rank)
+        monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+        monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: store)
+
+    def branch(self, rank: int, own_signal, evaluation: int):
+        from nanochat.final_eval import agreed_failure_branch
+
+        self.rank = rank
+        return agreed_failure_branch(own_signal, evaluation)
+
+
+def test_a_second_failed_final_evaluation_agrees_afresh(monkeypatch):
+    """The keys were fixed: the second failure in one process group read the first one's decision ("failed", the
+    error raised) where rank 1, alone with its signal, must take the signal's branch after the wait."""
+    group = FakeGroup(monkeypatch)
+    assert group.branch(0, None, evaluation=0) is None  # no signal: "failed" at once
+    assert group.branch(1, "SIGTERM", evaluation=0) is None  # every rank failed: the error, not the signal
+    started = time.monotonic()
+    assert group.branch(1, "SIGTERM", evaluation=1) == "SIGTERM"  # alone: the wait, then its signal
+    assert time.monotonic() - started >= 0.2
+    assert group.branch(0, None, evaluation=1) == "SIGTERM"  # a later failure takes the decided branch
+
+
+def test_each_final_evaluation_of_a_process_agrees_under_its_own_number(monkeypatch):
+    """evaluate_at_the_end numbers its calls: every rank makes each call (its first step is a collective), so the
+    numbers are the same on every rank."""
+    from nanochat import final_eval
+    from nanochat.train_loop import StopSignal
+
+    def broken(run, evals):
+        raise RuntimeError("broken bundle")
+
+    numbers = []
+    monkeypatch.setattr(final_eval, "final_eval", broken)
+    monkeypatch.setattr(final_eval, "agreed_failure_branch", lambda own, evaluation: numbers.append(evaluation))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="broken bundle"):
+            final_eval.evaluate_at_the_end(None, "completed", StopSignal(), {})
+    assert len(numbers) == 2 and numbers[1] == numbers[0] + 1, numbers
