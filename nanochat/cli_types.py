@@ -76,3 +76,15 @@ def seed_int(text: str) -> int:
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_MAX}] (got {text!r})")
     return value
+
+
+def count_or_all(text: str) -> int:
+    """argparse ``type=`` for a cap on examples: an integer >= 1, or -1 for no cap. 0 is refused: it read as "all"
+    (only a positive cap cuts), so asking for no examples ran the full, slowest evaluation."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, or -1 for all (got {text!r})")
+    return value

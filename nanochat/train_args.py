@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from nanochat.cli_types import device_type_name, seed_int
+from nanochat.cli_types import count_or_all, device_type_name, seed_int
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
@@ -192,7 +192,7 @@ def _group_eval(p):
                    help="run CORE after training when an eval bundle is available")
     g.add_argument("--final-train-bpb", action=argparse.BooleanOptionalAction, default=True,
                    help="also report bpb on fixed rows of the train split at the end (the paper's train bpb)")
-    g.add_argument("--core-max-per-task", type=int, default=-1, help="cap on examples per CORE task (-1 = all)")
+    g.add_argument("--core-max-per-task", type=count_or_all, default=-1, help="cap on examples per CORE task (-1 = all)")
     g.add_argument("--bundle", type=str, default=None, help="CORE eval bundle dir (default: first one found)")
     g.add_argument("--save-every", type=int, default=-1, help="checkpoint every N steps (the last step is always saved)")
     g.add_argument("--save-at-flops", type=str, default="", metavar="F1,F2,...",

@@ -23,7 +23,7 @@ import torch
 
 from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run,
                                memory_block, meta_dir, OutputWriteError, staged_outputs, write_json)
-from nanochat.cli_types import device_name, int_at_least, positive_int
+from nanochat.cli_types import count_or_all, device_name, int_at_least, positive_int
 
 
 def parse_args(argv=None):
@@ -32,8 +32,9 @@ def parse_args(argv=None):
     ap.add_argument("--step", type=int_at_least(0), default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--corpus", nargs="+", action="extend", default=None,
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable; default val)")
-    ap.add_argument("--max-tokens", type=int_at_least(0), default=65536, help="token positions per domain (0 = all for core/file)")
-    ap.add_argument("--max-per-task", type=int_at_least(-1), default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--max-tokens", type=int_at_least(0), default=65536,
+                    help="token positions per domain (0 = all for core/file; val/train take 65536 then)")
+    ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset' (see scripts/base_eval.py)")
     ap.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")

@@ -28,7 +28,7 @@ import torch
 from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, build_domains, iter_captured,
                                load_run, memory_block, meta_dir, pad_rows, run_captured, single_token_at,
                                staged_outputs, write_json)
-from nanochat.cli_types import device_name, int_at_least, positive_int
+from nanochat.cli_types import count_or_all, device_name, int_at_least, positive_int
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),
@@ -58,8 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--corpus", nargs="*", action="extend", default=[],
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable)")
     ap.add_argument("--reference", default="val", help="corpus spec of the JSD reference domain ('' = no JSD)")
-    ap.add_argument("--max-tokens", type=int_at_least(0), default=65536, help="token positions per domain")
-    ap.add_argument("--max-per-task", type=int_at_least(-1), default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--max-tokens", type=int_at_least(0), default=65536,
+                    help="token positions per domain (0 = all for core/file; val/train take 65536 then)")
+    ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--min-count", type=positive_int, default=32, help="per-token effective slots: min occurrences")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset'")
     ap.add_argument("--words", default="", help="comma-separated target words for semantic routes")

@@ -31,7 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
-from nanochat.cli_types import checkpoint_step, device_type_name, int_at_least, positive_int
+from nanochat.cli_types import checkpoint_step, count_or_all, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok,
                              keep_running_without_output, print0, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
@@ -57,7 +57,7 @@ def parse_args(argv=None):
     ap.add_argument("--eval", default="core,bpb", help="comma list of: core, bpb")
     ap.add_argument("--bundle", default=None, help="CORE bundle dir, or 'subset' for eval_data/core_subset "
                     "(default: $NANOCHAT_EVAL_BUNDLE, the cache, then download)")
-    ap.add_argument("--max-per-task", type=int_at_least(-1), default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--device-batch-size", type=positive_int, default=16, help="rows per forward pass (CORE and bpb)")
     ap.add_argument("--splits", default="train,val", help="dataset splits for bpb (comma list; '' for none)")
     ap.add_argument("--eval-tokens", type=positive_int, default=PAPER_EVAL_TOKENS,

@@ -82,3 +82,35 @@ def test_base_train_dry_run_plans_a_gpu_run_on_a_cpu_machine(tmp_path, capsys, m
     code = base_train.main(["--depth", "2", "--synthetic-data", "--device-type", "cuda", "--dry-run",
                             "--run-dir", str(tmp_path / "run")])
     assert code == 0 and (tmp_path / "run" / "plan.json").is_file(), capsys.readouterr().err
+
+
+# ---- --max-per-task: -1 is "all", 0 was a silent "all" ---------------------------------------------------------
+CAP_SCRIPTS = {  # module -> (its flag, flags that get it past its required ones)
+    "scripts.base_eval": ("--max-per-task", ["--run", "r"]),
+    "scripts.analyze_memory": ("--max-per-task", ["--run", "r"]),
+    "scripts.analyze_routing": ("--max-per-task", ["--run", "r", "--corpus", "val"]),
+    "scripts.base_train": ("--core-max-per-task", ["--depth", "2"]),
+}
+
+
+@pytest.mark.parametrize("module", sorted(CAP_SCRIPTS))
+@pytest.mark.parametrize("value", ["0", "-2", "x"])
+def test_max_per_task_zero_is_refused_naming_minus_one(module, value, capsys):
+    """0 evaluated every example (order_task_data caps only a positive count): a user asking for none got the full,
+    slowest run; base_train's --core-max-per-task took -7 as "all" too."""
+    flag, required = CAP_SCRIPTS[module]
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as e:
+        main([*required, flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: must be an integer >= 1, or -1 for all (got '{value}')" in err, err
+
+
+def test_max_per_task_all_and_a_cap_parse():
+    from nanochat.train_args import parse_args
+    from scripts import analyze_memory, base_eval
+
+    assert base_eval.parse_args(["--run", "r", "--max-per-task", "-1"]).max_per_task == -1
+    assert analyze_memory.parse_args(["--run", "r", "--max-per-task", "3"]).max_per_task == 3
+    assert parse_args(["--depth", "2"]).core_max_per_task == -1
+    assert parse_args(["--depth", "2", "--core-max-per-task", "24"]).core_max_per_task == 24
