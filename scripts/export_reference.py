@@ -28,7 +28,12 @@ from nanochat.jsonfile import remove_stale_temps, write_atomic, written_path
 
 
 class ExportWriteError(Exception):
-    """Writing under --out failed (e.g. a full disk); what this export had added there was removed."""
+    """Writing under --out failed (e.g. a full disk); what this export had added there was removed (but a kept
+    shared file, which the message names)."""
+
+
+class ExportInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the writes: what this export had added was removed; the argument says what of it is left."""
 
 
 class ExportAdditions:
@@ -66,24 +71,39 @@ class ExportAdditions:
         """``write_atomic(path, write)``, noted before its rename: a Ctrl-C just after the rename still finds it."""
         write_atomic(path, lambda tmp: (write(tmp), self.note(path, tmp)))
 
-    def remove(self) -> None:
-        tokenizer = {p for p in self.shared if p.parent.name == "tokenizer"}
+    def remove(self) -> str:
+        """Remove what this export added; returns what of it is left, for the error line."""
+        tokenizer, kept = {p for p in self.shared if p.parent.name == "tokenizer"}, {}
         # the checkpoint's own files, then a slot map, then the tokenizer: each shared file is judged once what
         # this export wrote beside it is gone (its slot map would keep the tokenizer, as another checkpoint does)
         for paths in (set(self.files) - self.shared, self.shared - tokenizer, tokenizer):
-            for path in paths:
+            for path in sorted(paths):
                 folder = path.parent.parent / "base_checkpoints" if path in tokenizer else path.parent
                 if path not in self.shared or not (folder.is_dir() and any(p != path for p in folder.iterdir())):
                     self._unlink_own(path)
+                elif self._is_own(path):
+                    kept.setdefault(folder, []).append(path)
             self._remove_empty_dirs()
+        if not kept:
+            return "nothing of this export was left"
+        return "removed what this export added except " + "; ".join(
+            f"{', '.join(map(str, paths))} (another checkpoint in {folder} may use {'them' if paths[1:] else 'it'})"
+            for folder, paths in kept.items())
 
-    def _unlink_own(self, path: Path) -> None:
+    def _is_own(self, path: Path) -> bool:
+        """``path`` is still the very file this export wrote (not another export's rename over it, nor gone)."""
         try:
             st = os.stat(path)
-            if (st.st_dev, st.st_ino) == self.files[path]:
-                path.unlink()
         except FileNotFoundError:
-            pass
+            return False
+        return (st.st_dev, st.st_ino) == self.files[path]
+
+    def _unlink_own(self, path: Path) -> None:
+        if self._is_own(path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
     def _remove_empty_dirs(self) -> None:
         for d in reversed(self.dirs):
@@ -156,11 +176,12 @@ def export_reference(args) -> Path:
         added.write(model_path, lambda tmp: torch.save(state, tmp))
         added.write(meta_path, lambda tmp: tmp.write_text(json.dumps(their_meta, indent=2) + "\n", encoding="utf-8"))
     except BaseException as e:  # a full disk, Ctrl-C, a refusal midway: what this export added goes
-        added.remove()
+        left = added.remove()
         if isinstance(e, OSError) and e.errno is not None:  # not one of the refusals above (they carry no errno)
             failed = written_path(e.filename) if e.filename else out  # the file, not its temp name
-            raise ExportWriteError(f"--out {out}: could not write {failed}: {e.strerror or e}; "
-                                   "nothing of this export was left there") from None
+            raise ExportWriteError(f"--out {out}: could not write {failed}: {e.strerror or e}; {left}") from None
+        if isinstance(e, KeyboardInterrupt):
+            raise ExportInterrupted(f"{left} in --out {out}") from None
         raise
     remove_stale_temps(ckpt_dir, ("model_*.pt", "*.json"))  # of exports killed midway (a model's is large)
     remove_stale_temps(out / "tokenizer", ("tokenizer.pkl", "token_bytes.pt"))
@@ -175,8 +196,9 @@ def main(argv=None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError, ExportWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"interrupted; nothing of this export was left in --out {args.out}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # before the writes began (load_model, checks): nothing was written
+        left = e.args[0] if isinstance(e, ExportInterrupted) else f"nothing of this export was left in --out {args.out}"
+        print(f"interrupted; {left}", file=sys.stderr)
         return 130
     return 0
 

@@ -56,7 +56,8 @@ def test_runner_seeds_share_the_range():
     from scripts.run import parse_seeds
 
     assert parse_seeds(f"0,{SEED_MAX}") == [0, SEED_MAX]
-    with pytest.raises(ValueError, match=rf"--seeds must be .* integers in \[0, {SEED_MAX}\] \(got '42,{SEED_MAX + 1}'\)"):
+    wrong = rf"--seeds must be .* integers in \[0, {SEED_MAX}\] \(got '42,{SEED_MAX + 1}'\)"
+    with pytest.raises(ValueError, match=wrong):
         parse_seeds(f"42,{SEED_MAX + 1}")
 
 
