@@ -123,8 +123,8 @@ _evaluations = itertools.count()
 def agreed_failure_branch(own_signal: str | None, evaluation: int) -> str | None:
     """After an error of the final evaluation number ``evaluation`` (of this process, the same on every rank) on this
     rank, with ``own_signal`` latched or None: the branch every rank whose evaluation failed takes, the same on all
-    of them. None: the error is raised (exit 1); a signal's name: the
-    evaluation counts as interrupted by it (summary.json, exit 0).
+    of them. None: the error is raised (exit 1); a signal's name: the evaluation counts as interrupted by it
+    (summary.json, exit 0). Each evaluation agrees under store keys of its own (``final_eval/<evaluation>/...``).
 
     The ranks cannot vote in a collective: one may have raised inside a collective the others are still waiting in
     (or be dead). They agree through the process group's key-value store instead, which needs no other rank to take

@@ -192,7 +192,8 @@ def _group_eval(p):
                    help="run CORE after training when an eval bundle is available")
     g.add_argument("--final-train-bpb", action=argparse.BooleanOptionalAction, default=True,
                    help="also report bpb on fixed rows of the train split at the end (the paper's train bpb)")
-    g.add_argument("--core-max-per-task", type=count_or_all, default=-1, help="cap on examples per CORE task (-1 = all)")
+    g.add_argument("--core-max-per-task", type=count_or_all, default=-1,
+                   help="cap on examples per CORE task (-1 = all; 0 is refused)")
     g.add_argument("--bundle", type=str, default=None, help="CORE eval bundle dir (default: first one found)")
     g.add_argument("--save-every", type=int, default=-1, help="checkpoint every N steps (the last step is always saved)")
     g.add_argument("--save-at-flops", type=str, default="", metavar="F1,F2,...",
