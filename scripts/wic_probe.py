@@ -42,6 +42,9 @@ from nanochat.cli_types import checkpoint_step, device_name, positive_int, seed_
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
 MIN_PAIRS = 10  # thresholded cells with fewer pairs in either class are flagged (grey), as in the paper
+# torch.quantile puts the 2.5% end of the 95% interval at (n - 1) x 0.025 in the n sorted resamples: below 41 it
+# interpolates towards the single most extreme draw, which then sets the interval (n = 1: lo == hi)
+MIN_BOOTSTRAP = 41
 
 
 @dataclass
@@ -293,7 +296,8 @@ def parse_args(argv=None):
     ap.add_argument("--step", type=checkpoint_step, default=None)
     ap.add_argument("--wic", action="append", required=True, help="WiC TSV or JSONL file (repeatable: files are pooled)")
     ap.add_argument("--gold", action="append", default=[], help="T/F labels for a 5-column --wic (same order)")
-    ap.add_argument("--bootstrap", type=int, default=1000, help="pair-stratified bootstrap resamples (0 = none)")
+    ap.add_argument("--bootstrap", type=int, default=1000,
+                    help=f"pair-stratified bootstrap resamples: 0 = no intervals, else >= {MIN_BOOTSTRAP}")
     ap.add_argument("--taus", default="0.1,0.2,0.25", help="gate thresholds for min(gamma1, gamma2) >= tau")
     ap.add_argument("--distribution", default="scores", choices=("scores", "executed"))
     ap.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed, 0 to 2**32-1")
@@ -311,8 +315,9 @@ def parse_args(argv=None):
         args.tau_list = [math.nan]
     if not all(math.isfinite(t) and t >= 0 for t in args.tau_list):
         ap.error(f"--taus {args.taus!r}: expected comma-separated numbers >= 0")
-    if args.bootstrap < 0:
-        ap.error(f"--bootstrap must be >= 0 (0 = no intervals), got {args.bootstrap}")
+    if args.bootstrap != 0 and args.bootstrap < MIN_BOOTSTRAP:  # a negative count silently meant no intervals
+        ap.error(f"--bootstrap must be 0 (no intervals) or >= {MIN_BOOTSTRAP} resamples (got {args.bootstrap}): "
+                 "with fewer, the single most extreme resample sets the ends of the 95% interval")
     return args
 
 

@@ -273,7 +273,7 @@ def test_sample_and_analyses_run_on_an_imported_run(imported, capsys, tmp_path):
     assert analyze_routing.main(["--run", run, "--corpus", f"file:{text}", "--reference", f"file:{text}",
                                  "--min-count", "2", "--out-dir", str(tmp_path / "r"), "--no-progress"]) == 0
     fixture = os.path.join(os.path.dirname(__file__), "fixtures", "wic_synthetic.tsv")
-    assert wic_probe.main(["--run", run, "--wic", fixture, "--bootstrap", "10", "--out-dir", str(tmp_path / "w"),
+    assert wic_probe.main(["--run", run, "--wic", fixture, "--bootstrap", "41", "--out-dir", str(tmp_path / "w"),
                            "--no-progress"]) == 0
     build_slot_map.main(["--checkpoint", run, "--group-size", "1", "--knn", "8", "--tokenizer-dir",
                          str(tmp / "run" / "tokenizer"), "--output", str(tmp_path / "k2.json")])

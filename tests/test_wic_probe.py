@@ -160,7 +160,7 @@ def test_wic_probe_refuses_non_mome(tmp_path, capsys):
     assert "needs a MoME model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, needle", [(["--bootstrap", "-1"], "--bootstrap must be >= 0"),
+@pytest.mark.parametrize("argv, needle", [(["--bootstrap", "-1"], "--bootstrap must be 0 (no intervals) or >= 41"),
                                           (["--taus", "nan,0.2"], "--taus"), (["--taus", "-0.1"], "--taus"),
                                           (["--taus", "x"], "--taus")])
 def test_wic_probe_refuses_bad_numbers(tmp_path, capsys, argv, needle):
@@ -188,7 +188,7 @@ def test_wic_probe_that_cannot_write_or_is_interrupted(tmp_path, monkeypatch, ca
 
     run, _, _ = make_run(tmp_path, "mome")
     out = tmp_path / "wic"
-    argv = ["--run", str(run), "--wic", str(FIXTURE), "--bootstrap", "5", "--out-dir", str(out), "--no-progress"]
+    argv = ["--run", str(run), "--wic", str(FIXTURE), "--bootstrap", "41", "--out-dir", str(out), "--no-progress"]
     if fault == "out-dir is a file":
         out.write_text("x")
     else:
