@@ -22,13 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # runnable as `python bench/decode.py` from anywhere
     sys.path.insert(0, str(REPO))
 
+from nanochat.cli_types import device_name  # noqa: E402
 from nanochat.engine import generate  # noqa: E402
 from nanochat.gpt import GPTConfig, build_model  # noqa: E402
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_name, default="cpu")
     p.add_argument("--autocast", choices=["bf16", "none"], default="bf16")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--width", type=int, default=256)

@@ -58,6 +58,7 @@ for path in (str(REPO), str(REPO / "bench")):
     if path not in sys.path:
         sys.path.insert(0, path)
 import mome_ops_variants as mv  # noqa: E402
+from nanochat.cli_types import device_name  # noqa: E402
 from nanochat.memory.hashing import bigram_hash  # noqa: E402
 from nanochat.memory.mome_mix import slot_weights  # noqa: E402
 
@@ -423,7 +424,7 @@ def run_op(name: str, op: Op, S: Shape, device, cdt, a, result: dict, save, t_st
 # -- command line --------------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--small", action="store_true", help=f"toy shapes for a smoke test: {SMALL}")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,

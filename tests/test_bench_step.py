@@ -10,6 +10,9 @@ from conftest import load_bench
 from nanochat.gpt import norm
 from nanochat.memory import mome_mix as mix_paths
 
+CPU = ["--device", "cpu"]  # train_step's default is cuda, refused at parsing where torch sees no GPU: these tests
+# parse its other flags
+
 
 @pytest.fixture
 def bench(monkeypatch):
@@ -118,7 +121,7 @@ def test_train_step_bench_runs_each_design_in_its_own_process(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| VE |" in table and "| MoME A2/6 token |" in table and "| MoME A2/6 token (row mix) |" in table
     with pytest.raises(SystemExit):
-        bench.parse_args(["--mix", "auto,fused"])
+        bench.parse_args([*CPU, "--mix", "auto,fused"])
 
 
 def test_train_step_bench_kernels_are_base_trains_flag_recorded_and_labelled():
@@ -126,14 +129,14 @@ def test_train_step_bench_kernels_are_base_trains_flag_recorded_and_labelled():
     bench only) goes with the torch kernels alone. The resolved kernels are in the JSON row, and in the MoME label
     when asked for."""
     bench = load_bench("train_step")
-    assert bench.parse_args([]).mome_kernels == "auto" and bench.parse_args([]).row_sum == "unrolled"
+    assert bench.parse_args(CPU).mome_kernels == "auto" and bench.parse_args(CPU).row_sum == "unrolled"
     for name in mix_paths.MOME_KERNELS:
-        assert bench.parse_args(["--mome-kernels", name]).mome_kernels == name
-    assert bench.parse_args(["--mome-kernels", "torch", "--row-sum", "reduce"]).row_sum == "reduce"
+        assert bench.parse_args([*CPU, "--mome-kernels", name]).mome_kernels == name
+    assert bench.parse_args([*CPU, "--mome-kernels", "torch", "--row-sum", "reduce"]).row_sum == "reduce"
     for bad in (["--mome-kernels", "triton"], ["--row-sum", "reduce"], ["--mome-kernels", "row", "--row-sum", "reduce"],
                 ["--fuse-inject"], ["--row-sum", "triton"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad)
+            bench.parse_args([*CPU, *bad])
     row = {"label": "MoME A2/6 token", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tok_per_sec": 1.0,
            "mfu": None, "peak_mem_gb": None, "mix": "auto", "topk": "auto", "row_sum": "unrolled",
            "mome_kernels": "fused", "mome_kernels_requested": "auto"}
@@ -150,8 +153,8 @@ def test_train_step_bench_old_row_sum_unrolled_is_not_silently_the_fused_kernels
     asked to leave out. The other old flags (--row-sum triton, --[no-]fuse-inject) are refused; so is this one."""
     bench = load_bench("train_step")
     with pytest.raises(SystemExit):
-        bench.parse_args(["--row-sum", "unrolled"])
-    assert bench.parse_args(["--mome-kernels", "torch", "--row-sum", "unrolled"]).row_sum == "unrolled"
+        bench.parse_args([*CPU, "--row-sum", "unrolled"])
+    assert bench.parse_args([*CPU, "--mome-kernels", "torch", "--row-sum", "unrolled"]).row_sum == "unrolled"
 
 
 @pytest.mark.parametrize("flags, resolved, want", [
@@ -181,14 +184,15 @@ def test_train_step_bench_shared_table_kernel_flag_parses_and_needs_the_kernels(
     """--shared-table-kernel: off by default, on alone, or off/on/both; it needs the kernels (not --mome-kernels
     torch); a design process takes on or off. The label names the kernel path that ran."""
     bench = load_bench("train_step")
-    assert bench.parse_args([]).shared_table_kernel == "off"
-    assert bench.parse_args(["--shared-table-kernel", "--mome-kernels", "row"]).shared_table_kernel == "on"
-    assert bench.parse_args(["--shared-table-kernel", "both"]).shared_table_kernel == "both"
+    assert bench.parse_args(CPU).shared_table_kernel == "off"
+    assert bench.parse_args([*CPU, "--shared-table-kernel", "--mome-kernels", "row"]).shared_table_kernel == "on"
+    assert bench.parse_args([*CPU, "--shared-table-kernel", "both"]).shared_table_kernel == "both"
     for bad in (["--shared-table-kernel", "--mome-kernels", "torch"], ["--shared-table-kernel", "yes"],
                 ["--shared-table-kernel", "both", "--one", "mome-bigram"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad)
-    assert bench.parse_args(["--shared-table-kernel", "off", "--mome-kernels", "torch"]).shared_table_kernel == "off"
+            bench.parse_args([*CPU, *bad])
+    off = bench.parse_args([*CPU, "--shared-table-kernel", "off", "--mome-kernels", "torch"])
+    assert off.shared_table_kernel == "off"
     row = {"label": "MoME A2/6 bigram-idx n6", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0,
            "tok_per_sec": 1.0, "mfu": None, "peak_mem_gb": None, "mix": "row", "topk": "auto", "row_sum": "unrolled",
            "mome_kernels": "fused", "mome_kernels_requested": "auto", "shared_table_kernel": True,
@@ -225,12 +229,13 @@ def test_train_step_bench_shared_table_kernel_installed_and_recorded(on, monkeyp
 def test_train_step_bench_plans_the_shared_table_kernel_runs():
     """Only the shared-table designs take the switch; "both" runs each of them off and on (keyed +stk), per mix."""
     bench = load_bench("train_step")
-    args = bench.parse_args(["--designs", "ve,mome,mome-bigram", "--mix", "auto,row", "--shared-table-kernel", "both"])
+    args = bench.parse_args([*CPU, "--designs", "ve,mome,mome-bigram", "--mix", "auto,row",
+                             "--shared-table-kernel", "both"])
     assert bench.plan_runs(args) == [
         ("ve", "auto", "off", "ve"), ("mome", "auto", "off", "mome@auto"), ("mome", "row", "off", "mome@row"),
         ("mome-bigram", "auto", "off", "mome-bigram@auto"), ("mome-bigram", "auto", "on", "mome-bigram@auto+stk"),
         ("mome-bigram", "row", "off", "mome-bigram@row"), ("mome-bigram", "row", "on", "mome-bigram@row+stk")]
-    args = bench.parse_args(["--designs", "mome,mome-bigram-n24", "--shared-table-kernel"])
+    args = bench.parse_args([*CPU, "--designs", "mome,mome-bigram-n24", "--shared-table-kernel"])
     assert bench.plan_runs(args) == [("mome", "auto", "off", "mome"),
                                      ("mome-bigram-n24", "auto", "on", "mome-bigram-n24")]
     assert bench.design_of("mome-bigram@row+stk") == "mome-bigram"
@@ -273,7 +278,7 @@ def test_train_step_bench_rounds_take_the_median_of_round_medians():
     assert partial["step_ms"] == 100.0 and partial["failed_rounds"] == ["OOM"]
     assert bench.merge_rounds([{"error": "OOM"}, {"error": "OOM again"}]) == {"error": "OOM"}
     with pytest.raises(SystemExit):
-        bench.parse_args(["--rounds", "0"])
+        bench.parse_args([*CPU, "--rounds", "0"])
 
 
 def test_train_step_bench_writes_what_it_has_after_every_process(tmp_path, monkeypatch):
@@ -378,7 +383,7 @@ def test_train_step_bench_profiles_in_the_first_round_only(tmp_path, monkeypatch
     profile_dirs = [bench.parse_args(cmd[2:]).profile_dir for cmd in calls]
     assert profile_dirs == [str(tmp_path)] * 2 + [""] * 2
     with pytest.raises(SystemExit):
-        bench.parse_args(["--profile-steps", "0"])
+        bench.parse_args([*CPU, "--profile-steps", "0"])
 
 
 @pytest.mark.slow  # 22 s: one process per design; the designs' training is tested in their own files
@@ -395,7 +400,7 @@ def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):
     assert set(rows) == set(designs) and not any("error" in r for r in rows.values()), rows
     assert rows["moe"]["params_memory"] == 0 and rows["moe-mome"]["params_memory"] > 0
     assert "| MoE-FFN E6/K2 +1 shared |" in capsys.readouterr().out
-    assert set(bench.parse_args(["--designs", "all"]).designs.split(",")) == set(bench.DESIGNS)
+    assert set(bench.parse_args([*CPU, "--designs", "all"]).designs.split(",")) == set(bench.DESIGNS)
 
 
 def test_dist_optim_bench_counts_collectives_old_and_new(tmp_path):

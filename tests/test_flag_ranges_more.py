@@ -5,6 +5,7 @@ CUDA, to fail late in torch (bench/train_step.py: once per design process, then 
 import pytest
 import torch
 
+from conftest import load_bench
 from nanochat.memory.engram import layer_multipliers
 from nanochat.routing_metrics import stratified_bootstrap
 from scripts import wic_probe
@@ -51,3 +52,50 @@ def test_wic_probe_bootstrap_too_small_is_a_flag_error(value, tmp_path, capsys):
 def test_wic_probe_bootstrap_none_or_enough_parses(value, tmp_path):
     args = wic_probe.parse_args(["--run", str(tmp_path), "--wic", "w.tsv", "--bootstrap", str(value)])
     assert args.bootstrap == value
+
+
+# ---- bench --device: a device torch cannot see stops at parsing ----------------------------------------------
+BENCH_PARSERS = {"train_step": "parse_args", "step": "parse_args", "decode": "parse", "mome_ops": "parse_args",
+                 "dist_optim": "main"}
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_PARSERS))
+def test_bench_device_cuda_without_cuda_is_a_flag_error(name, no_gpu, capsys):
+    bench = load_bench(name)
+    with pytest.raises(SystemExit) as e:
+        getattr(bench, BENCH_PARSERS[name])(["--device", "cuda"])
+    err = capsys.readouterr().err
+    want = "argument --device: cuda: no such device here (torch sees 0 CUDA device(s))"
+    assert e.value.code == 2 and want in err, err
+
+
+def test_train_step_parent_fails_before_any_design_process(no_gpu, monkeypatch, tmp_path, capsys):
+    """It exited 0 with one "failed" row per design, each child having set up and failed alone."""
+    bench = load_bench("train_step")
+    spawned = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: spawned.append(a))
+    out = tmp_path / "ts.json"
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--device", "cuda", "--designs", "base,ve", "--out", str(out)])
+    assert e.value.code == 2 and "argument --device: cuda" in capsys.readouterr().err
+    assert spawned == [] and not out.exists()
+
+
+def test_bench_cpu_devices_and_automatic_default_parse(no_gpu):
+    assert load_bench("train_step").parse_args(["--device", "cpu"]).device == "cpu"
+    assert load_bench("step").parse_args([]).device == "cpu"
+    assert load_bench("decode").parse([]).device == "cpu"
+    assert load_bench("mome_ops").parse_args([]).device == "cpu"  # cuda if available, else cpu: still so
+
+
+def test_train_step_default_cuda_on_a_cpu_machine_names_the_flag(no_gpu, capsys):
+    """Its default is cuda (the paper's table is GPU throughput), not chosen by what the machine has."""
+    with pytest.raises(SystemExit) as e:
+        load_bench("train_step").parse_args([])
+    assert e.value.code == 2 and "argument --device: cuda: no such device here" in capsys.readouterr().err
