@@ -42,6 +42,17 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def row_seeds(cfg: dict) -> list[int]:
+    """The row's default seeds ([row] seeds), held to ``parse_seeds``' rule here: base_train would refuse a bad one
+    only when its turn came, after the seeds before it had trained, and a string ran as its digits."""
+    seeds = cfg["row"]["seeds"]
+    if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or not 0 <= s <= SEED_MAX for s in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise ValueError(f"config {cfg['path']}: [row] seeds must be a list of distinct integers in [0, {SEED_MAX}] "
+                         f"(got {seeds!r}); fix the file or pass --seeds")
+    return seeds
+
+
 def check_hardware(train: dict, nproc: int, device_batch: int) -> int:
     """Return grad-accum steps, or raise if the fixed total batch cannot be split this way."""
     if nproc < 1:
@@ -199,7 +210,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     try:
         cfg = load_row_config(args.config)
-        seeds = parse_seeds(args.seeds) if args.seeds is not None else [int(s) for s in cfg["row"]["seeds"]]
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else row_seeds(cfg)
         nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
         batch, extra = split_batch_flags(extra)
         if "device-batch-size" in batch and args.device_batch_size is not None:

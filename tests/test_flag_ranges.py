@@ -61,6 +61,29 @@ def test_runner_seeds_share_the_range():
         parse_seeds(f"42,{SEED_MAX + 1}")
 
 
+@pytest.mark.parametrize("seeds", [f"[42, {SEED_MAX + 1}]", "[-1]", "[true]", "[42.0]", "[]", "[42, 42]", '"42"', "[[42]]"])
+def test_a_config_rows_seeds_share_the_range(seeds, tmp_path, capsys):
+    """The row's default seeds ([row] seeds, used without --seeds) were run unchecked: one base_train refuses
+    (above 2**32-1, negative) failed only when its turn came, after the seeds before it had trained; true and 42.0
+    ran as seeds 1 and 42."""
+    from pathlib import Path
+
+    from scripts import run
+
+    text = (Path(__file__).resolve().parents[1] / "configs" / "mini" / "base.toml").read_text()
+    assert "\nseeds = [42]\n" in text
+    config = tmp_path / "row.toml"
+    config.write_text(text.replace("\nseeds = [42]\n", f"\nseeds = {seeds}\n"))
+    with pytest.raises(SystemExit) as e:
+        run.main([str(config), "--plan"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"[row] seeds must be a list of distinct integers in [0, {SEED_MAX}]" in err, err
+    assert str(config) in err and "--seeds" in err
+    config.write_text(text.replace("\nseeds = [42]\n", f"\nseeds = [0, {SEED_MAX}]\n"))
+    run.main([str(config), "--plan"])
+    assert f"--seed {SEED_MAX} " in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("value, needle", [("cuda", "no such device here (torch sees 0 CUDA device(s))"),
                                            ("mps", "no such device here (torch sees no MPS device)")])
 def test_base_train_device_type_is_a_flag_error(value, needle, capsys, monkeypatch):
