@@ -61,7 +61,8 @@ def test_runner_seeds_share_the_range():
         parse_seeds(f"42,{SEED_MAX + 1}")
 
 
-@pytest.mark.parametrize("seeds", [f"[42, {SEED_MAX + 1}]", "[-1]", "[true]", "[42.0]", "[]", "[42, 42]", '"42"', "[[42]]"])
+@pytest.mark.parametrize("seeds", [f"[42, {SEED_MAX + 1}]", "[-1]", "[true]", "[42.0]", "[]", "[42, 42]", '"42"',
+                                   "[[42]]"])
 def test_a_config_rows_seeds_share_the_range(seeds, tmp_path, capsys):
     """The row's default seeds ([row] seeds, used without --seeds) were run unchecked: one base_train refuses
     (above 2**32-1, negative) failed only when its turn came, after the seeds before it had trained; true and 42.0
