@@ -14,14 +14,17 @@ atomics, and bitwise the values the atomics give (each row's sum is added once i
     python -m pytest -m gpu tests/test_mome_triton_unique.py                                      # on a GPU
 """
 
+import re
+
 import pytest
 import torch
 
 from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 from test_mome_shared_kernel import BIGRAM, _model
-from test_mome_triton import _InterpretedRowMix, _loss_and_grads, needs_cuda, needs_interpreter
-from test_mome_triton_inject import _InterpretedInject
+from test_mome_triton import (COMPILABLE, _InterpretedRowMix, _loss_and_grads, needs_cuda, needs_interpreter,
+                              sm90_ptx)
+from test_mome_triton_inject import INJECT_BWD_PTRS, ROW_BWD_PTRS, _InterpretedInject
 
 PAIRS = ("row", "fused")
 
@@ -199,6 +202,22 @@ def test_model_declares_only_the_gathered_rows_unique(monkeypatch):
     table = per_layer.memory._table(0)
     got = per_layer.memory._kernel_operands(table, x, None)
     assert got[0] is table and got[1] is x and got[2] is False
+
+
+@pytest.mark.skipif(not COMPILABLE, reason="needs triton, not in interpreter mode (TRITON_INTERPRET unset)")
+@pytest.mark.parametrize("fusion", [True, False], ids=["fp_fusion", "no_fp_fusion"])
+def test_the_stores_plus_zero_survives_the_sm90_build(fusion):
+    """``+ 0.0`` is no identity in IEEE arithmetic (-0.0 + 0.0 = +0.0), so the compiler must keep it: one fp32 add
+    of 0f00000000 per stored value, in both backward kernels, with Triton's FP fusion on or off (its default turns
+    off in 3.10); the atomics' build has none. The interpreter cannot show this (its sums never give -0.0) and the
+    gpu test only on a GPU. (On 2026-11-26 the SASS, read with triton's cuobjdump, kept them as FADD R, RZ, R.)"""
+    shape, options = (6, 6, 128), {"enable_fp_fusion": fusion}
+    zero_add = re.compile(r"\badd(\.rn)?\.f32\s+%r\d+, %r\d+, 0f00000000;")
+    for kernel, ptrs in ((mt._row_mix_bwd_kernel, ROW_BWD_PTRS), (mt._row_mix_inject_bwd_kernel, INJECT_BWD_PTRS)):
+        stores = sm90_ptx({"k": (kernel, ptrs)}, shape, options, {"UNIQUE_ROWS": True})["k"]
+        atomics = sm90_ptx({"k": (kernel, ptrs)}, shape, options, {"UNIQUE_ROWS": False})["k"]
+        assert len(zero_add.findall(stores)) >= shape[1] and not zero_add.findall(atomics), kernel.__name__
+        assert ".ftz.f32" not in stores  # its add keeps subnormals (which the atomics flush, per the PTX ISA)
 
 
 # -- (c) CUDA --------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ it; default False) is the caller's promise that each table row is read by exactl
 ``check_unique_rows``), as for the shared table's rows gathered once (MoMEMemory._kernel_operands): then no two
 programs touch one row, and the backward kernels (constexpr UNIQUE_ROWS) store each row's gradient into an unfilled
 tensor, no zero fill (B*T*M*d*4 bytes per call: 201 MB at B*T = 65536, M = 6, d = 128) and no atomics, bit for bit
-the atomics' values (one add into a zero; the stores add +0.0 so that a sum of -0.0 becomes +0.0 as there). A
+the atomics' values (one add into a zero; the stores add +0.0 so that a sum of -0.0 becomes +0.0 as there), but for
+a subnormal sum (below 1.2e-38), which the PTX ISA says fp32 atomics flush to a zero and the stores keep. A
 per-layer table's ids repeat: False. The op's CPU math checks the promise in full; the CUDA launchers check the
 shapes only (the ids would cost a host sync).
 
@@ -171,7 +172,8 @@ if triton is not None:
     def _add_row_grad(ptr, d_row, c_ok, UNIQUE_ROWS: tl.constexpr):
         """d_table[row] += d_row (BLOCK_D,) fp32. UNIQUE_ROWS (every table row read by exactly one token, e.g. the
         shared table's gathered rows): no other program writes this row, so a plain store into the unfilled
-        gradient; ``+ 0.0`` is the atomic add into the zero fill (-0.0 becomes +0.0), so the two are bitwise equal.
+        gradient; ``+ 0.0`` is the atomic add into the zero fill (-0.0 becomes +0.0), so the two are bitwise equal
+        (subnormal sums aside: the atomics flush them). The compiler keeps the add (no identity for -0.0).
         Else relaxed fp32 atomics into the zero fill: tokens sharing a row collide."""
         if UNIQUE_ROWS:
             tl.store(ptr, d_row + 0.0, mask=c_ok)
