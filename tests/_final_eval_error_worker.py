@@ -36,7 +36,10 @@ def run_split_bpb(*args, **kwargs):
 
 
 def report(branch: str) -> None:
-    print(f"rank {rank} final evaluation: {branch}", flush=True)
+    # one write of the whole line, ended by ';': print writes the text and its newline apart, so two ranks' lines
+    # could run together ("raised RuntimeErrorrank 0 ...") and a word-pattern would read past the branch
+    sys.stdout.write(f"rank {rank} final evaluation: {branch};\n")
+    sys.stdout.flush()
     if os.environ.get("BRANCH_BARRIER"):
         store = dist.distributed_c10d._get_default_store()
         store.set(f"test_branch/{rank}", branch)

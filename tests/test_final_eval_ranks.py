@@ -21,8 +21,8 @@ def run_worker(tmp_path, monkeypatch, fail: str, sigterm: str, **env):
     started = time.monotonic()
     r = run_torchrun(WORKER, 2, ["--fail-ranks", fail, "--sigterm-ranks", sigterm, *TINY, *BATCH,
                                  "--num-iterations", "3", "--run-dir", str(run)], timeout=120)
-    # findall, not lines: print writes the text and its newline apart, so two ranks' lines may run together
-    branches = dict(re.findall(r"rank (\d) final evaluation: (raised \w+|returned \w+)", r.stdout))
+    # findall, not lines, and the worker's ';' ends each branch: two ranks' lines may still run together
+    branches = dict(re.findall(r"rank (\d) final evaluation: ((?:raised|returned) \w+);", r.stdout))
     return r, run, branches, time.monotonic() - started
 
 
