@@ -6,14 +6,19 @@ import argparse
 DEVICE_TYPES = ("cuda", "cpu", "mps")
 
 
+def _int_or(text: str, invalid: int) -> int:
+    """``int(text)``, or ``invalid`` (a value the caller's range check refuses, naming the text) if it is none."""
+    try:
+        return int(text)
+    except ValueError:
+        return invalid
+
+
 def int_at_least(low: int):
     """argparse ``type=`` for an integer >= ``low``: a negative count stops at its flag instead of reading, later,
     as a missing checkpoint step_-00001, an empty domain or "all"."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
+        value = _int_or(text, low - 1)
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low} (got {text!r})")
         return value
@@ -65,15 +70,17 @@ def device_type_name(text: str) -> str:
 SEED_MAX = 2**32 - 1  # torch's CPU generator keeps a seed's low 32 bits: 2**32 would repeat seed 0's draws
 
 
+def is_seed(value: int) -> bool:
+    """Whether ``value`` is a seed every entry point takes (``seed_int``; scripts.run's --seeds and config rows)."""
+    return 0 <= value <= SEED_MAX
+
+
 def seed_int(text: str) -> int:
     """argparse ``type=`` for a random seed in [0, SEED_MAX]: torch refused one outside [-2**63, 2**64) only where
     it seeded ("Overflow when unpacking long long", no flag named), numpy's data order refuses a negative one, and
     above 2**32 the CPU generator repeats smaller seeds."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= SEED_MAX:
+    value = _int_or(text, -1)
+    if not is_seed(value):
         raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_MAX}] (got {text!r})")
     return value
 
@@ -81,10 +88,7 @@ def seed_int(text: str) -> int:
 def count_or_all(text: str) -> int:
     """argparse ``type=`` for a cap on examples: an integer >= 1, or -1 for no cap. 0 is refused: it read as "all"
     (only a positive cap cuts), so asking for no examples ran the full, slowest evaluation."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = _int_or(text, 0)
     if value < 1 and value != -1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, or -1 for all (got {text!r})")
     return value

@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from nanochat.cli_types import SEED_MAX
+from nanochat.cli_types import SEED_MAX, is_seed
 from nanochat.row_config import REPO, load_row_config
 
 
@@ -35,7 +35,7 @@ def parse_seeds(text: str) -> list[int]:
         seeds = [int(s) for s in text.split(",") if s.strip() != ""]
     except ValueError:
         raise ValueError(wrong) from None
-    if not seeds or any(not 0 <= s <= SEED_MAX for s in seeds):  # each is a base_train --seed (cli_types.seed_int)
+    if not seeds or not all(map(is_seed, seeds)):  # each is a base_train --seed (cli_types.seed_int)
         raise ValueError(wrong)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds has duplicates: {text!r}")
@@ -46,7 +46,7 @@ def row_seeds(cfg: dict) -> list[int]:
     """The row's default seeds ([row] seeds), held to ``parse_seeds``' rule here: base_train would refuse a bad one
     only when its turn came, after the seeds before it had trained, and a string ran as its digits."""
     seeds = cfg["row"]["seeds"]
-    if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or not 0 <= s <= SEED_MAX for s in seeds)
+    if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or not is_seed(s) for s in seeds)
             or len(set(seeds)) != len(seeds)):
         raise ValueError(f"config {cfg['path']}: [row] seeds must be a list of distinct integers in [0, {SEED_MAX}] "
                          f"(got {seeds!r}); fix the file or pass --seeds")
