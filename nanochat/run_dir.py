@@ -66,6 +66,25 @@ def describe_owner(rec: dict) -> str:
             f"{rec.get('command', '?')})")
 
 
+# flock's errors that mean "this file system has no flock" (Lustre without -o flock; NFS, where an exclusive flock
+# through a read-only fd is EBADF), not "another process holds it"
+NO_FLOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)
+
+
+def try_flock(fd: int, blocking: bool = False) -> bool | None:
+    """Take an exclusive flock on ``fd``: True, or False if another holds it (never, when ``blocking``), or None if
+    the file system has no flock (``NO_FLOCK_ERRNOS``: the caller decides what stands in for it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in NO_FLOCK_ERRNOS:
+            raise
+        return None
+    return True
+
+
 def pid_alive(pid) -> bool:
     """Whether a process ``pid`` may live on this host: False only when no process has that pid. Another user's
     process, or a record naming no valid pid (text, none, past a C long, 0 or negative: kill() would read those as
@@ -113,13 +132,10 @@ class RunDirLock:
         except OSError as e:
             raise NotWritable(f"{flag} {self.run_dir}: cannot create {self.path} ({e.strerror})") from e
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            locked = try_flock(fd)
+            if locked is False:
                 self._wait_for_owner_record(fd, flag)  # returns if the owner released meanwhile (we hold it now)
-            except OSError as e:  # no flock on this filesystem: the record decides
-                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
+            elif locked is None:  # no flock on this filesystem: the record decides
                 self._check_record_only(self._read(fd), flag)
             previous = self._read(fd)  # re-read under the lock: the owner may have released in between
             self.stale = previous or None

@@ -13,8 +13,6 @@ container has our host name). Left to the user: a file system whose flock is per
 -o local_lock) hides another node's lock, so a second node with this host name can lose its live folder.
 """
 
-import errno
-import fcntl
 import hashlib
 import os
 import re
@@ -26,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nanochat.run_dir import pid_alive
+from nanochat.run_dir import pid_alive, try_flock
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -44,20 +42,6 @@ def _boot() -> str:
         return _hash8(BOOT_ID.read_text().strip())
     except OSError:  # no boot id (not Linux): the pid alone tells, on this host
         return "0" * 8
-
-
-def _lock(fd: int, blocking: bool) -> bool | None:
-    """Take an exclusive flock on ``fd``: True, or False if another holds it, or None if the file system has no
-    flock (Lustre without -o flock; its owner goes on without one, a cleaner cannot learn anything from it)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    except OSError as e:
-        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF):
-            raise
-        return None
-    return True
 
 
 def _parse(folder: Path, prefix: str) -> re.Match | None:
@@ -84,7 +68,7 @@ def _claim_stale(folder: Path, prefix: str) -> int | None:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:  # another cleaner removed it meanwhile
         return None
-    locked = _lock(fd, blocking=False)
+    locked = try_flock(fd)
     # False: its owner lives after all (in another pid namespace), or a cleaner works. None (no flock): only a dead
     # pid of this boot proves it stale; another boot id with our host name may be a live run on another node whose
     # container has the same host name
@@ -140,7 +124,7 @@ def work_dir(parent: Path, prefix: str, salvage: Callable[[Path], object] | None
     fd = None
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        _lock(fd, blocking=True)  # nobody else knows the folder yet: this never waits
+        try_flock(fd, blocking=True)  # nobody else knows the folder yet: this never waits (no flock: none to take)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -80,7 +80,7 @@ def test_a_later_analysis_removes_the_stage_of_a_killed_one_and_nothing_else(tmp
         (out / ".partial-file").write_text("not a folder")
         held = os.open(out / kept[-1], os.O_RDONLY)
         try:
-            work_dirs._lock(held, blocking=False)
+            work_dirs.try_flock(held)
             capsys.readouterr()
             with staged_outputs(out) as stage:
                 (stage / "memory_use.json").write_text("[]")
