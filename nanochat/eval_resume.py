@@ -63,8 +63,13 @@ def _differences(old: dict, new: dict) -> str:
     return ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
 
 
+def partial_path(out_dir, name: str) -> Path:
+    """Where ``FinishedResults`` of evaluation ``name`` keeps its finished items: ``<out_dir>/<name>.partial.json``."""
+    return Path(out_dir) / f"{name}.partial.json"
+
+
 class FinishedResults:
-    """The finished items of one evaluation (``core`` or ``bpb``) in ``<out_dir>/<name>.partial.json``.
+    """The finished items of one evaluation (``core`` or ``bpb``) in ``partial_path(out_dir, name)``.
 
     Build it with ``open`` on every rank (a collective); ``get_or_run`` is then called for each item in the same
     order on every rank."""
@@ -78,7 +83,7 @@ class FinishedResults:
     @classmethod
     def open(cls, out_dir: Path, name: str, settings_fn, fresh: bool) -> "FinishedResults":
         """Read the earlier run's file on rank 0 (with ``settings_fn()`` computed there) and broadcast it."""
-        return rank0_decides(lambda: cls._read(Path(out_dir) / f"{name}.partial.json", settings_fn(), fresh))
+        return rank0_decides(lambda: cls._read(partial_path(out_dir, name), settings_fn(), fresh))
 
     @classmethod
     def _read(cls, path: Path, settings: dict, fresh: bool) -> "FinishedResults":

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import is_dist, print0
-from nanochat.eval_resume import FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete
+from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete,
+                                  partial_path)
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
@@ -165,7 +166,7 @@ def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals
     run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
                      "signal": signal_name})
     then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
-    partial = run.run_dir / f"{FINAL_EVAL_PARTIAL}.partial.json"
+    partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
     kept = f" (the finished ones are kept in {partial} for --resume)" if partial.is_file() else ""
     print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
            f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
