@@ -20,7 +20,7 @@ from pathlib import Path
 
 from nanochat.download import (DownloadError, DownloadStopped, StopFlag, download_file, hub_file, place_file,
                               run_in_daemon_threads)
-from nanochat.jsonfile import read_json_object, write_atomic, write_text_atomic
+from nanochat.jsonfile import read_json_object, remove_stale_temps, write_atomic, write_text_atomic
 
 MANIFEST = "manifest.json"
 DATASET_MARK = ".dataset"  # remote datasets: which dataset this directory's shard_NNNNN.parquet files belong to
@@ -115,13 +115,15 @@ def start_rebuild(data_dir) -> None:
     (Path(data_dir) / MANIFEST).unlink(missing_ok=True)
 
 
-def remove_unlisted_shards(data_dir, manifest: dict, patterns: tuple[str, ...]) -> None:
-    """Delete the files matching ``patterns`` that ``manifest`` does not list (shards of an earlier, larger run)."""
+def remove_build_leftovers(data_dir, manifest: dict, patterns: tuple[str, ...]) -> None:
+    """After a build wrote ``manifest``: delete the files matching ``patterns`` that it does not list (shards of an
+    earlier, larger run), and the temp files that builders killed midway left of those shards or the manifest."""
     listed = set(manifest["train"]) | set(manifest["val"])
     for pattern in patterns:
         for path in Path(data_dir).glob(pattern):
             if path.name not in listed:
                 path.unlink()
+    remove_stale_temps(data_dir, (*patterns, MANIFEST))
 
 
 def write_manifest(data_dir, dataset: str, train: list[str], val: list[str], source: str, **extra) -> dict:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from nanochat.cli_types import int_at_least, open_fraction, positive_int
 from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
-                              download_remote_shards, load_manifest, read_jsonl_texts, remove_unlisted_shards,
+                              download_remote_shards, load_manifest, read_jsonl_texts, remove_build_leftovers,
                               split_files, start_rebuild, write_manifest, write_text_shard)
 from nanochat.download import DownloadError, file_sha256
-from nanochat.jsonfile import remove_stale_temps, written_path
+from nanochat.jsonfile import written_path
 from nanochat.run_dir import RunDirLock, ensure_writable
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
@@ -114,8 +114,7 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
     manifest = write_manifest(data_dir, dataset, train_names, val_names, source=source_desc,
                               documents={"train": len(train_docs), "val": len(val_docs)},
                               **({"request": request} if request else {}))
-    remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
-    remove_stale_temps(data_dir, (*OWN_SHARDS, MANIFEST))  # of builders killed midway
+    remove_build_leftovers(data_dir, manifest, OWN_SHARDS)
     return manifest
 
 
@@ -268,8 +267,7 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
     source = f"{dataset} split={split}" + (f" revision={revision}" if revision else "")
     manifest = write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
                               documents={s: w.count for s, w in writers.items()}, hf=hf)
-    remove_unlisted_shards(data_dir, manifest, OWN_SHARDS)
-    remove_stale_temps(data_dir, (*OWN_SHARDS, MANIFEST))  # of builders killed midway
+    remove_build_leftovers(data_dir, manifest, OWN_SHARDS)
     return manifest
 
 
