@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nanochat.cli_types import checkpoint_step, positive_int  # noqa: E402
-from nanochat.jsonfile import is_temp_for  # noqa: E402
+from nanochat.jsonfile import written_path  # noqa: E402
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
 
 
@@ -101,8 +101,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # e.g. a full disk: write_slot_map kept the old --output (if any), removed its temp file
-        writing = e.filename is not None and (Path(e.filename) == Path(args.output)
-                                              or is_temp_for(args.output, e.filename))  # write_slot_map's temp
+        # --output itself, or write_slot_map's temp file for it
+        writing = e.filename is not None and written_path(e.filename) == Path(args.output)
         print(f"error: could not write --output {args.output}: {e.strerror}" if writing else f"error: {e}",
               file=sys.stderr)
         return 2
