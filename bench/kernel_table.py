@@ -69,14 +69,19 @@ def kernel_rows(events, on_device: bool) -> list[dict]:
     launch window, whose clock runs ahead of the device's work) is 'optimizer' whatever its name:
     Muon's GEMMs and elementwise kernels are the optimizer's cost, not the model's."""
     events = _side(events, on_device)
-    windows = optimizer_windows(events)
+    return _rows(events, on_device, optimizer_windows(events))
+
+
+def _rows(events, on_device: bool, windows: list[tuple[float, float]]) -> list[dict]:
+    """``kernel_rows`` of one side's ``events``, given that side's optimizer windows."""
     rows: dict[tuple[str, str], dict] = {}
     for e in events:
         if e.name in PROFILER_OVERHEAD or (on_device and _is_annotation(e)):
             continue  # device-side annotations span kernels already counted
         us = e.time_range.end - e.time_range.start if on_device else e.self_cpu_time_total
         in_opt = any(lo <= e.time_range.start < hi for lo, hi in windows)
-        cat = "optimizer" if in_opt and categorize(e.name) != "nccl" else categorize(e.name)
+        named = categorize(e.name)
+        cat = "optimizer" if in_opt and named != "nccl" else named
         row = rows.setdefault((e.name, cat), {"name": e.name, "category": cat, "calls": 0, "total_us": 0.0})
         row["calls"] += 1
         row["total_us"] += float(us)
@@ -86,11 +91,13 @@ def kernel_rows(events, on_device: bool) -> list[dict]:
 def write_profile_json(path: Path, events, on_device: bool, steps: int, meta: dict) -> dict:
     """The rows of ``steps`` profiled steps (totals over them: divide by ``steps``) with ``meta`` (design, device,
     ...) as the JSON bench/profile_diff.py reads."""
-    rows = kernel_rows(events, on_device)
+    events = _side(events, on_device)  # filtered and scanned for the optimizer's windows once (tens of thousands)
+    windows = optimizer_windows(events)
+    rows = _rows(events, on_device, windows)
     if not rows:
         raise RuntimeError(f"the profiler recorded no {'device' if on_device else 'CPU'} events for {path.name}")
     doc = {**meta, "steps": steps, "time": "device" if on_device else "self_cpu",
-           "optimizer_windows": len(optimizer_windows(_side(events, on_device))),
+           "optimizer_windows": len(windows),
            "total_us": sum(r["total_us"] for r in rows), "kernels": rows}
     path.write_text(json.dumps(doc, indent=1))
     return doc
