@@ -62,6 +62,15 @@ def load(path: str) -> dict:
     return doc
 
 
+def busy_us(doc: dict) -> float:
+    """The sum of the kernels per profiled step, in us (the device's busy time; a CPU profile's self time)."""
+    return doc["total_us"] / doc["steps"]
+
+
+def on_device(doc: dict) -> bool:
+    return doc.get("time", "device") == "device"
+
+
 def base_name(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
@@ -113,8 +122,8 @@ def side_label(doc: dict, path: str) -> str:
 
 
 def summary_table(a: dict, b: dict, la: str, lb: str) -> list[str]:
-    busy = "device busy" if a.get("time", "device") == "device" else "CPU self time"
-    ta, tb = a["total_us"] / a["steps"] / 1e3, b["total_us"] / b["steps"] / 1e3
+    busy = "device busy" if on_device(a) else "CPU self time"
+    ta, tb = busy_us(a) / 1e3, busy_us(b) / 1e3
     lines = [f"| per step, ms | A: {_cell(la)} | B: {_cell(lb)} | B - A |", "|---|---:|---:|---:|"]
     for what, xa, xb in (("timed step (median, not profiled)", a.get("step_ms"), b.get("step_ms")),
                          (f"profiled step (wall; A {a['steps']}, B {b['steps']} steps)", a.get("profiled_step_ms"),
@@ -135,12 +144,12 @@ def doubts(a: dict, b: dict) -> list[str]:
     out = [f"warning: A ran on {a.get('device_name')!r}, B on {b.get('device_name')!r}"] \
         if a.get("device_name") != b.get("device_name") else []
     for side, doc in (("A", a), ("B", b)):
-        if doc.get("time", "device") != "device":
+        if not on_device(doc):
             continue
         if doc.get("optimizer_windows") == 0:
             out.append(f"warning: {side} has no device-side Optimizer.step annotation: its 'optimizer' row holds only "
                        "the kernels named so (Muon's GEMMs count as gemm)")
-        wall, busy = doc.get("profiled_step_ms"), doc["total_us"] / doc["steps"] / 1e3
+        wall, busy = doc.get("profiled_step_ms"), busy_us(doc) / 1e3
         if _number(wall) and busy > wall:
             out.append(f"warning: {side}'s kernels add up to {busy:.2f} ms per step, more than its profiled wall "
                        f"{wall:.2f} ms: overlapping events are counted (several streams, or annotations read as "
@@ -151,7 +160,7 @@ def doubts(a: dict, b: dict) -> list[str]:
 def render(a: dict, b: dict, path_a: str, path_b: str, top: int) -> str:
     la, lb = side_label(a, path_a), side_label(b, path_b)
     rows = diff_rows(a, b)
-    gap = b["total_us"] / b["steps"] - a["total_us"] / a["steps"]
+    gap = busy_us(b) - busy_us(a)
     out = [f"### Kernel profile: B = {lb} ({path_b}) vs A = {la} ({path_a})", ""]
     warn = doubts(a, b)
     out += [*warn, ""] if warn else []
