@@ -8,6 +8,7 @@ import fnmatch
 import json
 import os
 import secrets
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +38,9 @@ def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
 def write_atomic(path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` to write the file at a temp name of its own beside ``path``, fsync it, then rename it over
     ``path``: a kill mid-write leaves the old file (or none), never a torn one, and two processes writing ``path`` at
-    once each rename a whole file (the last rename wins) instead of one renaming or removing the other's."""
+    once each rename a whole file (the last rename wins) instead of one renaming or removing the other's. Once
+    renamed, the temp files of ``path`` that writers killed midway left are removed (``remove_stale_temps``' rules).
+    """
     path = Path(path)
     fd, tmp = _create_temp(path)
     try:
@@ -51,6 +54,7 @@ def write_atomic(path, write: Callable[[Path], object]) -> None:
     except BaseException:  # e.g. a full disk, Ctrl-C: no torn temp file left beside ``path``
         tmp.unlink(missing_ok=True)
         raise
+    _remove_stale_temps_of(path)
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -131,35 +135,67 @@ def _unlocked(fd: int) -> bool:
     return True
 
 
+def entries_named(parent, prefix: str) -> list[Path]:
+    """The entries of folder ``parent`` whose name starts with ``prefix``, sorted (none if it is missing): one scan,
+    nothing opened or stat'ed."""
+    try:
+        return sorted(Path(parent) / e.name for e in os.scandir(parent) if e.name.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+def _remove_if_stale(tmp: Path) -> bool:
+    """Remove ``tmp``, a file named like a temp file of ``write_atomic``, if its writer was killed midway: a plain
+    file of one link (not a link another made), untouched for ``STALE_TEMP_S`` and not flocked. True if removed."""
+    try:
+        st = tmp.lstat()
+    except OSError:  # gone meanwhile (its writer renamed it): not ours to judge
+        return False
+    # a fresh file (a live writer's) is not even opened: closing any fd of a file drops the POSIX locks this
+    # process holds on it, which is what flock is on NFS
+    if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime <= STALE_TEMP_S:
+        return False
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # RDWR: NFS locks need a writable fd
+    except OSError:  # gone meanwhile (its writer renamed it), or a link: not ours to judge
+        return False
+    try:
+        st = os.fstat(fd)  # again, on what is open: the name may have been replaced since the lstat
+        if (st.st_nlink == 1 and time.time() - st.st_mtime > STALE_TEMP_S and _unlocked(fd)
+                and os.path.samestat(st, os.stat(tmp, follow_symlinks=False))):
+            tmp.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+    return False
+
+
+def _say_removed(directory, removed: list[Path]) -> None:
+    if removed:
+        print(f"removed {len(removed)} temp file(s) left in {directory} by writers killed midway: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+
+
+def _remove_stale_temps_of(path: Path) -> None:
+    """After a write of ``path``: its temp files that writers killed midway left (``_remove_if_stale``). Small files
+    (an eval report, summary.json, plan.json) have no build that sweeps their folder with ``remove_stale_temps``, so
+    the next write of the same file does it. One scan of the folder, for names starting ``<name>.``."""
+    try:
+        _say_removed(path.parent, [tmp for tmp in entries_named(path.parent, f"{path.name}.")
+                                   if is_temp_for(path, tmp) and _remove_if_stale(tmp)])
+    except OSError:  # e.g. a folder it may write but not list: the write is done, and must not fail for this
+        pass
+
+
 def remove_stale_temps(directory, patterns: tuple[str, ...]) -> list[Path]:
     """Remove the temp files that ``write_atomic`` writers of files matching ``patterns`` (fnmatch) in
     ``directory`` left when killed midway (a rename never came; the name is this writer's own, so no later writer
     reuses or replaces it): those named ``<file>.<8 hex digits>.tmp``, untouched for ``STALE_TEMP_S`` and not
     flocked. A build calls it once it is done; returns what it removed (one stderr line says so)."""
-    removed = []
-    try:
-        entries = list(Path(directory).iterdir())
-    except FileNotFoundError:
-        return removed
-    for tmp in entries:
-        target = written_path(tmp)
-        if target == tmp or not any(fnmatch.fnmatchcase(target.name, p) for p in patterns):
-            continue
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # RDWR: NFS locks need a writable fd
-        except OSError:  # gone meanwhile (its writer renamed it), or a link: not ours to judge
-            continue
-        try:
-            st = os.fstat(fd)
-            if (st.st_nlink == 1 and time.time() - st.st_mtime > STALE_TEMP_S and _unlocked(fd)
-                    and os.path.samestat(st, os.stat(tmp, follow_symlinks=False))):
-                tmp.unlink()
-                removed.append(tmp)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(fd)
-    if removed:
-        print(f"removed {len(removed)} temp file(s) left in {directory} by writers killed midway: "
-              f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+    removed = [tmp for tmp in entries_named(directory, "")
+               if (target := written_path(tmp)) != tmp and any(fnmatch.fnmatchcase(target.name, p) for p in patterns)
+               and _remove_if_stale(tmp)]
+    _say_removed(directory, removed)
     return removed

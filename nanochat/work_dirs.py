@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nanochat.jsonfile import entries_named
 from nanochat.run_dir import pid_alive, try_flock
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -47,13 +48,6 @@ def _boot() -> str:
 def _parse(folder: Path, prefix: str) -> re.Match | None:
     """pid, host and boot of a work folder's name (see the module doc), or None if it is named otherwise."""
     return re.fullmatch(re.escape(prefix) + r"(\d+)-([0-9a-f]{8})-([0-9a-f]{8})\.[a-z0-9_]+", folder.name)
-
-
-def _named(parent: Path, prefix: str) -> list[Path]:
-    try:
-        return sorted(p for p in parent.iterdir() if p.name.startswith(prefix))
-    except FileNotFoundError:
-        return []
 
 
 def _claim_stale(folder: Path, prefix: str) -> int | None:
@@ -82,7 +76,7 @@ def remove_stale(parent: Path, prefix: str, salvage: Callable[[Path], object] | 
     """Remove the work folders named ``<prefix>...`` in ``parent`` that runs killed midway left (see the module
     doc); ``salvage(folder)`` first takes out what must survive. Says in one line what it removed."""
     removed = []
-    for folder in _named(parent, prefix):
+    for folder in entries_named(parent, prefix):
         fd = _claim_stale(folder, prefix)
         if fd is None:
             continue
@@ -104,7 +98,7 @@ def in_use(parent: Path, prefix: str) -> list[Path]:
     those ``remove_stale`` would keep, another host's included. How a build that must be the only one writing its
     output (an import into one run directory) tells that another is at it."""
     found = []
-    for folder in _named(parent, prefix):
+    for folder in entries_named(parent, prefix):
         if _parse(folder, prefix) is None:
             continue
         fd = _claim_stale(folder, prefix)

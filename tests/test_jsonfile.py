@@ -153,3 +153,56 @@ def test_remove_stale_temps_removes_a_killed_writers_temp_file_and_nothing_else(
     finally:
         live.kill()
         live.wait(timeout=30)
+
+
+def test_a_write_removes_its_targets_temp_files_that_killed_writers_left(tmp_path, capsys, monkeypatch):
+    """A small JSON file (an eval report, summary.json) has no build that sweeps its folder: the next write of the
+    same file removes the temp file a SIGKILLed writer of it left, once old and unlocked. A live writer's (locked,
+    however old), a fresh one, another file's and names of another form stay, and only this file's temp names are
+    looked at (a write beside many other files costs one scan); a failed write removes none."""
+    import signal
+
+    path = tmp_path / "core.json"
+    dead, dead_tmp = stuck_writer(path)
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(timeout=30)
+    live, live_tmp = stuck_writer(path)
+    try:
+        fresh = tmp_path / "core.json.0123abcd.tmp"
+        others = [tmp_path / "core.csv.0123abcd.tmp", tmp_path / "core.json.tmp", tmp_path / "core.json.x.tmp",
+                  tmp_path / "core.json.0123abcd.tmp.bak", tmp_path / "core.json.0123ABCD.tmp"]
+        for p in (fresh, *others):
+            p.write_text("x")
+        for p in (dead_tmp, live_tmp, *others):
+            age(p, 2 * jsonfile.STALE_TEMP_S)
+
+        def full_disk(tmp):
+            raise OSError(28, "No space left on device")
+
+        with pytest.raises(OSError):
+            write_atomic(path, full_disk)
+        assert dead_tmp.exists() and capsys.readouterr().err == ""
+        judged, judge = [], jsonfile._remove_if_stale
+        monkeypatch.setattr(jsonfile, "_remove_if_stale", lambda tmp: judged.append(tmp) or judge(tmp))
+        write_text_atomic(path, "{}\n")
+        assert sorted(judged) == sorted((dead_tmp, live_tmp, fresh))
+        assert f"removed 1 temp file(s) left in {tmp_path} by writers killed midway: {dead_tmp.name}" in (
+            capsys.readouterr().err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            p.name for p in (path, live_tmp, fresh, *others))
+        write_text_atomic(path, "{}\n")  # none left: nothing said
+        assert capsys.readouterr().err == ""
+    finally:
+        live.kill()
+        live.wait(timeout=30)
+
+
+def test_a_write_that_cannot_look_for_stale_temp_files_still_succeeds(tmp_path, monkeypatch):
+    """The search for a killed writer's temp files comes after the rename: a folder that cannot be listed (write
+    but no read permission) leaves them, and the finished write is not reported as failed."""
+    def unreadable(folder):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(jsonfile.os, "scandir", unreadable)
+    write_text_atomic(tmp_path / "summary.json", "{}\n")
+    assert (tmp_path / "summary.json").read_text() == "{}\n"
