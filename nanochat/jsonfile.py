@@ -3,7 +3,6 @@ them with one clear error that names the file, whatever is wrong with it (not UT
 and writing files (text, bytes, a torch.save, a link) so that a reader never sees half a file and two writers of
 one file never share a temp file."""
 
-import fcntl
 import fnmatch
 import json
 import os
@@ -14,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from nanochat.run_dir import try_flock
 
 T = TypeVar("T")
 
@@ -120,19 +121,23 @@ def written_path(filename) -> Path:
 
 
 def _hold_lock(fd: int) -> None:
+    """Flock the writer's own fresh temp file (never held by another), so that no cleaner takes it for a killed
+    writer's. Any OSError is ignored, not only try_flock's "no flock here": the lock only keeps cleaners off a temp
+    file, and where flock fails a cleaner's fails too (``_unlocked``: it keeps the file), so a report or a shard is
+    never lost to a lock."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file of its own: never held by another
-    except OSError:  # no flock here: remove_stale_temps then removes none
+        try_flock(fd)
+    except OSError:  # an errno that try_flock does not know as "no flock here"
         pass
 
 
 def _unlocked(fd: int) -> bool:
-    """Whether no process holds a flock on ``fd``'s file (False also where flock is unsupported: it cannot tell)."""
+    """Whether no process holds a flock on ``fd``'s file. False also where flock is unsupported or fails in a way
+    try_flock does not know: a cleaner that cannot tell keeps the file, rather than fail a finished write."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return try_flock(fd) is True
     except OSError:
         return False
-    return True
 
 
 def entries_named(parent, prefix: str) -> list[Path]:

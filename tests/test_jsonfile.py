@@ -206,3 +206,22 @@ def test_a_write_that_cannot_look_for_stale_temp_files_still_succeeds(tmp_path, 
     monkeypatch.setattr(jsonfile.os, "scandir", unreadable)
     write_text_atomic(tmp_path / "summary.json", "{}\n")
     assert (tmp_path / "summary.json").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("errno_", ["ENOLCK", "EIO"])
+def test_a_file_system_whose_flock_fails_loses_no_write_and_no_live_temp_file(tmp_path, monkeypatch, errno_):
+    """flock failing (ENOLCK: no flock there; EIO: an error try_flock does not know) fails no write, and a cleaner
+    that cannot tell whether a writer holds a temp file keeps it, however old."""
+    import errno
+    import fcntl
+
+    def failing(fd, op):
+        raise OSError(getattr(errno, errno_), "flock failed")
+
+    monkeypatch.setattr(fcntl, "flock", failing)
+    old_tmp = tmp_path / "summary.json.0123abcd.tmp"
+    old_tmp.write_text("half")
+    age(old_tmp, 2 * jsonfile.STALE_TEMP_S)
+    write_text_atomic(tmp_path / "summary.json", "{}\n")
+    assert jsonfile.remove_stale_temps(tmp_path, ("*.json",)) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json", old_tmp.name]
