@@ -107,10 +107,13 @@ def is_temp_for(path, candidate) -> bool:
     return Path(candidate) != written_path(candidate) == Path(path)
 
 
-def written_path(filename) -> Path:
+def written_path(filename, default=None) -> Path:
     """The file that ``write_atomic`` (or ``replace_atomic``) was writing through the temp file ``filename``:
     ``filename`` less its ``.<8 hex digits>.tmp``, or ``filename`` itself if it is named otherwise. An error
-    message names the file the user asked for, not a temp name they never see."""
+    message names the file the user asked for, not a temp name they never see. ``default`` (e.g. the output
+    folder) stands in where ``filename`` is None or empty: an OSError that names no file."""
+    if not filename and default is not None:
+        return Path(default)
     filename = Path(filename)
     stem, dot, suffix = filename.name.rpartition(".")
     name, dot2, token = stem.rpartition(".")

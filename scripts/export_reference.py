@@ -178,7 +178,7 @@ def export_reference(args) -> Path:
     except BaseException as e:  # a full disk, Ctrl-C, a refusal midway: what this export added goes
         left = added.remove()
         if isinstance(e, OSError) and e.errno is not None:  # not one of the refusals above (they carry no errno)
-            failed = written_path(e.filename) if e.filename else out  # the file, not its temp name
+            failed = written_path(e.filename, out)  # the file, not its temp name
             raise ExportWriteError(f"--out {out}: could not write {failed}: {e.strerror or e}; {left}") from None
         if isinstance(e, KeyboardInterrupt):
             raise ExportInterrupted(f"{left} in --out {out}") from None

@@ -340,7 +340,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # reading the inputs raises DataError: this is writing the shards or manifest
-        where = written_path(e.filename) if e.filename else data_dir  # the shard, not its temp name
+        where = written_path(e.filename, data_dir)  # the shard, not its temp name
         print(f"error: could not write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -79,7 +79,7 @@ def train(args, data_dir: Path, out_dir: Path) -> tuple[Tokenizer, float, tuple[
         tok.save(out_dir)
     except OSError as e:  # save drops tokenizer.json first: what is left there is no tokenizer, never a mix
         raise SaveError(f"could not write the tokenizer to --output-dir {out_dir}: {e.strerror or e} "
-                        f"({written_path(e.filename) if e.filename else out_dir}); no tokenizer is left there") from e
+                        f"({written_path(e.filename, out_dir)}); no tokenizer is left there") from e
     remove_stale_temps(out_dir, (HEADER_FILE, RANKS_FILE, TOKEN_BYTES_FILE))  # of saves killed midway
     val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
     return tok, train_s, compression_ratio(tok, val_texts)

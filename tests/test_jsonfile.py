@@ -93,6 +93,9 @@ def test_is_temp_for_names_only_write_atomics_temp_files(tmp_path):
     seen = []
     write_atomic(path, lambda tmp: seen.append(tmp) or tmp.write_text("{}"))
     assert is_temp_for(path, seen[0]) and is_temp_for(path, str(seen[0]))
+    # what an error message names: the file, not its temp name; the default where the OSError names no file
+    assert jsonfile.written_path(str(seen[0]), tmp_path) == path == jsonfile.written_path(path, tmp_path)
+    assert jsonfile.written_path(None, tmp_path) == tmp_path == jsonfile.written_path("", str(tmp_path))
     for other in (path, tmp_path / "m.json.tmp.bak", tmp_path / "other.json.ab12cd34.tmp",
                   tmp_path / "sub" / seen[0].name, tmp_path / "m.jsonab12cd34.tmp"):
         assert not is_temp_for(path, other), other
