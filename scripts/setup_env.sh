@@ -3,10 +3,56 @@
 # Picks the torch build: CUDA wheel from PyPI when an NVIDIA GPU is visible, else the CPU build
 # (a local wheel if pip's find-links has one, otherwise the PyTorch CPU index). Never lets an unpinned
 # torch pull a multi-GB CUDA build onto a CPU-only machine.
+#
+# A re-run (speedrun.sh and test.sh call this every time) skips the install when .venv is the one its last
+# successful install left: .venv/.setup_env.stamp holds what decided that install (this script, pyproject.toml,
+# the checkout's path, the torch version and build, the venv's Python) and the packages it ended with, and a run
+# that finds the same reuses .venv. Anything different installs as usual. `--reinstall` (or SETUP_REINSTALL=1,
+# for speedrun.sh and test.sh) installs even when nothing differs; `rm -rf .venv` starts from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
+STAMP=.venv/.setup_env.stamp
+INPUTS=(scripts/setup_env.sh pyproject.toml)  # the files pip's install reads or that decide it (no lock file)
+reinstall="${SETUP_REINSTALL:-}"
+case "${1:-}" in
+    --reinstall) reinstall=1 ;;
+    "") ;;
+    *) echo "[setup] unknown argument '$1': the only one is --reinstall (install even when .venv matches)" >&2
+       exit 2 ;;
+esac
+build=cpu
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then build=cuda; fi
+
+fingerprint() {  # one "what value" line each for what decides the install and what it left in .venv
+    echo "checkout $PWD"  # the editable install points here
+    echo "torch $TORCH_VERSION $build build"
+    # -I: PYTHONPATH (a checkout on it) must not add packages to the list
+    .venv/bin/python -I - "${INPUTS[@]}" <<'EOF'
+import hashlib, importlib.metadata, sys
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        print(path, hashlib.sha256(f.read()).hexdigest())
+print("python", sys.version.replace("\n", " "))
+dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+print("packages", len(dists), hashlib.sha256("\n".join(dists).encode()).hexdigest())
+EOF
+}
+
+if [ -f "$STAMP" ] && [ -z "$reinstall" ]; then
+    now="$(fingerprint 2>/dev/null)" || now=""  # a venv whose python no longer runs: install
+    if [ "$now" = "$(cat "$STAMP")" ]; then
+        echo "[setup] reusing .venv: unchanged since its last install ($STAMP); 'bash scripts/setup_env.sh" \
+             "--reinstall' (SETUP_REINSTALL=1 for speedrun.sh and test.sh) installs again"
+        exit 0
+    fi
+    changed="$(grep -vxF -f "$STAMP" <<<"$now" | cut -d' ' -f1 | paste -sd' ')" || true
+    echo "[setup] .venv differs from its last install (${changed:-its python does not run}): installing"
+fi
+# no stamp while .venv changes: an install that fails or is stopped part-way leaves none, and the next run installs
+rm -f "$STAMP"
+
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
@@ -17,7 +63,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # be the system one and install into the system Python. Bootstrap it instead.
 python -m pip --version >/dev/null 2>&1 || python -m ensurepip --upgrade >/dev/null
 if ! python -c "import torch" >/dev/null 2>&1; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if [ "$build" = cuda ]; then
         echo "[setup] NVIDIA GPU found: installing torch==${TORCH_VERSION} (CUDA build)"
         python -m pip install -q "torch==${TORCH_VERSION}"
     elif python -m pip download -q --no-deps --no-index -d "$(mktemp -d)" "torch==${TORCH_VERSION}" >/dev/null 2>&1; then
@@ -30,4 +76,12 @@ if ! python -c "import torch" >/dev/null 2>&1; then
     fi
 fi
 python -m pip install -q -e ".[dev]"
-python -c "import torch; print(f'[setup] torch {torch.__version__}, cuda available: {torch.cuda.is_available()}')"
+python - "$TORCH_VERSION" <<'EOF'
+import sys, torch
+print(f"[setup] torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")
+if torch.__version__.split("+")[0] != sys.argv[1]:  # the torch step above keeps any torch .venv already has
+    print(f"[setup] kept the torch .venv already had, not torch=={sys.argv[1]}: rm -rf .venv to install that one")
+EOF
+# written last, whole (a rename): only an install that got this far leaves a stamp for the next run to match
+fingerprint >"$STAMP.tmp"
+mv "$STAMP.tmp" "$STAMP"
