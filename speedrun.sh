@@ -12,13 +12,15 @@
 #   is not trained or evaluated again (one stopped in its final evaluation runs it), shards already downloaded and
 #   a complete embedded corpus are kept, and a finished one just says where its report is. One speedrun.sh per
 #   checkout (and on the GPU path per data root) at a time: a second one stops at once and says what runs.
+#   scripts/setup_env.sh reuses .venv when it is unchanged since its last successful install (a stamp in .venv;
+#   SETUP_REINSTALL=1 installs anyway).
 # * GPUs that torch cannot use (a CPU torch in .venv, a driver too old for the wheel) or no internet on a GPU
 #   machine: stop with what to do; a GPU machine never runs the CPU demo unless asked (SPEEDRUN_MODE=cpu).
 #
 # Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), NANOCHAT_DATA_DIR (root of the prepared data,
 # default ~/.cache/nanochat/data), SHARDS (GPU train shards, default 100),
 # DEVICE_BATCH (largest GPU rows per micro-batch, default 32), DEMO_STEPS (CPU steps per model, default 300),
-# DEMO_CORE_MAX (CORE examples per task on CPU, default 24).
+# DEMO_CORE_MAX (CORE examples per task on CPU, default 24), SETUP_REINSTALL=1 (install .venv even when unchanged).
 set -euo pipefail
 cd "$(dirname "$0")"
 # overrides are checked before anything runs (a bad DEMO_STEPS used to fail only at base_train, after the data)

@@ -15,7 +15,11 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP=.venv/.setup_env.stamp
 INPUTS=(scripts/setup_env.sh pyproject.toml)  # the files pip's install reads or that decide it (no lock file)
-reinstall="${SETUP_REINSTALL:-}"
+case "${SETUP_REINSTALL:-0}" in  # SETUP_REINSTALL=0 must not mean "reinstall"
+    0) reinstall="" ;;
+    1) reinstall=1 ;;
+    *) echo "[setup] SETUP_REINSTALL must be 0 or 1 (got '$SETUP_REINSTALL')" >&2; exit 2 ;;
+esac
 case "${1:-}" in
     --reinstall) reinstall=1 ;;
     "") ;;
@@ -28,7 +32,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 fingerprint() {  # one "what value" line each for what decides the install and what it left in .venv
     echo "checkout $PWD"  # the editable install points here
     echo "torch $TORCH_VERSION $build build"
-    # -I: PYTHONPATH (a checkout on it) must not add packages to the list
+    # -I: the checkout's mome_nanochat.egg-info (found through the current directory or PYTHONPATH) is no package
+    # of the venv, and would make a run from elsewhere differ
     .venv/bin/python -I - "${INPUTS[@]}" <<'EOF'
 import hashlib, importlib.metadata, sys
 for path in sys.argv[1:]:

@@ -236,9 +236,17 @@ def test_an_install_killed_mid_way_leaves_no_stamp(checkout, first):
     reused(repo, env)
 
 
-def test_a_bad_argument_stops_before_anything(checkout):
+@pytest.mark.parametrize("args,extra,message", [
+    (["--reinstal"], {}, "[setup] unknown argument '--reinstal': the only one is --reinstall"),
+    ([], {"SETUP_REINSTALL": "yes"}, "[setup] SETUP_REINSTALL must be 0 or 1 (got 'yes')")])
+def test_a_bad_argument_stops_before_anything(checkout, args, extra, message):
     repo, env = checkout
-    r = setup(repo, env, "--reinstal")
-    assert r.returncode == 2
-    assert "[setup] unknown argument '--reinstal': the only one is --reinstall" in r.stderr
+    r = setup(repo, env, *args, **extra)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (repo / ".venv").exists() and pip_calls(env) == []
+
+
+def test_setup_reinstall_0_reuses(checkout):
+    repo, env = checkout
+    installed(repo, env)
+    reused(repo, env, SETUP_REINSTALL="0")
