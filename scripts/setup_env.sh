@@ -45,7 +45,9 @@ print("packages", len(dists), hashlib.sha256("\n".join(dists).encode()).hexdiges
 EOF
 }
 
-if [ -f "$STAMP" ] && [ -z "$reinstall" ]; then
+if [ -n "$reinstall" ]; then
+    echo "[setup] installing (asked to)"
+elif [ -f "$STAMP" ]; then
     now="$(fingerprint 2>/dev/null)" || now=""  # a venv whose python no longer runs: install
     if [ "$now" = "$(cat "$STAMP")" ]; then
         echo "[setup] reusing .venv: unchanged since its last install ($STAMP); 'bash scripts/setup_env.sh" \
@@ -54,6 +56,8 @@ if [ -f "$STAMP" ] && [ -z "$reinstall" ]; then
     fi
     changed="$(grep -vxF -f "$STAMP" <<<"$now" | cut -d' ' -f1 | paste -sd' ')" || true
     echo "[setup] .venv differs from its last install (${changed:-its python does not run}): installing"
+elif [ -e .venv ]; then  # made by uv, by this script before the stamp, or by an install that failed or was stopped
+    echo "[setup] .venv has no stamp of a finished install ($STAMP): installing"
 fi
 # no stamp while .venv changes: an install that fails or is stopped part-way leaves none, and the next run installs
 rm -f "$STAMP"
