@@ -86,8 +86,16 @@ def install_mome_kernels(requested: str, device, stack: ExitStack) -> tuple[str,
     return name, reason
 
 
-def mome_kernels_line(name: str, reason: str) -> str:
-    return f"mome kernels: {name}" + (f" ({reason})" if reason else "")
+def report_mome_kernels(model, kernels: tuple[str, str]) -> str:
+    """The kernel path the built model's layers take (model_kernel_path: what a run records), after logging how
+    the setting resolved (``kernels``, install_mome_kernels' result) for a model with MoME's layers only: the
+    resolution says nothing about a model without them. Training and evaluation both install before the model is
+    built and log after."""
+    path = model_kernel_path(model)
+    if path != "none":
+        name, reason = kernels
+        print0(f"mome kernels: {name}" + (f" ({reason})" if reason else ""))
+    return path
 
 
 def model_kernel_path(model) -> str:

@@ -286,7 +286,7 @@ def evaluate(args) -> int:
 
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
-    from nanochat.train_setup import model_kernel_path, mome_kernels_line
+    from nanochat.train_setup import report_mome_kernels
 
     rank, world = (info.rank, info.world_size)
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
@@ -297,9 +297,7 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
     # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
     *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack)
-    mome_kernels = model_kernel_path(model)
-    if mome_kernels != "none":  # the setting's resolution says nothing about a model without MoME's layers
-        print0(mome_kernels_line(*kernels))
+    mome_kernels = report_mome_kernels(model, kernels)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
     print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "

@@ -60,7 +60,7 @@ from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects
                                  train_step)
 from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (RunData, dry_run, dry_run_vocab, existing_tokenizer, install_mome_kernels,
-                                  load_eval_rows, load_run_data, model_kernel_path, mome_kernels_line, resolve_bundle,
+                                  load_eval_rows, load_run_data, report_mome_kernels, resolve_bundle,
                                   resolve_run_dir, run_core, run_split_bpb, setup_attention, write_json)
 
 EXIT_NONFINITE = 3
@@ -146,9 +146,7 @@ def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
     load_eval_rows(args, data, info.rank, info.world_size)
     seed_everything(args.seed)
     model = build_model(config, device=device, seed=args.seed)
-    mome_kernels = model_kernel_path(model)  # what its layers take under that setting (recorded; not the flag)
-    if mome_kernels != "none":  # the flag's resolution says nothing about a model without MoME's layers
-        print0(mome_kernels_line(*kernels))
+    mome_kernels = report_mome_kernels(model, kernels)  # what its layers take (recorded; not the flag)
     print0(f"mome kernels in the model: {mome_kernels}")
     # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
     model.memory.bind_tokenizer(data.tokenizer)
