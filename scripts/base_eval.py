@@ -32,12 +32,13 @@ from pathlib import Path
 
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
 from nanochat.cli_types import checkpoint_step, count_or_all, device_type_name, positive_int
-from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok,
-                             keep_running_without_output, print0, rank0_decides, resolve_dtype)
+from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
+                             rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
+from nanochat.lost_output import keep_running_without_output
 from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import RunDirLock, ensure_writable

@@ -43,11 +43,12 @@ from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
-from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info,
-                             keep_running_without_output, print0, rank0_decides, resolve_dtype, seed_everything)
+from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
+                             rank0_decides, resolve_dtype, seed_everything)
 from nanochat.eval_resume import ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
 from nanochat.final_eval import evaluate_at_the_end
+from nanochat.lost_output import keep_running_without_output
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps

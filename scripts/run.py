@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from nanochat.cli_types import SEED_MAX, is_seed
+from nanochat.lost_output import point_at_devnull
 from nanochat.row_config import REPO, load_row_config
 
 
@@ -110,9 +111,7 @@ def say(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except OSError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        point_at_devnull(sys.stdout)
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -18,8 +18,9 @@ import torch
 
 from nanochat.checkpoint import load_model
 from nanochat.cli_types import checkpoint_step, device_name, seed_int
-from nanochat.common import autodetect_device, point_at_devnull
+from nanochat.common import autodetect_device
 from nanochat.engine import iter_samples
+from nanochat.lost_output import point_at_devnull
 
 
 def parse_args(argv=None):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nanochat.common import survive_lost_output
+from nanochat.lost_output import survive_lost_output
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
@@ -44,6 +44,24 @@ def test_other_write_errors_still_raise(tmp_path):
     with pytest.raises(OSError):  # ENOSPC is no lost reader: it must not be hidden
         stream.write("x")
         stream.flush()
+
+
+def test_the_runners_say_points_a_stdout_with_no_reader_at_devnull(monkeypatch):
+    """scripts.run's own lines (and its child's, echoed) once nobody reads them: the line is dropped, the same file
+    descriptor now writes to /dev/null, and neither that line nor a later one raises."""
+    from scripts.run import say
+
+    read_end, write_end = os.pipe()
+    raw = os.fdopen(write_end, "w")
+    monkeypatch.setattr(sys, "stdout", raw)
+    say("seen\n")
+    assert os.read(read_end, 100) == b"seen\n"
+    os.close(read_end)  # the reader goes away
+    say("lost\n")  # BrokenPipeError without the redirect
+    devnull = os.stat(os.devnull)
+    assert (os.fstat(write_end).st_dev, os.fstat(write_end).st_ino) == (devnull.st_dev, devnull.st_ino)
+    say("x" * 100_000)  # more than a pipe buffer: would block or fail on the pipe itself
+    raw.close()
 
 
 def test_base_train_saves_on_sigterm_after_its_output_reader_died(tmp_path):
