@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanochat.analysis import heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at, top_ranks, write_json
+from nanochat.analysis import (OutputWriteError, heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at,
+                               staged_outputs, top_ranks, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, positive_int, seed_int
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
@@ -325,18 +326,12 @@ OUTPUTS = ("wic_sites.csv", "wic_routing.png", "wic_gate.png", "wic_gate_mean.pn
 
 
 def write_outputs(out_dir: Path, report: dict, res: dict, layers, H: int) -> None:
-    """wic.json last: present only beside the csv and maps of the same probe. A write that fails (a full disk)
-    or is interrupted removes the set, so no older report describes newer files or the reverse."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        (out_dir / "wic.json").unlink(missing_ok=True)
-        write_sites_csv(res, layers, H, out_dir / "wic_sites.csv")
-        write_maps(res, layers, H, out_dir)
-        write_json(out_dir / "wic.json", report)
-    except BaseException:
-        for name in OUTPUTS:
-            (out_dir / name).unlink(missing_ok=True)
-        raise
+    """The set is staged and moved in whole (staged_outputs): a write that fails (a full disk) or is interrupted
+    leaves the earlier set as it was, so no report describes another probe's files."""
+    with staged_outputs(out_dir) as stage:
+        write_sites_csv(res, layers, H, stage / "wic_sites.csv")
+        write_maps(res, layers, H, stage)
+        write_json(stage / "wic.json", report)
 
 
 def probe(args, out_dir: Path) -> dict:
@@ -374,10 +369,10 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis" / "wic"
     try:
         summ = probe(args, out_dir)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, OutputWriteError) as e:  # OutputWriteError: the earlier outputs stay whole
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # writing the outputs (e.g. a full disk); what this probe wrote was removed
+    except OSError as e:
         print(f"error: could not write {e.filename or out_dir}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -182,8 +182,8 @@ def test_read_errors_for_binary_files_and_two_label_sources(tmp_path):
 
 @pytest.mark.parametrize("fault", ["out-dir is a file", "full disk", "ctrl-c"])
 def test_wic_probe_that_cannot_write_or_is_interrupted(tmp_path, monkeypatch, capsys, fault):
-    """One error line naming the file; a failed write removes the whole output set (no wic.json describing other
-    files), Ctrl-C during the forwards leaves the earlier outputs alone."""
+    """One error line naming --out-dir and the file; a failed write or Ctrl-C during the forwards leaves the
+    earlier output set as it was (no wic.json describing another probe's files) and no staging folder."""
     import errno
 
     run, _, _ = make_run(tmp_path, "mome")
@@ -211,7 +211,8 @@ def test_wic_probe_that_cannot_write_or_is_interrupted(tmp_path, monkeypatch, ca
     if fault == "out-dir is a file":
         assert "is not a directory" in err and out.read_text() == "x"
     elif fault == "full disk":
-        assert f"could not write {out / 'wic_gate.png'}: No space left on device" in err
-        assert not any((out / name).exists() for name in wic_probe.OUTPUTS)
-    else:
+        assert err.startswith(f"error: cannot write the outputs under --out-dir {out}: ") and \
+            "No space left on device" in err and "wic_gate.png" in err, err
+        assert sorted(before) == sorted(wic_probe.OUTPUTS)
+    if fault != "out-dir is a file":
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
