@@ -84,6 +84,8 @@ def _text(path: Path, flag: str) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{flag} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # EIO and the like carry no file name: the flag and file are said here
+        raise ValueError(f"{flag} {path}: cannot be read ({e.strerror or e})") from e
 
 
 def read_wic(path, gold=None) -> list[WiCPair]:
@@ -369,11 +371,9 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis" / "wic"
     try:
         summ = probe(args, out_dir)
-    except (FileNotFoundError, ValueError, OutputWriteError) as e:  # OutputWriteError: the earlier outputs stay whole
+    # OutputWriteError: the earlier outputs stay whole; OSError: reading the run (the writes raise OutputWriteError)
+    except (OSError, ValueError, OutputWriteError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: could not write {e.filename or out_dir}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"interrupted; {out_dir} holds no partial results of this probe", file=sys.stderr)

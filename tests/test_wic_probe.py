@@ -180,6 +180,18 @@ def test_read_errors_for_binary_files_and_two_label_sources(tmp_path):
         wic_probe.read_wic(FIXTURE, gold)  # 6 columns and --gold: which label counts would be a guess
 
 
+@pytest.mark.skipif(not Path("/proc/self/mem").is_file(), reason="needs Linux's /proc/self/mem")
+def test_a_wic_file_that_cannot_be_read_is_named_not_the_out_dir(tmp_path, capsys):
+    """A --wic whose read fails (here EIO: /proc/self/mem at offset 0, a regular file that no read serves; a bad
+    disk or a stale NFS handle alike) was 'could not write <out-dir>: Input/output error', blaming the outputs."""
+    run, _, _ = make_run(tmp_path, "mome")
+    out = tmp_path / "wic"
+    assert wic_probe.main(["--run", str(run), "--wic", "/proc/self/mem", "--out-dir", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --wic /proc/self/mem: cannot be read (Input/output error)\n", err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("fault", ["out-dir is a file", "full disk", "ctrl-c"])
 def test_wic_probe_that_cannot_write_or_is_interrupted(tmp_path, monkeypatch, capsys, fault):
     """One error line naming --out-dir and the file; a failed write or Ctrl-C during the forwards leaves the
