@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanochat.analysis import (OutputWriteError, heatmaps, load_run, memory_block, pad_rows, run_captured, single_token_at,
-                               staged_outputs, top_ranks, write_json)
+from nanochat.analysis import (OutputWriteError, heatmaps, load_run, memory_block, pad_rows, run_captured,
+                               single_token_at, staged_outputs, top_ranks, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, positive_int, seed_int
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
 
