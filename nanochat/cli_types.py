@@ -85,6 +85,19 @@ def seed_int(text: str) -> int:
     return value
 
 
+def unresumable_seeds(seeds: list[tuple[str, int]]) -> str:
+    """Why a run that an older version started with these (flag, seed) pairs above SEED_MAX cannot be continued:
+    this version refuses the seeds, and no seed it takes stands in for them."""
+    named = ", ".join(f"{flag} {value}" for flag, value in seeds)
+    return (f"{named}: outside [0, {SEED_MAX}], the seeds this version takes (torch's CPU generator keeps a seed's "
+            "low 32 bits: a larger seed drew a smaller one's CPU numbers); a run an older version recorded with "
+            f"{'it' if len(seeds) == 1 else 'them'} cannot be resumed exactly by this one. No seed in range stands "
+            "in: the data seed (--data-seed, by default --seed) also orders real data through numpy, which reads "
+            "every bit of it, so even its low 32 bits would give other batches after the checkpoint. Finish the run "
+            "with the version that started it, or start a new run (--overwrite, or another --run-dir) with seeds in "
+            f"[0, {SEED_MAX}]")
+
+
 def count_or_all(text: str) -> int:
     """argparse ``type=`` for a cap on examples: an integer >= 1, or -1 for no cap. 0 is refused: it read as "all"
     (only a positive cap cuts), so asking for no examples ran the full, slowest evaluation."""
@@ -92,3 +105,9 @@ def count_or_all(text: str) -> int:
     if value < 1 and value != -1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, or -1 for all (got {text!r})")
     return value
+
+
+def count_or_all_or_zero(text: str) -> int:
+    """``count_or_all``, and 0: base_train --core-max-per-task with --resume, where 0 ("all" in the versions that
+    took it) continues a run recorded with it; nanochat.train_resume reads it as -1 there and refuses it elsewhere."""
+    return 0 if _int_or(text, -2) == 0 else count_or_all(text)

@@ -20,7 +20,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from nanochat.cli_types import count_or_all, device_type_name, seed_int
+from nanochat.cli_types import (SEED_MAX, count_or_all, count_or_all_or_zero, device_type_name, seed_int,
+                                unresumable_seeds)
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
@@ -172,7 +173,7 @@ def _group_schedule(p):
     g.add_argument("--muon-momentum-ramp", type=int, default=300, help="steps of the linear momentum ramp")
 
 
-def _group_eval(p):
+def _group_eval(p, core_cap=count_or_all):
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-every", type=int, default=250, help="val bpb every N steps, at step 0 and at the end (-1 = only at the end)")
     g.add_argument("--eval-tokens", type=int, default=20971520, help="val tokens per bpb evaluation (fixed rows)")
@@ -192,8 +193,9 @@ def _group_eval(p):
                    help="run CORE after training when an eval bundle is available")
     g.add_argument("--final-train-bpb", action=argparse.BooleanOptionalAction, default=True,
                    help="also report bpb on fixed rows of the train split at the end (the paper's train bpb)")
-    g.add_argument("--core-max-per-task", type=count_or_all, default=-1,
-                   help="cap on examples per CORE task (-1 = all; 0 is refused)")
+    g.add_argument("--core-max-per-task", type=core_cap, default=-1,
+                   help="cap on examples per CORE task (-1 = all; 0 is refused, except by a --resume of a run an "
+                        "older version recorded with 0, which meant all)")
     g.add_argument("--bundle", type=str, default=None, help="CORE eval bundle dir (default: first one found)")
     g.add_argument("--save-every", type=int, default=-1, help="checkpoint every N steps (the last step is always saved)")
     g.add_argument("--save-at-flops", type=str, default="", metavar="F1,F2,...",
@@ -217,12 +219,16 @@ def _group_data(p):
                    help="train on a seeded random-token stream instead of data (tests/benchmarks; bpb is bits/token)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(resuming: bool = False) -> argparse.ArgumentParser:
+    """``resuming`` (--resume given): --core-max-per-task also takes 0, for a run an older version recorded with it
+    (nanochat.train_resume reads it as -1, the same "all", and refuses it for any other run)."""
     # allow_abbrev=False: the pre-parser of --config/--model-type/--memory takes full names only, so an accepted
     # prefix (--conf FILE) would silently skip the config file
     p = argparse.ArgumentParser(prog="python -m scripts.base_train", description="Pretrain a GPT with a memory block.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    for add in (_group_run, _group_model, _group_optim, _group_schedule, _group_eval, _group_data):
+    core_cap = count_or_all_or_zero if resuming else count_or_all
+    for add in (_group_run, _group_model, _group_optim, _group_schedule,
+                functools.partial(_group_eval, core_cap=core_cap), _group_data):
         add(p)
     add_memory_args(p)
     return p
@@ -271,6 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pre.add_argument("--config", default=None)
     pre.add_argument("--model-type", default="nanochat")
     pre.add_argument("--memory", default="base")
+    pre.add_argument("--resume", nargs="?", const="latest", default=None)
+    pre.add_argument("--seed", default=None)
+    pre.add_argument("--data-seed", default=None)
     known, _ = pre.parse_known_args(argv)
     tokens = []
     if known.config:
@@ -279,6 +288,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as e:
             parser.error(str(e))
     chosen = pre.parse_known_args(tokens + argv)[0]  # the command line's model type and memory win over the file's
+    if chosen.resume is not None:
+        refuse_unresumable_seeds(parser, chosen)
+        parser = build_parser(resuming=True)
     args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
     if args.device_type != "auto" and not args.dry_run:  # a plan builds nothing: a GPU row is planned anywhere
         try:
@@ -291,6 +303,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as e:
         parser.error(str(e))
     return args
+
+
+def refuse_unresumable_seeds(parser, chosen: argparse.Namespace) -> None:
+    """A requeue's command (an older version's seed above SEED_MAX in it) stops where seed_int would, saying
+    that the run cannot be resumed rather than only the range; out-of-range values of other kinds are seed_int's."""
+    seeds = []
+    for flag, text in (("--seed", chosen.seed), ("--data-seed", chosen.data_seed)):
+        try:
+            if text is not None and int(text) > SEED_MAX:
+                seeds.append((flag, int(text)))
+        except ValueError:
+            pass
+    if seeds:
+        parser.error(unresumable_seeds(seeds))
 
 
 def given_flags(tokens: list[str]) -> set[str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nanochat import checkpoint as ckpt
 from nanochat import init_from
+from nanochat.cli_types import is_seed, unresumable_seeds
 from nanochat.common import every_rank_ok, print0, rank0_decides
 from nanochat.train_loop import restore_stats_buffers
 from nanochat.train_setup import RunData
@@ -26,6 +27,30 @@ class ResumePoint:
     step: int
     meta: dict
     lr_changes: dict  # --resume-override-lr: {key: [checkpoint, now]}
+
+
+def zero_cap_refused(why: str) -> str:
+    return ("--core-max-per-task 0: must be an integer >= 1, or -1 for all; 0 (all, in the older versions that took "
+            f"it) is read as -1 only to resume a run recorded with it, and {why}")
+
+
+def read_old_records(args, saved_args: dict) -> None:
+    """Flag values an older version recorded that this one refuses at parsing (nanochat.cli_types): seeds above
+    SEED_MAX stop the resume saying why no seed continues the run; --core-max-per-task 0 ("all" then) reads as -1,
+    the same evaluation. Before the comparison of flags, whose "!=" would say nothing of either."""
+    seeds = [(f"--{key.replace('_', '-')}", saved_args[key]) for key in ("seed", "data_seed")
+             if type(saved_args.get(key)) is int and not is_seed(saved_args[key])]
+    if seeds:
+        raise ValueError("--resume: the checkpoint's run (see its config.json) was recorded with "
+                         + unresumable_seeds(seeds))
+    recorded = saved_args.get("core_max_per_task")
+    if args.core_max_per_task == 0 and recorded != 0:
+        with_what = "without it" if recorded is None else f"with --core-max-per-task {recorded}"
+        raise ValueError(zero_cap_refused(f"the checkpoint's run was recorded {with_what}"))
+    if recorded == 0 and args.core_max_per_task in (0, -1):
+        args.core_max_per_task = -1
+        print0("--resume: the checkpoint's run was recorded with --core-max-per-task 0, which meant all examples in "
+               "the older version that started it; read as -1 (all), the same CORE evaluation")
 
 
 def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict) -> dict:
@@ -86,6 +111,8 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
     see or accept it stops all ranks (none trains alone). None: a fresh start."""
     step = rank0_decides(lambda: ckpt.resolve_resume_step(run_dir, args.resume))
     if step is None:
+        if args.core_max_per_task == 0:  # --resume auto about to start a new run (latest and STEP raised above)
+            raise ValueError(zero_cap_refused(f"there is no checkpoint in {run_dir / ckpt.CKPT_DIR}: a new run"))
         if args.resume == "auto":
             print0(f"--resume auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from step 0")
         return None
@@ -93,6 +120,7 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
 
     def check() -> ResumePoint:
         meta = ckpt.load_meta(run_dir, step)
+        read_old_records(args, meta.get("config", {}).get("args", {}))
         lr_changes = check_resume_compatible(args, config, plan, data, meta)
         saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
         if saved_world is not None:
