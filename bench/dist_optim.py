@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from nanochat import optim_shard  # noqa: E402
-from nanochat.cli_types import device_type_name  # noqa: E402
+from nanochat.cli_types import device_choice  # noqa: E402
 from nanochat.common import compute_cleanup, compute_init  # noqa: E402
 from nanochat.gpt import GPTConfig, build_model  # noqa: E402
 from nanochat.optim import MuonAdamW, build_param_groups, OptimConfig  # noqa: E402
@@ -137,7 +137,7 @@ def run(kind: str, args, device, counter: Counter) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # compute_init refused a missing GPU only after parsing, exit 1, naming base_train's --device-type
-    p.add_argument("--device", type=device_type_name, default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", type=device_choice("cpu", "cuda", per_rank=True), default="cpu", metavar="{cpu,cuda}")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--memory", default="mome", choices=("base", "ve", "bigram", "mome"))
     p.add_argument("--vocab-size", type=int, default=32768)

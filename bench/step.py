@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # runnable as `python bench/step.py` from anywhere
     sys.path.insert(0, str(REPO))
 
-from nanochat.cli_types import device_name  # noqa: E402
+from nanochat.cli_types import device_choice  # noqa: E402
 from nanochat.common import autocast_context  # noqa: E402
 from nanochat import families  # noqa: E402
 from nanochat.gpt import Block, GPTConfig, rotary_tables  # noqa: E402
@@ -432,7 +432,7 @@ def mscale_table(out: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", type=device_name, default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", type=device_choice("cpu", "cuda"), default="cpu", metavar="{cpu,cuda}")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="bfloat16 = autocast")
     p.add_argument("--compile", action="store_true", help="torch.compile the model / harness (not the optimizer)")
     p.add_argument("--reps", type=int, default=10)

@@ -227,14 +227,14 @@ def table(rows: dict) -> str:
 
 
 def parse_args(argv=None):
-    from nanochat.cli_types import device_name
+    from nanochat.cli_types import device_choice
     from nanochat.memory.mome_mix import MOME_KERNELS  # base_train's --mome-kernels choices
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--designs", default=",".join(TABLE1),
                    help=f"comma list of {', '.join(DESIGNS)}, or 'all' (default: the Table 1 designs)")
     # checked here, in the parent: a missing GPU failed in every design process, then exited 0 with a table of errors
-    p.add_argument("--device", type=device_name, default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--device", type=device_choice("cuda", "cpu"), default="cuda", metavar="{cuda,cpu}")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on for CUDA)")

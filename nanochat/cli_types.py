@@ -40,31 +40,61 @@ def open_fraction(text: str) -> float:
     return value
 
 
-def device_name(text: str) -> str:
-    """A torch device this machine has: cuda, cuda:N, cpu or mps (checked here: torch's own error is a traceback,
-    and comes only once the checkpoint is loaded)."""
-    kind, _, index = text.partition(":")
-    if kind not in DEVICE_TYPES or (index and not (kind == "cuda" and index.isdigit())):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device; allowed: cuda, cuda:N, cpu, mps")
+def device_choice(*forms: str, per_rank: bool = False):
+    """argparse ``type=`` for a torch device of the given ``forms`` (of auto, cuda, cuda:N, cpu, mps; auto is
+    passed on unchecked) that this machine has, checked here: torch's own error is a traceback, and comes only once
+    a checkpoint is loaded. Each error lists ``forms`` alone, so a bench that takes cuda or cpu offers no cuda:N.
+    ``per_rank``: for scripts under torchrun, where each rank takes cuda:LOCAL_RANK (compute_init refuses an index,
+    but only after parsing, exit 1)."""
+    listed = ", ".join(forms)
+
+    def parse(text: str) -> str:
+        kind, colon, index = text.partition(":")
+        if (f"{kind}:N" if colon and index.isdigit() else text) not in forms:
+            if per_rank and colon and kind == "cuda":
+                why = (f"{text!r}: no GPU index (each rank uses cuda:LOCAL_RANK; choose the GPUs with "
+                       "CUDA_VISIBLE_DEVICES)")
+            else:
+                why = f"{text!r}: not a device this flag takes" if kind in DEVICE_TYPES else f"{text!r} is not a device"
+            raise argparse.ArgumentTypeError(f"{why}; allowed: {listed}")
+        missing = _missing_device(kind, int(index or 0))
+        if missing:
+            raise argparse.ArgumentTypeError(f"{text}: no such device here ({missing}); allowed here: "
+                                             + ", ".join(_forms_here(forms)))
+        return text
+    return parse
+
+
+def _cuda_count() -> int:
     import torch  # here, not at the top: scripts import this module before they need torch (e.g. for --plan)
 
-    if kind == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if int(index or 0) >= count:
-            raise argparse.ArgumentTypeError(f"{text}: no such device here (torch sees {count} CUDA device(s)); "
-                                             "use cpu, or cuda:N with N < that count")
-    if kind == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
-        raise argparse.ArgumentTypeError(f"{text}: no such device here (torch sees no MPS device); use cpu")
-    return text
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def device_type_name(text: str) -> str:
-    """A device type this machine has, without an index (cuda, cpu, mps): for the scripts that run under torchrun,
-    where each rank takes cuda:LOCAL_RANK (compute_init refuses an index, but only after parsing, exit 1)."""
-    if ":" in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: no GPU index (each rank uses cuda:LOCAL_RANK; choose the GPUs "
-                                         "with CUDA_VISIBLE_DEVICES); allowed: cuda, cpu, mps")
-    return device_name(text)
+def _mps_here() -> bool:
+    import torch
+
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def _missing_device(kind: str, index: int) -> str | None:
+    """What torch sees instead, if the device ``kind``:``index`` is not on this machine; else None."""
+    if kind == "cuda" and index >= _cuda_count():
+        return f"torch sees {_cuda_count()} CUDA device(s)"
+    if kind == "mps" and not _mps_here():
+        return "torch sees no MPS device"
+    return None
+
+
+def _forms_here(forms) -> list[str]:
+    """The ``forms`` this machine has, cuda:N with its range."""
+    count = _cuda_count()
+    here = {"cuda": count > 0, "cuda:N": count > 0, "mps": _mps_here(), "cpu": True, "auto": True}
+    return [f"cuda:N with N < {count}" if f == "cuda:N" else f for f in forms if here[f]]
+
+
+device_name = device_choice("cuda", "cuda:N", "cpu", "mps")  # a script run as one process
+device_type_name = device_choice("cuda", "cpu", "mps", per_rank=True)  # a script run under torchrun
 
 
 SEED_MAX = 2**32 - 1  # torch's CPU generator keeps a seed's low 32 bits: 2**32 would repeat seed 0's draws

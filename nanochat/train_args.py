@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from nanochat.cli_types import (SEED_MAX, count_or_all, count_or_all_or_zero, device_type_name, seed_int,
+from nanochat.cli_types import (SEED_MAX, count_or_all, count_or_all_or_zero, device_choice, seed_int,
                                 unresumable_seeds)
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
@@ -294,7 +294,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
     if args.device_type != "auto" and not args.dry_run:  # a plan builds nothing: a GPU row is planned anywhere
         try:
-            device_type_name(args.device_type)  # compute_init's own check exits 1, after the tokenizer is read
+            # compute_init's own check exits 1, after the tokenizer is read; a missing device's hint lists auto too
+            device_choice(*DEVICE_TYPES, per_rank=True)(args.device_type)
         except argparse.ArgumentTypeError as e:
             parser.error(f"argument --device-type: {e}")
     try:
