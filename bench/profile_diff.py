@@ -39,7 +39,7 @@ def load(path: str) -> dict:
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ProfileError(f"{path}: no such file") from None
+        raise ProfileError(f"{path}: no such file ({_beside(Path(path))})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ProfileError(f"{path}: cannot read ({e})") from None
     except json.JSONDecodeError as e:
@@ -60,6 +60,15 @@ def load(path: str) -> dict:
     if not _number(doc.get("total_us")):  # the busy time the gap and the shares are taken from
         raise ProfileError(f"{path}: 'total_us' must be a number (got {doc.get('total_us')!r})")
     return doc
+
+
+def _beside(path: Path) -> str:
+    """The profiles in a missing file's folder: a non-MoME design is profiled under mix "auto" whatever --mix
+    (VE beside --mix row is ve_auto_auto.json), and the diff is rerun from the files a GPU session returned."""
+    if not path.parent.is_dir():
+        return f"no folder {path.parent}"
+    names = sorted(p.name for p in path.parent.glob("*.json"))
+    return f"profiles there: {', '.join(names)}" if names else f"no .json profile in {path.parent}"
 
 
 def busy_us(doc: dict) -> float:
