@@ -344,13 +344,15 @@ def main(argv=None):
                                    "complete": complete, "rows": rows}, indent=1))
         return rows
 
+    # the repo first, the caller's paths kept: dev/gpu/run_all.sh's carried wheels must reach the design processes
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     rounds: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for key, mix, stk, row_key in (runs if r % 2 == 0 else runs[::-1]):
             cmd = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--one", key, "--mix", mix,
                    "--shared-table-kernel", stk,
                    "--compile" if args.compile else "--no-compile", *(["--profile-dir", ""] if r else [])]
-            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": pythonpath})
             if res.returncode != 0:
                 rounds.setdefault(row_key, []).append({"error": res.stderr.strip()})
                 print(f"{row_key}: failed\n{res.stderr[-2000:]}", file=sys.stderr)

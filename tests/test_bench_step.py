@@ -386,6 +386,27 @@ def test_train_step_bench_profiles_in_the_first_round_only(tmp_path, monkeypatch
         bench.parse_args([*CPU, "--profile-steps", "0"])
 
 
+def test_train_step_bench_design_processes_keep_the_callers_pythonpath(tmp_path, monkeypatch):
+    """dev/gpu/run_all.sh puts the carried wheels (/tmp/site) on PYTHONPATH: the design processes replaced it with
+    the repo alone, so they imported the image's packages while the parent and the tests took the carried ones."""
+    import os
+    import subprocess
+
+    bench = load_bench("train_step")
+    one = {"step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tokens_per_step": 64, "tok_per_sec": 6400.0,
+           "mfu": None, "peak_mem_gb": None, "label": "VE", "params_memory": 0, "mix": "auto", "topk": "auto"}
+    paths = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, env, **kw: paths.append(env["PYTHONPATH"]) or
+                        subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(one) + "\n", stderr=""))
+    for caller in (f".{os.pathsep}/tmp/site", None):
+        if caller is None:
+            monkeypatch.delenv("PYTHONPATH", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONPATH", caller)
+        bench.main(["--device", "cpu", "--designs", "ve", "--out", str(tmp_path / "ts.json")])
+    assert paths == [f"{bench.REPO}{os.pathsep}.{os.pathsep}/tmp/site", str(bench.REPO)]
+
+
 @pytest.mark.slow  # 22 s: one process per design; the designs' training is tested in their own files
 def test_train_step_bench_runs_the_appendix_designs(tmp_path, capsys):
     """Every appendix design builds and steps through the trainer's train_step in the bench (Engram's d24-sized
