@@ -18,9 +18,13 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
 export TORCHINDUCTOR_CACHE_DIR="$PWD/runs/inductor"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" runs
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=".:/tmp/site" && echo "wheels: $(ls .whl | tr '\n' ' ')"
+if compgen -G ".whl/*.whl" > /dev/null; then  # said either way: a silent failure read as a test's own error
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+       .whl/*.whl; then
+    export PYTHONPATH=".:/tmp/site"; echo "wheels: $(ls .whl | tr '\n' ' ')"
+  else
+    echo "wheels: install FAILED (.whl: $(ls .whl | tr '\n' ' ' | sed 's/ $//')): the tests that import them fail"
+  fi
 fi
 python3 -c "import torch;print('torch',torch.__version__,'cuda',torch.version.cuda,torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
