@@ -6,9 +6,11 @@
 set -euo pipefail
 version=$(python3 -c "import importlib.metadata as m; print(m.version('rustbpe'))" 2>/dev/null \
           || .venv/bin/python -c "import importlib.metadata as m; print(m.version('rustbpe'))")
-rm -rf .whl && mkdir -p .whl
+# downloaded aside, then swapped in: a failed download (no index reachable) keeps the wheels .whl/ already holds
+new=$(mktemp -d) && trap 'rm -rf "$new"' EXIT
 # rustbpe has no runtime requirements (its METADATA lists only the 'dev' extra), so --no-deps fetches all it needs
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl "rustbpe==$version"
+  -d "$new" "rustbpe==$version"
+rm -rf .whl && mkdir .whl && mv "$new"/*.whl .whl/
 ls -l .whl
