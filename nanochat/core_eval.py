@@ -280,6 +280,17 @@ def _task_inputs(task: TaskSpec, path: Path, max_per_task: int) -> dict:
     return {"task": asdict(task), "file_sha256": file_sha256(path), "max_per_task": max_per_task}
 
 
+def read_old_caps(finished) -> None:
+    """Older versions took base_eval --max-per-task 0 and base_train --core-max-per-task 0 for "all" and kept the 0
+    in the key of each task they finished: read as -1, the same rows, so such a task is reused instead of scored
+    again (as nanochat.train_resume.read_old_records reads the flag). Only 0: any other cap is other inputs. On
+    every rank, which all hold the broadcast items; what is written next keeps the -1."""
+    for saved in finished.items.values():
+        key = saved.get("key") if isinstance(saved, dict) else None
+        if isinstance(key, dict) and "task" in key and type(key.get("max_per_task")) is int:
+            key["max_per_task"] = key["max_per_task"] or -1
+
+
 def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_size: int = 16, device="cpu",
                   autocast_ctx=None, progress: bool = True, finished=None) -> dict:
     """Evaluate every core.yaml task whose data file exists. See summarize_core for the result layout;
@@ -295,6 +306,8 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     was_training = model.training
     model.eval()
     results = {}
+    if finished is not None:
+        read_old_caps(finished)
     for task in present:
         path = bundle_dir / "eval_data" / task.dataset_uri
 

@@ -253,3 +253,33 @@ def test_missing_baseline_and_empty_file_fail_up_front(tmp_path):
     bundle = write_bundle(tmp_path / "c", {"mc": ("multiple_choice", 0, " ", [])}, {"mc": 25})
     with pytest.raises(ValueError, match=r"mc\.jsonl \(task mc\) has no rows"):
         ce.evaluate_core(SuccessorModel(), CharTok(), bundle, progress=False)
+
+
+# -- resuming from finished parts ------------------------------------------------------------------------
+def test_parts_an_older_version_finished_with_cap_0_are_reused_as_all(tmp_path, capsys):
+    """Older versions took --core-max-per-task 0 for "all" and kept it in the key of each finished task; read as -1
+    (the same rows), such a task is reused, not scored again. Any other cap is still other inputs."""
+    from nanochat.eval_resume import FinishedResults
+
+    bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 0, " ", MC_ROWS),
+                                           "lm": ("language_modeling", 0, " ", LM_ROWS)}, {"mc": 25, "lm": 0})
+    out = tmp_path / "o"
+    out.mkdir()
+
+    def run():
+        finished = FinishedResults.open(out, "core", lambda: {"model": "successor"}, fresh=False)
+        return ce.evaluate_core(SuccessorModel(), CharTok(), bundle, progress=False, finished=finished), finished
+
+    first, _ = run()
+    partial = out / "core.partial.json"
+    saved = json.loads(partial.read_text())
+    saved["items"]["mc"]["key"]["max_per_task"] = 0  # as an older version recorded it
+    saved["items"]["mc"]["result"]["accuracy"] = 0.125  # not what scoring gives: shows the result was reused
+    saved["items"]["lm"]["key"]["max_per_task"] = 5
+    partial.write_text(json.dumps(saved))
+    capsys.readouterr()
+    again, finished = run()
+    assert finished.reused == ["mc"] and again["tasks"]["mc"]["accuracy"] == 0.125
+    assert again["tasks"]["lm"] == first["tasks"]["lm"]
+    assert "the inputs of lm changed (max_per_task 5 -> -1); recomputing it" in capsys.readouterr().out
+    assert [v["key"]["max_per_task"] for v in json.loads(partial.read_text())["items"].values()] == [-1, -1]
