@@ -158,16 +158,24 @@ def layout(gpus: int, max_device_batch: int, train_flags: list[str]) -> tuple[in
 
 def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     """None when ``run_dir`` holds the run of ``train_flags`` finished, final evaluation included; else why not.
-    A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again)."""
+    A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again).
+    Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
+    refuses them): --core-max-per-task 0, "all" then, is -1."""
     from nanochat.report import read_json, unfinished
     from nanochat.train_args import parse_args
+    from nanochat.train_resume import read_old_records
 
     problem = unfinished(run_dir)
     if problem:
         return problem
     saved = (read_json(run_dir / "config.json") or {}).get("args", {})
+    args = parse_args(train_flags)
+    with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
+        read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0
+    if saved.get("core_max_per_task") == 0:
+        saved = {**saved, "core_max_per_task": -1}
     # the args as config.json holds them; None is a default base_train resolves (run name, data seed, compile)
-    wanted = json.loads(json.dumps(vars(parse_args(train_flags)), default=str))
+    wanted = json.loads(json.dumps(vars(args), default=str))
     missing = object()
     differ = sorted(k for k, v in wanted.items() if v is not None and saved.get(k, missing) != v)
     return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
@@ -194,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("done needs RUN_DIR and the base_train flags after --")
             try:
                 return 1 if unfinished_run(args.run_dir, train_flags) else 0
-            except ValueError as e:  # a run file that is not JSON: not done; base_train --resume says what it finds
+            except ValueError as e:  # a run file that is not JSON, a recorded flag base_train --resume refuses: not
+                # done; base_train --resume says what it finds
                 say(f"{args.run_dir}: {e}")
                 return 1
         else:

@@ -105,6 +105,28 @@ def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_sam
     assert "summary.json is not valid JSON" in capsys.readouterr().err
 
 
+def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_path, capsys):
+    """--core-max-per-task 0 meant all examples in the older versions that took it: a run they recorded with it is
+    done for flags asking for all (-1, the default), as base_train --resume reads it (nanochat.train_resume); a
+    real cap still differs, and 0 for a run not recorded with it is refused as base_train refuses it."""
+    from nanochat.train_args import parse_args
+
+    run = tmp_path / "run"
+    flags = ["--depth", "4", "--num-iterations", "20", "--run-dir", str(run), "--resume", "auto"]
+    args = parse_args(flags)
+    args.run_name, args.data_seed, args.compile = "d4-base", args.seed, False
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 20, "num_iterations": 20}))
+    (run / "config.json").write_text(json.dumps({"args": {**vars(args), "core_max_per_task": 0}}, default=str))
+    assert pre.unfinished_run(run, flags) is None
+    assert pre.main(["done", str(run), "--", *flags, "--core-max-per-task", "0"]) == 0
+    assert "recorded with --core-max-per-task 0" in capsys.readouterr().err
+    assert "(core_max_per_task)" in pre.unfinished_run(run, [*flags, "--core-max-per-task", "8"])
+    (run / "config.json").write_text(json.dumps({"args": vars(args)}, default=str))  # recorded -1
+    assert pre.main(["done", str(run), "--", *flags, "--core-max-per-task", "0"]) == 1
+    assert "must be an integer >= 1, or -1 for all" in capsys.readouterr().err
+
+
 def fake_nvidia_smi(bin_dir, gpus: int, fail: bool = False):
     """An nvidia-smi that lists ``gpus`` H100s (or fails like a machine whose driver is not loaded)."""
     bin_dir.mkdir(exist_ok=True)
