@@ -1,6 +1,6 @@
 """Inference latency of the memory designs vs Base (paper appendix "Full Inference Latency Results").
 
-    python bench/latency.py [--device cpu|cuda] [--widths 256,512,1024] [--mem-layers 2,3] [--reps 20]
+    python bench/latency.py [--device cpu|cuda|cuda:N] [--widths 256,512,1024] [--mem-layers 2,3] [--reps 20]
         [--mode decode|forward|both] [--context 512] [--seq-len 512] [--depth 0] [--out FILE]
     python bench/latency.py --archs mobilellm350,mobilellm1b,qwen3_0p6b,qwen3_4b,qwen3_8b   # the paper's table
 
@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # runnable as `python bench/latency.py` from anywhere
     sys.path.insert(0, str(REPO))
 
+from nanochat.cli_types import device_choice  # noqa: E402
 from nanochat.families import FAMILIES, build_model  # noqa: E402
 from nanochat.gpt import GPTConfig  # noqa: E402
 from nanochat.kv_cache import KVCache  # noqa: E402
@@ -211,7 +212,8 @@ def format_row(r: dict) -> str:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--device", type=device_choice("cuda", "cuda:N", "cpu"), default="cpu",
+                    metavar="{cuda,cuda:N,cpu}")
     ap.add_argument("--archs", default="nanochat",
                     help=f"nanochat (the --widths sweep) or a comma list of: {', '.join(ARCHS)}")
     ap.add_argument("--widths", default="256,512,1024", help="model widths (n_embd), comma-separated (nanochat)")
@@ -245,8 +247,6 @@ def parse_args(argv=None):
         ap.error(f"--widths {args.widths}: every width must be a positive multiple of --head-dim {args.head_dim}")
     if any(m < 1 for m in args.mem_list) or args.reps < 1 or args.warmup < 0:
         ap.error("--mem-layers entries and --reps must be >= 1, --warmup >= 0")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: CUDA is not available on this machine")
     return args
 
 

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanochat import moe as moe_module  # noqa: E402
+from nanochat.cli_types import device_choice  # noqa: E402
 from nanochat.gpt import MLP, GPTConfig  # noqa: E402
 
 
@@ -64,7 +65,9 @@ def step(layer, x, design: str, device, dtype) -> tuple[float, int]:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    # no cuda:N: sync and the peak-memory counters read the current CUDA device (pick one with CUDA_VISIBLE_DEVICES)
+    p.add_argument("--device", type=device_choice("cpu", "cuda"), metavar="{cpu,cuda}",
+                   default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: bf16 on CUDA, fp32 else")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--tokens", type=int, default=8192)

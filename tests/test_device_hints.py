@@ -24,6 +24,8 @@ PARSERS = {  # name -> (parse(argv), flags that get it past its required ones, i
     "bench/dist_optim": ("bench:dist_optim:main", [], "--device", ("cpu", "cuda")),
     "bench/decode": ("bench:decode:parse", [], "--device", FULL),
     "bench/mome_ops": ("bench:mome_ops:parse_args", [], "--device", FULL),
+    "bench/latency": ("bench:latency:parse_args", [], "--device", ("cuda", "cuda:N", "cpu")),
+    "bench/moe": ("bench:moe:main", [], "--device", ("cpu", "cuda")),  # refused at parsing: main runs no step
 }
 
 
