@@ -39,12 +39,16 @@ def staged_outputs(out_dir: Path):
     """A fresh folder inside ``out_dir`` for one set of outputs, moved into ``out_dir`` once every file of the
     set is written: a failure midway (full disk, Ctrl-C) leaves the previous set whole, never a mix or a torn
     file. A SIGKILLed run's folder is removed by the next (nanochat.work_dirs). Raises OutputWriteError naming
-    --out-dir for any OSError of the writes."""
+    --out-dir for any OSError of the writes.
+
+    The .json is moved last: each tool's set has one (run, step, settings and every number), which marks the set
+    complete. A kill between two renames can leave the older .json beside some new files, but a new .json always
+    stands beside every file of its own set."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with work_dir(out_dir, ".partial-") as stage:
             yield stage
-            for f in sorted(stage.iterdir()):
+            for f in sorted(stage.iterdir(), key=lambda f: (f.suffix == ".json", f.name)):
                 f.replace(out_dir / f.name)
     except OSError as e:
         raise OutputWriteError(f"cannot write the outputs under --out-dir {out_dir}: {e}") from e

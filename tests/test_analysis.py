@@ -450,3 +450,30 @@ def test_a_failed_bundle_download_is_one_error_line(tmp_path, capsys, offline_bu
     assert main(["--run", str(run), "--no-progress", "--out-dir", str(tmp_path / "o"), "--corpus", "core:all"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --corpus core:all: ") and "--bundle subset" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("names", [
+    ("wic_sites.csv", "wic_routing.png", "wic_gate.png", "wic_gate_mean.png", "wic.json"),  # scripts/wic_probe.py
+    ("routing_audit.json", "routing_audit.md", "routing_audit.csv"),  # scripts/analyze_routing.py --corpus
+    ("semantic_routes.json", "semantic_routes.md", "semantic_routes.csv", "semantic_routes.png"),  # --words
+    ("memory_use.json", "memory_use.csv", "memory_gamma.png", "memory_inject_norm.png"),  # scripts/analyze_memory.py
+])
+def test_the_json_of_a_staged_set_is_moved_in_last(tmp_path, monkeypatch, names):
+    """The .json (run, step, settings and every number) says a set is complete: a kill between two renames must
+    not leave a new one beside the older files of its set (in name order wic.json came before the maps)."""
+    from pathlib import Path
+
+    from nanochat.analysis import staged_outputs
+
+    out, moved, real_replace = tmp_path / "out", [], Path.replace
+
+    def replace(self, target):
+        moved.append(Path(target).name)
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    with staged_outputs(out) as stage:
+        for name in names:
+            (stage / name).write_text(name)
+    assert moved[-1].endswith(".json") and sorted(moved) == sorted(names)
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)  # the stage folder is gone
