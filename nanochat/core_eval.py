@@ -222,10 +222,10 @@ def evaluate_task(model, tokenizer, data: list[dict], task: TaskSpec, batch_size
 
     # a bad example on one rank stops every rank (none waits alone in the all_reduce below)
     examples, too_long = every_rank_ok(prepare_mine)
-    bar = tqdm(total=len(examples), desc=f"{task.label:<34}", leave=False, disable=not progress or rank != 0)
-    scores = score_examples(model, examples, task.task_type, tokenizer.bos_token_id, batch_size, device,
-                            autocast_ctx, bar)
-    bar.close()
+    # closed on an exception too: an interrupt's message must not land on the bar's line (leave=False clears it)
+    with tqdm(total=len(examples), desc=f"{task.label:<34}", leave=False, disable=not progress or rank != 0) as bar:
+        scores = score_examples(model, examples, task.task_type, tokenizer.bos_token_id, batch_size, device,
+                                autocast_ctx, bar)
     counts = torch.tensor([sum(scores), len(scores) + too_long, too_long], dtype=torch.long, device=device)
     if world > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)

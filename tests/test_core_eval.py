@@ -283,3 +283,25 @@ def test_parts_an_older_version_finished_with_cap_0_are_reused_as_all(tmp_path, 
     assert again["tasks"]["lm"] == first["tasks"]["lm"]
     assert "the inputs of lm changed (max_per_task 5 -> -1); recomputing it" in capsys.readouterr().out
     assert [v["key"]["max_per_task"] for v in json.loads(partial.read_text())["items"].values()] == [-1, -1]
+
+
+class _StopsAtSecondBatch(SuccessorModel):
+    def forward(self, *args, **kwargs):
+        if self.calls == 1:
+            raise KeyboardInterrupt  # what a signal raises mid-task (base_eval turns it into its one line)
+        return super().forward(*args, **kwargs)
+
+
+def test_an_interrupted_task_clears_its_progress_bar(capsys):
+    """base_eval prints its 'interrupted ...; finished results are kept' line to stderr right after; an
+    unclosed bar left the line glued to the bar's text ('0/6 [00:00<?, ?it/s]base_eval: interrupted')."""
+    from tqdm import tqdm
+
+    try:
+        ce.evaluate_task(_StopsAtSecondBatch(), CharTok(), MC_ROWS, MC, batch_size=1, progress=True)
+    except KeyboardInterrupt:  # its traceback keeps the task's frame alive here, as in base_eval's handler
+        err = capsys.readouterr().err
+        assert "mc" in err and err.endswith("\r")  # the bar was drawn, then its line cleared (leave=False)
+        assert not [bar for bar in tqdm._instances if not bar.disable]
+    else:
+        pytest.fail("the model's KeyboardInterrupt did not propagate")
