@@ -67,11 +67,12 @@ def _share_data_error(failed: list) -> None:
     raise_lowest_rank_error(gather_objects(None if own is None else portable_error(own)), own)
 
 
-def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, stop_requested: bool = False,
+def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, stop_requested=False,
                time_up=None, batch_shape: tuple[int, int] | None = None) -> tuple[float, float, StopVotes, float]:
     """Run ``grad_accum`` micro-steps and one optimizer step; return (LM loss, grad norm, every rank's stop votes,
     aux loss). ``time_up`` (a callable, e.g. ``WallTimeLimit.reached``) is asked after the optimizer step, so the
-    vote covers the step itself.
+    vote covers the step itself; so is ``stop_requested`` when it is a callable (a signal latched during this step
+    then stops after it, not after the next one), else it is the bool the caller read before the step.
 
     Each micro-loss is divided by grad_accum, so the summed gradient equals the gradient of the mean loss over
     the whole per-rank batch; MuonAdamW.step then averages over ranks (its reductions start from gradient hooks
@@ -102,7 +103,8 @@ def train_step(model, optimizer, loader, grad_accum: int, autocast_ctx, device, 
     optimizer.step()
     after_optimizer_step(model)
     model.zero_grad(set_to_none=True)
-    votes = [float(stop_requested), float(time_up is not None and time_up()), float(bool(failed))]
+    signalled = stop_requested() if callable(stop_requested) else stop_requested
+    votes = [float(signalled), float(time_up is not None and time_up()), float(bool(failed))]
     shared = torch.cat([torch.stack([loss_sum / grad_accum, aux_sum / grad_accum]),
                         torch.tensor(votes, dtype=torch.float64, device=device)])
     if is_dist():

@@ -187,3 +187,25 @@ def test_logged_routing_stats_cover_every_rank(tmp_path):
         for key, buf in stats_buffers(model).items():  # rank 0's tokens alone give other numbers
             buf.copy_(local[0][key])
         assert module_stats(model) != want, name
+
+
+def test_a_signal_during_the_step_is_voted_in_that_step():
+    """base_train's Ctrl-C handler only latches the signal; a flag read when the step starts made a signal that
+    came during step s stop after step s + 1 (walk of 2026-11-27: SIGINT during step 7 saved step 8). Read at
+    the vote, as ``time_up`` is, it stops after step s, the 'next step boundary' README promises."""
+    model = build_model(tiny_config(), seed=0)
+    opt = build_optimizer(model)
+    received = []
+
+    def batches():  # the signal lands while the step's second micro-batch is read
+        for i in range(2):
+            if i == 1:
+                received.append("SIGINT")
+            yield torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+
+    _, _, votes, _ = train_step(model, opt, batches(), grad_accum=2, autocast_ctx=torch.autocast("cpu", enabled=False),
+                                device="cpu", stop_requested=lambda: bool(received))
+    assert votes.signal and not votes.wall_time
+    _, _, votes, _ = train_step(model, opt, iter([(torch.randint(0, 512, (2, 32)),) * 2] * 2), grad_accum=2,
+                                autocast_ctx=torch.autocast("cpu", enabled=False), device="cpu", stop_requested=False)
+    assert not votes.signal  # a plain bool, as before
