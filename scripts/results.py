@@ -57,9 +57,41 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+# [train] keys that change no number of the table: the hardware layout (the runner's --device-batch-size keeps the
+# total batch), compilation, logging, periodic evals and checkpoints, and paths (the checkpoint fingerprints the data
+# and tokenizer). The attention kernel is marked on the tok/s column instead (attention_mark).
+LAYOUT_KEYS = {"device-batch-size", "compile", "attention", "mome-kernels", "log-every", "eval-every", "core-every",
+               "eval-every-flops", "sample-every", "save-every", "save-at-flops", "keep-last", "wandb",
+               "wandb-project", "max-wall-time-seconds", "eval-batch-size", "tokenizer-dir", "data-dir"}
+HORIZON_KEYS = ("num-iterations", "target-flops")  # each wins over the next (and over --target-param-data-ratio)
+
+
+def flag_differences(train: dict, run_dir: Path) -> list[str]:
+    """The flags a seed trained with (config.json "args") that differ from the row's [train] ("--key value (row:
+    value)"); [] for a run without config.json (older runs). A horizon the row leaves unset but the run set
+    (``-- --num-iterations 2`` on a FLOP-target row) counts too, since it wins over the row's."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return []
+    args = read_json_object(path, ValueError, "rerun or remove that seed").get("args", {})
+    keys = [k for k in train if k not in LAYOUT_KEYS]
+    for key in HORIZON_KEYS:
+        if key in train:
+            break
+        keys.append(key)  # unset in the row: the run's must be unset (None) too
+    diffs = []
+    for key in keys:
+        dest = key.replace("-", "_")
+        if dest in args and args[dest] != train.get(key):
+            row_value = "not set" if key not in train else train[key]
+            diffs.append(f"--{key} {args[dest]} (row: {row_value})")
+    return diffs
+
+
 def collect_row(cfg: dict, runs_root: Path) -> dict:
     """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); unfinished seeds
-    and runs started from another run's weights (--init-from) are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
+    runs started from another run's weights (--init-from) and seeds trained with other flags than the row's
+    (flag_differences) are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
     "CORE-21/22", ...) are not averaged together either."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
@@ -74,6 +106,9 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         elif summary.get("stop_reason") == "completed" and diverged:  # a mean without it would hide the divergence
             notes.append(f"{path.parent.name} has a non-finite {', '.join(f'{k} ({summary[k]})' for k in diverged)}, "
                          "not averaged")
+        elif summary.get("stop_reason") == "completed" and (diffs := flag_differences(cfg["train"], path.parent)):
+            notes.append(f"{path.parent.name} trained with other flags than the row's [train]: {', '.join(diffs)}, "
+                         "not averaged")  # a smoke test (-- --num-iterations 2) is not a seed of the row
         elif summary.get("stop_reason") == "completed":
             summaries.append(summary)
         else:

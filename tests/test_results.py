@@ -87,3 +87,41 @@ def test_a_configs_root_without_row_configs_names_that_flag_not_table(tmp_path, 
     err = capsys.readouterr().err
     assert err == f"error: --configs {tmp_path / 'configs'}: no row configs found\n", err
     assert not (tmp_path / "res").exists()
+
+
+def test_a_seed_trained_with_other_flags_than_the_row_is_listed_not_averaged(tmp_path):
+    """`scripts.run ROW -- --num-iterations 2` (a smoke test) completes the seed; the runner then never trains it
+    again and the table averaged the 2-step run as the row. Flags that only change the hardware layout, logging
+    or checkpoints (device batch, compile, save/eval cadence) still count as the row."""
+    from nanochat.row_config import REPO, load_row_config
+    from scripts import results
+
+    train = load_row_config(REPO / "configs" / "d12" / "base.toml")["train"]
+    row_args = {key.replace("-", "_"): value for key, value in train.items()}
+    row_args.update(num_iterations=None, device_batch_size=16, compile=False, save_every=100)  # runner/hardware
+    runs = tmp_path / "runs"
+    for seed, args, bpb in ((42, row_args, 0.9),
+                            (43, {**row_args, "num_iterations": 2, "eval_tokens": 4096}, 3.3),
+                            (44, {**row_args, "target_flops": 1e17}, 1.2)):
+        write_seed(runs, "base", seed, json.dumps({**DONE, "val_bpb": bpb}))
+        (runs / "d12" / "base" / f"seed{seed}" / "config.json").write_text(json.dumps({"args": args}))
+    assert results.main(["--table", "d12", "--runs-root", str(runs), "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "d12.md").read_text()
+    base = next(line for line in md.splitlines() if line.startswith("| Base |")).split(" | ")
+    assert base[1] == "1" and "0.9000" in md
+    assert ("- Base: seed43 trained with other flags than the row's [train]: --eval-tokens 4096 (row: 20971520), "
+            "--num-iterations 2 (row: not set), not averaged") in md
+    assert "- Base: seed44 trained with other flags than the row's [train]: --target-flops 1e+17 (row: 3e+18)" in md
+
+
+def test_every_row_config_run_as_written_counts_as_its_row(tmp_path):
+    """No false alarm: the args base_train resolves from each row config alone (plus the runner's --seed) match the
+    row's [train] for every config shipped."""
+    from nanochat.row_config import find_configs, load_row_config
+    from nanochat.train_args import parse_args
+    from scripts.results import flag_differences
+
+    for path in find_configs():
+        args = vars(parse_args(["--config", str(path), "--seed", "42"]))
+        tmp_path.joinpath("config.json").write_text(json.dumps({"args": args}))
+        assert flag_differences(load_row_config(path)["train"], tmp_path) == [], path
