@@ -100,6 +100,8 @@ def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[
 def plot_families(configs_root, runs_root, table, out: Path) -> list[Path]:
     plt = _plt()
     rows = table_rows(configs_root, runs_root, table)
+    if not any(r["seeds"] for r in rows):  # the paper's bars alone would pass for a comparison
+        raise PlotError(f"no finished runs for table {table!r} under {runs_root}")
     blocks: dict[str, list[dict]] = {}  # per backbone block, blocks and rows in the paper's order
     for r in sorted(rows, key=lambda r: r["order"]):
         blocks.setdefault(r["row"].split("_")[0], []).append(r)

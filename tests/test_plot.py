@@ -63,3 +63,14 @@ def test_curves_with_no_run_holding_the_metric_is_an_error(tmp_path, capsys):
     assert "error: no run has 'nosuch' values in its metrics.jsonl" in capsys.readouterr().err
     with pytest.raises(plot.PlotError):
         plot.plot_curves([a], "nosuch", tmp_path / "c")
+
+
+def test_families_with_no_finished_run_is_an_error_like_scaling(tmp_path, capsys):
+    """With a runs/ that holds no finished run of the table, `plot families` wrote a figure of the paper's bars
+    with an empty "ours" legend entry (exit 0) while `plot scaling` refused; now both refuse."""
+    runs, out = tmp_path / "runs", tmp_path / "p"
+    runs.mkdir()
+    for cmd, table in (("scaling", "d12_scaling"), ("families", "families")):
+        assert plot.main([cmd, "--runs-root", str(runs), "--out", str(out)]) == 2
+        assert f"error: no finished runs for table '{table}' under {runs}" in capsys.readouterr().err
+    assert not list(tmp_path.glob("p.*"))
