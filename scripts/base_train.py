@@ -316,9 +316,10 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
                 return reason
             sched_vals = apply_schedules(run.optimizer, step, run.sched)
             t0 = time.perf_counter()
+            # the latch is read at the step's vote, not now: a signal during this step stops after it
             loss, gnorm, votes, aux_loss = train_step(run.step_model, run.optimizer, run.data.loader,
                                                       run.plan["grad_accum_steps"], run.autocast, run.device,
-                                                      stop.received is not None, time_up,
+                                                      lambda: stop.received is not None, time_up,
                                                       (run.args.device_batch_size, run.args.max_seq_len))
             dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
             if not math.isfinite(loss):
