@@ -53,8 +53,9 @@ def read_old_records(args, saved_args: dict) -> None:
                "the older version that started it; read as -1 (all), the same CORE evaluation")
 
 
-def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict) -> dict:
-    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference.
+def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict, run_dir: Path) -> dict:
+    """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference, and
+    end with how to start afresh instead (the flags may be the ones wanted: another step count, say).
     With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
     diffs, lr_changes = [], {}
     diffs += [f"model config: {d}" for d in
@@ -81,7 +82,8 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict)
         hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
                 "--resume-override-lr)") if lr_hint else ""
         raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
-                         + "\n  ".join(diffs) + hint)
+                         + "\n  ".join(diffs) + hint + "\n  to start afresh instead, drop --resume and add "
+                         f"--overwrite (it deletes the run in {run_dir}), or pass another --run-dir")
     return lr_changes
 
 
@@ -121,7 +123,7 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
     def check() -> ResumePoint:
         meta = ckpt.load_meta(run_dir, step)
         read_old_records(args, meta.get("config", {}).get("args", {}))
-        lr_changes = check_resume_compatible(args, config, plan, data, meta)
+        lr_changes = check_resume_compatible(args, config, plan, data, meta, run_dir)
         saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
         if saved_world is not None:
             check_world_size(args, step, saved_world, world)

@@ -114,6 +114,20 @@ def test_resume_refuses_changed_trajectory_flags(tmp_path, capsys):
     assert "model config: sequence_len 32 (checkpoint) vs 16 (this run)" in capsys.readouterr().err
 
 
+def test_a_refused_resume_ends_with_how_to_start_afresh(tmp_path, capsys):
+    """The CPU demo run again with another DEMO_STEPS stopped on the flag mismatch with no way forward: the error
+    now ends with it, and following it works."""
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "2") == 0
+    assert train(run, "--num-iterations", "3", "--resume", "auto") == 2
+    err = capsys.readouterr().err.strip()
+    assert "num_iterations 2 (checkpoint) != 3" in err
+    assert err.endswith(f"to start afresh instead, drop --resume and add --overwrite (it deletes the run in {run}), "
+                        "or pass another --run-dir"), err
+    assert train(run, "--num-iterations", "3", "--overwrite") == 0
+    assert ckpt.list_steps(run) == [3]
+
+
 @pytest.mark.parametrize("vocab, seq_len, seed", [
     (256, 8, 0), (3, 31, 7), (50257, 226, 2**33 + 5), (11, 227, -3),  # one output block (<= 227 words)
     (13, 453, 1), (13, 454, 1), (17, 623, 2), (17, 624, 2), (19, 1300, 3)])  # the twist's blocks and repeats
