@@ -158,12 +158,25 @@ cpu_demo() {
         echo "[speedrun] CPU demo interrupted: run 'bash speedrun.sh' again to continue from the checkpoint" >&2
         exit 1
     }
+    # base_train exits 2 for what it refuses before training; with a checkpoint in the run dir that is mostly the
+    # --resume auto of a run started with other flags (another DEMO_STEPS), which speedrun.sh cannot continue
+    train_demo() {  # train_demo RUN_DIR BASE_TRAIN_FLAGS...
+        local run="$1" rc=0
+        shift
+        step python -m scripts.base_train "$@" || rc=$?
+        if [ "$rc" = 2 ] && [ -d "$run/checkpoints" ]; then
+            echo "[speedrun] if base_train refused to continue $run with these flags (\"--resume: the flags do not" \
+                 "match\" above: DEMO_STEPS differs from the run's), delete $root/base and $root/mome to change" \
+                 "DEMO_STEPS (the data and tokenizer in $root are kept), or run again with the run's DEMO_STEPS" >&2
+        fi
+        [ "$rc" = 0 ] || exit "$rc"
+    }
     if [ -n "$train_base" ]; then
-        step python -m scripts.base_train "${base[@]}"
+        train_demo "$root/base" "${base[@]}"
         finished "$root/base"
     fi
     if [ -n "$train_mome" ]; then
-        step python -m scripts.base_train "${mome[@]}"
+        train_demo "$root/mome" "${mome[@]}"
         finished "$root/mome"
     fi
     step python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \

@@ -262,9 +262,18 @@ elif module == "scripts.tok_train":
     (Path(flag("--output-dir")) / "tokenizer.json").write_text("{}")
 elif module == "scripts.base_train":
     run, got = Path(flag("--run-dir")), []
+    if os.environ.get("FAKE_TRAIN_EXIT"):  # a refusal before training, with nothing written (bad data, say)
+        sys.exit(int(os.environ["FAKE_TRAIN_EXIT"]))
+    if (run / "checkpoints").is_dir() and (run / "summary.json").is_file() and "--num-iterations" in args:
+        saved = json.loads((run / "summary.json").read_text())["flags"]
+        was, now = saved[saved.index("--num-iterations") + 1], flag("--num-iterations")
+        if was != now:  # as the real one refuses a --resume (auto) of its checkpoint with another step count
+            print("error: --resume: the flags do not match the checkpoint's run (see its config.json):\n"
+                  f"  num_iterations {was} (checkpoint) != {now}", file=sys.stderr)
+            sys.exit(2)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, frame: got.append(signal.Signals(s).name))
-    run.mkdir(parents=True, exist_ok=True)
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run / "pid").write_text(str(os.getpid()))
     end = time.time() + float(os.environ.get("FAKE_TRAIN_S", "0"))
     while time.time() < end and not got:
@@ -407,7 +416,8 @@ def test_a_second_speedrun_while_one_runs_is_refused_before_anything_runs(fake_s
 
 def test_a_finished_demo_is_not_run_again(fake_speedrun, tmp_path):
     """`bash speedrun.sh` after a finished demo rebuilt the data and ran both final evaluations again (49 s of the
-    91). Now it says it is done; with other flags (DEMO_STEPS) the runs are base_train's again (it refuses them)."""
+    91). Now it says it is done; with other flags (DEMO_STEPS) the runs are base_train's again (it refuses them:
+    test_another_demo_steps_says_what_to_delete)."""
     repo, env = fake_speedrun
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
     out, err = proc.communicate(timeout=20)
@@ -420,11 +430,39 @@ def test_a_finished_demo_is_not_run_again(fake_speedrun, tmp_path):
     assert "[speedrun] runs/speedrun_cpu/base already done (completed with its final evaluation)" in out
     for module in ("scripts.prepare_data", "scripts.tok_train", "scripts.base_train", "scripts.report"):
         assert ran(again, module) == [], module
+
+
+def test_another_demo_steps_says_what_to_delete(fake_speedrun, tmp_path):
+    """The demo run again with another DEMO_STEPS: base_train --resume auto refuses the checkpoint of the other step
+    count (exit 2), and speedrun.sh used to stop there with no hint. It now says what to delete; once deleted, the
+    demo trains both models afresh on the data and tokenizer it kept."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    assert proc.communicate(timeout=20) and proc.returncode == 0
     other = str(tmp_path / "other.log")
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=other, DEMO_STEPS="30")
     out, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0 and "already done" not in out, out
-    assert len(ran(other, "scripts.base_train")) == 2 and len(ran(other, REPORT)) == 1
+    assert proc.returncode == 2 and "already done" not in out, (out, err)
+    assert "num_iterations 300 (checkpoint) != 30" in err
+    assert "delete runs/speedrun_cpu/base and runs/speedrun_cpu/mome to change DEMO_STEPS (the data and tokenizer " \
+           "in runs/speedrun_cpu are kept)" in err, err
+    assert len(ran(other, "scripts.base_train")) == 1 and ran(other, REPORT) == []
+    for model in ("base", "mome"):
+        shutil.rmtree(repo / "runs" / "speedrun_cpu" / model)
+    afresh = str(tmp_path / "afresh.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=afresh, DEMO_STEPS="30")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "CPU demo done" in out, err
+    assert len(ran(afresh, "scripts.base_train")) == 2 and ran(afresh, "scripts.tok_train") == []
+
+
+def test_a_refused_first_run_gets_no_resume_hint(fake_speedrun):
+    """A base_train exit 2 with no checkpoint in the run dir (bad data, say) is no resume of another DEMO_STEPS."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_TRAIN_EXIT="2")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and "DEMO_STEPS" not in err, err
+    assert len(ran(env["FAKE_LOG"], "scripts.base_train")) == 1
 
 
 def test_a_demo_stopped_in_a_final_evaluation_continues_that_run_alone(fake_speedrun, tmp_path):
