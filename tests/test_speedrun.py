@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO
+from nanochat.checkpoint import CKPT_DIR
 from nanochat.plan import choose_layout, grad_accum_steps
 from scripts import speedrun_preflight as pre
 
@@ -447,6 +448,7 @@ def test_another_demo_steps_says_what_to_delete(fake_speedrun, tmp_path):
     assert "delete runs/speedrun_cpu/base and runs/speedrun_cpu/mome to change DEMO_STEPS (the data and tokenizer " \
            "in runs/speedrun_cpu are kept)" in err, err
     assert len(ran(other, "scripts.base_train")) == 1 and ran(other, REPORT) == []
+    assert f'"$run/{CKPT_DIR}"' in SPEEDRUN  # where the real base_train keeps its checkpoints
     for model in ("base", "mome"):
         shutil.rmtree(repo / "runs" / "speedrun_cpu" / model)
     afresh = str(tmp_path / "afresh.log")
