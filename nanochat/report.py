@@ -341,14 +341,34 @@ def _steps_cell(s: dict) -> str:
     return f"{fmt(s.get('step'))} of {fmt(s.get('num_iterations'))} ({reason})"
 
 
+def run_labels(facts: list[dict]) -> list[str]:
+    """Each run's name as the tables show it. Runs that share a name (runs/a/x and runs/b/x) would be identical
+    rows, so each of them shows the shortest end of its path that differs ("a/x"; "name (a/x)" where the directory
+    is named otherwise); one directory given twice is the same run and keeps its name."""
+    names = [f["run_name"] for f in facts]
+    labels = list(names)
+    for name in set(names):
+        # facts made by hand (a one-run table) may have no run_dir: they keep their name
+        group = [i for i, n in enumerate(names) if n == name and facts[i].get("run_dir")]
+        parts = {i: Path(os.path.abspath(facts[i]["run_dir"])).parts for i in group}
+        distinct = set(parts.values())
+        if len(distinct) < 2:
+            continue
+        k = next(k for k in range(1, max(map(len, distinct)) + 1) if len({p[-k:] for p in distinct}) == len(distinct))
+        for i in group:
+            tail = Path(*parts[i][-k:]).as_posix()
+            labels[i] = tail if parts[i][-1] == name else f"{name} ({tail})"
+    return labels
+
+
 def comparison_table(facts: list[dict]) -> list[str]:
     """One markdown row per run (``run_facts``): the table of the speedrun report and of the README's CPU demo."""
     lines = [COMPARISON_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for f in facts:
+    for f, label in zip(facts, run_labels(facts)):
         s, plan = f["summary"], f["plan"]
         train_s = s.get("train_time_s")
         lines.append(" | ".join([
-            f"| {f['run_name']}", f["memory"] or NA, fmt(s.get("params_total", plan.get("params_total")), ","),
+            f"| {label}", f["memory"] or NA, fmt(s.get("params_total", plan.get("params_total")), ","),
             fmt(s.get("params_memory", plan.get("params_memory")), ","), _steps_cell(s), fmt(s.get("tokens"), ","),
             fmt(train_s / 60 if train_s is not None else None, ".1f"), fmt(s.get("val_bpb"), ".4f"),
             fmt_core(s)]) + " |")
@@ -357,8 +377,8 @@ def comparison_table(facts: list[dict]) -> list[str]:
 
 def provenance_table(facts: list[dict]) -> list[str]:
     lines = ["| run | code | hardware | world size | software |", "|---|---|---|---:|---|"]
-    for f in facts:
+    for f, label in zip(facts, run_labels(facts)):
         env = f["env"]
-        lines.append(f"| {f['run_name']} | {fmt_code(env)} | {fmt_hardware(env)} | {fmt(env.get('world_size'))} | "
+        lines.append(f"| {label} | {fmt_code(env)} | {fmt_hardware(env)} | {fmt(env.get('world_size'))} | "
                      f"{fmt_software(env)} |")
     return lines

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nanochat.jsonfile import write_text_atomic
 from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, provenance_table, read_metrics, run_facts,
-                             unfinished, write_run_report)
+                             run_labels, unfinished, write_run_report)
 
 README_START, README_END = "<!-- cpu-demo-table -->", "<!-- /cpu-demo-table -->"
 
@@ -51,8 +51,8 @@ def plot_curves(facts: list[dict], out: Path) -> Path:
 
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for f in facts:
-        series, name = curve_series(f["run_dir"]), f["run_name"]
+    for f, name in zip(facts, run_labels(facts)):
+        series = curve_series(f["run_dir"])
         for ax, key in zip(axes, ("loss", "val_bpb")):
             if series[key]:
                 x, y = zip(*series[key])
@@ -75,16 +75,16 @@ def plot_curves(facts: list[dict], out: Path) -> Path:
 
 
 def comparison_report(facts: list[dict], title: str, curves: Path | None, command: str) -> str:
-    lines = [f"# {title}", "", *comparison_table(facts), ""]
+    lines, labels = [f"# {title}", "", *comparison_table(facts), ""], run_labels(facts)
     if curves is not None:
         lines += [f"![train loss and val bpb against tokens]({curves.name})", ""]
-        lines += [f"- {f['run_name']}: no metrics.jsonl (stopped before its first log): no curves" for f in facts
-                  if not (Path(f["run_dir"]) / "metrics.jsonl").is_file()]
+        lines += [f"- {label}: no metrics.jsonl (stopped before its first log): no curves"
+                  for f, label in zip(facts, labels) if not (Path(f["run_dir"]) / "metrics.jsonl").is_file()]
         lines += [""] if lines[-1] != "" else []
     lines += ["## Throughput", "", "| run | tok/s | MFU | wall min |", "|---|---|---|---:|"]
-    for f in facts:
+    for f, label in zip(facts, labels):
         wall = f["summary"].get("wall_time_s")
-        lines.append(f"| {f['run_name']} | {fmt_throughput(f['summary'])} | {fmt_mfu(f['summary'], f['env'])} | "
+        lines.append(f"| {label} | {fmt_throughput(f['summary'])} | {fmt_mfu(f['summary'], f['env'])} | "
                      f"{f'{wall / 60:.1f}' if wall is not None else NA} |")
     lines += ["", "## Provenance", "", *provenance_table(facts), "",
               f"Written by `{command}` from each run directory's config.json, summary.json, metrics.jsonl and "

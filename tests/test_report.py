@@ -272,3 +272,32 @@ def test_a_run_without_summary_reads_as_unfinished_in_the_comparison(tmp_path):
     (a / "summary.json").unlink()
     row = report.comparison_table([report.run_facts(a)])[-1].split(" | ")
     assert row[4] == "n/a (not finished: no summary.json)"
+
+
+def test_runs_with_the_same_name_are_told_apart_by_their_paths(tmp_path, capsys):
+    """runs/a/x and runs/b/x (both named x) were two identical rows in every table of the comparison; now each
+    colliding name shows the shortest end of its path that differs, and a unique name stays as it was."""
+    a = fake_run(tmp_path / "runs" / "a", "x", "base")
+    b = fake_run(tmp_path / "runs" / "b", "x", "mome", {"val_bpb": 2.05331})
+    c = fake_run(tmp_path / "runs" / "b", "y", "mome")
+    assert report_cli.main([str(a), str(b), str(c), "--output", str(tmp_path / "c.md")]) == 0
+    md = (tmp_path / "c.md").read_text()
+    for row in ("| a/x | base | 5,242,888 |", "| b/x | mome | 5,242,888 |", "| y | mome |",  # results
+                "| a/x | n/a | n/a | 5.0 |", "| b/x | n/a | n/a | 5.0 |",  # throughput
+                "| a/x | `0123456789ab` (dirty: uncommitted changes) |", "| b/x | `0123456789ab`"):  # provenance
+        assert md.count(row) == 1, (row, md)
+    assert "| x |" not in md and "| b/y |" not in md
+    assert "| b/x | mome | 5,242,888 | 0 | 300 | 1,228,800 | 4.4 | 2.0533 |" in capsys.readouterr().out
+
+
+def test_run_labels_show_the_name_and_the_path_that_differs():
+    def facts(run_dir, name):
+        return {"run_dir": run_dir, "run_name": name}
+
+    # the run name is not the directory's: it stays in front of the distinguishing path
+    assert report.run_labels([facts("/r/s1/seed0", "mome"), facts("/r/s2/seed0", "mome"), facts("/r/s1/b", "base")]) \
+        == ["mome (s1/seed0)", "mome (s2/seed0)", "base"]
+    # paths of different depths; three runs of one name, two of which share their parent's name
+    assert report.run_labels([facts("/r/a/x", "x"), facts("/q/a/x", "x"), facts("/x", "x")]) == ["r/a/x", "q/a/x", "/x"]
+    # the same directory given twice is one run shown twice: the same row, as it is the same run
+    assert report.run_labels([facts("/r/a/x", "x"), facts("/r/a/x", "x")]) == ["x", "x"]
