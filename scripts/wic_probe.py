@@ -214,9 +214,10 @@ def class_means(x: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None
 def site_effects(m: dict, labels: torch.Tensor) -> torch.Tensor:
     """(4, S): dJSD = E[d|F]-E[d|T], dO = E[O~|T]-E[O~|F], and both with w multiplied in before the means."""
     out = []
-    for x, sign in ((m["d"], 1), (m["o"], -1), (m["w"] * m["d"], 1), (m["w"] * m["o"], -1)):
+    for x, t_minus_f in ((m["d"], False), (m["o"], True), (m["w"] * m["d"], False), (m["w"] * m["o"], True)):
         mt, mf, _, _ = class_means(x, labels)
-        out.append(sign * (mf - mt))
+        # mt - mf rather than -(mf - mt): the same value, but equal means give 0.0, not -0.0 (in wic.json too)
+        out.append(mt - mf if t_minus_f else mf - mt)
     return torch.stack(out)
 
 
@@ -366,6 +367,13 @@ def probe(args, out_dir: Path) -> dict:
     return summ
 
 
+def signed(x: float) -> str:
+    """x to 4 decimals with its sign; what rounds to zero prints +0.0000: a -0.0, or a -1e-17 left by float
+    rounding, is no evidence of a negative effect (Python >= 3.11 would write this as format spec "+z.4f")."""
+    text = f"{x:+.4f}"
+    return "+" + text[1:] if float(text) == 0 else text
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.run) / "analysis" / "wic"
@@ -380,8 +388,9 @@ def main(argv=None) -> int:
         return 130
     for name, s in summ.items():
         best = s["top10"][0]
+        ci = f" CI {signed(best['ci95'][0])}..{signed(best['ci95'][1])}" if "ci95" in best else ""
         print(f"{name}: positive at {s['positive_sites']}/{s['sites']} sites; largest L{best['layer']}h{best['head']} "
-              f"{best['effect']:+.4f}" + (f" CI {best['ci95'][0]:+.4f}..{best['ci95'][1]:+.4f}" if "ci95" in best else ""))
+              f"{signed(best['effect'])}{ci}")
     print(f"wrote {out_dir}/wic.json, wic_sites.csv, wic_routing.png, wic_gate.png, wic_gate_mean.png")
     return 0
 

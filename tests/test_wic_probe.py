@@ -228,3 +228,31 @@ def test_wic_probe_that_cannot_write_or_is_interrupted(tmp_path, monkeypatch, ca
         assert sorted(before) == sorted(wic_probe.OUTPUTS)
     if fault != "out-dir is a file":
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_zeros_print_without_a_sign_and_no_effect_is_negative_zero(monkeypatch, capsys, tmp_path):
+    """A site whose overlap is the same for T and F pairs printed `-0.0000 CI +0.0000..-0.0000`: dO was computed as
+    -(E[O|F] - E[O|T]) = -0.0 (written so to wic.json), and a bootstrap end of -1e-17 (float rounding of a zero
+    difference) printed its sign too. Printing says +0.0000 for what rounds to zero; a real sign stays."""
+    P, S = 8, 2
+    labels = torch.tensor([True, False] * 4)
+    g = torch.Generator().manual_seed(0)
+    ones = torch.ones(P, S, dtype=torch.float64)
+    m = {"d": torch.rand(P, S, generator=g, dtype=torch.float64), "o": ones * 0.25, "w": ones / 2, "gmin": ones,
+         "pair_gate": ones}
+    res = wic_probe.analyse(m, labels, 41, [0.0])
+    for name in ("dO", "dO_gate", "dO_lo", "dO_hi"):
+        assert not torch.signbit(res[name]).any(), (name, res[name])  # +0.0, as json.dumps writes it: 0.0
+    assert json.dumps(wic_probe.summary(res, [1], 2)["dO"]["top10"][0]) == \
+        '{"layer": 1, "head": 0, "effect": 0.0, "ci95": [0.0, 0.0]}'
+
+    def summ(effect, lo, hi):
+        return {"dO": {"positive_sites": 0, "sites": 2, "top10": [{"layer": 1, "head": 0, "effect": effect,
+                                                                   "ci95": [lo, hi]}]}}
+
+    for given, printed in ((summ(-0.0, 0.0, -0.0), "+0.0000 CI +0.0000..+0.0000"),
+                           (summ(-1e-17, -4e-5, 1e-17), "+0.0000 CI +0.0000..+0.0000"),
+                           (summ(-0.00006, -0.25, 0.5), "-0.0001 CI -0.2500..+0.5000")):
+        monkeypatch.setattr(wic_probe, "probe", lambda args, out_dir: given)
+        assert wic_probe.main(["--run", str(tmp_path), "--wic", str(FIXTURE)]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == f"dO: positive at 0/2 sites; largest L1h0 {printed}"
