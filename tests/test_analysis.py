@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -477,3 +478,45 @@ def test_the_json_of_a_staged_set_is_moved_in_last(tmp_path, monkeypatch, names)
             (stage / name).write_text(name)
     assert moved[-1].endswith(".json") and sorted(moved) == sorted(names)
     assert sorted(p.name for p in out.iterdir()) == sorted(names)  # the stage folder is gone
+
+
+@pytest.mark.parametrize("tool, where", [("analyze_memory", "forward"), ("analyze_memory", "accumulator"),
+                                         ("analyze_routing", "forward"), ("analyze_routing", "accumulator"),
+                                         ("wic_probe", "forward")])
+def test_ctrl_c_with_progress_bars_leaves_the_interrupt_line_on_its_own(tmp_path, capsys, monkeypatch, tool, where):
+    """base_eval's line was glued to its task's bar ('0/6 [00:00<?, ?it/s]base_eval: interrupted'): that bar was
+    advanced by hand and held by a name, so it stayed open while the handler printed. These bars are iterated, and
+    tqdm closes a bar in a finally when its iteration ends, which unwinding does: Ctrl-C in the forward (inside
+    iter_captured's loop) or in its consumer (outside it) clears the line before the message. A consumer that kept
+    iter_captured's generator in a variable would keep its bar open; this test then fails (checked)."""
+    import importlib
+
+    from tqdm import tqdm
+
+    import nanochat.analysis as analysis
+
+    module = importlib.import_module(f"scripts.{tool}")
+    run, _, _ = make_run(tmp_path, "mome")
+    calls = []
+
+    def second_call_interrupts(real):
+        def wrapped(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:  # the bar has been drawn; a signal arrives mid-loop
+                raise KeyboardInterrupt
+            return real(*a, **k)
+        return wrapped
+    if where == "forward":
+        monkeypatch.setattr(module if tool == "wic_probe" else analysis, "run_captured",
+                            second_call_interrupts(analysis.run_captured))
+    else:
+        acc = analysis.GateAccumulator if tool == "analyze_memory" else analysis.RoutingAccumulator
+        monkeypatch.setattr(acc, "update", second_call_interrupts(acc.update))
+    out, text = tmp_path / "o", write_text(tmp_path / "notes.txt")
+    extra = {"wic_probe": ["--wic", str(Path(__file__).parent / "fixtures" / "wic_synthetic.tsv")],
+             "analyze_memory": ["--corpus", f"file:{text}"],
+             "analyze_routing": ["--corpus", f"file:{text}", "--reference", ""]}[tool]
+    assert module.main(["--run", str(run), "--batch-size", "1", "--out-dir", str(out), *extra]) == 130
+    *drawn, cleared, message = capsys.readouterr().err.split("\r")
+    assert "%|" in drawn[-1] and cleared.strip() == "" and message.startswith("interrupted"), (drawn, message)
+    assert not [bar for bar in tqdm._instances if not bar.disable]
