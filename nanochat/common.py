@@ -5,6 +5,7 @@ import gc
 import os
 import pickle
 import random
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -128,7 +129,7 @@ def rank0_decides(fn):
     signals = [0] * dist.get_world_size()
     dist.all_gather_object(signals, _latched_signal())
     if outcome[0] == "error":
-        raise error if error is not None else outcome[1]
+        raise raised_on_every_rank(error if error is not None else outcome[1])
     _stop_if_latched_on_any_rank(signals)
     return outcome[1]
 
@@ -167,7 +168,25 @@ def raise_lowest_rank_error(errors: list, own: BaseException | None = None) -> N
                 shared = type(exc)(f"rank {rank} of {len(errors)}: {exc}")
             except Exception:  # noqa: BLE001 - a type that needs more than a message
                 shared = exc
-            raise shared from (own or exc)
+            raise raised_on_every_rank(shared) from (own or exc)
+
+
+def raised_on_every_rank(exc: BaseException) -> BaseException:
+    """``exc``, marked as raised by every rank together (``print_error`` prints it once per job)."""
+    exc.raised_on_every_rank = True
+    return exc
+
+
+def print_error(exc: BaseException) -> None:
+    """``error: exc`` on stderr, once per job. An error every rank raised together (``raised_on_every_rank``:
+    rank0_decides, every_rank_ok, raise_lowest_rank_error) is printed by rank 0 alone, and then every rank waits in a
+    barrier: torchrun ends the ranks left once one has exited, maybe before rank 0 wrote the line. Any other error is
+    printed by the rank that raised it: the other ranks may not have it."""
+    together = getattr(exc, "raised_on_every_rank", False) and is_dist()
+    if not together or dist.get_rank() == 0:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+    if together:
+        dist.barrier()
 
 
 def compute_cleanup() -> None:

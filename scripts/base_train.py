@@ -44,7 +44,7 @@ from tqdm import tqdm
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
-                             rank0_decides, resolve_dtype, seed_everything)
+                             print_error, rank0_decides, resolve_dtype, seed_everything)
 from nanochat.eval_resume import ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
 from nanochat.final_eval import evaluate_at_the_end
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             run.wall_limit = WallTimeLimit(args.max_wall_time_seconds, started)
             resumed_at = prepare_resume(run)
         except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
-            print(f"error: {e}", file=sys.stderr)
+            print_error(e)  # once, where every rank raised it together
             return 2
         return execute(run, resumed_at)
 

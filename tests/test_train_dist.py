@@ -363,3 +363,18 @@ def test_the_stand_in_batch_keeps_the_compiled_model_from_recompiling(monkeypatc
     assert x.shape == y.shape == (2, 8) and x.dtype == y.dtype == torch.long and not (x.any() or y.any())
     model(x, y)
     assert counter.frame_count == 1
+
+
+def test_a_set_up_error_every_rank_raises_is_printed_once(tmp_path):
+    """No tokenizer under torchrun (2 gloo ranks): every rank raises rank 0's error together (every_rank_ok); rank 0
+    alone prints it, every rank exits 2 and none hangs. Before: one copy of the line per rank."""
+    (tmp_path / "tok").mkdir()
+    real_data = [flag for flag in TINY if flag != "--synthetic-data"]
+    r = run_torchrun(SCRIPT, 2, [*real_data, *BATCH, "--tokenizer-dir", str(tmp_path / "tok"),
+                                 "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "r")], timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert out.count("no tokenizer in") == 1 and f"error: rank 0 of 2: no tokenizer in {tmp_path / 'tok'}" in r.stderr, \
+        out[-3000:]
+    assert "exitcode  : 2 " in r.stderr and "exitcode  : 1 " not in r.stderr, out[-3000:]
+    assert "]: Traceback" not in out, out[-3000:]
