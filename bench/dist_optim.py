@@ -37,7 +37,7 @@ from nanochat.common import compute_cleanup, compute_init  # noqa: E402
 from nanochat.gpt import GPTConfig, build_model  # noqa: E402
 from nanochat.optim import MuonAdamW, build_param_groups, OptimConfig  # noqa: E402
 
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+COLLECTIVES = ("all_reduce", optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER)  # the names this torch has
 
 
 class ReplicatedMuonAdamW(MuonAdamW):
@@ -68,10 +68,10 @@ class _Done:
 def _stub(name, rank, world):
     """A local stand-in with the collective's shapes and this rank's share of the data movement, no communication."""
     def run(*args, async_op=False, **kwargs):
-        if name == "reduce_scatter_tensor":
+        if name == optim_shard.REDUCE_SCATTER:
             out, inp = args[0], args[1]
             out.copy_(inp.view(world, *out.shape)[rank])
-        elif name == "all_gather_into_tensor":
+        elif name == optim_shard.ALL_GATHER:
             out, inp = args[0], args[1]
             out.view(world, *inp.shape)[rank].copy_(inp)
         return _Done() if async_op else None
@@ -96,8 +96,8 @@ class Counter:
             size = t.numel() * t.element_size()
             self.calls += 1
             self.payload += size
-            self.sent += {"all_reduce": 2 * (w - 1) / w * size, "reduce_scatter_tensor": (w - 1) / w * size,
-                          "all_gather_into_tensor": (w - 1) * size}[name]  # ag input is 1/W of the output
+            self.sent += {"all_reduce": 2 * (w - 1) / w * size, optim_shard.REDUCE_SCATTER: (w - 1) / w * size,
+                          optim_shard.ALL_GATHER: (w - 1) * size}[name]  # ag input is 1/W of the output
             return (stub if self.stubbed else real)(*args, **kwargs)
         return counted
 

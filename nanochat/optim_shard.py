@@ -24,6 +24,23 @@ import torch.distributed as dist
 
 SHARD_MIN_NUMEL = 1 << 16  # smaller AdamW params are cheaper to all-reduce and update everywhere
 
+# torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor to *_single (the old names still work, with a
+# FutureWarning on every call); an older torch (the GPU machines' image has 2.11) may have the old names alone.
+# Chosen once, and called as dist.<name> so that a wrapper set there (the collective counts of
+# tests/_shard_worker.py and bench/dist_optim.py) sees every call.
+REDUCE_SCATTER = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+
+
+def reduce_scatter(output: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
+    """Sum ``inp`` (W * n, ...) over the ranks; this rank's (n, ...) block of the sum into ``output``."""
+    return getattr(dist, REDUCE_SCATTER)(output, inp, op=dist.ReduceOp.SUM, async_op=async_op)
+
+
+def all_gather(output: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
+    """Every rank's (n, ...) ``inp`` into ``output`` (W * n, ...), in rank order."""
+    return getattr(dist, ALL_GATHER)(output, inp, async_op=async_op)
+
 
 def world_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -123,7 +140,7 @@ def _gather_shards(v: torch.Tensor, world: int, rank: int, dst: int | None) -> t
     if dst is None or rank == dst:
         full = torch.empty((v.shape[0] * world, *v.shape[1:]), dtype=v.dtype, device=v.device)
     if dst is None:
-        dist.all_gather_into_tensor(full, v.contiguous())
+        all_gather(full, v.contiguous())
     else:
         dist.gather(v.contiguous(), list(full.chunk(world)) if full is not None else None, dst=dst)
     return full
@@ -194,7 +211,7 @@ class RowShardBucket(Bucket):
         if self.tail_key is not None:  # a few rows: cheaper to all-reduce than to pad the whole gradient
             self.tail_grad = grad[self.main:].contiguous()
             self._tail_work = dist.all_reduce(self.tail_grad, op=dist.ReduceOp.SUM, async_op=True)
-        return dist.reduce_scatter_tensor(self.local_grad, grad[:self.main], op=dist.ReduceOp.SUM, async_op=True)
+        return reduce_scatter(self.local_grad, grad[:self.main], async_op=True)
 
     def _after_reduce(self) -> None:
         self.local_grad.div_(self.world)
@@ -218,7 +235,7 @@ class RowShardBucket(Bucket):
 
     def _start_gather(self):
         p = self.params[0]
-        return dist.all_gather_into_tensor(p.data[:self.main], p.data[self.rows].clone(), async_op=True)
+        return all_gather(p.data[:self.main], p.data[self.rows].clone(), async_op=True)
 
     def _after_gather(self) -> None:
         self.local_grad = self.tail_grad = None
@@ -275,7 +292,7 @@ class MuonBucket(Bucket):
             self._send = torch.zeros(self.chunk * self.world, m, n, device=self.params[0].device)
         torch._foreach_copy_(list(self._send[:self.K].unbind(0)), grads)
         self.local_grad = torch.empty_like(self._send[:self.chunk])
-        return dist.reduce_scatter_tensor(self.local_grad, self._send, op=dist.ReduceOp.SUM, async_op=True)
+        return reduce_scatter(self.local_grad, self._send, async_op=True)
 
     def _after_reduce(self) -> None:
         if self.world > 1:
@@ -305,7 +322,7 @@ class MuonBucket(Bucket):
             return None
         if self._full is None:
             self._full = torch.empty_like(self._send)
-        return dist.all_gather_into_tensor(self._full, self.local_param.contiguous(), async_op=True)
+        return all_gather(self._full, self.local_param.contiguous(), async_op=True)
 
     def _after_gather(self) -> None:
         if self.world > 1:

@@ -11,18 +11,27 @@ Rank 0 writes OUT: parameters, the full state dict (and state_dict_on_rank0's, w
 what every rank got from it), collective counts/bytes per step, per-rank state sizes,
 the grad norm, and whether the gradient hooks launched every bucket during backward.
 Several OUT[,LOAD] runs go one after the other in one process group (each from a fresh model and optimizer): a
-torchrun start-up costs more than such a run on the CI's 2 cores.
+torchrun start-up costs more than such a run on the CI's 2 cores. Every FutureWarning the runs raise is recorded
+in OUT (torch 2.13 deprecated the collectives' old names: a warning on every rank, every run). With
+SHARD_WORKER_OLD_NAMES=1 torch.distributed lacks their new names, as torch before 2.13 does.
 """
 import io
+import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
 
-from nanochat import optim_shard
-from nanochat.common import compute_cleanup, compute_init
-from nanochat.gpt import GPTConfig, build_model
-from nanochat.optim import build_optimizer
+if os.environ.get("SHARD_WORKER_OLD_NAMES") == "1":  # before optim_shard resolves the names
+    for _new in ("reduce_scatter_single", "all_gather_single"):
+        if hasattr(dist, _new):
+            delattr(dist, _new)
+
+from nanochat import optim_shard  # noqa: E402
+from nanochat.common import compute_cleanup, compute_init  # noqa: E402
+from nanochat.gpt import GPTConfig, build_model  # noqa: E402
+from nanochat.optim import build_optimizer  # noqa: E402
 
 VIRTUAL = 4
 STEPS = 3
@@ -38,7 +47,7 @@ def main(runs: list[tuple]) -> None:
 
     calls = {"n": 0, "bytes": 0}
     if W > 1:  # count every collective the optimizer issues
-        for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
+        for name in ("all_reduce", optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER):
             real = getattr(dist, name)
 
             def counted(*args, _real=real, **kwargs):
@@ -51,13 +60,23 @@ def main(runs: list[tuple]) -> None:
             setattr(optim_shard.dist, name, counted)
 
     for out_path, load_path in runs:
-        run(out_path, load_path, info.rank, W, calls)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)  # each one, not once per code line
+            result = run(load_path, info.rank, W, calls)
+        future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+        for w in caught:  # the others shown as usual
+            if not issubclass(w.category, FutureWarning):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        if info.rank == 0:
+            names = (optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER)
+            torch.save({**result, "future_warnings": future, "collective_names": names}, out_path)
     if dist.is_initialized():
         dist.barrier()
     compute_cleanup()
 
 
-def run(out_path, load_path, rank: int, W: int, calls: dict) -> None:
+def run(load_path, rank: int, W: int, calls: dict) -> dict:
+    """What rank 0 writes to OUT (without the warnings); None on the other ranks."""
     cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
                     memory_options={"slots": 4, "topk": 2})
     model = build_model(cfg, seed=0)
@@ -113,11 +132,12 @@ def run(out_path, load_path, rank: int, W: int, calls: dict) -> None:
     opt.step()
 
     if rank == 0:
-        torch.save({"params": params, "state_dict": state_dict, "grad_norm": grad_norm, "on_rank0": on_rank0,
-                    "got_rank0": got_rank0, "saved_bytes": saved_bytes, "local_state": locals_,
-                    "per_step": per_step, "state_numel": sizes, "buckets": len(opt.buckets),
-                    "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
-                    "launched_in_backward": launched_in_backward}, out_path)
+        return {"params": params, "state_dict": state_dict, "grad_norm": grad_norm, "on_rank0": on_rank0,
+                "got_rank0": got_rank0, "saved_bytes": saved_bytes, "local_state": locals_,
+                "per_step": per_step, "state_numel": sizes, "buckets": len(opt.buckets),
+                "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
+                "launched_in_backward": launched_in_backward}
+    return None
 
 
 if __name__ == "__main__":

@@ -107,6 +107,30 @@ def test_collectives_per_step_follow_buckets_not_parameters(results):
         assert expected < r["n_params"]  # the old optimizer issued one all-reduce per parameter
 
 
+def test_a_sharded_step_raises_no_future_warning(results):
+    """torch 2.13 deprecated reduce_scatter_tensor and all_gather_into_tensor: a FutureWarning on every rank, every
+    run. Their new names are called where torch has them (the worker records every FutureWarning of its runs)."""
+    _, res = results
+    for w in (2, 4):
+        assert res[w]["future_warnings"] == [], res[w]["future_warnings"]
+
+
+def test_a_torch_without_the_new_collective_names_takes_the_old_ones_with_the_same_step(results, tmp_path,
+                                                                                        monkeypatch):
+    """A torch before 2.13 may have only the old names: the same collectives, counted alike
+    (tests/_shard_worker.py and bench/dist_optim.py count them by name), the same update."""
+    _, res = results
+    monkeypatch.setenv("SHARD_WORKER_OLD_NAMES", "1")
+    old = run(tmp_path, 2)
+    assert old["collective_names"] == ("reduce_scatter_tensor", "all_gather_into_tensor")
+    assert old["per_step"] == res[2]["per_step"] and old["per_step"][0]["collectives"] > 2, old["per_step"]
+    for name, p in res[2]["params"].items():
+        assert torch.allclose(p, old["params"][name], rtol=1e-5, atol=1e-6), name
+    if hasattr(torch.distributed, "reduce_scatter_single"):  # this torch warns for the old names: seen by the worker
+        assert res[2]["collective_names"] == ("reduce_scatter_single", "all_gather_single")
+        assert any("reduce_scatter_tensor` is deprecated" in m for m in old["future_warnings"]), old["future_warnings"]
+
+
 def test_optimizer_state_per_rank_shrinks_with_world_size(results):
     _, res = results
     full = res[1]["state_numel"][0]
