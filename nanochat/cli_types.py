@@ -50,6 +50,9 @@ def device_choice(*forms: str, per_rank: bool = False):
 
     def parse(text: str) -> str:
         kind, colon, index = text.partition(":")
+        if colon and f"{kind}:N" in forms and not index.isdigit():  # "cuda:N" as the help writes it, "cuda:"
+            raise argparse.ArgumentTypeError(f"{text!r}: the N of {kind}:N is a GPU index ({kind}:0, {kind}:1, ...); "
+                                             f"allowed: {listed}")
         if (f"{kind}:N" if colon and index.isdigit() else text) not in forms:
             if per_rank and colon and kind == "cuda":
                 why = (f"{text!r}: no GPU index (each rank uses cuda:LOCAL_RANK; choose the GPUs with "

@@ -97,3 +97,15 @@ def test_a_device_the_parser_does_not_take_is_refused_with_its_forms(name, value
            else "not a device this flag takes")
     assert error_of(name, value, capsys).endswith(f"argument {flag}: {value!r}: {why}; allowed: {', '.join(forms)}")
 
+
+
+@pytest.mark.parametrize("name", sorted(name for name, (*_, forms) in PARSERS.items() if "cuda:N" in forms))
+@pytest.mark.parametrize("value", ["cuda:N", "cuda:", "cuda:x", "cuda:-1"])
+def test_an_index_that_is_no_number_says_what_n_stands_for(name, value, gpus, capsys):
+    """The help shows the form cuda:N: typed as it stands (or with another non-number) it was argparse's bare
+    "invalid parse value" (int("N") raised), or "not a device this flag takes" for a form the flag takes."""
+    gpus(2)
+    _, _, flag, forms = parser_of(name)
+    assert error_of(name, value, capsys).endswith(
+        f"argument {flag}: {value!r}: the N of cuda:N is a GPU index (cuda:0, cuda:1, ...); allowed: "
+        f"{', '.join(forms)}")
