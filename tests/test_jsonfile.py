@@ -3,6 +3,7 @@ at once never share a temp file; the file gets a plain open()'s permissions and 
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +229,22 @@ def test_a_file_system_whose_flock_fails_loses_no_write_and_no_live_temp_file(tm
     write_text_atomic(tmp_path / "summary.json", "{}\n")
     assert jsonfile.remove_stale_temps(tmp_path, ("*.json",)) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json", old_tmp.name]
+
+
+def test_a_cleaner_never_opens_a_fresh_temp_file(tmp_path, monkeypatch):
+    """A live writer's temp file (fresh) is judged by its lstat alone, never opened: closing any fd of a file drops
+    the POSIX locks its process holds on it, and on NFS flock is such a lock, so a cleaner in the writer's own
+    process (another thread writing the same file) would unlock the writer's temp file. Old ones are opened (to
+    flock them) and removed; a fresh one is not even opened."""
+    path = tmp_path / "summary.json"
+    fresh, old = tmp_path / "summary.json.0123abcd.tmp", tmp_path / "summary.json.4567cdef.tmp"
+    for p in (fresh, old):
+        p.write_text("half")
+    age(old, 2 * jsonfile.STALE_TEMP_S)
+    opened, real_open = [], os.open
+    monkeypatch.setattr(jsonfile.os, "open", lambda p, *a, **k: opened.append(Path(p)) or real_open(p, *a, **k))
+    write_text_atomic(path, "{}\n")
+    assert fresh not in opened and old in opened
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json", fresh.name]
+    opened.clear()
+    assert jsonfile.remove_stale_temps(tmp_path, ("*.json",)) == [] and fresh not in opened
