@@ -5,7 +5,8 @@
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
 (stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
-and throughput; unfinished seeds, runs started from another run's weights (--init-from) and CORE values over
+and throughput; unfinished seeds, runs started from another run's weights (--init-from), seeds trained with
+other flags than the row config gives (config.json "args"; layout, logging and seeds aside) and CORE values over
 different task sets are listed under the table instead.
 A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22").
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
@@ -18,7 +19,9 @@ attention``), e.g. "412,000 (sdpa; paper fa3)", or when the table's rows ran on 
 
 import argparse
 import csv
+import functools
 import io
+import json
 import math
 import statistics
 import sys
@@ -57,35 +60,43 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-# [train] keys that change no number of the table: the hardware layout (the runner's --device-batch-size keeps the
-# total batch), compilation, logging, periodic evals and checkpoints, and paths (the checkpoint fingerprints the data
-# and tokenizer). The attention kernel is marked on the tok/s column instead (attention_mark).
+# flags that change no number of the table: the hardware layout (the runner's --device-batch-size keeps the total
+# batch), compilation, logging, periodic evals and checkpoints, and paths (the checkpoint fingerprints the data and
+# tokenizer). The attention kernel is marked on the tok/s column instead (attention_mark).
 LAYOUT_KEYS = {"device-batch-size", "compile", "attention", "mome-kernels", "log-every", "eval-every", "core-every",
                "eval-every-flops", "sample-every", "save-every", "save-at-flops", "keep-last", "wandb",
-               "wandb-project", "max-wall-time-seconds", "eval-batch-size", "tokenizer-dir", "data-dir"}
-HORIZON_KEYS = ("num-iterations", "target-flops")  # each wins over the next (and over --target-param-data-ratio)
+               "wandb-project", "max-wall-time-seconds", "eval-batch-size", "tokenizer-dir", "data-dir", "device-type"}
+# what the runner sets per seed or per start, and base_train's own bookkeeping: a seed of the row differs in these.
+# The data seed is a seed too (by default --seed); --init-from runs are listed apart (collect_row)
+RUN_KEYS = {"seed", "data-seed", "config", "run-dir", "run-name", "resume", "overwrite", "dry-run", "init-from",
+            "resume-override-lr", "resume-new-world-size"}
 
 
-def flag_differences(train: dict, run_dir: Path) -> list[str]:
-    """The flags a seed trained with (config.json "args") that differ from the row's [train] ("--key value (row:
-    value)"); [] for a run without config.json (older runs). A horizon the row leaves unset but the run set
-    (``-- --num-iterations 2`` on a FLOP-target row) counts too, since it wins over the row's."""
+@functools.cache
+def row_args(config_path: str) -> dict:
+    """base_train's args for the row config alone (as the runner starts a seed), JSON-shaped as config.json holds
+    them: the row's [train] over base_train's defaults and its design's presets."""
+    from nanochat.train_args import parse_args  # imports torch: only for a table that has config.json files
+
+    return json.loads(json.dumps(vars(parse_args(["--config", config_path])), default=str))
+
+
+def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
+    """The flags a seed trained with (config.json "args") that differ from what base_train makes of the row config
+    ``cfg`` alone ("--key value (row: value)"), its [train] and every flag it leaves at the default alike (``--
+    --matrix-lr 0.05`` or ``-- --num-iterations 2`` on a row that sets neither), in name order; [] for a run without
+    config.json (older runs). Flags a run's config.json lacks (added since) are not compared; an older version's
+    --core-max-per-task 0 ("all" then) is -1, as base_train --resume reads it (nanochat.train_resume)."""
     path = run_dir / "config.json"
     if not path.is_file():
         return []
     args = read_json_object(path, ValueError, "rerun or remove that seed").get("args", {})
-    keys = [k for k in train if k not in LAYOUT_KEYS]
-    for key in HORIZON_KEYS:
-        if key in train:
-            break
-        keys.append(key)  # unset in the row: the run's must be unset (None) too
-    diffs = []
-    for key in keys:
-        dest = key.replace("-", "_")
-        if dest in args and args[dest] != train.get(key):
-            row_value = "not set" if key not in train else train[key]
-            diffs.append(f"--{key} {args[dest]} (row: {row_value})")
-    return diffs
+    if args.get("core_max_per_task") == 0:
+        args = {**args, "core_max_per_task": -1}
+    skip = {k.replace("-", "_") for k in LAYOUT_KEYS | RUN_KEYS}
+    wanted = row_args(cfg["path"])
+    return [f"--{dest.replace('_', '-')} {args[dest]} (row: {'not set' if value is None else value})"
+            for dest, value in sorted(wanted.items()) if dest not in skip and dest in args and args[dest] != value]
 
 
 def collect_row(cfg: dict, runs_root: Path) -> dict:
@@ -106,7 +117,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         elif summary.get("stop_reason") == "completed" and diverged:  # a mean without it would hide the divergence
             notes.append(f"{path.parent.name} has a non-finite {', '.join(f'{k} ({summary[k]})' for k in diverged)}, "
                          "not averaged")
-        elif summary.get("stop_reason") == "completed" and (diffs := flag_differences(cfg["train"], path.parent)):
+        elif summary.get("stop_reason") == "completed" and (diffs := flag_differences(cfg, path.parent)):
             notes.append(f"{path.parent.name} trained with other flags than the row's [train]: {', '.join(diffs)}, "
                          "not averaged")  # a smoke test (-- --num-iterations 2) is not a seed of the row
         elif summary.get("stop_reason") == "completed":

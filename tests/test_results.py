@@ -124,4 +124,32 @@ def test_every_row_config_run_as_written_counts_as_its_row(tmp_path):
     for path in find_configs():
         args = vars(parse_args(["--config", str(path), "--seed", "42"]))
         tmp_path.joinpath("config.json").write_text(json.dumps({"args": args}))
-        assert flag_differences(load_row_config(path)["train"], tmp_path) == [], path
+        assert flag_differences(load_row_config(path), tmp_path) == [], path
+
+
+def test_a_seed_trained_with_a_flag_its_row_leaves_unset_is_listed(tmp_path):
+    """`scripts.run ROW -- --matrix-lr 0.05` on a row whose [train] leaves the flag at base_train's default: the
+    seed trained with other hyperparameters than the row's and was averaged as the row (only [train]'s keys and the
+    horizons were compared). The args compared are those base_train resolves from the row config alone, as the
+    runner starts it; an older version's --core-max-per-task 0 ("all" then) is the row's -1, as --resume reads it."""
+    from nanochat.row_config import REPO
+    from nanochat.train_args import parse_args
+    from scripts import results
+
+    config, runs = REPO / "configs" / "d12" / "base.toml", tmp_path / "runs"
+    for seed, extra, bpb in ((42, [], 0.9), (43, ["--matrix-lr", "0.05"], 3.3), (44, [], 0.8),
+                             (45, ["--data-seed", "7", "--mome-kernels", "torch"], 1.0)):
+        args = vars(parse_args(["--config", str(config), "--seed", str(seed), "--device-batch-size", "16",
+                                "--run-dir", str(runs / "d12" / "base" / f"seed{seed}"), "--resume", "auto", *extra]))
+        args["data_seed"] = args["data_seed"] if args["data_seed"] is not None else seed  # as base_train resolves
+        args["core_max_per_task"] = 0 if seed == 44 else args["core_max_per_task"]
+        write_seed(runs, "base", seed, json.dumps({**DONE, "val_bpb": bpb}))
+        (runs / "d12" / "base" / f"seed{seed}" / "config.json").write_text(json.dumps({"args": args}, default=str))
+    assert results.main(["--table", "d12", "--runs-root", str(runs), "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "d12.md").read_text()
+    base = next(line for line in md.splitlines() if line.startswith("| Base |")).split(" | ")
+    assert base[1] == "3" and "0.9000 ± 0.1000" in md, md
+    default = parse_args(["--config", str(config)]).matrix_lr
+    assert (f"- Base: seed43 trained with other flags than the row's [train]: --matrix-lr 0.05 (row: {default}), "
+            "not averaged") in md
+    assert "seed44" not in md and "seed45" not in md
