@@ -33,7 +33,7 @@ from pathlib import Path
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
 from nanochat.cli_types import checkpoint_step, count_or_all, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
-                             rank0_decides, resolve_dtype)
+                             print_error, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
         with interrupts_raise():
             return evaluate(args)
     except (FileNotFoundError, ValueError, KeyError, DataError, DownloadError, ResultWriteError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)  # once under torchrun when every rank raised it together
         compute_cleanup()
         return 2
     except Interrupted as e:  # during the setup (evaluate handles the evaluation itself), on every rank alike

@@ -156,6 +156,8 @@ def test_a_data_shard_one_rank_cannot_read_stops_every_rank_with_its_error(tiny_
     assert res.returncode != 0, res.stderr[-3000:]
     assert "error: rank 1 of 2: " in res.stderr and "val_000.parquet is not a readable parquet file" in res.stderr, \
         res.stderr[-3000:]
+    # every rank raised rank 1's error together (every_rank_ok): rank 0 alone prints it
+    assert res.stderr.count("val_000.parquet is not a readable parquet file") == 1, res.stderr[-3000:]
     # (torchrun ends a rank still exiting when the other one has exited: -15)
     assert "exitcode  : 2" in res.stderr and "exitcode  : 1 " not in res.stderr, res.stderr[-3000:]
     assert "Connection closed by peer" not in res.stderr and "]: Traceback" not in res.stderr, res.stderr[-3000:]
