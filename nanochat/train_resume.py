@@ -2,6 +2,7 @@
 picks the checkpoint and refuses flags that would not continue its run, in seconds; ``restore`` (after the model and
 optimizer are built) only loads it. ``run`` is the trainer's Run (scripts/base_train.py)."""
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_ba
                    "final_lr_frac", "muon_momentum_start", "muon_momentum_end", "muon_momentum_ramp", "seed",
                    "data_seed", "synthetic_data", "dtype")
 LR_KEYS = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr")  # --resume-override-lr
+# scripts.run's AFRESH_ENV, spelled out: neither module imports the other (the runner's --plan imports no torch)
+RUNNER_AFRESH_ENV = "NANOCHAT_RUN_AFRESH_COMMAND"
 
 
 @dataclass
@@ -53,6 +56,17 @@ def read_old_records(args, saved_args: dict) -> None:
                "the older version that started it; read as -1 (all), the same CORE evaluation")
 
 
+def how_to_start_afresh(run_dir: Path) -> str:
+    """The way forward after a refused resume. scripts.run adds --resume auto itself and names its own command in
+    RUNNER_AFRESH_ENV: "drop --resume" could not be followed there."""
+    runner = os.environ.get(RUNNER_AFRESH_ENV)
+    if runner:
+        return (f"to start afresh instead (it deletes the run in {run_dir}), run: {runner}\n"
+                "  or, to continue it, run the row again with the flags it was started with")
+    return (f"to start afresh instead, drop --resume and add --overwrite (it deletes the run in {run_dir}), or pass "
+            "another --run-dir")
+
+
 def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict, run_dir: Path) -> dict:
     """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference, and
     end with how to start afresh instead (the flags may be the ones wanted: another step count, say).
@@ -82,8 +96,7 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
         hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
                 "--resume-override-lr)") if lr_hint else ""
         raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
-                         + "\n  ".join(diffs) + hint + "\n  to start afresh instead, drop --resume and add "
-                         f"--overwrite (it deletes the run in {run_dir}), or pass another --run-dir")
+                         + "\n  ".join(diffs) + hint + "\n  " + how_to_start_afresh(run_dir))
     return lr_changes
 
 

@@ -9,10 +9,11 @@ stop_reason "completed") is never overwritten; an unfinished one (interrupted, s
 crashed, killed) is continued with base_train --resume auto (from its latest checkpoint, or from step 0 when it
 has none). Seeds run one after another and the runner stops at the first failure or unfinished seed (a
 wall-time stop, ``-- --max-wall-time-seconds S``, or a signal that reached base_train alone), printing the log
-path (``-- --overwrite`` or ``-- --resume STEP`` replaces ``--resume auto``). ``--plan`` prints the exact
-commands and exits without importing torch or touching data. Hardware overrides keep the total batch size fixed
-(the gradient-accumulation count changes instead); batch flags given to base_train after ``--`` are checked the
-same way.
+path (``-- --overwrite`` or ``-- --resume STEP`` replaces ``--resume auto``). A seed whose checkpoint was trained
+with other flags is not continued: base_train names the runner command that starts it afresh (``--seeds N ...
+-- ... --overwrite``). ``--plan`` prints the exact commands and exits without importing torch or touching data.
+Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags
+given to base_train after ``--`` are checked the same way.
 """
 
 import argparse
@@ -28,6 +29,10 @@ from pathlib import Path
 from nanochat.cli_types import SEED_MAX, is_seed
 from nanochat.lost_output import point_at_devnull
 from nanochat.row_config import REPO, load_row_config
+
+# base_train's refused --resume reads this: its own advice (drop --resume, add --overwrite) cannot be followed under
+# this runner, which adds --resume auto itself; the runner's command that starts the seed afresh is named instead
+AFRESH_ENV = "NANOCHAT_RUN_AFRESH_COMMAND"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -84,12 +89,17 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
     return {key: value for key, value in values.items() if value is not None}, rest
 
 
+def says_how_to_start(extra: list[str]) -> bool:
+    """Whether the base_train flags after ``--`` hold --resume or --overwrite (the runner then adds no --resume)."""
+    return any(f.split("=")[0] in ("--resume", "--overwrite") for f in extra)
+
+
 def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, runs_root: Path,
                    extra: list[str]) -> list[tuple[int, Path, list[str]]]:
     """One command per seed; ``--resume auto`` (continue an unfinished run) unless ``extra`` says how to start."""
     row = cfg["row"]
     out = []
-    start = [] if any(f.split("=")[0] in ("--resume", "--overwrite") for f in extra) else ["--resume", "auto"]
+    start = [] if says_how_to_start(extra) else ["--resume", "auto"]
     for seed in seeds:
         run_dir = runs_root / row["table"] / row["name"] / f"seed{seed}"
         train_cmd = ["-m", "scripts.base_train", "--config", cfg["path"], "--seed", str(seed),
@@ -101,6 +111,17 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
             cmd = [sys.executable, *train_cmd]
         out.append((seed, run_dir, cmd))
     return out
+
+
+def afresh_command(config: str, extra: list[str], seed: int, runner_flags: list[str]) -> str | None:
+    """The runner command that starts ``seed`` afresh (--overwrite after ``--``), for base_train to name when it
+    refuses the --resume auto the runner added; None when the user's flags after ``--`` say how to start: base_train's
+    own advice then applies to them as written. ``config`` and ``runner_flags`` are as the user typed them (a
+    relative path is the user's), ``extra`` the flags after ``--`` before the runner reformatted any."""
+    if says_how_to_start(extra):
+        return None
+    return shlex.join(["python", "-m", "scripts.run", config, "--seeds", str(seed), *runner_flags, "--", *extra,
+                       "--overwrite"])
 
 
 def say(text: str) -> None:
@@ -134,7 +155,8 @@ def die_with_parent():
     return preexec
 
 
-def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
+def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None) -> None:
+    """Train one seed with ``cmd``; ``afresh`` (``afresh_command``) is named by base_train if it refuses the resume."""
     from nanochat.report import read_json, unfinished
 
     if (run_dir / "summary.json").is_file() and unfinished(run_dir) is None:
@@ -150,6 +172,10 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if "torch.distributed.run" in cmd:
         env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless the user says otherwise
+    if afresh is None:
+        env.pop(AFRESH_ENV, None)  # the user's own --resume/--overwrite: base_train's advice names their flags
+    else:
+        env[AFRESH_ENV] = afresh
     with open(log_path, "a") as log:
         # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
         # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
@@ -193,6 +219,13 @@ def run_one(seed: int, run_dir: Path, cmd: list[str]) -> None:
                          f"checkpoint by re-running the same command. Log: {log_path}")
 
 
+def typed_runner_flags(args, parser) -> list[str]:
+    """The runner's flags besides the config and --seeds, as given (for ``afresh_command``)."""
+    given = [("--nproc-per-node", args.nproc_per_node), ("--device-batch-size", args.device_batch_size),
+             ("--runs-root", None if args.runs_root == parser.get_default("runs_root") else args.runs_root)]
+    return [token for flag, value in given if value is not None for token in (flag, str(value))]
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     extra = []
@@ -211,6 +244,7 @@ def main(argv=None) -> None:
         cfg = load_row_config(args.config)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else row_seeds(cfg)
         nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
+        typed_extra = extra
         batch, extra = split_batch_flags(extra)
         if "device-batch-size" in batch and args.device_batch_size is not None:
             raise ValueError("--device-batch-size is given both to the runner and after --; give it once")
@@ -228,8 +262,9 @@ def main(argv=None) -> None:
         for _, _, cmd in commands:
             say(shlex.join(cmd) + "\n")
         return
+    runner_flags = typed_runner_flags(args, p)
     for seed, run_dir, cmd in commands:
-        run_one(seed, run_dir, cmd)
+        run_one(seed, run_dir, cmd, afresh_command(args.config, typed_extra, seed, runner_flags))
     say(f"[run] done: {len(commands)} seed(s) of {cfg['row']['table']}/{cfg['row']['name']}\n")
 
 
