@@ -43,8 +43,8 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   shared table's layers take the same kernel pair where it applies (ROW_SUM "triton"; ``FUSE_INJECT`` picks the
   fused or the row-mix pair, as for a per-layer table) on the rows ``prepare`` gathered once, flattened to a
   (B*T*M, d) "table" read with ids 0..B*T-1: the kernels' table gradient is then (B*T*M, d), not the shared
-  table's size (604 MB fp32 at d12's n6/M6, 2.4 GB at n24/M6) per layer call, and, each row read by one token, declared ``unique_rows``:
-  the backward kernels store it (no zero fill, no atomics; the atomics' values bit for bit); autograd sums the
+  table's size (604 MB fp32 at d12's n6/M6, 2.4 GB at n24/M6) per layer call, and, each row read by one token,
+  declared ``unique_rows``: the backward kernels store it (no zero fill, no atomics; the atomics' values bit for bit); autograd sums the
   layers' row gradients and the one gather's backward scatters them into the shared table, as the torch row mix
   does.
 ``MIX`` ("bag", "plain", "row"; None = the defaults above) and ``TOPK_BY_ARGMAX`` (None = by device) force one
