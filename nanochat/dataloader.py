@@ -287,9 +287,17 @@ class PackedDataLoader:
 
     def passes(self) -> float:
         """Passes over this rank's share of the split so far (1.28 = the second epoch, 28% in), counted at the
-        documents taken into the packing buffer (up to ``buffer_docs`` ahead of the rows handed out)."""
+        documents taken into the packing buffer (up to ``buffer_docs`` ahead of the rows handed out). In an
+        epoch re-partitioned by ``repartition`` the units the old ranks started count as read, so the count goes
+        on from where the old ranks were instead of restarting with this rank's share of the units left."""
         epoch, position, _ = self.cursor
-        return epoch + position / max(len(self._rank_units(epoch)), 1)
+        done = position / max(len(self._rank_units(epoch)), 1)
+        if self.remaining is None or self.remaining[0] != epoch:
+            return epoch + done
+        n_units = len(self.index.units)
+        # units carried over from an earlier epoch can make the list longer than an epoch: then nothing counts
+        read_before = max(n_units - len(self.remaining[1]), 0) / max(n_units, 1)
+        return epoch + read_before + (1 - read_before) * done
 
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,

@@ -1,0 +1,28 @@
+"""PackedDataLoader after --resume-new-world-size: what it reports (the unit accounting of repartition() is in
+test_dataloader.py)."""
+
+import pytest
+
+from test_dataloader import loader, synthetic_dir, take  # noqa: F401 (synthetic_dir: a fixture)
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_passes_continue_across_a_world_size_change(new_world, synthetic_dir, tiny_tokenizer):  # noqa: F811
+    """data_passes is a fraction of the epoch: 4 of the 12 units read by 2 ranks stay read on 1 or 3 ranks, so
+    the count neither restarts at 0 nor jumps ahead (it counted through the rest only: 0 after 2 -> 1), and it
+    reaches the next epoch as 1.0 without going backwards."""
+    old = [loader(synthetic_dir, tiny_tokenizer, rank=r, world_size=2, seed=7) for r in range(2)]
+    for dl in old:
+        dl.cursor = (0, 2, 0)  # 2 of its 6 units read: a third of the epoch
+        assert dl.passes() == pytest.approx(1 / 3)
+    states = [dl.state_dict() for dl in old]
+    for rank in range(new_world):
+        dl = loader(synthetic_dir, tiny_tokenizer, rank=rank, world_size=new_world, seed=7)
+        dl.repartition(states)
+        seen = [dl.passes()]
+        assert seen[0] == pytest.approx(1 / 3)
+        while dl.cursor[0] == 0:
+            take(dl, 1)
+            seen.append(dl.passes())
+        dl.close()
+        assert seen == sorted(seen) and 1 <= seen[-1] < 2, seen
