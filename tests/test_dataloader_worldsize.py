@@ -3,11 +3,14 @@ test_dataloader.py)."""
 
 import pytest
 
-from test_dataloader import loader, synthetic_dir, take  # noqa: F401 (synthetic_dir: a fixture)
+import test_dataloader
+from test_dataloader import loader, take
+
+synthetic_dir = test_dataloader.synthetic_dir  # the fixture: 12 units of 8 documents
 
 
 @pytest.mark.parametrize("new_world", [1, 3])
-def test_passes_continue_across_a_world_size_change(new_world, synthetic_dir, tiny_tokenizer):  # noqa: F811
+def test_passes_continue_across_a_world_size_change(new_world, synthetic_dir, tiny_tokenizer):
     """data_passes is a fraction of the epoch: 4 of the 12 units read by 2 ranks stay read on 1 or 3 ranks, so
     the count neither restarts at 0 nor jumps ahead (it counted through the rest only: 0 after 2 -> 1), and it
     reaches the next epoch as 1.0 without going backwards."""
