@@ -424,6 +424,9 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError("--overwrite (delete the run in --run-dir and start afresh) contradicts --resume; pass one")
     if args.resume_override_lr and args.resume is None:
         raise ValueError("--resume-override-lr only applies with --resume")
+    if args.resume_new_world_size and args.resume is None:
+        raise ValueError("--resume-new-world-size only applies with --resume (a fresh run partitions its data "
+                         "for the world size it starts with)")
     if args.init_from is not None and not args.init_from.strip():
         raise ValueError("--init-from needs a run directory (RUN_DIR[:STEP])")
     if args.eval_batch_size is not None and args.eval_batch_size < 1:
