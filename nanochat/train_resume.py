@@ -148,6 +148,7 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
 def restore(run, point: ResumePoint) -> None:
     step, meta = point.step, point.meta
     run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
+    run.world_size_changes = list(meta.get("config", {}).get("world_size_changes") or [])
     run.init_from = meta.get("config", {}).get("init_from")  # recorded when the run started; not read again
     fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
     # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
@@ -171,8 +172,11 @@ def restore(run, point: ResumePoint) -> None:
 
 def repartition_data(run, state: dict, step: int) -> None:
     """--resume-new-world-size: the loaders continue from the old ranks' states re-partitioned over this world
-    size (not token-for-token exact); RNG states are taken from old rank (rank mod old world size)."""
+    size (not token-for-token exact); RNG states are taken from old rank (rank mod old world size). The move is
+    recorded in config.json (world_size_changes) and metrics.jsonl (kind "resume"), as --resume-override-lr."""
     summary = run.data.loader.repartition(state["dataloader"])
+    run.world_size_now = {"checkpoint": state["world_size"], "now": run.world}
+    run.world_size_changes.append({"step": step, **run.world_size_now})
     ckpt.set_rng_state(state["rng"][run.rank % len(state["rng"])])
     print0(f"--resume-new-world-size: step {step} was saved by {state['world_size']} processes, this run has "
            f"{run.world}; data order re-partitioned ({summary})")

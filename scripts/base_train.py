@@ -102,6 +102,8 @@ class Run:
     last_saved: int = -1
     lr_overrides: list = field(default_factory=list)  # --resume-override-lr history (config.json, checkpoints)
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
+    world_size_changes: list = field(default_factory=list)  # --resume-new-world-size history (as lr_overrides)
+    world_size_now: dict | None = None  # this session's change {"checkpoint": W, "now": W'}, logged to metrics.jsonl
     session_start: float = 0.0  # time.time() when this session's execute() began
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
     mome_kernels: str = "none"  # the MoME kernel path this session's model takes (config.json, summary.json)
@@ -169,7 +171,7 @@ def resolved_config(run: Run) -> dict:
     return {"args": vars(run.args), "model_config": run.config.to_dict(), "plan": run.plan,
             "world_size": run.world, "device": str(run.device), "dtype": run.dtype, "attention": run.attention,
             "mome_kernels": run.mome_kernels, "data": run.data.describe(), "torch": torch.__version__,
-            "lr_overrides": run.lr_overrides, "init_from": run.init_from}
+            "lr_overrides": run.lr_overrides, "world_size_changes": run.world_size_changes, "init_from": run.init_from}
 
 
 def save(run: Run, reason: str, keep: bool = False) -> None:
@@ -438,8 +440,10 @@ def execute(run: Run, resumed_at: int | None) -> int:
     a = run.args
     run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run),
                                 resume_step=resumed_at)
-    if run.lr_override_now:
-        run.metrics.log({"kind": "resume", "step": resumed_at, "lr_override": run.lr_override_now["changes"]})
+    changes = {**({"lr_override": run.lr_override_now["changes"]} if run.lr_override_now else {}),
+               **({"world_size": run.world_size_now} if run.world_size_now else {})}
+    if changes:
+        run.metrics.log({"kind": "resume", "step": resumed_at, **changes})
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
     stop = StopSignal().install()  # until the summary is written, the final evaluation's included

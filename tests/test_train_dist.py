@@ -111,6 +111,12 @@ def test_two_process_kill_and_resume_matches_one_process(tmp_path, capsys):
     assert "--resume-new-world-size" in capsys.readouterr().err
     assert base_train.main([*more, "--resume", "6", "--resume-new-world-size"]) == 0
     assert "data order re-partitioned" in capsys.readouterr().out
+    # the move is recorded: config.json says the world size of the last session, so it alone would hide it
+    change = [{"step": 6, "checkpoint": 2, "now": 1}]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"kind": "resume", "step": 6, "world_size": {"checkpoint": 2, "now": 1}} in recs
+    assert json.loads((run / "config.json").read_text())["world_size_changes"] == change
+    assert json.loads((ckpt.step_dir(run, 8) / "meta.json").read_text())["config"]["world_size_changes"] == change
     # the model and optimizer continue exactly; the synthetic rows after the resume are the same ones here
     assert_losses_close(losses(run), losses(ref), set(range(1, 9)))
 
