@@ -515,7 +515,14 @@ def preflight(args):
     Returns the tokenizer it read (None: none read), for the rest of the run: one read of its files per run."""
     tokenizer = existing_tokenizer(args) if args.vocab_size is None else None
     summary = model_summary(model_config(args, dry_run_vocab(args, tokenizer)[0]))  # geometry, memory flags (meta)
-    grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
+    try:
+        grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, get_dist_info().world_size)
+    except ValueError as e:
+        if args.resume is None:
+            raise
+        # another total batch would be refused next, as a change of the trajectory
+        raise ValueError(f"{e}\n  (a --resume keeps the checkpoint's --total-batch-size: change --device-batch-size "
+                         "or the number of processes instead, with --resume-new-world-size for the latter)") from None
     if args.vocab_size is not None or args.synthetic_data:  # the real FLOPs/token: FLOP targets checked now
         run_control.check_flop_flags(args, build_plan(args, summary, get_dist_info().world_size))
     return tokenizer
