@@ -113,9 +113,13 @@ def override_lrs(run, step: int, changes: dict, fresh_initial_lrs: list[float]) 
            + "; recorded in config.json (lr_overrides) and metrics.jsonl")
 
 
+def processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
 def check_world_size(args, step: int, saved_world: int, world: int) -> None:
     if saved_world != world and not args.resume_new_world_size:
-        raise ValueError(f"--resume: checkpoint step {step} was written by {saved_world} processes but this run has "
+        raise ValueError(f"--resume: checkpoint step {step} was written by {processes(saved_world)} but this run has "
                          f"{world}; the data order is per rank, so an exact resume needs the same world size. "
                          "Pass --resume-new-world-size to continue anyway with the data re-partitioned")
 
@@ -178,5 +182,5 @@ def repartition_data(run, state: dict, step: int) -> None:
     run.world_size_now = {"checkpoint": state["world_size"], "now": run.world}
     run.world_size_changes.append({"step": step, **run.world_size_now})
     ckpt.set_rng_state(state["rng"][run.rank % len(state["rng"])])
-    print0(f"--resume-new-world-size: step {step} was saved by {state['world_size']} processes, this run has "
+    print0(f"--resume-new-world-size: step {step} was saved by {processes(state['world_size'])}, this run has "
            f"{run.world}; data order re-partitioned ({summary})")
