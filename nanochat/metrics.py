@@ -1,8 +1,8 @@
 """Run logging: ``metrics.jsonl`` (one JSON object per record, rank 0), optional W&B, the console step line, MFU.
 
 metrics.jsonl is the source of truth (plots and tables read it); W&B is an optional mirror, off by default.
-Every record carries a ``kind`` ("train", "eval", "core", "final"; "resume" for --resume-override-lr; "sample"
-for --sample-every; "stop" for a --max-wall-time-seconds stop) so one file holds the whole run.
+Every record carries a ``kind`` ("train", "eval", "core", "final"; "resume" for --resume-override-lr and
+--resume-new-world-size; "sample" for --sample-every; "stop" for a --max-wall-time-seconds stop) so one file holds the whole run.
 """
 
 import json
