@@ -2,7 +2,8 @@
 
 metrics.jsonl is the source of truth (plots and tables read it); W&B is an optional mirror, off by default.
 Every record carries a ``kind`` ("train", "eval", "core", "final"; "resume" for --resume-override-lr and
---resume-new-world-size; "sample" for --sample-every; "stop" for a --max-wall-time-seconds stop) so one file holds the whole run.
+--resume-new-world-size; "sample" for --sample-every; "stop" for a --max-wall-time-seconds stop) so one file holds
+the whole run.
 """
 
 import json
