@@ -58,9 +58,11 @@ take_lock runs/speedrun.lock "in $PWD (pid $$; setting up)"
 # terminal's Ctrl-C reaches it twice (directly and from the trap; torchrun then shuts its workers down a second time,
 # with SIGTERM, and a new grace period): in a group of its own, a hang-up, Ctrl-Z, Ctrl-\ or a `kill -9 -PGID`
 # would no longer reach it, and a step left running holds its run's lock.
-child="" stopped="" last=""
-trap 'stopped=SIGINT; [ -z "$child" ] || kill -INT "$child" 2>/dev/null || true' INT
-trap 'stopped=SIGTERM; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM
+# A signal that lands after a step is forked but before `child=$!` records it has no step to go to yet: `early`
+# keeps it for step() to send on (traps run between commands, so it is sent exactly once either way).
+child="" stopped="" last="" early=""
+trap 'stopped=SIGINT; if [ -n "$child" ]; then kill -INT "$child" 2>/dev/null || true; else early=1; fi' INT
+trap 'stopped=SIGTERM; if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null || true; else early=1; fi' TERM
 step() {
     local name="$1" rc=0
     [ "$1" != python ] || name="$3"  # python -m MODULE
@@ -68,6 +70,8 @@ step() {
     [ -z "$stopped" ] || stop_here "after $last"  # a signal between two steps (no step to pass it to)
     ( trap - INT TERM; exec "$@" ) &  # an asynchronous child would ignore SIGINT: restore it
     child=$! last="$name"
+    [ -z "$early" ] || kill -s "${stopped#SIG}" "$child" 2>/dev/null || true  # it came before $child was set
+    early=""
     while wait "$child"; [ $? -gt 128 ] && kill -0 "$child" 2>/dev/null; do :; done  # a signal ends `wait` early
     wait "$child" || rc=$?  # the step's own exit status
     child=""

@@ -388,6 +388,28 @@ def test_a_stop_signal_reaches_the_training_step_and_the_demo_continues(fake_spe
     assert len(ran(env["FAKE_LOG"], "scripts.tok_train")) == 1
 
 
+def test_a_signal_before_speedrun_records_the_step_still_reaches_it(fake_speedrun):
+    """step() learns the step's pid ($!) only after the fork: a SIGTERM in between, with the step already running,
+    set $stopped but reached no step, which trained on to its end (the flake of the test above under load). The
+    window (microseconds; a loaded machine's scheduler can stretch it) is widened to 1 s by a sleep before `child=$!`."""
+    repo, env = fake_speedrun
+    script = repo / "speedrun.sh"
+    text = script.read_text()
+    assert text.count("child=$! ") == 1
+    script.write_text(text.replace("child=$! ", "sleep 1; child=$! "))
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="5")
+    child = wait_for_training(repo, proc)
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+    summary = json.loads((repo / "runs" / "speedrun_cpu" / "base" / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["signals"]) == ("interrupted", ["SIGTERM"]), (summary, err)
+    assert proc.returncode == 1 and "not completed: runs/speedrun_cpu/base" in err, (proc.returncode, err)
+
+
 @pytest.mark.parametrize("stage", ["setup", "training"])
 def test_a_second_speedrun_while_one_runs_is_refused_before_anything_runs(fake_speedrun, tmp_path, stage):
     """The refusal used to come after setup_env.sh and the mode probe (18 s; setup_env.sh re-installing .venv
