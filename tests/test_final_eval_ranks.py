@@ -32,7 +32,9 @@ def test_an_error_on_every_rank_fails_every_rank_whichever_has_a_signal(tmp_path
     both. Each rank used to pick its branch by its own signal: the rank with one reported "interrupted" (rank 0:
     summary.json said so, exit 0), the other raised (exit 1), and torchrun killed whichever was left. Every rank
     must raise the error: it is what a --resume would meet again."""
-    r, run, branches, _ = run_worker(tmp_path, monkeypatch, "0,1", sigterm, BRANCH_BARRIER="1")
+    # a wait of 100 s, not the product's 10 s: a rank lagging > 10 s on a loaded machine would take the signal's
+    # branch by design; the wait ends as soon as the other rank's word arrives, so the normal case is not slower
+    r, run, branches, _ = run_worker(tmp_path, monkeypatch, "0,1", sigterm, BRANCH_BARRIER="1", AGREEMENT_WAIT_S="100")
     out = r.stdout + r.stderr
     assert branches == {"0": "raised RuntimeError", "1": "raised RuntimeError"}, out[-3000:]
     assert r.returncode != 0 and "the eval bundle is broken (rank 0)" in out, out[-3000:]
