@@ -199,20 +199,22 @@ def greedy_samples(model, prompts: list[tuple[str, list[int]]], tokenizer, autoc
     return out
 
 
-def periodic_samples(run, step: int, resumed_at: int | None, at_end: bool) -> None:
+def periodic_samples(run, step: int, resumed_at: int | None, at_end: bool) -> bool:
     """--sample-every (``run``: the trainer's Run): rank 0 alone completes the fixed prompts, every N steps and at
     the end of the loop. Sampling has no collectives (the model forward has none): the other ranks go on to the
-    next one (the step's reduction, or a save's gather) and wait there."""
+    next one (the step's reduction, or a save's gather) and wait there. Returns whether samples were due at this
+    step, the same on every rank (the trainer then votes on a signal that came meanwhile)."""
     every = run.args.sample_every
     if every < 1 or step == resumed_at or not (at_end or (step > 0 and step % every == 0)):
-        return
+        return False
     if run.rank != 0:
-        return
+        return True
     prompts = sample_prompts(run.data.tokenizer, run.data.val_rows)
     samples = greedy_samples(run.model, prompts, run.data.tokenizer, run.autocast)
     run.metrics.log({"kind": "sample", "step": step, "tokens": step * run.args.total_batch_size, "samples": samples})
     for sample in samples:
         print0(f"step {step:05d} | sample | {sample['prompt']} ->{sample['completion']!r}")
+    return True
 
 
 def note_wall_time_stop(run, step: int) -> None:

@@ -227,11 +227,12 @@ def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: 
         bar.write(line, file=sys.stdout) if not bar.disable else print(line, flush=True)
 
 
-def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
-    """val bpb and CORE by step counts, or both together at --eval-every-flops counts (which replace them)."""
+def periodic_evals(run: Run, step: int, resumed_at: int | None) -> bool:
+    """val bpb and CORE by step counts, or both together at --eval-every-flops counts (which replace them).
+    Returns whether any ran (the same on every rank)."""
     a, n = run.args, run.plan["num_iterations"]
     if step == n or step == resumed_at:  # the final eval covers N; a resumed step was evaluated before saving
-        return
+        return False
     if run.eval_flops is not None:
         bpb_due = core_due = run.eval_flops.due(step)
     else:
@@ -249,6 +250,7 @@ def periodic_evals(run: Run, step: int, resumed_at: int | None) -> None:
         res = run_core(run.model, run.data, run.args, run.device, run.autocast)
         run.metrics.log({"kind": "core", **at, "core": res["core"], "label": res["label"], "dtype": run.dtype})
         print0(f"step {step:05d} | {res['label']} [{run.dtype}] {res['core']:.4f}")
+    return bpb_due or (core_due and run.data.bundle is not None)
 
 
 def stop_reason(step: int, n: int, votes: StopVotes) -> str | None:
@@ -266,24 +268,41 @@ def stop_reason(step: int, n: int, votes: StopVotes) -> str | None:
 BOUNDARY_PENDING = "boundary_pending"  # loop key of a signal stop's checkpoint: its step's evals/samples not run
 
 
-def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | None, signal_name: str | None) -> None:
+def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | None, stop: StopSignal) -> str | None:
     """The work between two optimizer steps, in order: evals, samples, then one checkpoint if any is due. Saving
     last means a checkpoint of step s holds everything done at s: a resume from it repeats and misses nothing. A
     wall-time stop runs a due periodic eval too, although the final evaluation follows: that final record goes
     with the next --resume, which does not evaluate its own step again, so skipping it would lose the eval. A
     signal stop saves at once (a scheduler's SIGKILL follows its SIGTERM after a grace period that an eval, or
-    CORE, could outlast) and marks the checkpoint BOUNDARY_PENDING: its resume runs the step's evals and samples."""
-    interrupted = reason == "interrupted"
+    CORE, could outlast) and marks the checkpoint BOUNDARY_PENDING: its resume runs the step's evals and samples.
+
+    A signal during that work (latched; the work runs whole) stops the loop right after it, not after the next step
+    and its save: after work that ran (never on ordinary steps) every rank votes once (a small all-reduce), and the
+    checkpoint of step s is written now unless the work saved it. Returns the stop reason, that one included."""
+    interrupted, worked = reason == "interrupted", False
+    saved_before = step == run.last_saved  # a resume's checkpoint: a pending one's evals and samples come after it
     if not interrupted:
-        periodic_evals(run, step, resumed_at)
-        run_control.periodic_samples(run, step, resumed_at, at_end=reason in ("completed", "wall_time_limit"))
+        worked = periodic_evals(run, step, resumed_at)
+        at_end = reason in ("completed", "wall_time_limit")
+        worked = run_control.periodic_samples(run, step, resumed_at, at_end=at_end) or worked
     keep = run.save_flops is not None and run.save_flops.due(step)
     periodic = run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0
-    if step == run.last_saved or not (reason or keep or periodic):
-        return
-    why = {"completed": "final", "wall_time_limit": "wall_time_limit",
-           "interrupted": f"signal {signal_name or 'on another rank'}"}.get(reason, "periodic" if periodic else "")
-    if interrupted:
+    signal_why = f"signal {stop.received or 'on another rank'}"
+    if step != run.last_saved and (reason or keep or periodic):
+        why = {"completed": "final", "wall_time_limit": "wall_time_limit",
+               "interrupted": signal_why}.get(reason, "periodic" if periodic else "")
+        save_at_boundary(run, why, keep, pending=interrupted)
+        worked = True
+    if reason is None and worked and any_rank(stop.received is not None, run.device):
+        if step != run.last_saved or saved_before:  # not saved, or saved before this work (a pending resume)
+            save_at_boundary(run, signal_why, keep)
+        reason = "interrupted"
+    return reason
+
+
+def save_at_boundary(run: Run, why: str, keep: bool, pending: bool = False) -> None:
+    """The step's checkpoint; ``pending``: a signal stop's, saved before its step's evals and samples."""
+    if pending:
         run.loop[BOUNDARY_PENDING] = True
     save(run, ", ".join(w for w in (why, "save_at_flops" if keep else "") if w), keep=keep)
     run.loop.pop(BOUNDARY_PENDING, None)
@@ -311,7 +330,7 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
         while True:
             step = loop["step"]
             reason = stop_reason(step, n, votes)  # votes: agreed by all ranks in the last step's reduction
-            step_boundary(run, step, reason, resumed_at, stop.received)
+            reason = step_boundary(run, step, reason, resumed_at, stop)
             if reason == "wall_time_limit":
                 run_control.note_wall_time_stop(run, step)
             if reason:

@@ -1,8 +1,10 @@
-"""scripts.base_train where a stop signal lands in the middle of a known optimizer step: the ranks named by
-``--kill-ranks R[,R...]`` send themselves ``--kill-with`` (SIGINT or SIGTERM) while step ``--kill-step K``
-(1-based) reads its first micro-batch: after the loop started the step, before the step's stop vote. The first six
-arguments are these three flags; the rest go to base_train. Run under torchrun (gloo), or import
-``signal_during_step`` in process."""
+"""scripts.base_train where a stop signal lands in the middle of a known optimizer step or periodic val-bpb eval:
+the ranks named by ``--kill-ranks R[,R...]`` send themselves ``--kill-with`` (SIGINT or SIGTERM) while call
+``--kill-step K`` (1-based) of ``--kill-in`` (``step``: base_train.train_step, the default; ``eval``:
+base_train.run_split_bpb, whose first call is step 0's eval) is under way: a step reads its first micro-batch (after
+the loop started the step, before the step's stop vote); an eval has not begun (its collectives follow). The first
+six arguments are the first three flags, then optionally ``--kill-in``; the rest go to base_train. Run under torchrun
+(gloo), or import ``signal_during_step`` / ``signal_during_call`` in process."""
 
 import os
 import signal
@@ -40,12 +42,31 @@ def signal_during_step(real_step, step: int, sig: signal.Signals):
     return train_step
 
 
+def signal_during_call(real, call: int, sig: signal.Signals):
+    """A stand-in for ``real`` (e.g. an eval) that sends ``sig`` to this process as its call ``call`` (1-based)
+    starts, then runs it whole: the signal lands inside the work, as a scheduler's would."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), sig)
+        return real(*args, **kwargs)
+
+    return wrapped
+
+
 def main(argv: list[str]) -> int:
     assert argv[0:5:2] == ["--kill-step", "--kill-ranks", "--kill-with"], argv
     step, ranks, sig = int(argv[1]), {int(r) for r in argv[3].split(",") if r}, signal.Signals[argv[5]]
+    where, rest = (argv[7], argv[8:]) if argv[6:7] == ["--kill-in"] else ("step", argv[6:])
     if int(os.environ.get("RANK", "0")) in ranks:
-        base_train.train_step = signal_during_step(base_train.train_step, step, sig)
-    return base_train.main(argv[6:])
+        if where == "step":
+            base_train.train_step = signal_during_step(base_train.train_step, step, sig)
+        else:
+            assert where == "eval", where
+            base_train.run_split_bpb = signal_during_call(base_train.run_split_bpb, step, sig)
+    return base_train.main(rest)
 
 
 if __name__ == "__main__":

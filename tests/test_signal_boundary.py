@@ -1,0 +1,98 @@
+"""A stop signal that lands during a periodic eval, sample or checkpoint save (the work at a step boundary) stops the
+run right after that work, at that step: not after the next step, which would cost one more step and one more save
+inside a scheduler's grace period. Every rank votes on it once after such work (a small all-reduce), so they stop
+together; the checkpoint of that step then holds the finished work, and --resume continues as from a periodic save."""
+
+import json
+import signal
+
+import pytest
+
+from _mid_step_signal_worker import signal_during_call, signal_during_step
+from conftest import REPO, run_torchrun
+from nanochat import checkpoint as ckpt
+from nanochat import run_control
+from scripts import base_train
+from test_signal_step import assert_stopped_at
+from test_train_e2e import TINY, losses, train
+
+FLAGS = ["--num-iterations", "6", "--eval-every", "3", "--sample-every", "3"]
+
+
+def records(run_dir, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def assert_resumed_like(run, ref) -> None:
+    """The resumed run reads like the uninterrupted one: the same losses, evals and samples, none repeated."""
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+    assert losses(run) == losses(ref)
+    for kind, key in (("eval", "val_bpb"), ("sample", "samples")):
+        assert [(r["step"], r[key]) for r in records(run, kind)] == [(r["step"], r[key]) for r in records(ref, kind)]
+
+
+def count_steps(monkeypatch) -> list:
+    calls, real = [], base_train.train_step
+    monkeypatch.setattr(base_train, "train_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("during, saved_by", [("eval", "signal SIGTERM"), ("sample", "signal SIGTERM"),
+                                              ("save", "periodic")])
+def test_a_signal_during_a_boundarys_work_stops_at_that_step(tmp_path, monkeypatch, capsys, during, saved_by):
+    """Step 3's eval (call 2: step 0 has one), samples or periodic save gets a SIGTERM: the run stops at step 3
+    without training step 4. A save that was due is the stop's checkpoint; else the stop saves step 3 now."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    flags = [*FLAGS, *(["--save-every", "3"] if during == "save" else [])]
+    assert train(ref, *flags) == 0
+    target, name, call = {"eval": (base_train, "run_split_bpb", 2), "sample": (run_control, "greedy_samples", 1),
+                          "save": (base_train, "save", 1)}[during]
+    monkeypatch.setattr(target, name, signal_during_call(getattr(target, name), call, signal.SIGTERM))
+    steps = count_steps(monkeypatch)
+    capsys.readouterr()
+    assert train(run, *flags) == 0
+    assert_stopped_at(run, 3, saved_by, capsys.readouterr().out)
+    assert len(steps) == 3
+    assert base_train.BOUNDARY_PENDING not in ckpt.load_meta(run, 3)["loop"]  # its evals and samples are done
+    monkeypatch.undo()
+    assert train(run, *flags, "--resume") == 0
+    assert_resumed_like(run, ref)
+
+
+def test_a_signal_during_the_evals_a_resume_owed_saves_them_done(tmp_path, monkeypatch, capsys):
+    """A signal during step 3 saves step 3 before its eval (the resume owes it); a second signal during that eval,
+    in the resume, stops there again: step 3 is saved once more, now with the eval done, so the next resume does not
+    repeat it (its record would be in metrics.jsonl twice)."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert train(ref, *FLAGS) == 0
+    monkeypatch.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 3, signal.SIGTERM))
+    assert train(run, *FLAGS) == 0
+    assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    monkeypatch.undo()
+    monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(base_train.run_split_bpb, 1, signal.SIGTERM))
+    steps = count_steps(monkeypatch)
+    capsys.readouterr()
+    assert train(run, *FLAGS, "--resume") == 0
+    assert_stopped_at(run, 3, "signal SIGTERM", capsys.readouterr().out)
+    assert len(steps) == 0 and [r["step"] for r in records(run, "eval")] == [0, 3]
+    assert base_train.BOUNDARY_PENDING not in ckpt.load_meta(run, 3)["loop"]
+    monkeypatch.undo()
+    assert train(run, *FLAGS, "--resume") == 0
+    assert_resumed_like(run, ref)
+
+
+def test_a_signal_on_one_of_two_ranks_during_an_eval_stops_both_at_that_step(tmp_path):
+    """Rank 1 alone gets SIGTERM as step 2's val-bpb eval starts; rank 0 learns of it in the vote after the
+    boundary's work, so both stop at step 2 (rank 0 saves it, naming the other rank), not after step 3."""
+    run = tmp_path / "r"
+    flags = [*TINY, "--eval-every", "2", "--device-batch-size", "2",
+             "--total-batch-size", "256", "--num-iterations", "6", "--run-dir", str(run)]
+    r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
+                     ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", "--kill-in", "eval", *flags],
+                     timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_stopped_at(run, 2, "signal on another rank", r.stdout)
+    assert [rec["step"] for rec in records(run, "eval")] == [0, 2]
+    r = run_torchrun(REPO / "scripts" / "base_train.py", 2, [*flags, "--resume"], timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert [rec["step"] for rec in records(run, "eval")] == [0, 2, 4] and sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
