@@ -144,3 +144,9 @@ def count_or_all_or_zero(text: str) -> int:
     """``count_or_all``, and 0: base_train --core-max-per-task with --resume, where 0 ("all" in the versions that
     took it) continues a run recorded with it; nanochat.train_resume reads it as -1 there and refuses it elsewhere."""
     return 0 if _int_or(text, -2) == 0 else count_or_all(text)
+
+
+def recorded_args_now(saved: dict) -> dict:
+    """A run's recorded flags (config.json "args") as this version reads them: --core-max-per-task 0, "all" in the
+    older versions that took it, is -1 (as nanochat.train_resume.read_old_records reads a --resume of such a run)."""
+    return {**saved, "core_max_per_task": -1} if saved.get("core_max_per_task") == 0 else saved

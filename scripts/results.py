@@ -27,6 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from nanochat.cli_types import recorded_args_now
 from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.row_config import REPO, find_configs, load_row_config
 
@@ -90,9 +91,7 @@ def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
     path = run_dir / "config.json"
     if not path.is_file():
         return []
-    args = read_json_object(path, ValueError, "rerun or remove that seed").get("args", {})
-    if args.get("core_max_per_task") == 0:
-        args = {**args, "core_max_per_task": -1}
+    args = recorded_args_now(read_json_object(path, ValueError, "rerun or remove that seed").get("args", {}))
     skip = {k.replace("-", "_") for k in LAYOUT_KEYS | RUN_KEYS}
     wanted = row_args(cfg["path"])
     return [f"--{dest.replace('_', '-')} {args[dest]} (row: {'not set' if value is None else value})"

@@ -161,6 +161,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again).
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
+    from nanochat.cli_types import recorded_args_now
     from nanochat.report import read_json, unfinished
     from nanochat.train_args import parse_args
     from nanochat.train_resume import read_old_records
@@ -172,8 +173,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     args = parse_args(train_flags)
     with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
         read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0
-    if saved.get("core_max_per_task") == 0:
-        saved = {**saved, "core_max_per_task": -1}
+    saved = recorded_args_now(saved)
     # the args as config.json holds them; None is a default base_train resolves (run name, data seed, compile)
     wanted = json.loads(json.dumps(vars(args), default=str))
     missing = object()
