@@ -13,14 +13,11 @@ from conftest import REPO, run_torchrun
 from nanochat import checkpoint as ckpt
 from nanochat import run_control
 from scripts import base_train
+from test_run_control import records
 from test_signal_step import assert_stopped_at
 from test_train_e2e import TINY, losses, train
 
 FLAGS = ["--num-iterations", "6", "--eval-every", "3", "--sample-every", "3"]
-
-
-def records(run_dir, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
 def assert_resumed_like(run, ref) -> None:
