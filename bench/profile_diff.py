@@ -131,7 +131,8 @@ def side_label(doc: dict, path: str) -> str:
 
 
 def summary_table(a: dict, b: dict, la: str, lb: str) -> list[str]:
-    busy = "device busy" if on_device(a) else "CPU self time"
+    device = on_device(a)
+    busy = "device busy" if device else "CPU self time"
     ta, tb = busy_us(a) / 1e3, busy_us(b) / 1e3
     lines = [f"| per step, ms | A: {_cell(la)} | B: {_cell(lb)} | B - A |", "|---|---:|---:|---:|"]
     for what, xa, xb in (("timed step (median, not profiled)", a.get("step_ms"), b.get("step_ms")),
@@ -140,11 +141,11 @@ def summary_table(a: dict, b: dict, la: str, lb: str) -> list[str]:
                          (f"{busy} (sum of the kernels)", ta, tb)):
         lines.append(f"| {what} | {_ms(xa)} | {_ms(xb)} | {_ms(xb - xa, '+') if _number(xa) and _number(xb) else 'n/a'} |")
     pa, pb = a.get("profiled_step_ms"), b.get("profiled_step_ms")
-    if _number(pa) and _number(pb) and busy == "device busy":  # host ops overlap across threads: no idle time
+    if _number(pa) and _number(pb) and device:  # host ops overlap across threads: no idle time
         lines.append(f"| profiled wall - {busy} (idle: host-bound gaps) | {_ms(pa - ta)} | {_ms(pb - tb)} | "
                      f"{_ms((pb - tb) - (pa - ta), '+')} |")
     calls = [sum(k["calls"] for k in d["kernels"]) / d["steps"] for d in (a, b)]
-    lines.append(f"| {'kernel launches' if busy == 'device busy' else 'op calls'} | {calls[0]:.0f} | {calls[1]:.0f} | {calls[1] - calls[0]:+.0f} |")
+    lines.append(f"| {'kernel launches' if device else 'op calls'} | {calls[0]:.0f} | {calls[1]:.0f} | {calls[1] - calls[0]:+.0f} |")
     return lines
 
 
