@@ -68,12 +68,14 @@ def kernel_rows(events, on_device: bool) -> list[dict]:
     ``Optimizer.step`` annotation of its own side (on the device: the span of the step's kernels, never the host's
     launch window, whose clock runs ahead of the device's work) is 'optimizer' whatever its name:
     Muon's GEMMs and elementwise kernels are the optimizer's cost, not the model's."""
+    return _rows_and_windows(events, on_device)[0]
+
+
+def _rows_and_windows(events, on_device: bool) -> tuple[list[dict], int]:
+    """``kernel_rows`` and the number of optimizer windows found: ``events`` filtered to one side and scanned for
+    the windows once (tens of thousands of events)."""
     events = _side(events, on_device)
-    return _rows(events, on_device, optimizer_windows(events))
-
-
-def _rows(events, on_device: bool, windows: list[tuple[float, float]]) -> list[dict]:
-    """``kernel_rows`` of one side's ``events``, given that side's optimizer windows."""
+    windows = optimizer_windows(events)
     rows: dict[tuple[str, str], dict] = {}
     for e in events:
         if e.name in PROFILER_OVERHEAD or (on_device and _is_annotation(e)):
@@ -85,19 +87,17 @@ def _rows(events, on_device: bool, windows: list[tuple[float, float]]) -> list[d
         row = rows.setdefault((e.name, cat), {"name": e.name, "category": cat, "calls": 0, "total_us": 0.0})
         row["calls"] += 1
         row["total_us"] += float(us)
-    return sorted(rows.values(), key=lambda r: -r["total_us"])
+    return sorted(rows.values(), key=lambda r: -r["total_us"]), len(windows)
 
 
 def write_profile_json(path: Path, events, on_device: bool, steps: int, meta: dict) -> dict:
     """The rows of ``steps`` profiled steps (totals over them: divide by ``steps``) with ``meta`` (design, device,
     ...) as the JSON bench/profile_diff.py reads."""
-    events = _side(events, on_device)  # filtered and scanned for the optimizer's windows once (tens of thousands)
-    windows = optimizer_windows(events)
-    rows = _rows(events, on_device, windows)
+    rows, n_windows = _rows_and_windows(events, on_device)
     if not rows:
         raise RuntimeError(f"the profiler recorded no {'device' if on_device else 'CPU'} events for {path.name}")
     doc = {**meta, "steps": steps, "time": "device" if on_device else "self_cpu",
-           "optimizer_windows": len(windows),
+           "optimizer_windows": n_windows,
            "total_us": sum(r["total_us"] for r in rows), "kernels": rows}
     path.write_text(json.dumps(doc, indent=1))
     return doc
