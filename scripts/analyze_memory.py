@@ -23,13 +23,13 @@ import torch
 
 from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run,
                                memory_block, meta_dir, OutputWriteError, staged_outputs, write_json)
-from nanochat.cli_types import count_or_all, device_name, int_at_least, positive_int
+from nanochat.cli_types import checkpoint_step, count_or_all, device_name, int_at_least, positive_int
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/")
-    ap.add_argument("--step", type=int_at_least(0), default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--corpus", nargs="+", action="extend", default=None,
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable; default val)")
     ap.add_argument("--max-tokens", type=int_at_least(0), default=65536,

@@ -28,7 +28,7 @@ import torch
 from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, build_domains, iter_captured,
                                load_run, memory_block, meta_dir, pad_rows, run_captured, single_token_at,
                                staged_outputs, write_json)
-from nanochat.cli_types import count_or_all, device_name, int_at_least, positive_int
+from nanochat.cli_types import checkpoint_step, count_or_all, device_name, int_at_least, positive_int
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),
@@ -54,7 +54,7 @@ AUDIT_COLUMNS = [("marginal_effective_slots", "Marginal effective slots"), ("wei
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory holding checkpoints/ (a MoME run)")
-    ap.add_argument("--step", type=int_at_least(0), default=None, help="checkpoint step (default: the last one)")
+    ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--corpus", nargs="*", action="extend", default=[],
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable)")
     ap.add_argument("--reference", default="val", help="corpus spec of the JSD reference domain ('' = no JSD)")
