@@ -25,6 +25,8 @@ REFERENCE_ENCODING_NAME = "rustbpe"  # the name their tok_train gives the Encodi
 STATE_KEYS = {"name", "pat_str", "mergeable_ranks", "special_tokens"}
 OPTIONAL_STATE_KEYS = {"explicit_n_vocab"}
 PICKLE_PROTOCOL = 4  # fixed so that exported files do not depend on the Python version
+TOKEN_BYTES_NAME, PKL_NAME = "token_bytes.pt", "tokenizer.pkl"
+REFERENCE_TOKENIZER_FILES = (TOKEN_BYTES_NAME, PKL_NAME)  # what write_reference_tokenizer writes, in that order
 
 
 class _EncodingState:
@@ -154,14 +156,14 @@ def write_reference_tokenizer(tok: Tokenizer, directory) -> bool:
     enc = tiktoken.Encoding(name=REFERENCE_ENCODING_NAME, pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks,
                             special_tokens=tok.special_tokens)
     data = pickle.dumps(enc, protocol=PICKLE_PROTOCOL)
-    pkl = directory / "tokenizer.pkl"
+    pkl = directory / PKL_NAME
     if pkl.exists():
-        if pkl.read_bytes() == data and (directory / "token_bytes.pt").is_file():
+        if pkl.read_bytes() == data and (directory / TOKEN_BYTES_NAME).is_file():
             return False
         raise FileExistsError(f"{pkl} already holds a different tokenizer; export into a new directory")
     directory.mkdir(parents=True, exist_ok=True)
     # temp files of their own: two exports into one base dir may write this shared tokenizer at once
     token_bytes = reference_token_bytes(tok)
-    write_atomic(directory / "token_bytes.pt", lambda tmp: torch.save(token_bytes, tmp))
+    write_atomic(directory / TOKEN_BYTES_NAME, lambda tmp: torch.save(token_bytes, tmp))
     write_bytes_atomic(pkl, data)  # last: its presence means the directory is complete
     return True

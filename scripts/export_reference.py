@@ -138,7 +138,7 @@ def export_reference(args) -> Path:
     from nanochat.checkpoint import load_model
     from nanochat import reference_slot_map
     from nanochat.reference_format import reference_from_config, state_to_reference
-    from nanochat.reference_tokenizer import write_reference_tokenizer
+    from nanochat.reference_tokenizer import REFERENCE_TOKENIZER_FILES, write_reference_tokenizer
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
 
     model, meta = load_model(args.run, args.step)
@@ -165,7 +165,7 @@ def export_reference(args) -> Path:
         added.make_dirs(ckpt_dir)
         added.make_dirs(out / "tokenizer")
         if write_reference_tokenizer(tok, out / "tokenizer"):
-            for name in ("token_bytes.pt", "tokenizer.pkl"):
+            for name in REFERENCE_TOKENIZER_FILES:
                 added.note(out / "tokenizer" / name, shared=True)
         if model_config["moe_ve_slot_mapping"] == "table":  # their loader reads this path as given
             slot_map = reference_slot_map.export(model, tok, ckpt_dir, args.run)
@@ -184,7 +184,7 @@ def export_reference(args) -> Path:
             raise ExportInterrupted(f"{left} in --out {out}") from None
         raise
     remove_stale_temps(ckpt_dir, ("model_*.pt", "*.json"))  # of exports killed midway (a model's is large)
-    remove_stale_temps(out / "tokenizer", ("tokenizer.pkl", "token_bytes.pt"))
+    remove_stale_temps(out / "tokenizer", REFERENCE_TOKENIZER_FILES)
     print(f"wrote {ckpt_dir} (step {step}, model_type {model_type}) and {out / 'tokenizer'}")
     return ckpt_dir
 
