@@ -117,13 +117,14 @@ def start_rebuild(data_dir) -> None:
 
 def remove_build_leftovers(data_dir, manifest: dict, patterns: tuple[str, ...]) -> None:
     """After a build wrote ``manifest``: delete the files matching ``patterns`` that it does not list (shards of an
-    earlier, larger run), and the temp files that builders killed midway left of those shards or the manifest."""
+    earlier, larger run), and the temp files that builders killed midway left of those shards (the manifest's went
+    with its write: write_atomic removes its own file's)."""
     listed = set(manifest["train"]) | set(manifest["val"])
     for pattern in patterns:
         for path in Path(data_dir).glob(pattern):
             if path.name not in listed:
                 path.unlink()
-    remove_stale_temps(data_dir, (*patterns, MANIFEST))
+    remove_stale_temps(data_dir, patterns)
 
 
 def write_manifest(data_dir, dataset: str, train: list[str], val: list[str], source: str, **extra) -> dict:

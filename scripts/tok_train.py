@@ -14,10 +14,10 @@ from pathlib import Path
 
 from nanochat.cli_types import int_at_least, positive_int
 from nanochat.dataset import DataError, default_data_dir, iter_documents
-from nanochat.jsonfile import remove_stale_temps, written_path
+from nanochat.jsonfile import written_path
 from nanochat.run_dir import NotWritable, ensure_writable
-from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE, RANKS_FILE, TOKEN_BYTES_FILE,
-                                Tokenizer, TokenizerError, default_tokenizer_dir, get_tokenizer)
+from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE, Tokenizer, TokenizerError,
+                                default_tokenizer_dir, get_tokenizer)
 
 
 def capped_texts(data_dir, split: str, max_chars: int, doc_cap: int):
@@ -80,7 +80,7 @@ def train(args, data_dir: Path, out_dir: Path) -> tuple[Tokenizer, float, tuple[
     except OSError as e:  # save drops tokenizer.json first: what is left there is no tokenizer, never a mix
         raise SaveError(f"could not write the tokenizer to --output-dir {out_dir}: {e.strerror or e} "
                         f"({written_path(e.filename, out_dir)}); no tokenizer is left there") from e
-    remove_stale_temps(out_dir, (HEADER_FILE, RANKS_FILE, TOKEN_BYTES_FILE))  # of saves killed midway
+    # the temp files of saves killed midway went with the save: each write_atomic removes its own file's
     val_texts = list(capped_texts(data_dir, "val", args.eval_chars, args.doc_cap))
     return tok, train_s, compression_ratio(tok, val_texts)
 
