@@ -2,6 +2,7 @@
 decision is kept the same on every rank (rank0_decides, every_rank_ok)."""
 
 import gc
+import importlib
 import os
 import pickle
 import random
@@ -65,10 +66,24 @@ def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
     else:
         device = torch.device(device_type)
     if info.is_distributed and not dist.is_initialized():
+        _import_group_default_modules()
         backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
         dist.barrier()
     return info, device
+
+
+# Modules whose functions take ``group.WORLD`` as a default argument, evaluated at import: imported after
+# init_process_group (torch._dynamo imports the first on first use: a MoE forward, torch.compile), they keep the
+# default group alive past destroy_process_group, and interpreter shutdown then tears gloo down in an order that
+# sometimes aborts ("terminate called without an active exception", SIGABRT after the work was done; torch 2.13).
+# Imported before it, their default is None (= the default group, looked up at call time). ~15 ms.
+GROUP_DEFAULT_MODULES = ("torch.distributed.nn.functional",)
+
+
+def _import_group_default_modules() -> None:
+    for name in GROUP_DEFAULT_MODULES:
+        importlib.import_module(name)
 
 
 def broadcast_object(obj, src: int = 0):
