@@ -36,6 +36,7 @@ from nanochat.run_control import parse_flop_list
 from nanochat.schedules import ScheduleConfig
 
 WANDB_MODES = ("off", "offline", "online")
+SHARED_TABLE_KERNEL_CHOICES = ("off", "on")  # --mome-shared-table-kernel
 DEVICE_TYPES = ("auto", "cuda", "cpu", "mps")
 LEGACY_ATTENTION_ENV = "NANOCHAT_ATTN"  # replaced by --attention
 
@@ -86,6 +87,14 @@ def _group_run(p):
                         "error; on a CPU the kernels never run and fused/row have no effect. No effect without "
                         "--memory mome. What the model's layers take (fused, row, torch: a shared expert, per-head or "
                         "bigram-indexed tables keep some kernels off) is in config.json and summary.json")
+    g.add_argument("--mome-shared-table-kernel", choices=SHARED_TABLE_KERNEL_CHOICES, default="off",
+                   help="on: the MoME Triton kernels of --mome-kernels (fused or row) serve the shared "
+                        "bigram-indexed table too, on its rows gathered once per forward "
+                        "(nanochat.memory.mome_mix.SHARED_TABLE_KERNEL); off keeps that table on torch ops. Needs "
+                        "--memory mome --mome-index bigram without --mome-per-head-table, and kernels (not "
+                        "--mome-kernels torch); on a CPU the kernels never run and it has no effect (said in the "
+                        "log). A resume may change it, as --mome-kernels; the path the layers took is config.json's "
+                        "and summary.json's mome_kernels")
     g.add_argument("--seed", type=seed_int, default=42, help="model init (and default data order) seed")
     g.add_argument("--data-seed", type=seed_int, default=None, help="data order seed (default: --seed)")
     g.add_argument("--wandb", choices=WANDB_MODES, default="off", help="Weights & Biases logging mode")
@@ -431,8 +440,27 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError("--init-from needs a run directory (RUN_DIR[:STEP])")
     if args.eval_batch_size is not None and args.eval_batch_size < 1:
         raise ValueError(f"--eval-batch-size must be >= 1 (got {args.eval_batch_size})")
+    if args.mome_shared_table_kernel == "on":
+        check_shared_table_kernel(args.memory, args.mome_index, args.mome_per_head_table, args.mome_kernels)
     if args.run_name is not None and ("/" in args.run_name or args.run_name in ("", ".", "..")):
         raise ValueError(f"--run-name must be a plain name without '/' (got {args.run_name!r}); use --run-dir for paths")
+
+
+def check_shared_table_kernel(memory: str, index: str, per_head: bool, kernels: str) -> None:
+    """--mome-shared-table-kernel on where it can change nothing is refused (base_train's flags, base_eval's flag
+    against the checkpoint's model): only MoME's bigram-indexed table is shared, per-head tables keep every kernel
+    off (MoMEMemory._kernel_row_mix), and --mome-kernels torch turns the kernels off for every table."""
+    flag = "--mome-shared-table-kernel on"
+    if memory != "mome" or index != "bigram":
+        got = f"--memory {memory}" + (f" --mome-index {index}" if memory == "mome" else "")
+        raise ValueError(f"{flag}: only --memory mome --mome-index bigram has a shared table (got {got}); drop the "
+                         "flag or pass --mome-shared-table-kernel off")
+    if per_head:
+        raise ValueError(f"{flag}: per-head tables (--mome-per-head-table) never take the MoME Triton kernels; drop "
+                         "one of them")
+    if kernels == "torch":
+        raise ValueError(f"{flag}: it puts the shared table through the MoME Triton kernels, which --mome-kernels "
+                         "torch turns off: pass --mome-kernels auto, fused or row, or --mome-shared-table-kernel off")
 
 
 def model_config(args, vocab_size: int):

@@ -14,6 +14,9 @@ from nanochat.train_loop import restore_stats_buffers
 from nanochat.train_setup import RunData
 
 # Flags that change the optimisation trajectory: a resume with different values would not continue the run.
+# Not the kernel choices (--attention, --mome-kernels, --mome-shared-table-kernel): the same equations, summed in
+# another order, so a resume may change them (e.g. a requeue onto nodes without triton); summary.json joins the
+# paths each session's steps ran on (loop["attention"], loop["mome_kernels"]: "torch+fused").
 TRAJECTORY_KEYS = ("depth", "aspect_ratio", "head_dim", "max_seq_len", "total_batch_size", "embedding_lr",
                    "unembedding_lr", "matrix_lr", "scalar_lr", "adam_beta1", "adam_beta2", "weight_decay",
                    "memory_lr", "memory_beta1", "memory_beta2", "memory_wd", "warmup_ratio", "warmdown_ratio",

@@ -19,8 +19,8 @@ from nanochat.common import every_rank_ok, get_dist_info, print0, rank0_decides
 from nanochat.families import NAMED_SIZES, model_summary
 from nanochat.gpt import resolve_attention, set_attention_backend
 from nanochat.jsonfile import write_text_atomic
-from nanochat.memory import mome_mix
-from nanochat.memory.mome_triton import resolve_kernels
+from nanochat.memory import mome_mix, mome_triton
+from nanochat.memory.mome_triton import MAX_TILE, resolve_kernels
 from nanochat.plan import build_plan
 from nanochat.row_config import REPO
 from nanochat.run_dir import ensure_writable, run_contents
@@ -71,29 +71,56 @@ def setup_attention(requested: str, device) -> str:
     return backend.name
 
 
-def install_mome_kernels(requested: str, device, stack: ExitStack) -> tuple[str, str]:
+def install_mome_kernels(requested: str, device, stack: ExitStack, shared_table: str = "off") -> tuple[str, str]:
     """Resolve --mome-kernels once, before the model is built and compiled (a later change would only make dynamo
-    recompile), and install it (nanochat.memory.mome_mix.set_kernels) until ``stack`` closes; returns the resolved
-    name and why it differs from the request ("" if it does not). Harmless for other memories. Every rank resolves
-    alike (device kind, triton import), but a node without triton would not: ranks that disagree stop the run rather
-    than train with mixed kernels."""
+    recompile), and install it (nanochat.memory.mome_mix.set_kernels) with --mome-shared-table-kernel
+    (``shared_table``, "off" or "on": mome_mix.set_shared_table_kernel) until ``stack`` closes; returns the resolved
+    name and why it or the shared table's setting differs from the request ("" if neither does). Harmless for
+    other memories. Every rank resolves alike (device kind, triton import), but a node without triton would not:
+    ranks that disagree stop the run rather than train with mixed kernels."""
     name, reason = every_rank_ok(lambda: resolve_kernels(requested, device))
     _same_on_every_rank("--mome-kernels", requested, name, "install triton on every node, or pass --mome-kernels torch")
+    reason = "; ".join(r for r in (reason, shared_table_note(shared_table, name, device)) if r)
     # a caller in the same process (the tests, a notebook) gets the module's globals back as they were
-    before = {key: getattr(mome_mix, key) for settings in mome_mix.KERNEL_SETTINGS.values() for key in settings}
-    stack.callback(vars(mome_mix).update, before)
+    keys = {key for settings in mome_mix.KERNEL_SETTINGS.values() for key in settings} | {"SHARED_TABLE_KERNEL"}
+    stack.callback(vars(mome_mix).update, {key: getattr(mome_mix, key) for key in keys})
     mome_mix.set_kernels(name)
+    mome_mix.set_shared_table_kernel(shared_table == "on")
     return name, reason
+
+
+def shared_table_note(shared_table: str, kernels: str, device) -> str:
+    """What --mome-shared-table-kernel on does with the resolved --mome-kernels on this device, for the log ("" for
+    off). The kernels off on CUDA (auto without triton) is an error: the flag asked for them; off on a device the
+    kernels never run on (the CPU) it has no effect, as --mome-kernels fused there, and is said to."""
+    if shared_table == "off":
+        return ""
+    if shared_table != "on":
+        raise ValueError(f"--mome-shared-table-kernel must be off or on (got {shared_table!r})")
+    if kernels != "torch":
+        return "the shared table too: --mome-shared-table-kernel on"
+    device = torch.device(device)
+    if device.type in mome_triton.KERNEL_DEVICES:
+        raise ValueError(f"--mome-shared-table-kernel on: the MoME kernels resolved to torch ops on {device.type} "
+                         "(triton cannot be imported), so the shared table cannot take them; install triton, or pass "
+                         "--mome-shared-table-kernel off")
+    return f"--mome-shared-table-kernel on: no effect either, this run is on {device.type}"
 
 
 def report_mome_kernels(model, kernels: tuple[str, str]) -> str:
     """The kernel path the built model's layers take (model_kernel_path: what a run records), after logging how
     the setting resolved (``kernels``, install_mome_kernels' result) for a model with MoME's layers only: the
     resolution says nothing about a model without them. Training and evaluation both install before the model is
-    built and log after."""
+    built and log after. With the kernels installed and mome_mix.SHARED_TABLE_KERNEL on, a model whose layers
+    still take torch ops (a shape or dtype mome_triton.applies refuses) is an error: the flag asked for them."""
     path = model_kernel_path(model)
+    name, reason = kernels
+    if mome_mix.shared_table_kernel() and name != "torch" and path == "torch":
+        raise ValueError("--mome-shared-table-kernel on: the model's shared table does not take the MoME Triton "
+                         "kernels (nanochat.memory.mome_triton.applies: an fp32 table, heads and head size rounded "
+                         f"up to powers of 2 within {MAX_TILE} values, at most 64 slots); pass "
+                         "--mome-shared-table-kernel off")
     if path != "none":
-        name, reason = kernels
         print0(f"mome kernels: {name}" + (f" ({reason})" if reason else ""))
     return path
 

@@ -130,7 +130,7 @@ def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
-    kernels = install_mome_kernels(args.mome_kernels, device, stack)  # likewise
+    kernels = install_mome_kernels(args.mome_kernels, device, stack, args.mome_shared_table_kernel)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
     claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
     if args.data_seed is None:

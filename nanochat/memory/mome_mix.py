@@ -39,7 +39,8 @@ Fast paths (docs/performance.md), chosen per device because the best one differs
   of fresh processes each, 2026-11-26). Not with a shared expert (added to mem before the cast) or while
   ``capture`` records the injection's norm: there, the kernel pair above. False: that pair, then the injection in
   torch.
-``SHARED_TABLE_KERNEL = False`` (the default; opt-in by ``set_shared_table_kernel``, not measured on a GPU yet): the
+``SHARED_TABLE_KERNEL = False`` (the default; opt-in by ``set_shared_table_kernel``: base_train's and base_eval's
+  ``--mome-shared-table-kernel on``, bench/train_step.py's ``--shared-table-kernel``; not measured on a GPU yet): the
   shared table's layers take the same kernel pair where it applies (ROW_SUM "triton"; ``FUSE_INJECT`` picks the
   fused or the row-mix pair, as for a per-layer table) on the rows ``prepare`` gathered once, flattened to a
   (B*T*M, d) "table" read with ids 0..B*T-1: the kernels' table gradient is then (B*T*M, d), not the shared
@@ -140,7 +141,8 @@ def slot_weights(sel: torch.Tensor, w: torch.Tensor, M: int) -> torch.Tensor:
 
 
 def set_shared_table_kernel(on: bool) -> None:
-    """Switch ``SHARED_TABLE_KERNEL`` (bench/train_step.py's --shared-table-kernel). Call it before the model is
+    """Switch ``SHARED_TABLE_KERNEL`` (base_train's --mome-shared-table-kernel through
+    nanochat.train_setup.install_mome_kernels, bench/train_step.py's --shared-table-kernel). Call it before the model is
     compiled (dynamo guards on these globals). It acts only where the kernels serve tables at all (ROW_SUM
     "triton", a device of mome_triton.KERNEL_DEVICES): ``--mome-kernels torch`` keeps them off for every table."""
     if not isinstance(on, bool):
