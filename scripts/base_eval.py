@@ -40,6 +40,7 @@ from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.lost_output import keep_running_without_output
 from nanochat.memory.mome_mix import MOME_KERNELS
+from nanochat.train_args import SHARED_TABLE_KERNEL_CHOICES, check_shared_table_kernel
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import RunDirLock, ensure_writable
 from nanochat.slot_balance import describe, with_slot_balance
@@ -84,6 +85,10 @@ def parse_args(argv=None):
                     "takes the kernel path the checkpoint's run recorded (its config.json 'mome_kernels'; where its "
                     "layers differed, the most capable one named, fused > row > torch; runs that record none, e.g. "
                     "imported ones, get auto); the CPU runs the torch ops only")
+    ap.add_argument("--mome-shared-table-kernel", default="run", choices=("run", *SHARED_TABLE_KERNEL_CHOICES),
+                    help="the MoME kernels for the shared bigram-indexed table too (as base_train's flag): run = on "
+                    "where the checkpoint's model has that table and its recorded mome_kernels is a kernel path "
+                    "(it took them: with the flag off that table records torch), unless --mome-kernels torch")
     ap.add_argument("--out-dir", default=None, help="default: <run>/eval/step_NNNNNN")
     ap.add_argument("--fresh", action="store_true", help="ignore the results an earlier, interrupted run of this "
                     "evaluation finished (<out-dir>/*.partial.json) and compute everything")
@@ -172,15 +177,33 @@ def eval_mome_kernels(flag: str, meta: dict) -> tuple[str, str]:
     return min(parts, key=KERNEL_PATHS.index), f"the run's kernels, {recorded}"
 
 
-def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack) -> tuple[str, str, str]:
-    """Resolve and install MoME's kernels with training's own checks and errors (install_mome_kernels) until
-    ``stack`` closes; returns (the resolved setting, why it differs from the request or "", where the request came
-    from)."""
+def eval_shared_table_kernel(flag: str, kernels: str, meta: dict) -> str:
+    """--mome-shared-table-kernel against the checkpoint's model and the requested --mome-kernels setting
+    (``kernels``): an explicit on is refused as in training where it can change nothing; run is on where the run's
+    shared table took the kernels. No record (imported runs, runs older than the flag): its torch or none."""
+    model = meta.get("model_config") or {}
+    options = model.get("memory_options") or {}
+    shape = (model.get("memory"), options.get("index"), bool(options.get("per_head_table")))
+    if flag == "on":
+        check_shared_table_kernel(*shape, kernels)
+    if flag != "run":
+        return flag
+    recorded = set(((meta.get("config") or {}).get("mome_kernels") or "none").split("+"))
+    took = shape == ("mome", "bigram", False) and bool(recorded & {"fused", "row"})
+    return "on" if took and kernels != "torch" else "off"
+
+
+def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack,
+                            shared_table: str = "run") -> tuple[str, str, str]:
+    """Resolve and install MoME's kernels with training's own checks and errors (install_mome_kernels), the shared
+    table's too (``shared_table``: --mome-shared-table-kernel, eval_shared_table_kernel), until ``stack`` closes;
+    returns (the resolved setting, why it differs from the request or "", where the request came from)."""
     from nanochat.train_setup import install_mome_kernels
 
     requested, source = eval_mome_kernels(flag, meta)
+    shared = eval_shared_table_kernel(shared_table, requested, meta)
     try:
-        return *install_mome_kernels(requested, device, stack), source
+        return *install_mome_kernels(requested, device, stack, shared), source
     except ValueError as e:
         if flag != "run":
             raise
@@ -297,7 +320,8 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     attention, attention_source = setup_eval_attention(args.attention, meta, device)
     # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
     # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
-    *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack)
+    *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack,
+                                                             args.mome_shared_table_kernel)
     mome_kernels = report_mome_kernels(model, kernels)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
