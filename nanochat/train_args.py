@@ -86,7 +86,8 @@ def _group_run(p):
                         "auto = fused where triton imports, else torch. fused/row without triton on CUDA is an "
                         "error; on a CPU the kernels never run and fused/row have no effect. No effect without "
                         "--memory mome. What the model's layers take (fused, row, torch: a shared expert, per-head or "
-                        "bigram-indexed tables keep some kernels off) is in config.json and summary.json")
+                        "bigram-indexed tables keep some kernels off; the last take them with "
+                        "--mome-shared-table-kernel on) is in config.json and summary.json")
     g.add_argument("--mome-shared-table-kernel", choices=SHARED_TABLE_KERNEL_CHOICES, default="off",
                    help="on: the MoME Triton kernels of --mome-kernels (fused or row) serve the shared "
                         "bigram-indexed table too, on its rows gathered once per forward "
