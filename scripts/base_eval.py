@@ -40,10 +40,10 @@ from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.lost_output import keep_running_without_output
 from nanochat.memory.mome_mix import MOME_KERNELS
-from nanochat.train_args import SHARED_TABLE_KERNEL_CHOICES, check_shared_table_kernel
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import RunDirLock, ensure_writable
 from nanochat.slot_balance import describe, with_slot_balance
+from nanochat.train_args import SHARED_TABLE_KERNEL_CHOICES, check_shared_table_kernel
 
 PAPER_EVAL_TOKENS = 20_971_520
 # MoME's kernel paths (MoMEMemory.kernel_path), each also the --mome-kernels setting that takes it; most capable first
