@@ -89,6 +89,31 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
     return {key: value for key, value in values.items() if value is not None}, rest
 
 
+# base_train flags that take a path (--init-from: RUN_DIR[:STEP], whose ":STEP" suffix an absolute prefix keeps)
+PATH_FLAGS = ("--data-dir", "--tokenizer-dir", "--bundle", "--init-from")
+# the flags the runner gives base_train itself, with what sets them instead: base_train takes the last of a
+# repeated flag, so one after ``--`` would replace the runner's (a seed 7 trained into seed42/, say)
+RUNNER_SET = {"--config": "the config", "--seed": "--seeds", "--run-dir": "--runs-root"}
+
+
+def absolute_paths(extra: list[str]) -> list[str]:
+    """The base_train flags after ``--`` with each relative path of PATH_FLAGS made absolute against this process's
+    directory (the user's): base_train runs from the repo root. A flag the runner sets itself is refused."""
+    out, flag_of_next = [], None
+    for token in extra:
+        name, eq, value = token.partition("=")
+        if token.startswith("--") and name in RUNNER_SET:
+            raise ValueError(f"{name} after --: the runner sets it for each seed; use {RUNNER_SET[name]} instead")
+        if flag_of_next is not None:
+            token, flag_of_next = (os.path.abspath(token) if token else token), None
+        elif name in PATH_FLAGS and eq:
+            token = f"{name}={os.path.abspath(value) if value else value}"
+        elif token in PATH_FLAGS:
+            flag_of_next = token
+        out.append(token)
+    return out
+
+
 def says_how_to_start(extra: list[str]) -> bool:
     """Whether the base_train flags after ``--`` hold --resume or --overwrite (the runner then adds no --resume)."""
     return any(f.split("=")[0] in ("--resume", "--overwrite") for f in extra)
@@ -245,7 +270,7 @@ def main(argv=None) -> None:
         seeds = parse_seeds(args.seeds) if args.seeds is not None else row_seeds(cfg)
         nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
         typed_extra = extra
-        batch, extra = split_batch_flags(extra)
+        batch, extra = split_batch_flags(absolute_paths(extra))
         if "device-batch-size" in batch and args.device_batch_size is not None:
             raise ValueError("--device-batch-size is given both to the runner and after --; give it once")
         device_batch = batch.pop("device-batch-size", args.device_batch_size)
@@ -255,7 +280,8 @@ def main(argv=None) -> None:
         extra = [*(f"--{key}={value}" for key, value in batch.items()), *extra]
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
-    commands = build_commands(cfg, seeds, nproc, device_batch, Path(args.runs_root), extra)
+    # resolved here, once: base_train runs from the repo root, the user may not
+    commands = build_commands(cfg, seeds, nproc, device_batch, Path(args.runs_root).resolve(), extra)
     if args.plan:
         say(f"# {cfg['row']['table']}/{cfg['row']['name']}: {len(seeds)} seed(s), nproc {nproc}, "
             f"device batch {device_batch}, grad accum {accum}\n")

@@ -1,0 +1,57 @@
+"""scripts.run from outside the repo: each path the user types (the config, --runs-root, the path flags after
+``--``) means the same folder to the runner and to the base_train it starts from the repo root."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+FAST = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024",
+        "--eval-every", "-1", "--eval-tokens", "2048", "--no-final-core", "--no-final-train-bpb", "--save-every", "-1",
+        "--dtype", "float32"]
+
+
+def runner(args: list[str], cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", "scripts.run", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_relative_runs_root_is_the_callers_for_the_runner_and_base_train(tmp_path):
+    config = os.path.relpath(REPO / "configs" / "mini" / "base.toml", tmp_path)  # relative to the caller, too
+    done = runner([config, "--runs-root", "rr", "--", *FAST, "--num-iterations", "2"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seed = tmp_path / "rr" / "mini" / "base" / "seed42"
+    assert json.loads((seed / "summary.json").read_text())["stop_reason"] == "completed"
+    assert {"train.log", "command.txt", "checkpoints", "metrics.jsonl"} <= {p.name for p in seed.iterdir()}
+    assert not (REPO / "rr").exists()
+    assert f"--run-dir {seed} " in (seed / "command.txt").read_text()
+    # the runner's own check, on the folder base_train wrote: the finished seed is not trained again
+    again = runner([config, "--runs-root", "rr", "--", *FAST, "--num-iterations", "2"], tmp_path)
+    assert again.returncode == 0 and "not overwriting" in again.stdout, again.stdout + again.stderr
+
+
+def test_path_flags_after_the_separator_are_resolved_where_they_were_typed(tmp_path):
+    planned = runner(["configs/mini/base.toml", "--plan", "--runs-root", "rr", "--", "--data-dir", "d",
+                      "--tokenizer-dir=t", "--bundle", "../b", "--init-from", "runs/x:5", "--bundle=/abs/b"], REPO)
+    assert planned.returncode == 0, planned.stderr
+    cmd = shlex.split(planned.stdout.splitlines()[1])
+    assert cmd[cmd.index("--run-dir") + 1] == str(REPO / "rr" / "mini" / "base" / "seed42")
+    assert cmd[cmd.index("--config") + 1] == str(REPO / "configs" / "mini" / "base.toml")
+    tail = cmd[cmd.index("--run-name") + 2:]
+    assert tail == ["--data-dir", str(REPO / "d"), f"--tokenizer-dir={REPO / 't'}", "--bundle", str(REPO.parent / "b"),
+                    "--init-from", f"{REPO / 'runs' / 'x'}:5", "--bundle=/abs/b", "--resume", "auto"]
+
+
+@pytest.mark.parametrize("flag, instead", [("--run-dir", "--runs-root"), ("--seed", "--seeds"),
+                                           ("--config", "the config")])
+def test_flags_the_runner_sets_itself_are_refused_after_the_separator(tmp_path, flag, instead):
+    """base_train takes the last of a repeated flag: the user's would replace the runner's (a seed 7 trained into
+    seed42/, or a run dir the runner neither locks nor checks)."""
+    done = runner(["configs/mini/base.toml", "--plan", "--", flag, "7"], REPO)
+    assert done.returncode == 2 and f"{flag} after --" in done.stderr and instead in done.stderr, done.stderr
