@@ -10,6 +10,7 @@ is round(F / FLOPs per step), which may fall short of F, and a target up to F th
 """
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -224,4 +225,16 @@ def note_wall_time_stop(run, step: int) -> None:
     run.metrics.log({"kind": "stop", "step": step, "reason": "wall_time_limit", "limit_s": limit.limit_s,
                      "elapsed_s": limit.elapsed()})
     print0(f"--max-wall-time-seconds {limit.limit_s:g}: {limit.elapsed():.0f} s since start; stopped at step {step} "
-           f"of {run.plan['num_iterations']} (checkpoint saved); the final evaluation follows, continue with --resume")
+           f"of {run.plan['num_iterations']} (checkpoint saved); the final evaluation follows, {how_to_continue()}")
+
+
+def how_to_continue() -> str:
+    """The way on after a stop. Under scripts.run, which adds --resume auto itself (and then names its afresh
+    command in RUNNER_AFRESH_ENV), "--resume" is no flag of the runner's: its own command again continues the seed,
+    and the runner says the same when base_train exits. Without that variable (no runner, or the user's own
+    --resume/--overwrite after its ``--``) the flag is the way on; the runner names it in its advice too."""
+    from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module's importers
+
+    if os.environ.get(RUNNER_AFRESH_ENV):
+        return "continue by running the same scripts.run command again"
+    return "continue with --resume"

@@ -8,8 +8,10 @@ Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). 
 stop_reason "completed") is never overwritten; an unfinished one (interrupted, stopped at its wall-time limit,
 crashed, killed) is continued with base_train --resume auto (from its latest checkpoint, or from step 0 when it
 has none). Seeds run one after another and the runner stops at the first failure or unfinished seed (a
-wall-time stop, ``-- --max-wall-time-seconds S``, or a signal that reached base_train alone), printing the log
-path (``-- --overwrite`` or ``-- --resume STEP`` replaces ``--resume auto``). A seed whose checkpoint was trained
+wall-time stop, ``-- --max-wall-time-seconds S``, or a signal that reached base_train alone), printing how to
+continue it (the same command, with --resume in place of a ``-- --overwrite`` or ``-- --resume STEP``, which
+replace ``--resume auto``) and the log path. Relative paths (the config, --runs-root, --data-dir, --tokenizer-dir,
+--bundle and --init-from after ``--``) are the caller's directory's: base_train gets them absolute. A seed whose checkpoint was trained
 with other flags is not continued: base_train names the runner command that starts it afresh (``--seeds N ...
 -- ... --overwrite``). ``--plan`` prints the exact commands and exits without importing torch or touching data.
 Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags
@@ -119,6 +121,22 @@ def says_how_to_start(extra: list[str]) -> bool:
     return any(f.split("=")[0] in ("--resume", "--overwrite") for f in extra)
 
 
+def how_to_continue(extra: list[str]) -> str:
+    """How an unfinished seed continues, for the user's flags after ``--``: the same command, unless their own
+    --overwrite (which would delete the seed) or --resume STEP (which would set its later checkpoints aside) is in
+    it; then --resume in their place, the words base_train's own stop line uses (nanochat.run_control)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--resume", nargs="?", const="latest")
+    parser.add_argument("--overwrite", action="store_true")
+    known, _ = parser.parse_known_args(extra)
+    same = "by re-running the same command"
+    if not known.overwrite and known.resume in (None, "latest", "auto"):
+        return same
+    typed = [f for f, before in zip(extra, ["", *extra]) if f.split("=")[0] in ("--resume", "--overwrite")
+             or (before == "--resume" and not f.startswith("-"))]  # a --resume's own value
+    return f"{same} with --resume in place of {' '.join(typed)} after --"
+
+
 def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, runs_root: Path,
                    extra: list[str]) -> list[tuple[int, Path, list[str]]]:
     """One command per seed; ``--resume auto`` (continue an unfinished run) unless ``extra`` says how to start."""
@@ -180,8 +198,10 @@ def die_with_parent():
     return preexec
 
 
-def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None) -> None:
-    """Train one seed with ``cmd``; ``afresh`` (``afresh_command``) is named by base_train if it refuses the resume."""
+def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
+            how: str = "by re-running the same command") -> None:
+    """Train one seed with ``cmd``; ``afresh`` (``afresh_command``) is named by base_train if it refuses the resume,
+    ``how`` (``how_to_continue``) the way on when the seed stops unfinished."""
     from nanochat.report import read_json, unfinished
 
     if (run_dir / "summary.json").is_file() and unfinished(run_dir) is None:
@@ -229,19 +249,18 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     if received:
-        raise SystemExit(f"[run] interrupted (child exit code {code}); seed {seed} is resumed by re-running the "
-                         f"same command. Log: {log_path}")
+        raise SystemExit(f"[run] interrupted (child exit code {code}); seed {seed} is resumed {how}. Log: {log_path}")
     if code != 0:
         raise SystemExit(f"[run] seed {seed} failed with exit code {code}; see {log_path}")
     summary = read_json(run_dir / "summary.json", {})
     if summary.get("stop_reason") == "wall_time_limit":  # base_train exits 0, but the seed is not finished
         raise SystemExit(f"[run] seed {seed} stopped at its wall-time limit (--max-wall-time-seconds) at step "
                          f"{summary.get('step')} of {summary.get('num_iterations')}; it continues from its checkpoint "
-                         f"by re-running the same command. Log: {log_path}")
+                         f"{how}. Log: {log_path}")
     if summary and summary.get("stop_reason") != "completed":  # e.g. a signal that reached base_train alone (not
         # this runner): it saved and exited 0 (no summary.json after exit 0: a --dry-run)
         raise SystemExit(f"[run] seed {seed} is not finished ({unfinished(run_dir)}); it continues from its "
-                         f"checkpoint by re-running the same command. Log: {log_path}")
+                         f"checkpoint {how}. Log: {log_path}")
 
 
 def typed_runner_flags(args, parser) -> list[str]:
@@ -290,7 +309,8 @@ def main(argv=None) -> None:
         return
     runner_flags = typed_runner_flags(args, p)
     for seed, run_dir, cmd in commands:
-        run_one(seed, run_dir, cmd, afresh_command(args.config, typed_extra, seed, runner_flags))
+        run_one(seed, run_dir, cmd, afresh_command(args.config, typed_extra, seed, runner_flags),
+                how_to_continue(typed_extra))
     say(f"[run] done: {len(commands)} seed(s) of {cfg['row']['table']}/{cfg['row']['name']}\n")
 
 
