@@ -31,6 +31,7 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import ExitStack
@@ -547,6 +548,22 @@ def preflight(args):
     return tokenizer
 
 
+# How long a rank other than its node's local rank 0 waits, after an error found before the process group, for
+# torchrun to end it: longer than ranks of one node drift apart by then (imports, the meta-device model)
+PEER_PRINT_WAIT_S = 30.0
+
+
+def refuse_before_the_group(error: Exception) -> int:
+    """Print ``error`` (preflight's, --dry-run's) once per node, exit code 2. No process group exists yet, but the
+    error comes from the flags and this node's files, the same on each of its ranks: local rank 0 prints it. The
+    others must not exit first (torchrun would end rank 0 before it printed, and the error would be lost): they wait
+    to be ended, and print it themselves if that does not come (another launcher, or rank 0 far behind)."""
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        time.sleep(PEER_PRINT_WAIT_S)
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     started = run_control.clock()  # --max-wall-time-seconds counts from here: set-up and compile count
     keep_running_without_output()  # a dead reader of the output (a killed runner or `| tee`) does not end the run
@@ -554,14 +571,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tokenizer = preflight(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse_before_the_group(e)
     if args.dry_run:
         try:
             dry_run(args, tokenizer)
         except (ValueError, FileNotFoundError) as e:  # flags, tokenizer, --init-from source
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return refuse_before_the_group(e)
         return 0
     with ExitStack() as stack:  # on every exit path: release run.lock, then the process group
         try:
