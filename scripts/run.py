@@ -9,13 +9,13 @@ stop_reason "completed") is never overwritten; an unfinished one (interrupted, s
 crashed, killed) is continued with base_train --resume auto (from its latest checkpoint, or from step 0 when it
 has none). Seeds run one after another and the runner stops at the first failure or unfinished seed (a
 wall-time stop, ``-- --max-wall-time-seconds S``, or a signal that reached base_train alone), printing how to
-continue it (the same command, with --resume in place of a ``-- --overwrite`` or ``-- --resume STEP``, which
-replace ``--resume auto``) and the log path. Relative paths (the config, --runs-root, --data-dir, --tokenizer-dir,
---bundle and --init-from after ``--``) are the caller's directory's: base_train gets them absolute. A seed whose checkpoint was trained
-with other flags is not continued: base_train names the runner command that starts it afresh (``--seeds N ...
--- ... --overwrite``). ``--plan`` prints the exact commands and exits without importing torch or touching data.
-Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags
-given to base_train after ``--`` are checked the same way.
+continue it (the same command, with --resume auto in place of a ``-- --overwrite`` or ``-- --resume STEP``,
+which replace ``--resume auto``) and the log path. Relative paths (the config, --runs-root, and --data-dir,
+--tokenizer-dir, --bundle, --init-from after ``--``) are the caller's: base_train gets them absolute. A seed whose
+checkpoint was trained with other flags is not continued: base_train names the runner command that starts it
+afresh (``--seeds N ... -- ... --overwrite``). ``--plan`` prints the exact commands and exits without importing
+torch or touching data. Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes
+instead); batch flags given to base_train after ``--`` are checked the same way.
 """
 
 import argparse
@@ -124,7 +124,8 @@ def says_how_to_start(extra: list[str]) -> bool:
 def how_to_continue(extra: list[str]) -> str:
     """How an unfinished seed continues, for the user's flags after ``--``: the same command, unless their own
     --overwrite (which would delete the seed) or --resume STEP (which would set its later checkpoints aside) is in
-    it; then --resume in their place, the words base_train's own stop line uses (nanochat.run_control)."""
+    it; then --resume auto in their place (base_train's own stop line says --resume: auto is that for this seed,
+    and starts the row's later seeds that have no checkpoint yet, where latest would refuse them)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--resume", nargs="?", const="latest")
     parser.add_argument("--overwrite", action="store_true")
@@ -134,7 +135,7 @@ def how_to_continue(extra: list[str]) -> str:
         return same
     typed = [f for f, before in zip(extra, ["", *extra]) if f.split("=")[0] in ("--resume", "--overwrite")
              or (before == "--resume" and not f.startswith("-"))]  # a --resume's own value
-    return f"{same} with --resume in place of {' '.join(typed)} after --"
+    return f"{same} with --resume auto in place of {' '.join(typed)} after --"
 
 
 def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, runs_root: Path,

@@ -35,18 +35,18 @@ def test_a_wall_time_stop_under_the_runner_names_one_way_to_continue(tmp_path):
 
 def test_the_users_own_start_flag_is_named_in_the_runners_advice(tmp_path):
     """``-- --overwrite`` run again would delete the seed the runner says to continue: the advice names --resume
-    in its place, as base_train's own line does, and that continues the seed."""
+    auto in its place (base_train's own line says --resume), and that continues the seed."""
     runs = tmp_path / "runs"
     seed = runs / "mini" / "base" / "seed42"
     first = launch(["--runs-root", str(runs), "--", *FAST, *STOP, "--overwrite"])
     assert first.returncode == 1 and ckpt.list_steps(seed) == [1], first.stdout + first.stderr
     assert BASE_TRAINS_OWN in first.stdout, first.stdout
-    assert "by re-running the same command with --resume in place of --overwrite after --" in first.stderr, \
+    assert "by re-running the same command with --resume auto in place of --overwrite after --" in first.stderr, \
         first.stderr
-    again = launch(["--runs-root", str(runs), "--", *FAST, *STOP, "--resume"])
+    again = launch(["--runs-root", str(runs), "--", *FAST, *STOP, "--resume", "auto"])
     assert again.returncode == 1 and "resumed from" in again.stdout, again.stdout + again.stderr
     assert ckpt.list_steps(seed) == [1, 2]
-    # --resume (latest) continues when run again as it is: the runner names no other flag
+    # --resume auto continues when run again as it is: the runner names no other flag
     assert "by re-running the same command." in again.stderr, again.stderr
 
 
@@ -58,6 +58,7 @@ def test_the_advice_for_each_start_flag_the_user_may_give():
     assert how_to_continue(["--depth", "2", "--resume"]) == same
     assert how_to_continue(["--resume", "auto", "--depth", "2"]) == same
     assert how_to_continue(["--resume=latest"]) == same
-    assert how_to_continue(["--resume", "3"]) == f"{same} with --resume in place of --resume 3 after --"
-    assert how_to_continue(["--resume=3"]) == f"{same} with --resume in place of --resume=3 after --"
-    assert how_to_continue(["--overwrite", "--depth", "2"]) == f"{same} with --resume in place of --overwrite after --"
+    assert how_to_continue(["--resume", "3"]) == f"{same} with --resume auto in place of --resume 3 after --"
+    assert how_to_continue(["--resume=3"]) == f"{same} with --resume auto in place of --resume=3 after --"
+    assert how_to_continue(["--overwrite", "--depth", "2"]) == \
+        f"{same} with --resume auto in place of --overwrite after --"
