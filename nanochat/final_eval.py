@@ -8,9 +8,12 @@ Kept apart from scripts/base_train.py so the loop reads top to bottom. Its funct
 from __future__ import annotations
 
 import itertools
+import json
 import signal
+import sys
 import time
 import traceback
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -82,6 +85,22 @@ def final_eval(run: Run, out: dict) -> None:
     finished.discard()
 
 
+class FinalEvalError(RuntimeError):
+    """The final evaluation failed with an error that no signal explains: the branch agreed by every rank whose
+    evaluation failed (agreed_failure_branch). ``error``: this rank's; ``evaluation``: the number of the store keys
+    the ranks agreed under; ``training_stop``: why training stopped before it (completed, wall_time_limit)."""
+
+    def __init__(self, error: Exception, evaluation: int, training_stop: str):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error, self.evaluation, self.training_stop = error, evaluation, training_stop
+
+
+def signal_of_any_rank(stop: StopSignal) -> str | None:
+    """Collective: the signal latched on the lowest rank that has one (None: none has). For summary.json, which
+    rank 0 writes although it may have no signal itself (one rank alone signalled)."""
+    return next((name for name in gather_objects(stop.received) if name is not None), None)
+
+
 def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: dict) -> str:
     """The final evaluation, into ``evals``, after training stopped by ``training_stop`` (completed or the wall
     time); the run's stop reason. Every rank takes the same branch: a signal on any rank skips or ends it on all,
@@ -89,9 +108,9 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
     evaluation = next(_evaluations)  # before the gather below: every rank counts every call, so the number agrees
     # a signal latched on any rank (e.g. while the final checkpoint was written): skipped on every rank alike, with
     # that rank's signal in the summary (rank 0, which writes it, may have none)
-    latched = [name for name in gather_objects(stop.received) if name is not None]
-    if latched:
-        return interrupted_final_eval(run, training_stop, latched[0], evals)
+    latched = signal_of_any_rank(stop)
+    if latched is not None:
+        return interrupted_final_eval(run, training_stop, latched, evals)
     try:
         with stop.interrupts():  # the checkpoint is saved: a signal ends the evaluation (next vote or set-up step)
             final_eval(run, evals)
@@ -99,10 +118,10 @@ def evaluate_at_the_end(run: Run, training_stop: str, stop: StopSignal, evals: d
         return interrupted_final_eval(run, training_stop, signal.Signals(e.signum).name, evals)
     except ResultWriteError:  # raised on every rank together (rank0_decides): all take its branch, a signal or not
         raise
-    except Exception:
-        signal_name = agreed_failure_branch(stop.received, evaluation)
+    except Exception as e:
+        signal_name = agreed_failure_branch(stop.received, evaluation, f"{type(e).__name__}: {e}")
         if signal_name is None:
-            raise
+            raise FinalEvalError(e, evaluation, training_stop) from e
         # a signal latched on a rank, and an error before the vote that would have acted on it (e.g. a collective
         # that failed because another rank was killed outright)
         traceback.print_exc()
@@ -121,11 +140,13 @@ _FAILED = "failed"
 _evaluations = itertools.count()
 
 
-def agreed_failure_branch(own_signal: str | None, evaluation: int) -> str | None:
+def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = "") -> str | None:
     """After an error of the final evaluation number ``evaluation`` (of this process, the same on every rank) on this
     rank, with ``own_signal`` latched or None: the branch every rank whose evaluation failed takes, the same on all
-    of them. None: the error is raised (exit 1); a signal's name: the evaluation counts as interrupted by it
-    (summary.json, exit 0). Each evaluation agrees under store keys of its own (``final_eval/<evaluation>/...``).
+    of them. None: the error stops the run (FinalEvalError: summary.json says final_eval_error, exit 1); a signal's
+    name: the evaluation counts as interrupted by it (summary.json, exit 0). Each evaluation agrees under store keys
+    of its own (``final_eval/<evaluation>/...``). ``error`` (this rank's) is posted beside the failure, in the order
+    the ranks failed in, for rank 0's summary.json (posted_errors).
 
     The ranks cannot vote in a collective: one may have raised inside a collective the others are still waiting in
     (or be dead). They agree through the process group's key-value store instead, which needs no other rank to take
@@ -140,6 +161,7 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int) -> str | None
     try:
         store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
         key = f"final_eval/{evaluation}"
+        store.set(f"{key}/error/{rank}", json.dumps([store.add(f"{key}/order", 1), error]))  # before the failure
         store.set(f"{key}/failed/{rank}", own_signal or "")
         proposal = _FAILED
         if own_signal is not None:
@@ -156,6 +178,74 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int) -> str | None
               f"({type(e).__name__}: {e}); this rank's own branch", flush=True)
         return own_signal
     return None if decided == _FAILED else decided
+
+
+# How long a rank other than rank 0, after its final evaluation failed, waits for rank 0's summary.json: for rank 0's
+# failure first (AGREEMENT_WAIT_S: a rank 0 without one by then waits in a collective that only this rank's exit
+# breaks), then for the write, once rank 0 is at it (the run report reads the metrics; a slow shared file system)
+SUMMARY_WAIT_S = 60.0
+
+
+def posted_errors(evaluation: int) -> dict[int, str]:
+    """The errors posted so far (no waiting) by the ranks whose final evaluation ``evaluation`` failed, by rank, in
+    the order they failed in: the first is the likely cause (a collective breaks on the others once a rank leaves
+    it). {} in one process, or when the store is gone."""
+    if not is_dist():
+        return {}
+    try:
+        store, key = dist.distributed_c10d._get_default_store(), f"final_eval/{evaluation}/error"
+        posted = {r: json.loads(store.get(f"{key}/{r}")) for r in range(dist.get_world_size())
+                  if store.check([f"{key}/{r}"])}
+    except Exception:  # noqa: BLE001 - the store went with a rank that hosted it
+        return {}
+    return {r: error for r, (_, error) in sorted(posted.items(), key=lambda item: item[1][0])}
+
+
+def wait_for_rank0_summary(evaluation: int) -> None:
+    """On a rank other than 0 after FinalEvalError: wait, bounded, for rank 0 to write summary.json (torchrun stops
+    the ranks left once one has exited, which could kill rank 0 before its write)."""
+    key = f"final_eval/{evaluation}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.wait([f"{key}/failed/0"], timedelta(seconds=AGREEMENT_WAIT_S))
+        store.wait([f"{key}/summary"], timedelta(seconds=SUMMARY_WAIT_S))
+    except Exception as e:  # noqa: BLE001 - a timeout, or the store went with rank 0
+        print(f"rank {dist.get_rank()}: no word of summary.json from rank 0 ({type(e).__name__}); exiting: a rank 0 "
+              "that waits in a collective of the final evaluation fails once this rank has left it", flush=True)
+
+
+def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict, write_summary) -> None:
+    """After FinalEvalError, on every rank that raised it: each prints its traceback; rank 0 says what to do and
+    writes summary.json through ``write_summary(fields)``: the error (the first rank's to fail), the evaluations that
+    finished (``evals``), the step. No collective: a rank may wait in one that cannot complete, or be gone (the ranks
+    agreed through the store); the others wait there for rank 0's word, a bounded time (wait_for_rank0_summary)."""
+    traceback.print_exception(e.error)
+    if run.rank != 0:
+        wait_for_rank0_summary(e.evaluation)
+        return
+    step, errors = run.loop["step"], posted_errors(e.evaluation)
+    first_rank, error = next(iter(errors.items()), (0, str(e)))
+    fields = {**evals, "error": error, "training_stop_reason": e.training_stop, "last_checkpoint": step}
+    if len(errors) > 1 or first_rank != 0:
+        fields.update(error_rank=first_rank, errors_by_rank={str(r): text for r, text in errors.items()})
+    run.metrics.log({"kind": "stop", "step": step, "reason": "final_eval_error", "error": error})
+    how = "training completed" if e.training_stop == "completed" else f"training stopped by {e.training_stop}"
+    partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
+    then = ("--resume reruns the final evaluation" + (f", reusing the parts kept in {partial}" if partial.is_file()
+                                                       else "")) if e.training_stop == "completed" else \
+        "continue with --resume"
+    where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if len(errors) > 1 else ""
+    print(f"error: {error}{where}\nthe final evaluation of step {step} failed ({how}); the checkpoint of step {step} "
+          f"is saved; {then}", file=sys.stderr, flush=True)
+    try:
+        write_summary(fields)
+    except OSError as write_error:  # e.g. a full disk
+        print(f"summary.json not written either: {write_error}", file=sys.stderr, flush=True)
+    if is_dist():
+        try:
+            dist.distributed_c10d._get_default_store().set(f"final_eval/{e.evaluation}/summary", "written")
+        except Exception:  # noqa: BLE001 - the store is gone: the others stop waiting at their bound
+            pass
 
 
 def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:

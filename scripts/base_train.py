@@ -12,19 +12,20 @@ The run dir has one owner: run.lock is held for the life of the run (a second ru
 
 Exit codes: 0 = finished; or stopped by --max-wall-time-seconds after saving a checkpoint and running the final
 evaluation (stop_reason "wall_time_limit"); or stopped by SIGINT/SIGTERM after saving a checkpoint, without the
-final evaluation (stop_reason "interrupted"; a signal during the final evaluation ends it, and summary.json says so:
-"interrupted_during": "final_eval", with "training_stop_reason" and what finished); continue any of them with
---resume (from the last step, it runs the final evaluation). Each finished part of the final evaluation (each bpb
-split, each CORE task) is kept at once in final_eval.partial.json in the run dir, with a fingerprint of all that can
-change its number (the step's checkpoint, dtype, kernels, batch and world size, code version): a --resume after a
-signal or a crash during the final evaluation reuses the parts whose fingerprint matches (one line says which) and
-computes the rest, with the numbers of an uninterrupted run; the file is deleted once the final evaluation
-completes. 2 = bad flags, data, tokenizer,
-checkpoint or run dir (found before the first step, nothing trained), or a data file found unreadable during
-training (the message names it), or a failed write of a checkpoint or of final_eval.partial.json (a full disk:
-stop_reason "checkpoint_error" or "final_eval_write_error"; free space, then --resume); 3 = non-finite loss or
-parameters (nothing saved for the bad step; every checkpoint was checked finite when it was saved, the message
-names the last one and how to continue from it with lower LRs); 1 = any other error.
+final evaluation (stop_reason "interrupted", "signal": its name; a signal during the final evaluation ends it, and
+summary.json says so: "interrupted_during": "final_eval", with "training_stop_reason" and what finished); continue
+any of them with --resume (from the last step, it runs the final evaluation). Each finished part of the final
+evaluation (each bpb split, each CORE task) is kept at once in final_eval.partial.json in the run dir, with a
+fingerprint of all that can change its number (the step's checkpoint, dtype, kernels, batch and world size, code
+version): a --resume after a signal or a crash during the final evaluation reuses the parts whose fingerprint
+matches (one line says which) and computes the rest, with the numbers of an uninterrupted run; the file is deleted
+once the final evaluation completes. 2 = bad flags, data, tokenizer, checkpoint or run dir (found before the first
+step, nothing trained), or a data file found unreadable during training (the message names it), or a failed write of
+a checkpoint or of final_eval.partial.json (a full disk: stop_reason "checkpoint_error" or "final_eval_write_error";
+free space, then --resume); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint was
+checked finite when it was saved, the message names the last one and how to continue from it with lower LRs); 1 =
+any other error (in the final evaluation: stop_reason "final_eval_error", the step's checkpoint saved, --resume
+reruns it). A stop by an error writes "error" and "last_checkpoint" in summary.json.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
 (see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
@@ -48,7 +49,7 @@ from nanochat.common import (autocast_context, compute_cleanup, compute_init, ev
                              print_error, rank0_decides, resolve_dtype, seed_everything)
 from nanochat.eval_resume import ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
-from nanochat.final_eval import evaluate_at_the_end
+from nanochat.final_eval import FinalEvalError, evaluate_at_the_end, record_final_eval_error, signal_of_any_rank
 from nanochat.lost_output import keep_running_without_output
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW
@@ -473,19 +474,32 @@ def execute(run: Run, resumed_at: int | None) -> int:
         stop.uninstall()
 
 
-def last_checkpoint(run: Run) -> str:
+def last_checkpoint_step(run: Run) -> int | None:
     steps = ckpt.list_steps(run.run_dir)
-    return f"step {steps[-1]}" if steps else "none"
+    return steps[-1] if steps else None
 
 
-def stop_every_rank(run: Run, reason: str, message: str, evals: dict | None = None) -> int:
+def last_checkpoint(run: Run) -> str:
+    step = last_checkpoint_step(run)
+    return "none" if step is None else f"step {step}"
+
+
+def error_fields(run: Run, error: BaseException | str) -> dict:
+    """summary.json's account of a stop by an error: the error, and the checkpoint a --resume goes on from (None:
+    none), which "step" (the last finished step) is not, unless that step's checkpoint was written."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return {"error": text, "last_checkpoint": last_checkpoint_step(run)}
+
+
+def stop_every_rank(run: Run, reason: str, message: str, error: BaseException | str,
+                    evals: dict | None = None) -> int:
     """After an error raised on every rank together (train_step shares one rank's DataError, rank0_decides rank 0's
     failed checkpoint write): rank 0 prints ``message``, summary.json records ``reason`` (if it can be written: the
-    disk may be full) with ``evals`` (what finished), and every rank waits for it, since torchrun stops the ranks
-    left once one has exited. Exit code 2."""
+    disk may be full) with ``error`` and ``evals`` (what finished), and every rank waits for it, since torchrun stops
+    the ranks left once one has exited. Exit code 2."""
     print0(message, file=sys.stderr)
     try:
-        write_summary(run, reason, evals or {})
+        write_summary(run, reason, {**(evals or {}), **error_fields(run, error)})
     except OSError as e:  # e.g. the full disk that stopped the run
         print0(f"summary.json not written either: {e}", file=sys.stderr)
     if dist.is_available() and dist.is_initialized():
@@ -500,30 +514,37 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
     evals = {}
     try:
         reason = train(run, resumed_at, stop)
+        if reason == "interrupted":  # on every rank together; rank 0 may not be the one with the signal
+            evals["signal"] = signal_of_any_rank(stop)
         if reason in ("completed", "wall_time_limit"):
             reason = evaluate_at_the_end(run, reason, stop, evals)
     except NonFiniteLoss as e:
         print0(nonfinite_advice(run, e))
-        write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss", {})
+        write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss",
+                      error_fields(run, e))
         return EXIT_NONFINITE
     except DataError as e:  # a file a loader's reader thread could not read: named in the message
         return stop_every_rank(run, "data_error", (
             f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: {last_checkpoint(run)} "
             f"in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or re-run scripts.prepare_data), then continue with "
-            "--resume"))
+            "--resume"), e)
     except ckpt.CheckpointWriteError as e:
         return stop_every_rank(run, "checkpoint_error", (
             f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: {last_checkpoint(run)}. Free "
-            "space (or fix the run dir), then continue with --resume"))
+            "space (or fix the run dir), then continue with --resume"), e)
     except ResultWriteError as e:  # keeping a finished part in final_eval.partial.json (rank 0's write)
         return stop_every_rank(run, "final_eval_write_error", (
             f"error: {e.failure or e}\nthe final evaluation of step {run.loop['step']} stopped; its checkpoint is "
-            "saved. Free space (or fix the run dir), then continue with --resume (it reuses the parts kept)"), evals)
+            "saved. Free space (or fix the run dir), then continue with --resume (it reuses the parts kept)"),
+            e.failure or e, evals)
+    except FinalEvalError as e:  # agreed through the store: no collective from here on (a rank may be stuck in one)
+        record_final_eval_error(run, e, evals, lambda fields: write_summary(run, "final_eval_error", fields))
+        return 1
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals)
     if reason == "interrupted" and "interrupted_during" not in evals:
-        print0(f"interrupted at step {run.loop['step']}: checkpoint saved; continue with --resume")
+        print0(f"interrupted ({evals['signal']}) at step {run.loop['step']}: checkpoint saved; continue with --resume")
     print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
     return 0
 

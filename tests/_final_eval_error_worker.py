@@ -3,11 +3,11 @@ on the ranks named by ``--fail-ranks R[,R...]``, while SIGTERM reaches the ranks
 names none) just before, inside the evaluation (latched for the next vote, which never comes). A rank that does not
 fail runs the real val bpb, so it waits in that evaluation's collectives for the ranks that failed.
 
-Each rank prints the branch its final evaluation took ("rank R final evaluation: raised E" or "...: returned
-REASON"). With BRANCH_BARRIER=1 in the environment no rank goes on before every rank has printed its own (torchrun
-stops the ranks left once one has failed, which would otherwise race with the slower rank's line); only for runs
-where every rank gets there by itself. AGREEMENT_WAIT_S replaces nanochat.final_eval's wait for the other ranks'
-word after a failure."""
+Each rank prints the branch its final evaluation took ("rank R final evaluation: raised E", E being FinalEvalError
+where the error stops the run, or "...: returned REASON"). With BRANCH_BARRIER=1 in the environment no rank goes on
+before every rank has printed its own (torchrun stops the ranks left once one has failed, which would otherwise race
+with the slower rank's line); only for runs where every rank gets there by itself. AGREEMENT_WAIT_S replaces
+nanochat.final_eval's wait for the other ranks' word after a failure."""
 
 import os
 import signal

@@ -1,5 +1,6 @@
 """The final evaluation failing under torchrun (gloo, 2 ranks) with a signal latched on some rank: every rank takes
-the same branch (nanochat.final_eval.agreed_failure_branch), and an error on one rank still ends the job at once."""
+the same branch (nanochat.final_eval.agreed_failure_branch), and an error on one rank still ends the job at once. An
+error's branch writes summary.json (final_eval_error, from rank 0) without a collective, whichever rank failed."""
 
 import json
 import re
@@ -36,9 +37,24 @@ def test_an_error_on_every_rank_fails_every_rank_whichever_has_a_signal(tmp_path
     # branch by design; the wait ends as soon as the other rank's word arrives, so the normal case is not slower
     r, run, branches, _ = run_worker(tmp_path, monkeypatch, "0,1", sigterm, BRANCH_BARRIER="1", AGREEMENT_WAIT_S="100")
     out = r.stdout + r.stderr
-    assert branches == {"0": "raised RuntimeError", "1": "raised RuntimeError"}, out[-3000:]
+    assert branches == {"0": "raised FinalEvalError", "1": "raised FinalEvalError"}, out[-3000:]
     assert r.returncode != 0 and "the eval bundle is broken (rank 0)" in out, out[-3000:]
-    assert "interrupted" not in r.stdout and not (run / "summary.json").exists(), out[-3000:]
+    assert "interrupted" not in r.stdout, out[-3000:]
+    # every rank posted its error before it reported its branch, so rank 0's summary has both
+    summary = final_eval_error_summary(run, out)
+    assert summary["errors_by_rank"] == {str(k): f"RuntimeError: the eval bundle is broken (rank {k})" for k in (0, 1)}
+    assert summary["error"] == summary["errors_by_rank"][str(summary["error_rank"])], summary
+
+
+def final_eval_error_summary(run, out: str) -> dict:
+    """summary.json of a final evaluation stopped by an error (training completed the 3 steps), and rank 0's
+    message; the fields every such summary has."""
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("final_eval_error", 3, 3), summary
+    assert summary["training_stop_reason"] == "completed" and "signal" not in summary, summary
+    assert "the final evaluation of step 3 failed (training completed); the checkpoint of step 3 is saved; " \
+           "--resume reruns the final evaluation" in out, out[-3000:]
+    return summary
 
 
 def test_an_error_on_the_rank_with_the_signal_interrupts_every_rank(tmp_path, monkeypatch):
@@ -62,8 +78,25 @@ def test_an_error_on_one_rank_without_a_signal_ends_the_job_at_once(tmp_path, mo
     r, run, _, elapsed = run_worker(tmp_path, monkeypatch, "0", "1", AGREEMENT_WAIT_S="60")
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "the eval bundle is broken (rank 0)" in out, out[-3000:]
-    assert "interrupted" not in r.stdout and not (run / "summary.json").exists(), out[-3000:]
+    assert "interrupted" not in r.stdout, out[-3000:]
+    assert final_eval_error_summary(run, out)["error"] == "RuntimeError: the eval bundle is broken (rank 0)"
     assert elapsed < 60, elapsed
+
+
+def test_an_error_on_rank_1_alone_is_in_rank_0s_summary(tmp_path, monkeypatch):
+    """The error on rank 1 alone, no signal anywhere, while rank 0 waits in the val bpb's collective: the error used
+    to be raised (exit 1, no summary.json). Rank 1 waits AGREEMENT_WAIT_S for rank 0's word (none: rank 0 is stuck),
+    then exits; rank 0's collective breaks, it fails too and writes summary.json, whose error is rank 1's, the
+    first to fail (rank 0's own, a broken connection, is beside it)."""
+    r, run, branches, elapsed = run_worker(tmp_path, monkeypatch, "1", "", AGREEMENT_WAIT_S="2")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and branches == {"0": "raised FinalEvalError", "1": "raised FinalEvalError"}, out[-3000:]
+    assert "rank 1: no word of summary.json from rank 0" in r.stdout, out[-3000:]
+    summary = final_eval_error_summary(run, out)
+    assert (summary["error"], summary["error_rank"]) == ("RuntimeError: the eval bundle is broken (rank 1)", 1)
+    assert sorted(summary["errors_by_rank"]) == ["0", "1"], summary
+    assert "error: RuntimeError: the eval bundle is broken (rank 1) (rank 1; the errors of every rank" in out
+    assert elapsed < 100, elapsed
 
 
 def test_one_rank_in_a_process_group_takes_its_own_branch(tmp_path):
@@ -130,8 +163,10 @@ def test_each_final_evaluation_of_a_process_agrees_under_its_own_number(monkeypa
 
     numbers = []
     monkeypatch.setattr(final_eval, "final_eval", broken)
-    monkeypatch.setattr(final_eval, "agreed_failure_branch", lambda own, evaluation: numbers.append(evaluation))
+    monkeypatch.setattr(final_eval, "agreed_failure_branch",
+                        lambda own, evaluation, error: numbers.append(evaluation))
     for _ in range(2):
-        with pytest.raises(RuntimeError, match="broken bundle"):
+        with pytest.raises(final_eval.FinalEvalError, match="RuntimeError: broken bundle") as raised:
             final_eval.evaluate_at_the_end(None, "completed", StopSignal(), {})
+        assert (raised.value.evaluation, raised.value.training_stop) == (numbers[-1], "completed")
     assert len(numbers) == 2 and numbers[1] == numbers[0] + 1, numbers

@@ -116,8 +116,7 @@ def test_a_crash_in_the_final_evaluation_keeps_the_finished_parts(tmp_path, monk
     run = tmp_path / "run"
     with monkeypatch.context() as m:
         fake_core(m, [], fails_in="b")
-        with pytest.raises(RuntimeError, match="CORE task b failed"):
-            train(run, *FLAGS)
+        assert train(run, *FLAGS) == 1  # summary.json says final_eval_error (tests/test_stop_summary.py)
     assert sorted(json.loads((run / PARTIAL).read_text())["items"]) == ["a", "split val"]
     scored = []
     fake_core(monkeypatch, scored)

@@ -1,0 +1,114 @@
+"""summary.json says how a base_train run ended, whichever way it ended: the stop reason, the signal that stopped it
+(during training as during the final evaluation), and the error and last checkpoint of a stop by an error."""
+
+import json
+import signal
+
+import pytest
+
+from _mid_step_signal_worker import signal_during_step
+from conftest import REPO, run_torchrun
+from nanochat import checkpoint as ckpt
+from nanochat.dataset import DataError
+from scripts import base_train
+from test_train_e2e import TINY, train
+from test_train_final_eval_resume import FLAGS, PARTIAL, fake_core
+
+
+def summary_of(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_during_training_is_named_in_the_summary(tmp_path, monkeypatch, capsys, sig):
+    """Only a signal during the final evaluation was named ("signal"); one during training said "interrupted"."""
+    run = tmp_path / "r"
+    monkeypatch.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 2, sig))
+    assert train(run, "--num-iterations", "5") == 0
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["signal"]) == ("interrupted", 2, sig.name), summary
+    assert f"interrupted ({sig.name}) at step 2: checkpoint saved" in capsys.readouterr().out
+
+
+def test_a_signal_on_rank_1_alone_is_named_in_rank_0s_summary(tmp_path):
+    """Rank 0 writes summary.json and got no signal itself: it must still name rank 1's."""
+    run = tmp_path / "r"
+    r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
+                     ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", *TINY,
+                      "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "6",
+                      "--run-dir", str(run)], timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["signal"]) == ("interrupted", 2, "SIGTERM"), summary
+
+
+def test_a_final_eval_error_writes_the_summary_and_exits_1(tmp_path, monkeypatch, capsys):
+    """An error no signal explains in the final evaluation (here CORE task b) was raised: exit 1 and no summary.json,
+    although training finished and its checkpoint is saved. Now: summary.json says final_eval_error with the error,
+    what finished (the val bpb), the step and its checkpoint; the message says how to go on; exit 1."""
+    run = tmp_path / "run"
+    fake_core(monkeypatch, [], fails_in="b")
+    assert train(run, *FLAGS) == 1
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("final_eval_error", 3, 3)
+    assert summary["error"] == "RuntimeError: CORE task b failed" and summary["training_stop_reason"] == "completed"
+    assert "val_bpb" in summary and "core" not in summary and "signal" not in summary, summary
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: CORE task b failed" in err  # the error, debuggable
+    assert "the final evaluation of step 3 failed (training completed)" in err, err
+    assert f"the checkpoint of step 3 is saved; --resume reruns the final evaluation, reusing the parts kept in " \
+           f"{run / PARTIAL}" in err, err
+    assert sorted(json.loads((run / PARTIAL).read_text())["items"]) == ["a", "split val"]
+
+
+def error_stop(run, monkeypatch, error: Exception, at_call: int, *extra) -> int:
+    real, calls = base_train.train_step, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise error
+        return real(*a, **k)
+
+    monkeypatch.setattr(base_train, "train_step", failing)
+    return train(run, "--num-iterations", "6", "--save-every", "2", *extra)
+
+
+@pytest.mark.parametrize("error, reason, code", [
+    (DataError("/data/train_00001.parquet: row group 3 cannot be read"), "data_error", 2),
+    (base_train.NonFiniteLoss("train loss is nan at step 4"), "nonfinite_loss", base_train.EXIT_NONFINITE)],
+    ids=["data_error", "nonfinite_loss"])
+def test_an_error_stop_records_the_error_and_the_last_checkpoint(tmp_path, monkeypatch, error, reason, code):
+    """summary.json said only the stop reason and the last finished step (3 here), which is not the last checkpoint
+    (2): the error and the checkpoint to go on from were in the console alone."""
+    run = tmp_path / "r"
+    assert error_stop(run, monkeypatch, error, 4) == code
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == (reason, 3, 2), summary
+    assert str(error) in summary["error"], summary
+
+
+def test_a_failed_checkpoint_write_records_the_error(tmp_path, monkeypatch):
+    run = tmp_path / "r"
+    real = ckpt.save_checkpoint
+
+    def full_at_4(run_dir, step, *a, **k):
+        if step == 4:
+            raise ckpt.CheckpointWriteError("writing step_000004 failed: [Errno 28] No space left on device")
+        return real(run_dir, step, *a, **k)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", full_at_4)
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == 2
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("checkpoint_error", 4, 2)
+    assert "No space left on device" in summary["error"], summary
+
+
+@pytest.mark.parametrize("flags, reason", [([], "completed"), (["--max-wall-time-seconds", "0.001"],
+                                                                  "wall_time_limit")])
+def test_a_run_that_ends_well_says_so_without_error_fields(tmp_path, flags, reason):
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "3", *flags) == 0
+    summary = summary_of(run)
+    assert summary["stop_reason"] == reason and "val_bpb" in summary, summary
+    assert not {"error", "signal", "last_checkpoint"} & set(summary), summary
