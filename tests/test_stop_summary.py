@@ -11,8 +11,11 @@ from conftest import REPO, run_torchrun
 from nanochat import checkpoint as ckpt
 from nanochat.dataset import DataError
 from scripts import base_train
+from test_train_dist import BATCH
 from test_train_e2e import TINY, train
 from test_train_final_eval_resume import FLAGS, PARTIAL, fake_core
+
+SIGNAL_WORKER = REPO / "tests" / "_mid_step_signal_worker.py"
 
 
 def summary_of(run) -> dict:
@@ -31,15 +34,15 @@ def test_a_signal_during_training_is_named_in_the_summary(tmp_path, monkeypatch,
 
 
 def test_a_signal_on_rank_1_alone_is_named_in_rank_0s_summary(tmp_path):
-    """Rank 0 writes summary.json and got no signal itself: it must still name rank 1's."""
+    """Rank 0 writes summary.json and got no signal itself: it must still name rank 1's (a Ctrl-C here)."""
     run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
-                     ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", *TINY,
-                      "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "6",
-                      "--run-dir", str(run)], timeout=120)
+    kill = ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGINT"]
+    r = run_torchrun(SIGNAL_WORKER, 2, [*kill, *TINY, *BATCH, "--num-iterations", "6", "--run-dir", str(run)],
+                     timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = summary_of(run)
-    assert (summary["stop_reason"], summary["step"], summary["signal"]) == ("interrupted", 2, "SIGTERM"), summary
+    assert (summary["stop_reason"], summary["step"], summary["signal"]) == ("interrupted", 2, "SIGINT"), summary
+    assert "interrupted (SIGINT) at step 2: checkpoint saved" in r.stdout, r.stdout[-3000:]
 
 
 def test_a_final_eval_error_writes_the_summary_and_exits_1(tmp_path, monkeypatch, capsys):
