@@ -22,6 +22,7 @@ from nanochat import checkpoint as ckpt
 from nanochat.common import is_dist, print0
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete,
                                   partial_path)
+from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
@@ -231,9 +232,9 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict, write_summ
     run.metrics.log({"kind": "stop", "step": step, "reason": "final_eval_error", "error": error})
     how = "training completed" if e.training_stop == "completed" else f"training stopped by {e.training_stop}"
     partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
-    then = ("--resume reruns the final evaluation" + (f", reusing the parts kept in {partial}" if partial.is_file()
-                                                       else "")) if e.training_stop == "completed" else \
-        "continue with --resume"
+    then = (f"{resume_way()} reruns the final evaluation" + (f", reusing the parts kept in {partial}"
+                                                            if partial.is_file() else "")) \
+        if e.training_stop == "completed" else how_to_continue()
     where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if len(errors) > 1 else ""
     print(f"error: {error}{where}\nthe final evaluation of step {step} failed ({how}); the checkpoint of step {step} "
           f"is saved; {then}", file=sys.stderr, flush=True)
@@ -255,9 +256,9 @@ def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals
     evals.update(interrupted_during="final_eval", training_stop_reason=training_stop, signal=signal_name)
     run.metrics.log({"kind": "stop", "step": step, "reason": "interrupted", "during": "final_eval",
                      "signal": signal_name})
-    then = "--resume runs the final evaluation" if training_stop == "completed" else "continue with --resume"
+    then = f"{resume_way()} runs the final evaluation" if training_stop == "completed" else how_to_continue()
     partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
-    kept = f" (the finished ones are kept in {partial} for --resume)" if partial.is_file() else ""
+    kept = f" (the finished ones are kept in {partial} for the resume)" if partial.is_file() else ""
     print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
            f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
            f"evaluations{kept}; {then}")

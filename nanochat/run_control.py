@@ -228,13 +228,17 @@ def note_wall_time_stop(run, step: int) -> None:
            f"of {run.plan['num_iterations']} (checkpoint saved); the final evaluation follows, {how_to_continue()}")
 
 
-def how_to_continue() -> str:
-    """The way on after a stop. Under scripts.run, which adds --resume auto itself (and then names its afresh
-    command in RUNNER_AFRESH_ENV), "--resume" is no flag of the runner's: its own command again continues the seed,
-    and the runner says the same when base_train exits. Without that variable (no runner, or the user's own
-    --resume/--overwrite after its ``--``) the flag is the way on; the runner names it in its advice too."""
+def resume_way() -> str:
+    """What reruns or continues a stopped run: "--resume", or under scripts.run, which adds --resume auto itself (and
+    then names its afresh command in RUNNER_AFRESH_ENV), its own command again: "--resume" is no flag of the
+    runner's, and the runner says the same when base_train exits. Without that variable (no runner, or the user's
+    own --resume/--overwrite after its ``--``) the flag is the way on; the runner names it in its advice too."""
     from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module's importers
 
-    if os.environ.get(RUNNER_AFRESH_ENV):
-        return "continue by running the same scripts.run command again"
-    return "continue with --resume"
+    return "running the same scripts.run command again" if os.environ.get(RUNNER_AFRESH_ENV) else "--resume"
+
+
+def how_to_continue() -> str:
+    """The way on after a stop, as a clause: "continue with --resume" (``resume_way``)."""
+    way = resume_way()
+    return "continue with --resume" if way == "--resume" else f"continue by {way}"

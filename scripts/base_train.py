@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from nanochat import checkpoint as ckpt
@@ -54,9 +53,11 @@ from nanochat.lost_output import keep_running_without_output
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
-from nanochat.report import record_environment, write_run_report
+from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
+from nanochat.train_end import (EXIT_NONFINITE, WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, error_fields,
+                                last_checkpoint, nonfinite_advice, stop_every_rank, write_summary)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
@@ -65,24 +66,6 @@ from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (RunData, dry_run, dry_run_vocab, existing_tokenizer, install_mome_kernels,
                                   load_eval_rows, load_run_data, report_mome_kernels, resolve_bundle,
                                   resolve_run_dir, run_core, run_split_bpb, setup_attention, write_json)
-
-EXIT_NONFINITE = 3
-# the flag that sets each optimizer group's LR (the families' param_groups; the other groups use --matrix-lr)
-GROUP_LR_FLAG = {"lm_head": "--unembedding-lr", "wte": "--embedding-lr", "resid_lambdas": "--scalar-lr",
-                 "x0_lambdas": "--scalar-lr", "scalars": "--scalar-lr", "memory_tables": "--memory-lr"}
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
-
-
-class NonFiniteParams(NonFiniteLoss):
-    """The parameters (or optimizer state) about to be saved hold NaN or inf; ``names`` says which."""
-
-    def __init__(self, message: str, names: list[str]):
-        super().__init__(message)
-        self.names = names
-
 
 @dataclass
 class Run:
@@ -310,9 +293,6 @@ def save_at_boundary(run: Run, why: str, keep: bool, pending: bool = False) -> N
     run.loop.pop(BOUNDARY_PENDING, None)
 
 
-WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
-
-
 def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
     """The step loop: exactly N optimizer steps in total (over all resumes), unless a signal (latched by ``stop``)
     or the wall-time budget stops it earlier. Returns the stop reason."""
@@ -358,37 +338,6 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
         bar.close()
 
 
-def throughput(run: Run) -> dict:
-    """Steady-state tokens/s and MFU over the steps after the first WARMUP_STEPS of every process (start and each
-    resume), as the paper reports it; the all-steps figure (compile and warm-up included) is kept beside it."""
-    tb, loop = run.args.total_batch_size, run.loop
-    steady_steps, steady_time = loop.get("steady_steps", 0), loop.get("steady_time", 0.0)
-    tok_s = steady_steps * tb / steady_time if steady_steps else None
-    util = mfu(run.plan["flops_per_token"] * tb, steady_time / steady_steps, peak_flops(run.device), run.world) \
-        if steady_steps else None
-    return {"tok_per_sec": tok_s, "mfu": util, "tok_per_sec_steps": steady_steps,
-            "tok_per_sec_note": f"steady state: steps after the first {WARMUP_STEPS} of each process",
-            "tok_per_sec_all_steps": loop["step"] * tb / max(loop["train_time"], 1e-9)}
-
-
-def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
-    step, tb = run.loop["step"], run.args.total_batch_size
-    wall = run.wall_time()
-    summary = {"run_name": run.args.run_name, "run_dir": str(run.run_dir), "stop_reason": stop_reason,
-               "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
-               "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
-               ("params_total", "params_memory", "params_backbone", "params_active", "flops_per_token",
-                "world_size")},
-               "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype,
-               "attention": "+".join(run.loop.get("attention") or [run.attention]),
-               "mome_kernels": "+".join(run.loop.get("mome_kernels") or [run.mome_kernels]), **throughput(run),
-               "init_from": run.init_from, **evals}
-    if run.rank == 0:
-        write_json(run.run_dir / "summary.json", summary)
-        write_run_report(run.run_dir)
-    return summary
-
-
 def prepare_resume(run: Run) -> int | None:
     """Load the --resume checkpoint that ``train_resume.resume_point`` checked (clear errors for corrupt files), or
     the weights of the --init-from source that ``init_from.checked_source`` checked. A rank that cannot load them
@@ -401,42 +350,6 @@ def prepare_resume(run: Run) -> int | None:
     # e.g. a slot map neither on disk nor in the checkpoint, or on disk but not the checkpoint's
     every_rank_ok(lambda: run.model.memory.check_ready(training=True))
     return resumed_at
-
-
-def lr_flags_for(run: Run, names: list[str]) -> list[str]:
-    """The LR flags of the optimizer groups that hold the named parameters (model state-dict names)."""
-    group_of = {id(p): g["name"] for g in run.optimizer.param_groups for p in g["params"]}
-    tied_to_unembedding = getattr(run.model, "lm_head", 0) is None and \
-        getattr(run.model, "tied_embedding_lr", None) == "unembedding"  # a tied Llama-family wte
-    flags = []
-    for name, p in run.model.named_parameters():
-        flag = GROUP_LR_FLAG.get(group_of.get(id(p)), "--matrix-lr")
-        if group_of.get(id(p)) == "wte" and tied_to_unembedding:
-            flag = "--unembedding-lr"
-        if name in names and flag not in flags:
-            flags.append(flag)
-    return flags
-
-
-def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
-    """What to do after a non-finite loss or parameters: the last checkpoint (each was checked finite when it was
-    saved) and the flags that continue from it with lower learning rates."""
-    steps = ckpt.list_steps(run.run_dir)
-    flags = lr_flags_for(run, error.names) if isinstance(error, NonFiniteParams) else []
-    lower = (f"lower {' and '.join(flags)} (the LR{'s' if len(flags) > 1 else ''} of the non-finite tensors)"
-             if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
-                           "--memory-lr)")
-    if not steps:
-        return (f"error: {error}; stopping without saving. No checkpoint was saved before it: start again with "
-                f"--overwrite and {lower}, or check the data")
-    step = steps[-1]
-    checked = ckpt.load_meta(run.run_dir, step).get("params_finite")
-    return (f"error: {error}; stopping without saving. Last good checkpoint: step {step} in "
-            f"{run.run_dir / ckpt.CKPT_DIR} ("
-            + ("its parameters and optimizer state were checked finite when it was saved" if checked else
-               "written before finite checks existed: not verified") +
-            f"). To continue from it: the same command with --resume {step} --resume-override-lr, and {lower}; "
-            "or check the data")
 
 
 def execute(run: Run, resumed_at: int | None) -> int:
@@ -474,39 +387,6 @@ def execute(run: Run, resumed_at: int | None) -> int:
         stop.uninstall()
 
 
-def last_checkpoint_step(run: Run) -> int | None:
-    steps = ckpt.list_steps(run.run_dir)
-    return steps[-1] if steps else None
-
-
-def last_checkpoint(run: Run) -> str:
-    step = last_checkpoint_step(run)
-    return "none" if step is None else f"step {step}"
-
-
-def error_fields(run: Run, error: BaseException | str) -> dict:
-    """summary.json's account of a stop by an error: the error, and the checkpoint a --resume goes on from (None:
-    none), which "step" (the last finished step) is not, unless that step's checkpoint was written."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return {"error": text, "last_checkpoint": last_checkpoint_step(run)}
-
-
-def stop_every_rank(run: Run, reason: str, message: str, error: BaseException | str,
-                    evals: dict | None = None) -> int:
-    """After an error raised on every rank together (train_step shares one rank's DataError, rank0_decides rank 0's
-    failed checkpoint write): rank 0 prints ``message``, summary.json records ``reason`` (if it can be written: the
-    disk may be full) with ``error`` and ``evals`` (what finished), and every rank waits for it, since torchrun stops
-    the ranks left once one has exited. Exit code 2."""
-    print0(message, file=sys.stderr)
-    try:
-        write_summary(run, reason, {**(evals or {}), **error_fields(run, error)})
-    except OSError as e:  # e.g. the full disk that stopped the run
-        print0(f"summary.json not written either: {e}", file=sys.stderr)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-    return 2
-
-
 def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> int:
     """The step loop, the final evaluation and the summary; the exit code."""
     from nanochat.dataset import DataError
@@ -526,16 +406,16 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
     except DataError as e:  # a file a loader's reader thread could not read: named in the message
         return stop_every_rank(run, "data_error", (
             f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: {last_checkpoint(run)} "
-            f"in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or re-run scripts.prepare_data), then continue with "
-            "--resume"), e)
+            f"in {run.run_dir / ckpt.CKPT_DIR}. Replace the file (or re-run scripts.prepare_data), then "
+            f"{run_control.how_to_continue()}"), e)
     except ckpt.CheckpointWriteError as e:
         return stop_every_rank(run, "checkpoint_error", (
             f"error: {e}\ntraining stopped at step {run.loop['step']}; last checkpoint: {last_checkpoint(run)}. Free "
-            "space (or fix the run dir), then continue with --resume"), e)
+            f"space (or fix the run dir), then {run_control.how_to_continue()}"), e)
     except ResultWriteError as e:  # keeping a finished part in final_eval.partial.json (rank 0's write)
         return stop_every_rank(run, "final_eval_write_error", (
             f"error: {e.failure or e}\nthe final evaluation of step {run.loop['step']} stopped; its checkpoint is "
-            "saved. Free space (or fix the run dir), then continue with --resume (it reuses the parts kept)"),
+            f"saved. Free space (or fix the run dir), then {run_control.how_to_continue()} (it reuses the parts kept)"),
             e.failure or e, evals)
     except FinalEvalError as e:  # agreed through the store: no collective from here on (a rank may be stuck in one)
         record_final_eval_error(run, e, evals, lambda fields: write_summary(run, "final_eval_error", fields))
@@ -544,7 +424,8 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         run.metrics.close()
     summary = write_summary(run, reason, evals)
     if reason == "interrupted" and "interrupted_during" not in evals:
-        print0(f"interrupted ({evals['signal']}) at step {run.loop['step']}: checkpoint saved; continue with --resume")
+        print0(f"interrupted ({evals['signal']}) at step {run.loop['step']}: checkpoint saved; "
+               f"{run_control.how_to_continue()}")
     print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
     return 0
 

@@ -32,12 +32,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def kernel_globals(monkeypatch):
-    """Whatever a test (or base_train, base_eval in it) sets, MoME's kernel globals ROW_SUM and FUSE_INJECT are
-    restored afterwards."""
+    """Whatever a test (or base_train, base_eval in it) sets, MoME's kernel globals ROW_SUM, FUSE_INJECT and
+    SHARED_TABLE_KERNEL are restored afterwards."""
     from nanochat.memory import mome_mix
 
-    monkeypatch.setattr(mome_mix, "ROW_SUM", mome_mix.ROW_SUM)
-    monkeypatch.setattr(mome_mix, "FUSE_INJECT", mome_mix.FUSE_INJECT)
+    for name in ("ROW_SUM", "FUSE_INJECT", "SHARED_TABLE_KERNEL"):
+        monkeypatch.setattr(mome_mix, name, getattr(mome_mix, name))
 
 
 @pytest.fixture

@@ -37,8 +37,7 @@ def test_a_signal_on_rank_1_alone_is_named_in_rank_0s_summary(tmp_path):
     """Rank 0 writes summary.json and got no signal itself: it must still name rank 1's (a Ctrl-C here)."""
     run = tmp_path / "r"
     kill = ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGINT"]
-    r = run_torchrun(SIGNAL_WORKER, 2, [*kill, *TINY, *BATCH, "--num-iterations", "6", "--run-dir", str(run)],
-                     timeout=120)
+    r = run_torchrun(SIGNAL_WORKER, 2, [*kill, *TINY, *BATCH, "--num-iterations", "6", "--run-dir", str(run)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = summary_of(run)
     assert (summary["stop_reason"], summary["step"], summary["signal"]) == ("interrupted", 2, "SIGINT"), summary
@@ -115,3 +114,41 @@ def test_a_run_that_ends_well_says_so_without_error_fields(tmp_path, flags, reas
     summary = summary_of(run)
     assert summary["stop_reason"] == reason and "val_bpb" in summary, summary
     assert not {"error", "signal", "last_checkpoint"} & set(summary), summary
+
+
+RUNNER_WAY = "running the same scripts.run command again"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=lambda s: s.name)
+def test_under_the_runner_a_signal_stop_names_the_runners_way_on(tmp_path, monkeypatch, capsys, sig):
+    """Under scripts.run (which sets RUNNER_AFRESH_ENV and adds --resume auto itself) "continue with --resume" named a
+    flag the runner does not take, beside the runner's own advice to run its command again."""
+    from nanochat.train_resume import RUNNER_AFRESH_ENV
+
+    monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
+    monkeypatch.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 2, sig))
+    assert train(tmp_path / "r", "--num-iterations", "5") == 0
+    out = capsys.readouterr().out
+    assert f"interrupted ({sig.name}) at step 2: checkpoint saved; continue by {RUNNER_WAY}" in out, out
+    assert "--resume" not in out.split(f"interrupted ({sig.name})")[1].splitlines()[0]
+
+
+def test_under_the_runner_an_error_stop_names_the_runners_way_on(tmp_path, monkeypatch, capsys):
+    from nanochat.train_resume import RUNNER_AFRESH_ENV
+
+    monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
+    assert error_stop(tmp_path / "r", monkeypatch, DataError("/data/x.parquet: unreadable"), 4) == 2
+    err = capsys.readouterr().err
+    assert f"then continue by {RUNNER_WAY}" in err and "--resume" not in err, err
+
+
+def test_under_the_runner_a_final_eval_error_names_the_runners_way_on(tmp_path, monkeypatch, capsys):
+    from nanochat.train_resume import RUNNER_AFRESH_ENV
+
+    monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
+    run = tmp_path / "run"
+    fake_core(monkeypatch, [], fails_in="b")
+    assert train(run, *FLAGS) == 1
+    err = capsys.readouterr().err
+    assert f"the checkpoint of step 3 is saved; {RUNNER_WAY} reruns the final evaluation, reusing the parts kept " \
+           f"in {run / PARTIAL}" in err, err
