@@ -5,9 +5,11 @@ fake hub endpoint (HF_ENDPOINT)."""
 import hashlib
 import io
 import os
+import signal
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow as pa
@@ -100,6 +102,45 @@ class FlakyServer:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@contextmanager
+def ctrl_c_when(ready):
+    """For the block: send this process SIGINT (Ctrl-C) from another thread as soon as ``ready()`` holds (60 s at
+    most); the list yielded gets the time it was sent. A condition, not a timer: a loaded machine may take seconds
+    to get a download going. Never sent after the block (it would end the whole pytest run)."""
+    sent, ended, sending = [], threading.Event(), threading.Lock()
+
+    def wait_then_kill():
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            if ended.wait(0.01):
+                return
+        with sending:
+            if not ended.is_set():
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=wait_then_kill, daemon=True).start()
+    try:
+        yield sent
+    finally:
+        with sending:
+            ended.set()
+
+
+def has_bytes(path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def join_download_threads(timeout: float = 30.0) -> None:
+    for t in threading.enumerate():
+        if t.name.startswith("nanochat-download-"):
+            t.join(timeout)
+            assert not t.is_alive(), t.name
 
 
 @pytest.fixture
@@ -330,20 +371,18 @@ def test_ctrl_c_stops_the_shard_downloads_at_once_and_the_rerun_resumes_them(ser
     """Ctrl-C while shards come from a slow mirror: KeyboardInterrupt within a piece of the body, not after every
     download in flight has finished (minutes for real shards); the .part files are kept and the next run resumes
     them with Range requests; one line, exit 130. Before: the interrupt waited for the worker threads, which
-    downloaded to the end, then a traceback. ~2 s."""
-    import signal
-
+    downloaded to the end (~12 s here), then a traceback. ~2 s."""
     from scripts import prepare_data
 
-    server.chunk_delay = 0.15  # shard_00001: ~13 pieces of 64 KiB, ~2 s
-    timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
-    code = prepare_data.main(["--dataset", "fineweb-edu", "--num-shards", "2", "--base-url", server.url,
-                              "--data-dir", str(tmp_path), "--workers", "3", "--no-progress"])
-    assert time.monotonic() - started < 1.2
-    assert code == 130 and "interrupted" in capsys.readouterr().err
+    server.chunk_delay = 1.0  # shard_00001: ~13 pieces of 64 KiB, ~13 s
     part = tmp_path / "shard_00001.parquet.part"
+    with ctrl_c_when(lambda: has_bytes(part)) as sent:  # once its first piece is in
+        code = prepare_data.main(["--dataset", "fineweb-edu", "--num-shards", "2", "--base-url", server.url,
+                                  "--data-dir", str(tmp_path), "--workers", "3", "--no-progress"])
+        # ~1 s (a worker sees the stop at its next piece); far below the ~12 s the rest of the body takes
+        elapsed = time.monotonic() - sent[0]
+    assert elapsed < 6 and code == 130 and "interrupted" in capsys.readouterr().err, (elapsed, code)
+    join_download_threads()  # a worker that missed the stop would go on to the end of the body
     assert part.is_file() and 0 < part.stat().st_size < len(server.files["/shard_00001.parquet"])
     assert not (tmp_path / "shard_00001.parquet").exists()
     server.chunk_delay = 0.0
