@@ -136,7 +136,7 @@ def has_bytes(path) -> bool:
         return False
 
 
-def join_download_threads(timeout: float = 30.0) -> None:
+def join_download_threads(timeout: float = 10.0) -> None:
     for t in threading.enumerate():
         if t.name.startswith("nanochat-download-"):
             t.join(timeout)
