@@ -26,12 +26,12 @@ def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path, signalled):
     worker = Path(__file__).parent / "_base_eval_worker.py"
     args = ["--run-dir", str(root / "run"), "--bundle", str(bundle), "--eval", "core", "--no-progress",
             "--device-type", "cpu", "--out-dir", str(tmp_path / "o")]
-    res = run_torchrun(worker, 2, ["--sigterm-at-task", "1", signalled, *args], timeout=120)
+    res = run_torchrun(worker, 2, ["--sigterm-at-task", "1", signalled, *args])
     assert res.returncode != 0 and res.stderr.count("base_eval: interrupted (SIGTERM)") == 1, res.stderr[-3000:]
     assert "exitcode  : 143" in res.stderr and "exitcode  : 1 " not in res.stderr, res.stderr[-3000:]
     saved = json.loads((tmp_path / "o" / "core.partial.json").read_text())
     assert list(saved["items"]) == ["mc"] and saved["settings"]["world_size"] == 2
-    res = run_torchrun(worker, 2, args, timeout=120)
+    res = run_torchrun(worker, 2, args)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "CORE tasks: 1 of 2 reused from" in res.stdout, res.stdout + res.stderr
     core = json.loads((tmp_path / "o" / "core.json").read_text())
@@ -46,7 +46,7 @@ def test_the_stop_vote_stops_every_rank_at_the_same_batch(tmp_path):
     from conftest import run_torchrun
 
     out = tmp_path / "votes.json"
-    res = run_torchrun(Path(__file__).parent / "_stop_vote_worker.py", 2, [str(out)], timeout=120)
+    res = run_torchrun(Path(__file__).parent / "_stop_vote_worker.py", 2, [str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(out.read_text()) == {
         "uneven, no signal": [[[0, 1, 2, 3, 4], "finished"], [[0, 1, 2], "finished"]],
@@ -68,7 +68,7 @@ def test_a_signal_during_set_up_stops_every_rank_right_after_that_step(tmp_path)
     from conftest import run_torchrun
 
     out = tmp_path / "setup.json"
-    res = run_torchrun(Path(__file__).parent / "_setup_stop_worker.py", 2, [str(out)], timeout=120)
+    res = run_torchrun(Path(__file__).parent / "_setup_stop_worker.py", 2, [str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     stopped_after_step = [["step done"], "SIGTERM"]
     assert json.loads(out.read_text()) == {
@@ -126,8 +126,7 @@ def test_two_ranks_stop_after_the_set_up_step_a_signal_came_in(tiny_run, tmp_pat
     out = tmp_path / "o"
     res = run_torchrun(Path(__file__).parent / "_base_eval_worker.py", 2,
                        ["--sigterm-in", step, signalled, "--run-dir", str(root / "run"), "--bundle", str(bundle),
-                        "--eval", "core", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)],
-                       timeout=120)
+                        "--eval", "core", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)])
     assert res.returncode != 0, res.stderr[-3000:]
     assert res.stderr.count("base_eval: interrupted (SIGTERM) before anything was evaluated") == 1, res.stderr[-3000:]
     assert res.stderr.count("base_eval: interrupted") == 1, res.stderr[-3000:]
@@ -151,8 +150,7 @@ def test_a_data_shard_one_rank_cannot_read_stops_every_rank_with_its_error(tiny_
     out = tmp_path / "o"
     res = run_torchrun(Path(__file__).parent / "_base_eval_worker.py", 2,
                        ["--truncated-shard-on", "1", "--run-dir", str(root / "run"), "--eval", "bpb", "--splits", "val",
-                        "--eval-tokens", "256", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)],
-                       timeout=120)
+                        "--eval-tokens", "256", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)])
     assert res.returncode != 0, res.stderr[-3000:]
     assert "error: rank 1 of 2: " in res.stderr and "val_000.parquet is not a readable parquet file" in res.stderr, \
         res.stderr[-3000:]
@@ -178,7 +176,7 @@ def test_a_full_disk_under_out_dir_stops_every_rank_with_one_error(tiny_run, tmp
     res = run_torchrun(Path(__file__).parent / "_base_eval_worker.py", 2,
                        ["--enospc-writing", name, "--run-dir", str(root / "run"), "--bundle", str(bundle),
                         "--splits", "val", "--eval-tokens", "256", "--no-progress", "--device-type", "cpu",
-                        "--out-dir", str(out)], timeout=120)
+                        "--out-dir", str(out)])
     assert res.returncode != 0, res.stderr[-3000:]
     assert f"{out / name}" in res.stderr and "No space left on device" in res.stderr, res.stderr[-3000:]
     # (torchrun ends a rank still exiting when the other one has exited: -15)

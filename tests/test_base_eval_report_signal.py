@@ -44,7 +44,7 @@ def test_two_ranks_finish_when_a_signal_comes_in_the_report_write(tiny_run, tmp_
     res = run_torchrun(Path(__file__).parent / "_base_eval_worker.py", 2,
                        ["--sigterm-in", "nanochat.core_eval:write_core_report", "0", "--run-dir", str(root / "run"),
                         "--bundle", str(bundle), "--eval", "core", "--no-progress", "--device-type", "cpu",
-                        "--out-dir", str(out)], timeout=120)
+                        "--out-dir", str(out)])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "base_eval: interrupted" not in res.stderr, res.stderr[-3000:]
     assert res.stdout.count("SIGTERM came as the report was written: the evaluation is complete") == 1, res.stdout

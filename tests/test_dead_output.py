@@ -70,7 +70,7 @@ def test_base_train_saves_on_sigterm_after_its_output_reader_died(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "scripts.base_train", *TINY, "--num-iterations", "100000",
                              "--log-every", "1", "--run-dir", str(run)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    watchdog = threading.Timer(120, proc.kill)  # a hung run fails the test instead of holding the suite
+    watchdog = threading.Timer(300, proc.kill)  # a hung run fails the test instead of holding the suite
     watchdog.start()
     try:
         seen = b""

@@ -23,7 +23,7 @@ from nanochat.common import every_rank_ok, rank0_decides  # noqa: E402
 tiny_run = base_eval_fixtures.tiny_run  # the module fixture (a checkpoint, tokenizer, data, bundle) of base_eval's tests
 
 WORKER = REPO / "tests" / "_rank_view_worker.py"
-TIMEOUT = 180
+TIMEOUT = 300  # a hang guard: 2 ranks on 2 loaded cores can run 5x slower than on an idle machine
 TRAIN = [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
 
 

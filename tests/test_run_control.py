@@ -212,7 +212,7 @@ def test_two_ranks_stop_at_the_same_step_when_one_clock_runs_out(tmp_path):
     run = tmp_path / "r"
     r = run_torchrun(REPO / "tests" / "_wall_time_worker.py", 2,
                      [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "8",
-                      "--max-wall-time-seconds", "25", "--sample-every", "2", "--run-dir", str(run)], timeout=120)
+                      "--max-wall-time-seconds", "25", "--sample-every", "2", "--run-dir", str(run)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "wall_time_limit" and summary["step"] == 3

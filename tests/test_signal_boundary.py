@@ -85,11 +85,10 @@ def test_a_signal_on_one_of_two_ranks_during_an_eval_stops_both_at_that_step(tmp
     flags = [*TINY, "--eval-every", "2", "--device-batch-size", "2",
              "--total-batch-size", "256", "--num-iterations", "6", "--run-dir", str(run)]
     r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
-                     ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", "--kill-in", "eval", *flags],
-                     timeout=120)
+                     ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", "--kill-in", "eval", *flags])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert_stopped_at(run, 2, "signal on another rank", r.stdout)
     assert [rec["step"] for rec in records(run, "eval")] == [0, 2]
-    r = run_torchrun(REPO / "scripts" / "base_train.py", 2, [*flags, "--resume"], timeout=120)
+    r = run_torchrun(REPO / "scripts" / "base_train.py", 2, [*flags, "--resume"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert [rec["step"] for rec in records(run, "eval")] == [0, 2, 4] and sorted(losses(run)) == [1, 2, 3, 4, 5, 6]

@@ -37,6 +37,6 @@ def test_a_signal_on_one_of_two_ranks_during_step_k_saves_step_k_on_both(tmp_pat
     r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
                      ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", *TINY,
                       "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "6",
-                      "--run-dir", str(run)], timeout=120)
+                      "--run-dir", str(run)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert_stopped_at(run, 2, "signal on another rank", r.stdout)
