@@ -24,7 +24,7 @@ def bundle_zip() -> bytes:
 
 def test_ctrl_c_stops_the_bundle_download_at_once_and_the_rerun_resumes_it(tmp_path, monkeypatch):
     """~13 pieces of 64 KiB at 1 s each; Ctrl-C once the first piece is in ends the download at once (not after
-    the ~12 s the rest of the body takes). ~1 s."""
+    the ~12 s the rest of the body takes). < 1 s."""
     body = bundle_zip()
     server = FlakyServer({"/eval_bundle.zip": body})
     server.chunk_delay = 1.0

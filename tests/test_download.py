@@ -371,7 +371,7 @@ def test_ctrl_c_stops_the_shard_downloads_at_once_and_the_rerun_resumes_them(ser
     """Ctrl-C while shards come from a slow mirror: KeyboardInterrupt within a piece of the body, not after every
     download in flight has finished (minutes for real shards); the .part files are kept and the next run resumes
     them with Range requests; one line, exit 130. Before: the interrupt waited for the worker threads, which
-    downloaded to the end (~12 s here), then a traceback. ~2 s."""
+    downloaded to the end (~12 s here), then a traceback. ~1 s."""
     from scripts import prepare_data
 
     server.chunk_delay = 1.0  # shard_00001: ~13 pieces of 64 KiB, ~13 s

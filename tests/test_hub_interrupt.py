@@ -203,7 +203,7 @@ def test_a_failed_shard_stops_the_real_hub_downloads_in_flight(slow_hub_env, tmp
 
 def test_a_hub_download_in_the_main_thread_stops_at_once_on_ctrl_c(slow_hub_env, tmp_path):
     """A single hub_file in the main thread (import_reference's weights) needs nothing of ours: the KeyboardInterrupt
-    comes out of the library's socket read at once and the library deletes its partial file. ~1 s."""
+    comes out of the library's socket read at once and the library deletes its partial file. < 1 s."""
     from nanochat.download import hub_file
 
     in_flight = lambda: any(has_bytes(p) for p in (tmp_path / "hub").rglob("*.incomplete"))  # noqa: E731
