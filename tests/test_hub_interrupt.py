@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from test_download import HUB_COMMIT, FlakyServer, ctrl_c_when, has_bytes, hub_path, join_download_threads, parquet_bytes
+from test_download import (HUB_COMMIT, FlakyServer, ctrl_c_when, has_bytes, hub_path, join_download_threads,
+                           parquet_bytes)
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("shard_00000.parquet", "shard_00001.parquet")  # the train shards; the val shard (369) comes at once
@@ -91,7 +92,9 @@ def test_a_hub_error_is_still_one_line_while_other_hub_downloads_hang(tmp_path, 
 
     def missing_val(repo_id, filename, **kwargs):
         if filename == "shard_00369.parquet":
-            time.sleep(0.3)  # the train shards are in flight by then
+            deadline = time.monotonic() + 60
+            while len(hub.blocked) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the train shards hang in flight (a sleep was a guess on a loaded machine)
             raise EntryNotFoundError("404 Client Error: entry not found")
         return hub(repo_id, filename, **kwargs)
 
