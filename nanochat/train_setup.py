@@ -15,7 +15,7 @@ import torch
 
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control
-from nanochat.common import every_rank_ok, get_dist_info, print0, rank0_decides
+from nanochat.common import every_rank_ok, get_dist_info, print0, rank0_decides, raised_on_every_rank
 from nanochat.families import NAMED_SIZES, model_summary
 from nanochat.gpt import resolve_attention, set_attention_backend
 from nanochat.jsonfile import write_text_atomic
@@ -56,7 +56,8 @@ def _same_on_every_rank(flag: str, requested: str, name: str, fix: str) -> None:
     stops, naming what each got and ``fix``, rather than train with mixed kernels. Collective."""
     names = gather_objects(name)
     if len(set(names)) > 1:
-        raise ValueError(f"{flag} {requested} resolved to {names} on ranks 0..{len(names) - 1}: {fix}")
+        raise raised_on_every_rank(ValueError(f"{flag} {requested} resolved to {names} on ranks 0..{len(names) - 1}: "
+                                              f"{fix}"))  # from the gathered names: printed once (print_error)
 
 
 def setup_attention(requested: str, device) -> str:
@@ -75,9 +76,9 @@ def install_mome_kernels(requested: str, device, stack: ExitStack, shared_table:
     """Resolve --mome-kernels once, before the model is built and compiled (a later change would only make dynamo
     recompile), and install it (nanochat.memory.mome_mix.set_kernels) with --mome-shared-table-kernel
     (``shared_table``, "off" or "on": mome_mix.set_shared_table_kernel) until ``stack`` closes; returns the resolved
-    name and why it or the shared table's setting differs from the request ("" if neither does). Harmless for
-    other memories. Every rank resolves alike (device kind, triton import), but a node without triton would not:
-    ranks that disagree stop the run rather than train with mixed kernels."""
+    name and a note for the log: why it differs from the request, and what the shared table's setting does ("" if
+    there is nothing to say). Harmless for other memories. Every rank resolves alike (device kind, triton import),
+    but a node without triton would not: ranks that disagree stop the run rather than train with mixed kernels."""
     name, reason = every_rank_ok(lambda: resolve_kernels(requested, device))
     _same_on_every_rank("--mome-kernels", requested, name, "install triton on every node, or pass --mome-kernels torch")
     reason = "; ".join(r for r in (reason, shared_table_note(shared_table, name, device)) if r)
@@ -101,9 +102,10 @@ def shared_table_note(shared_table: str, kernels: str, device) -> str:
         return "the shared table too: --mome-shared-table-kernel on"
     device = torch.device(device)
     if device.type in mome_triton.KERNEL_DEVICES:
-        raise ValueError(f"--mome-shared-table-kernel on: the MoME kernels resolved to torch ops on {device.type} "
-                         "(triton cannot be imported), so the shared table cannot take them; install triton, or pass "
-                         "--mome-shared-table-kernel off")
+        raise raised_on_every_rank(ValueError(  # the kernels' name was agreed on every rank: printed once
+            f"--mome-shared-table-kernel on: the MoME kernels resolved to torch ops on {device.type} (triton cannot "
+            "be imported), so the shared table cannot take them; install triton, or pass --mome-shared-table-kernel "
+            "off"))
     return f"--mome-shared-table-kernel on: no effect either, this run is on {device.type}"
 
 
@@ -116,10 +118,10 @@ def report_mome_kernels(model, kernels: tuple[str, str]) -> str:
     path = model_kernel_path(model)
     name, reason = kernels
     if mome_mix.shared_table_kernel() and name != "torch" and path == "torch":
-        raise ValueError("--mome-shared-table-kernel on: the model's shared table does not take the MoME Triton "
-                         "kernels (nanochat.memory.mome_triton.applies: an fp32 table, heads and head size rounded "
-                         f"up to powers of 2 within {MAX_TILE} values, at most 64 slots); pass "
-                         "--mome-shared-table-kernel off")
+        raise raised_on_every_rank(ValueError(  # one model and one setting on every rank: printed once
+            "--mome-shared-table-kernel on: the model's shared table does not take the MoME Triton kernels "
+            "(nanochat.memory.mome_triton.applies: an fp32 table, heads and head size rounded up to powers of 2 "
+            f"within {MAX_TILE} values, at most 64 slots); pass --mome-shared-table-kernel off"))
     if path != "none":
         print0(f"mome kernels: {name}" + (f" ({reason})" if reason else ""))
     return path

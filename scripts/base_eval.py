@@ -178,9 +178,10 @@ def eval_mome_kernels(flag: str, meta: dict) -> tuple[str, str]:
 
 
 def eval_shared_table_kernel(flag: str, kernels: str, meta: dict) -> str:
-    """--mome-shared-table-kernel against the checkpoint's model and the requested --mome-kernels setting
-    (``kernels``): an explicit on is refused as in training where it can change nothing; run is on where the run's
-    shared table took the kernels. No record (imported runs, runs older than the flag): its torch or none."""
+    """--mome-shared-table-kernel against the checkpoint's model and the --mome-kernels setting (``kernels``: the
+    request for an explicit on, the resolved name for run): an explicit on is refused as in training where it can
+    change nothing; run is on where the run's shared table took the kernels and they run here. No record (imported
+    runs, runs older than the flag): its torch or none."""
     model = meta.get("model_config") or {}
     options = model.get("memory_options") or {}
     shape = (model.get("memory"), options.get("index"), bool(options.get("per_head_table")))
@@ -198,11 +199,15 @@ def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack,
     """Resolve and install MoME's kernels with training's own checks and errors (install_mome_kernels), the shared
     table's too (``shared_table``: --mome-shared-table-kernel, eval_shared_table_kernel), until ``stack`` closes;
     returns (the resolved setting, why it differs from the request or "", where the request came from)."""
+    from nanochat.memory.mome_triton import resolve_kernels
     from nanochat.train_setup import install_mome_kernels
 
     requested, source = eval_mome_kernels(flag, meta)
-    shared = eval_shared_table_kernel(shared_table, requested, meta)
     try:
+        # run follows the kernels that resolve here (auto on a GPU without triton: torch ops, so off); an explicit
+        # on is checked against the request, as in training
+        resolved = resolve_kernels(requested, device)[0] if shared_table == "run" else requested
+        shared = eval_shared_table_kernel(shared_table, resolved, meta)
         return *install_mome_kernels(requested, device, stack, shared), source
     except ValueError as e:
         if flag != "run":

@@ -250,3 +250,20 @@ def test_base_train_on_the_interpreted_kernels(tmp_path, monkeypatch, cpu_kernel
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
               if json.loads(line).get("kind", "train") == "train" and "loss" in json.loads(line)]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
+def test_base_eval_run_follows_the_kernels_that_resolve_here(kernels, monkeypatch, shared_global):
+    """A run whose shared table took the kernels, evaluated on a CUDA node without triton with --mome-kernels auto
+    (the advice of run's own error there): run's shared-table default was decided against the requested kernels, so
+    it asked for on and failed with an error naming a flag value the user never gave. It follows the resolved ones."""
+    from scripts.base_eval import setup_eval_mome_kernels
+
+    monkeypatch.setattr(mome_triton, "triton", None)
+    meta = {"model_config": BIGRAM_MODEL, "config": {"mome_kernels": "fused"}}
+    with ExitStack() as stack:
+        name, _, _ = setup_eval_mome_kernels(kernels, meta, torch.device("cuda"), stack, "run")
+        assert (name, mome_mix.SHARED_TABLE_KERNEL) == ("torch", False)
+    with pytest.raises(ValueError, match=rf"^{FLAG} on: the MoME kernels resolved to torch ops on cuda") as caught:
+        setup_eval_mome_kernels("auto", meta, torch.device("cuda"), ExitStack(), "on")  # asked for: still an error
+    assert caught.value.raised_on_every_rank  # every rank agreed on the kernels: print_error prints it once
