@@ -7,6 +7,7 @@ import os
 import pickle
 import random
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -202,6 +203,28 @@ def print_error(exc: BaseException) -> None:
         print(f"error: {exc}", file=sys.stderr, flush=True)
     if together:
         dist.barrier()
+
+
+# How long a rank other than its node's local rank 0 waits, after an error found before the process group, for
+# torchrun to end it: longer than ranks of one node drift apart by then (imports, the meta-device model)
+PEER_PRINT_WAIT_S = 30.0
+
+
+def wait_for_the_node_reporter() -> None:
+    """Before a rank reports an error that every rank of its node found alike before the process group (flags, this
+    node's files): local rank 0 reports it at once; the others must not exit first (torchrun ends the ranks left as
+    soon as one exits: rank 0 could be ended before it printed, and the error lost), so they wait to be ended, and
+    report it themselves if that does not come (another launcher, or rank 0 far behind): twice at worst, never lost.
+    Outside torchrun (no LOCAL_RANK) nothing waits."""
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        time.sleep(PEER_PRINT_WAIT_S)
+
+
+def refuse_before_the_group(error: Exception) -> int:
+    """Print ``error`` (a flag check's, a set-up step's before the process group) once per node; exit code 2."""
+    wait_for_the_node_reporter()
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    return 2
 
 
 def compute_cleanup() -> None:

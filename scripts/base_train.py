@@ -32,7 +32,6 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import ExitStack
@@ -45,7 +44,8 @@ from tqdm import tqdm
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
-                             print_error, rank0_decides, resolve_dtype, seed_everything)
+                             print_error, rank0_decides, refuse_before_the_group, resolve_dtype,
+                             seed_everything)
 from nanochat.eval_resume import ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
 from nanochat.final_eval import FinalEvalError, evaluate_at_the_end, record_final_eval_error, signal_of_any_rank
@@ -448,22 +448,6 @@ def preflight(args):
     if args.vocab_size is not None or args.synthetic_data:  # the real FLOPs/token: FLOP targets checked now
         run_control.check_flop_flags(args, build_plan(args, summary, get_dist_info().world_size))
     return tokenizer
-
-
-# How long a rank other than its node's local rank 0 waits, after an error found before the process group, for
-# torchrun to end it: longer than ranks of one node drift apart by then (imports, the meta-device model)
-PEER_PRINT_WAIT_S = 30.0
-
-
-def refuse_before_the_group(error: Exception) -> int:
-    """Print ``error`` (preflight's, --dry-run's) once per node, exit code 2. No process group exists yet, but the
-    error comes from the flags and this node's files, the same on each of its ranks: local rank 0 prints it. The
-    others must not exit first (torchrun would end rank 0 before it printed, and the error would be lost): they wait
-    to be ended, and print it themselves if that does not come (another launcher, or rank 0 far behind)."""
-    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
-        time.sleep(PEER_PRINT_WAIT_S)
-    print(f"error: {error}", file=sys.stderr, flush=True)
-    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import REPO
+from nanochat import common
 from scripts import base_train
 
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--device-type", "cpu"]
@@ -37,7 +38,7 @@ def test_an_error_before_the_process_group_is_printed_once_under_torchrun(tmp_pa
 def test_a_rank_that_is_not_ended_prints_the_error_itself(monkeypatch, capsys, local_rank):
     """Without torchrun's teardown (another launcher, or local rank 0 far behind) the waiting rank prints the
     error after its wait: twice at worst, never lost. Local rank 0 does not wait."""
-    monkeypatch.setattr(base_train, "PEER_PRINT_WAIT_S", 0.5)
+    monkeypatch.setattr(common, "PEER_PRINT_WAIT_S", 0.5)
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setenv("RANK", local_rank)
     monkeypatch.setenv("WORLD_SIZE", "2")
