@@ -1,9 +1,42 @@
 """argparse ``type=`` helpers shared by the scripts, so a bad value stops at parse time with the flag's name
-(argparse prefixes the message with ``argument --flag:``) instead of failing later inside torch or a loop."""
+(argparse prefixes the message with ``argument --flag:``) instead of failing later inside torch or a loop; and
+``NodeParser``, whose errors a torchrun job prints once per node."""
 
 import argparse
+import sys
 
 DEVICE_TYPES = ("cuda", "cpu", "mps")
+
+
+class RankLocalError(argparse.ArgumentTypeError):
+    """A flag value refused for what this process sees (its devices), which can differ between the ranks of a node:
+    NodeParser lets each rank report its own at once."""
+
+
+class NodeParser(argparse.ArgumentParser):
+    """argparse's parser, but under torchrun a parsing error every rank of a node finds alike (flag syntax, choices,
+    ranges, this node's files) is printed by local rank 0 alone, with the same usage and error lines and exit code 2:
+    the other ranks wait for torchrun to end them (nanochat.common.wait_for_the_node_reporter). A RankLocalError
+    (raised by a ``type=``, or being handled where ``error`` is called) is printed by each rank at once. Outside
+    torchrun it is argparse's parser."""
+
+    def error(self, message: str):
+        if not _rank_local(sys.exc_info()[1]):
+            from nanochat.common import wait_for_the_node_reporter  # here: nanochat.common imports this module
+            wait_for_the_node_reporter()
+        super().error(message)
+
+
+def _rank_local(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or an exception it was raised from or while handling is a RankLocalError: argparse calls
+    ``error`` while handling the ArgumentError it raised while handling the ``type=``'s error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, RankLocalError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _int_or(text: str, invalid: int) -> int:
@@ -62,7 +95,7 @@ def device_choice(*forms: str, per_rank: bool = False):
             raise argparse.ArgumentTypeError(f"{why}; allowed: {listed}")
         missing = _missing_device(kind, int(index or 0))
         if missing:
-            raise argparse.ArgumentTypeError(f"{text}: no such device here ({missing}); allowed here: "
+            raise RankLocalError(f"{text}: no such device here ({missing}); allowed here: "
                                              + ", ".join(_forms_here(forms)))
         return text
     return parse

@@ -20,8 +20,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from nanochat.cli_types import (SEED_MAX, count_or_all, count_or_all_or_zero, device_choice, seed_int,
-                                unresumable_seeds)
+from nanochat.cli_types import (SEED_MAX, NodeParser, count_or_all, count_or_all_or_zero, device_choice,
+                                seed_int, unresumable_seeds)
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
 from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
@@ -234,8 +234,8 @@ def build_parser(resuming: bool = False) -> argparse.ArgumentParser:
     (nanochat.train_resume reads it as -1, the same "all", and refuses it for any other run)."""
     # allow_abbrev=False: the pre-parser of --config/--model-type/--memory takes full names only, so an accepted
     # prefix (--conf FILE) would silently skip the config file
-    p = argparse.ArgumentParser(prog="python -m scripts.base_train", description="Pretrain a GPT with a memory block.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    p = NodeParser(prog="python -m scripts.base_train", description="Pretrain a GPT with a memory block.",
+                   formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     core_cap = count_or_all_or_zero if resuming else count_or_all
     for add in (_group_run, _group_model, _group_optim, _group_schedule,
                 functools.partial(_group_eval, core_cap=core_cap), _group_data):
@@ -283,7 +283,7 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = NodeParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
     pre.add_argument("--model-type", default="nanochat")
     pre.add_argument("--memory", default="base")

@@ -31,7 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
-from nanochat.cli_types import checkpoint_step, count_or_all, device_type_name, positive_int
+from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              print_error, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
@@ -51,7 +51,7 @@ KERNEL_PATHS = ("fused", "row", "torch")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = NodeParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # --run-dir exists because torchrun's own parser rejects "--run" as an ambiguous prefix of its --run-path.
     ap.add_argument("--run", "--run-dir", dest="run", required=True,
                     help="run directory holding checkpoints/step_NNNNNN/ (use --run-dir under torchrun)")

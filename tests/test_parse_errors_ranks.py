@@ -1,0 +1,108 @@
+"""Flag errors of base_train and base_eval under torchrun: one an every rank of a node finds alike (syntax, choices,
+ranges, this node's files) is printed once, by local rank 0 (usage, error, exit 2), and never lost; one that can
+differ between ranks (a device this process does not see) is printed by each rank at once. One process: argparse's
+own usage, error line and exit code 2."""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO
+from nanochat import common
+from nanochat.cli_types import NodeParser
+from nanochat.train_args import parse_args as train_parse_args
+from scripts.base_eval import parse_args as eval_parse_args
+
+BAD_FLAGS = {  # script, flags, the error's words
+    "train-unknown": ("scripts.base_train", ["--synthetic-data", "--no-such-flag"], "unrecognized arguments"),
+    "train-range": ("scripts.base_train", ["--synthetic-data", "--eval-tokens", "0"], "--eval-tokens"),
+    "eval-range": ("scripts.base_eval", ["--run-dir", "nowhere", "--max-per-task", "0"], "--max-per-task"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLAGS))
+def test_a_flag_error_is_printed_once_under_torchrun(case):
+    module, flags, needle = BAD_FLAGS[case]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                           module, *flags], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and needle in errors[0], done.stderr
+    assert sum(line.startswith("usage: ") for line in done.stderr.splitlines()) == 1, done.stderr
+    cause = done.stderr[done.stderr.index("Root Cause"):]  # local rank 0 printed it and exited first, code 2
+    assert re.search(r"local_rank: 0\)\s+exitcode\s+: 2 ", cause), done.stderr
+    assert done.returncode != 0
+
+
+def in_rank(monkeypatch, local_rank: str | None) -> list:
+    """This process as ``local_rank`` of a 2-process torchrun job (None: no torchrun); the list collects the waits
+    for the node's reporter (none happen: the wait is recorded, not slept)."""
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    if local_rank is not None:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        monkeypatch.setenv("RANK", local_rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    waits = []
+    monkeypatch.setattr(common, "wait_for_the_node_reporter", lambda: waits.append(os.environ.get("LOCAL_RANK")))
+    return waits
+
+
+def exit_code(parse, argv) -> int:
+    with pytest.raises(SystemExit) as stopped:
+        parse(argv)
+    return stopped.value.code
+
+
+@pytest.mark.parametrize("parse,argv", [(train_parse_args, ["--eval-tokens", "0"]),
+                                        (train_parse_args, ["--config"]),  # the pre-parser's error
+                                        (eval_parse_args, ["--run", "x", "--eval", "nope"])])
+def test_an_error_alike_on_every_rank_waits_for_the_reporter_off_local_rank_0(monkeypatch, capsys, parse, argv):
+    waits = in_rank(monkeypatch, "1")
+    assert exit_code(parse, argv) == 2
+    assert waits == ["1"]  # before it printed: the wait of the real function, then its own line
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and ": error: " in err
+
+
+@pytest.mark.skipif(getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
+                    reason="an MPS device is here")
+@pytest.mark.parametrize("parse,argv", [(train_parse_args, ["--device-type", "mps"]),
+                                        (eval_parse_args, ["--run", "x", "--device-type", "mps"])])
+def test_a_missing_device_is_reported_by_each_rank_at_once(monkeypatch, capsys, parse, argv):
+    waits = in_rank(monkeypatch, "1")
+    assert exit_code(parse, argv) == 2
+    assert waits == []  # another rank of the node may see the device: it does not report for this one
+    assert "no such device here" in capsys.readouterr().err
+
+
+def test_one_process_prints_what_argparse_prints(monkeypatch, capsys):
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    printed = []
+    for cls in (argparse.ArgumentParser, NodeParser):
+        parser = cls(prog="p")
+        parser.add_argument("--n", type=int, choices=(1, 2))
+        for argv in (["--n", "3"], ["--n", "x"], ["--m"]):
+            assert exit_code(parser.parse_args, argv) == 2
+        printed.append(capsys.readouterr())
+    assert printed[0] == printed[1] and printed[0].err.count("usage: p") == 3
+
+
+def test_the_waiting_rank_prints_the_error_itself_if_not_ended(monkeypatch, capsys):
+    """The real wait, shortened: without torchrun's teardown local rank 1 prints after it; local rank 0 at once."""
+    monkeypatch.setattr(common, "PEER_PRINT_WAIT_S", 0.5)
+    for local_rank in ("0", "1"):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        started = time.monotonic()
+        assert exit_code(eval_parse_args, ["--run", "x", "--eval", "nope"]) == 2
+        waited = time.monotonic() - started
+        assert "--eval: unknown evaluation(s) ['nope']" in capsys.readouterr().err
+        if local_rank == "1":
+            assert waited >= 0.5
