@@ -313,6 +313,15 @@ def evaluate(args) -> int:
             lock.release(remove_file=True)
 
 
+def checkpoint_settings(args, model, meta: dict, device, stack: ExitStack) -> tuple:
+    """The flags against the checkpoint, resolved and installed (kernels until ``stack`` closes): (numerics,
+    (dtype, source), (attention, source), (mome kernels setting, why it differs, source)). The kernels are read at
+    each forward (nothing here is compiled), so this comes after the model is built."""
+    return (apply_numerics(model, args.numerics), eval_dtype(args.dtype, meta, device.type),
+            setup_eval_attention(args.attention, meta, device),
+            setup_eval_mome_kernels(args.mome_kernels, meta, device, stack, args.mome_shared_table_kernel))
+
+
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
     from nanochat.train_setup import report_mome_kernels
@@ -320,13 +329,11 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     rank, world = (info.rank, info.world_size)
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
-    numerics = apply_numerics(model, args.numerics)
-    dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
-    attention, attention_source = setup_eval_attention(args.attention, meta, device)
-    # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
-    # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
-    *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack,
-                                                             args.mome_shared_table_kernel)
+    # alike on every rank: every_rank_ok marks a refusal as every rank's, so print_error prints it once (each rank
+    # raising its own printed it once per rank)
+    numerics, (dtype, dtype_source), (attention, attention_source), (*kernels, mome_kernels_source) = every_rank_ok(
+        lambda: checkpoint_settings(args, model, meta, device, stack))
+    # what its layers take is the record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
     mome_kernels = report_mome_kernels(model, kernels)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
@@ -334,7 +341,8 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
            f"numerics {args.numerics}; dtype {dtype} ({dtype_source}); attention {attention} ({attention_source}); "
            f"mome kernels {mome_kernels} ({mome_kernels_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
-    check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}", meta)
+    every_rank_ok(lambda: check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}",
+                                              meta))
     header = {"run": str(run), "step": step, "tokenizer_dir": str(tok_dir), "dtype": dtype, "attention": attention,
               "mome_kernels": mome_kernels, **numerics}
     # everything besides an item's own inputs that can change a number, down to its last digits: the batch size and
