@@ -193,6 +193,12 @@ def raised_on_every_rank(exc: BaseException) -> BaseException:
     return exc
 
 
+def raised_like(cause: BaseException, exc: BaseException) -> BaseException:
+    """``exc``, raised in place of ``cause`` (a message with more advice), marked as every rank's where ``cause``
+    was: a new exception does not carry the mark, and print_error would print it once per rank."""
+    return raised_on_every_rank(exc) if getattr(cause, "raised_on_every_rank", False) else exc
+
+
 def print_error(exc: BaseException) -> None:
     """``error: exc`` on stderr, once per job. An error every rank raised together (``raised_on_every_rank``:
     rank0_decides, every_rank_ok, raise_lowest_rank_error) is printed by rank 0 alone, and then every rank waits in a

@@ -33,7 +33,7 @@ from pathlib import Path
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
 from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
-                             print_error, rank0_decides, resolve_dtype)
+                             print_error, raised_like, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
@@ -154,8 +154,9 @@ def setup_eval_attention(flag: str, meta: dict, device) -> tuple[str, str]:
     except ValueError as e:
         if flag != "run":
             raise
-        raise ValueError(f"--attention run: the run trained with {requested}, which cannot run here ({e}); pass "
-                         f"--attention {AttentionBackend().name} to evaluate with another kernel") from e
+        raise raised_like(e, ValueError(f"--attention run: the run trained with {requested}, which cannot run here "
+                                        f"({e}); pass --attention {AttentionBackend().name} to evaluate with another "
+                                        "kernel")) from e
 
 
 def eval_mome_kernels(flag: str, meta: dict) -> tuple[str, str]:
@@ -212,8 +213,9 @@ def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack,
     except ValueError as e:
         if flag != "run":
             raise
-        raise ValueError(f"--mome-kernels run: the run trained with {requested} kernels, which cannot run here ({e}); "
-                         f"pass --mome-kernels torch or auto to evaluate with other kernels") from e
+        raise raised_like(e, ValueError(f"--mome-kernels run: the run trained with {requested} kernels, which cannot "
+                                        f"run here ({e}); pass --mome-kernels torch or auto to evaluate with other "
+                                        "kernels")) from e
 
 
 def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
@@ -313,13 +315,14 @@ def evaluate(args) -> int:
             lock.release(remove_file=True)
 
 
-def checkpoint_settings(args, model, meta: dict, device, stack: ExitStack) -> tuple:
-    """The flags against the checkpoint, resolved and installed (kernels until ``stack`` closes): (numerics,
-    (dtype, source), (attention, source), (mome kernels setting, why it differs, source)). The kernels are read at
-    each forward (nothing here is compiled), so this comes after the model is built."""
-    return (apply_numerics(model, args.numerics), eval_dtype(args.dtype, meta, device.type),
-            setup_eval_attention(args.attention, meta, device),
-            setup_eval_mome_kernels(args.mome_kernels, meta, device, stack, args.mome_shared_table_kernel))
+def check_flags_against(args, meta: dict, device_type: str) -> None:
+    """The checks of the flags against the checkpoint that enter no collective (the set-up repeats them), run first,
+    in every_rank_ok: a refusal each rank raised on its own was printed by every rank. The set-up's own checks
+    (setup_attention, install_mome_kernels) are collectives that raise on every rank together."""
+    eval_dtype(args.dtype, meta, device_type)
+    requested, _ = eval_mome_kernels(args.mome_kernels, meta)
+    if args.mome_shared_table_kernel == "on":  # an explicit on is checked against the request (run: no refusal)
+        eval_shared_table_kernel("on", requested, meta)
 
 
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
@@ -329,11 +332,15 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     rank, world = (info.rank, info.world_size)
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
-    # alike on every rank: every_rank_ok marks a refusal as every rank's, so print_error prints it once (each rank
-    # raising its own printed it once per rank)
-    numerics, (dtype, dtype_source), (attention, attention_source), (*kernels, mome_kernels_source) = every_rank_ok(
-        lambda: checkpoint_settings(args, model, meta, device, stack))
-    # what its layers take is the record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
+    # the flags against the checkpoint: refused alike on every rank, so print_error prints it once
+    every_rank_ok(lambda: check_flags_against(args, meta, device.type))
+    numerics = apply_numerics(model, args.numerics)
+    dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
+    attention, attention_source = setup_eval_attention(args.attention, meta, device)
+    # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
+    # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
+    *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack,
+                                                             args.mome_shared_table_kernel)
     mome_kernels = report_mome_kernels(model, kernels)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)

@@ -32,3 +32,30 @@ def test_an_error_every_rank_raises_is_printed_once(tiny_run, tmp_path, case):
     errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and needle in errors[0], res.stderr[-4000:]
     assert "exitcode  : 2 " in res.stderr and res.returncode != 0, res.stderr[-4000:]
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_the_advice_on_a_kernel_every_rank_refused_keeps_its_mark(monkeypatch, marked):
+    """--attention run / --mome-kernels run re-raise the set-up's refusal with advice: a new exception, which must
+    stay every rank's where the refusal was (train_setup's collectives), or print_error prints it once per rank."""
+    from contextlib import ExitStack
+
+    import torch
+
+    from nanochat import train_setup
+    from nanochat.common import raised_on_every_rank
+    from scripts.base_eval import setup_eval_attention, setup_eval_mome_kernels
+
+    def refuse(*_args, **_kwargs):
+        error = ValueError("cannot run here")
+        raise raised_on_every_rank(error) if marked else error
+
+    monkeypatch.setattr(train_setup, "setup_attention", refuse)
+    monkeypatch.setattr(train_setup, "install_mome_kernels", refuse)
+    meta = {"config": {"attention": "fa3", "mome_kernels": "fused"}}
+    with pytest.raises(ValueError, match=r"^--attention run: the run trained with fa3") as attention:
+        setup_eval_attention("run", meta, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"^--mome-kernels run: the run trained with fused") as kernels:
+        setup_eval_mome_kernels("run", meta, torch.device("cpu"), ExitStack(), "off")
+    for caught in (attention, kernels):
+        assert getattr(caught.value, "raised_on_every_rank", False) is marked
