@@ -195,19 +195,29 @@ def eval_shared_table_kernel(flag: str, kernels: str, meta: dict) -> str:
     return "on" if took and kernels != "torch" else "off"
 
 
+def _resolves_to(requested: str, device) -> str:
+    """The kernels --mome-kernels ``requested`` resolves to here, or ``requested`` where it cannot: the refusal is
+    install_mome_kernels', raised by every rank together (a rank raising here alone would skip its collective)."""
+    from nanochat.memory.mome_triton import resolve_kernels
+
+    try:
+        return resolve_kernels(requested, device)[0]
+    except ValueError:
+        return requested
+
+
 def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack,
                             shared_table: str = "run") -> tuple[str, str, str]:
     """Resolve and install MoME's kernels with training's own checks and errors (install_mome_kernels), the shared
     table's too (``shared_table``: --mome-shared-table-kernel, eval_shared_table_kernel), until ``stack`` closes;
     returns (the resolved setting, why it differs from the request or "", where the request came from)."""
-    from nanochat.memory.mome_triton import resolve_kernels
     from nanochat.train_setup import install_mome_kernels
 
     requested, source = eval_mome_kernels(flag, meta)
     try:
         # run follows the kernels that resolve here (auto on a GPU without triton: torch ops, so off); an explicit
         # on is checked against the request, as in training
-        resolved = resolve_kernels(requested, device)[0] if shared_table == "run" else requested
+        resolved = _resolves_to(requested, device) if shared_table == "run" else requested
         shared = eval_shared_table_kernel(shared_table, resolved, meta)
         return *install_mome_kernels(requested, device, stack, shared), source
     except ValueError as e:
