@@ -3,15 +3,18 @@ from), the advice after a non-finite loss, and the stop of every rank together a
 
 from __future__ import annotations
 
+import json
 import sys
+import traceback
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import print0
+from nanochat.common import is_dist, print0
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import write_run_report
+from nanochat.run_control import how_to_continue
 from nanochat.train_setup import write_json
 
 if TYPE_CHECKING:
@@ -140,3 +143,73 @@ def stop_every_rank(run: Run, reason: str, message: str, error: BaseException | 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return 2
+
+
+
+# the process group's store keys under which each rank that stopped by an unplanned error posts it (stop_by_error)
+ERROR_KEY = "train_error"
+
+
+def post_error(text: str) -> None:
+    """Post this rank's error, numbered in the order the ranks failed in, to the process group's store: no
+    collective (the other ranks may wait in one that never completes), and the store outlives this rank (torchrun's
+    agent hosts it), so rank 0 can name the error that broke its collective when this rank's exit breaks it."""
+    if not is_dist():
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{ERROR_KEY}/{dist.get_rank()}", json.dumps([store.add(f"{ERROR_KEY}/order", 1), text]))
+    except Exception as e:  # noqa: BLE001 - the store went with the rank that hosted it
+        print(f"rank {dist.get_rank()}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
+
+
+def errors_posted(own: str) -> dict[int, str]:
+    """The errors posted so far by the ranks (no waiting), by rank, in the order they failed in; ``own`` alone
+    in one process or when the store is gone."""
+    if not is_dist():
+        return {0: own}
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        keys = [f"{ERROR_KEY}/{r}" for r in range(dist.get_world_size())]
+        posted = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+    except Exception:  # noqa: BLE001 - the store went with the rank that hosted it
+        return {dist.get_rank(): own}
+    return {r: text for r, (_, text) in sorted(posted.items(), key=lambda item: item[1][0])} or {0: own}
+
+
+def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
+    """After an error no stop plans for (an OOM, a bug), on the rank(s) that raised it; exit code 1. Each prints its
+    traceback and posts its error (post_error). Rank 0 then records the stop (metrics.jsonl, summary.json: "error",
+    the error of the first rank to fail, the last checkpoint, ``evals``: what finished) and says how to go on. No
+    collective: the other ranks may wait in one that cannot complete. A rank other than 0 that raised alone leaves
+    the account to rank 0, whose collective breaks once this rank has exited (torchrun's SIGTERM to it is latched
+    by StopSignal, so it still writes the summary); a launcher that SIGKILLs it leaves none."""
+    traceback.print_exception(error)  # first: nothing below may hide it
+    text = f"{type(error).__name__}: {error}"
+    post_error(text)
+    if run.rank != 0:
+        return 1
+    step = run.loop["step"]
+    errors = errors_posted(text)
+    first_rank, first = next(iter(errors.items()))
+    several = len(errors) > 1 or first_rank != 0
+    where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if several else ""
+    print(f"error: {first}{where}\ntraining stopped by an error after step {step}", file=sys.stderr, flush=True)
+    # each write apart (the full disk that failed the step may refuse them all: the error above stands); the stop
+    # record first, since summary.json's run report reads metrics.jsonl
+    try:
+        run.metrics.log({"kind": "stop", "step": step, "reason": "error", "error": first})
+    except Exception as e:  # noqa: BLE001
+        print(f"metrics.jsonl: the stop record not written: {e}", file=sys.stderr, flush=True)
+    try:
+        fields = {**evals, **error_fields(run, first)}
+        print(f"last checkpoint: step {fields['last_checkpoint']} in {run.run_dir / ckpt.CKPT_DIR}; fix the cause, "
+              f"then {how_to_continue()}" if fields["last_checkpoint"] is not None else
+              "no checkpoint was saved: start again with --overwrite once the cause is fixed", file=sys.stderr,
+              flush=True)
+        if several:
+            fields.update(error_rank=first_rank, errors_by_rank={str(r): t for r, t in errors.items()})
+        write_summary(run, "error", fields)
+    except Exception as e:  # noqa: BLE001
+        print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
+    return 1

@@ -57,7 +57,8 @@ from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_end import (EXIT_NONFINITE, WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, error_fields,
-                                last_checkpoint, nonfinite_advice, stop_every_rank, write_summary)
+                                last_checkpoint, nonfinite_advice, stop_by_error, stop_every_rank,
+                                write_summary)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
@@ -420,6 +421,8 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
     except FinalEvalError as e:  # agreed through the store: no collective from here on (a rank may be stuck in one)
         record_final_eval_error(run, e, evals, lambda fields: write_summary(run, "final_eval_error", fields))
         return 1
+    except Exception as e:  # unplanned (an OOM, a bug): summary.json still says how the run ended; not Ctrl-C's abort
+        return stop_by_error(run, e, evals)
     finally:
         run.metrics.close()
     summary = write_summary(run, reason, evals)

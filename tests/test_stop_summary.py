@@ -9,6 +9,7 @@ import pytest
 from _mid_step_signal_worker import signal_during_step
 from conftest import REPO, run_torchrun
 from nanochat import checkpoint as ckpt
+from nanochat import train_end
 from nanochat.dataset import DataError
 from scripts import base_train
 from test_train_dist import BATCH
@@ -152,3 +153,52 @@ def test_under_the_runner_a_final_eval_error_names_the_runners_way_on(tmp_path, 
     err = capsys.readouterr().err
     assert f"the checkpoint of step 3 is saved; {RUNNER_WAY} reruns the final evaluation, reusing the parts kept " \
            f"in {run / PARTIAL}" in err, err
+
+
+def test_an_unplanned_error_in_training_writes_the_summary_and_exits_1(tmp_path, monkeypatch, capsys):
+    """An error no stop plans for (an OOM in a step, a bug) ended with a traceback, exit 1 and no summary.json: the
+    run dir had no account of how the run ended. Now summary.json says "error" with the error, the step and the
+    checkpoint to go on from; metrics.jsonl has the stop; stderr keeps the traceback and says how to continue."""
+    run = tmp_path / "r"
+    assert error_stop(run, monkeypatch, RuntimeError("CUDA out of memory (simulated)"), 4) == 1
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 3, 2), summary
+    assert summary["error"] == "RuntimeError: CUDA out of memory (simulated)" and "signal" not in summary, summary
+    stops = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"stop"' in line]
+    assert [(s["reason"], s["step"], s["error"]) for s in stops] == [("error", 3, summary["error"])], stops
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: CUDA out of memory (simulated)" in err, err
+    assert f"training stopped by an error after step 3\nlast checkpoint: step 2 in {run / ckpt.CKPT_DIR}" in err, err
+    assert "fix the cause, then continue with --resume" in err, err
+
+
+def test_an_unplanned_error_before_any_checkpoint_says_none(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "r"
+    assert error_stop(run, monkeypatch, AssertionError("a bug"), 2, "--save-every", "-1") == 1
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 1, None), summary
+    assert summary["error"] == "AssertionError: a bug", summary
+    assert "no checkpoint was saved: start again with --overwrite" in capsys.readouterr().err
+
+
+def test_a_failed_summary_write_does_not_hide_the_error(tmp_path, monkeypatch, capsys):
+    """The disk that fills during a step may refuse summary.json too: the step's error must still be the one
+    reported (traceback and message), with the write's failure beside it, and the exit code 1."""
+    run = tmp_path / "r"
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_end, "write_summary", full)
+    assert error_stop(run, monkeypatch, RuntimeError("the step's own error"), 4) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: the step's own error" in err and "Traceback" in err, err
+    assert "summary.json not written either: [Errno 28] No space left on device" in err, err
+    assert not (run / "summary.json").exists()
+
+
+def test_a_second_ctrl_c_still_aborts_without_a_summary(tmp_path, monkeypatch):
+    """KeyboardInterrupt (a second Ctrl-C) is by design no error to account for: it propagates at once."""
+    with pytest.raises(KeyboardInterrupt):
+        error_stop(tmp_path / "r", monkeypatch, KeyboardInterrupt(), 2)
+    assert not (tmp_path / "r" / "summary.json").exists()
