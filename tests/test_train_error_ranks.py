@@ -1,0 +1,52 @@
+"""An unplanned error during training under torchrun (gloo, 2 ranks), on rank 0 alone, rank 1 alone or both: the job
+ends in bounded time with a non-zero exit, and rank 0's summary.json says "error" with the error of the first rank to
+fail (nanochat.train_end.stop_by_error), never "interrupted" for the SIGTERM torchrun sends the rank left."""
+
+import json
+import time
+
+import pytest
+
+from conftest import REPO, run_torchrun
+from test_train_dist import BATCH
+from test_train_e2e import TINY
+
+WORKER = REPO / "tests" / "_train_error_worker.py"
+
+
+def run_worker(tmp_path, monkeypatch, fail: str, sigterm: str = ""):
+    monkeypatch.setenv("FAIL_RANKS", fail)
+    monkeypatch.setenv("SIGTERM_RANKS", sigterm)
+    run = tmp_path / "r"
+    started = time.monotonic()
+    r = run_torchrun(WORKER, 2, [*TINY, *BATCH, "--num-iterations", "6", "--save-every", "1", "--run-dir", str(run)],
+                     timeout=240)  # a hang shows as TimeoutExpired
+    return r, run, r.stdout + r.stderr, time.monotonic() - started
+
+
+def error(rank: int) -> str:
+    return f"RuntimeError: simulated out of memory (rank {rank})"
+
+
+@pytest.mark.parametrize("fail, sigterm", [("0", ""), ("1", ""), ("0,1", ""), ("1", "0")],
+                         ids=["rank0", "rank1", "both", "rank1-rank0-sigterm"])
+def test_an_error_on_any_rank_is_in_rank_0s_summary(tmp_path, monkeypatch, fail, sigterm):
+    """rank1-rank0-sigterm: rank 0 has SIGTERM latched (as torchrun sends it once rank 1 has exited) when its
+    collective breaks: its summary must still say the error, not "interrupted" by the signal."""
+    r, run, out, elapsed = run_worker(tmp_path, monkeypatch, fail, sigterm)
+    assert r.returncode != 0 and "Traceback" in r.stderr, out[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 2, 2), summary
+    assert "signal" not in summary and "interrupted" not in r.stdout, summary
+    if "error_rank" not in summary:  # rank 0 failed first, before any other rank posted an error
+        assert fail != "1" and summary["error"] == error(0), summary
+    else:  # rank 0 read the errors posted (rank 1's before its exit broke rank 0's collective), in order of failure
+        assert fail != "0" and sorted(summary["errors_by_rank"]) == ["0", "1"], summary
+        assert summary["errors_by_rank"][str(summary["error_rank"])] == summary["error"], summary
+    if fail == "1":  # rank 0's own error is the broken collective: rank 1's is the account
+        assert (summary["error"], summary["error_rank"]) == (error(1), 1), summary
+    assert f"training stopped by an error after step 2\nlast checkpoint: step 2 in {run / 'checkpoints'}" in out, \
+        out[-3000:]
+    stops = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"stop"' in line]
+    assert [(s["reason"], s["error"]) for s in stops] == [("error", summary["error"])], stops
+    assert elapsed < 200, elapsed
