@@ -14,7 +14,7 @@ from nanochat import checkpoint as ckpt
 from nanochat.common import is_dist, print0
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import write_run_report
-from nanochat.run_control import how_to_continue
+from nanochat.run_control import how_to_continue, resume_way
 from nanochat.train_setup import write_json
 
 if TYPE_CHECKING:
@@ -177,6 +177,14 @@ def errors_posted(own: str) -> dict[int, str]:
     return {r: text for r, (_, text) in sorted(posted.items(), key=lambda item: item[1][0])} or {0: own}
 
 
+def way_on_after_error(run: Run, last: int | None) -> str:
+    if last is not None:
+        return f"last checkpoint: step {last} in {run.run_dir / ckpt.CKPT_DIR}; fix the cause, then {how_to_continue()}"
+    # a --resume finds nothing to continue; the runner's --resume auto starts afresh then
+    again = "start again with --overwrite" if resume_way() == "--resume" else how_to_continue()
+    return f"no checkpoint was saved: once the cause is fixed, {again}"
+
+
 def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     """After an error no stop plans for (an OOM, a bug), on the rank(s) that raised it; exit code 1. Each prints its
     traceback and posts its error (post_error). Rank 0 then records the stop (metrics.jsonl, summary.json: "error",
@@ -203,10 +211,7 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
         print(f"metrics.jsonl: the stop record not written: {e}", file=sys.stderr, flush=True)
     try:
         fields = {**evals, **error_fields(run, first)}
-        print(f"last checkpoint: step {fields['last_checkpoint']} in {run.run_dir / ckpt.CKPT_DIR}; fix the cause, "
-              f"then {how_to_continue()}" if fields["last_checkpoint"] is not None else
-              "no checkpoint was saved: start again with --overwrite once the cause is fixed", file=sys.stderr,
-              flush=True)
+        print(way_on_after_error(run, fields["last_checkpoint"]), file=sys.stderr, flush=True)
         if several:
             fields.update(error_rank=first_rank, errors_by_rank={str(r): t for r, t in errors.items()})
         write_summary(run, "error", fields)

@@ -199,6 +199,34 @@ def die_with_parent():
     return preexec
 
 
+def fresh_summary(run_dir: Path, before: dict | None) -> dict | None:
+    """run_dir's summary.json unless it is ``before`` (read before the launch: not rewritten since), unreadable or
+    absent."""
+    from nanochat.report import read_json
+
+    try:
+        summary = read_json(run_dir / "summary.json")
+    except ValueError:  # a damaged file says nothing reliable
+        return None
+    return None if summary == before else summary
+
+
+def failure_message(seed: int, code: int, summary: dict | None, how: str, log_path: Path) -> str:
+    """The runner's last line when base_train exited ``code`` != 0: what this launch's summary.json (None: it wrote
+    none, e.g. bad flags before the first step) says of the stop, and the way on where the runner has one."""
+    head = f"[run] seed {seed} failed with exit code {code}"
+    if not summary or not summary.get("stop_reason"):
+        return f"{head}; see {log_path}"
+    reason, error, last = summary["stop_reason"], summary.get("error"), summary.get("last_checkpoint")
+    said = f"{head}: {reason} at step {summary.get('step')}" + (f" ({error})" if error else "")
+    if reason.startswith("nonfinite"):  # the same command would meet the same NaN: base_train names lower LRs
+        return (f"{said}; base_train's message in the log names the last good checkpoint and the lower learning "
+                f"rates to continue with (--resume-override-lr and the LR flags, after --). Log: {log_path}")
+    where = f"its checkpoint of step {last}" if last is not None else "the start (no checkpoint was saved)"
+    fixed = "once the cause is fixed, " if error else ""  # e.g. torchrun's own exit code after a signal stop
+    return f"{said}; {fixed}it continues from {where} {how}. Log: {log_path}"
+
+
 def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
             how: str = "by re-running the same command") -> None:
     """Train one seed with ``cmd``; ``afresh`` (``afresh_command``) is named by base_train if it refuses the resume,
@@ -222,6 +250,7 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
         env.pop(AFRESH_ENV, None)  # the user's own --resume/--overwrite: base_train's advice names their flags
     else:
         env[AFRESH_ENV] = afresh
+    before = fresh_summary(run_dir, None)  # a summary.json of an earlier launch is no account of this one
     with open(log_path, "a") as log:
         # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
         # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
@@ -252,7 +281,7 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
     if received:
         raise SystemExit(f"[run] interrupted (child exit code {code}); seed {seed} is resumed {how}. Log: {log_path}")
     if code != 0:
-        raise SystemExit(f"[run] seed {seed} failed with exit code {code}; see {log_path}")
+        raise SystemExit(failure_message(seed, code, fresh_summary(run_dir, before), how, log_path))
     summary = read_json(run_dir / "summary.json", {})
     if summary.get("stop_reason") == "wall_time_limit":  # base_train exits 0, but the seed is not finished
         raise SystemExit(f"[run] seed {seed} stopped at its wall-time limit (--max-wall-time-seconds) at step "

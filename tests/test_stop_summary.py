@@ -178,7 +178,7 @@ def test_an_unplanned_error_before_any_checkpoint_says_none(tmp_path, monkeypatc
     summary = summary_of(run)
     assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 1, None), summary
     assert summary["error"] == "AssertionError: a bug", summary
-    assert "no checkpoint was saved: start again with --overwrite" in capsys.readouterr().err
+    assert "no checkpoint was saved: once the cause is fixed, start again with --overwrite" in capsys.readouterr().err
 
 
 def test_a_failed_summary_write_does_not_hide_the_error(tmp_path, monkeypatch, capsys):
