@@ -2,8 +2,10 @@
 
 metrics.jsonl is the source of truth (plots and tables read it); W&B is an optional mirror, off by default.
 Every record carries a ``kind`` ("train", "eval", "core", "final"; "resume" for --resume-override-lr and
---resume-new-world-size; "sample" for --sample-every; "stop" for a --max-wall-time-seconds stop) so one file holds
-the whole run.
+--resume-new-world-size; "sample" for --sample-every; "stop", with its "reason", for a stop by
+--max-wall-time-seconds ("wall_time_limit"), by a signal during the final evaluation ("interrupted", "during":
+"final_eval"), or by an error in the final evaluation ("final_eval_error") or during training ("error"); a signal
+during training writes none: its checkpoint and summary.json say it) so one file holds the whole run.
 """
 
 import json

@@ -25,7 +25,10 @@ a checkpoint or of final_eval.partial.json (a full disk: stop_reason "checkpoint
 free space, then --resume); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint was
 checked finite when it was saved, the message names the last one and how to continue from it with lower LRs); 1 =
 any other error (in the final evaluation: stop_reason "final_eval_error", the step's checkpoint saved, --resume
-reruns it). A stop by an error writes "error" and "last_checkpoint" in summary.json.
+reruns it; else stop_reason "error": the traceback on stderr, then the last checkpoint and how to continue; under
+torchrun rank 0 writes the error of the first rank to fail, "error_rank" and "errors_by_rank" beside it when it was
+another rank's or several failed). A stop by an error writes "error" and "last_checkpoint" in summary.json; a second
+Ctrl-C aborts at once, without one.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
 (see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
