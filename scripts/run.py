@@ -217,7 +217,9 @@ def failure_message(seed: int, code: int, summary: dict | None, how: str, log_pa
     head = f"[run] seed {seed} failed with exit code {code}"
     if not summary or not summary.get("stop_reason"):
         return f"{head}; see {log_path}"
-    reason, error, last = summary["stop_reason"], summary.get("error"), summary.get("last_checkpoint")
+    reason, error = summary["stop_reason"], summary.get("error")
+    # a stop by an error names its last checkpoint; the others (a signal: torchrun's exit code) saved their step's
+    last = summary["last_checkpoint"] if "last_checkpoint" in summary else summary.get("step")
     said = f"{head}: {reason} at step {summary.get('step')}" + (f" ({error})" if error else "")
     if reason.startswith("nonfinite"):  # the same command would meet the same NaN: base_train names lower LRs
         return (f"{said}; base_train's message in the log names the last good checkpoint and the lower learning "

@@ -54,3 +54,10 @@ def test_an_earlier_launchs_summary_is_not_this_ones_account(tmp_path):
     (tmp_path / "seed1" / "summary.json").write_text(json.dumps({"stop_reason": "interrupted", "step": 2}))
     line = failure(tmp_path, None, 2)
     assert line.startswith("[run] seed 1 failed with exit code 2; see ") and "interrupted" not in line, line
+
+
+def test_a_signal_stop_under_torchrun_continues_from_its_step(tmp_path):
+    """torchrun exits non-zero after a SIGTERM that every worker answered by saving (summary: interrupted, exit 0
+    each): the seed continues from the checkpoint of its step, no cause to fix."""
+    line = failure(tmp_path, {"stop_reason": "interrupted", "step": 5, "signal": "SIGTERM"}, 1)
+    assert f"exit code 1: interrupted at step 5; it continues from its checkpoint of step 5 {HOW}. Log: " in line, line
