@@ -84,8 +84,25 @@ def format_step_line(step: int, num_iterations: int, loss: float, lrm: float, dt
             f"dt {dt * 1000:.0f}ms | tok/s {tok_per_sec:,.0f} | mfu {util} | eta {format_eta(eta_seconds)}")
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """On resume: drop records logged after the checkpoint step, so the file reads like one uninterrupted run."""
+# The records of a step's periodic work (evals, samples), which a signal stop's checkpoint saved before running
+PERIODIC_WORK_KINDS = ("eval", "core", "sample")
+
+
+def kept_on_resume(rec: dict, last_step: int, pending: bool) -> bool:
+    """Whether a resume from checkpoint ``last_step`` keeps the record: the ones up to that step, less "final" (the
+    end's evaluation is redone) and, for a ``pending`` checkpoint, the step's own evals and samples."""
+    step = rec.get("step", 0)
+    if step > last_step or rec.get("kind") == "final":
+        return False
+    # Only a resume that died before it saved again logged them (the signal stop itself ran none): this resume
+    # runs them again. Its train record stays, as do "resume"/"stop" records (session boundaries).
+    return not (pending and step == last_step and rec.get("kind") in PERIODIC_WORK_KINDS)
+
+
+def truncate_metrics(path: Path, last_step: int, pending: bool = False) -> None:
+    """On resume: drop records logged after the checkpoint step, so the file reads like one uninterrupted run.
+    ``pending``: the checkpoint is a signal stop's, whose step's evals and samples the resume runs (their records
+    are dropped too, so that a resume that crashed after them leaves no second copy)."""
     if not path.is_file():
         return
     kept = []
@@ -94,7 +111,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a torn last line from a crash
             continue
-        if rec.get("step", 0) <= last_step and rec.get("kind") != "final":
+        if kept_on_resume(rec, last_step, pending):
             kept.append(line)
     write_text_atomic(path, "".join(k + "\n" for k in kept))
 

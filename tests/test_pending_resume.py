@@ -1,0 +1,82 @@
+"""A signal stop's checkpoint is "pending" (scripts/base_train.py, BOUNDARY_PENDING): its step's evals and samples
+have not run, and the --resume runs them first. When that resumed process dies before it saves again (a crash, a
+SIGKILL), the next --resume from the same pending checkpoint runs them once more: metrics.jsonl must then hold that
+step's eval and sample records once, as an uninterrupted run's does, not once per try."""
+
+import json
+import signal
+from collections import Counter
+
+import pytest
+
+from _mid_step_signal_worker import signal_during_call, signal_during_step
+from nanochat import checkpoint as ckpt
+from nanochat.metrics import truncate_metrics
+from scripts import base_train
+from test_signal_boundary import FLAGS, assert_resumed_like
+from test_train_e2e import train
+
+
+class Crash(RuntimeError):
+    """Stands for the death of the resumed process (an exception out of main, as a SIGKILL leaves no summary)."""
+
+
+def crash(*args, **kwargs):
+    raise Crash("killed")
+
+
+def kinds_and_steps(run) -> Counter:
+    """The (kind, step) of every record, counted: a repeated eval shows as a count of 2."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return Counter((r["kind"], r["step"]) for r in map(json.loads, lines))
+
+
+def stop_pending_at_3(run, monkeypatch) -> None:
+    monkeypatch.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 3, signal.SIGTERM))
+    assert train(run, *FLAGS) == 0
+    assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    monkeypatch.undo()
+
+
+def crash_after_the_pending_evals(monkeypatch) -> None:
+    """The resume runs step 3's eval and samples, then dies in step 4."""
+    monkeypatch.setattr(base_train, "train_step", crash)
+
+
+def crash_in_the_save_after_a_signal_during_them(monkeypatch) -> None:
+    """A second signal during step 3's eval in the resume: it saves step 3 again, its evals done, but dies while
+    saving (a SIGKILL after the grace period), so the pending checkpoint is the one left."""
+    monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(base_train.run_split_bpb, 1, signal.SIGTERM))
+    monkeypatch.setattr(base_train, "save", crash)
+
+
+@pytest.mark.parametrize("crash", [crash_after_the_pending_evals, crash_in_the_save_after_a_signal_during_them],
+                         ids=["after_the_evals", "in_the_signal_save"])
+def test_a_crashed_pending_resume_leaves_its_evals_logged_once(tmp_path, monkeypatch, crash):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert train(ref, *FLAGS) == 0
+    stop_pending_at_3(run, monkeypatch)
+    crash(monkeypatch)
+    with pytest.raises(Crash):
+        train(run, *FLAGS, "--resume")
+    monkeypatch.undo()
+    assert kinds_and_steps(run)[("eval", 3)] == 1 and kinds_and_steps(run)[("sample", 3)] == 1  # the crashed try's
+    assert ckpt.list_steps(run) == [3] and ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    assert train(run, *FLAGS, "--resume") == 0
+    assert kinds_and_steps(run) == kinds_and_steps(ref)
+    assert_resumed_like(run, ref)  # values too: this run is deterministic on the CPU
+
+
+def test_truncate_metrics_drops_a_pending_steps_evals_and_samples_only(tmp_path):
+    """The step's train record (logged before the signal stop's save) stays; so do earlier steps' evals, and the
+    "resume" and "stop" records of session boundaries at that step."""
+    path = tmp_path / "metrics.jsonl"
+    recs = [{"kind": "eval", "step": 0}, {"kind": "train", "step": 3}, {"kind": "resume", "step": 3},
+            {"kind": "eval", "step": 3}, {"kind": "core", "step": 3}, {"kind": "sample", "step": 3},
+            {"kind": "train", "step": 4}, {"kind": "final", "step": 3}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"kind": "tr')  # and a torn last line
+    truncate_metrics(path, 3, pending=True)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == recs[:3]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    truncate_metrics(path, 3)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == recs[:6]
