@@ -180,7 +180,12 @@ def restore(run, point: ResumePoint) -> None:
 def repartition_data(run, state: dict, step: int) -> None:
     """--resume-new-world-size: the loaders continue from the old ranks' states re-partitioned over this world
     size (not token-for-token exact); RNG states are taken from old rank (rank mod old world size). The move is
-    recorded in config.json (world_size_changes) and metrics.jsonl (kind "resume"), as --resume-override-lr."""
+    recorded in config.json (world_size_changes) and metrics.jsonl (kind "resume"), as --resume-override-lr.
+
+    A new rank thus shares an old rank's RNG state (2 -> 3: ranks 0 and 2), on purpose: every rank is seeded with
+    --seed (seed_everything) and none draws alone, so all ranks of a run hold one state (test_train_dist.py checks
+    a 2-rank checkpoint), as a fresh run of the new size would. A state of its own (from the seed and the rank)
+    would set the new rank apart from its peers, and draws that must agree across ranks would then differ."""
     summary = run.data.loader.repartition(state["dataloader"])
     run.world_size_now = {"checkpoint": state["world_size"], "now": run.world}
     run.world_size_changes.append({"step": step, **run.world_size_now})

@@ -101,6 +101,10 @@ def test_two_process_kill_and_resume_matches_one_process(tmp_path, capsys):
     proc.wait(timeout=30)
     assert (run / "checkpoints" / "step_000004").exists()
     assert not (run / "summary.json").exists()  # really killed before the end
+    # every rank is seeded with --seed and none draws alone, so the ranks' RNG states agree: the one a
+    # --resume-new-world-size gives a new rank (old rank r mod old world size) is its peers' (train_resume.py)
+    rng = ckpt.load_training_state(run, 4)["rng"]
+    assert len(rng) == 2 and rng[0]["python"] == rng[1]["python"] and torch.equal(rng[0]["torch"], rng[1]["torch"])
     r = run_torchrun(SCRIPT, 2, [*flags, "--run-dir", str(run), "--resume"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert_losses_close(losses(run), losses(ref), set(range(1, 9)))
