@@ -88,30 +88,50 @@ def format_step_line(step: int, num_iterations: int, loss: float, lrm: float, dt
 PERIODIC_WORK_KINDS = ("eval", "core", "sample")
 
 
-def kept_on_resume(rec: dict, last_step: int, pending: bool) -> bool:
-    """Whether a resume from checkpoint ``last_step`` keeps the record: the ones up to that step, less "final" (the
-    end's evaluation is redone) and, for a ``pending`` checkpoint, the step's own evals and samples."""
-    step = rec.get("step", 0)
-    if step > last_step or rec.get("kind") == "final":
+def held_by_checkpoint(rec: dict, saved: dict) -> bool:
+    """Whether a "resume" record's changes are among ``saved`` (lists by key, as the record spells them), which
+    then gives them up: a checkpoint's history entry accounts for one record."""
+    parts = {k: rec[k] for k in saved if k in rec}
+    if any(v not in saved[k] for k, v in parts.items()):
         return False
-    # Only a resume that died before it saved again logged them (the signal stop itself ran none): this resume
-    # runs them again. Its train record stays, as do "resume"/"stop" records (session boundaries).
-    return not (pending and step == last_step and rec.get("kind") in PERIODIC_WORK_KINDS)
+    for k, v in parts.items():
+        saved[k].remove(v)
+    return True
 
 
-def truncate_metrics(path: Path, last_step: int, pending: bool = False) -> None:
+def kept_on_resume(rec: dict, last_step: int, pending: bool, saved: dict | None) -> bool:
+    """Whether a resume from checkpoint ``last_step`` keeps the record (see truncate_metrics)."""
+    step, kind = rec.get("step", 0), rec.get("kind")
+    if step > last_step or kind == "final":  # the end's evaluation is redone
+        return False
+    if step < last_step:
+        return True
+    if kind in PERIODIC_WORK_KINDS:
+        # of a pending step, only a resume that died before it saved again logged them (the signal stop itself
+        # ran none), and this resume runs them again
+        return not pending
+    if kind == "resume" and saved is not None:
+        return held_by_checkpoint(rec, saved)
+    return True  # the step's train record, and "stop" records (session boundaries)
+
+
+def truncate_metrics(path: Path, last_step: int, pending: bool = False, saved_changes: dict | None = None) -> None:
     """On resume: drop records logged after the checkpoint step, so the file reads like one uninterrupted run.
     ``pending``: the checkpoint is a signal stop's, whose step's evals and samples the resume runs (their records
-    are dropped too, so that a resume that crashed after them leaves no second copy)."""
+    are dropped too, so that a resume that crashed after them leaves no second copy). ``saved_changes``: the
+    --resume-override-lr / --resume-new-world-size changes the checkpoint holds of sessions that resumed from its
+    own step ({"lr_override": [...], "world_size": [...]}); a "resume" record at that step without one is of a
+    session that died or was abandoned before it saved this step again, and goes (this resume logs its own)."""
     if not path.is_file():
         return
+    saved = None if saved_changes is None else {k: list(v) for k, v in saved_changes.items()}
     kept = []
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a torn last line from a crash
             continue
-        if kept_on_resume(rec, last_step, pending):
+        if kept_on_resume(rec, last_step, pending, saved):
             kept.append(line)
     write_text_atomic(path, "".join(k + "\n" for k in kept))
 

@@ -367,9 +367,10 @@ def execute(run: Run, resumed_at: int | None) -> int:
         write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
         record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
         if resumed_at is not None:
-            # a pending checkpoint's evals and samples, logged by a resume that died before it saved, run again:
-            # drop that copy. W&B cannot recall what that resume sent (its rewind to this step may keep the step).
-            truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at, pending=bool(run.loop.get(BOUNDARY_PENDING)))
+            # a pending checkpoint's evals and samples, and the "resume" record, logged by a resume that died before
+            # it saved: drop that copy (this one logs its own). W&B cannot recall what that resume sent.
+            truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at, pending=bool(run.loop.get(BOUNDARY_PENDING)),
+                             saved_changes=train_resume.changes_saved_at(run.resume.meta, resumed_at))
             later, folder = ckpt.set_aside_later(run.run_dir, resumed_at)
             if later:
                 print0(f"--resume {resumed_at}: the checkpoints of later steps {later} belong to the abandoned "

@@ -1,7 +1,8 @@
 """A signal stop's checkpoint is "pending" (scripts/base_train.py, BOUNDARY_PENDING): its step's evals and samples
 have not run, and the --resume runs them first. When that resumed process dies before it saves again (a crash, a
 SIGKILL), the next --resume from the same pending checkpoint runs them once more: metrics.jsonl must then hold that
-step's eval and sample records once, as an uninterrupted run's does, not once per try."""
+step's eval and sample records once, as an uninterrupted run's does, not once per try. Likewise the "resume"
+record of a --resume-override-lr session that died before it saved: the next try logs its own."""
 
 import json
 import signal
@@ -13,8 +14,12 @@ from _mid_step_signal_worker import signal_during_call, signal_during_step
 from nanochat import checkpoint as ckpt
 from nanochat.metrics import truncate_metrics
 from scripts import base_train
+from test_run_control import records
 from test_signal_boundary import FLAGS, assert_resumed_like
 from test_train_e2e import train
+
+LR = {"matrix_lr": {"checkpoint": 0.02, "now": 0.01}}
+OVERRIDE = ["--matrix-lr", "0.01", "--resume-override-lr"]
 
 
 class Crash(RuntimeError):
@@ -80,3 +85,42 @@ def test_truncate_metrics_drops_a_pending_steps_evals_and_samples_only(tmp_path)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     truncate_metrics(path, 3)
     assert [json.loads(line) for line in path.read_text().splitlines()] == recs[:6]
+
+
+def test_truncate_metrics_keeps_the_resume_records_the_checkpoint_holds_once_each(tmp_path):
+    """At the checkpoint's step, a "resume" record stays only for a change the checkpoint's history holds (each
+    entry accounts for one record); those of earlier steps stay whatever it holds."""
+    path, ws = tmp_path / "metrics.jsonl", {"checkpoint": 2, "now": 1}
+    recs = [{"kind": "resume", "step": 2, "lr_override": LR}, {"kind": "resume", "step": 3, "lr_override": LR},
+            {"kind": "resume", "step": 3, "lr_override": LR, "world_size": ws},
+            {"kind": "resume", "step": 3, "lr_override": LR}, {"kind": "resume", "step": 3, "world_size": ws}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    truncate_metrics(path, 3, saved_changes={"lr_override": [LR, LR], "world_size": []})
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [recs[0], recs[1], recs[3]]
+
+
+def test_a_crashed_resumes_lr_override_record_is_not_repeated(tmp_path, monkeypatch):
+    """A --resume-override-lr from step 3 that dies before it saves again is abandoned with its record (its
+    change is in no checkpoint): the next try from step 3 logs the change once more, and only its record stays."""
+    run, flags = tmp_path / "run", ["--num-iterations", "6", "--save-every", "3"]
+    assert train(run, *flags) == 0
+    monkeypatch.setattr(base_train, "train_step", crash)
+    with pytest.raises(Crash):
+        train(run, *flags, "--resume", "3", *OVERRIDE)
+    monkeypatch.undo()
+    assert train(run, *flags, "--resume", "3", *OVERRIDE) == 0
+    assert records(run, "resume") == [{"kind": "resume", "step": 3, "lr_override": LR}]
+    assert ckpt.load_meta(run, 6)["config"]["lr_overrides"] == [{"step": 3, "changes": LR}]
+
+
+def test_a_resume_record_whose_change_its_step_saved_again_stays(tmp_path, monkeypatch):
+    """The override's session saves step 3 again (a signal during the evals it owed): checkpoint 3 now holds the
+    change, a later resume from it changes nothing and logs no record, and the first one's record stays."""
+    run = tmp_path / "run"
+    stop_pending_at_3(run, monkeypatch)
+    monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(base_train.run_split_bpb, 1, signal.SIGTERM))
+    assert train(run, *FLAGS, "--resume", *OVERRIDE) == 0
+    monkeypatch.undo()
+    assert ckpt.load_meta(run, 3)["config"]["lr_overrides"] == [{"step": 3, "changes": LR}]
+    assert train(run, *FLAGS, "--resume", "--matrix-lr", "0.01") == 0
+    assert records(run, "resume") == [{"kind": "resume", "step": 3, "lr_override": LR}]
