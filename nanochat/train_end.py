@@ -38,9 +38,7 @@ class NonFiniteParams(NonFiniteLoss):
         self.names = names
 
 
-
 WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughput: compile, autotune, caches
-
 
 
 def throughput(run: Run) -> dict:
@@ -74,7 +72,6 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
     return summary
 
 
-
 def lr_flags_for(run: Run, names: list[str]) -> list[str]:
     """The LR flags of the optimizer groups that hold the named parameters (model state-dict names)."""
     group_of = {id(p): g["name"] for g in run.optimizer.param_groups for p in g["params"]}
@@ -98,18 +95,21 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
     lower = (f"lower {' and '.join(flags)} (the LR{'s' if len(flags) > 1 else ''} of the non-finite tensors)"
              if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
                            "--memory-lr)")
+    runner = resume_way() != "--resume"  # under scripts.run: base_train's flags go after its --
     if not steps:
-        return (f"error: {error}; stopping without saving. No checkpoint was saved before it: start again with "
-                f"--overwrite and {lower}, or check the data")
+        how = (f"the same scripts.run command with --overwrite and the lower learning rates after -- ({lower})"
+               if runner else f"--overwrite and {lower}")
+        return f"error: {error}; stopping without saving. No checkpoint was saved before it: start again with {how}, " \
+               "or check the data"
     step = steps[-1]
     checked = ckpt.load_meta(run.run_dir, step).get("params_finite")
     return (f"error: {error}; stopping without saving. Last good checkpoint: step {step} in "
             f"{run.run_dir / ckpt.CKPT_DIR} ("
             + ("its parameters and optimizer state were checked finite when it was saved" if checked else
                "written before finite checks existed: not verified") +
-            f"). To continue from it: the same command with --resume {step} --resume-override-lr, and {lower}; "
-            "or check the data")
-
+            f"). To continue from it: the same {'scripts.run ' if runner else ''}command with --resume {step} "
+            "--resume-override-lr" + (f" and the lower learning rates after -- ({lower})" if runner else
+                                      f", and {lower}") + "; or check the data")
 
 
 def last_checkpoint_step(run: Run) -> int | None:
@@ -143,7 +143,6 @@ def stop_every_rank(run: Run, reason: str, message: str, error: BaseException | 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return 2
-
 
 
 # the process group's store keys under which each rank that stopped by an unplanned error posts it (stop_by_error)

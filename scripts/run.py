@@ -95,7 +95,13 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
 PATH_FLAGS = ("--data-dir", "--tokenizer-dir", "--bundle", "--init-from")
 # the flags the runner gives base_train itself, with what sets them instead: base_train takes the last of a
 # repeated flag, so one after ``--`` would replace the runner's (a seed 7 trained into seed42/, say)
-RUNNER_SET = {"--config": "the config", "--seed": "--seeds", "--run-dir": "--runs-root"}
+# base_train flags the runner sets for each seed (base_train takes the last of a repeated flag): what to use instead
+RUNNER_SET = {"--config": "use the config instead", "--seed": "use --seeds instead",
+              "--run-dir": "use --runs-root instead", "--run-name": "it is <table>_<row>_seed<N>"}
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))  # no shell expands the ~ of --flag=~/x
 
 
 def absolute_paths(extra: list[str]) -> list[str]:
@@ -105,11 +111,11 @@ def absolute_paths(extra: list[str]) -> list[str]:
     for token in extra:
         name, eq, value = token.partition("=")
         if token.startswith("--") and name in RUNNER_SET:
-            raise ValueError(f"{name} after --: the runner sets it for each seed; use {RUNNER_SET[name]} instead")
+            raise ValueError(f"{name} after --: the runner sets it for each seed; {RUNNER_SET[name]}")
         if flag_of_next is not None:
-            token, flag_of_next = (os.path.abspath(token) if token else token), None
+            token, flag_of_next = (_absolute(token) if token else token), None
         elif name in PATH_FLAGS and eq:
-            token = f"{name}={os.path.abspath(value) if value else value}"
+            token = f"{name}={_absolute(value) if value else value}"
         elif token in PATH_FLAGS:
             flag_of_next = token
         out.append(token)
@@ -123,15 +129,15 @@ def says_how_to_start(extra: list[str]) -> bool:
 
 def how_to_continue(extra: list[str]) -> str:
     """How an unfinished seed continues, for the user's flags after ``--``: the same command, unless their own
-    --overwrite (which would delete the seed) or --resume STEP (which would set its later checkpoints aside) is in
-    it; then --resume auto in their place (base_train's own stop line says --resume: auto is that for this seed,
-    and starts the row's later seeds that have no checkpoint yet, where latest would refuse them)."""
+    --overwrite (which would delete the seed), --resume STEP (which would set its later checkpoints aside) or --resume
+    [latest] (which refuses the row's later seeds, without a checkpoint yet) is in it; then --resume auto in their
+    place: it continues this seed and starts the later ones."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--resume", nargs="?", const="latest")
     parser.add_argument("--overwrite", action="store_true")
     known, _ = parser.parse_known_args(extra)
     same = "by re-running the same command"
-    if not known.overwrite and known.resume in (None, "latest", "auto"):
+    if not known.overwrite and known.resume in (None, "auto"):
         return same
     typed = [f for f, before in zip(extra, ["", *extra]) if f.split("=")[0] in ("--resume", "--overwrite")
              or (before == "--resume" and not f.startswith("-"))]  # a --resume's own value

@@ -49,9 +49,18 @@ def test_path_flags_after_the_separator_are_resolved_where_they_were_typed(tmp_p
 
 
 @pytest.mark.parametrize("flag, instead", [("--run-dir", "--runs-root"), ("--seed", "--seeds"),
-                                           ("--config", "the config")])
+                                           ("--config", "the config"), ("--run-name", "<table>_<row>_seed<N>")])
 def test_flags_the_runner_sets_itself_are_refused_after_the_separator(tmp_path, flag, instead):
     """base_train takes the last of a repeated flag: the user's would replace the runner's (a seed 7 trained into
     seed42/, or a run dir the runner neither locks nor checks)."""
     done = runner(["configs/mini/base.toml", "--plan", "--", flag, "7"], REPO)
     assert done.returncode == 2 and f"{flag} after --" in done.stderr and instead in done.stderr, done.stderr
+
+
+def test_a_home_relative_path_after_the_separator_is_expanded(tmp_path, monkeypatch):
+    """os.path.abspath alone made --tokenizer-dir=~/tok <cwd>/~/tok (no shell expands ~ after an =)."""
+    from scripts.run import absolute_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert absolute_paths(["--tokenizer-dir=~/tok", "--data-dir", "~/d"]) == [
+        f"--tokenizer-dir={tmp_path / 'tok'}", "--data-dir", str(tmp_path / "d")]

@@ -55,9 +55,10 @@ def test_the_advice_for_each_start_flag_the_user_may_give():
 
     same = "by re-running the same command"
     assert how_to_continue([]) == same
-    assert how_to_continue(["--depth", "2", "--resume"]) == same
     assert how_to_continue(["--resume", "auto", "--depth", "2"]) == same
-    assert how_to_continue(["--resume=latest"]) == same
+    # latest refuses the row's later seeds that have no checkpoint yet: auto in its place
+    assert how_to_continue(["--depth", "2", "--resume"]) == f"{same} with --resume auto in place of --resume after --"
+    assert how_to_continue(["--resume=latest"]) == f"{same} with --resume auto in place of --resume=latest after --"
     assert how_to_continue(["--resume", "3"]) == f"{same} with --resume auto in place of --resume 3 after --"
     assert how_to_continue(["--resume=3"]) == f"{same} with --resume auto in place of --resume=3 after --"
     assert how_to_continue(["--overwrite", "--depth", "2"]) == \

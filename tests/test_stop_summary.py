@@ -202,3 +202,15 @@ def test_a_second_ctrl_c_still_aborts_without_a_summary(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         error_stop(tmp_path / "r", monkeypatch, KeyboardInterrupt(), 2)
     assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_under_the_runner_a_nonfinite_stop_names_the_runners_way_on(tmp_path, monkeypatch, capsys):
+    """"the same command with --resume 2 --resume-override-lr" is not a scripts.run command: those flags go after --."""
+    from nanochat.train_resume import RUNNER_AFRESH_ENV
+
+    monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
+    error = base_train.NonFiniteLoss("train loss is nan at step 4")
+    assert error_stop(tmp_path / "r", monkeypatch, error, 4) == base_train.EXIT_NONFINITE
+    out = capsys.readouterr().out
+    assert "To continue from it: the same scripts.run command with --resume 2 --resume-override-lr and the lower " \
+           "learning rates after --" in out, out
