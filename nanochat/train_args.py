@@ -374,29 +374,7 @@ def validate_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     if args.num_iterations is not None and args.num_iterations < 1:
         raise ValueError(f"--num-iterations must be >= 1 (got {args.num_iterations})")
-    if args.model_dim != -1 and args.model_dim < 1:
-        raise ValueError(f"--model-dim must be >= 1 or -1 (got {args.model_dim})")
-    for name in ("num_kv_heads", "ffn_dim"):
-        if getattr(args, name) != -1 and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or -1 (got {getattr(args, name)})")
-    if args.num_heads != -1:
-        if args.num_heads < 1:
-            raise ValueError(f"--num-heads must be >= 1 or -1 (got {args.num_heads})")
-        if args.model_dim == -1:
-            raise ValueError("--num-heads needs an explicit --model-dim")
-        split = family_name(args.model_type) != "qwen3"  # qwen3's head size is --head-dim, not model-dim / heads
-        if split and (args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2):
-            raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
-        size = args.model_dim // args.num_heads
-        if split and args.head_dim not in (size, flag_default("head_dim")):
-            raise ValueError(f"--head-dim {args.head_dim} has no effect with --num-heads: the head size is --model-dim "
-                             f"{args.model_dim} / --num-heads {args.num_heads} = {size}; drop --head-dim or change "
-                             "--num-heads")
-    elif args.model_dim != -1 and args.model_dim % args.head_dim:
-        raise ValueError(f"--model-dim {args.model_dim} is not a multiple of --head-dim {args.head_dim}; pass --num-heads")
-    if args.model_dim != -1 and args.aspect_ratio != flag_default("aspect_ratio"):
-        raise ValueError(f"--aspect-ratio {args.aspect_ratio} has no effect with --model-dim {args.model_dim} (the width "
-                         "is --depth x --aspect-ratio only without it); drop one of them")
+    check_geometry(args)
     if args.target_flops is not None and not args.target_flops > 0:
         raise ValueError(f"--target-flops must be > 0 (got {args.target_flops})")
     if args.target_param_data_ratio is not None and not args.target_param_data_ratio > 0:
@@ -445,6 +423,34 @@ def validate_args(args: argparse.Namespace) -> None:
         check_shared_table_kernel(args.memory, args.mome_index, args.mome_per_head_table, args.mome_kernels)
     if args.run_name is not None and ("/" in args.run_name or args.run_name in ("", ".", "..")):
         raise ValueError(f"--run-name must be a plain name without '/' (got {args.run_name!r}); use --run-dir for paths")
+
+
+def check_geometry(args: argparse.Namespace) -> None:
+    """The width flags against each other: --model-dim, --num-heads, --head-dim, --num-kv-heads, --ffn-dim and
+    --aspect-ratio (one way to give each size, and heads that split the width evenly)."""
+    if args.model_dim != -1 and args.model_dim < 1:
+        raise ValueError(f"--model-dim must be >= 1 or -1 (got {args.model_dim})")
+    for name in ("num_kv_heads", "ffn_dim"):
+        if getattr(args, name) != -1 and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or -1 (got {getattr(args, name)})")
+    if args.num_heads != -1:
+        if args.num_heads < 1:
+            raise ValueError(f"--num-heads must be >= 1 or -1 (got {args.num_heads})")
+        if args.model_dim == -1:
+            raise ValueError("--num-heads needs an explicit --model-dim")
+        split = family_name(args.model_type) != "qwen3"  # qwen3's head size is --head-dim, not model-dim / heads
+        if split and (args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2):
+            raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
+        size = args.model_dim // args.num_heads
+        if split and args.head_dim not in (size, flag_default("head_dim")):
+            raise ValueError(f"--head-dim {args.head_dim} has no effect with --num-heads: the head size is --model-dim "
+                             f"{args.model_dim} / --num-heads {args.num_heads} = {size}; drop --head-dim or change "
+                             "--num-heads")
+    elif args.model_dim != -1 and args.model_dim % args.head_dim:
+        raise ValueError(f"--model-dim {args.model_dim} is not a multiple of --head-dim {args.head_dim}; pass --num-heads")
+    if args.model_dim != -1 and args.aspect_ratio != flag_default("aspect_ratio"):
+        raise ValueError(f"--aspect-ratio {args.aspect_ratio} has no effect with --model-dim {args.model_dim} (the width "
+                         "is --depth x --aspect-ratio only without it); drop one of them")
 
 
 def check_shared_table_kernel(memory: str, index: str, per_head: bool, kernels: str) -> None:
