@@ -16,6 +16,12 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ["NANOCHAT_TOKENIZER_DIR"] = tempfile.mkdtemp(prefix="no_tokenizer_")
 atexit.register(shutil.rmtree, os.environ["NANOCHAT_TOKENIZER_DIR"], ignore_errors=True)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    # inductor writes C++ for the capability ATEN_CPU_CAPABILITY picks, but torch 2.13 reuses a compiled graph cached
+    # under another capability: an AVX-512 run's graphs, rebuilt under avx2, left half of each output unwritten
+    # (every compile test failed). One cache per emulated capability; a real CPU has one capability, CI a fresh /tmp.
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{os.environ['ATEN_CPU_CAPABILITY']}"
 # the session fixtures (prepared data, tiny tokenizer) for every test module: built once per session, where an
 # import into each module made one copy per module
 pytest_plugins = ["data_fixtures"]
