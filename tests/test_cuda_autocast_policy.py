@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bf16_bound import assert_greedy_within_bf16_bound
 from conftest import MEMORY_OPTION_SETS, tiny_config
 from cuda_autocast import (FP32_FUNCS, FP32_UNLESS_DTYPE_FUNCS, LOWER_FUNCS, PROMOTE_FUNCS,
                            CudaAutocastPolicy, cuda_autocast_dtype)
@@ -322,8 +323,8 @@ def test_bf16_train_step_moe_grouped(memory, monkeypatch):
 def test_kv_cache_decoding_under_bf16(name):
     """Cached greedy decoding under bf16 autocast + the emulation: the KV cache holds bf16 K and V (SDPA's dtype
     under autocast, although QK-norm returns fp32 k there), every step's logits are finite fp32, and the tokens
-    equal re-running the full sequence (uncached) under the same policy."""
-    from nanochat.engine import generate, generate_uncached
+    are the argmax of re-running the full sequence (uncached) under the same policy, up to the bf16 bound."""
+    from nanochat.engine import generate
     from nanochat.kv_cache import KVCache
 
     model = _randomized(tiny_config(n_embd=64, **MEMORIES[name])).eval()
@@ -337,9 +338,9 @@ def test_kv_cache_decoding_under_bf16(name):
         assert logits.dtype == step.dtype == torch.float32 and torch.isfinite(step).all()
         cached = generate(model, prompt, max_tokens=6, temperature=0.0)[0]
         assert len(cached) == 6
-        uncached = generate_uncached(model, prompt, 6)
-    # bf16 rounding differs between one-token and full-sequence GEMMs: allow a late divergence, not an early one
-    assert cached[:2] == uncached[:2], (cached, uncached)
+        # bf16 rounds one-token and full-sequence GEMMs differently: the second token's top-2 gap is 0 to 2e-4 here
+        # (jtokm: an exact tie) against ~1e-4 between the paths, so tokens agree only up to the bf16 bound
+        assert_greedy_within_bf16_bound(model, prompt, cached)
 
 
 @pytest.mark.parametrize("family", ["nanochat", "mobilellm", "qwen3"])
