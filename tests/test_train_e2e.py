@@ -346,9 +346,10 @@ def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path
         return real(*a, **k)
 
     monkeypatch.setattr(base_train, "train_step", crash_in_step_5)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(run, "--num-iterations", "6", "--save-every", "2", "--keep-last", "1", "--resume", "2",
-              "--matrix-lr", "0.01", "--resume-override-lr")
+    assert train(run, "--num-iterations", "6", "--save-every", "2", "--keep-last", "1", "--resume", "2",
+                 "--matrix-lr", "0.01", "--resume-override-lr") == 1  # the crash: stop_reason error, exit 1
+    # the crashed session's own summary (stop_reason error), not the abandoned continuation's "completed"
+    assert json.loads((run / "summary.json").read_text())["error"] == "RuntimeError: simulated crash"
     assert "later steps [4, 6] belong to the abandoned continuation" in capsys.readouterr().out
     assert ckpt.list_steps(run) == [4] and ckpt.resolve_resume_step(run, "latest") == 4
     assert ckpt.load_meta(run, 4)["config"]["args"]["matrix_lr"] == 0.01  # the new continuation's
@@ -358,7 +359,8 @@ def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path
     # rewind must not read as "completed, step 6" (scripts.run would skip it, results would average it)
     assert sorted(p.name for p in aside[0].iterdir()) == ["report.md", "step_000004", "step_000006", "summary.json"]
     assert json.loads((aside[0] / "summary.json").read_text())["stop_reason"] == "completed"
-    assert not (run / "summary.json").exists() and not (run / "report.md").exists()
+    crashed = json.loads((run / "summary.json").read_text())
+    assert (crashed["stop_reason"], crashed["step"], crashed["last_checkpoint"]) == ("error", 4, 4), crashed
     assert json.loads((aside[0] / "step_000006" / "meta.json").read_text())["config"]["args"]["matrix_lr"] == 0.02
 
 
