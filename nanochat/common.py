@@ -3,6 +3,7 @@ decision is kept the same on every rank (rank0_decides, every_rank_ok)."""
 
 import gc
 import importlib
+import json
 import os
 import pickle
 import random
@@ -231,6 +232,30 @@ def refuse_before_the_group(error: Exception) -> int:
     wait_for_the_node_reporter()
     print(f"error: {error}", file=sys.stderr, flush=True)
     return 2
+
+
+def post_rank_error(key: str, text: str) -> None:
+    """Post this rank's error to the process group's store as ``key``/<rank>, numbered (``key``/order) in the order
+    the ranks post: no collective (the other ranks may wait in one that never completes), and the store outlives
+    this rank (torchrun's agent hosts it), so rank 0 can name the error that broke its collective once this rank's
+    exit broke it (rank_errors_posted). Raises if the store is gone."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"{key}/{dist.get_rank()}", json.dumps([store.add(f"{key}/order", 1), text]))
+
+
+def rank_errors_posted(key: str) -> dict[int, str]:
+    """The errors posted under ``key`` so far (no waiting), by rank, in the order they were posted: the first is the
+    likely cause (a collective breaks on the others once a rank leaves it). {} in one process, or when the store is
+    gone (it went with a rank that hosted it)."""
+    if not is_dist():
+        return {}
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        posted = {r: json.loads(store.get(f"{key}/{r}")) for r in range(dist.get_world_size())
+                  if store.check([f"{key}/{r}"])}
+    except Exception:  # noqa: BLE001 - the store went with a rank that hosted it
+        return {}
+    return {r: text for r, (_, text) in sorted(posted.items(), key=lambda item: item[1][0])}
 
 
 def compute_cleanup() -> None:

@@ -8,7 +8,6 @@ Kept apart from scripts/base_train.py so the loop reads top to bottom. Its funct
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import is_dist, print0
+from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete,
                                   partial_path)
 from nanochat.run_control import how_to_continue, resume_way
@@ -147,7 +146,7 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
     of them. None: the error stops the run (FinalEvalError: summary.json says final_eval_error, exit 1); a signal's
     name: the evaluation counts as interrupted by it (summary.json, exit 0). Each evaluation agrees under store keys
     of its own (``final_eval/<evaluation>/...``). ``error`` (this rank's) is posted beside the failure, in the order
-    the ranks failed in, for rank 0's summary.json (posted_errors).
+    the ranks failed in, for rank 0's summary.json (common.rank_errors_posted).
 
     The ranks cannot vote in a collective: one may have raised inside a collective the others are still waiting in
     (or be dead). They agree through the process group's key-value store instead, which needs no other rank to take
@@ -162,7 +161,7 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
     try:
         store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
         key = f"final_eval/{evaluation}"
-        store.set(f"{key}/error/{rank}", json.dumps([store.add(f"{key}/order", 1), error]))  # before the failure
+        post_rank_error(f"{key}/error", error)  # before the failure
         store.set(f"{key}/failed/{rank}", own_signal or "")
         proposal = _FAILED
         if own_signal is not None:
@@ -187,21 +186,6 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
 SUMMARY_WAIT_S = 60.0
 
 
-def posted_errors(evaluation: int) -> dict[int, str]:
-    """The errors posted so far (no waiting) by the ranks whose final evaluation ``evaluation`` failed, by rank, in
-    the order they failed in: the first is the likely cause (a collective breaks on the others once a rank leaves
-    it). {} in one process, or when the store is gone."""
-    if not is_dist():
-        return {}
-    try:
-        store, key = dist.distributed_c10d._get_default_store(), f"final_eval/{evaluation}/error"
-        posted = {r: json.loads(store.get(f"{key}/{r}")) for r in range(dist.get_world_size())
-                  if store.check([f"{key}/{r}"])}
-    except Exception:  # noqa: BLE001 - the store went with a rank that hosted it
-        return {}
-    return {r: error for r, (_, error) in sorted(posted.items(), key=lambda item: item[1][0])}
-
-
 def wait_for_rank0_summary(evaluation: int) -> None:
     """On a rank other than 0 after FinalEvalError: wait, bounded, for rank 0 to write summary.json (torchrun stops
     the ranks left once one has exited, which could kill rank 0 before its write)."""
@@ -224,7 +208,7 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict, write_summ
     if run.rank != 0:
         wait_for_rank0_summary(e.evaluation)
         return
-    step, errors = run.loop["step"], posted_errors(e.evaluation)
+    step, errors = run.loop["step"], rank_errors_posted(f"final_eval/{e.evaluation}/error")
     first_rank, error = next(iter(errors.items()), (0, str(e)))
     fields = {**evals, "error": error, "training_stop_reason": e.training_stop, "last_checkpoint": step}
     if len(errors) > 1 or first_rank != 0:

@@ -3,7 +3,6 @@ from), the advice after a non-finite loss, and the stop of every rank together a
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 from typing import TYPE_CHECKING
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import is_dist, print0
+from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import write_run_report
 from nanochat.run_control import how_to_continue, resume_way
@@ -150,30 +149,13 @@ ERROR_KEY = "train_error"
 
 
 def post_error(text: str) -> None:
-    """Post this rank's error, numbered in the order the ranks failed in, to the process group's store: no
-    collective (the other ranks may wait in one that never completes), and the store outlives this rank (torchrun's
-    agent hosts it), so rank 0 can name the error that broke its collective when this rank's exit breaks it."""
+    """Post this rank's error for rank 0's summary (common.post_rank_error); a store that is gone is said, not raised."""
     if not is_dist():
         return
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set(f"{ERROR_KEY}/{dist.get_rank()}", json.dumps([store.add(f"{ERROR_KEY}/order", 1), text]))
+        post_rank_error(ERROR_KEY, text)
     except Exception as e:  # noqa: BLE001 - the store went with the rank that hosted it
         print(f"rank {dist.get_rank()}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
-
-
-def errors_posted(own: str) -> dict[int, str]:
-    """The errors posted so far by the ranks (no waiting), by rank, in the order they failed in; ``own`` alone
-    in one process or when the store is gone."""
-    if not is_dist():
-        return {0: own}
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        keys = [f"{ERROR_KEY}/{r}" for r in range(dist.get_world_size())]
-        posted = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
-    except Exception:  # noqa: BLE001 - the store went with the rank that hosted it
-        return {dist.get_rank(): own}
-    return {r: text for r, (_, text) in sorted(posted.items(), key=lambda item: item[1][0])} or {0: own}
 
 
 def way_on_after_error(run: Run, last: int | None) -> str:
@@ -197,7 +179,7 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     if run.rank != 0:
         return 1
     step = run.loop["step"]
-    errors = errors_posted(text)
+    errors = rank_errors_posted(ERROR_KEY) or {0: text}  # one process, or the store gone: rank 0's own
     first_rank, first = next(iter(errors.items()))
     several = len(errors) > 1 or first_rank != 0
     where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if several else ""
