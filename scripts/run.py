@@ -95,7 +95,6 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
 PATH_FLAGS = ("--data-dir", "--tokenizer-dir", "--bundle", "--init-from")
 # the flags the runner gives base_train itself, with what sets them instead: base_train takes the last of a
 # repeated flag, so one after ``--`` would replace the runner's (a seed 7 trained into seed42/, say)
-# base_train flags the runner sets for each seed (base_train takes the last of a repeated flag): what to use instead
 RUNNER_SET = {"--config": "use the config instead", "--seed": "use --seeds instead",
               "--run-dir": "use --runs-root instead", "--run-name": "it is <table>_<row>_seed<N>"}
 
