@@ -264,6 +264,12 @@ def summary(res: dict, layers, H: int) -> dict:
     return out
 
 
+def csv_number(x: float) -> str:
+    """Six decimals; a value that rounds to zero is written "0.000000" whatever its sign."""
+    text = f"{x:.6f}"
+    return text[1:] if text == "-0.000000" else text
+
+
 def write_sites_csv(res: dict, layers, H: int, path: Path) -> None:
     cols = [k for k in res if k not in ("thresholds",)]
     with open(path, "w", newline="") as f:
@@ -271,10 +277,10 @@ def write_sites_csv(res: dict, layers, H: int, path: Path) -> None:
         taus = list(res["thresholds"])
         w.writerow(["layer", "head", *cols, *(f"{k}@{t}" for t in taus for k in ("dJSD", "dO", "n_T", "n_F", "flagged"))])
         for s in range(len(layers) * H):
-            row = [layers[s // H], s % H, *(f"{res[c][s].item():.6f}" for c in cols)]
+            row = [layers[s // H], s % H, *(csv_number(res[c][s].item()) for c in cols)]
             for t in taus:
                 th = res["thresholds"][t]
-                row += [f"{th['dJSD'][s].item():.6f}", f"{th['dO'][s].item():.6f}", int(th["n_T"][s]), int(th["n_F"][s]),
+                row += [csv_number(th["dJSD"][s].item()), csv_number(th["dO"][s].item()), int(th["n_T"][s]), int(th["n_F"][s]),
                         bool(th["flagged"][s])]
             w.writerow(row)
 

@@ -256,3 +256,9 @@ def test_zeros_print_without_a_sign_and_no_effect_is_negative_zero(monkeypatch, 
         monkeypatch.setattr(wic_probe, "probe", lambda args, out_dir: given)
         assert wic_probe.main(["--run", str(tmp_path), "--wic", str(FIXTURE)]) == 0
         assert capsys.readouterr().out.splitlines()[0] == f"dO: positive at 0/2 sites; largest L1h0 {printed}"
+
+
+def test_sites_csv_writes_no_negative_zero():
+    # a difference of -1e-9 rounds to "-0.000000": a reader sorting or diffing the CSV sees a sign that is not there
+    assert wic_probe.csv_number(-1e-9) == "0.000000" and wic_probe.csv_number(-0.0) == "0.000000"
+    assert wic_probe.csv_number(-1e-6) == "-0.000001" and wic_probe.csv_number(0.25) == "0.250000"
