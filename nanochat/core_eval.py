@@ -7,7 +7,8 @@ Three task types, each turned into token rows with a scored region [start, end):
 * language_modeling: one prompt; correct iff greedy argmax reproduces every continuation token.
 Prompts, few-shot sampling (random.Random(1234 + i)) and the per-task shuffle (random.Random(1337)) follow
 nanochat exactly so numbers are comparable. Unlike nanochat, rows of many examples share one forward pass,
-prompts longer than model.max_seq_len are cropped from the left, and there is a progress bar per task.
+prompts longer than model.max_seq_len are cropped from the left (under ``--numerics reference`` only where the
+rotary table ends, as the authors' evaluation: ``crop_length``), and there is a progress bar per task.
 """
 
 import math
@@ -102,7 +103,17 @@ class TaskCounts(NamedTuple):
     too_long: int = 0  # examples that cannot be scored within max_seq_len; counted in n as incorrect
 
 
-def crop_left(ex: Prepared, max_len: int, where: str = "") -> Prepared:
+def crop_length(model) -> tuple[int, str]:
+    """(how many tokens of a prompt CORE keeps, counted from its end; the limit's name for messages): the model's
+    context ``max_seq_len``, or its rotary table's end once ``nanochat.numerics.apply_numerics(model, "reference")``
+    has set ``core_crop_len`` (the authors' evaluator crops nothing: no longer prompt fits their rotary table)."""
+    crop = getattr(model, "core_crop_len", None)
+    if crop is None:
+        return model.max_seq_len, "max_seq_len"  # AttributeError on purpose: cropping is part of the protocol
+    return crop, "rotary_len"
+
+
+def crop_left(ex: Prepared, max_len: int, where: str = "", limit: str = "max_seq_len") -> Prepared:
     """Keep the last ``max_len`` tokens of each row, shifting the scored region with it.
 
     The region needs one token of context before it (its first token is predicted from position start-1)."""
@@ -110,7 +121,7 @@ def crop_left(ex: Prepared, max_len: int, where: str = "") -> Prepared:
     for row, s, e in zip(ex.rows, ex.starts, ex.ends):
         cut = max(0, len(row) - max_len)
         if s - cut < 1:
-            raise RegionTooLong(f"{where}: scored region of {e - s} tokens does not fit into max_seq_len={max_len}")
+            raise RegionTooLong(f"{where}: scored region of {e - s} tokens does not fit into {limit}={max_len}")
         rows.append(row[cut:])
         starts.append(s - cut)
         ends.append(e - cut)
@@ -204,10 +215,10 @@ def fewshot_for(data: list[dict], i: int, k: int) -> list[dict]:
 def evaluate_task(model, tokenizer, data: list[dict], task: TaskSpec, batch_size: int = 16, device="cpu",
                   autocast_ctx=None, progress: bool = True, where: str = "") -> TaskCounts:
     """(correct, n, too_long) over all ranks for already shuffled/truncated ``data``. Rank r takes examples
-    r, r+W, ... An example whose scored region cannot fit into max_seq_len (only short-context models hit this)
-    is counted as incorrect, so n and the random baseline stay comparable, and reported in ``too_long``."""
+    r, r+W, ... An example whose scored region cannot fit into ``crop_length(model)`` (only short-context models
+    hit this) is counted as incorrect, so n and the random baseline stay comparable, and reported in ``too_long``."""
     rank, world = _dist_rank_world()
-    max_len = model.max_seq_len  # AttributeError on purpose: cropping is part of the protocol
+    max_len, limit = crop_length(model)
 
     def prepare_mine():
         examples, too_long = [], 0
@@ -215,7 +226,7 @@ def evaluate_task(model, tokenizer, data: list[dict], task: TaskSpec, batch_size
             ex = prepare_example(tokenizer, data[i], task, fewshot_for(data, i, task.num_fewshot),
                                  f"{where} example {i}")
             try:
-                examples.append(crop_left(ex, max_len, f"{where} example {i}"))
+                examples.append(crop_left(ex, max_len, f"{where} example {i}", limit))
             except RegionTooLong:
                 too_long += 1
         return examples, too_long
@@ -352,7 +363,8 @@ def write_core_report(results: dict, out_dir, extra: dict | None = None) -> None
         notes.append("Computed on the shipped CORE **subset** (eval_data/core_subset): not comparable with full CORE.")
     long = {k: v["too_long"] for k, v in tasks.items() if v.get("too_long")}
     if long:
-        notes.append("Examples longer than the model's context, counted as incorrect: "
+        limit = "the rotary table" if (extra or {}).get("core_crop") else "the model's context"  # numerics
+        notes.append(f"Examples longer than {limit}, counted as incorrect: "
                      + ", ".join(f"{k} {n}" for k, n in long.items()) + ".")
     if results.get("max_per_task", -1) > 0:
         notes.append(f"At most {results['max_per_task']} examples per task (--max-per-task).")

@@ -310,7 +310,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.window = config.attention_windows[layer_idx]  # None = the full causal context
+        # None = the full causal context; nanochat.numerics' reference mode sets L layers to sequence_len
+        self.window = config.attention_windows[layer_idx]
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         C = config.n_embd
         self.c_q = nn.Linear(C, self.n_head * self.head_dim, bias=False)

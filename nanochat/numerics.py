@@ -9,7 +9,14 @@ that an evaluation of the same weights can see, plus their bits-per-byte bookkee
    so this changes its bf16 evaluation too, and still does not match the reference's rotation in bf16;
 2. MoME selection and weights in the router's output dtype: top-K on sigmoid(l) (softmax(l)), which is bf16
    under bf16 autocast, instead of top-K on l with fp32 weights (``MoMEMemory.reference_gating``);
-3. ``token_bytes`` = UTF-8 length of each decoded token (partial UTF-8 counts 3 bytes, as in their file).
+3. ``token_bytes`` = UTF-8 length of each decoded token (partial UTF-8 counts 3 bytes, as in their file);
+4. CORE prompts longer than the context T (``sequence_len``): their evaluator crops to ``model.max_seq_len``, which
+   their GPT lacks, so it crops nothing and their rotary table (10 T) bounds the length. Ours crops at the rotary
+   table's end instead of at T (``nanochat.core_eval.crop_length``), and the nanochat GPT's L layers get their
+   window of T keys (a query at i sees keys i-T..i; S layers keep T//2). Up to T tokens (training, bpb) that window
+   is the plain causal path, so only longer forwards change. MobileLLM and Qwen3 attend to the full causal context
+   at any length in the reference too (families spec §2.3, §3.2), so only their crop changes. That their classes
+   lack max_seq_len as well is an assumption: the spec says it of GPT only, and gives them the same 10 T tables.
 
 Not reproduced: their bf16 *storage* of wte, memory tables and routers, which makes their residual stream bf16
 on CUDA; our weights are fp32 under autocast, so GPU numbers agree to bf16 rounding, not bit for bit.
@@ -47,6 +54,23 @@ def apply_numerics(model, mode: str) -> dict:
                              f"--mome-balance {memory.opts.balance})")
         memory.reference_gating = True
         out["mome_gating"] = "topk-on-scores-in-router-dtype"
+    out.update(_reference_long_prompts(model))
+    return out
+
+
+def _reference_long_prompts(model) -> dict:
+    """Item 4 of the module docstring: CORE prompts cropped only at the rotary table's end, and each nanochat L
+    layer limited to T keys; what was set, for the eval outputs (and so the resume fingerprint)."""
+    T = model.config.sequence_len
+    model.core_crop_len = model.rotary_len  # read by nanochat.core_eval.crop_length
+    out = {"core_crop": f"left to the rotary table's {model.rotary_len} tokens (theirs crops nothing)"}
+    if getattr(model.config, "family", "nanochat") != "nanochat":
+        out["attention_windows"] = "full causal at any length, as theirs"
+        return out
+    for block, window in zip(model.blocks, model.config.attention_windows):
+        block.attn.window = T if window is None else window  # their L layer: flash window_size=(T, 0)
+    has_s = any(w is not None for w in model.config.attention_windows)
+    out["attention_windows"] = f"L {T} keys before each query" + (f", S {T // 2}" if has_s else "")
     return out
 
 
