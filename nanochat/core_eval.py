@@ -100,7 +100,7 @@ class RegionTooLong(ValueError):
 class TaskCounts(NamedTuple):
     correct: int
     n: int
-    too_long: int = 0  # examples that cannot be scored within max_seq_len; counted in n as incorrect
+    too_long: int = 0  # examples that cannot be scored within crop_length(model); counted in n as incorrect
 
 
 def crop_length(model) -> tuple[int, str]:
