@@ -23,6 +23,7 @@ from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError
                                   partial_path)
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
+from nanochat.train_end import last_checkpoint_step
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
 
@@ -210,7 +211,8 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict, write_summ
         return
     step, errors = run.loop["step"], rank_errors_posted(f"final_eval/{e.evaluation}/error")
     first_rank, error = next(iter(errors.items()), (0, str(e)))
-    fields = {**evals, "error": error, "training_stop_reason": e.training_stop, "last_checkpoint": step}
+    fields = {**evals, "error": error, "training_stop_reason": e.training_stop,
+              "last_checkpoint": last_checkpoint_step(run)}  # the step's: the final evaluation follows its save
     if len(errors) > 1 or first_rank != 0:
         fields.update(error_rank=first_rank, errors_by_rank={str(r): text for r, text in errors.items()})
     run.metrics.log({"kind": "stop", "step": step, "reason": "final_eval_error", "error": error})
