@@ -3,7 +3,9 @@ from), the advice after a non-finite loss, and the stop of every rank together a
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 import traceback
 from typing import TYPE_CHECKING
 
@@ -11,6 +13,7 @@ import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
 from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
+from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import write_run_report
 from nanochat.run_control import how_to_continue, resume_way
@@ -69,6 +72,49 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
         write_json(run.run_dir / "summary.json", summary)
         write_run_report(run.run_dir)
     return summary
+
+
+def finish(run: Run, reason: str, evals: dict) -> int:
+    """A run that stopped as planned (completed, wall_time_limit, interrupted): its summary.json, and the exit code:
+    0, or 2 when rank 0 could not write the summary (a full disk; the other ranks have nothing to write): then one
+    line names the file, what finished and how a --resume writes the summary."""
+    try:
+        summary = write_summary(run, reason, evals)
+    except OSError as e:
+        print(summary_not_written(run, reason, evals, e), file=sys.stderr, flush=True)
+        return 2
+    if reason == "interrupted" and "interrupted_during" not in evals:
+        print0(f"interrupted ({evals['signal']}) at step {run.loop['step']}: checkpoint saved; {how_to_continue()}")
+    print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
+    return 0
+
+
+def summary_not_written(run: Run, reason: str, evals: dict, error: OSError) -> str:
+    """The message after a failed write of a planned stop's summary.json (or of report.md beside it). Its checkpoint
+    is saved whatever the reason, so a --resume writes the summary: for a completed run it reruns the final
+    evaluation (the parts kept during it are deleted once it completes) and writes it, as after an interruption."""
+    path = written_path(error.filename, run.run_dir / "summary.json")
+    step, signal = run.loop["step"], evals.get("signal")
+    done = {"completed": "training completed and its final evaluation finished",
+            "wall_time_limit": "training stopped at its wall-time limit and its final evaluation finished"}.get(
+        reason, f"the final evaluation was interrupted ({signal})" if "interrupted_during" in evals else
+        f"training was interrupted ({signal})")
+    then = f"{resume_way()} reruns the final evaluation and writes summary.json" if reason == "completed" else \
+        f"{how_to_continue()}: summary.json is written when it stops"
+    return f"error: {path.name} not written: {error}\n{done} (the checkpoint of step {step} is saved); free space " \
+           f"(or fix the run dir), then {then}"
+
+
+def stop_nonfinite(run: Run, error: NonFiniteLoss) -> int:
+    """A non-finite loss or parameters, raised on every rank together: the advice, summary.json (if it can be
+    written: the error and the advice stand either way), exit code 3."""
+    print0(nonfinite_advice(run, error))
+    try:
+        write_summary(run, "nonfinite_params" if isinstance(error, NonFiniteParams) else "nonfinite_loss",
+                      error_fields(run, error))
+    except OSError as e:
+        print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
+    return EXIT_NONFINITE
 
 
 def lr_flags_for(run: Run, names: list[str]) -> list[str]:
@@ -179,23 +225,72 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     if run.rank != 0:
         return 1
     step = run.loop["step"]
-    errors = rank_errors_posted(ERROR_KEY) or {0: text}  # one process, or the store gone: rank 0's own
+    errors = errors_of_failing_ranks() or {0: text}  # one process, or the store gone: rank 0's own
     first_rank, first = next(iter(errors.items()))
     several = len(errors) > 1 or first_rank != 0
     where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if several else ""
     print(f"error: {first}{where}\ntraining stopped by an error after step {step}", file=sys.stderr, flush=True)
-    # each write apart (the full disk that failed the step may refuse them all: the error above stands); the stop
-    # record first, since summary.json's run report reads metrics.jsonl
+    if several:
+        evals = {**evals, "error_rank": first_rank, "errors_by_rank": {str(r): t for r, t in errors.items()}}
+    record_error_stop(run, first, evals)
+    return 1
+
+
+def errors_of_failing_ranks() -> dict[int, str]:
+    """The errors posted under ERROR_KEY, in the order the ranks failed ({}: one process, or the store gone). Ranks
+    that fail at once (an OOM at the same batch, a bug every rank meets) post within moments of each other: when
+    rank 0 posted first, it waits (bounded by final_eval's AGREEMENT_WAIT_S) until every rank has posted, so the
+    summary names them all. A rank that is not failing waits in a collective and posts nothing before rank 0 has
+    exited, so an error of rank 0 alone costs the whole wait (a multi-rank job only); an error that broke rank 0's
+    collective costs none: the rank that left posted first."""
+    from nanochat.final_eval import AGREEMENT_WAIT_S  # here: final_eval imports this module
+
+    errors = rank_errors_posted(ERROR_KEY)
+    if not errors or next(iter(errors)) != 0:
+        return errors
+    deadline = time.monotonic() + AGREEMENT_WAIT_S
     try:
-        run.metrics.log({"kind": "stop", "step": step, "reason": "error", "error": first})
+        store, world = dist.distributed_c10d._get_default_store(), dist.get_world_size()
+        while store.add(f"{ERROR_KEY}/order", 0) < world and time.monotonic() < deadline:  # the posts so far
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - the store went with a rank that hosted it: what was read stands
+        return errors
+    return rank_errors_posted(ERROR_KEY) or errors
+
+
+def record_error_stop(run: Run, first: str, fields: dict) -> None:
+    """Rank 0's account of a stop by an error (``first``: the error, as summary.json holds it): the stop record in
+    metrics.jsonl (if it was opened), the way on, and summary.json with ``fields``. Each write apart: the full disk
+    that failed the run may refuse them all, and the error already printed stands. The stop record first, since
+    summary.json's run report reads metrics.jsonl."""
+    try:
+        if run.metrics is not None:
+            run.metrics.log({"kind": "stop", "step": run.loop["step"], "reason": "error", "error": first})
     except Exception as e:  # noqa: BLE001
         print(f"metrics.jsonl: the stop record not written: {e}", file=sys.stderr, flush=True)
     try:
-        fields = {**evals, **error_fields(run, first)}
+        fields = {**fields, **error_fields(run, first)}
         print(way_on_after_error(run, fields["last_checkpoint"]), file=sys.stderr, flush=True)
-        if several:
-            fields.update(error_rank=first_rank, errors_by_rank={str(r): t for r, t in errors.items()})
         write_summary(run, "error", fields)
     except Exception as e:  # noqa: BLE001
         print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
+
+
+def stop_before_training(run: Run, error: Exception) -> int:
+    """After an error in the session's set-up of the run dir (base_train.set_up_run_dir: config.json, plan.json, a
+    resume's metrics.jsonl and later checkpoints, opening metrics.jsonl), raised on every rank together (rank 0 did
+    that work alone and shared its error): the account of an unplanned error, exit code 1. An OSError (a full disk,
+    a permission) is said in one line; anything else may be a bug and keeps its traceback. Every rank waits for
+    rank 0's summary, since torchrun stops the ranks left once one has exited."""
+    if run.rank == 0:
+        if not isinstance(error, OSError):
+            traceback.print_exception(error)
+        text = f"{type(error).__name__}: {error}"
+        print(f"error: {text}\ntraining stopped before step {run.loop['step'] + 1}: the set-up of the run dir failed",
+              file=sys.stderr, flush=True)
+        record_error_stop(run, text, {})
+    if run.metrics is not None:
+        run.metrics.close()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
     return 1

@@ -22,10 +22,12 @@ matches (one line says which) and computes the rest, with the numbers of an unin
 once the final evaluation completes. 2 = bad flags, data, tokenizer, checkpoint or run dir (found before the first
 step, nothing trained), or a data file found unreadable during training (the message names it), or a failed write of
 a checkpoint or of final_eval.partial.json (a full disk: stop_reason "checkpoint_error" or "final_eval_write_error";
-free space, then --resume); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint was
+free space, then --resume), or of a stop's own summary.json (no summary then: the message says what finished and that
+a --resume writes it); 3 = non-finite loss or parameters (nothing saved for the bad step; every checkpoint was
 checked finite when it was saved, the message names the last one and how to continue from it with lower LRs); 1 =
 any other error (in the final evaluation: stop_reason "final_eval_error", the step's checkpoint saved, --resume
-reruns it; else stop_reason "error": the traceback on stderr, then the last checkpoint and how to continue; under
+reruns it; else stop_reason "error", also for an error in the run dir's set-up before the first step (config.json
+on a full disk: one line, no traceback): the traceback on stderr, then the last checkpoint and how to continue; under
 torchrun rank 0 writes the error of the first rank to fail, "error_rank" and "errors_by_rank" beside it when it was
 another rank's or several failed). A stop by an error writes "error" and "last_checkpoint" in summary.json; a second
 Ctrl-C aborts at once, without one.
@@ -33,7 +35,6 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 (see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
 
-import json
 import math
 import sys
 import time
@@ -59,9 +60,8 @@ from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
-from nanochat.train_end import (EXIT_NONFINITE, WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, error_fields,
-                                last_checkpoint, nonfinite_advice, stop_by_error, stop_every_rank,
-                                write_summary)
+from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, finish, last_checkpoint,
+                                stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite, write_summary)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
@@ -356,28 +356,27 @@ def prepare_resume(run: Run) -> int | None:
     return resumed_at
 
 
-def execute(run: Run, resumed_at: int | None) -> int:
-    run.session_start = time.time()
-    if run.rank == 0:
-        if run.args.overwrite:
-            removed = remove_run(run.run_dir)
-            if removed:
-                print0(f"--overwrite: deleted the previous run in {run.run_dir} ({', '.join(removed)})")
-        write_json(run.run_dir / "config.json", resolved_config(run))
-        write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
-        record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
-        if resumed_at is not None:
-            # a pending checkpoint's evals and samples, and the "resume" record, logged by a resume that died before
-            # it saved: drop that copy (this one logs its own). W&B cannot recall what that resume sent.
-            truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at, pending=bool(run.loop.get(BOUNDARY_PENDING)),
-                             saved_changes=train_resume.changes_saved_at(run.resume.meta, resumed_at))
-            later, folder = ckpt.set_aside_later(run.run_dir, resumed_at)
-            if later:
-                print0(f"--resume {resumed_at}: the checkpoints of later steps {later} belong to the abandoned "
-                       f"continuation; moved to {folder} (not deleted)")
-            set_aside_stale_results(run.run_dir, resumed_at, folder)
-        elif (run.run_dir / "metrics.jsonl").exists():
-            (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
+def set_up_run_dir(run: Run, resumed_at: int | None) -> None:
+    """Rank 0's writes before the first step (base_train's files, a resume's clean-up) and metrics.jsonl opened."""
+    if run.args.overwrite:
+        removed = remove_run(run.run_dir)
+        if removed:
+            print0(f"--overwrite: deleted the previous run in {run.run_dir} ({', '.join(removed)})")
+    write_json(run.run_dir / "config.json", resolved_config(run))
+    write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
+    record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
+    if resumed_at is not None:
+        # a pending checkpoint's evals and samples, and the "resume" record, logged by a resume that died before
+        # it saved: drop that copy (this one logs its own). W&B cannot recall what that resume sent.
+        truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at, pending=bool(run.loop.get(BOUNDARY_PENDING)),
+                         saved_changes=train_resume.changes_saved_at(run.resume.meta, resumed_at))
+        later, folder = ckpt.set_aside_later(run.run_dir, resumed_at)
+        if later:
+            print0(f"--resume {resumed_at}: the checkpoints of later steps {later} belong to the abandoned "
+                   f"continuation; moved to {folder} (not deleted)")
+        set_aside_stale_results(run.run_dir, resumed_at, folder)
+    elif (run.run_dir / "metrics.jsonl").exists():
+        (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
     a = run.args
     run.metrics = MetricsLogger(run.run_dir, run.rank, a.wandb, a.wandb_project, a.run_name, resolved_config(run),
                                 resume_step=resumed_at)
@@ -385,6 +384,17 @@ def execute(run: Run, resumed_at: int | None) -> int:
                **({"world_size": run.world_size_now} if run.world_size_now else {})}
     if changes:
         run.metrics.log({"kind": "resume", "step": resumed_at, **changes})
+
+
+def execute(run: Run, resumed_at: int | None) -> int:
+    run.session_start = time.time()
+    try:  # rank 0's error is every rank's: none goes on to wait in the first step's collective
+        rank0_decides(lambda: set_up_run_dir(run, resumed_at))
+    except Exception as e:  # a full disk, a bug: summary.json says so, as for an error in training
+        return stop_before_training(run, e)
+    if run.metrics is None:  # a rank other than 0: its logger logs nothing
+        run.metrics = MetricsLogger(run.run_dir, run.rank)
+    a = run.args
     print0(f"run dir {run.run_dir} | {run.plan['num_iterations']} steps x {a.total_batch_size:,} tokens "
            f"(grad accum {run.plan['grad_accum_steps']}, world {run.world}) | {run.plan['params_total']:,} params")
     stop = StopSignal().install()  # until the summary is written, the final evaluation's included
@@ -406,10 +416,7 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         if reason in ("completed", "wall_time_limit"):
             reason = evaluate_at_the_end(run, reason, stop, evals)
     except NonFiniteLoss as e:
-        print0(nonfinite_advice(run, e))
-        write_summary(run, "nonfinite_params" if isinstance(e, NonFiniteParams) else "nonfinite_loss",
-                      error_fields(run, e))
-        return EXIT_NONFINITE
+        return stop_nonfinite(run, e)
     except DataError as e:  # a file a loader's reader thread could not read: named in the message
         return stop_every_rank(run, "data_error", (
             f"error: {e}\ntraining stopped during step {run.loop['step'] + 1}; last checkpoint: {last_checkpoint(run)} "
@@ -431,12 +438,7 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
         return stop_by_error(run, e, evals)
     finally:
         run.metrics.close()
-    summary = write_summary(run, reason, evals)
-    if reason == "interrupted" and "interrupted_during" not in evals:
-        print0(f"interrupted ({evals['signal']}) at step {run.loop['step']}: checkpoint saved; "
-               f"{run_control.how_to_continue()}")
-    print0(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}))
-    return 0
+    return finish(run, reason, evals)
 
 
 def preflight(args):

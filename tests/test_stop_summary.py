@@ -79,7 +79,7 @@ def error_stop(run, monkeypatch, error: Exception, at_call: int, *extra) -> int:
 
 @pytest.mark.parametrize("error, reason, code", [
     (DataError("/data/train_00001.parquet: row group 3 cannot be read"), "data_error", 2),
-    (base_train.NonFiniteLoss("train loss is nan at step 4"), "nonfinite_loss", base_train.EXIT_NONFINITE)],
+    (base_train.NonFiniteLoss("train loss is nan at step 4"), "nonfinite_loss", train_end.EXIT_NONFINITE)],
     ids=["data_error", "nonfinite_loss"])
 def test_an_error_stop_records_the_error_and_the_last_checkpoint(tmp_path, monkeypatch, error, reason, code):
     """summary.json said only the stop reason and the last finished step (3 here), which is not the last checkpoint
@@ -210,7 +210,127 @@ def test_under_the_runner_a_nonfinite_stop_names_the_runners_way_on(tmp_path, mo
 
     monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
     error = base_train.NonFiniteLoss("train loss is nan at step 4")
-    assert error_stop(tmp_path / "r", monkeypatch, error, 4) == base_train.EXIT_NONFINITE
+    assert error_stop(tmp_path / "r", monkeypatch, error, 4) == train_end.EXIT_NONFINITE
     out = capsys.readouterr().out
     assert "To continue from it: the same scripts.run command with --resume 2 --resume-override-lr and the lower " \
            "learning rates after --" in out, out
+
+
+def full_disk_for(name: str):
+    """A write_json that fails like a full disk for the file ``name`` alone (the error names it, as open() would)."""
+    from nanochat.train_setup import write_json as real
+
+    def write_json(path, obj):
+        if path.name == name:
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, obj)
+    return write_json
+
+
+def test_a_failed_write_before_the_first_step_writes_the_summary(tmp_path, monkeypatch, capsys):
+    """An error in the set-up of the run dir (config.json on a full disk) ended with a traceback and no summary.json.
+    Now it ends as an unplanned error does (stop_reason error, exit 1), with one clean line for an OSError."""
+    run = tmp_path / "r"
+    monkeypatch.setattr(base_train, "write_json", full_disk_for("config.json"))
+    assert train(run, "--num-iterations", "3") == 1
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 0, None), summary
+    assert summary["error"] == f"OSError: [Errno 28] No space left on device: '{run / 'config.json'}'", summary
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err  # a full disk is no bug: its line says it all
+    assert f"error: {summary['error']}\ntraining stopped before step 1: the set-up of the run dir failed" in err, err
+    assert "no checkpoint was saved: once the cause is fixed, start again with --overwrite" in err, err
+
+
+def test_a_failed_resume_set_up_names_the_checkpoint_to_go_on_from(tmp_path, monkeypatch, capsys):
+    """On a resume the set-up also rewrites metrics.jsonl (truncate_metrics): a bug there keeps its traceback, and
+    summary.json names the step resumed from as the checkpoint to go on from."""
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "6", "--save-every", "2", "--max-wall-time-seconds", "0.001") == 0
+    step = summary_of(run)["step"]
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in truncate_metrics")
+
+    monkeypatch.setattr(base_train, "truncate_metrics", broken)
+    assert train(run, "--num-iterations", "6", "--save-every", "2", "--resume") == 1
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", step, step), summary
+    assert summary["error"] == "RuntimeError: a bug in truncate_metrics", summary
+    err = capsys.readouterr().err
+    assert "Traceback" in err and f"last checkpoint: step {step} in {run / ckpt.CKPT_DIR}" in err, err
+
+
+def test_a_metrics_file_that_cannot_be_opened_is_an_error_stop(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "r"
+
+    def unopenable(*a, **k):
+        raise PermissionError(13, "Permission denied", str(run / "metrics.jsonl"))
+
+    monkeypatch.setattr(base_train, "MetricsLogger", unopenable)
+    assert train(run, "--num-iterations", "3") == 1
+    summary = summary_of(run)
+    assert summary["stop_reason"] == "error" and summary["error"].startswith("PermissionError: [Errno 13]"), summary
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_failed_summary_write_keeps_the_set_up_error(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "r"
+    monkeypatch.setattr(base_train, "write_json", full_disk_for("plan.json"))
+    monkeypatch.setattr(train_end, "write_json", full_disk_for("summary.json"))
+    assert train(run, "--num-iterations", "3") == 1
+    err = capsys.readouterr().err
+    assert f"error: OSError: [Errno 28] No space left on device: '{run / 'plan.json'}'" in err, err
+    assert "summary.json not written either: [Errno 28] No space left on device" in err, err
+    assert not (run / "summary.json").exists() and "Traceback" not in err, err
+
+
+def test_a_failed_summary_write_at_the_end_says_what_finished(tmp_path, monkeypatch, capsys):
+    """A completed run whose own summary.json could not be written (a full disk) ended with a traceback. Now: one
+    line naming the file, that training and the final evaluation finished, and that a --resume writes the summary
+    (it does: the resume below, on a disk with space again, reruns the final evaluation and writes it); exit 2."""
+    run = tmp_path / "r"
+    with monkeypatch.context() as m:
+        m.setattr(train_end, "write_json", full_disk_for("summary.json"))
+        assert train(run, "--num-iterations", "3") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert f"error: summary.json not written: [Errno 28] No space left on device: '{run / 'summary.json'}'" in err, err
+    assert "training completed and its final evaluation finished (the checkpoint of step 3 is saved); free space " \
+           "(or fix the run dir), then --resume reruns the final evaluation and writes summary.json" in err, err
+    assert not (run / "summary.json").exists()
+    assert train(run, "--num-iterations", "3", "--resume") == 0
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"]) == ("completed", 3) and "val_bpb" in summary, summary
+
+
+@pytest.mark.parametrize("reason, evals, said", [
+    ("wall_time_limit", {}, "training stopped at its wall-time limit and its final evaluation finished (the "
+                            "checkpoint of step 4 is saved); free space (or fix the run dir), then continue with "
+                            "--resume: summary.json is written when it stops"),
+    ("interrupted", {"signal": "SIGTERM"}, "training was interrupted (SIGTERM) (the checkpoint of step 4 is saved)"),
+    ("interrupted", {"signal": "SIGINT", "interrupted_during": "final_eval"},
+     "the final evaluation was interrupted (SIGINT) (the checkpoint of step 4 is saved)")],
+    ids=["wall_time_limit", "interrupted", "interrupted_final_eval"])
+def test_a_failed_summary_write_of_an_unfinished_run_says_to_continue(tmp_path, reason, evals, said):
+    """Only a completed run's --resume reruns the final evaluation; the others continue training (or the final
+    evaluation) and write the summary when they stop."""
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(run_dir=tmp_path, loop={"step": 4})
+    tmp = tmp_path / "summary.json.0123abcd.tmp"  # write_atomic's temp file: the message names the file itself
+    message = train_end.summary_not_written(run, reason, evals, OSError(28, "No space left on device", str(tmp)))
+    assert message.startswith("error: summary.json not written: [Errno 28] No space left on device"), message
+    assert said in message, message
+
+
+def test_a_failed_summary_write_keeps_the_nonfinite_stop(tmp_path, monkeypatch, capsys):
+    """A non-finite loss whose summary.json cannot be written ended in the write's traceback with exit 1: the advice
+    stands, with the write's failure beside it, and the exit code is still the non-finite one."""
+    monkeypatch.setattr(train_end, "write_json", full_disk_for("summary.json"))
+    error = base_train.NonFiniteLoss("train loss is nan at step 4")
+    assert error_stop(tmp_path / "r", monkeypatch, error, 4) == train_end.EXIT_NONFINITE
+    captured = capsys.readouterr()
+    assert "error: train loss is nan at step 4; stopping without saving" in captured.out, captured.out
+    assert "summary.json not written either: [Errno 28] No space left on device" in captured.err, captured.err
+    assert "Traceback" not in captured.err, captured.err

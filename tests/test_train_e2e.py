@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nanochat import checkpoint as ckpt
-from nanochat import train_resume
+from nanochat import train_end, train_resume
 from scripts import base_train
 
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
@@ -196,7 +196,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(base_train, "train_step", poisoned)
     run = tmp_path / "r"
-    assert train(run, "--num-iterations", "6", "--save-every", "2") == base_train.EXIT_NONFINITE
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == train_end.EXIT_NONFINITE
     out = capsys.readouterr().out
     assert "train loss is nan at step 3" in out and "Last good checkpoint: step 2" in out
     assert ckpt.list_steps(run) == [2]
@@ -222,7 +222,7 @@ def poison_weights_after(monkeypatch, calls_before: int):
 def test_nonfinite_weights_are_never_saved(tmp_path, monkeypatch, capsys):
     run = tmp_path / "r"
     poison_weights_after(monkeypatch, 4)
-    assert train(run, "--num-iterations", "6", "--save-every", "2") == base_train.EXIT_NONFINITE
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == train_end.EXIT_NONFINITE
     out = capsys.readouterr().out
     assert ckpt.list_steps(run) == [2]  # the step-4 save was refused
     assert "non-finite values after step 4 in wte.weight" in out
@@ -237,7 +237,7 @@ def test_resume_with_lower_lr_after_nonfinite_is_deliberate_and_recorded(tmp_pat
     is really used (lr_matrix in metrics) and the change is in config.json and metrics.jsonl."""
     run = tmp_path / "r"
     poison_weights_after(monkeypatch, 4)
-    assert train(run, "--num-iterations", "6", "--save-every", "2") == base_train.EXIT_NONFINITE
+    assert train(run, "--num-iterations", "6", "--save-every", "2") == train_end.EXIT_NONFINITE
     before = {r["step"]: r["lr_matrix"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
               if r["kind"] == "train"}
     monkeypatch.undo()

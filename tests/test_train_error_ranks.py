@@ -50,3 +50,29 @@ def test_an_error_on_any_rank_is_in_rank_0s_summary(tmp_path, monkeypatch, fail,
     stops = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"stop"' in line]
     assert [(s["reason"], s["error"]) for s in stops] == [("error", summary["error"])], stops
     assert elapsed < 200, elapsed
+
+
+def test_two_ranks_failing_at_once_are_both_in_the_summary(tmp_path, monkeypatch):
+    """Both ranks raise, rank 1 a moment after rank 0: rank 0 read the posted errors at once and named its own alone.
+    It now waits (bounded: AGREEMENT_WAIT_S) for every rank's post once it was the first to fail."""
+    monkeypatch.setenv("FAIL_DELAY_S", "1.5")
+    r, run, out, elapsed = run_worker(tmp_path, monkeypatch, "0,1")
+    assert r.returncode != 0, out[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["error"], summary["error_rank"]) == ("error", error(0), 0), summary
+    assert summary["errors_by_rank"] == {"0": error(0), "1": error(1)}, summary
+    assert elapsed < 200, elapsed
+
+
+def test_a_set_up_error_of_rank_0_stops_every_rank_with_a_summary(tmp_path, monkeypatch):
+    """Rank 0 writes config.json alone; its full disk ended it with a traceback while rank 1 went on to the first
+    step's collective, and no summary.json was written. Now every rank takes the error branch together: exit 1 on
+    both, one clean error line, and summary.json says error."""
+    monkeypatch.setenv("FAIL_WRITE", "config.json")
+    r, run, out, elapsed = run_worker(tmp_path, monkeypatch, "")
+    assert r.returncode != 0 and "scripts/base_train.py" not in out, out[-3000:]  # no traceback of a worker
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 0, None), summary
+    assert summary["error"] == f"OSError: [Errno 28] No space left on device: '{run / 'config.json'}'", summary
+    assert r.stderr.count(f"error: {summary['error']}") == 1, r.stderr[-3000:]
+    assert elapsed < 200, elapsed
