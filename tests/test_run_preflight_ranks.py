@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -42,9 +43,16 @@ def test_a_rank_that_is_not_ended_prints_the_error_itself(monkeypatch, capsys, l
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setenv("RANK", local_rank)
     monkeypatch.setenv("WORLD_SIZE", "2")
+    slept = []  # common's sleeps, recorded and slept: a wait shows in the record, not only in the clock
+
+    def sleep(seconds):
+        slept.append(seconds)
+        time.sleep(seconds)
+    monkeypatch.setattr(common, "time", SimpleNamespace(sleep=sleep))
     started = time.monotonic()
     assert base_train.main([*TINY, *NOT_DIVISIBLE]) == 2
     waited = time.monotonic() - started
     assert "error: --total-batch-size 1000 is not divisible" in capsys.readouterr().err
+    assert slept == ([0.5] if local_rank == "1" else [])
     if local_rank == "1":
         assert waited >= 0.5
