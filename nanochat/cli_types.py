@@ -115,8 +115,9 @@ def _mps_here() -> bool:
 
 def _missing_device(kind: str, index: int) -> str | None:
     """What torch sees instead, if the device ``kind``:``index`` is not on this machine; else None."""
-    if kind == "cuda" and index >= _cuda_count():
-        return f"torch sees {_cuda_count()} CUDA device(s)"
+    if kind == "cuda":
+        count = _cuda_count()
+        return f"torch sees {count} CUDA device(s)" if index >= count else None
     if kind == "mps" and not _mps_here():
         return "torch sees no MPS device"
     return None

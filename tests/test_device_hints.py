@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import load_bench
+from nanochat import cli_types
 
 FULL = ("cuda", "cuda:N", "cpu", "mps")
 PARSERS = {  # name -> (parse(argv), flags that get it past its required ones, its flag, the forms it takes)
@@ -109,3 +110,13 @@ def test_an_index_that_is_no_number_says_what_n_stands_for(name, value, gpus, ca
     assert error_of(name, value, capsys).endswith(
         f"argument {flag}: {value!r}: the N of cuda:N is a GPU index (cuda:0, cuda:1, ...); allowed: "
         f"{', '.join(forms)}")
+
+
+def test_a_missing_gpu_asks_torch_for_the_count_once(monkeypatch):
+    """The count is read once and named as read: two reads could name another count than the one refused."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: asked.append(1) or 2)
+    assert cli_types._missing_device("cuda", 5) == "torch sees 2 CUDA device(s)"
+    assert len(asked) == 1
+    assert cli_types._missing_device("cuda", 1) is None and len(asked) == 2
