@@ -1,8 +1,9 @@
 """argparse ``type=`` helpers shared by the scripts, so a bad value stops at parse time with the flag's name
 (argparse prefixes the message with ``argument --flag:``) instead of failing later inside torch or a loop; and
-``NodeParser``, whose errors a torchrun job prints once per node."""
+``NodeParser``, whose errors and --help a torchrun job prints once per node."""
 
 import argparse
+import os
 import sys
 
 DEVICE_TYPES = ("cuda", "cpu", "mps")
@@ -17,8 +18,14 @@ class NodeParser(argparse.ArgumentParser):
     """argparse's parser, but under torchrun a parsing error every rank of a node finds alike (flag syntax, choices,
     ranges, this node's files) is printed by local rank 0 alone, with the same usage and error lines and exit code 2:
     the other ranks wait for torchrun to end them (nanochat.common.wait_for_the_node_reporter). A RankLocalError
-    (raised by a ``type=``, or being handled where ``error`` is called) is printed by each rank at once. Outside
-    torchrun it is argparse's parser."""
+    (raised by a ``type=``, or being handled where ``error`` is called) is printed by each rank at once. --help is
+    printed by local rank 0 alone (every rank exits 0). Outside torchrun it is argparse's parser."""
+
+    def print_help(self, file=None):
+        # every rank of a node parses the same argv: local rank 0 prints the help and the others exit 0 at once,
+        # without a wait: torchrun ends no rank for another's exit 0, so local rank 0 is never cut short
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            super().print_help(file)
 
     def error(self, message: str):
         if not _rank_local(sys.exc_info()[1]):

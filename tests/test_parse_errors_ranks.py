@@ -106,3 +106,24 @@ def test_the_waiting_rank_prints_the_error_itself_if_not_ended(monkeypatch, caps
         assert "--eval: unknown evaluation(s) ['nope']" in capsys.readouterr().err
         if local_rank == "1":
             assert waited >= 0.5
+
+
+def test_help_is_printed_once_under_torchrun():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                           "scripts.base_train", "--help"], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("usage: python -m scripts.base_train") == 1, done.stdout
+    assert "--mome-shared-table-kernel" in done.stdout
+
+
+@pytest.mark.parametrize("parse", [train_parse_args, eval_parse_args])
+@pytest.mark.parametrize("local_rank", ["0", "1", None])
+def test_help_is_printed_by_local_rank_0_alone_and_no_rank_waits(monkeypatch, capsys, parse, local_rank):
+    """Every rank exits 0 at once: torchrun ends no rank for another's exit 0, so rank 0's help is never cut short."""
+    waits = in_rank(monkeypatch, local_rank)
+    assert exit_code(parse, ["--help"]) == 0
+    out = capsys.readouterr()
+    assert waits == [] and out.err == ""
+    assert out.out.startswith("usage: ") if local_rank != "1" else out.out == ""
