@@ -27,19 +27,37 @@ PAPER_ATTENTION = ("sdpa", "fa2", "fa3")  # [paper] attention: a resolved kernel
 def load_row_config(path) -> dict:
     """Read, parse and check a row config for the runner; errors name the file and the offending key."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"config {path} is a directory, not a file (see configs/README.md for the list)")
     if not path.is_file():
         raise FileNotFoundError(f"config {path} does not exist (see configs/README.md for the list)")
+    return check_row_config(parse_toml(path, f"config {path}"), path)
+
+
+def parse_toml(path: Path, named: str) -> dict:
+    """The TOML file ``path``, parsed; an unreadable file, one that is not UTF-8 (what TOML requires: the locale's
+    encoding would read other bytes on other machines) or not TOML raises a ValueError that begins with ``named``."""
     try:
-        cfg = tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{named}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); TOML files "
+                         "are UTF-8") from None
+    except OSError as e:
+        raise ValueError(f"{named}: cannot be read ({e.strerror or e})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"config {path}: invalid TOML: {e}") from e
-    return check_row_config(cfg, path)
+        raise ValueError(f"{named}: invalid TOML: {e}") from e
 
 
 def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
     """Check an already parsed row config (filled with defaults, in place). ``runner=True`` also requires the
     batch keys that scripts/run.py checks hardware overrides with (base_train checks with False)."""
     path = Path(path)
+    loose = sorted(key for key, value in cfg.items() if not isinstance(value, dict))
+    if loose:
+        raise ValueError(f"config {path}: key(s) {loose} outside a table: a file with tables is a row config ([row], "
+                         "[train], [paper]); put them under [train]")
     unknown = sorted(set(cfg) - {"row", "train", "paper"})
     if unknown:
         raise ValueError(f"config {path}: unknown top-level table(s) {unknown}; allowed: row, train, paper")
@@ -57,6 +75,8 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
     for key in ("total-batch-size", "max-seq-len", "device-batch-size") if runner else ():
         if key not in train:
             raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")
+        _check_count(path, f"[train] '{key}'", train[key])
+    _check_count(path, "[row] 'nproc_per_node'", row.get("nproc_per_node", 1))
     paper_attention = cfg.setdefault("paper", {}).get("attention", "sdpa")
     if paper_attention not in PAPER_ATTENTION:
         raise ValueError(f"config {path}: [paper] 'attention' must be one of {', '.join(PAPER_ATTENTION)} (the kernel "
@@ -65,6 +85,13 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
     row.setdefault("nproc_per_node", 1)
     cfg["path"] = str(path.resolve())  # the runner starts base_train from the repo root
     return cfg
+
+
+def _check_count(path, key: str, value) -> None:
+    """A count the runner computes with (the batch split, the process count): a float or a string would be cut or
+    fail inside int(), a list or a boolean raise a traceback or read as 1."""
+    if type(value) is not int or value < 1:
+        raise ValueError(f"config {path}: {key} must be an integer >= 1 (got {value!r})")
 
 
 def find_configs(root=None) -> list[Path]:

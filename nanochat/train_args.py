@@ -11,14 +11,10 @@ import argparse
 import functools
 import math
 import os
+import re
 import sys
 from dataclasses import fields
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
 
 from nanochat.cli_types import (SEED_MAX, NodeParser, count_or_all, count_or_all_or_zero, device_choice,
                                 seed_int, unresumable_seeds)
@@ -31,7 +27,7 @@ from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.moe import MLP_KINDS
 from nanochat.optim import OptimConfig
-from nanochat.row_config import check_row_config
+from nanochat.row_config import check_row_config, parse_toml
 from nanochat.run_control import parse_flop_list
 from nanochat.schedules import ScheduleConfig
 
@@ -244,40 +240,80 @@ def build_parser(resuming: bool = False) -> argparse.ArgumentParser:
     return p
 
 
+# flags whose value is a comma list: a TOML list in a config file is joined with commas for them alone (any other
+# flag takes one value: [10] for --eval-every read as 10, silently)
+COMMA_LIST_FLAGS = ("save_at_flops", "eval_every_flops", "memory_layers")
+ON_OFF = {"on", "off"}  # a flag with these choices takes TOML's true/false in a config file too
+
+
 def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
-    """Turn a flat TOML file into command-line tokens; unknown keys raise naming the key and the file."""
+    """Turn a flat TOML file into command-line tokens. Each value is checked here as argparse would check it on the
+    command line (type, choices), so an error names the file and the key; unknown keys, one flag under two
+    spellings and a file that sets nothing are errors too."""
     file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"--config {path}: a directory, not a file")
     if not file.is_file():
         raise ValueError(f"--config {path}: file not found")
-    try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"--config {path}: invalid TOML: {e}") from e
+    data = parse_toml(file, f"--config {path}")
     if any(isinstance(v, dict) for v in data.values()):  # a reproduction row config: [row], [train], [paper]
         data = check_row_config(data, file, runner=False)["train"]  # the runner's checks, so they cannot drift
+    if not data:  # e.g. a file emptied by accident: the run would silently take every default
+        raise ValueError(f"--config {path}: the file sets no key (drop --config, or fill it in)")
     actions = {a.dest: a for a in parser._actions if a.option_strings}
-    tokens = []
+    tokens, keys = [], {}
     for key, value in data.items():
         dest = key.replace("-", "_")
         if dest not in actions or dest in ("config", "help"):
             raise ValueError(f"--config {path}: unknown key {key!r} (not a base_train flag)")
-        action = actions[dest]
-        flag = next(s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-"))
-        if isinstance(value, dict):
-            raise ValueError(f"--config {path}: key {key!r} is a table; config files are flat key = value lists")
-        if isinstance(action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction)):
-            if not isinstance(value, bool):  # a string "false" would read as true
-                raise ValueError(f"--config {path}: key {key!r} must be true or false (a TOML boolean, unquoted), "
-                                 f"got {value!r}")
-            if isinstance(action, argparse.BooleanOptionalAction):
-                tokens.append(flag if value else "--no-" + flag[2:])
-            elif value:
-                tokens.append(flag)
-        elif isinstance(value, list):
-            tokens += [flag, ",".join(str(v) for v in value)]
-        else:
-            tokens += [flag, str(value)]
+        flag = next(s for s in actions[dest].option_strings if s.startswith("--") and not s.startswith("--no-"))
+        if dest in keys:  # TOML sees matrix_lr and matrix-lr as two keys; argparse would take the later one
+            raise ValueError(f"--config {path}: keys {keys[dest]!r} and {key!r} both set {flag}; keep one")
+        keys[dest] = key
+        tokens += _key_tokens(f"--config {path}: key {key!r}", actions[dest], flag, value)
     return tokens
+
+
+def _key_tokens(where: str, action: argparse.Action, flag: str, value) -> list[str]:
+    """The command-line tokens of one config key's TOML ``value``; ``where`` names the file and key in errors."""
+    if isinstance(value, dict):
+        raise ValueError(f"{where} is a table; config files are flat key = value lists")
+    if isinstance(action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction)):
+        if not isinstance(value, bool):  # a string "false" would read as true
+            raise ValueError(f"{where} must be true or false (a TOML boolean, unquoted), got {value!r}")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return [flag if value else "--no-" + flag[2:]]
+        return [flag] if value else []
+    if isinstance(value, list):
+        if action.dest not in COMMA_LIST_FLAGS:
+            raise ValueError(f"{where} takes one value, not a list (got {value!r})")
+        return [flag, ",".join(str(v) for v in value)]
+    if isinstance(value, bool) and ON_OFF == set(action.choices or ()):
+        value = "on" if value else "off"
+    _check_key_value(where, action, value)
+    return [flag, str(value)]
+
+
+def _check_key_value(where: str, action: argparse.Action, value) -> None:
+    """``value`` against its flag's choices and type, as argparse checks the command line's (whose error names the
+    flag alone: a value from a file must name the file)."""
+    choices = list(action.choices or ())
+    if isinstance(value, bool) or (choices and str(value) not in choices):  # a stray true would read as "True"
+        wanted = {int: "an integer", float: "a number"}.get(action.type, "a string")
+        if choices:
+            wanted = "one of " + ", ".join(map(repr, choices)) + (" (or true, false)" if ON_OFF == set(choices) else "")
+        raise ValueError(f"{where} must be {wanted} (got {value!r})")
+    if action.type in (int, float):
+        try:
+            action.type(str(value))
+        except ValueError:
+            raise ValueError(f"{where} must be {'an integer' if action.type is int else 'a number'} "
+                             f"(got {value!r})") from None
+    elif action.type is not None and action.type is not str:
+        try:
+            action.type(str(value))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{where}: {e}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -312,8 +348,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         validate_args(args)
         check_eval_cadences(args, given_flags(tokens + argv))
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(with_config_source(str(e), known.config, tokens, argv))
     return args
+
+
+def with_config_source(message: str, config: str | None, tokens: list[str], argv: list[str]) -> str:
+    """``message`` (a check of the parsed flags), naming the --config file for each flag in it that the file set
+    and the command line did not: the flag's name alone sends the user looking for it on the command line."""
+    named = dict.fromkeys(re.findall(r"--[a-z][a-z0-9-]*", message))
+    from_file = [flag for flag in named if flag in given_flags(tokens) and flag not in given_flags(argv)]
+    return f"{message} ({', '.join(from_file)} from --config {config})" if from_file else message
 
 
 def refuse_unresumable_seeds(parser, chosen: argparse.Namespace) -> None:

@@ -1,0 +1,135 @@
+"""Broken config files (base_train --config, scripts.run's row configs): each fault is one line naming the file, the
+key and what the key takes, exit code 2, no traceback; and TOML's true/false work for the on/off keys."""
+
+import pytest
+
+from nanochat.row_config import load_row_config
+from nanochat.train_args import parse_args
+from scripts import run
+
+TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--dry-run"]
+BIGRAM = 'memory = "mome"\nmome-index = "bigram"\n'
+
+
+def write(tmp_path, text: str, name: str = "c.toml"):
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    return path
+
+
+def refused(capsys, argv) -> str:
+    """The error line of a base_train parse that must stop with exit code 2."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("value, want", [("true", "on"), ("false", "off"), ('"on"', "on"), ('"off"', "off")])
+def test_toml_booleans_work_for_on_off_keys(tmp_path, value, want):
+    cfg = write(tmp_path, f"{BIGRAM}mome-shared-table-kernel = {value}\n")
+    assert parse_args(["--config", str(cfg), *TINY]).mome_shared_table_kernel == want
+
+
+@pytest.mark.parametrize("value, shown", [('"yes"', "'yes'"), ('"true"', "'true'"), ("1", "1")])
+def test_an_on_off_key_names_its_values_booleans_included(tmp_path, capsys, value, shown):
+    cfg = write(tmp_path, f"{BIGRAM}mome-shared-table-kernel = {value}\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: key 'mome-shared-table-kernel' must be one of 'off', 'on' (or true, false) (got {shown})")
+
+
+@pytest.mark.parametrize("line, wanted", [
+    ('eval-every = "ten"', "key 'eval-every' must be an integer (got 'ten')"),
+    ("eval-every = 10.0", "key 'eval-every' must be an integer (got 10.0)"),
+    ("eval-every = true", "key 'eval-every' must be an integer (got True)"),
+    ("eval-every = [10]", "key 'eval-every' takes one value, not a list (got [10])"),
+    ('matrix-lr = "fast"', "key 'matrix-lr' must be a number (got 'fast')"),
+    ('attention = "flash"', "key 'attention' must be one of 'sdpa', 'fa2', 'fa3', 'auto' (got 'flash')"),
+    ("attention = true", "key 'attention' must be one of 'sdpa', 'fa2', 'fa3', 'auto' (got True)"),
+    ('dataset = "nope"', "key 'dataset': 'nope' is not one of"),
+    ("seed = -1", "key 'seed': must be an integer in [0, 4294967295] (got '-1')"),
+])
+def test_a_value_of_the_wrong_type_names_the_file_the_key_and_the_type(tmp_path, capsys, line, wanted):
+    cfg = write(tmp_path, line + "\n")
+    assert f"--config {cfg}: {wanted}" in refused(capsys, ["--config", str(cfg), "--synthetic-data", "--dry-run"])
+
+
+def test_a_value_out_of_range_names_the_file_that_set_it(tmp_path, capsys):
+    cfg = write(tmp_path, "eval-every = 0\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--eval-every must be a positive step count or -1 (got 0) (--eval-every from --config {cfg})")
+    good = write(tmp_path, "eval-every = 5\n", "good.toml")  # the command line's value: no file to name
+    assert refused(capsys, ["--config", str(good), *TINY, "--eval-every", "0"]).endswith("(got 0)")
+
+
+def test_the_command_line_wins_over_the_file(tmp_path):
+    cfg = write(tmp_path, "eval-every = 7\n")
+    assert parse_args(["--config", str(cfg), *TINY]).eval_every == 7
+    assert parse_args(["--config", str(cfg), *TINY, "--eval-every", "9"]).eval_every == 9
+
+
+def test_one_flag_under_two_spellings_is_refused(tmp_path, capsys):
+    """TOML sees two keys; base_train would take the later one silently."""
+    cfg = write(tmp_path, "matrix_lr = 0.01\nmatrix-lr = 0.05\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: keys 'matrix_lr' and 'matrix-lr' both set --matrix-lr; keep one")
+
+
+@pytest.mark.parametrize("text", ["", "# nothing set yet\n"])
+def test_an_empty_file_is_refused(tmp_path, capsys, text):
+    cfg = write(tmp_path, text)
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: the file sets no key (drop --config, or fill it in)")
+
+
+def test_a_directory_a_missing_file_and_non_utf8_bytes_are_named(tmp_path, capsys):
+    assert refused(capsys, ["--config", str(tmp_path), *TINY]).endswith(f"--config {tmp_path}: a directory, not a file")
+    missing = tmp_path / "missing.toml"
+    assert refused(capsys, ["--config", str(missing), *TINY]).endswith(f"--config {missing}: file not found")
+    cfg = write(tmp_path, b"depth = 2\n# caf\xe9\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: not UTF-8 text (byte 0xe9 at offset 15); TOML files are UTF-8")
+
+
+def test_a_table_in_a_flat_file_reads_as_a_row_config(tmp_path, capsys):
+    cfg = write(tmp_path, "depth = { n = 2 }\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"config {cfg}: unknown top-level table(s) ['depth']; allowed: row, train, paper")
+
+
+def test_keys_outside_the_tables_of_a_row_config_are_named(tmp_path, capsys):
+    cfg = write(tmp_path, "depth = 2\n[train]\nmax-seq-len = 64\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"config {cfg}: key(s) ['depth'] outside a table: a file with tables is a row config ([row], [train], "
+        "[paper]); put them under [train]")
+
+
+def test_comma_list_flags_take_toml_lists(tmp_path):
+    cfg = write(tmp_path, 'save-at-flops = ["1e18", "2e18"]\n')
+    assert parse_args(["--config", str(cfg), *TINY]).save_at_flops == "1e18,2e18"
+
+
+ROW = '[row]\ntable = "t"\nname = "r"\n{row}[train]\ntotal-batch-size = {total}\nmax-seq-len = 64\ndevice-batch-size = 2\n'
+
+
+@pytest.mark.parametrize("total, row", [('"lots"', ""), ("4096.5", ""), ("[4096]", ""), ("0", ""), ("true", ""),
+                                        ("4096", 'nproc_per_node = "x"\n'), ("4096", "nproc_per_node = 0\n"),
+                                        ("4096", "nproc_per_node = 1.5\n")])
+def test_the_runner_names_a_bad_batch_key_or_process_count_of_a_row(tmp_path, capsys, total, row):
+    cfg = write(tmp_path, ROW.format(total=total, row=row))
+    key = "[row] 'nproc_per_node'" if row else "[train] 'total-batch-size'"
+    with pytest.raises(ValueError, match=rf"^config {cfg}: {key.replace('[', '.').replace(']', '.')} must be an "
+                                         r"integer >= 1 \(got "):
+        load_row_config(cfg)
+    with pytest.raises(SystemExit) as stopped:
+        run.main([str(cfg), "--plan", "--runs-root", str(tmp_path / "runs")])
+    assert stopped.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+def test_the_runner_names_a_non_utf8_or_directory_config(tmp_path):
+    cfg = write(tmp_path, b'[row]\ntable = "t"\nname = "caf\xe9"\n')
+    with pytest.raises(ValueError, match=rf"^config {cfg}: not UTF-8 text \(byte 0xe9 at offset 29\)"):
+        load_row_config(cfg)
+    with pytest.raises(ValueError, match=rf"^config {tmp_path} is a directory, not a file"):
+        load_row_config(tmp_path)
