@@ -8,6 +8,7 @@ and later (command-line) values win. Unknown keys are an error naming the key.
 """
 
 import argparse
+import difflib
 import functools
 import math
 import os
@@ -264,8 +265,13 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
     tokens, keys = [], {}
     for key, value in data.items():
         dest = key.replace("-", "_")
-        if dest not in actions or dest in ("config", "help"):
-            raise ValueError(f"--config {path}: unknown key {key!r} (not a base_train flag)")
+        if dest == "config":
+            raise ValueError(f"--config {path}: key {key!r} cannot be set in a config file (one --config per run)")
+        if dest not in actions or dest == "help":
+            close = difflib.get_close_matches(dest, [d for d in actions if d not in ("config", "help")], n=1)
+            spelled = [c.replace("_", "-") if "-" in key else c for c in close]  # in the file's own spelling
+            hint = f"; did you mean {spelled[0]!r}?" if close else ""
+            raise ValueError(f"--config {path}: unknown key {key!r} (not a base_train flag{hint})")
         flag = next(s for s in actions[dest].option_strings if s.startswith("--") and not s.startswith("--no-"))
         if dest in keys:  # TOML sees matrix_lr and matrix-lr as two keys; argparse would take the later one
             raise ValueError(f"--config {path}: keys {keys[dest]!r} and {key!r} both set {flag}; keep one")

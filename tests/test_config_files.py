@@ -133,3 +133,23 @@ def test_the_runner_names_a_non_utf8_or_directory_config(tmp_path):
         load_row_config(cfg)
     with pytest.raises(ValueError, match=rf"^config {tmp_path} is a directory, not a file"):
         load_row_config(tmp_path)
+
+
+def test_a_misspelled_key_names_the_flag_it_is_close_to(tmp_path, capsys):
+    cfg = write(tmp_path, "matrx_lr = 0.01\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: unknown key 'matrx_lr' (not a base_train flag; did you mean 'matrix_lr'?)")
+    cfg = write(tmp_path, "matrx-lr = 0.01\n")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith("(not a base_train flag; did you mean 'matrix-lr'?)")
+    cfg = write(tmp_path, 'config = "other.toml"\n')
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: key 'config' cannot be set in a config file (one --config per run)")
+
+
+def test_an_unreadable_file_is_named(tmp_path, capsys, monkeypatch):
+    cfg = write(tmp_path, "depth = 2\n")
+
+    def unreadable(self):  # root reads a chmod 000 file: the refusal is simulated
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(type(cfg), "read_bytes", unreadable)
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(f"--config {cfg}: cannot be read (Permission denied)")
