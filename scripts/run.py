@@ -13,8 +13,8 @@ continue it (the same command, with --resume auto in place of a ``-- --overwrite
 which replace ``--resume auto``) and the log path. Relative paths (the config, --runs-root, and --data-dir,
 --tokenizer-dir, --bundle, --init-from after ``--``) are the caller's: base_train gets them absolute. A seed whose
 checkpoint was trained with other flags is not continued: base_train names the runner command that starts it
-afresh (``--seeds N ... -- ... --overwrite``). ``--plan`` prints the exact commands and exits without importing
-torch or touching data. Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes
+afresh (``--seeds N ... -- ... --overwrite``, its paths absolute). ``--plan`` prints the exact commands and exits
+without importing torch or touching data. Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes
 instead); batch flags given to base_train after ``--`` are checked the same way.
 """
 
@@ -121,9 +121,11 @@ def absolute_paths(extra: list[str]) -> list[str]:
     return out
 
 
-def says_how_to_start(extra: list[str]) -> bool:
-    """Whether the base_train flags after ``--`` hold --resume or --overwrite (the runner then adds no --resume)."""
-    return any(f.split("=")[0] in ("--resume", "--overwrite") for f in extra)
+def start_flags(extra: list[str]) -> list[str]:
+    """The user's --resume (with its value, if given) and --overwrite among the base_train flags after ``--``, as
+    typed: they say how a seed starts, and the runner then adds no --resume auto of its own."""
+    return [f for f, before in zip(extra, ["", *extra]) if f.split("=")[0] in ("--resume", "--overwrite")
+            or (before == "--resume" and not f.startswith("-"))]  # a --resume's own value
 
 
 def how_to_continue(extra: list[str]) -> str:
@@ -131,15 +133,9 @@ def how_to_continue(extra: list[str]) -> str:
     --overwrite (which would delete the seed), --resume STEP (which would set its later checkpoints aside) or --resume
     [latest] (which refuses the row's later seeds, without a checkpoint yet) is in it; then --resume auto in their
     place: it continues this seed and starts the later ones."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--resume", nargs="?", const="latest")
-    parser.add_argument("--overwrite", action="store_true")
-    known, _ = parser.parse_known_args(extra)
-    same = "by re-running the same command"
-    if not known.overwrite and known.resume in (None, "auto"):
+    typed, same = start_flags(extra), "by re-running the same command"
+    if typed in ([], ["--resume", "auto"], ["--resume=auto"]):
         return same
-    typed = [f for f, before in zip(extra, ["", *extra]) if f.split("=")[0] in ("--resume", "--overwrite")
-             or (before == "--resume" and not f.startswith("-"))]  # a --resume's own value
     return f"{same} with --resume auto in place of {' '.join(typed)} after --"
 
 
@@ -148,7 +144,7 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
     """One command per seed; ``--resume auto`` (continue an unfinished run) unless ``extra`` says how to start."""
     row = cfg["row"]
     out = []
-    start = [] if says_how_to_start(extra) else ["--resume", "auto"]
+    start = [] if start_flags(extra) else ["--resume", "auto"]
     for seed in seeds:
         run_dir = runs_root / row["table"] / row["name"] / f"seed{seed}"
         train_cmd = ["-m", "scripts.base_train", "--config", cfg["path"], "--seed", str(seed),
@@ -165,12 +161,14 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
 def afresh_command(config: str, extra: list[str], seed: int, runner_flags: list[str]) -> str | None:
     """The runner command that starts ``seed`` afresh (--overwrite after ``--``), for base_train to name when it
     refuses the --resume auto the runner added; None when the user's flags after ``--`` say how to start: base_train's
-    own advice then applies to them as written. ``config`` and ``runner_flags`` are as the user typed them (a
-    relative path is the user's), ``extra`` the flags after ``--`` before the runner reformatted any."""
-    if says_how_to_start(extra):
+    own advice then applies to them as written. ``config`` is as the user typed it, ``runner_flags`` as
+    ``typed_runner_flags`` gives them, ``extra`` the flags after ``--`` before the runner reformatted any. Its paths
+    are absolute (the user's relative ones resolved as the runner resolved them): the command is printed into the
+    seed's train.log too, and must delete the seed it names from whatever directory it is run."""
+    if start_flags(extra):
         return None
-    return shlex.join(["python", "-m", "scripts.run", config, "--seeds", str(seed), *runner_flags, "--", *extra,
-                       "--overwrite"])
+    return shlex.join(["python", "-m", "scripts.run", _absolute(config), "--seeds", str(seed), *runner_flags, "--",
+                       *absolute_paths(extra), "--overwrite"])
 
 
 def say(text: str) -> None:
@@ -301,9 +299,9 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
 
 
 def typed_runner_flags(args, parser) -> list[str]:
-    """The runner's flags besides the config and --seeds, as given (for ``afresh_command``)."""
+    """The runner's flags besides the config and --seeds, as given, --runs-root absolute (for ``afresh_command``)."""
     given = [("--nproc-per-node", args.nproc_per_node), ("--device-batch-size", args.device_batch_size),
-             ("--runs-root", None if args.runs_root == parser.get_default("runs_root") else args.runs_root)]
+             ("--runs-root", None if args.runs_root == parser.get_default("runs_root") else _absolute(args.runs_root))]
     return [token for flag, value in given if value is not None for token in (flag, str(value))]
 
 

@@ -33,8 +33,8 @@ def test_a_refused_resume_under_scripts_run_names_ways_forward_that_work(tmp_pat
     assert changed.returncode == 1 and "num_iterations 6 (checkpoint) != 7" in changed.stdout, changed.stdout
     # base_train's own advice (drop --resume, add --overwrite) cannot be followed: the runner adds --resume auto
     assert "drop --resume" not in changed.stdout
-    afresh = shlex.join(["python", "-m", "scripts.run", "configs/mini/base.toml", "--seeds", "42", "--runs-root",
-                         str(runs), "--", *FAST, "--num-iterations", "7", *STOP, "--overwrite"])
+    afresh = shlex.join(["python", "-m", "scripts.run", str(REPO / "configs/mini/base.toml"), "--seeds", "42",
+                         "--runs-root", str(runs), "--", *FAST, "--num-iterations", "7", *STOP, "--overwrite"])
     assert (f"  to start afresh instead (it deletes the run in {seed}), run: {afresh}\n"
             "  or, to continue it, run the row again with the flags it was started with\n") in changed.stdout, \
         changed.stdout
@@ -61,5 +61,23 @@ def test_flags_the_user_gave_after_the_separator_keep_base_trains_own_advice():
 
     assert afresh_command("configs/mini/base.toml", ["--resume", "latest"], 42, []) is None
     assert afresh_command("configs/mini/base.toml", ["--overwrite"], 42, []) is None
-    assert afresh_command("c.toml", ["--depth", "2"], 43, ["--nproc-per-node", "2"]) == \
-        "python -m scripts.run c.toml --seeds 43 --nproc-per-node 2 -- --depth 2 --overwrite"
+    assert afresh_command("/abs/c.toml", ["--depth", "2"], 43, ["--nproc-per-node", "2"]) == \
+        "python -m scripts.run /abs/c.toml --seeds 43 --nproc-per-node 2 -- --depth 2 --overwrite"
+
+
+def test_the_afresh_command_carries_absolute_paths(tmp_path, monkeypatch):
+    """The command is printed into the seed's train.log and names the seed it deletes by its absolute path: copied
+    from another directory, relative paths would start another config's run, or delete no seed and train another."""
+    import argparse
+
+    from scripts.run import afresh_command, typed_runner_flags
+
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs-root", default="/default/runs")
+    args = argparse.Namespace(nproc_per_node=None, device_batch_size=2, runs_root="rr")
+    flags = typed_runner_flags(args, parser)
+    assert flags == ["--device-batch-size", "2", "--runs-root", str(tmp_path / "rr")]
+    assert afresh_command("c.toml", ["--data-dir", "d", "--depth", "2", "--bundle=b"], 43, flags) == shlex.join(
+        ["python", "-m", "scripts.run", str(tmp_path / "c.toml"), "--seeds", "43", *flags, "--", "--data-dir",
+         str(tmp_path / "d"), "--depth", "2", f"--bundle={tmp_path / 'b'}", "--overwrite"])
