@@ -21,6 +21,8 @@ class NodeParser(argparse.ArgumentParser):
     (raised by a ``type=``, or being handled where ``error`` is called) is printed by each rank at once. --help is
     printed by local rank 0 alone (every rank exits 0). Outside torchrun it is argparse's parser."""
 
+    explain = None  # message -> message: what a caller adds to each error (where a flag's value came from)
+
     def print_help(self, file=None):
         # every rank of a node parses the same argv: local rank 0 prints the help and the others exit 0 at once,
         # without a wait: torchrun ends no rank for another's exit 0, so local rank 0 is never cut short
@@ -31,7 +33,7 @@ class NodeParser(argparse.ArgumentParser):
         if not _rank_local(sys.exc_info()[1]):
             from nanochat.common import wait_for_the_node_reporter  # here: nanochat.common imports this module
             wait_for_the_node_reporter()
-        super().error(message)
+        super().error(self.explain(message) if self.explain else message)
 
 
 def _rank_local(exc: BaseException | None) -> bool:

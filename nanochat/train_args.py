@@ -4,7 +4,8 @@ model and optimizer configs the flags describe (``model_config``, ``optim_config
 Config files are flat TOML tables whose keys are flag names (``matrix-lr`` or ``matrix_lr``); a row config
 (``configs/<table>/<row>.toml`` with [row]/[train]/[paper] tables) contributes its [train] table. They are turned
 into command-line tokens placed *before* the real ones, so argparse applies the same type/choice checks to both
-and later (command-line) values win. Unknown keys are an error naming the key.
+and later (command-line) values win. An error of a value from the file names the file: unknown keys, a wrong TOML
+type, a bad choice (an on/off flag also takes true/false), or a check the parse makes.
 """
 
 import argparse
@@ -301,8 +302,10 @@ def _key_tokens(where: str, action: argparse.Action, flag: str, value) -> list[s
 
 
 def _check_key_value(where: str, action: argparse.Action, value) -> None:
-    """``value`` against its flag's choices and type, as argparse checks the command line's (whose error names the
-    flag alone: a value from a file must name the file)."""
+    """``value`` against its flag's choices and int/float type, as argparse checks the command line's (whose error
+    names the flag alone: a value from a file must name the file). A ``type=`` of ours is left to the parse (its
+    error gets the file's name there, from with_config_source): what it takes can depend on the whole command
+    (--core-max-per-task 0 and a seed above SEED_MAX are a --resume's matter)."""
     choices = list(action.choices or ())
     if isinstance(value, bool) or (choices and str(value) not in choices):  # a stray true would read as "True"
         wanted = {int: "an integer", float: "a number"}.get(action.type, "a string")
@@ -315,11 +318,6 @@ def _check_key_value(where: str, action: argparse.Action, value) -> None:
         except ValueError:
             raise ValueError(f"{where} must be {'an integer' if action.type is int else 'a number'} "
                              f"(got {value!r})") from None
-    elif action.type is not None and action.type is not str:
-        try:
-            action.type(str(value))
-        except argparse.ArgumentTypeError as e:
-            raise ValueError(f"{where}: {e}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -343,6 +341,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if chosen.resume is not None:
         refuse_unresumable_seeds(parser, chosen)
         parser = build_parser(resuming=True)
+    parser.explain = functools.partial(with_config_source, config=known.config, tokens=tokens, argv=argv)
     args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
     if args.device_type != "auto" and not args.dry_run:  # a plan builds nothing: a GPU row is planned anywhere
         try:
@@ -354,13 +353,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         validate_args(args)
         check_eval_cadences(args, given_flags(tokens + argv))
     except ValueError as e:
-        parser.error(with_config_source(str(e), known.config, tokens, argv))
+        parser.error(str(e))
     return args
 
 
 def with_config_source(message: str, config: str | None, tokens: list[str], argv: list[str]) -> str:
-    """``message`` (a check of the parsed flags), naming the --config file for each flag in it that the file set
-    and the command line did not: the flag's name alone sends the user looking for it on the command line."""
+    """``message`` (a parse error: argparse's, or a check of the parsed flags), naming the --config file for each
+    flag in it that the file set and the command line did not: the flag's name alone sends the user looking for it
+    on the command line."""
     named = dict.fromkeys(re.findall(r"--[a-z][a-z0-9-]*", message))
     from_file = [flag for flag in named if flag in given_flags(tokens) and flag not in given_flags(argv)]
     return f"{message} ({', '.join(from_file)} from --config {config})" if from_file else message

@@ -14,8 +14,8 @@ which replace ``--resume auto``) and the log path. Relative paths (the config, -
 --tokenizer-dir, --bundle, --init-from after ``--``) are the caller's: base_train gets them absolute. A seed whose
 checkpoint was trained with other flags is not continued: base_train names the runner command that starts it
 afresh (``--seeds N ... -- ... --overwrite``, its paths absolute). ``--plan`` prints the exact commands and exits
-without importing torch or touching data. Hardware overrides keep the total batch size fixed (the gradient-accumulation count changes
-instead); batch flags given to base_train after ``--`` are checked the same way.
+without importing torch or touching data. Hardware overrides keep the total batch size fixed (the gradient-accumulation
+count changes instead); batch flags given to base_train after ``--`` are checked the same way.
 """
 
 import argparse

@@ -47,12 +47,23 @@ def test_an_on_off_key_names_its_values_booleans_included(tmp_path, capsys, valu
     ('matrix-lr = "fast"', "key 'matrix-lr' must be a number (got 'fast')"),
     ('attention = "flash"', "key 'attention' must be one of 'sdpa', 'fa2', 'fa3', 'auto' (got 'flash')"),
     ("attention = true", "key 'attention' must be one of 'sdpa', 'fa2', 'fa3', 'auto' (got True)"),
-    ('dataset = "nope"', "key 'dataset': 'nope' is not one of"),
-    ("seed = -1", "key 'seed': must be an integer in [0, 4294967295] (got '-1')"),
 ])
 def test_a_value_of_the_wrong_type_names_the_file_the_key_and_the_type(tmp_path, capsys, line, wanted):
     cfg = write(tmp_path, line + "\n")
     assert f"--config {cfg}: {wanted}" in refused(capsys, ["--config", str(cfg), "--synthetic-data", "--dry-run"])
+
+
+@pytest.mark.parametrize("line, wanted", [
+    ('dataset = "nope"', "argument --dataset: 'nope' is not one of"),
+    ("seed = -1", "argument --seed: must be an integer in [0, 4294967295] (got '-1')"),
+    ("core-max-per-task = 0", "argument --core-max-per-task: must be an integer >= 1, or -1 for all (got '0')"),
+])
+def test_a_value_its_flags_type_refuses_names_the_file(tmp_path, capsys, line, wanted):
+    cfg = write(tmp_path, line + "\n")
+    flag = wanted.split(":")[0].split()[-1]
+    error = refused(capsys, ["--config", str(cfg), *TINY])
+    assert wanted in error and error.endswith(f"({flag} from --config {cfg})"), error
+    assert not refused(capsys, ["--config", str(cfg), *TINY, flag, "x"]).endswith(f"from --config {cfg})")
 
 
 def test_a_value_out_of_range_names_the_file_that_set_it(tmp_path, capsys):
@@ -110,7 +121,8 @@ def test_comma_list_flags_take_toml_lists(tmp_path):
     assert parse_args(["--config", str(cfg), *TINY]).save_at_flops == "1e18,2e18"
 
 
-ROW = '[row]\ntable = "t"\nname = "r"\n{row}[train]\ntotal-batch-size = {total}\nmax-seq-len = 64\ndevice-batch-size = 2\n'
+ROW = ('[row]\ntable = "t"\nname = "r"\n{row}[train]\ntotal-batch-size = {total}\nmax-seq-len = 64\n'
+       "device-batch-size = 2\n")
 
 
 @pytest.mark.parametrize("total, row", [('"lots"', ""), ("4096.5", ""), ("[4096]", ""), ("0", ""), ("true", ""),
@@ -152,4 +164,12 @@ def test_an_unreadable_file_is_named(tmp_path, capsys, monkeypatch):
     def unreadable(self):  # root reads a chmod 000 file: the refusal is simulated
         raise PermissionError(13, "Permission denied")
     monkeypatch.setattr(type(cfg), "read_bytes", unreadable)
-    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(f"--config {cfg}: cannot be read (Permission denied)")
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: cannot be read (Permission denied)")
+
+
+def test_a_value_only_a_resume_takes_is_checked_as_the_resume_parses_it(tmp_path, capsys):
+    """--core-max-per-task 0 ("all" in older versions) continues a run recorded with it, from its config file too."""
+    cfg = write(tmp_path, "core-max-per-task = 0\n")
+    assert parse_args(["--config", str(cfg), *TINY, "--resume"]).core_max_per_task == 0
+    assert "--core-max-per-task" in refused(capsys, ["--config", str(cfg), *TINY])
