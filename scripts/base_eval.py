@@ -292,8 +292,10 @@ def main(argv=None) -> int:
     (under torchrun: in that write's step) changes nothing, exit 0."""
     from nanochat.dataset import DataError
     from nanochat.download import DownloadError  # the CORE bundle, offline without --bundle
+    from nanochat.launcher_watch import watch_launcher
 
     keep_running_without_output()  # a dead reader of the output (a killed `| tee`) does not end the evaluation
+    watch_launcher()  # under torchrun: a SIGKILLed launcher stops this rank as a SIGTERM would
     try:
         args = parse_args(argv)
         with interrupts_raise():

@@ -53,6 +53,7 @@ from nanochat.common import (autocast_context, compute_cleanup, compute_init, ev
 from nanochat.eval_resume import ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
 from nanochat.final_eval import FinalEvalError, evaluate_at_the_end, record_final_eval_error, signal_of_any_rank
+from nanochat.launcher_watch import watch_launcher
 from nanochat.lost_output import keep_running_without_output
 from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, truncate_metrics
 from nanochat.optim import MuonAdamW
@@ -464,6 +465,7 @@ def preflight(args):
 def main(argv: list[str] | None = None) -> int:
     started = run_control.clock()  # --max-wall-time-seconds counts from here: set-up and compile count
     keep_running_without_output()  # a dead reader of the output (a killed runner or `| tee`) does not end the run
+    watch_launcher()  # under torchrun: a SIGKILLed launcher stops this worker as a SIGTERM would
     args = parse_args(argv)  # exits with code 2 and a message on bad flags
     try:
         tokenizer = preflight(args)
