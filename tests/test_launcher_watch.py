@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
+import base_eval_fixtures
 from conftest import REPO
 from nanochat import checkpoint as ckpt
 from nanochat import launcher_watch
 from test_train_e2e import TINY
 
 WORKER = Path(__file__).parent / "_launcher_watch_worker.py"
+EVAL_WORKER = Path(__file__).parent / "_launcher_watch_eval_worker.py"
 HANG_GUARD_S = 300  # far above the seconds these take: only a hang reaches it
+
+tiny_run = base_eval_fixtures.tiny_run  # the fixture (module scope)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for process states")
 
@@ -128,6 +132,40 @@ def test_killed_torchrun_workers_save_and_exit(tmp_path):
         assert last.get("step") == step, last
     finally:
         stop_reading.set()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        torchrun.kill()
+        torchrun.wait()
+
+
+def test_killed_torchrun_eval_ranks_stop_with_what_finished(tiny_run, tmp_path):
+    """base_eval's ranks, in their second CORE task when torchrun is SIGKILLed, stop together as on SIGTERM: one
+    line, the first task kept for a rerun, no report, the output directory's lock released."""
+    from nanochat.run_dir import LOCK_FILE
+
+    root, _, _, bundle = tiny_run
+    out, log = tmp_path / "o", tmp_path / "log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(EVAL_WORKER),
+           str(tmp_path), "--run-dir", str(root / "run"), "--bundle", str(bundle), "--eval", "core", "--no-progress",
+           "--device-type", "cpu", "--out-dir", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    with open(log, "w") as f:
+        torchrun = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+    workers = []
+    try:
+        wait_until(lambda: all((tmp_path / f"in_task.{r}").exists() for r in (0, 1)), "second CORE task")
+        workers = children(torchrun.pid)
+        assert len(workers) == 2, workers
+        torchrun.kill()
+        torchrun.wait()
+        wait_until(lambda: not any(map(alive, workers)), "worker exit")
+        text = log.read_text()
+        assert text.count("base_eval: interrupted (SIGTERM)") == 1, text[-3000:]
+        assert text.count("exited: stopping this worker") == 2, text[-3000:]
+        assert list(json.loads((out / "core.partial.json").read_text())["items"]) == ["mc"]
+        assert not (out / "core.json").exists() and not (out / LOCK_FILE).exists()
+    finally:
         for pid in workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
