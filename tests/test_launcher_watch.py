@@ -15,6 +15,7 @@ import base_eval_fixtures
 from conftest import REPO
 from nanochat import checkpoint as ckpt
 from nanochat import launcher_watch
+from test_speedrun import alive
 from test_train_e2e import TINY
 
 WORKER = Path(__file__).parent / "_launcher_watch_worker.py"
@@ -24,15 +25,6 @@ HANG_GUARD_S = 300  # far above the seconds these take: only a hang reaches it
 tiny_run = base_eval_fixtures.tiny_run  # the fixture (module scope)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for process states")
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie, waiting for its new parent to reap it, has stopped)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def children(pid: int) -> list[int]:

@@ -5,12 +5,12 @@ they do, python until the test releases it."""
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from test_launcher_watch import wait_until
 
 HANG_GUARD_S = 60  # far above what these take: only a hang reaches it
 
@@ -41,13 +41,6 @@ def checkout(tmp_path):
     return repo
 
 
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {HANG_GUARD_S} s"
-        time.sleep(0.05)
-
-
 def start(repo: Path, run: str, **extra: str) -> tuple[subprocess.Popen, Path]:
     out = repo.parent / f"{run}.out"
     env = {**os.environ, "RUN": run, "LOG": str(repo.parent / "log"), **extra}
@@ -67,11 +60,11 @@ def release(repo: Path, run: str) -> None:
 
 def test_a_second_run_waits_for_the_first(checkout):
     first, _ = start(checkout, "a")
-    wait_until(lambda: "start a" in logged(checkout), "first pytest")
+    wait_until(lambda: "start a" in logged(checkout), "first pytest", HANG_GUARD_S)
     second, out = start(checkout, "b")
     try:
         wait_until(lambda: "waiting for it to finish" in out.read_text() or "setup b" in logged(checkout),
-                   "waiting line")
+                   "waiting line", HANG_GUARD_S)
         assert logged(checkout) == ["setup a", "start a"]  # the second neither set up .venv nor ran pytest
         release(checkout, "b")  # released in advance: it must still wait for the first
         release(checkout, "a")
@@ -95,5 +88,5 @@ def test_a_process_left_behind_does_not_hold_the_lock(checkout):
         assert "waiting" not in out.read_text()
         assert logged(checkout) == ["setup a", "start a", "end a", "setup b", "start b", "end b"]
     finally:
-        wait_until(lambda: left.exists() and left.read_text().strip(), "left-behind pid")
+        wait_until(lambda: left.exists() and left.read_text().strip(), "left-behind pid", HANG_GUARD_S)
         os.kill(int(left.read_text()), 9)
