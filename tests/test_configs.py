@@ -129,6 +129,27 @@ def test_d12_rows_follow_the_paper_recipe_and_flop_target_steps(slot_maps):
         assert steps == D12_STEPS[path.stem], path.stem
 
 
+def test_d12_base_keeps_the_1e18_flop_checkpoint_the_grouped_rows_build_their_slot_maps_from(slot_maps):
+    """The paper's slot maps came from a d12 base run at ~1e18 FLOPs: the base row keeps the checkpoint of the first
+    step reaching 1e18 (never pruned by its keep-last 1), and the grouped rows' notes build from that step."""
+    from nanochat import run_control
+    from nanochat.plan import build_plan
+    from nanochat.train_args import parse_args
+
+    path = REPO / "configs/d12/base.toml"
+    cfg, summary = _summary(path, slot_maps)
+    args = parse_args(["--config", str(path), "--dry-run"])
+    plan = build_plan(args, summary, world_size=4)
+    per_step = summary["flops_per_token"] * cfg["train"]["total-batch-size"]
+    step = -(-10**18 // per_step)  # the first step whose FLOPs reach 1e18, in integers
+    assert (step - 1) * per_step < 10**18 <= step * per_step and step == 2151
+    assert run_control.save_cadence(args, plan).due_steps(plan["num_iterations"]) == [step]
+    assert cfg["train"]["keep-last"] == 1 and f"step {step}" in cfg["row"]["notes"]
+    for name in ("mome_c2_m12", "mome_c2_m24", "mome_c4_m24", "mome_c4_m48"):
+        notes = load_row_config(REPO / f"configs/d12/{name}.toml")["row"]["notes"]
+        assert f"--checkpoint runs/d12/base/seed42 --step {step} " in notes, name
+
+
 @pytest.mark.parametrize("key", sorted(APPENDIX_TOTALS))
 def test_appendix_rows_exact_totals_steps_and_paper_rounding(key, slot_maps):
     cfg, s = _summary(REPO / "configs" / f"{key}.toml", slot_maps)
