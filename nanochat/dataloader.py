@@ -389,6 +389,19 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
     return torch.from_numpy(rows)
 
 
+def estimate_split_tokens(data_dir, split, tokenizer, sample_docs=1024) -> tuple[int, int]:
+    """(estimated tokens, documents sampled) of ``split`` as the loader reads it (BOS + tokens per document): the
+    mean length of its first ``sample_docs`` documents times the manifest's document count. For the plan's data
+    passes: tokenizing a 4B-token split would take many minutes (metrics.jsonl's data_passes is the real count)."""
+    from nanochat.dataset import iter_documents, load_manifest
+
+    manifest = load_manifest(data_dir)
+    documents = sum(manifest["shards"][name]["rows"] for name in manifest[split])
+    sample = [t or "" for _, t in zip(range(sample_docs), iter_documents(data_dir, split))]
+    tokens = sum(len(doc) for doc in _tokenize_docs(tokenizer, sample))
+    return round(tokens / max(len(sample), 1) * documents), len(sample)
+
+
 def iter_eval_batches(rows, batch_size, rank=0, world_size=1, device="cpu"):
     """Yield (inputs, targets) for rows[rank::world_size] in chunks of batch_size (last chunk may be smaller).
 

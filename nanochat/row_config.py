@@ -3,7 +3,9 @@
     [row]    table, name, label, order (the row's place in the paper's table), seeds (default seeds of the row),
              nproc_per_node (paper hardware), notes,
              reconstructed (true when the design's structure was inferred from the paper's parameter total:
-             results tables mark the row)
+             results tables mark the row),
+             train_shards (the number of training shards of [train] dataset the paper's run read: a run on fewer
+             prepared shards repeats its data more often, which base_train --dry-run and the run's start warn about)
     [train]  defaults for scripts.base_train, keyed by flag name without the leading dashes
     [paper]  the paper's reported numbers for the row (train_bpb, val_bpb, core, params_memory_m, ...) and, where
              the reference says so, ``attention``: the kernel its throughput was measured with (sdpa, fa2, fa3)
@@ -20,7 +22,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-ROW_KEYS = {"table", "name", "label", "order", "seeds", "nproc_per_node", "notes", "reconstructed"}
+ROW_KEYS = {"table", "name", "label", "order", "seeds", "nproc_per_node", "notes", "reconstructed", "train_shards"}
 PAPER_ATTENTION = ("sdpa", "fa2", "fa3")  # [paper] attention: a resolved kernel (--attention auto is not one)
 
 
@@ -72,6 +74,10 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
         raise ValueError(f"config {path}: [row] 'reconstructed' must be true or false (a TOML boolean)")
     if not isinstance(row.get("order", 0), int) or isinstance(row.get("order"), bool):
         raise ValueError(f"config {path}: [row] 'order' must be an integer (the row's place in its table)")
+    shards = row.get("train_shards", 1)
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ValueError(f"config {path}: [row] 'train_shards' must be a positive integer (the paper's number of "
+                         f"training shards), got {shards!r}")
     for key in ("total-batch-size", "max-seq-len", "device-batch-size") if runner else ():
         if key not in train:
             raise ValueError(f"config {path}: [train] must set '{key}' (the runner checks hardware overrides with it)")
@@ -92,6 +98,16 @@ def _check_count(path, key: str, value) -> None:
     fail inside int(), a list or a boolean raise a traceback or read as 1."""
     if type(value) is not int or value < 1:
         raise ValueError(f"config {path}: {key} must be an integer >= 1 (got {value!r})")
+
+
+def paper_train_shards(config) -> tuple[int, str] | None:
+    """(training shards, dataset) of the paper's run for the row config at ``config`` (a --config path), None for
+    a row without ``[row] train_shards`` or a flat config file of flag defaults."""
+    if not config:
+        return None
+    cfg = parse_toml(Path(config), f"config {config}")  # already parsed and checked by train_args
+    shards = cfg.get("row", {}).get("train_shards") if isinstance(cfg.get("row"), dict) else None
+    return (shards, cfg["train"].get("dataset", "fineweb-edu")) if shards else None
 
 
 def find_configs(root=None) -> list[Path]:

@@ -3,7 +3,8 @@ attention kernel, MoME's kernels, the run dir; and --dry-run (the plan alone).
 
 Kept apart from scripts/base_train.py so the loop reads top to bottom. --dry-run needs no data and does not
 resolve --attention or --mome-kernels: of this it only reads an existing tokenizer (``existing_tokenizer``: its
-size, and for --init-from its fingerprint).
+size, and for --init-from its fingerprint) and, where data is prepared, the train split's manifest and first
+documents (``data_passes_lines``: the passes over it, and the paper's shard count).
 """
 
 import json
@@ -22,7 +23,7 @@ from nanochat.jsonfile import write_text_atomic
 from nanochat.memory import mome_mix, mome_triton
 from nanochat.memory.mome_triton import MAX_TILE, resolve_kernels
 from nanochat.plan import build_plan
-from nanochat.row_config import REPO
+from nanochat.row_config import REPO, paper_train_shards
 from nanochat.run_dir import ensure_writable, run_contents
 from nanochat.train_args import model_config
 from nanochat.train_loop import SyntheticLoader, gather_objects, synthetic_eval_rows
@@ -209,6 +210,61 @@ def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
 
 
+PASSES_SAMPLE_DOCS = 1024  # documents tokenized to estimate the train split's tokens (~1M tokens of FineWeb-Edu)
+
+
+def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
+    """The passes over the prepared train split that a run of ``total_tokens`` makes (estimated), and a warning
+    when the row config's paper run read another number of shards of that dataset (``[row] train_shards``): the
+    run then repeats its data more or less often than the paper's, which changes its numbers. Printed by --dry-run
+    and when a run starts. A warning, not a refusal: smoke and local runs reuse the rows on a few shards, and the
+    passes made are in metrics.jsonl (data_passes) beside the results."""
+    from nanochat.dataset import DataError, load_manifest
+
+    if args.synthetic_data:
+        return []
+    data_dir = _data_dir(args)
+    try:
+        manifest = load_manifest(data_dir)
+    except DataError:
+        return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet"]
+    prepared = len(manifest["train"])
+    passes, line = _estimated_passes(data_dir, total_tokens, tokenizer)
+    lines = [f"{'data passes':>26}: {line} ({prepared} train shards in {data_dir})"]
+    paper = paper_train_shards(args.config)
+    if paper and paper[1] == manifest["dataset"] and paper[0] != prepared:
+        shards, dataset = paper
+        theirs = f"~{passes:.2f} passes where the paper's {shards} give ~{passes * prepared / shards:.2f}" \
+            if passes is not None else f"{shards / prepared:.2f} x the paper's passes"
+        lines.append(f"warning: the paper trained this row on {shards} {dataset} train shards and {data_dir} holds "
+                     f"{prepared}: the run makes {theirs}, which changes its results; to follow the paper: "
+                     f"python -m scripts.prepare_data --dataset {dataset} --num-shards {shards}")
+    return lines
+
+
+def _estimated_passes(data_dir: Path, total_tokens: int, tokenizer) -> tuple[float | None, str]:
+    """(passes or None, what to print) from the split's tokens estimated on its first documents."""
+    from nanochat.dataloader import estimate_split_tokens
+    from nanochat.dataset import DataError
+
+    if tokenizer is None:
+        return None, "unknown until the tokenizer exists"
+    try:
+        split_tokens, sampled = estimate_split_tokens(data_dir, "train", tokenizer, PASSES_SAMPLE_DOCS)
+    except DataError as e:  # the run's loader refuses the file; a plan only loses its estimate
+        return None, f"unknown: {e}"
+    passes = total_tokens / max(split_tokens, 1)
+    return passes, (f"~{passes:.2f} over the prepared train split (~{split_tokens:,} tokens, estimated from its "
+                    f"first {sampled:,} documents)")
+
+
+def report_data_passes(args, plan: dict, data: RunData, rank: int) -> None:
+    """``data_passes_lines`` when a run starts (rank 0: it reads a sample of the data)."""
+    if rank == 0:
+        for line in data_passes_lines(args, plan["total_tokens"], data.tokenizer):
+            print0(line.strip())
+
+
 def resolve_bundle(args) -> Path | None:
     """The CORE bundle, resolved before training so a bad --bundle fails early.
 
@@ -323,7 +379,7 @@ def dry_run(args, tokenizer=None) -> None:
         print0(f"{'plan not written':>26}: {run_dir} holds a run ({', '.join(existing_run)})")
     else:
         print0(f"{'plan written to':>26}: {run_dir / 'plan.json'}")
-    for line in [source_line, *flop_lines]:
+    for line in [source_line, *flop_lines, *data_passes_lines(args, plan["total_tokens"], tokenizer)]:
         if line:
             print0(line)
     print0(json.dumps(plan))

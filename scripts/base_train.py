@@ -69,8 +69,8 @@ from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects
                                  train_step)
 from nanochat.train_resume import ResumePoint
 from nanochat.train_setup import (RunData, dry_run, dry_run_vocab, existing_tokenizer, install_mome_kernels,
-                                  load_eval_rows, load_run_data, report_mome_kernels, resolve_bundle,
-                                  resolve_run_dir, run_core, run_split_bpb, setup_attention, write_json)
+                                  load_eval_rows, load_run_data, report_data_passes, report_mome_kernels,
+                                  resolve_bundle, resolve_run_dir, run_core, run_split_bpb, setup_attention, write_json)
 
 @dataclass
 class Run:
@@ -129,6 +129,7 @@ def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)
     save_flops, eval_flops = run_control.save_cadence(args, plan), run_control.eval_cadence(args, plan)  # real vocab
+    report_data_passes(args, plan, data, info.rank)  # passes over the prepared split; shards unlike the paper's
     run_dir = resolve_run_dir(args)
     # before the expensive set-up (CORE bundle, eval rows, model): a requeue with wrong flags, or a wrong
     # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
