@@ -7,7 +7,6 @@ import random
 import pytest
 
 from conftest import REPO
-from data_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from nanochat.dataloader import _tokenize_docs, estimate_split_tokens
 from nanochat.dataset import iter_documents, write_manifest, write_text_shard
 from nanochat.row_config import check_row_config, find_configs, load_row_config
@@ -56,7 +55,7 @@ def test_every_fineweb_row_of_the_paper_pins_its_shards_and_bad_values_are_refus
             check_row_config(cfg, tmp_path / "x.toml")
 
 
-def test_split_token_estimate_is_exact_when_the_sample_covers_the_split(two_shard_dir, tiny_tokenizer):  # noqa: F811
+def test_split_token_estimate_is_exact_when_the_sample_covers_the_split(two_shard_dir, tiny_tokenizer):
     exact = sum(len(d) for d in _tokenize_docs(tiny_tokenizer, list(iter_documents(two_shard_dir, "train"))))
     assert estimate_split_tokens(two_shard_dir, "train", tiny_tokenizer, sample_docs=1000) == (exact, 60)
     estimate, sampled = estimate_split_tokens(two_shard_dir, "train", tiny_tokenizer, sample_docs=10)
@@ -71,7 +70,7 @@ def _args(config, data_dir, tokenizer_dir, *extra):
                        "--dry-run", *extra])
 
 
-def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(tmp_path, two_shard_dir,  # noqa: F811
+def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(tmp_path, two_shard_dir,
                                                                                  tiny_tokenizer, tiny_tokenizer_dir):
     exact = sum(len(d) for d in _tokenize_docs(tiny_tokenizer, list(iter_documents(two_shard_dir, "train"))))
     total = 10 * TRAIN["total-batch-size"]
@@ -95,7 +94,7 @@ def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(
     assert lines == [f"{'data passes':>26}: unknown: no prepared data in {tmp_path / 'none'} yet"]
 
 
-def test_dry_run_prints_the_passes_and_the_warning(tmp_path, capsys, two_shard_dir, tiny_tokenizer_dir):  # noqa: F811
+def test_dry_run_prints_the_passes_and_the_warning(tmp_path, capsys, two_shard_dir, tiny_tokenizer_dir):
     config = _row_config(tmp_path, 4)
     rc = base_train.main(["--config", str(config), "--data-dir", str(two_shard_dir), "--tokenizer-dir",
                           str(tiny_tokenizer_dir), "--run-dir", str(tmp_path / "run"), "--dry-run"])
@@ -106,7 +105,7 @@ def test_dry_run_prints_the_passes_and_the_warning(tmp_path, capsys, two_shard_d
                line.endswith("--num-shards 4") for line in out), out
 
 
-def test_a_generated_row_warns_on_a_smaller_preparation(tmp_path, two_shard_dir, tiny_tokenizer):  # noqa: F811
+def test_a_generated_row_warns_on_a_smaller_preparation(tmp_path, two_shard_dir, tiny_tokenizer):
     from nanochat.train_args import parse_args
 
     args = parse_args(["--config", str(REPO / "configs/families/qwen3_base.toml"), "--data-dir", str(two_shard_dir),
@@ -115,7 +114,7 @@ def test_a_generated_row_warns_on_a_smaller_preparation(tmp_path, two_shard_dir,
     assert lines[-1].endswith("python -m scripts.prepare_data --dataset fineweb-edu --num-shards 369"), lines
 
 
-def test_a_run_prints_them_when_it_starts(tmp_path, capsys, two_shard_dir, tiny_tokenizer_dir):  # noqa: F811
+def test_a_run_prints_them_when_it_starts(tmp_path, capsys, two_shard_dir, tiny_tokenizer_dir):
     config = _row_config(tmp_path, 3)
     rc = base_train.main(["--config", str(config), "--data-dir", str(two_shard_dir), "--tokenizer-dir",
                           str(tiny_tokenizer_dir), "--run-dir", str(tmp_path / "run"), "--num-iterations", "2",
