@@ -34,6 +34,9 @@ from nanochat.common import rows_to_device
 from nanochat.dataset import DataError, open_parquet, read_row_group_texts, split_files, validate_parquet
 
 STATE_VERSION = 1
+# the training loader's packing buffer and tokenizing chunk (documents): build_eval_rows packs the train bpb rows
+# with the same, so that on one process they are the loader's first rows
+BUFFER_DOCS, TOKENIZE_CHUNK = 1000, 128
 
 
 class BestFitPacker:
@@ -122,12 +125,26 @@ class _RowGroupIndex:
             self._open[fi] = open_parquet(self.files[fi])
         return [t if t is not None else "" for t in read_row_group_texts(self._open[fi], self.files[fi], rg)]
 
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+
+
+def epoch_permutation(seed: int, epoch: int, n_units: int) -> np.ndarray:
+    """The order in which the ranks together read the row groups of ``epoch`` (rank r: ``[r::world_size]``)."""
+    return np.random.default_rng([seed, epoch]).permutation(n_units)
+
+
+def unit_document_order(seed: int, epoch: int, unit: int, rows: int) -> np.ndarray:
+    """The order in which the documents of row group ``unit`` are read in ``epoch``, on whichever rank."""
+    return np.random.default_rng([seed, epoch, int(unit), 1]).permutation(rows)
+
 
 class PackedDataLoader:
     """Infinite iterator of (inputs, targets), both int64 (batch_size, seq_len) on ``device``."""
 
     def __init__(self, data_dir, split, batch_size, seq_len, tokenizer, rank=0, world_size=1, seed=0,
-                 device="cpu", buffer_docs=1000, tokenize_chunk=128, prefetch_chunks=8):
+                 device="cpu", buffer_docs=BUFFER_DOCS, tokenize_chunk=TOKENIZE_CHUNK, prefetch_chunks=8):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.batch_size, self.seq_len, self.tokenizer = batch_size, seq_len, tokenizer
@@ -149,7 +166,7 @@ class PackedDataLoader:
 
     # ---- deterministic document order ---------------------------------------------------------------------
     def _epoch_perm(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.index.units))
+        return epoch_permutation(self.seed, epoch, len(self.index.units))
 
     def _rank_units(self, epoch: int) -> np.ndarray:
         if self.remaining is not None and self.remaining[0] == epoch:
@@ -204,8 +221,7 @@ class PackedDataLoader:
         return self._epoch_perm(epoch)
 
     def _doc_order(self, epoch: int, unit: int) -> np.ndarray:
-        rows = self.index.units[unit][2]
-        return np.random.default_rng([self.seed, epoch, int(unit), 1]).permutation(rows)
+        return unit_document_order(self.seed, epoch, unit, self.index.units[unit][2])
 
     def epoch_documents(self, epoch: int) -> list[tuple[int, int]]:
         """(row-group unit, row within it) of every document this rank reads in ``epoch``, in reading order."""
@@ -326,32 +342,62 @@ class PackedDataLoader:
 
 
 # ---- validation ---------------------------------------------------------------------------------------------
-EVAL_CHUNK_DOCS = 128
+EVAL_CHUNK_DOCS = TOKENIZE_CHUNK  # read at each call (a test shrinks it)
 
 
-def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=1000, rank=0,
-                    world_size=1) -> torch.LongTensor:
+def manifest_chunks(data_dir, split, chunk_docs: int):
+    """The documents of ``split`` in manifest order, in lists of ``chunk_docs`` (the val rows' order)."""
+    from nanochat.dataset import iter_documents
+
+    docs = iter_documents(data_dir, split)
+    while chunk := [t or "" for _, t in zip(range(chunk_docs), docs)]:
+        yield chunk
+
+
+def first_read_chunks(data_dir, split, seed: int, chunk_docs: int):
+    """The documents of ``split`` in the order a one-process ``PackedDataLoader`` of ``seed`` reads epoch 0, in
+    its tokenizing chunks (``chunk_docs`` = its ``tokenize_chunk``; a chunk never spans two row groups), so that
+    packing them as it does gives its first rows (unless the split has fewer documents than the loader's buffer:
+    its buffer then takes in epoch 1 too). With W processes the ranks together read the same row groups
+    first (epoch 0's permutation, striped): the documents of the first rows are read in a run's first steps."""
+    index = _RowGroupIndex(split_files(data_dir, split))
+    try:
+        for unit in epoch_permutation(seed, 0, len(index.units)):
+            texts, order = index.read(int(unit)), unit_document_order(seed, 0, unit, index.units[unit][2])
+            for start in range(0, len(order), chunk_docs):
+                yield [texts[i] for i in order[start:start + chunk_docs]]
+    finally:
+        index.close()
+
+
+def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=BUFFER_DOCS, rank=0,
+                    world_size=1, first_read_seed: int | None = None,
+                    chunk_docs: int | None = None) -> torch.LongTensor:
     """A fixed (N, seq_len+1) set of packed rows, N = ceil(num_tokens / seq_len).
 
     Documents are taken in manifest order without shuffling and packed exactly like training rows, so the set
-    depends only on the data, the tokenizer and seq_len, never on world size or device batch size.
+    depends only on the data, the tokenizer and seq_len, never on world size or device batch size. With
+    ``first_read_seed`` (the train split's rows for the final train bpb: data the run has trained on) they come
+    in the order a training loader of that --data-seed reads them first (``first_read_chunks``): the rows are
+    then token for token the first rows a one-process run of ``buffer_docs`` and ``chunk_docs`` (its
+    ``tokenize_chunk``) trains on, whatever the world size; a multi-process run reads their documents in its
+    first steps, packed alongside others.
 
     With several ranks (collective: every rank must call it) the tokenization is split: the documents come in
-    chunks of 128, rank r tokenizes chunks r, r+W, ... of each round of W chunks and the ranks exchange the
+    chunks (of ``chunk_docs``, default EVAL_CHUNK_DOCS), rank r tokenizes chunks r, r+W, ... of each round of W chunks and the ranks exchange the
     tokens, so each tokenizes ~1/W of the text and every rank packs the same rows. In an evaluation
     (``nanochat.eval_resume.interrupts_raise``) a signal latched on any rank ends it with ``Interrupted`` on every
     rank after the round it came in.
     """
-    from nanochat.dataset import iter_documents
-
-    n_rows = math.ceil(num_tokens / seq_len)
-    docs = iter_documents(data_dir, split)
+    n_rows, chunk_docs = math.ceil(num_tokens / seq_len), chunk_docs or EVAL_CHUNK_DOCS
+    chunks = manifest_chunks(data_dir, split, chunk_docs) if first_read_seed is None else \
+        first_read_chunks(data_dir, split, first_read_seed, chunk_docs)
     packer = BestFitPacker(seq_len + 1, buffer_docs)
     ready: list[list[np.ndarray]] = []  # tokenized chunks in document order, not yet packed
 
     def next_round() -> None:
         if world_size == 1:
-            ready.append(_tokenize_docs(tokenizer, [t or "" for _, t in zip(range(EVAL_CHUNK_DOCS), docs)]))
+            ready.append(_tokenize_docs(tokenizer, next(chunks, [])))
             return
         import torch.distributed as dist
 
@@ -360,18 +406,18 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
 
         mine, error = [], None
         try:  # every rank reads the data itself: a file only one rank cannot read (its node's copy) fails there alone
-            texts = [[t or "" for _, t in zip(range(EVAL_CHUNK_DOCS), docs)] for _ in range(world_size)]
+            texts = [next(chunks, []) for _ in range(world_size)]
             mine = _tokenize_docs(tokenizer, texts[rank])
         except Exception as e:  # noqa: BLE001 - shared below, so that no rank waits in an exchange the others left
             error = e
         # the exchange carries this rank's error (every rank raises the lowest failing rank's, naming it) and an
         # evaluation's latched signal: a stop while a long split is tokenized takes effect after this round on
         # every rank, not after the whole split (0 outside an evaluation)
-        chunks = [None] * world_size
-        dist.all_gather_object(chunks, (mine, latched_signal(), None if error is None else portable_error(error)))
-        raise_lowest_rank_error([err for _, _, err in chunks], error)
-        stop_if_latched_on_any_rank([signum for _, signum, _ in chunks])
-        ready.extend(chunk for chunk, _, _ in chunks)
+        chunks_of = [None] * world_size
+        dist.all_gather_object(chunks_of, (mine, latched_signal(), None if error is None else portable_error(error)))
+        raise_lowest_rank_error([err for _, _, err in chunks_of], error)
+        stop_if_latched_on_any_rank([signum for _, signum, _ in chunks_of])
+        ready.extend(chunk for chunk, _, _ in chunks_of)
 
     def refill() -> bool:
         if not ready:
@@ -381,11 +427,14 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
         return bool(chunk)
 
     rows = np.empty((n_rows, seq_len + 1), dtype=np.int64)
-    for i in range(n_rows):
-        if not packer.fill_row(rows[i], refill):
-            raise DataError(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
-                            f"(~{i * seq_len:,} tokens) but {num_tokens:,} eval tokens were asked for; "
-                            f"lower the eval token count (--eval-tokens) or prepare a larger {split} split")
+    try:
+        for i in range(n_rows):
+            if not packer.fill_row(rows[i], refill):
+                raise DataError(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
+                                f"(~{i * seq_len:,} tokens) but {num_tokens:,} eval tokens were asked for; "
+                                f"lower the eval token count (--eval-tokens) or prepare a larger {split} split")
+    finally:
+        chunks.close()  # its open shards
     return torch.from_numpy(rows)
 
 

@@ -63,7 +63,7 @@ def final_eval(run: Run, out: dict) -> None:
                 run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
             return {"bpb": bpb, "mome_slot_balance": balance}
 
-        scored = finished.get_or_run(f"split {split}", lambda: rows, score)
+        scored = finished.get_or_run(f"split {split}", lambda: {**rows, **run.data.rows_key(split)}, score)
         out[f"{split}_bpb"], balance = scored["bpb"], scored["mome_slot_balance"]
         print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
         if balance:

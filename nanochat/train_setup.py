@@ -46,6 +46,12 @@ class RunData:
     data_dir: str | None = None
     tokenizer_sha256: str | None = None  # content fingerprints, checked on --resume (paths may move)
     data_sha256: str | None = None
+    train_rows_order: str | None = None  # which documents train_rows holds, for the final evaluation's fingerprint
+
+    def rows_key(self, split: str) -> dict:
+        """What decides the rows of ``split`` beyond the data, --eval-tokens and the seq len (a resumed final
+        evaluation reuses a finished split only when it is the same): the train rows' document order."""
+        return {"rows": self.train_rows_order} if split == "train" and self.train_rows_order else {}
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -203,9 +209,13 @@ def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:
     try:
         data.val_rows = build_eval_rows(data_dir, "val", data.tokenizer, args.max_seq_len, args.eval_tokens,
                                         rank=rank, world_size=world)
-        # the paper's "train bpb": the same budget on the first documents of the train split (seen data)
+        # the paper's "train bpb", on data the run has trained on (the reference: the first training files, which
+        # its loader reads first): the same budget from the documents this run's loader reads first (epoch 0 of
+        # --data-seed), not the split's first ones in manifest order, which the permuted stream may never reach
         data.train_rows = build_eval_rows(data_dir, "train", data.tokenizer, args.max_seq_len, args.eval_tokens,
-                                          rank=rank, world_size=world) if args.final_train_bpb else None
+                                          rank=rank, world_size=world, first_read_seed=args.data_seed) \
+            if args.final_train_bpb else None
+        data.train_rows_order = f"first read with --data-seed {args.data_seed}"
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
 

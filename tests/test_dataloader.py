@@ -338,3 +338,53 @@ def test_a_signal_while_a_split_is_tokenized_stops_every_rank_after_that_round(e
     (rounds0, done0), (rounds1, done1) = res["0"]
     assert done0 == done1 == "finished" and rounds0 == rounds1 > 4, res
     assert res["2"] == [[2, "SIGTERM"], [2, "SIGTERM"]]
+
+
+def _loader_rows(dl, steps):
+    return torch.cat([torch.cat([x, y[:, -1:]], dim=1) for x, y in take(dl, steps)])
+
+
+def _doc_ids(tok, rows):
+    """(row group, row) of the documents (synthetic_dir's "docNNN": 8 per row group) whose start is in ``rows``."""
+    ids = set()
+    for row in rows.tolist():
+        starts = [i for i, t in enumerate(row) if t == tok.bos_token_id] + [len(row)]
+        ids |= {int(m) for a, b in zip(starts, starts[1:]) for m in re.findall(r"^doc(\d{3})", tok.decode(row[a + 1:b]))}
+    return {(i // 8, i % 8) for i in ids}
+
+
+def _documents_read(dl):
+    """(row group, row) of every document ``dl`` has taken into its packing buffer (all of epoch 0 here)."""
+    epoch, upos, dpos = dl.cursor
+    assert epoch == 0
+    read = sum(dl.index.units[int(u)][2] for u in dl._rank_units(0)[:upos]) + dpos
+    return set(dl.epoch_documents(0)[:read])
+
+
+def test_train_bpb_rows_are_the_first_rows_the_run_trains_on(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    """The final train bpb is on data the run has trained on (the reference: "already-seen data"): on one process
+    its rows are token for token the loader's first rows; on two, their documents are read in the first steps
+    (packed alongside others, so a crop may cut another part of one of them)."""
+    tok, n_rows = tiny_tokenizer, 6
+    for seed in (0, 7):
+        rows = build_eval_rows(synthetic_dir, "train", tok, SEQ, n_rows * SEQ, buffer_docs=16, chunk_docs=8,
+                               first_read_seed=seed)
+        dl = loader(synthetic_dir, tok, seed=seed)
+        assert torch.equal(rows, _loader_rows(dl, 2)[:n_rows])  # 2 steps of 4 rows
+        dl.close()
+        ranks = [loader(synthetic_dir, tok, rank=r, world_size=2, seed=seed) for r in range(2)]
+        for dl in ranks:
+            take(dl, 2)
+            dl.close()
+        read = _documents_read(ranks[0]) | _documents_read(ranks[1])
+        assert len(read) < 96 and len(_doc_ids(tok, rows)) >= 6 and _doc_ids(tok, rows) <= read, seed
+        # the rows of the first documents in manifest order (what the train bpb read before): not all read yet
+        manifest_rows = build_eval_rows(synthetic_dir, "train", tok, SEQ, n_rows * SEQ, buffer_docs=16, chunk_docs=8)
+        assert not _doc_ids(tok, manifest_rows) <= read, seed
+    assert not torch.equal(rows, build_eval_rows(synthetic_dir, "train", tok, SEQ, n_rows * SEQ, buffer_docs=16,
+                                                 chunk_docs=8, first_read_seed=0))
+
+
+def test_first_read_rows_stop_at_the_end_of_the_first_epoch(synthetic_dir, tiny_tokenizer):  # noqa: F811
+    with pytest.raises(DataError, match="the train split of .* yields only"):
+        build_eval_rows(synthetic_dir, "train", tiny_tokenizer, SEQ, 10**6, first_read_seed=3)
