@@ -233,15 +233,16 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
 
     if args.synthetic_data:
         return []
-    data_dir = _data_dir(args)
+    data_dir, paper = _data_dir(args), paper_train_shards(args.config)
     try:
         manifest = load_manifest(data_dir)
     except DataError:
-        return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet"]
+        hint = f" (the paper's: python -m scripts.prepare_data --dataset {paper[1]} --num-shards {paper[0]})" \
+            if paper else ""
+        return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet{hint}"]
     prepared = len(manifest["train"])
     passes, line = _estimated_passes(data_dir, total_tokens, tokenizer)
     lines = [f"{'data passes':>26}: {line} ({prepared} train shards in {data_dir})"]
-    paper = paper_train_shards(args.config)
     if paper and paper[1] == manifest["dataset"] and paper[0] != prepared:
         shards, dataset = paper
         theirs = f"~{passes:.2f} passes where the paper's {shards} give ~{passes * prepared / shards:.2f}" \

@@ -91,6 +91,9 @@ def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(
     lines = data_passes_lines(args, total, None)
     assert "unknown until the tokenizer exists" in lines[0] and "2.50 x the paper's passes" in lines[1]
     lines = data_passes_lines(_args(_row_config(tmp_path, 5), tmp_path / "none", tiny_tokenizer_dir), total, None)
+    assert lines == [f"{'data passes':>26}: unknown: no prepared data in {tmp_path / 'none'} yet (the paper's: "
+                     "python -m scripts.prepare_data --dataset fineweb-edu --num-shards 5)"]
+    lines = data_passes_lines(_args(_row_config(tmp_path, None), tmp_path / "none", tiny_tokenizer_dir), total, None)
     assert lines == [f"{'data passes':>26}: unknown: no prepared data in {tmp_path / 'none'} yet"]
 
 
