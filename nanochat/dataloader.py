@@ -370,6 +370,16 @@ def first_read_chunks(data_dir, split, seed: int, chunk_docs: int):
         index.close()
 
 
+def eval_rows_order(split: str, data_seed: int | None) -> tuple[int | None, dict]:
+    """(``first_read_seed`` for build_eval_rows, the rows' entry in an evaluation's fingerprint) of ``split``: the
+    train rows are the documents a run of ``data_seed`` reads first (the final train bpb: data it trained on; None,
+    for a run that records no seed, e.g. an imported one: the split's first documents), the val rows the split's
+    first documents."""
+    if split == "train" and data_seed is not None:
+        return data_seed, {"rows": f"first read with --data-seed {data_seed}"}
+    return None, {}
+
+
 def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=BUFFER_DOCS, rank=0,
                     world_size=1, first_read_seed: int | None = None,
                     chunk_docs: int | None = None) -> torch.LongTensor:

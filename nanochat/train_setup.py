@@ -46,12 +46,14 @@ class RunData:
     data_dir: str | None = None
     tokenizer_sha256: str | None = None  # content fingerprints, checked on --resume (paths may move)
     data_sha256: str | None = None
-    train_rows_order: str | None = None  # which documents train_rows holds, for the final evaluation's fingerprint
+    data_seed: int | None = None  # the --data-seed whose first-read documents train_rows holds
 
     def rows_key(self, split: str) -> dict:
         """What decides the rows of ``split`` beyond the data, --eval-tokens and the seq len (a resumed final
         evaluation reuses a finished split only when it is the same): the train rows' document order."""
-        return {"rows": self.train_rows_order} if split == "train" and self.train_rows_order else {}
+        from nanochat.dataloader import eval_rows_order
+
+        return eval_rows_order(split, self.data_seed)[1]
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -212,10 +214,10 @@ def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:
         # the paper's "train bpb", on data the run has trained on (the reference: the first training files, which
         # its loader reads first): the same budget from the documents this run's loader reads first (epoch 0 of
         # --data-seed), not the split's first ones in manifest order, which the permuted stream may never reach
+        data.data_seed = args.data_seed
         data.train_rows = build_eval_rows(data_dir, "train", data.tokenizer, args.max_seq_len, args.eval_tokens,
                                           rank=rank, world_size=world, first_read_seed=args.data_seed) \
             if args.final_train_bpb else None
-        data.train_rows_order = f"first read with --data-seed {args.data_seed}"
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
 

@@ -231,7 +231,7 @@ def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack,
 
 
 def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
-    from nanochat.dataloader import build_eval_rows, iter_eval_batches
+    from nanochat.dataloader import build_eval_rows, eval_rows_order, iter_eval_batches
     from nanochat.dataset import default_data_dir, load_manifest, manifest_fingerprint
     from nanochat.download import file_sha256
     from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
@@ -250,15 +250,18 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
         # version cannot tell the codes apart: outside a git checkout)
         data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
                 "eval_tokens": args.eval_tokens, "result": "bpb, mome_slot_balance"}
+        data_seed = (meta.get("config") or {}).get("args", {}).get("data_seed")  # the run's train bpb rows
         for split in splits:
+            first_read, rows_key = eval_rows_order(split, data_seed)
+
             def score_split():  # bpb, and for MoME the slot balance of the same forwards (nanochat.slot_balance)
                 rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank,
-                                       world_size=world)
+                                       world_size=world, first_read_seed=first_read)
                 bpb, balance = with_slot_balance(model, lambda: evaluate_bpb(
                     model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx))
                 return {"bpb": bpb, "mome_slot_balance": balance}
 
-            scored = finished.get_or_run(f"split {split}", lambda: data, score_split)
+            scored = finished.get_or_run(f"split {split}", lambda: {**data, **rows_key}, score_split)
             out["splits"][split] = scored["bpb"]
             print0(f"{split} bpb: {scored['bpb']:.6f}")
             if scored["mome_slot_balance"]:

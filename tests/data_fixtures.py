@@ -32,6 +32,24 @@ def train_tiny_tokenizer(data_dir: Path, out_dir: Path, vocab_size: int = TINY_V
     return tok
 
 
+def write_numbered_docs(data_dir: Path, n_docs: int, row_group_size: int, val_docs: int, dataset: str = "synthetic",
+                        max_words: int = 60) -> Path:
+    """``n_docs`` documents "docNNN w w ..." (2..``max_words`` random words), half in each of two train shards of
+    ``row_group_size``-document row groups, and the first ``val_docs`` as the val shard; manifest of ``dataset``."""
+    import random
+
+    from nanochat.dataset import write_manifest, write_text_shard
+
+    rng = random.Random(0)
+    words = ["the", "sea", "whale", "ship"]
+    docs = [f"doc{i:03d} " + " ".join(rng.choice(words) for _ in range(rng.randint(2, max_words))) for i in range(n_docs)]
+    write_text_shard(data_dir / "t0.parquet", docs[:n_docs // 2], row_group_size=row_group_size)
+    write_text_shard(data_dir / "t1.parquet", docs[n_docs // 2:], row_group_size=row_group_size)
+    write_text_shard(data_dir / "v0.parquet", docs[:val_docs], row_group_size=row_group_size)
+    write_manifest(data_dir, dataset, ["t0.parquet", "t1.parquet"], ["v0.parquet"], source="test")
+    return data_dir
+
+
 @pytest.fixture(scope="session")
 def embedded_data_dir(tmp_path_factory) -> Path:
     return prepare_embedded(tmp_path_factory.mktemp("embedded_data"))

@@ -2,13 +2,13 @@
 passes over the prepared split and warn, naming prepare_data --num-shards N, when another number is prepared."""
 
 import json
-import random
 
 import pytest
 
 from conftest import REPO
+from data_fixtures import write_numbered_docs
 from nanochat.dataloader import _tokenize_docs, estimate_split_tokens
-from nanochat.dataset import iter_documents, write_manifest, write_text_shard
+from nanochat.dataset import iter_documents
 from nanochat.row_config import check_row_config, find_configs, load_row_config
 from nanochat.train_setup import data_passes_lines
 from scripts import base_train
@@ -19,15 +19,8 @@ TRAIN = {"total-batch-size": 256, "max-seq-len": 32, "device-batch-size": 8}
 @pytest.fixture(scope="module")
 def two_shard_dir(tmp_path_factory):
     """A 'fineweb-edu' directory of 2 train shards (60 documents) and a val shard."""
-    d = tmp_path_factory.mktemp("fw")
-    rng = random.Random(1)
-    docs = [" ".join(rng.choice(["the", "sea", "whale", "ship", "of"]) for _ in range(rng.randint(3, 40)))
-            for _ in range(60)]
-    write_text_shard(d / "t0.parquet", docs[:30], row_group_size=8)
-    write_text_shard(d / "t1.parquet", docs[30:], row_group_size=8)
-    write_text_shard(d / "v0.parquet", docs[:8], row_group_size=8)
-    write_manifest(d, "fineweb-edu", ["t0.parquet", "t1.parquet"], ["v0.parquet"], source="test")
-    return d
+    return write_numbered_docs(tmp_path_factory.mktemp("fw"), 60, row_group_size=8, val_docs=8,
+                               dataset="fineweb-edu", max_words=40)
 
 
 def _row_config(tmp_path, shards, dataset="fineweb-edu"):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from data_fixtures import write_numbered_docs
 from nanochat.dataloader import BestFitPacker, PackedDataLoader, build_eval_rows, iter_eval_batches
-from nanochat.dataset import DataError, write_manifest, write_text_shard
+from nanochat.dataset import DataError
 
 SEQ = 64
 
@@ -15,15 +16,7 @@ SEQ = 64
 @pytest.fixture(scope="module")
 def synthetic_dir(tmp_path_factory):
     """96 uniquely numbered documents of varied length in 2 train shards with 8-doc row groups (12 units)."""
-    d = tmp_path_factory.mktemp("synthetic")
-    rng = random.Random(0)
-    docs = [f"doc{i:03d} " + " ".join(rng.choice(["the", "sea", "whale", "ship"]) for _ in range(rng.randint(2, 60)))
-            for i in range(96)]
-    write_text_shard(d / "t0.parquet", docs[:48], row_group_size=8)
-    write_text_shard(d / "t1.parquet", docs[48:], row_group_size=8)
-    write_text_shard(d / "v0.parquet", docs[:16], row_group_size=8)
-    write_manifest(d, "synthetic", ["t0.parquet", "t1.parquet"], ["v0.parquet"], source="test")
-    return d
+    return write_numbered_docs(tmp_path_factory.mktemp("synthetic"), 96, row_group_size=8, val_docs=16)
 
 
 def loader(data_dir, tok, **kw):

@@ -3,12 +3,11 @@ tests/test_dataloader.py), and which rows those are is part of the final evaluat
 evaluation never reuses another seed's number."""
 
 import json
-import random
 
 import pytest
 
+from data_fixtures import write_numbered_docs
 from nanochat import eval_resume
-from nanochat.dataset import write_manifest, write_text_shard
 from scripts import base_train
 
 SEQ = 32
@@ -17,15 +16,8 @@ GET_OR_RUN = eval_resume.FinishedResults.get_or_run  # the real one: each run be
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rng = random.Random(2)
-    docs = [f"doc{i:03d} " + " ".join(rng.choice(["the", "sea", "whale", "ship"]) for _ in range(rng.randint(2, 30)))
-            for i in range(80)]
-    write_text_shard(d / "t0.parquet", docs[:40], row_group_size=4)
-    write_text_shard(d / "t1.parquet", docs[40:], row_group_size=4)
-    write_text_shard(d / "v0.parquet", docs[:12], row_group_size=4)
-    write_manifest(d, "embedded", ["t0.parquet", "t1.parquet"], ["v0.parquet"], source="test")
-    return d
+    return write_numbered_docs(tmp_path_factory.mktemp("data"), 80, row_group_size=4, val_docs=12, dataset="embedded",
+                               max_words=30)
 
 
 def _run(tmp_path, data_dir, tokenizer_dir, name, seed, monkeypatch) -> tuple[dict, dict]:
