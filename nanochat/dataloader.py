@@ -394,8 +394,9 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
     first steps, packed alongside others.
 
     With several ranks (collective: every rank must call it) the tokenization is split: the documents come in
-    chunks (of ``chunk_docs``, default EVAL_CHUNK_DOCS), rank r tokenizes chunks r, r+W, ... of each round of W chunks and the ranks exchange the
-    tokens, so each tokenizes ~1/W of the text and every rank packs the same rows. In an evaluation
+    chunks (of ``chunk_docs``, default EVAL_CHUNK_DOCS), rank r tokenizes chunks r, r+W, ... of each round of W
+    chunks and the ranks exchange the tokens, so each tokenizes ~1/W of the text and every rank packs the same
+    rows. In an evaluation
     (``nanochat.eval_resume.interrupts_raise``) a signal latched on any rank ends it with ``Interrupted`` on every
     rank after the round it came in.
     """

@@ -1,5 +1,6 @@
 """Worker for test_dataloader: build the eval rows with the tokenization split across the torchrun ranks; rank 0
-saves them (and how many documents this rank tokenized) to OUT."""
+saves them (and how many documents this rank tokenized) to OUT. Arguments: DATA TOKENIZER OUT [SPLIT SEED]: the val
+rows, or those of SPLIT in the order a loader of --data-seed SEED reads it first."""
 import sys
 
 import torch
@@ -10,6 +11,7 @@ from nanochat.common import compute_cleanup, compute_init
 from nanochat.tokenizer import Tokenizer
 
 data_dir, tok_dir, out = sys.argv[1:4]
+split, seed = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("val", None)
 info, _ = compute_init("cpu")
 tok = Tokenizer.load(tok_dir)
 tokenized = {"docs": 0}
@@ -22,7 +24,8 @@ def counting(tokenizer, texts):
 
 
 dataloader._tokenize_docs = counting
-rows = dataloader.build_eval_rows(data_dir, "val", tok, 128, 20000, rank=info.rank, world_size=info.world_size)
+rows = dataloader.build_eval_rows(data_dir, split, tok, 128, 20000, rank=info.rank, world_size=info.world_size,
+                                  first_read_seed=seed)
 counts = [None] * info.world_size
 dist.all_gather_object(counts, tokenized["docs"])
 every = [None] * info.world_size

@@ -42,7 +42,8 @@ def write_numbered_docs(data_dir: Path, n_docs: int, row_group_size: int, val_do
 
     rng = random.Random(0)
     words = ["the", "sea", "whale", "ship"]
-    docs = [f"doc{i:03d} " + " ".join(rng.choice(words) for _ in range(rng.randint(2, max_words))) for i in range(n_docs)]
+    docs = [f"doc{i:03d} " + " ".join(rng.choice(words) for _ in range(rng.randint(2, max_words)))
+            for i in range(n_docs)]
     write_text_shard(data_dir / "t0.parquet", docs[:n_docs // 2], row_group_size=row_group_size)
     write_text_shard(data_dir / "t1.parquet", docs[n_docs // 2:], row_group_size=row_group_size)
     write_text_shard(data_dir / "v0.parquet", docs[:val_docs], row_group_size=row_group_size)

@@ -184,20 +184,29 @@ def test_eval_rows_independent_of_world_and_batch_size(embedded_data_dir, tiny_t
             build_eval_rows(embedded_data_dir, split, tiny_tokenizer, 128, 10**9)
 
 
-def test_eval_rows_tokenized_across_ranks_equal_one_process(embedded_data_dir, tiny_tokenizer_dir, tmp_path):  # noqa: F811
-    """2 gloo ranks split the tokenization (each ~half the documents) and pack exactly the 1-process rows."""
+@pytest.mark.parametrize("split,seed", [("val", None), ("train", 3)])
+def test_eval_rows_tokenized_across_ranks_equal_one_process(split, seed, embedded_data_dir, tiny_tokenizer_dir,  # noqa: F811
+                                                            tmp_path):
+    """2 gloo ranks split the tokenization (each ~half the documents) and pack exactly the 1-process rows: the val
+    rows, and the train bpb rows (the documents a loader of the seed reads first)."""
     from conftest import REPO, run_torchrun
     from nanochat.tokenizer import Tokenizer
 
     out = tmp_path / "rows.pt"
     r = run_torchrun(REPO / "tests" / "_eval_rows_worker.py", 2, [str(embedded_data_dir), str(tiny_tokenizer_dir),
-                                                                   str(out)])
+                                                                   str(out), *([split, str(seed)] if seed else [])])
     assert r.returncode == 0, r.stderr[-3000:]
     res = torch.load(out)
-    one = build_eval_rows(embedded_data_dir, "val", Tokenizer.load(tiny_tokenizer_dir), 128, 20000)
+    one = build_eval_rows(embedded_data_dir, split, Tokenizer.load(tiny_tokenizer_dir), 128, 20000,
+                          first_read_seed=seed)
     assert torch.equal(res["rows"], one)
     a, b = res["docs_tokenized"]
-    assert abs(a - b) <= 128 and a + b >= 2 * 128  # chunks of 128 documents alternate between the ranks
+    if seed is None:  # chunks of 128 documents alternate between the ranks
+        assert abs(a - b) <= 128 and a + b >= 2 * 128
+    else:  # chunks of at most 128 (a row group's documents) alternate
+        assert a > 0 and b > 0
+        assert not torch.equal(one, build_eval_rows(embedded_data_dir, split, Tokenizer.load(tiny_tokenizer_dir), 128,
+                                                    20000))
 
 
 # ---- --resume-new-world-size: PackedDataLoader.repartition --------------------------------------------------
@@ -342,7 +351,8 @@ def _doc_ids(tok, rows):
     ids = set()
     for row in rows.tolist():
         starts = [i for i, t in enumerate(row) if t == tok.bos_token_id] + [len(row)]
-        ids |= {int(m) for a, b in zip(starts, starts[1:]) for m in re.findall(r"^doc(\d{3})", tok.decode(row[a + 1:b]))}
+        texts = [tok.decode(row[a + 1:b]) for a, b in zip(starts, starts[1:])]
+        ids |= {int(m) for text in texts for m in re.findall(r"^doc(\d{3})", text)}
     return {(i // 8, i % 8) for i in ids}
 
 
