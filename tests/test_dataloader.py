@@ -185,7 +185,7 @@ def test_eval_rows_independent_of_world_and_batch_size(embedded_data_dir, tiny_t
 
 
 @pytest.mark.parametrize("split,seed", [("val", None), ("train", 3)])
-def test_eval_rows_tokenized_across_ranks_equal_one_process(split, seed, embedded_data_dir, tiny_tokenizer_dir,  # noqa: F811
+def test_eval_rows_tokenized_across_ranks_equal_one_process(split, seed, embedded_data_dir, tiny_tokenizer_dir,
                                                             tmp_path):
     """2 gloo ranks split the tokenization (each ~half the documents) and pack exactly the 1-process rows: the val
     rows, and the train bpb rows (the documents a loader of the seed reads first)."""
