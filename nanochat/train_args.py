@@ -324,13 +324,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = NodeParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default=None)
+    pre.add_argument("--config", action="append", default=None)  # a list: a second file is refused, not dropped
     pre.add_argument("--model-type", default="nanochat")
     pre.add_argument("--memory", default="base")
     pre.add_argument("--resume", nargs="?", const="latest", default=None)
     pre.add_argument("--seed", default=None)
     pre.add_argument("--data-seed", default=None)
     known, _ = pre.parse_known_args(argv)
+    if known.config and len(known.config) > 1:
+        parser.error(f"--config given {len(known.config)} times ({', '.join(known.config)}): one config file per run; "
+                     "put the keys of the others on the command line")
+    known.config = known.config[0] if known.config else None
     tokens = []
     if known.config:
         try:

@@ -80,6 +80,16 @@ def test_the_command_line_wins_over_the_file(tmp_path):
     assert parse_args(["--config", str(cfg), *TINY, "--eval-every", "9"]).eval_every == 9
 
 
+@pytest.mark.parametrize("form", ["--config", "--config="])
+def test_two_config_files_are_refused(tmp_path, capsys, form):
+    """Only the last file would be read: the keys of the first would be dropped without a word."""
+    a, b = write(tmp_path, "eval-every = 7\n", "a.toml"), write(tmp_path, "core-every = 5\n", "b.toml")
+    first = [form + str(a)] if form.endswith("=") else [form, str(a)]
+    line = refused(capsys, [*first, "--config", str(b), *TINY])
+    assert line.endswith(f"--config given 2 times ({a}, {b}): one config file per run; put the keys of the others "
+                         "on the command line"), line
+
+
 def test_one_flag_under_two_spellings_is_refused(tmp_path, capsys):
     """TOML sees two keys; base_train would take the later one silently."""
     cfg = write(tmp_path, "matrix_lr = 0.01\nmatrix-lr = 0.05\n")
