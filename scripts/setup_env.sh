@@ -11,6 +11,16 @@
 # for speedrun.sh and test.sh) installs even when nothing differs; `rm -rf .venv` starts from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One at a time per checkout (speedrun.sh, test.sh, a user): two pip installs into one .venv corrupt it, and the
+# second run, once the first is done, finds its install and reuses it. The lock is this script's file (fd 8;
+# test.sh holds fd 9 on its own file while it calls this one, so the two locks never wait for each other).
+if command -v flock >/dev/null 2>&1; then
+    exec 8<scripts/setup_env.sh
+    if ! flock -n 8; then
+        echo "[setup] another scripts/setup_env.sh is running in $PWD: waiting for it to finish"
+        flock 8
+    fi
+fi
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP=.venv/.setup_env.stamp

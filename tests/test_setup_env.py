@@ -35,6 +35,12 @@ elif "-e" in args:
     if os.environ.get("FAKE_PIP") == "slow":
         Path(os.environ["FAKE_PIP_LOG"] + ".slow").write_text(str(os.getpid()))
         time.sleep(60)
+    if os.environ.get("FAKE_PIP") == "hold":  # until the test releases it
+        Path(os.environ["FAKE_PIP_LOG"] + ".held").touch()
+        for _ in range(1200):
+            if Path(os.environ["FAKE_PIP_LOG"] + ".release").exists():
+                break
+            time.sleep(0.05)
     if os.environ.get("FAKE_PIP") == "fail":
         sys.exit("ERROR: No matching distribution found for numpy>=1.26 (fake)")
     dist("mome_nanochat", "0.1.0")
@@ -251,3 +257,37 @@ def test_setup_reinstall_0_reuses(checkout):
     repo, env = checkout
     installed(repo, env)
     reused(repo, env, SETUP_REINSTALL="0")
+
+
+def test_a_second_run_waits_for_an_install_and_then_reuses_it(checkout):
+    """speedrun.sh and test.sh (or two of either) in one checkout: two pip installs into one .venv at once would
+    corrupt it. The second waits, then finds the first's install and reuses it."""
+    repo, env = checkout
+    log = Path(env["FAKE_PIP_LOG"])
+    first = subprocess.Popen(["bash", str(repo / "scripts" / "setup_env.sh")], env={**env, "FAKE_PIP": "hold"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    second = None
+    try:
+        for _ in range(1500):
+            if Path(f"{log}.held").exists():
+                break
+            assert first.poll() is None, "setup_env.sh ended before its pip install"
+            time.sleep(0.02)
+        else:
+            pytest.fail("the fake pip install never started")
+        second = subprocess.Popen(["bash", str(repo / "scripts" / "setup_env.sh")], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        line = second.stdout.readline()
+        assert line.startswith(f"[setup] another scripts/setup_env.sh is running in {repo}: waiting"), line
+        calls = pip_calls(env)
+        Path(f"{log}.release").touch()
+        assert first.wait(timeout=60) == 0
+        rest = second.communicate(timeout=60)[0]
+        assert second.returncode == 0, rest
+        assert rest.startswith("[setup] reusing .venv: unchanged since its last install"), rest
+        assert calls[-1] == "install -q -e .[dev]" and pip_calls(env) == []  # the second installed nothing
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
