@@ -200,3 +200,39 @@ def test_core_md_names_the_limit_of_each_numerics(tmp_path):
         (tmp_path / "ours" / "core.md").read_text()
     assert "Examples longer than the rotary table, counted as incorrect: lm 1." in \
         (tmp_path / "ref" / "core.md").read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with -m gpu there)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_windows_on_cuda_equal_naive_masked_attention(monkeypatch, dtype):
+    """The CPU test's check on CUDA's attention path (SDPA with the explicit window mask), in fp32 and under bf16
+    autocast: the reference windows beyond T have never run on a GPU otherwise."""
+    from nanochat import gpt
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 compared at fp32 precision
+    model = _model().cuda()
+    apply_numerics(model, "reference")
+    idx = torch.randint(1, CharTok.vocab_size, (2, T + 50), generator=torch.Generator().manual_seed(1)).cuda()
+
+    def on_device(windows):  # the naive mask, computed in fp32 on the CPU from the same q, k, v
+        attend = _naive_attention(windows)
+
+        def run(q, k, v, kv_cache=None, layer_idx=0, window=None):
+            return attend(q.float().cpu(), k.float().cpu(), v.float().cpu(), kv_cache, layer_idx, window).to(
+                q.device, q.dtype)
+        return run
+
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        got = model(idx).float()
+        monkeypatch.setattr(gpt, "causal_attention", on_device((T // 2, T, T)))
+        naive = model(idx).float()
+        monkeypatch.setattr(gpt, "causal_attention", on_device((T // 2, None, None)))
+        unlimited = model(idx).float()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, naive, rtol=1e-4, atol=1e-4)
+        return
+    # bf16: rounding inside the attention differs between the two paths; a wrong mask would move the logits beyond
+    # T as far as the unlimited attention does (on the CPU in fp32: 1.75 max, 0.22 mean), rounding far less
+    err, wrong = (got - naive)[:, T + 1:].abs(), (naive - unlimited)[:, T + 1:].abs()
+    assert err.max() < 0.5 * wrong.max() and err.mean() < 0.25 * wrong.mean(), (err.max(), wrong.max())
