@@ -16,9 +16,15 @@ cd "$(dirname "$0")/.."
 # test.sh holds fd 9 on its own file while it calls this one, so the two locks never wait for each other).
 if command -v flock >/dev/null 2>&1; then
     exec 8<scripts/setup_env.sh
-    if ! flock -n 8; then
+    lock_rc=0
+    flock -n -E 75 8 || lock_rc=$?  # 75: held by another run; anything else: no lock to be had here
+    if [ "$lock_rc" = 75 ]; then
         echo "[setup] another scripts/setup_env.sh is running in $PWD: waiting for it to finish"
-        flock 8
+        lock_rc=0
+        flock 8 || lock_rc=$?
+    fi
+    if [ "$lock_rc" != 0 ]; then  # e.g. NFS, where flock(2) needs a file open for writing: not another run
+        echo "[setup] cannot lock scripts/setup_env.sh (flock exit $lock_rc): not waiting for another one in this checkout"
     fi
 fi
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"

@@ -10,9 +10,15 @@ cd "$(dirname "$0")/.."
 # children get no copy of it (9<&-): a process a test left behind must not hold it after this run.
 if command -v flock >/dev/null 2>&1; then
     exec 9<scripts/test.sh
-    if ! flock -n 9; then
+    lock_rc=0
+    flock -n -E 75 9 || lock_rc=$?  # 75: held by another run; anything else: no lock to be had here
+    if [ "$lock_rc" = 75 ]; then
         echo "[test] another scripts/test.sh is running in $PWD: waiting for it to finish"
-        flock 9
+        lock_rc=0
+        flock 9 || lock_rc=$?
+    fi
+    if [ "$lock_rc" != 0 ]; then  # e.g. NFS, where flock(2) needs a file open for writing: not another run
+        echo "[test] cannot lock scripts/test.sh (flock exit $lock_rc): not waiting for another one in this checkout"
     fi
 else
     echo "[test] no flock command: not waiting for another scripts/test.sh in this checkout"

@@ -90,3 +90,16 @@ def test_a_process_left_behind_does_not_hold_the_lock(checkout):
     finally:
         wait_until(lambda: left.exists() and left.read_text().strip(), "left-behind pid", HANG_GUARD_S)
         os.kill(int(left.read_text()), 9)
+
+
+def test_a_lock_that_cannot_be_taken_runs_unlocked(checkout):
+    """flock(2) on NFS needs a file open for writing ("Bad file descriptor"); some file systems have no locks. That
+    is no other run holding the lock: the suite runs, unlocked, and says so; it does not wait or fail."""
+    stub = checkout.parent / "stub"
+    write_exe(stub / "flock", '#!/usr/bin/env bash\necho "flock: 9: Bad file descriptor" >&2\nexit 1\n')
+    release(checkout, "a")
+    run, out = start(checkout, "a", PATH=f"{stub}{os.pathsep}{os.environ['PATH']}")
+    assert run.wait(HANG_GUARD_S) == 0, out.read_text()
+    text = out.read_text()
+    assert "is running" not in text and "cannot lock scripts/test.sh (flock exit 1)" in text, text
+    assert logged(checkout) == ["setup a", "start a", "end a"]
