@@ -21,6 +21,7 @@ from nanochat import checkpoint as ckpt
 from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete,
                                   partial_path)
+from nanochat.report import train_rows_description
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
 from nanochat.train_end import last_checkpoint_step
@@ -65,6 +66,8 @@ def final_eval(run: Run, out: dict) -> None:
 
         scored = finished.get_or_run(f"split {split}", lambda: {**rows, **run.data.rows_key(split)}, score)
         out[f"{split}_bpb"], balance = scored["bpb"], scored["mome_slot_balance"]
+        if split == "train":  # which documents: results and reports never average it with other rows' numbers
+            out["train_bpb_rows"] = train_rows_description(run.data.rows_key(split))
         print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
         if balance:
             out[f"{split}_mome_maxvio"], out[f"{split}_mome_abs_load_dev"] = balance["maxvio"], balance["abs_load_dev"]

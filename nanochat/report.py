@@ -166,6 +166,35 @@ def _manifest(args: dict) -> dict:
         return {}
 
 
+# ---- which rows a train bpb read ----------------------------------------------------------------------------
+# summary.json's and bpb.json's "train_bpb_rows": nanochat.dataloader.eval_rows_order's description of the train
+# rows ("first read with --data-seed N": the documents the run's loader reads first, since 2026-11-27), or for a run
+# that records no --data-seed (an imported one) the split's first documents:
+MANIFEST_ROWS = "manifest order (no --data-seed recorded)"
+# a train bpb recorded without its rows: written before 2026-11-27 (commit 23ff4d5), on the split's first documents
+UNRECORDED_ROWS = "manifest order (before 2026-11-27)"
+FIRST_READ = "first read"  # how eval_rows_order's first-read descriptions begin
+
+
+def train_rows_description(rows_key: dict) -> str:
+    """The "train_bpb_rows" of a train bpb measured on the rows of ``rows_key`` (eval_rows_order's fingerprint
+    entry for the train split)."""
+    return rows_key.get("rows") or MANIFEST_ROWS
+
+
+def train_bpb_rows(summary: dict) -> str | None:
+    """Which rows the train bpb of ``summary`` read (None: it has none)."""
+    if summary.get("train_bpb") is None:
+        return None
+    return summary.get("train_bpb_rows") or UNRECORDED_ROWS
+
+
+def first_read_rows(description: str) -> bool:
+    """Rows of the documents the run read first, not the split's first ones in manifest order: the two measure
+    different data (seen early in training, or maybe never read), so their train bpbs are not averaged together."""
+    return description.startswith(FIRST_READ)
+
+
 # ---- formatting --------------------------------------------------------------------------------------------
 def fmt(value, spec: str = "", suffix: str = "") -> str:
     """None (not measured) is n/a; NaN (a diverged run) stays visible as NaN."""
@@ -302,8 +331,10 @@ def run_report(run_dir) -> str:
     balance = [(f"{split} MoME slot MaxVio / abs. load deviation",
                 f"{fmt(s[f'{split}_mome_maxvio'], '.4f')} / {fmt(s.get(f'{split}_mome_abs_load_dev'), '.4f')}")
                for split in ("val", "train") if f"{split}_mome_maxvio" in s]
+    rows = [("train bpb rows", train_bpb_rows(s))] if train_bpb_rows(s) else []
     lines += _kv_table([("val bpb", fmt(s.get("val_bpb"), ".6f")), ("train bpb", fmt(s.get("train_bpb"), ".6f")),
-                        *balance, ("CORE", fmt_core(s)), ("last train loss", fmt(_last_train_loss(run_dir), ".6f"))])
+                        *rows, *balance, ("CORE", fmt_core(s)),
+                        ("last train loss", fmt(_last_train_loss(run_dir), ".6f"))])
     if s.get("core_missing"):
         lines += ["", f"CORE tasks missing from the bundle: {', '.join(s['core_missing'])}."]
     lines += ["", "Files: `config.json` (resolved flags), `summary.json`, `metrics.jsonl`, `environment.json`, "

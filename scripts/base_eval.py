@@ -15,7 +15,11 @@ files exist and says so in its label (e.g. CORE-21/22).
 The autocast dtype, the attention kernel and MoME's kernels default to the ones the run trained (and evaluated)
 with, from the checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; all three
 are written into core.json/bpb.json (MoME's as the path the model's layers took, "none" without MoME), and the dtype
-is printed beside every number, since bf16 and fp32 results differ in the last digits.
+is printed beside every number, since bf16 and fp32 results differ in the last digits. The train split's rows are the
+documents the run's recorded --data-seed reads first (the split's first documents for a checkpoint that records none,
+e.g. an imported one), named in bpb.json "train_bpb_rows" as in summary.json: a run finished before 2026-11-27
+measured its final train bpb on the split's first documents in manifest order (its summary.json has no
+"train_bpb_rows"), so its train bpb here is on other rows and differs.
 
 Nothing finished is lost: every CORE task and bpb split/corpus is kept in <out>/core.partial.json and
 <out>/bpb.partial.json as soon as it is done, and running the same command again after Ctrl-C, SIGTERM (a Slurm
@@ -235,6 +239,7 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
     from nanochat.dataset import default_data_dir, load_manifest, manifest_fingerprint
     from nanochat.download import file_sha256
     from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
+    from nanochat.report import train_rows_description
 
     token_bytes = eval_token_bytes(tokenizer, args.numerics).to(device)
     seq_len, B = model.max_seq_len, args.device_batch_size
@@ -263,6 +268,8 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
 
             scored = finished.get_or_run(f"split {split}", lambda: {**data, **rows_key}, score_split)
             out["splits"][split] = scored["bpb"]
+            if split == "train":  # as summary.json's: which documents this train bpb read
+                out["train_bpb_rows"] = train_rows_description(rows_key)
             print0(f"{split} bpb: {scored['bpb']:.6f}")
             if scored["mome_slot_balance"]:
                 balance = out.setdefault("mome_slot_balance", {})[split] = scored["mome_slot_balance"]

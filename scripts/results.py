@@ -7,7 +7,9 @@ For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<
 (stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
 and throughput; unfinished seeds, runs started from another run's weights (--init-from), seeds trained with
 other flags than the row config gives (config.json "args"; layout, logging and seeds aside) and CORE values over
-different task sets are listed under the table instead.
+different task sets are listed under the table instead; so are train bpbs of older runs (summary.json without
+"train_bpb_rows", before 2026-11-27: the train split's first documents in manifest order) beside seeds whose train
+bpb read the documents the run read first, and a mean over manifest-order rows alone says "(rows in manifest order)".
 A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22").
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from nanochat.cli_types import recorded_args_now
 from nanochat.jsonfile import read_json_object, write_text_atomic
+from nanochat.report import first_read_rows, train_bpb_rows
 from nanochat.row_config import REPO, find_configs, load_row_config
 
 METRICS = [  # (summary key, paper key, column title, format)
@@ -102,10 +105,10 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); unfinished seeds
     runs started from another run's weights (--init-from) and seeds trained with other flags than the row's
     (flag_differences) are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
-    "CORE-21/22", ...) are not averaged together either."""
+    "CORE-21/22", ...) are not averaged together either, nor train bpbs on other rows (train_bpb_mean)."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
-    summaries, notes = [], []
+    summaries, names, notes = [], [], []
     for path in sorted(row_dir.glob("seed*/summary.json")):
         summary = read_json_object(path, ValueError, "rerun or remove that seed")
         source = summary.get("init_from")
@@ -121,6 +124,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
                          "not averaged")  # a smoke test (-- --num-iterations 2) is not a seed of the row
         elif summary.get("stop_reason") == "completed":
             summaries.append(summary)
+            names.append(path.parent.name)
         else:
             notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
                          "not averaged")
@@ -129,6 +133,8 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
            "seeds": len(summaries), "paper": cfg.get("paper", {})}
     for key, _, _, _ in METRICS:
         out[key] = mean_std([s.get(key) for s in summaries])
+    out["train_bpb"], out["train_bpb_first_read"], rows_notes = train_bpb_mean(names, summaries)
+    notes += rows_notes
     out["core_label"] = sorted({s.get("core_label") or "CORE" for s in summaries if s.get("core") is not None})
     if len(out["core_label"]) > 1:
         out["core"] = (float("nan"), float("nan"))
@@ -139,6 +145,19 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     for key in ("params_memory", "params_total", "params_active", "tok_per_sec"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
     return out
+
+
+def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float, float], bool, list[str]]:
+    """(mean ± std of the train bpb, whether its rows are the first-read ones, notes) over the seeds whose train bpb
+    read rows of one kind (nanochat.report.first_read_rows): the first-read ones (today's definition) where any
+    seed has them, else the split's first documents in manifest order (runs before 2026-11-27, imported ones); each
+    seed of the other kind is listed, not averaged."""
+    rows = [train_bpb_rows(s) for s in summaries]
+    first_read = any(r is not None and first_read_rows(r) for r in rows)
+    kept = [s.get("train_bpb") for s, r in zip(summaries, rows) if r is not None and first_read_rows(r) == first_read]
+    notes = [f"{name} train bpb on rows in {r}, not averaged with the first-read ones"
+             for name, r in zip(names, rows) if r is not None and first_read_rows(r) != first_read]
+    return mean_std(kept), first_read, notes
 
 
 def add_wall_ratios(rows: list[dict]) -> None:
@@ -187,6 +206,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             cell = _fmt(ours, std, fmt)
             if key == "core" and r.get("core_label", ["CORE"]) != ["CORE"] and not math.isnan(ours):
                 cell += f" ({r['core_label'][0]})"  # fewer tasks than the paper's CORE
+            if key == "train_bpb" and not r.get("train_bpb_first_read", True) and not math.isnan(ours):
+                cell += " (rows in manifest order)"  # not the documents the run read first, as since 2026-11-27
             paper_std = r["paper"].get(f"{paper_key}_std")
             line += [cell, "–" if paper is None else _fmt(paper, paper_std, fmt), delta]
         pm, pt = r["params_memory"], r["params_total"]

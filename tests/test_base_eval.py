@@ -37,6 +37,8 @@ def test_base_eval_writes_reports(tiny_run):
     assert "| **CORE-2/3** |" in md and "Missing task files (not averaged): gone." in md
     bpb = json.loads((out / "bpb.json").read_text())
     assert set(bpb["splits"]) == {"train", "val"} and bpb["corpora"]["ood"]["protocol"] == "document-reset"
+    # a checkpoint that records no --data-seed (as an imported one): its train rows are the split's first documents
+    assert bpb["train_bpb_rows"] == "manifest order (no --data-seed recorded)"
     # the val number is exactly evaluate_bpb over the fixed rows (4 rows of 64 tokens)
     rows = build_eval_rows(root / "data", "val", tok, 64, 256)
     direct = evaluate_bpb(model.eval(), iter_eval_batches(rows, 16), tok.token_bytes())

@@ -301,3 +301,15 @@ def test_run_labels_show_the_name_and_the_path_that_differs():
     assert report.run_labels([facts("/r/a/x", "x"), facts("/q/a/x", "x"), facts("/x", "x")]) == ["r/a/x", "q/a/x", "/x"]
     # the same directory given twice is one run shown twice: the same row, as it is the same run
     assert report.run_labels([facts("/r/a/x", "x"), facts("/r/a/x", "x")]) == ["x", "x"]
+
+
+def test_the_report_says_which_rows_the_train_bpb_read(tmp_path):
+    """report.md named no rows for its train bpb, which moved to the first-read documents on 2026-11-27."""
+    run = fake_run(tmp_path, "a", "base", {"train_bpb": 0.91, "train_bpb_rows": "first read with --data-seed 7"})
+    md = report.run_report(run)
+    assert table_value(md, "train bpb") == "0.910000"
+    assert table_value(md, "train bpb rows") == "first read with --data-seed 7"
+    (run / "summary.json").write_text(json.dumps({"run_name": "a", "step": 3, "train_bpb": 0.91}))
+    assert table_value(report.run_report(run), "train bpb rows") == "manifest order (before 2026-11-27)"
+    (run / "summary.json").write_text(json.dumps({"run_name": "a", "step": 3}))
+    assert "| train bpb rows |" not in report.run_report(run)

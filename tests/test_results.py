@@ -153,3 +153,30 @@ def test_a_seed_trained_with_a_flag_its_row_leaves_unset_is_listed(tmp_path):
     assert (f"- Base: seed43 trained with other flags than the row's [train]: --matrix-lr 0.05 (row: {default}), "
             "not averaged") in md
     assert "seed44" not in md and "seed45" not in md
+
+
+def test_train_bpbs_on_other_rows_are_not_averaged_together(tmp_path):
+    """Since 2026-11-27 a train bpb reads the documents the run read first (summary.json "train_bpb_rows"); older
+    summaries have none and measured the split's first documents in manifest order. The two were averaged as one
+    number: the first-read seeds are averaged, an older seed is listed; a row of older seeds alone says so."""
+    from scripts import results
+
+    runs = tmp_path / "runs"
+    for seed, bpb in ((0, 0.80), (1, 0.82)):
+        write_seed(runs, "base", seed, json.dumps({**DONE, "val_bpb": 0.9, "train_bpb": bpb,
+                                                   "train_bpb_rows": f"first read with --data-seed {seed}"}))
+    write_seed(runs, "base", 2, json.dumps({**DONE, "val_bpb": 0.9, "train_bpb": 0.95}))
+    write_seed(runs, "bigram", 0, json.dumps({**DONE, "val_bpb": 0.9, "train_bpb": 0.95}))
+    assert results.main(["--table", "d12", "--runs-root", str(runs), "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "d12.md").read_text()
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+
+    def cells(label):
+        line = next(l for l in md.splitlines() if l.startswith(f"| {label} |"))
+        return dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+
+    base, bigram = cells("Base"), cells("Bigram (6V)")
+    assert base["seeds"] == "3" and base["train bpb"] == "0.8100 ± 0.0141" and base["val bpb"] == "0.9000"
+    assert "- Base: seed2 train bpb on rows in manifest order (before 2026-11-27), not averaged with the first-read " \
+           "ones" in md
+    assert bigram["train bpb"] == "0.9500 (rows in manifest order)"

@@ -47,3 +47,20 @@ def test_the_train_rows_and_their_fingerprint_follow_the_data_seed(tmp_path, dat
     assert keys[1]["split val"] == keys[2]["split val"]
     assert keys[1]["split train"]["rows"] == "first read with --data-seed 1"
     assert keys[1]["split train"] != keys[2]["split train"]
+
+
+def test_summary_and_base_eval_record_which_rows_the_train_bpb_read(tmp_path, data_dir, tiny_tokenizer_dir,
+                                                                      monkeypatch):
+    """Nothing said which rows a train bpb used (summary.json and bpb.json alike), while base_eval moved every
+    checkpoint to the first-read rows: summary.json and bpb.json name them, and base_eval's train bpb on the run's
+    last checkpoint is the one its training ended with, on the same rows."""
+    from scripts import base_eval
+
+    _, summary = _run(tmp_path, data_dir, tiny_tokenizer_dir, "s3", 3, monkeypatch)
+    assert summary["train_bpb_rows"] == "first read with --data-seed 3"
+    run_dir = tmp_path / "s3"
+    assert base_eval.main(["--run", str(run_dir), "--eval", "bpb", "--splits", "train", "--eval-tokens", "128",
+                           "--device-batch-size", "4", "--no-progress", "--device-type", "cpu"]) == 0
+    bpb = json.loads((run_dir / "eval" / "step_000002" / "bpb.json").read_text())
+    assert bpb["train_bpb_rows"] == summary["train_bpb_rows"]
+    assert bpb["splits"]["train"] == pytest.approx(summary["train_bpb"], rel=1e-4)  # other batches: sums reorder
