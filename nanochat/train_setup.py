@@ -8,6 +8,7 @@ documents (``data_passes_lines``: the passes over it, and the paper's shard coun
 """
 
 import json
+import shlex
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,8 +240,7 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
     try:
         manifest = load_manifest(data_dir)
     except DataError:
-        hint = f" (the paper's: python -m scripts.prepare_data --dataset {paper[1]} --num-shards {paper[0]})" \
-            if paper else ""
+        hint = f" (the paper's: {prepare_command(args, *paper)})" if paper else ""
         return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet{hint}"]
     prepared = len(manifest["train"])
     passes, line = _estimated_passes(data_dir, total_tokens, tokenizer)
@@ -251,8 +251,15 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
             if passes is not None else f"{shards / prepared:.2f} x the paper's passes"
         lines.append(f"warning: the paper trained this row on {shards} {dataset} train shards and {data_dir} holds "
                      f"{prepared}: the run makes {theirs}, which changes its results; to follow the paper: "
-                     f"python -m scripts.prepare_data --dataset {dataset} --num-shards {shards}")
+                     f"{prepare_command(args, shards, dataset)}")
     return lines
+
+
+def prepare_command(args, shards: int, dataset: str) -> str:
+    """The prepare_data command that gives the run's data directory the paper's ``shards``: with the run's
+    --data-dir, since without it prepare_data fills the default directory, which this run does not read."""
+    command = f"python -m scripts.prepare_data --dataset {dataset} --num-shards {shards}"
+    return command + (f" --data-dir {shlex.quote(str(args.data_dir))}" if args.data_dir else "")
 
 
 def _estimated_passes(data_dir: Path, total_tokens: int, tokenizer) -> tuple[float | None, str]:

@@ -85,9 +85,31 @@ def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(
     assert "unknown until the tokenizer exists" in lines[0] and "2.50 x the paper's passes" in lines[1]
     lines = data_passes_lines(_args(_row_config(tmp_path, 5), tmp_path / "none", tiny_tokenizer_dir), total, None)
     assert lines == [f"{'data passes':>26}: unknown: no prepared data in {tmp_path / 'none'} yet (the paper's: "
-                     "python -m scripts.prepare_data --dataset fineweb-edu --num-shards 5)"]
+                     f"python -m scripts.prepare_data --dataset fineweb-edu --num-shards 5 --data-dir "
+                     f"{tmp_path / 'none'})"]
     lines = data_passes_lines(_args(_row_config(tmp_path, None), tmp_path / "none", tiny_tokenizer_dir), total, None)
     assert lines == [f"{'data passes':>26}: unknown: no prepared data in {tmp_path / 'none'} yet"]
+
+
+def test_the_prepare_command_names_the_runs_data_dir(tmp_path, two_shard_dir, tiny_tokenizer, tiny_tokenizer_dir,
+                                                    monkeypatch):
+    """The prepare_data command of the hint and of the warning omitted --data-dir: followed, it prepared the
+    default directory, not the one the run reads. It names a --data-dir the run was given (quoted for the shell),
+    and none where the run reads the default one."""
+    total = 10 * TRAIN["total-batch-size"]
+    spaced = tmp_path / "my data"
+    lines = data_passes_lines(_args(_row_config(tmp_path, 5), spaced, tiny_tokenizer_dir), total, None)
+    assert lines[0].endswith(f"--num-shards 5 --data-dir '{spaced}')"), lines
+    lines = data_passes_lines(_args(_row_config(tmp_path, 5), two_shard_dir, tiny_tokenizer_dir), total,
+                              tiny_tokenizer)
+    assert lines[1].endswith(f"--num-shards 5 --data-dir {two_shard_dir}"), lines
+    from nanochat.train_args import parse_args
+
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path / "root"))
+    args = parse_args(["--config", str(_row_config(tmp_path, 5)), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                       "--dry-run"])
+    lines = data_passes_lines(args, total, None)
+    assert lines[0].endswith("--num-shards 5)") and str(tmp_path / "root" / "fineweb-edu") in lines[0], lines
 
 
 def test_dry_run_prints_the_passes_and_the_warning(tmp_path, capsys, two_shard_dir, tiny_tokenizer_dir):
@@ -98,7 +120,7 @@ def test_dry_run_prints_the_passes_and_the_warning(tmp_path, capsys, two_shard_d
     assert rc == 0 and json.loads(out[-1])["total_tokens"] == 2560
     assert any(line.strip().startswith("data passes: ~") for line in out), out
     assert any(line.startswith("warning: the paper trained this row on 4 fineweb-edu train shards") and
-               line.endswith("--num-shards 4") for line in out), out
+               line.endswith(f"--num-shards 4 --data-dir {two_shard_dir}") for line in out), out
 
 
 def test_a_generated_row_warns_on_a_smaller_preparation(tmp_path, two_shard_dir, tiny_tokenizer):
@@ -107,7 +129,8 @@ def test_a_generated_row_warns_on_a_smaller_preparation(tmp_path, two_shard_dir,
     args = parse_args(["--config", str(REPO / "configs/families/qwen3_base.toml"), "--data-dir", str(two_shard_dir),
                        "--dry-run"])
     lines = data_passes_lines(args, 20_000_000_000, tiny_tokenizer)
-    assert lines[-1].endswith("python -m scripts.prepare_data --dataset fineweb-edu --num-shards 369"), lines
+    assert lines[-1].endswith("python -m scripts.prepare_data --dataset fineweb-edu --num-shards 369 --data-dir "
+                              f"{two_shard_dir}"), lines
 
 
 def test_a_run_prints_them_when_it_starts(tmp_path, capsys, two_shard_dir, tiny_tokenizer_dir):
