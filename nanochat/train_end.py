@@ -4,6 +4,7 @@ from), the advice after a non-finite loss, and the stop of every rank together a
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 import traceback
@@ -15,7 +16,7 @@ from nanochat import checkpoint as ckpt
 from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
-from nanochat.report import write_run_report
+from nanochat.report import REPORT, write_run_report
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.train_setup import write_json
 
@@ -70,8 +71,20 @@ def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
                "init_from": run.init_from, **evals}
     if run.rank == 0:
         write_json(run.run_dir / "summary.json", summary)
-        write_run_report(run.run_dir)
+        write_report_or_warn(run.run_dir)
     return summary
+
+
+def write_report_or_warn(run_dir) -> None:
+    """report.md, read back from the run's files once summary.json is written. It only presents them, and can be
+    rebuilt from them at any time: a failure to write it (a full disk; a run file it cannot read) is one warning line
+    naming the command that writes it, never a failure of the run, which has finished (summary.json is what the
+    runner and scripts.results read)."""
+    try:
+        write_run_report(run_dir)
+    except (OSError, ValueError) as e:
+        print(f"warning: {REPORT} not written: {e}; the run is finished (summary.json is written): python -m "
+              f"scripts.report {shlex.quote(str(run_dir))} --run-report writes it", file=sys.stderr, flush=True)
 
 
 def finish(run: Run, reason: str, evals: dict) -> int:
@@ -90,7 +103,7 @@ def finish(run: Run, reason: str, evals: dict) -> int:
 
 
 def summary_not_written(run: Run, reason: str, evals: dict, error: OSError) -> str:
-    """The message after a failed write of a planned stop's summary.json (or of report.md beside it). Its checkpoint
+    """The message after a failed write of a planned stop's summary.json. Its checkpoint
     is saved whatever the reason, so a --resume writes the summary: for a completed run it reruns the final
     evaluation (the parts kept during it are deleted once it completes) and writes it, as after an interruption."""
     path = written_path(error.filename, run.run_dir / "summary.json")

@@ -304,6 +304,36 @@ def test_a_failed_summary_write_at_the_end_says_what_finished(tmp_path, monkeypa
     assert (summary["stop_reason"], summary["step"]) == ("completed", 3) and "val_bpb" in summary, summary
 
 
+def test_a_failed_report_write_at_the_end_is_a_warning_naming_report_md(tmp_path, monkeypatch, capsys):
+    """summary.json was written, then report.md failed: that was said as "summary.json not written ... --resume
+    reruns the final evaluation", exit 2, although the run had finished (and scripts.run then counts the seed as
+    done, so the advised resume never came). Now one warning line names report.md and the command that writes it,
+    exit 0; that command, run, writes it."""
+    from nanochat import report
+    from scripts import report as report_cli
+
+    run = tmp_path / "r"
+    real = report.write_text_atomic
+
+    def full_disk(path, text):
+        if path.name == report.REPORT:
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, text)
+
+    with monkeypatch.context() as m:
+        m.setattr(report, "write_text_atomic", full_disk)
+        assert train(run, "--num-iterations", "3") == 0
+    err = capsys.readouterr().err
+    assert summary_of(run)["stop_reason"] == "completed" and not (run / "report.md").exists()
+    warning = [line for line in err.splitlines() if "report.md" in line]
+    assert warning == [f"warning: report.md not written: [Errno 28] No space left on device: '{run / 'report.md'}'; "
+                       f"the run is finished (summary.json is written): python -m scripts.report {run} --run-report "
+                       "writes it"], err
+    assert "summary.json not written" not in err and "Traceback" not in err, err
+    assert report_cli.main([str(run), "--run-report"]) == 0
+    assert (run / "report.md").read_text().startswith("# Run report: ")
+
+
 @pytest.mark.parametrize("reason, evals, said", [
     ("wall_time_limit", {}, "training stopped at its wall-time limit and its final evaluation finished (the "
                             "checkpoint of step 4 is saved); free space (or fix the run dir), then continue with "
