@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from nanochat.launcher_watch import LAUNCHER_ENV
+
 DEVICE_TYPES = ("cuda", "cpu", "mps")
 
 
@@ -25,8 +27,10 @@ class NodeParser(argparse.ArgumentParser):
 
     def print_help(self, file=None):
         # every rank of a node parses the same argv: local rank 0 prints the help and the others exit 0 at once,
-        # without a wait: torchrun ends no rank for another's exit 0, so local rank 0 is never cut short
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        # without a wait: torchrun ends no rank for another's exit 0, so local rank 0 is never cut short. Only under
+        # torchrun (its own variable, which a shell never sets): a LOCAL_RANK left exported by hand must not silence
+        # a plain --help
+        if LAUNCHER_ENV not in os.environ or int(os.environ.get("LOCAL_RANK", 0)) == 0:
             super().print_help(file)
 
     def error(self, message: str):

@@ -246,6 +246,9 @@ def build_parser(resuming: bool = False) -> argparse.ArgumentParser:
 # flag takes one value: [10] for --eval-every read as 10, silently)
 COMMA_LIST_FLAGS = ("save_at_flops", "eval_every_flops", "memory_layers")
 ON_OFF = {"on", "off"}  # a flag with these choices takes TOML's true/false in a config file too
+RESUME_VALUES = "'latest', 'auto' or a step number"
+# what a config key of a string flag takes, where "a string" would not say (resume = true reads as no value of it)
+TAKES = {"resume": RESUME_VALUES}
 
 
 def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
@@ -308,7 +311,7 @@ def _check_key_value(where: str, action: argparse.Action, value) -> None:
     (--core-max-per-task 0 and a seed above SEED_MAX are a --resume's matter)."""
     choices = list(action.choices or ())
     if isinstance(value, bool) or (choices and str(value) not in choices):  # a stray true would read as "True"
-        wanted = {int: "an integer", float: "a number"}.get(action.type, "a string")
+        wanted = {int: "an integer", float: "a number"}.get(action.type, TAKES.get(action.dest, "a string"))
         if choices:
             wanted = "one of " + ", ".join(map(repr, choices)) + (" (or true, false)" if ON_OFF == set(choices) else "")
         raise ValueError(f"{where} must be {wanted} (got {value!r})")
@@ -461,7 +464,7 @@ def validate_args(args: argparse.Namespace) -> None:
         if getattr(args, name):
             parse_flop_list(getattr(args, name), f"--{name.replace('_', '-')}")
     if args.resume is not None and args.resume not in ("latest", "auto") and not args.resume.isdigit():
-        raise ValueError(f"--resume must be 'latest', 'auto' or a step number (got {args.resume!r})")
+        raise ValueError(f"--resume must be {RESUME_VALUES} (got {args.resume!r})")
     if args.overwrite and args.resume is not None:
         raise ValueError("--overwrite (delete the run in --run-dir and start afresh) contradicts --resume; pass one")
     if args.resume_override_lr and args.resume is None:

@@ -47,6 +47,8 @@ def test_an_on_off_key_names_its_values_booleans_included(tmp_path, capsys, valu
     ('matrix-lr = "fast"', "key 'matrix-lr' must be a number (got 'fast')"),
     ('attention = "flash"', "key 'attention' must be one of 'sdpa', 'fa2', 'fa3', 'auto' (got 'flash')"),
     ("attention = true", "key 'attention' must be one of 'sdpa', 'fa2', 'fa3', 'auto' (got True)"),
+    # was "must be a string": --resume takes one of three things, none of them true
+    ("resume = true", "key 'resume' must be 'latest', 'auto' or a step number (got True)"),
 ])
 def test_a_value_of_the_wrong_type_names_the_file_the_key_and_the_type(tmp_path, capsys, line, wanted):
     cfg = write(tmp_path, line + "\n")

@@ -16,6 +16,7 @@ import torch
 from conftest import REPO
 from nanochat import common
 from nanochat.cli_types import NodeParser
+from nanochat.launcher_watch import LAUNCHER_ENV
 from nanochat.train_args import parse_args as train_parse_args
 from scripts.base_eval import parse_args as eval_parse_args
 
@@ -43,9 +44,10 @@ def test_a_flag_error_is_printed_once_under_torchrun(case):
 def in_rank(monkeypatch, local_rank: str | None) -> list:
     """This process as ``local_rank`` of a 2-process torchrun job (None: no torchrun); the list collects the waits
     for the node's reporter (none happen: the wait is recorded, not slept)."""
-    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", LAUNCHER_ENV):
         monkeypatch.delenv(name, raising=False)
     if local_rank is not None:
+        monkeypatch.setenv(LAUNCHER_ENV, "job")
         monkeypatch.setenv("LOCAL_RANK", local_rank)
         monkeypatch.setenv("RANK", local_rank)
         monkeypatch.setenv("WORLD_SIZE", "2")
@@ -127,3 +129,13 @@ def test_help_is_printed_by_local_rank_0_alone_and_no_rank_waits(monkeypatch, ca
     out = capsys.readouterr()
     assert waits == [] and out.err == ""
     assert out.out.startswith("usage: ") if local_rank != "1" else out.out == ""
+
+
+@pytest.mark.parametrize("parse", [train_parse_args, eval_parse_args])
+def test_help_is_printed_with_a_leftover_local_rank_outside_torchrun(monkeypatch, capsys, parse):
+    """A LOCAL_RANK exported by hand (not torchrun: it sets TORCHELASTIC_RUN_ID, which a shell never does) made
+    --help print nothing, exit 0."""
+    in_rank(monkeypatch, None)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert exit_code(parse, ["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: ")
