@@ -103,9 +103,10 @@ def finish(run: Run, reason: str, evals: dict) -> int:
 
 
 def summary_not_written(run: Run, reason: str, evals: dict, error: OSError) -> str:
-    """The message after a failed write of a planned stop's summary.json. Its checkpoint
-    is saved whatever the reason, so a --resume writes the summary: for a completed run it reruns the final
-    evaluation (the parts kept during it are deleted once it completes) and writes it, as after an interruption."""
+    """The message after a failed write of a planned stop's summary.json (report.md's: write_report_or_warn). Its
+    checkpoint is saved whatever the reason, so a --resume writes the summary: for a completed run it reruns the
+    final evaluation (the parts kept during it are deleted once it completes) and writes it, as after an
+    interruption."""
     path = written_path(error.filename, run.run_dir / "summary.json")
     step, signal = run.loop["step"], evals.get("signal")
     done = {"completed": "training completed and its final evaluation finished",

@@ -334,6 +334,18 @@ def test_a_failed_report_write_at_the_end_is_a_warning_naming_report_md(tmp_path
     assert (run / "report.md").read_text().startswith("# Run report: ")
 
 
+def test_a_run_file_the_report_cannot_read_is_a_warning_too(tmp_path, capsys):
+    """report.md reads the run's files back: a torn environment.json (ValueError naming it) leaves summary.json
+    standing and is the same one warning, not an error of the run."""
+    (tmp_path / "summary.json").write_text(json.dumps({"run_name": "r", "stop_reason": "completed"}))
+    (tmp_path / "environment.json").write_text('{"sessions": [')
+    train_end.write_report_or_warn(tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("warning: report.md not written: ") and "environment.json" in err, err
+    assert err.endswith(f"python -m scripts.report {tmp_path} --run-report writes it") and "\n" not in err, err
+    assert not (tmp_path / "report.md").exists()
+
+
 @pytest.mark.parametrize("reason, evals, said", [
     ("wall_time_limit", {}, "training stopped at its wall-time limit and its final evaluation finished (the "
                             "checkpoint of step 4 is saved); free space (or fix the run dir), then continue with "
