@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from nanochat.cli_types import DEVICE_TYPES
+from nanochat.launcher_watch import LAUNCHER_ENV
 
 
 def autodetect_device() -> str:
@@ -221,9 +222,10 @@ def wait_for_the_node_reporter() -> None:
     """Before a rank reports an error that every rank of its node found alike before the process group (flags, this
     node's files): local rank 0 reports it at once; the others must not exit first (torchrun ends the ranks left as
     soon as one exits: rank 0 could be ended before it printed, and the error lost), so they wait to be ended, and
-    report it themselves if that does not come (another launcher, or rank 0 far behind): twice at worst, never lost.
-    Outside torchrun (no LOCAL_RANK) nothing waits."""
-    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+    report it themselves if that does not come (rank 0 far behind): twice at worst, never lost. Outside torchrun
+    (no TORCHELASTIC_RUN_ID: a plain run, a LOCAL_RANK exported by hand, another launcher) nothing ends this process
+    for it, so nothing waits and every rank prints."""
+    if os.environ.get(LAUNCHER_ENV) and int(os.environ.get("LOCAL_RANK", 0)) != 0:
         time.sleep(PEER_PRINT_WAIT_S)
 
 

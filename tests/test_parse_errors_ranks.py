@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -100,6 +101,7 @@ def test_one_process_prints_what_argparse_prints(monkeypatch, capsys):
 def test_the_waiting_rank_prints_the_error_itself_if_not_ended(monkeypatch, capsys):
     """The real wait, shortened: without torchrun's teardown local rank 1 prints after it; local rank 0 at once."""
     monkeypatch.setattr(common, "PEER_PRINT_WAIT_S", 0.5)
+    monkeypatch.setenv(LAUNCHER_ENV, "job")
     for local_rank in ("0", "1"):
         monkeypatch.setenv("LOCAL_RANK", local_rank)
         started = time.monotonic()
@@ -139,3 +141,14 @@ def test_help_is_printed_with_a_leftover_local_rank_outside_torchrun(monkeypatch
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert exit_code(parse, ["--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: ")
+
+
+def test_a_leftover_local_rank_outside_torchrun_does_not_delay_an_error(monkeypatch, capsys):
+    """A LOCAL_RANK exported by hand in a shell (no TORCHELASTIC_RUN_ID): no torchrun will end this process, so a
+    wait for the node's reporter only delays the error by PEER_PRINT_WAIT_S."""
+    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    slept = []
+    monkeypatch.setattr(common, "time", SimpleNamespace(sleep=slept.append))
+    assert exit_code(eval_parse_args, ["--run", "x", "--eval", "nope"]) == 2
+    assert "--eval: unknown evaluation(s) ['nope']" in capsys.readouterr().err and slept == []

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from nanochat import common
+from nanochat.launcher_watch import LAUNCHER_ENV
 from scripts import base_train
 
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--device-type", "cpu"]
@@ -40,6 +41,7 @@ def test_a_rank_that_is_not_ended_prints_the_error_itself(monkeypatch, capsys, l
     """Without torchrun's teardown (another launcher, or local rank 0 far behind) the waiting rank prints the
     error after its wait: twice at worst, never lost. Local rank 0 does not wait."""
     monkeypatch.setattr(common, "PEER_PRINT_WAIT_S", 0.5)
+    monkeypatch.setenv(LAUNCHER_ENV, "job")  # under torchrun (another launcher: no wait, every rank prints)
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setenv("RANK", local_rank)
     monkeypatch.setenv("WORLD_SIZE", "2")
