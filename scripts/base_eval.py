@@ -66,8 +66,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--device-batch-size", type=positive_int, default=16, help="rows per forward pass (CORE and bpb)")
     ap.add_argument("--splits", default="train,val", help="dataset splits for bpb (comma list; '' for none)")
-    ap.add_argument("--eval-tokens", type=positive_int, default=PAPER_EVAL_TOKENS,
-                    help="tokens per bpb split/corpus (fixed rows: independent of world size and batch size)")
+    ap.add_argument("--eval-tokens", type=positive_int_or_run, default="run",
+                    help="tokens per bpb split/corpus (fixed rows: independent of world size and batch size); run "
+                    "= the --eval-tokens the checkpoint's run evaluated with (runs that record none, e.g. imported "
+                    f"ones, get {PAPER_EVAL_TOKENS:,}), so its final train and val bpb are scored on the same rows")
     ap.add_argument("--bpb-corpus", action="append", default=[], metavar="NAME=PATH",
                     help="out-of-domain text (.txt = one document, .jsonl = one 'text' per line), scored with "
                     "the document-reset protocol; repeatable")
@@ -113,6 +115,22 @@ def parse_args(argv=None):
             ap.error(f"--bpb-corpus {spec}: file {path} does not exist")
         args.corpora[name] = Path(path)
     return args
+
+
+def positive_int_or_run(text: str) -> int | str:
+    return "run" if text == "run" else positive_int(text)
+
+
+def eval_tokens_of(flag: int | str, meta: dict) -> tuple[int, str]:
+    """(tokens per bpb split, where it came from): --eval-tokens, else the run's own (its config args), else the
+    paper's budget. The run's: a mini row's 65,536 are its final evaluation's rows, where 20,971,520 would ask more
+    of the embedded corpus than it holds."""
+    if flag != "run":
+        return flag, "--eval-tokens"
+    recorded = (meta.get("config") or {}).get("args", {}).get("eval_tokens")
+    if recorded:
+        return int(recorded), "the run's --eval-tokens"
+    return PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)"
 
 
 def resolve_dir(flag_value, meta: dict, key: str, flag: str, default_fn):
@@ -243,24 +261,25 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
 
     token_bytes = eval_token_bytes(tokenizer, args.numerics).to(device)
     seq_len, B = model.max_seq_len, args.device_batch_size
-    out = {"eval_tokens": args.eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}
+    eval_tokens, tokens_source = eval_tokens_of(args.eval_tokens, meta)
+    out = {"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}
     splits = [s for s in args.splits.split(",") if s]
     if splits:
         data_dir, source = resolve_dir(args.data_dir, meta, "data_dir", "--data-dir",
                                        lambda: default_data_dir(meta.get("dataset", "embedded")))
-        print0(f"bpb data: {data_dir} ({source})")
+        print0(f"bpb data: {data_dir} ({source}); {eval_tokens:,} tokens per split ({tokens_source})")
         out["data_dir"] = str(data_dir)
         # build_eval_rows is collective: fail together, before it
         # "result": what an item holds; older code kept a bare bpb (its items are scored again, even where the code
         # version cannot tell the codes apart: outside a git checkout)
         data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
-                "eval_tokens": args.eval_tokens, "result": "bpb, mome_slot_balance"}
+                "eval_tokens": eval_tokens, "result": "bpb, mome_slot_balance"}
         data_seed = (meta.get("config") or {}).get("args", {}).get("data_seed")  # the run's train bpb rows
         for split in splits:
             first_read, rows_key = eval_rows_order(split, data_seed)
 
             def score_split():  # bpb, and for MoME the slot balance of the same forwards (nanochat.slot_balance)
-                rows = build_eval_rows(data_dir, split, tokenizer, seq_len, args.eval_tokens, rank=rank,
+                rows = build_eval_rows(data_dir, split, tokenizer, seq_len, eval_tokens, rank=rank,
                                        world_size=world, first_read_seed=first_read)
                 bpb, balance = with_slot_balance(model, lambda: evaluate_bpb(
                     model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx))
@@ -277,11 +296,11 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
     for name, path in args.corpora.items():
         def score_corpus():
             x, y = every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len,
-                                                            max_tokens=args.eval_tokens))
+                                                            max_tokens=eval_tokens))
             return evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
 
         def corpus_inputs():
-            return {"file_sha256": file_sha256(path), "eval_tokens": args.eval_tokens}
+            return {"file_sha256": file_sha256(path), "eval_tokens": eval_tokens}
 
         bpb = finished.get_or_run(f"corpus {name}", corpus_inputs, score_corpus)
         out["corpora"][name] = {"bpb": bpb, "path": str(path), "protocol": "document-reset"}

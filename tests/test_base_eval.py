@@ -131,6 +131,39 @@ def test_base_eval_reproduces_the_core_of_training_in_the_runs_dtype(tmp_path, c
     assert json.loads((tmp_path / "fp32" / "core.json").read_text())["dtype"] == "float32"
 
 
+
+# -- the run's --eval-tokens -----------------------------------------------------------------------------------
+def test_eval_tokens_come_from_the_run():
+    from scripts.base_eval import PAPER_EVAL_TOKENS, eval_tokens_of
+
+    assert eval_tokens_of("run", {"config": {"args": {"eval_tokens": 65536}}}) == (65536, "the run's --eval-tokens")
+    assert eval_tokens_of("run", {"reason": "imported"}) == (
+        PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)")
+    assert eval_tokens_of(256, {"config": {"args": {"eval_tokens": 65536}}}) == (256, "--eval-tokens")
+
+
+def test_base_eval_scores_the_bpb_rows_of_training_by_default(tmp_path, capsys, embedded_data_dir,
+                                                             tiny_tokenizer_dir):
+    """Without --eval-tokens base_eval scores the rows the run's final evaluation scored (its --eval-tokens): the
+    mini rows and the CPU demo train with 65,536, and the paper's 20,971,520 asked more of the embedded corpus's
+    splits than they hold, failing after CORE had run."""
+    from scripts import base_eval, base_train
+
+    run = tmp_path / "run"
+    assert base_train.main(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--depth", "1", "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64",
+                            "--device-batch-size", "2", "--total-batch-size", "256", "--eval-tokens", "256",
+                            "--eval-every", "-1", "--num-iterations", "2", "--no-final-core",
+                            "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    capsys.readouterr()
+    assert base_eval.main(["--run", str(run), "--eval", "bpb", "--no-progress", "--device-type", "cpu"]) == 0
+    assert "256 tokens per split (the run's --eval-tokens)" in capsys.readouterr().out
+    bpb = json.loads((run / "eval" / "step_000002" / "bpb.json").read_text())
+    assert bpb["eval_tokens"] == 256
+    assert bpb["splits"]["train"] == pytest.approx(summary["train_bpb"], rel=1e-5)
+    assert bpb["splits"]["val"] == pytest.approx(summary["val_bpb"], rel=1e-5)
+
 # -- the attention kernel ---------------------------------------------------------------------------------------
 def test_eval_attention_comes_from_the_run():
     from scripts.base_eval import eval_attention
