@@ -243,8 +243,8 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
         hint = f" (the paper's: {prepare_command(args, *paper)})" if paper else ""
         return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet{hint}"]
     prepared = len(manifest["train"])
-    passes, line = _estimated_passes(data_dir, total_tokens, tokenizer)
-    lines = [f"{'data passes':>26}: {line} ({prepared} train shards in {data_dir})"]
+    passes, line = _estimated_passes(data_dir, total_tokens, tokenizer, f"{prepared} shards in {data_dir}")
+    lines = [f"{'data passes':>26}: {line}"]
     if paper and paper[1] == manifest["dataset"] and paper[0] != prepared:
         shards, dataset = paper
         theirs = f"~{passes:.2f} passes where the paper's {shards} give ~{passes * prepared / shards:.2f}" \
@@ -262,20 +262,21 @@ def prepare_command(args, shards: int, dataset: str) -> str:
     return command + (f" --data-dir {shlex.quote(str(args.data_dir))}" if args.data_dir else "")
 
 
-def _estimated_passes(data_dir: Path, total_tokens: int, tokenizer) -> tuple[float | None, str]:
-    """(passes or None, what to print) from the split's tokens estimated on its first documents."""
+def _estimated_passes(data_dir: Path, total_tokens: int, tokenizer, shards: str) -> tuple[float | None, str]:
+    """(passes or None, what to print) from the split's tokens estimated on its first documents; ``shards`` says
+    what the split is ("8 shards in DIR")."""
     from nanochat.dataloader import estimate_split_tokens
     from nanochat.dataset import DataError
 
     if tokenizer is None:
-        return None, "unknown until the tokenizer exists"
+        return None, f"unknown until the tokenizer exists (the prepared train split: {shards})"
     try:
         split_tokens, sampled = estimate_split_tokens(data_dir, "train", tokenizer, PASSES_SAMPLE_DOCS)
     except DataError as e:  # the run's loader refuses the file; a plan only loses its estimate
-        return None, f"unknown: {e}"
+        return None, f"unknown: {e} (the prepared train split: {shards})"
     passes = total_tokens / max(split_tokens, 1)
-    return passes, (f"~{passes:.2f} over the prepared train split (~{split_tokens:,} tokens, estimated from its "
-                    f"first {sampled:,} documents)")
+    return passes, (f"~{passes:.2f} over the prepared train split: {shards}, ~{split_tokens:,} tokens (estimated "
+                    f"from its first {sampled:,} documents)")
 
 
 def report_data_passes(args, plan: dict, data: RunData, rank: int) -> None:

@@ -71,8 +71,9 @@ def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(
         args = _args(_row_config(tmp_path, shards), two_shard_dir, tiny_tokenizer_dir)
         lines = data_passes_lines(args, total, tiny_tokenizer)
         passes = total / exact  # the whole split is within the 1,024-document sample: the estimate is exact
-        assert lines[0].split(":", 1)[1].startswith(f" ~{passes:.2f} over the prepared train split"), lines
-        assert f"(2 train shards in {two_shard_dir})" in lines[0]
+        assert lines[0].split(":", 1)[1] == (f" ~{passes:.2f} over the prepared train split: 2 shards in "
+                                             f"{two_shard_dir}, ~{exact:,} tokens (estimated from its first 60 "
+                                             "documents)"), lines  # one parenthesis, not two in a row
         assert (len(lines) == 2) == warned, (shards, lines)
         if warned:
             assert f"python -m scripts.prepare_data --dataset fineweb-edu --num-shards {shards}" in lines[1]
