@@ -14,19 +14,9 @@ cd "$(dirname "$0")/.."
 # One at a time per checkout (speedrun.sh, test.sh, a user): two pip installs into one .venv corrupt it, and the
 # second run, once the first is done, finds its install and reuses it. The lock is this script's file (fd 8;
 # test.sh holds fd 9 on its own file while it calls this one, so the two locks never wait for each other).
-if command -v flock >/dev/null 2>&1; then
-    exec 8<scripts/setup_env.sh
-    lock_rc=0
-    flock -n -E 75 8 || lock_rc=$?  # 75: held by another run; anything else: no lock to be had here
-    if [ "$lock_rc" = 75 ]; then
-        echo "[setup] another scripts/setup_env.sh is running in $PWD: waiting for it to finish"
-        lock_rc=0
-        flock 8 || lock_rc=$?
-    fi
-    if [ "$lock_rc" != 0 ]; then  # e.g. NFS, where flock(2) needs a file open for writing: not another run
-        echo "[setup] cannot lock scripts/setup_env.sh (flock exit $lock_rc): not waiting for another one in this checkout"
-    fi
-fi
+# shellcheck source=scripts/one_at_a_time.sh
+. scripts/one_at_a_time.sh
+one_at_a_time 8 scripts/setup_env.sh setup
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP=.venv/.setup_env.stamp

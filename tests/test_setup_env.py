@@ -65,6 +65,7 @@ def checkout(tmp_path):
     (repo / "scripts").mkdir(parents=True)
     bin_dir.mkdir()
     shutil.copy(REPO / "scripts" / "setup_env.sh", repo / "scripts")
+    shutil.copy(REPO / "scripts" / "one_at_a_time.sh", repo / "scripts")
     shutil.copy(REPO / "pyproject.toml", repo)
     (tmp_path / "fake_pip.py").write_text(FAKE_PIP)
     write_exe(bin_dir / "python3", f'''#!/bin/sh

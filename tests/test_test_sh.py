@@ -34,6 +34,7 @@ def write_exe(path: Path, text: str) -> None:
 def checkout(tmp_path):
     repo = tmp_path / "repo"
     write_exe(repo / "scripts" / "test.sh", (REPO / "scripts" / "test.sh").read_text())
+    (repo / "scripts" / "one_at_a_time.sh").write_text((REPO / "scripts" / "one_at_a_time.sh").read_text())
     write_exe(repo / "scripts" / "setup_env.sh", 'echo "setup $RUN" >>"$LOG"\n')
     write_exe(tmp_path / "bin" / "python", FAKE_PYTHON)
     (repo / ".venv" / "bin").mkdir(parents=True)
