@@ -41,7 +41,7 @@ from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
-from nanochat.jsonfile import write_text_atomic
+from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.lost_output import keep_running_without_output
 from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
@@ -118,18 +118,31 @@ def parse_args(argv=None):
 
 
 def positive_int_or_run(text: str) -> int | str:
-    return "run" if text == "run" else positive_int(text)
+    if text == "run":
+        return "run"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:  # positive_int's message would leave out "run"
+        raise argparse.ArgumentTypeError(f"must be 'run' or an integer >= 1 (got {text!r})") from None
 
 
-def eval_tokens_of(flag: int | str, meta: dict) -> tuple[int, str]:
-    """(tokens per bpb split, where it came from): --eval-tokens, else the run's own (its config args), else the
-    paper's budget. The run's: a mini row's 65,536 are its final evaluation's rows, where 20,971,520 would ask more
-    of the embedded corpus than it holds."""
+def eval_tokens_of(flag: int | str, meta: dict, run_dir: Path | None = None) -> tuple[int, str]:
+    """(tokens per bpb split, where it came from): --eval-tokens, else the run's own, else the paper's budget. The
+    run's: a mini row's 65,536 are its final evaluation's rows, where 20,971,520 would ask more of the embedded corpus
+    than it holds. The run dir's config.json first: every session rewrites it, and a final evaluation resumed with
+    another --eval-tokens saves no new checkpoint, so the checkpoint's copy can be the older budget."""
     if flag != "run":
         return flag, "--eval-tokens"
+    try:
+        recorded = read_json_object(Path(run_dir) / "config.json", ValueError).get("args", {}).get("eval_tokens") \
+            if run_dir is not None else None
+    except (OSError, ValueError, AttributeError):  # none, torn or not base_train's: the checkpoint's, and said so
+        recorded = None
+    if recorded:
+        return int(recorded), "the run's --eval-tokens (its config.json)"
     recorded = (meta.get("config") or {}).get("args", {}).get("eval_tokens")
     if recorded:
-        return int(recorded), "the run's --eval-tokens"
+        return int(recorded), "the run's --eval-tokens (its checkpoint)"
     return PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)"
 
 
@@ -261,7 +274,7 @@ def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, fin
 
     token_bytes = eval_token_bytes(tokenizer, args.numerics).to(device)
     seq_len, B = model.max_seq_len, args.device_batch_size
-    eval_tokens, tokens_source = eval_tokens_of(args.eval_tokens, meta)
+    eval_tokens, tokens_source = eval_tokens_of(args.eval_tokens, meta, Path(args.run))
     out = {"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}
     splits = [s for s in args.splits.split(",") if s]
     if splits:

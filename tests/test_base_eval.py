@@ -136,10 +136,35 @@ def test_base_eval_reproduces_the_core_of_training_in_the_runs_dtype(tmp_path, c
 def test_eval_tokens_come_from_the_run():
     from scripts.base_eval import PAPER_EVAL_TOKENS, eval_tokens_of
 
-    assert eval_tokens_of("run", {"config": {"args": {"eval_tokens": 65536}}}) == (65536, "the run's --eval-tokens")
+    assert eval_tokens_of("run", {"config": {"args": {"eval_tokens": 65536}}}) == (
+        65536, "the run's --eval-tokens (its checkpoint)")
     assert eval_tokens_of("run", {"reason": "imported"}) == (
         PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)")
     assert eval_tokens_of(256, {"config": {"args": {"eval_tokens": 65536}}}) == (256, "--eval-tokens")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_a_bad_eval_tokens_names_run_among_its_values(capsys, value):
+    from scripts.base_eval import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--run", "x", "--eval-tokens", value])
+    assert stopped.value.code == 2
+    assert f"argument --eval-tokens: must be 'run' or an integer >= 1 (got '{value}')" in capsys.readouterr().err
+
+
+def test_eval_tokens_follow_the_final_evaluation_after_a_resume_that_changed_them(tmp_path):
+    """A final evaluation stopped by a signal and resumed with another --eval-tokens saves no new checkpoint: the
+    checkpoint still records the old budget, config.json (rewritten by every session) the one the summary used."""
+    from scripts.base_eval import eval_tokens_of
+
+    meta = {"config": {"args": {"eval_tokens": 256}}}
+    (tmp_path / "config.json").write_text(json.dumps({"args": {"eval_tokens": 1024}}))
+    assert eval_tokens_of("run", meta, tmp_path) == (1024, "the run's --eval-tokens (its config.json)")
+    (tmp_path / "config.json").write_text("{torn")  # unreadable: the checkpoint's, and the line says so
+    assert eval_tokens_of("run", meta, tmp_path) == (256, "the run's --eval-tokens (its checkpoint)")
+    assert eval_tokens_of("run", meta, tmp_path / "none") == (256, "the run's --eval-tokens (its checkpoint)")
+    assert eval_tokens_of(64, meta, tmp_path) == (64, "--eval-tokens")
 
 
 def test_base_eval_scores_the_bpb_rows_of_training_by_default(tmp_path, capsys, embedded_data_dir,
@@ -158,7 +183,7 @@ def test_base_eval_scores_the_bpb_rows_of_training_by_default(tmp_path, capsys, 
     summary = json.loads((run / "summary.json").read_text())
     capsys.readouterr()
     assert base_eval.main(["--run", str(run), "--eval", "bpb", "--no-progress", "--device-type", "cpu"]) == 0
-    assert "256 tokens per split (the run's --eval-tokens)" in capsys.readouterr().out
+    assert "256 tokens per split (the run's --eval-tokens (its config.json))" in capsys.readouterr().out
     bpb = json.loads((run / "eval" / "step_000002" / "bpb.json").read_text())
     assert bpb["eval_tokens"] == 256
     assert bpb["splits"]["train"] == pytest.approx(summary["train_bpb"], rel=1e-5)

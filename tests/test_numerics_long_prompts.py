@@ -210,7 +210,6 @@ def test_reference_windows_on_cuda_equal_naive_masked_attention(monkeypatch, dty
     autocast: the reference windows beyond T have never run on a GPU otherwise."""
     from nanochat import gpt
 
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 compared at fp32 precision
     model = _model().cuda()
     apply_numerics(model, "reference")
     idx = torch.randint(1, CharTok.vocab_size, (2, T + 50), generator=torch.Generator().manual_seed(1)).cuda()
@@ -223,16 +222,22 @@ def test_reference_windows_on_cuda_equal_naive_masked_attention(monkeypatch, dty
                 q.device, q.dtype)
         return run
 
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        got = model(idx).float()
-        monkeypatch.setattr(gpt, "causal_attention", on_device((T // 2, T, T)))
-        naive = model(idx).float()
-        monkeypatch.setattr(gpt, "causal_attention", on_device((T // 2, None, None)))
-        unlimited = model(idx).float()
-    if dtype == torch.float32:
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # fp32 compared at fp32 precision; monkeypatch cannot undo it
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            got = model(idx).float()
+            monkeypatch.setattr(gpt, "causal_attention", on_device((T // 2, T, T)))
+            naive = model(idx).float()
+            monkeypatch.setattr(gpt, "causal_attention", on_device((T // 2, None, None)))
+            unlimited = model(idx).float()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    if dtype == torch.float32:  # this one also catches a window off by one
         torch.testing.assert_close(got, naive, rtol=1e-4, atol=1e-4)
         return
-    # bf16: rounding inside the attention differs between the two paths; a wrong mask would move the logits beyond
-    # T as far as the unlimited attention does (on the CPU in fp32: 1.75 max, 0.22 mean), rounding far less
+    # bf16: rounding inside the attention differs between the two paths, so this bound only catches masks far off
+    # (no window: on the CPU under bf16 autocast, rounding gave 0.14 max / 0.020 mean beyond T, no window 1.74 /
+    # 0.22; a window of T + 1 passes it, which the fp32 case fails)
     err, wrong = (got - naive)[:, T + 1:].abs(), (naive - unlimited)[:, T + 1:].abs()
     assert err.max() < 0.5 * wrong.max() and err.mean() < 0.25 * wrong.mean(), (err.max(), wrong.max())

@@ -260,6 +260,7 @@ def test_setup_reinstall_0_reuses(checkout):
     reused(repo, env, SETUP_REINSTALL="0")
 
 
+@pytest.mark.skipif(shutil.which("flock") is None, reason="no flock command (util-linux)")
 def test_a_second_run_waits_for_an_install_and_then_reuses_it(checkout):
     """speedrun.sh and test.sh (or two of either) in one checkout: two pip installs into one .venv at once would
     corrupt it. The second waits, then finds the first's install and reuses it."""
