@@ -143,7 +143,7 @@ def test_eval_tokens_come_from_the_run():
     assert eval_tokens_of(256, {"config": {"args": {"eval_tokens": 65536}}}) == (256, "--eval-tokens")
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+@pytest.mark.parametrize("value", ["abc", "1e6"])  # 0 and -5: tests/test_cli_exits.py
 def test_a_bad_eval_tokens_names_run_among_its_values(capsys, value):
     from scripts.base_eval import parse_args
 
