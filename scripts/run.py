@@ -334,8 +334,8 @@ def main(argv=None) -> None:
         extra = [*(f"--{key}={value}" for key, value in batch.items()), *extra]
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
-    # resolved here, once: base_train runs from the repo root, the user may not
-    commands = build_commands(cfg, seeds, nproc, device_batch, Path(args.runs_root).resolve(), extra)
+    # resolved here, once, as the afresh command resolves it: base_train runs from the repo root, the user may not
+    commands = build_commands(cfg, seeds, nproc, device_batch, Path(_absolute(args.runs_root)), extra)
     if args.plan:
         say(f"# {cfg['row']['table']}/{cfg['row']['name']}: {len(seeds)} seed(s), nproc {nproc}, "
             f"device batch {device_batch}, grad accum {accum}\n")

@@ -64,3 +64,13 @@ def test_a_home_relative_path_after_the_separator_is_expanded(tmp_path, monkeypa
     monkeypatch.setenv("HOME", str(tmp_path))
     assert absolute_paths(["--tokenizer-dir=~/tok", "--data-dir", "~/d"]) == [
         f"--tokenizer-dir={tmp_path / 'tok'}", "--data-dir", str(tmp_path / "d")]
+
+
+def test_a_home_relative_runs_root_is_expanded_for_base_train_as_for_the_afresh_command(tmp_path, monkeypatch):
+    """--runs-root=~/rr (no shell expands ~ after an =): the commands used <cwd>/~/rr while the afresh command
+    named ~/rr expanded, so the two meant different folders."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    planned = runner(["configs/mini/base.toml", "--plan", "--runs-root=~/rr"], REPO)
+    assert planned.returncode == 0, planned.stderr
+    cmd = shlex.split(planned.stdout.splitlines()[1])
+    assert cmd[cmd.index("--run-dir") + 1] == str(tmp_path / "rr" / "mini" / "base" / "seed42")
