@@ -24,7 +24,7 @@ from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError
 from nanochat.report import train_rows_description
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
-from nanochat.train_end import last_checkpoint_step
+from nanochat.train_end import last_checkpoint_step, write_summary_after_error
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
 
@@ -203,9 +203,9 @@ def wait_for_rank0_summary(evaluation: int) -> None:
               "that waits in a collective of the final evaluation fails once this rank has left it", flush=True)
 
 
-def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict, write_summary) -> None:
+def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
     """After FinalEvalError, on every rank that raised it: each prints its traceback; rank 0 says what to do and
-    writes summary.json through ``write_summary(fields)``: the error (the first rank's to fail), the evaluations that
+    writes summary.json (stop_reason final_eval_error): the error (the first rank's to fail), the evaluations that
     finished (``evals``), the step. No collective: a rank may wait in one that cannot complete, or be gone (the ranks
     agreed through the store); the others wait there for rank 0's word, a bounded time (wait_for_rank0_summary)."""
     traceback.print_exception(e.error)
@@ -227,10 +227,7 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict, write_summ
     where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if len(errors) > 1 else ""
     print(f"error: {error}{where}\nthe final evaluation of step {step} failed ({how}); the checkpoint of step {step} "
           f"is saved; {then}", file=sys.stderr, flush=True)
-    try:
-        write_summary(fields)
-    except OSError as write_error:  # e.g. a full disk
-        print(f"summary.json not written either: {write_error}", file=sys.stderr, flush=True)
+    write_summary_after_error(run, "final_eval_error", fields)
     if is_dist():
         try:
             dist.distributed_c10d._get_default_store().set(f"final_eval/{e.evaluation}/summary", "written")

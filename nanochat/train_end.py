@@ -119,15 +119,21 @@ def summary_not_written(run: Run, reason: str, evals: dict, error: OSError) -> s
            f"(or fix the run dir), then {then}"
 
 
+def write_summary_after_error(run: Run, stop_reason: str, fields: dict) -> None:
+    """summary.json of a stop whose error is already said: a failed write (e.g. the full disk that stopped the run)
+    is said beside it, never in its place. Only rank 0 writes, so only rank 0 can fail here."""
+    try:
+        write_summary(run, stop_reason, fields)
+    except OSError as e:
+        print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
+
+
 def stop_nonfinite(run: Run, error: NonFiniteLoss) -> int:
     """A non-finite loss or parameters, raised on every rank together: the advice, summary.json (if it can be
     written: the error and the advice stand either way), exit code 3."""
     print0(nonfinite_advice(run, error))
-    try:
-        write_summary(run, "nonfinite_params" if isinstance(error, NonFiniteParams) else "nonfinite_loss",
-                      error_fields(run, error))
-    except OSError as e:
-        print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
+    write_summary_after_error(run, "nonfinite_params" if isinstance(error, NonFiniteParams) else "nonfinite_loss",
+                              error_fields(run, error))
     return EXIT_NONFINITE
 
 
@@ -195,10 +201,7 @@ def stop_every_rank(run: Run, reason: str, message: str, error: BaseException | 
     disk may be full) with ``error`` and ``evals`` (what finished), and every rank waits for it, since torchrun stops
     the ranks left once one has exited. Exit code 2."""
     print0(message, file=sys.stderr)
-    try:
-        write_summary(run, reason, {**(evals or {}), **error_fields(run, error)})
-    except OSError as e:  # e.g. the full disk that stopped the run
-        print0(f"summary.json not written either: {e}", file=sys.stderr)
+    write_summary_after_error(run, reason, {**(evals or {}), **error_fields(run, error)})
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return 2

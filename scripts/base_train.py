@@ -62,7 +62,7 @@ from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, finish, last_checkpoint,
-                                stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite, write_summary)
+                                stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
@@ -434,7 +434,7 @@ def train_and_evaluate(run: Run, resumed_at: int | None, stop: StopSignal) -> in
             f"saved. Free space (or fix the run dir), then {run_control.how_to_continue()} (it reuses the parts kept)"),
             e.failure or e, evals)
     except FinalEvalError as e:  # agreed through the store: no collective from here on (a rank may be stuck in one)
-        record_final_eval_error(run, e, evals, lambda fields: write_summary(run, "final_eval_error", fields))
+        record_final_eval_error(run, e, evals)
         return 1
     except Exception as e:  # unplanned (an OOM, a bug): summary.json still says how the run ended; not Ctrl-C's abort
         return stop_by_error(run, e, evals)
