@@ -245,6 +245,12 @@ def post_rank_error(key: str, text: str) -> None:
     store.set(f"{key}/{dist.get_rank()}", json.dumps([store.add(f"{key}/order", 1), text]))
 
 
+def rank_errors_count(key: str) -> int:
+    """How many ranks have posted an error under ``key`` so far (post_rank_error's numbering). Raises if the store
+    is gone."""
+    return dist.distributed_c10d._get_default_store().add(f"{key}/order", 0)
+
+
 def rank_errors_posted(key: str) -> dict[int, str]:
     """The errors posted under ``key`` so far (no waiting), by rank, in the order they were posted: the first is the
     likely cause (a collective breaks on the others once a rank leaves it). {} in one process, or when the store is

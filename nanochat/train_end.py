@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
+from nanochat.common import is_dist, post_rank_error, print0, rank_errors_count, rank_errors_posted
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, write_run_report
@@ -267,8 +267,7 @@ def errors_of_failing_ranks() -> dict[int, str]:
         return errors
     deadline = time.monotonic() + AGREEMENT_WAIT_S
     try:
-        store, world = dist.distributed_c10d._get_default_store(), dist.get_world_size()
-        while store.add(f"{ERROR_KEY}/order", 0) < world and time.monotonic() < deadline:  # the posts so far
+        while rank_errors_count(ERROR_KEY) < dist.get_world_size() and time.monotonic() < deadline:
             time.sleep(0.05)
     except Exception:  # noqa: BLE001 - the store went with a rank that hosted it: what was read stands
         return errors
