@@ -27,10 +27,8 @@ class NodeParser(argparse.ArgumentParser):
 
     def print_help(self, file=None):
         # every rank of a node parses the same argv: local rank 0 prints the help and the others exit 0 at once,
-        # without a wait: torchrun ends no rank for another's exit 0, so local rank 0 is never cut short. Only under
-        # torchrun (its own variable, which a shell never sets): a LOCAL_RANK left exported by hand must not silence
-        # a plain --help
-        if LAUNCHER_ENV not in os.environ or int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        # without a wait: torchrun ends no rank for another's exit 0, so local rank 0 is never cut short
+        if not another_rank_reports_for_the_node():
             super().print_help(file)
 
     def error(self, message: str):
@@ -38,6 +36,13 @@ class NodeParser(argparse.ArgumentParser):
             from nanochat.common import wait_for_the_node_reporter  # here: nanochat.common imports this module
             wait_for_the_node_reporter()
         super().error(self.explain(message) if self.explain else message)
+
+
+def another_rank_reports_for_the_node() -> bool:
+    """Whether this process is a torchrun worker other than its node's local rank 0, which prints what every rank of
+    the node finds alike (--help, flag errors). Only under torchrun (LAUNCHER_ENV, which a shell never sets): a
+    LOCAL_RANK exported by hand, or another launcher's, leaves every rank to print its own."""
+    return LAUNCHER_ENV in os.environ and int(os.environ.get("LOCAL_RANK", 0)) != 0
 
 
 def _rank_local(exc: BaseException | None) -> bool:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nanochat.cli_types import DEVICE_TYPES
-from nanochat.launcher_watch import LAUNCHER_ENV
+from nanochat.cli_types import DEVICE_TYPES, another_rank_reports_for_the_node
 
 
 def autodetect_device() -> str:
@@ -225,7 +224,7 @@ def wait_for_the_node_reporter() -> None:
     report it themselves if that does not come (rank 0 far behind): twice at worst, never lost. Outside torchrun
     (no TORCHELASTIC_RUN_ID: a plain run, a LOCAL_RANK exported by hand, another launcher) nothing ends this process
     for it, so nothing waits and every rank prints."""
-    if os.environ.get(LAUNCHER_ENV) and int(os.environ.get("LOCAL_RANK", 0)) != 0:
+    if another_rank_reports_for_the_node():
         time.sleep(PEER_PRINT_WAIT_S)
 
 
