@@ -205,20 +205,23 @@ def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:
     if args.synthetic_data:
         data.val_rows = synthetic_eval_rows(data.vocab_size, args.max_seq_len, args.eval_tokens, args.data_seed)
         return  # no train rows: the synthetic stream has no separate train split (its "train bpb" would be val's)
-    from nanochat.dataloader import build_eval_rows
+    from nanochat.dataloader import build_eval_rows, eval_rows_order
     from nanochat.dataset import DataError
 
     data_dir = _data_dir(args)
+    # the paper's "train bpb", on data the run has trained on (the reference: the first training files, which its
+    # loader reads first): the same budget from the documents this run's loader reads first (epoch 0 of
+    # --data-seed), not the split's first ones in manifest order, which the permuted stream may never reach. The
+    # rows of each split follow eval_rows_order, as their entry in the final evaluation's fingerprint (rows_key)
+    data.data_seed = args.data_seed
+
+    def rows(split: str):
+        return build_eval_rows(data_dir, split, data.tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
+                               world_size=world, first_read_seed=eval_rows_order(split, data.data_seed)[0])
+
     try:
-        data.val_rows = build_eval_rows(data_dir, "val", data.tokenizer, args.max_seq_len, args.eval_tokens,
-                                        rank=rank, world_size=world)
-        # the paper's "train bpb", on data the run has trained on (the reference: the first training files, which
-        # its loader reads first): the same budget from the documents this run's loader reads first (epoch 0 of
-        # --data-seed), not the split's first ones in manifest order, which the permuted stream may never reach
-        data.data_seed = args.data_seed
-        data.train_rows = build_eval_rows(data_dir, "train", data.tokenizer, args.max_seq_len, args.eval_tokens,
-                                          rank=rank, world_size=world, first_read_seed=args.data_seed) \
-            if args.final_train_bpb else None
+        data.val_rows = rows("val")
+        data.train_rows = rows("train") if args.final_train_bpb else None
     except DataError as e:  # surfaced as a flag-level error (--data-dir / --eval-tokens) before any training
         raise ValueError(f"--data-dir {data_dir}: {e}") from e
 
