@@ -319,20 +319,23 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     results = {}
     if finished is not None:
         read_old_caps(finished)
-    for task in present:
-        path = bundle_dir / "eval_data" / task.dataset_uri
+    try:  # a stop signal (Interrupted) or an error leaves the model in the mode it came in (a trainer's goes on)
+        for task in present:
+            path = bundle_dir / "eval_data" / task.dataset_uri
 
-        def score() -> dict:
-            data = rank0_decides(lambda: _task_rows(path, task, max_per_task))
-            correct, n, too_long = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx,
-                                                 progress, where=f"{path} (task {task.label})")
-            return {"accuracy": correct / n if n else float("nan"), "n": n, "too_long": too_long}
+            def score() -> dict:
+                data = rank0_decides(lambda: _task_rows(path, task, max_per_task))
+                correct, n, too_long = evaluate_task(model, tokenizer, data, task, batch_size, device, autocast_ctx,
+                                                     progress, where=f"{path} (task {task.label})")
+                return {"accuracy": correct / n if n else float("nan"), "n": n, "too_long": too_long}
 
-        if finished is None:
-            results[task.label] = score()
-        else:
-            results[task.label] = finished.get_or_run(task.label, lambda: _task_inputs(task, path, max_per_task), score)
-    model.train(was_training)
+            if finished is None:
+                results[task.label] = score()
+            else:
+                results[task.label] = finished.get_or_run(task.label, lambda: _task_inputs(task, path, max_per_task),
+                                                          score)
+    finally:
+        model.train(was_training)
     out = summarize_core(results, baselines, [t.label for t in specs])
     out.update(bundle=str(bundle_dir), max_per_task=max_per_task, subset=info)
     return out

@@ -36,6 +36,7 @@ Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but
 """
 
 import math
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -50,7 +51,7 @@ from nanochat import init_from, run_control, train_resume
 from nanochat.common import (autocast_context, compute_cleanup, compute_init, every_rank_ok, get_dist_info, print0,
                              print_error, rank0_decides, refuse_before_the_group, resolve_dtype,
                              seed_everything)
-from nanochat.eval_resume import ResultWriteError
+from nanochat.eval_resume import Interrupted, ResultWriteError
 from nanochat.families import build_model, model_summary, param_groups
 from nanochat.final_eval import FinalEvalError, evaluate_at_the_end, record_final_eval_error, signal_of_any_rank
 from nanochat.launcher_watch import watch_launcher
@@ -218,30 +219,43 @@ def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: 
         bar.write(line, file=sys.stdout) if not bar.disable else print(line, flush=True)
 
 
-def periodic_evals(run: Run, step: int, resumed_at: int | None) -> bool:
-    """val bpb and CORE by step counts, or both together at --eval-every-flops counts (which replace them).
-    Returns whether any ran (the same on every rank)."""
+def evals_due(run: Run, step: int, resumed_at: int | None) -> tuple[bool, bool]:
+    """(val bpb due, CORE due) at ``step``: by step counts, or both together at --eval-every-flops counts (which
+    replace them); the same on every rank."""
     a, n = run.args, run.plan["num_iterations"]
     if step == n or step == resumed_at:  # the final eval covers N; a resumed step was evaluated before saving
-        return False
+        return False, False
     if run.eval_flops is not None:
         bpb_due = core_due = run.eval_flops.due(step)
     else:
         bpb_due = a.eval_every > 0 and step % a.eval_every == 0
         core_due = a.core_every > 0 and step > 0 and step % a.core_every == 0
+    return bpb_due, core_due and run.data.bundle is not None
+
+
+def periodic_evals(run: Run, step: int, resumed_at: int | None, stop: StopSignal) -> bool:
+    """The evals due at ``step`` (``evals_due``); returns whether any ran. A stop signal, latched before or during
+    them, ends them with ``Interrupted`` on every rank together (``stop.interrupts``: at the next batch's stop vote
+    or CORE task's set-up step, nanochat.eval_resume.stop_voted); an eval it cuts logs nothing, one that finished
+    before it is logged."""
+    bpb_due, core_due = evals_due(run, step, resumed_at)
+    if not (bpb_due or core_due):  # no evals: a signal waits for the step's vote, as before
+        return False
+    a = run.args
     at = {"step": step, "tokens": step * a.total_batch_size,
           "flops": step * a.total_batch_size * run.plan["flops_per_token"]}
-    if bpb_due:
-        bpb = run_split_bpb(run.model, run.data, run.args, run.rank, run.world, run.device, run.autocast)
-        run.loop["val_bpb"] = bpb
-        run.loop["min_val_bpb"] = bpb if run.loop["min_val_bpb"] is None else min(bpb, run.loop["min_val_bpb"])
-        run.metrics.log({"kind": "eval", **at, "val_bpb": bpb})
-        print0(f"step {step:05d} | val bpb {bpb:.6f}")
-    if core_due and run.data.bundle is not None:
-        res = run_core(run.model, run.data, run.args, run.device, run.autocast)
-        run.metrics.log({"kind": "core", **at, "core": res["core"], "label": res["label"], "dtype": run.dtype})
-        print0(f"step {step:05d} | {res['label']} [{run.dtype}] {res['core']:.4f}")
-    return bpb_due or (core_due and run.data.bundle is not None)
+    with stop.interrupts():
+        if bpb_due:
+            bpb = run_split_bpb(run.model, run.data, run.args, run.rank, run.world, run.device, run.autocast)
+            run.loop["val_bpb"] = bpb
+            run.loop["min_val_bpb"] = bpb if run.loop["min_val_bpb"] is None else min(bpb, run.loop["min_val_bpb"])
+            run.metrics.log({"kind": "eval", **at, "val_bpb": bpb})
+            print0(f"step {step:05d} | val bpb {bpb:.6f}")
+        if core_due:
+            res = run_core(run.model, run.data, run.args, run.device, run.autocast)
+            run.metrics.log({"kind": "core", **at, "core": res["core"], "label": res["label"], "dtype": run.dtype})
+            print0(f"step {step:05d} | {res['label']} [{run.dtype}] {res['core']:.4f}")
+    return True
 
 
 def stop_reason(step: int, n: int, votes: StopVotes) -> str | None:
@@ -267,18 +281,23 @@ def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | Non
     signal stop saves at once (a scheduler's SIGKILL follows its SIGTERM after a grace period that an eval, or
     CORE, could outlast) and marks the checkpoint BOUNDARY_PENDING: its resume runs the step's evals and samples.
 
-    A signal during that work (latched; the work runs whole) stops the loop right after it, not after the next step
-    and its save: after work that ran (never on ordinary steps) every rank votes once (a small all-reduce), and the
-    checkpoint of step s is written now unless the work saved it. Returns the stop reason, that one included."""
+    A signal during the periodic evals cuts them short on every rank together (``periodic_evals``) and stops the
+    same way: a pending checkpoint of the step. A signal during the samples or a periodic save (latched; that work
+    runs whole: it is short) stops the loop right after it, not after the next step and its save: after work that
+    ran (never on ordinary steps) every rank votes once (a small all-reduce), and the checkpoint of step s is
+    written now unless the work saved it. Returns the stop reason, that one included."""
     interrupted, worked = reason == "interrupted", False
     saved_before = step == run.last_saved  # a resume's checkpoint: a pending one's evals and samples come after it
+    keep = run.save_flops is not None and run.save_flops.due(step)
     if not interrupted:
-        worked = periodic_evals(run, step, resumed_at)
+        try:
+            worked = periodic_evals(run, step, resumed_at, stop)
+        except Interrupted as cut:  # on every rank together
+            return stop_in_the_evals(run, step, cut, signal_reason(stop), keep)
         at_end = reason in ("completed", "wall_time_limit")
         worked = run_control.periodic_samples(run, step, resumed_at, at_end=at_end) or worked
-    keep = run.save_flops is not None and run.save_flops.due(step)
     periodic = run.args.save_every > 0 and step > 0 and step % run.args.save_every == 0
-    signal_why = f"signal {stop.received or 'on another rank'}"
+    signal_why = signal_reason(stop)
     if step != run.last_saved and (reason or keep or periodic):
         why = {"completed": "final", "wall_time_limit": "wall_time_limit",
                "interrupted": signal_why}.get(reason, "periodic" if periodic else "")
@@ -289,6 +308,22 @@ def step_boundary(run: Run, step: int, reason: str | None, resumed_at: int | Non
             save_at_boundary(run, signal_why, keep)
         reason = "interrupted"
     return reason
+
+
+def signal_reason(stop: StopSignal) -> str:
+    """A signal stop's checkpoint reason: the signal this rank got, or none here (rank 0 prints it)."""
+    return f"signal {stop.received or 'on another rank'}"
+
+
+def stop_in_the_evals(run: Run, step: int, cut: Interrupted, signal_why: str, keep: bool) -> str:
+    """After a signal cut the periodic evals of ``step`` short: the step's checkpoint as a signal stop's, pending
+    (its resume runs the step's evals and samples again). A pending resume's own step already has that checkpoint
+    on disk (nothing has changed since it was loaded): not written again, within a scheduler's grace period."""
+    print0(f"step {step:05d} | {signal.Signals(cut.signum).name} during the periodic evals: cut short on every "
+           "rank (the cut one logged nothing); the step's checkpoint is the stop's, and its --resume runs them")
+    if step != run.last_saved:
+        save_at_boundary(run, signal_why, keep, pending=True)
+    return "interrupted"
 
 
 def save_at_boundary(run: Run, why: str, keep: bool, pending: bool = False) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from _mid_step_signal_worker import signal_during_call, signal_during_step
 from nanochat import checkpoint as ckpt
+from nanochat import run_control
 from nanochat.metrics import truncate_metrics
 from scripts import base_train
 from test_run_control import records
@@ -49,9 +50,11 @@ def crash_after_the_pending_evals(monkeypatch) -> None:
 
 
 def crash_in_the_save_after_a_signal_during_them(monkeypatch) -> None:
-    """A second signal during step 3's eval in the resume: it saves step 3 again, its evals done, but dies while
-    saving (a SIGKILL after the grace period), so the pending checkpoint is the one left."""
-    monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(base_train.run_split_bpb, 1, signal.SIGTERM))
+    """A second signal during step 3's samples in the resume (after its eval; a signal in the eval would cut it,
+    and the pending checkpoint would stay as it is): it saves step 3 again, its evals and samples done, but dies
+    while saving (a SIGKILL after the grace period), so the pending checkpoint is the one left."""
+    monkeypatch.setattr(run_control, "greedy_samples", signal_during_call(run_control.greedy_samples, 1,
+                                                                          signal.SIGTERM))
     monkeypatch.setattr(base_train, "save", crash)
 
 
@@ -113,11 +116,12 @@ def test_a_crashed_resumes_lr_override_record_is_not_repeated(tmp_path, monkeypa
 
 
 def test_a_resume_record_whose_change_its_step_saved_again_stays(tmp_path, monkeypatch):
-    """The override's session saves step 3 again (a signal during the evals it owed): checkpoint 3 now holds the
+    """The override's session saves step 3 again (a signal during the samples it owed): checkpoint 3 now holds the
     change, a later resume from it changes nothing and logs no record, and the first one's record stays."""
     run = tmp_path / "run"
     stop_pending_at_3(run, monkeypatch)
-    monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(base_train.run_split_bpb, 1, signal.SIGTERM))
+    monkeypatch.setattr(run_control, "greedy_samples", signal_during_call(run_control.greedy_samples, 1,
+                                                                          signal.SIGTERM))
     assert train(run, *FLAGS, "--resume", *OVERRIDE) == 0
     monkeypatch.undo()
     assert ckpt.load_meta(run, 3)["config"]["lr_overrides"] == [{"step": 3, "changes": LR}]

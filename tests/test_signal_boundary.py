@@ -1,7 +1,9 @@
-"""A stop signal that lands during a periodic eval, sample or checkpoint save (the work at a step boundary) stops the
-run right after that work, at that step: not after the next step, which would cost one more step and one more save
-inside a scheduler's grace period. Every rank votes on it once after such work (a small all-reduce), so they stop
-together; the checkpoint of that step then holds the finished work, and --resume continues as from a periodic save."""
+"""A stop signal that lands during a periodic sample or checkpoint save (the work at a step boundary) stops the run
+right after that work, at that step: not after the next step, which would cost one more step and one more save inside
+a scheduler's grace period. Every rank votes on it once after such work (a small all-reduce), so they stop together;
+the checkpoint of that step then holds the finished work, and --resume continues as from a periodic save. A signal
+during a periodic eval cuts the eval short instead, and the step's checkpoint is a pending one (its --resume runs the
+step's evals and samples): tests/test_periodic_eval_cut.py."""
 
 import json
 import signal
@@ -38,7 +40,8 @@ def count_steps(monkeypatch) -> list:
                                               ("save", "periodic")])
 def test_a_signal_during_a_boundarys_work_stops_at_that_step(tmp_path, monkeypatch, capsys, during, saved_by):
     """Step 3's eval (call 2: step 0 has one), samples or periodic save gets a SIGTERM: the run stops at step 3
-    without training step 4. A save that was due is the stop's checkpoint; else the stop saves step 3 now."""
+    without training step 4. A save that was due is the stop's checkpoint; else the stop saves step 3 now: after
+    the samples, with them done; in the eval, which the signal cuts short, pending (its resume runs it)."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     flags = [*FLAGS, *(["--save-every", "3"] if during == "save" else [])]
     assert train(ref, *flags) == 0
@@ -50,37 +53,46 @@ def test_a_signal_during_a_boundarys_work_stops_at_that_step(tmp_path, monkeypat
     assert train(run, *flags) == 0
     assert_stopped_at(run, 3, saved_by, capsys.readouterr().out)
     assert len(steps) == 3
-    assert base_train.BOUNDARY_PENDING not in ckpt.load_meta(run, 3)["loop"]  # its evals and samples are done
+    # the samples and the save ran whole, after the step's eval; the cut eval and the samples after it are owed
+    assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is (True if during == "eval" else None)
+    assert [r["step"] for r in records(run, "eval")] == ([0] if during == "eval" else [0, 3])
     monkeypatch.undo()
     assert train(run, *flags, "--resume") == 0
     assert_resumed_like(run, ref)
 
 
-def test_a_signal_during_the_evals_a_resume_owed_saves_them_done(tmp_path, monkeypatch, capsys):
+def test_a_signal_during_the_evals_a_resume_owed_cuts_them_and_keeps_the_pending_checkpoint(tmp_path, monkeypatch,
+                                                                                          capsys):
     """A signal during step 3 saves step 3 before its eval (the resume owes it); a second signal during that eval,
-    in the resume, stops there again: step 3 is saved once more, now with the eval done, so the next resume does not
-    repeat it (its record would be in metrics.jsonl twice)."""
+    in the resume, cuts it short: nothing is logged of it and step 3's pending checkpoint, the state the resume
+    loaded, is not written again (a save within the scheduler's grace period for nothing). The next resume runs
+    the eval once."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     assert train(ref, *FLAGS) == 0
     monkeypatch.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 3, signal.SIGTERM))
     assert train(run, *FLAGS) == 0
     assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    saved = (ckpt.step_dir(run, 3) / "model.pt").stat().st_mtime_ns
     monkeypatch.undo()
     monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(base_train.run_split_bpb, 1, signal.SIGTERM))
     steps = count_steps(monkeypatch)
     capsys.readouterr()
     assert train(run, *FLAGS, "--resume") == 0
-    assert_stopped_at(run, 3, "signal SIGTERM", capsys.readouterr().out)
-    assert len(steps) == 0 and [r["step"] for r in records(run, "eval")] == [0, 3]
-    assert base_train.BOUNDARY_PENDING not in ckpt.load_meta(run, 3)["loop"]
+    out = capsys.readouterr().out
+    assert "SIGTERM during the periodic evals" in out and "saved checkpoint" not in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["step"], summary["signal"]) == ("interrupted", 3, "SIGTERM")
+    assert len(steps) == 0 and [r["step"] for r in records(run, "eval")] == [0]
+    assert ckpt.list_steps(run) == [3] and (ckpt.step_dir(run, 3) / "model.pt").stat().st_mtime_ns == saved
+    assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
     monkeypatch.undo()
     assert train(run, *FLAGS, "--resume") == 0
     assert_resumed_like(run, ref)
 
 
 def test_a_signal_on_one_of_two_ranks_during_an_eval_stops_both_at_that_step(tmp_path):
-    """Rank 1 alone gets SIGTERM as step 2's val-bpb eval starts; rank 0 learns of it in the vote after the
-    boundary's work, so both stop at step 2 (rank 0 saves it, naming the other rank), not after step 3."""
+    """Rank 1 alone gets SIGTERM as step 2's val-bpb eval starts; both ranks cut it at its first stop vote and
+    stop at step 2 (rank 0 saves it pending, naming the other rank), not after the eval and step 3."""
     run = tmp_path / "r"
     flags = [*TINY, "--eval-every", "2", "--device-batch-size", "2",
              "--total-batch-size", "256", "--num-iterations", "6", "--run-dir", str(run)]
@@ -88,7 +100,8 @@ def test_a_signal_on_one_of_two_ranks_during_an_eval_stops_both_at_that_step(tmp
                      ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", "--kill-in", "eval", *flags])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert_stopped_at(run, 2, "signal on another rank", r.stdout)
-    assert [rec["step"] for rec in records(run, "eval")] == [0, 2]
+    assert [rec["step"] for rec in records(run, "eval")] == [0]
+    assert ckpt.load_meta(run, 2)["loop"].get(base_train.BOUNDARY_PENDING) is True
     r = run_torchrun(REPO / "scripts" / "base_train.py", 2, [*flags, "--resume"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert [rec["step"] for rec in records(run, "eval")] == [0, 2, 4] and sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
