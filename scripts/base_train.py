@@ -319,9 +319,11 @@ def stop_in_the_evals(run: Run, step: int, cut: Interrupted, signal_why: str, ke
     """After a signal cut the periodic evals of ``step`` short: the step's checkpoint as a signal stop's, pending
     (its resume runs the step's evals and samples again). A pending resume's own step already has that checkpoint
     on disk (nothing has changed since it was loaded): not written again, within a scheduler's grace period."""
-    print0(f"step {step:05d} | {signal.Signals(cut.signum).name} during the periodic evals: cut short on every "
-           "rank (the cut one logged nothing); the step's checkpoint is the stop's, and its --resume runs them")
-    if step != run.last_saved:
+    saved = step == run.last_saved
+    print0(f"step {step:05d} | {signal.Signals(cut.signum).name} during the periodic evals: cut short (the cut one "
+           f"logs nothing); {'its checkpoint, saved before them, stays' if saved else 'saving the step'}: its "
+           "--resume runs them")
+    if not saved:
         save_at_boundary(run, signal_why, keep, pending=True)
     return "interrupted"
 
