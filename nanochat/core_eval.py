@@ -319,7 +319,7 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     results = {}
     if finished is not None:
         read_old_caps(finished)
-    try:  # a stop signal (Interrupted) or an error leaves the model in the mode it came in (a trainer's goes on)
+    try:  # a caller that catches a stop signal (Interrupted) or an error goes on with the model in its own mode
         for task in present:
             path = bundle_dir / "eval_data" / task.dataset_uri
 
