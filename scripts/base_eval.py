@@ -21,6 +21,11 @@ e.g. an imported one), named in bpb.json "train_bpb_rows" as in summary.json: a 
 measured its final train bpb on the split's first documents in manifest order (its summary.json has no
 "train_bpb_rows"), so its train bpb here is on other rows and differs.
 
+Everything the bpb evaluation reads is read before CORE runs: the data's manifest, the rows of every split (a split
+too small for --eval-tokens is refused naming the flag, the split, what it holds and what was asked), and every
+--bpb-corpus; so a problem of the bpb part stops the evaluation in seconds, not once CORE has run (the rows are
+scored after CORE: the same rows and numbers as when they were built there).
+
 Nothing finished is lost: every CORE task and bpb split/corpus is kept in <out>/core.partial.json and
 <out>/bpb.partial.json as soon as it is done, and running the same command again after Ctrl-C, SIGTERM (a Slurm
 time limit) or a crash continues from there; results computed under other settings are recomputed, never mixed
@@ -31,13 +36,17 @@ import argparse
 import functools
 import json
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
 from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
-                             print_error, raised_like, rank0_decides, resolve_dtype)
+                             print_error, raised_like, raised_on_every_rank, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
@@ -106,6 +115,10 @@ def parse_args(argv=None):
     bad = sorted(set(args.evals) - {"core", "bpb"})
     if bad:
         ap.error(f"--eval: unknown evaluation(s) {bad}; choose from core, bpb")
+    args.split_names = [s for s in args.splits.split(",") if s]
+    bad = sorted(set(args.split_names) - {"train", "val"})
+    if bad:  # now, not once CORE has run
+        ap.error(f"--splits: unknown split(s) {bad}; choose from train, val")
     args.corpora = {}
     for spec in args.bpb_corpus:
         name, sep, path = spec.partition("=")
@@ -265,59 +278,135 @@ def setup_eval_mome_kernels(flag: str, meta: dict, device, stack: ExitStack,
                                         "kernels")) from e
 
 
-def run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
-    from nanochat.dataloader import build_eval_rows, eval_rows_order, iter_eval_batches
+@dataclass
+class BpbItem:
+    """A split or corpus of the bpb evaluation: the fingerprint of its inputs (rank 0's) and ``rows()``, its rows
+    built once (cached; a split's build is collective: every rank calls it alike)."""
+    kind: str  # split | corpus
+    name: str
+    key: dict
+    rows: Callable
+
+    @property
+    def item(self) -> str:  # its name in bpb.partial.json
+        return f"{self.kind} {self.name}"
+
+
+@dataclass
+class BpbPlan:
+    out: dict  # bpb.json's fields but the numbers (its "splits" and "corpora" empty): eval_tokens, seq_len, data_dir
+    items: list[BpbItem]
+    token_bytes: torch.Tensor
+
+
+def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, device,
+                finished: FinishedResults) -> BpbPlan:
+    """Everything of the bpb evaluation before its first forward, run before CORE (minutes to hours on a GPU), so
+    that a --eval-tokens the data cannot fill, a missing split or manifest, or a corpus with nothing to score stops
+    base_eval before it, not after: the token budget, the data, and the rows of every split and corpus an earlier
+    run has not finished. The rows are held until scored (a split of 20,971,520 tokens: 168 MB on every rank, as
+    training holds its own final-evaluation rows)."""
+    from nanochat.dataloader import eval_rows_order
     from nanochat.dataset import default_data_dir, load_manifest, manifest_fingerprint
     from nanochat.download import file_sha256
-    from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches, read_corpus
-    from nanochat.report import train_rows_description
 
-    token_bytes = eval_token_bytes(tokenizer, args.numerics).to(device)
-    seq_len, B = model.max_seq_len, args.device_batch_size
     eval_tokens, tokens_source = eval_tokens_of(args.eval_tokens, meta, Path(args.run))
-    out = {"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}
-    splits = [s for s in args.splits.split(",") if s]
-    if splits:
+    plan = BpbPlan({"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}, [],
+                   eval_token_bytes(tokenizer, args.numerics).to(device))
+    if args.split_names:
         data_dir, source = resolve_dir(args.data_dir, meta, "data_dir", "--data-dir",
                                        lambda: default_data_dir(meta.get("dataset", "embedded")))
         print0(f"bpb data: {data_dir} ({source}); {eval_tokens:,} tokens per split ({tokens_source})")
-        out["data_dir"] = str(data_dir)
+        plan.out["data_dir"] = str(data_dir)
         # build_eval_rows is collective: fail together, before it
         # "result": what an item holds; older code kept a bare bpb (its items are scored again, even where the code
         # version cannot tell the codes apart: outside a git checkout)
         data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
                 "eval_tokens": eval_tokens, "result": "bpb, mome_slot_balance"}
         data_seed = (meta.get("config") or {}).get("args", {}).get("data_seed")  # the run's train bpb rows
-        for split in splits:
+        for split in args.split_names:
             first_read, rows_key = eval_rows_order(split, data_seed)
+            plan.items.append(BpbItem("split", split, {**data, **rows_key}, functools.cache(functools.partial(
+                split_rows, data_dir, split, tokenizer, seq_len, (eval_tokens, tokens_source), rank, world,
+                first_read))))
+    for name, path in args.corpora.items():
+        key = rank0_decides(lambda: {"file_sha256": file_sha256(path), "eval_tokens": eval_tokens})
+        plan.items.append(BpbItem("corpus", name, key, functools.cache(functools.partial(
+            corpus_rows, tokenizer, path, seq_len, eval_tokens))))
+    for item in plan.items:
+        if not finished_before(finished, item):
+            item.rows()
+    return plan
 
+
+def split_rows(data_dir, split: str, tokenizer, seq_len: int, budget: tuple[int, str], rank: int, world: int,
+               first_read: int | None):
+    """The split's bpb rows (build_eval_rows); a split too small for the budget is refused naming --eval-tokens and
+    where the budget came from. Every rank packs the same rows, so every rank refuses together (printed once)."""
+    from nanochat.dataloader import build_eval_rows
+    from nanochat.dataset import DataError
+
+    eval_tokens, source = budget
+    try:
+        return build_eval_rows(data_dir, split, tokenizer, seq_len, eval_tokens, rank=rank, world_size=world,
+                               first_read_seed=first_read)
+    except DataError as e:
+        if not str(e).startswith(f"the {split} split of"):  # a file's error (tokenizing ranks share it): as it is
+            raise
+        flag = f"--eval-tokens {eval_tokens:,}" if source == "--eval-tokens" else \
+            f"--eval-tokens run = {eval_tokens:,}, {source}"
+        raise raised_on_every_rank(DataError(f"{flag}: {e}")) from e
+
+
+def corpus_rows(tokenizer, path: Path, seq_len: int, eval_tokens: int):
+    """(inputs, targets) of a --bpb-corpus file (bpb_rows_from_text), read by every rank: one that fails stops all."""
+    from nanochat.loss_eval import bpb_rows_from_text, read_corpus
+
+    return every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len, max_tokens=eval_tokens))
+
+
+def finished_before(finished: FinishedResults, item: BpbItem) -> bool:
+    """Whether ``finished.get_or_run`` will reuse the earlier run's result of ``item`` (its same test, decided on rank
+    0 and silent: get_or_run says why it recomputes), so that its rows are not built for nothing."""
+    def holds():
+        saved = finished.items.get(item.item)
+        return saved is not None and saved["key"] == item.key and saved.get("result") is not None
+
+    return rank0_decides(holds)
+
+
+def run_bpb(model, plan: BpbPlan, args, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
+    """Score the rows of ``plan`` (prepare_bpb); bpb.json's fields."""
+    from nanochat.dataloader import iter_eval_batches
+    from nanochat.loss_eval import evaluate_bpb, iter_row_batches
+    from nanochat.report import train_rows_description
+
+    B, token_bytes = args.device_batch_size, plan.token_bytes
+    out = {**plan.out, "splits": {}, "corpora": {}}  # new dicts, in plan.out's places (bpb.json's key order)
+    for item in plan.items:
+        name = item.name
+        if item.kind == "split":
             def score_split():  # bpb, and for MoME the slot balance of the same forwards (nanochat.slot_balance)
-                rows = build_eval_rows(data_dir, split, tokenizer, seq_len, eval_tokens, rank=rank,
-                                       world_size=world, first_read_seed=first_read)
                 bpb, balance = with_slot_balance(model, lambda: evaluate_bpb(
-                    model, iter_eval_batches(rows, B, rank, world, device), token_bytes, autocast_ctx))
+                    model, iter_eval_batches(item.rows(), B, rank, world, device), token_bytes, autocast_ctx))
                 return {"bpb": bpb, "mome_slot_balance": balance}
 
-            scored = finished.get_or_run(f"split {split}", lambda: {**data, **rows_key}, score_split)
-            out["splits"][split] = scored["bpb"]
-            if split == "train":  # as summary.json's: which documents this train bpb read
-                out["train_bpb_rows"] = train_rows_description(rows_key)
-            print0(f"{split} bpb: {scored['bpb']:.6f}")
+            scored = finished.get_or_run(item.item, lambda: item.key, score_split)
+            out["splits"][name] = scored["bpb"]
+            if name == "train":  # as summary.json's: which documents this train bpb read (the key's "rows")
+                out["train_bpb_rows"] = train_rows_description(item.key)
+            print0(f"{name} bpb: {scored['bpb']:.6f}")
             if scored["mome_slot_balance"]:
-                balance = out.setdefault("mome_slot_balance", {})[split] = scored["mome_slot_balance"]
-                print0(f"{split} {describe(balance)}")
-    for name, path in args.corpora.items():
-        def score_corpus():
-            x, y = every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len,
-                                                            max_tokens=eval_tokens))
-            return evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
+                balance = out.setdefault("mome_slot_balance", {})[name] = scored["mome_slot_balance"]
+                print0(f"{name} {describe(balance)}")
+        else:
+            def score_corpus():
+                x, y = item.rows()
+                return evaluate_bpb(model, iter_row_batches(x, y, B, rank, world, device), token_bytes, autocast_ctx)
 
-        def corpus_inputs():
-            return {"file_sha256": file_sha256(path), "eval_tokens": eval_tokens}
-
-        bpb = finished.get_or_run(f"corpus {name}", corpus_inputs, score_corpus)
-        out["corpora"][name] = {"bpb": bpb, "path": str(path), "protocol": "document-reset"}
-        print0(f"{name} bpb (document-reset): {bpb:.6f}")
+            bpb = finished.get_or_run(item.item, lambda: item.key, score_corpus)
+            out["corpora"][name] = {"bpb": bpb, "path": str(args.corpora[name]), "protocol": "document-reset"}
+            print0(f"{name} bpb (document-reset): {bpb:.6f}")
     if finished.reused:
         print0(finished.reuse_note("bpb results", len(out["splits"]) + len(out["corpora"])))
     return out
@@ -382,6 +471,7 @@ def check_flags_against(args, meta: dict, device_type: str) -> None:
 
 
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
+    from nanochat.eval_bundle import find_bundle
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
     from nanochat.train_setup import report_mome_kernels
 
@@ -420,11 +510,16 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
 
     stores = {name: FinishedResults.open(out_dir, name, settings, args.fresh) for name in args.evals}
     try:
+        # what CORE and bpb read, checked (and the bpb rows built) before CORE runs: a problem of either stops
+        # base_eval now, not minutes to hours later
+        bundle = rank0_decides(lambda: find_bundle(args.bundle)) if "core" in args.evals else None
+        if "bpb" in args.evals:
+            plan = prepare_bpb(tokenizer, args, meta, model.max_seq_len, rank, world, device, stores["bpb"])
         if "core" in args.evals:
-            run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir, header, stores["core"],
+            run_core_eval(model, tokenizer, args, bundle, device, autocast_ctx, out_dir, header, stores["core"],
                           last="bpb" not in args.evals)
         if "bpb" in args.evals:
-            res = run_bpb(model, tokenizer, args, meta, rank, world, device, autocast_ctx, stores["bpb"])
+            res = run_bpb(model, plan, args, rank, world, device, autocast_ctx, stores["bpb"])
             write_report_on_rank0(out_dir / "bpb.json", lambda: write_text_atomic(
                 out_dir / "bpb.json", json.dumps({**header, **res}, indent=2) + "\n"))
     except Interrupted as e:  # on every rank at the same batch (nanochat.eval_resume.stop_voted)
@@ -447,13 +542,12 @@ def kept_note(stores: dict, out_dir: Path) -> str:
     return f"finished results ({kept}) are kept in {out_dir}: run the same command again to continue"
 
 
-def run_core_eval(model, tokenizer, args, device, autocast_ctx, out_dir: Path, header: dict,
+def run_core_eval(model, tokenizer, args, bundle: Path, device, autocast_ctx, out_dir: Path, header: dict,
                   finished: FinishedResults, last: bool) -> None:
-    """``last``: its report is the evaluation's last write (see write_report_on_rank0)."""
+    """``bundle``: rank 0's (find_bundle; only rank 0 reads it, see evaluate_core). ``last``: its report is the
+    evaluation's last write (see write_report_on_rank0)."""
     from nanochat.core_eval import evaluate_core, write_core_report
-    from nanochat.eval_bundle import find_bundle
 
-    bundle = rank0_decides(lambda: find_bundle(args.bundle))  # only rank 0 reads it (see evaluate_core)
     res = evaluate_core(model, tokenizer, bundle, args.max_per_task, args.device_batch_size, device,
                         autocast_ctx, progress=not args.no_progress, finished=finished)
     if finished.reused:
