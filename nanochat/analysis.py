@@ -1,7 +1,9 @@
 """Shared code of the memory/routing analyses (scripts/analyze_memory.py, analyze_routing.py, wic_probe.py).
 
 * loading a run (model + tokenizer, directories from meta.json unless overridden),
-* building token rows per *domain* (``val``/``train`` split, one or all CORE tasks, any text file),
+* building token rows per *domain* (``val``/``train`` split, one or all CORE tasks, any text file; the train
+  split's rows are the documents the run's loader read first, as the final train bpb's, unless --train-rows
+  manifest),
 * running the model over rows with the memory block's opt-in ``capture`` on, yielding per-batch tensors
   stacked over memory layers, and streaming accumulators so that nothing per-token is kept in memory,
 * heat-map plotting (layers x heads).
@@ -94,11 +96,39 @@ def memory_block(model, need_routing: bool = False):
 
 
 # -- domains ------------------------------------------------------------------------------------------------
+TRAIN_ROWS = ("run", "manifest")  # --train-rows
+VAL_ROWS = "manifest order"  # the val split's rows: its first documents, as every val bpb reads them
+
+
+def add_train_rows_flag(ap) -> None:
+    ap.add_argument("--train-rows", choices=TRAIN_ROWS, default="run",
+                    help="the train split's rows for --corpus/--reference train: run = the documents the checkpoint's "
+                    "run read first (its --data-seed), the rows of its final train bpb and of base_eval's (a "
+                    "checkpoint that records no --data-seed, e.g. an imported one: manifest order); manifest = the "
+                    "split's first documents in manifest order (the analyses' rows before 2026-11-27), which a run "
+                    "may never have read")
+
+
+def train_rows_order(flag: str, meta: dict) -> tuple[int | None, str]:
+    """(``first_read_seed`` of the train split's rows for build_eval_rows, their description as summary.json's
+    "train_bpb_rows"): --train-rows run follows the run's recorded --data-seed through eval_rows_order, as the final
+    train bpb and base_eval do."""
+    from nanochat.dataloader import eval_rows_order
+    from nanochat.report import train_rows_description
+
+    if flag == "manifest":
+        return None, "manifest order (--train-rows manifest)"
+    data_seed = ((meta.get("config") or {}).get("args") or {}).get("data_seed")
+    first_read, rows_key = eval_rows_order("train", data_seed)
+    return first_read, train_rows_description(rows_key)
+
+
 @dataclass
 class Domain:
     name: str
     rows: list[torch.Tensor]  # 1-D LongTensors, BOS first (or a window of a longer BOS-started document)
     kind: str = "file"  # split | core | file
+    order: str = ""  # a split's: which of its documents the rows hold (train_rows_order, VAL_ROWS)
 
     @property
     def num_tokens(self) -> int:
@@ -158,9 +188,11 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
 
 
 def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, bundle=None,
-                  max_tokens: int | None = None, max_per_task: int = -1, flag: str = "--corpus") -> list[Domain]:
+                  max_tokens: int | None = None, max_per_task: int = -1, flag: str = "--corpus",
+                  train_rows: tuple[int | None, str] = (None, "manifest order")) -> list[Domain]:
     """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem); ``flag``
-    is the option the specs came from, named in errors."""
+    is the option the specs came from, named in errors; ``train_rows``: train_rows_order's (first-read seed,
+    description) of the train split's rows."""
     domains = []
     for spec in specs:
         start = len(domains)
@@ -171,8 +203,9 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
             if data_dir is None:
                 raise ValueError(f"{flag} {spec}: no data directory (pass --data-dir or use a run whose meta has one)")
             n = max_tokens or 65536
-            rows = build_eval_rows(data_dir, kind, tokenizer, seq_len, n)[:, :-1]
-            domains.append(Domain(kind, list(rows), "split"))
+            first_read, order = train_rows if kind == "train" else (None, VAL_ROWS)
+            rows = build_eval_rows(data_dir, kind, tokenizer, seq_len, n, first_read_seed=first_read)[:, :-1]
+            domains.append(Domain(kind, list(rows), "split", order))
         elif kind == "core" and arg:
             from nanochat.download import DownloadError
             from nanochat.eval_bundle import find_bundle
@@ -198,6 +231,11 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
     if not domains:
         raise ValueError(f"{flag}: no domain given")
     return domains
+
+
+def split_rows(domains: list[Domain]) -> dict[str, str]:
+    """{split domain: which of its documents it holds}, for the outputs' "split_rows"."""
+    return {d.name: d.order for d in domains if d.kind == "split"}
 
 
 # -- forward with capture -----------------------------------------------------------------------------------

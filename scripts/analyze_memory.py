@@ -2,7 +2,7 @@
 across CORE domains").
 
     python -m scripts.analyze_memory --run runs/X [--step S] --corpus val core:all file:notes.txt
-        [--max-tokens N] [--max-per-task N] [--batch-size B] [--out-dir DIR]
+        [--max-tokens N] [--max-per-task N] [--batch-size B] [--train-rows run|manifest] [--out-dir DIR]
 
 For every domain and every (memory layer, head): the mean injection gate gamma (the paper's gamma~_l before the
 head average) and the mean injected norm ||gamma m~||_2 (M_l), over all non-BOS token positions. VE and MoME
@@ -11,7 +11,9 @@ inject into the attention values (H = KV heads); Bigram's gate scales its residu
 "CORE" entry (every task weighted equally, as in the paper) is added.
 
 Writes <run>/analysis/memory_use.{json,csv} and memory_gamma.png / memory_inject_norm.png (one layers x heads
-panel per domain, shared colour scale; gamma on the paper's [0, 2] scale).
+panel per domain, shared colour scale; gamma on the paper's [0, 2] scale). --corpus train reads the documents the
+run's loader read first (its --data-seed, as its final train bpb), val the split's first documents; memory_use.json
+"split_rows" says which.
 """
 
 import argparse
@@ -21,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, build_domains, heatmaps, iter_captured, load_run,
-                               memory_block, meta_dir, OutputWriteError, staged_outputs, write_json)
+from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, heatmaps, iter_captured,
+                               load_run, memory_block, meta_dir, OutputWriteError, split_rows, staged_outputs,
+                               train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, count_or_all, device_name, int_at_least, positive_int
 
 
@@ -39,6 +42,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
     ap.add_argument("--data-dir", default=None, help="override meta['data_dir'] (for --corpus val/train)")
+    add_train_rows_flag(ap)
     ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
     ap.add_argument("--no-progress", action="store_true")
@@ -115,13 +119,14 @@ def analyze(args, out_dir: Path) -> int:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
         block = memory_block(model)
         domains = build_domains(args.corpus, tokenizer, model.max_seq_len, data_dir=meta_dir(args.data_dir, meta, "data_dir"),
-                                bundle=args.bundle, max_tokens=args.max_tokens or None, max_per_task=args.max_per_task)
+                                bundle=args.bundle, max_tokens=args.max_tokens or None, max_per_task=args.max_per_task,
+                                train_rows=train_rows_order(args.train_rows, meta))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results = memory_use(model, domains, args.batch_size, tokenizer.bos_token_id, not args.no_progress)
     header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
-              "injection": injection_sites(block)}
+              "injection": injection_sites(block), "split_rows": split_rows(domains)}
     try:
         with staged_outputs(out_dir) as stage:
             write_outputs(results, block.layers, stage, header)
@@ -129,6 +134,8 @@ def analyze(args, out_dir: Path) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_summary(results, block.layers)
+    for name, order in header["split_rows"].items():
+        print(f"{name} rows: {order}")
     print(f"wrote {out_dir}/memory_use.json, memory_use.csv, memory_gamma.png, memory_inject_norm.png")
     return 0
 

@@ -2,14 +2,15 @@
 and semantic routes of polysemous words (appendix "Supplementary Semantic-Routing Examples").
 
     python -m scripts.analyze_routing --run runs/X --corpus val file:shakespeare.txt core:all [--reference val]
-        [--max-tokens N] [--min-count 32] [--out-dir DIR]
+        [--max-tokens N] [--min-count 32] [--train-rows run|manifest] [--out-dir DIR]
     python -m scripts.analyze_routing --run runs/X --words bank,python [--prompts FILE] [--sites 3:0,5:2]
 
 Audit, per domain (BOS and padding excluded, statistics per layer-head site then macro-averaged over sites):
 marginal effective slots exp(H) of the top-K membership distribution and of the routing-weight mass, the
 largest-slot membership share, per-token effective slots (token ids seen >= --min-count times), site-slot cells
 never selected, and mean/max base-2 JSD of each site's routing-weight distribution against the --reference
-domain. Writes <out>/routing_audit.{md,csv,json}.
+domain. Writes <out>/routing_audit.{md,csv,json}. A train domain reads the documents the run's loader read first (its
+--data-seed, as its final train bpb), val the split's first documents; routing_audit.json "split_rows" says which.
 
 Words: for every prompt that contains a target word as ONE token (with its leading space), the slot set each head
 selects at the word's last occurrence (slots ordered by routing weight). --prompts FILE holds one prompt per
@@ -25,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, build_domains, iter_captured,
-                               load_run, memory_block, meta_dir, pad_rows, run_captured, single_token_at,
-                               staged_outputs, write_json)
+from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_train_rows_flag, build_domains,
+                               iter_captured, load_run, memory_block, meta_dir, pad_rows, run_captured,
+                               single_token_at, split_rows, staged_outputs, train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, count_or_all, device_name, int_at_least, positive_int
 
 BUILTIN_PROMPTS = {
@@ -69,6 +70,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=positive_int, default=8)
     ap.add_argument("--tokenizer-dir", default=None)
     ap.add_argument("--data-dir", default=None)
+    add_train_rows_flag(ap)
     ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
     ap.add_argument("--no-progress", action="store_true")
@@ -292,7 +294,8 @@ def analyze(args, out_dir: Path) -> int:
         header = {"run": str(args.run), "step": meta["step"], "memory_options": model.config.memory_options}
         if args.corpus:
             common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), bundle=args.bundle,
-                          max_tokens=args.max_tokens or None, max_per_task=args.max_per_task)
+                          max_tokens=args.max_tokens or None, max_per_task=args.max_per_task,
+                          train_rows=train_rows_order(args.train_rows, meta))
             domains = build_domains(args.corpus, tokenizer, model.max_seq_len, **common)
             reference = None
             if args.reference:
@@ -302,9 +305,12 @@ def analyze(args, out_dir: Path) -> int:
                 reference = refs[0]
             rows = slot_audit(model, domains, reference, args.batch_size, tokenizer.bos_token_id, args.min_count,
                               not args.no_progress)
+            rows_of = split_rows(domains + ([reference] if reference else []))
             with staged_outputs(out_dir) as stage:
-                write_audit(rows, reference.name if reference else None, stage, header)
+                write_audit(rows, reference.name if reference else None, stage, {**header, "split_rows": rows_of})
             print(audit_markdown(rows, reference.name if reference else None))
+            for name, order in rows_of.items():
+                print(f"{name} rows: {order}")
             print(f"wrote {out_dir}/routing_audit.md, .csv, .json")
         if args.words:
             run_words(args, model, tokenizer, out_dir, header, sites)
