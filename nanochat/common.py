@@ -140,6 +140,7 @@ def rank0_decides(fn):
             outcome = ("ok", value)
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             outcome, error = ("error", portable_error(e)), e
+            e.own_error, e.errors_by_rank = e, {0: error_text(e)}  # rank 0's account (own_error, errors_by_rank)
     outcome = broadcast_object(outcome)  # rank 0 keeps fn's own objects
     # the signals go in a small exchange of their own: rank 0's outcome may be a whole task's rows, which an
     # all_gather_object would send from every rank's padded buffer
@@ -185,7 +186,30 @@ def raise_lowest_rank_error(errors: list, own: BaseException | None = None) -> N
                 shared = type(exc)(f"rank {rank} of {len(errors)}: {exc}")
             except Exception:  # noqa: BLE001 - a type that needs more than a message
                 shared = exc
+            shared.own_error = own
+            shared.errors_by_rank = {r: error_text(e) for r, e in enumerate(errors) if e is not None}
             raise raised_on_every_rank(shared) from (own or exc)
+
+
+def error_text(exc: BaseException) -> str:
+    """``exc`` as an account of a stop (summary.json's "error"): its type and message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def own_error(exc: BaseException) -> BaseException | None:
+    """This rank's own error behind ``exc``, whose traceback is worth printing: ``exc`` itself, unless every rank
+    raised it together (rank0_decides, raise_lowest_rank_error): then the error this rank raised in the shared
+    step, None where it only received another rank's."""
+    if not getattr(exc, "raised_on_every_rank", False):
+        return exc
+    return getattr(exc, "own_error", None)
+
+
+def errors_by_rank(exc: BaseException) -> dict[int, str]:
+    """The error of each rank that failed, by rank, behind an error every rank raised together (as rank 0 holds
+    them: rank0_decides, raise_lowest_rank_error); {this rank: ``exc``} for an error of its own."""
+    rank = dist.get_rank() if is_dist() else 0
+    return getattr(exc, "errors_by_rank", None) or {rank: error_text(exc)}
 
 
 def raised_on_every_rank(exc: BaseException) -> BaseException:
@@ -235,31 +259,49 @@ def refuse_before_the_group(error: Exception) -> int:
     return 2
 
 
-def post_rank_error(key: str, text: str) -> None:
-    """Post this rank's error to the process group's store as ``key``/<rank>, numbered (``key``/order) in the order
-    the ranks post: no collective (the other ranks may wait in one that never completes), and the store outlives
-    this rank (torchrun's agent hosts it), so rank 0 can name the error that broke its collective once this rank's
-    exit broke it (rank_errors_posted). Raises if the store is gone."""
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"{key}/{dist.get_rank()}", json.dumps([store.add(f"{key}/order", 1), text]))
+def post_rank_error(key: str, text: str, group: "GroupStore | None" = None) -> None:
+    """Post this rank's error to the process group's store (``group``'s; the default group's if None) as
+    ``key``/<rank>, numbered (``key``/order) in the order the ranks post: no collective (the other ranks may wait in
+    one that never completes), and the store outlives this rank (torchrun's agent hosts it), so rank 0 can name the
+    error that broke its collective once this rank's exit broke it (rank_errors_posted). Raises if the store is
+    gone."""
+    group = group or GroupStore(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size())
+    group.store.set(f"{key}/{group.rank}", json.dumps([group.store.add(f"{key}/order", 1), text]))
 
 
-def rank_errors_count(key: str) -> int:
-    """How many ranks have posted an error under ``key`` so far (post_rank_error's numbering). Raises if the store
-    is gone."""
-    return dist.distributed_c10d._get_default_store().add(f"{key}/order", 0)
+@dataclass
+class GroupStore:
+    """The process group's key-value store with this rank's place in the group, kept by a rank that leaves the group
+    (destroy_process_group) and still reads and writes the store, which outlives it (torchrun's agent hosts it)."""
+    store: object
+    rank: int
+    world: int
+
+    @classmethod
+    def of_the_group(cls) -> "GroupStore | None":
+        """The default group's (None in one process, or a group of one)."""
+        if not is_dist():
+            return None
+        return cls(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size())
 
 
-def rank_errors_posted(key: str) -> dict[int, str]:
+def rank_errors_count(key: str, group: GroupStore | None = None) -> int:
+    """How many ranks have posted an error under ``key`` so far (post_rank_error's numbering), in ``group`` (the
+    default group's store if None). Raises if the store is gone."""
+    store = group.store if group is not None else dist.distributed_c10d._get_default_store()
+    return store.add(f"{key}/order", 0)
+
+
+def rank_errors_posted(key: str, group: GroupStore | None = None) -> dict[int, str]:
     """The errors posted under ``key`` so far (no waiting), by rank, in the order they were posted: the first is the
-    likely cause (a collective breaks on the others once a rank leaves it). {} in one process, or when the store is
-    gone (it went with a rank that hosted it)."""
-    if not is_dist():
+    likely cause (a collective breaks on the others once a rank leaves it). ``group``: where to read (the default
+    group's store if None). {} in one process, or when the store is gone (it went with a rank that hosted it)."""
+    group = group or GroupStore.of_the_group()
+    if group is None:
         return {}
     try:
-        store = dist.distributed_c10d._get_default_store()
-        posted = {r: json.loads(store.get(f"{key}/{r}")) for r in range(dist.get_world_size())
-                  if store.check([f"{key}/{r}"])}
+        store = group.store
+        posted = {r: json.loads(store.get(f"{key}/{r}")) for r in range(group.world) if store.check([f"{key}/{r}"])}
     except Exception:  # noqa: BLE001 - the store went with a rank that hosted it
         return {}
     return {r: text for r, (_, text) in sorted(posted.items(), key=lambda item: item[1][0])}

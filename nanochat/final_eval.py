@@ -12,19 +12,18 @@ import signal
 import sys
 import time
 import traceback
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import is_dist, post_rank_error, print0, rank_errors_posted
+from nanochat.common import GroupStore, is_dist, post_rank_error, print0, rank_errors_posted
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete,
                                   partial_path)
 from nanochat.report import train_rows_description
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
-from nanochat.train_end import last_checkpoint_step, write_summary_after_error
+from nanochat.train_end import last_checkpoint_step, wait_for_rank0_summary, write_summary_after_error
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
 
@@ -184,33 +183,15 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
     return None if decided == _FAILED else decided
 
 
-# How long a rank other than rank 0, after its final evaluation failed, waits for rank 0's summary.json: for rank 0's
-# failure first (AGREEMENT_WAIT_S: a rank 0 without one by then waits in a collective that only this rank's exit
-# breaks), then for the write, once rank 0 is at it (the run report reads the metrics; a slow shared file system)
-SUMMARY_WAIT_S = 60.0
-
-
-def wait_for_rank0_summary(evaluation: int) -> None:
-    """On a rank other than 0 after FinalEvalError: wait, bounded, for rank 0 to write summary.json (torchrun stops
-    the ranks left once one has exited, which could kill rank 0 before its write)."""
-    key = f"final_eval/{evaluation}"
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.wait([f"{key}/failed/0"], timedelta(seconds=AGREEMENT_WAIT_S))
-        store.wait([f"{key}/summary"], timedelta(seconds=SUMMARY_WAIT_S))
-    except Exception as e:  # noqa: BLE001 - a timeout, or the store went with rank 0
-        print(f"rank {dist.get_rank()}: no word of summary.json from rank 0 ({type(e).__name__}); exiting: a rank 0 "
-              "that waits in a collective of the final evaluation fails once this rank has left it", flush=True)
-
-
 def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
     """After FinalEvalError, on every rank that raised it: each prints its traceback; rank 0 says what to do and
     writes summary.json (stop_reason final_eval_error): the error (the first rank's to fail), the evaluations that
     finished (``evals``), the step. No collective: a rank may wait in one that cannot complete, or be gone (the ranks
-    agreed through the store); the others wait there for rank 0's word, a bounded time (wait_for_rank0_summary)."""
+    agreed through the store); the others wait there for rank 0's word, a bounded time (train_end.wait_for_rank0_summary)."""
     traceback.print_exception(e.error)
-    if run.rank != 0:
-        wait_for_rank0_summary(e.evaluation)
+    if run.rank != 0:  # rank 0's failure first, then its summary (torchrun ends the ranks left once one has exited)
+        key = f"final_eval/{e.evaluation}"
+        wait_for_rank0_summary(GroupStore.of_the_group(), f"{key}/failed/0", f"{key}/summary")
         return
     step, errors = run.loop["step"], rank_errors_posted(f"final_eval/{e.evaluation}/error")
     first_rank, error = next(iter(errors.items()), (0, str(e)))

@@ -8,12 +8,16 @@ import shlex
 import sys
 import time
 import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import is_dist, post_rank_error, print0, rank_errors_count, rank_errors_posted
+from nanochat.common import (GroupStore, error_text, errors_by_rank, is_dist, own_error, post_rank_error, print0,
+                             rank_errors_count, rank_errors_posted)
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, write_run_report
@@ -177,9 +181,13 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
                                       f", and {lower}") + "; or check the data")
 
 
-def last_checkpoint_step(run: Run) -> int | None:
-    steps = ckpt.list_steps(run.run_dir)
+def last_step_in(run_dir: Path) -> int | None:
+    steps = ckpt.list_steps(run_dir)
     return steps[-1] if steps else None
+
+
+def last_checkpoint_step(run: Run) -> int | None:
+    return last_step_in(run.run_dir)
 
 
 def last_checkpoint(run: Run) -> str:
@@ -221,9 +229,9 @@ def post_error(text: str) -> None:
         print(f"rank {dist.get_rank()}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
 
 
-def way_on_after_error(run: Run, last: int | None) -> str:
+def way_on_after_error(run_dir: Path, last: int | None) -> str:
     if last is not None:
-        return f"last checkpoint: step {last} in {run.run_dir / ckpt.CKPT_DIR}; fix the cause, then {how_to_continue()}"
+        return f"last checkpoint: step {last} in {run_dir / ckpt.CKPT_DIR}; fix the cause, then {how_to_continue()}"
     # a --resume finds nothing to continue; the runner's --resume auto starts afresh then
     again = "start again with --overwrite" if resume_way() == "--resume" else how_to_continue()
     return f"no checkpoint was saved: once the cause is fixed, {again}"
@@ -253,25 +261,27 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     return 1
 
 
-def errors_of_failing_ranks() -> dict[int, str]:
-    """The errors posted under ERROR_KEY, in the order the ranks failed ({}: one process, or the store gone). Ranks
-    that fail at once (an OOM at the same batch, a bug every rank meets) post within moments of each other: when
-    rank 0 posted first, it waits (bounded by final_eval's AGREEMENT_WAIT_S) until every rank has posted, so the
-    summary names them all. A rank that is not failing waits in a collective and posts nothing before rank 0 has
-    exited, so an error of rank 0 alone costs the whole wait (a multi-rank job only); an error that broke rank 0's
+def errors_of_failing_ranks(key: str = ERROR_KEY, group: GroupStore | None = None) -> dict[int, str]:
+    """The errors posted under ``key`` (in ``group``'s store; the default group's if None), in the order the ranks
+    failed ({}: one process, or the store gone). Ranks that fail at once (an OOM at the same batch, a bug every rank
+    meets) post within moments of each other: when rank 0 posted first, it waits (bounded by final_eval's
+    AGREEMENT_WAIT_S) until every rank has posted, so the summary names them all. A rank that is not failing waits
+    in a collective and posts nothing before rank 0 has exited (or left the group, as after a set-up error), so an
+    error of rank 0 alone in training costs the whole wait (a multi-rank job only); an error that broke rank 0's
     collective costs none: the rank that left posted first."""
     from nanochat.final_eval import AGREEMENT_WAIT_S  # here: final_eval imports this module
 
-    errors = rank_errors_posted(ERROR_KEY)
+    group = group or GroupStore.of_the_group()
+    errors = rank_errors_posted(key, group)
     if not errors or next(iter(errors)) != 0:
         return errors
     deadline = time.monotonic() + AGREEMENT_WAIT_S
     try:
-        while rank_errors_count(ERROR_KEY) < dist.get_world_size() and time.monotonic() < deadline:
+        while rank_errors_count(key, group) < group.world and time.monotonic() < deadline:
             time.sleep(0.05)
     except Exception:  # noqa: BLE001 - the store went with a rank that hosted it: what was read stands
         return errors
-    return rank_errors_posted(ERROR_KEY) or errors
+    return rank_errors_posted(key, group) or errors
 
 
 def record_error_stop(run: Run, first: str, fields: dict) -> None:
@@ -286,7 +296,7 @@ def record_error_stop(run: Run, first: str, fields: dict) -> None:
         print(f"metrics.jsonl: the stop record not written: {e}", file=sys.stderr, flush=True)
     try:
         fields = {**fields, **error_fields(run, first)}
-        print(way_on_after_error(run, fields["last_checkpoint"]), file=sys.stderr, flush=True)
+        print(way_on_after_error(run.run_dir, fields["last_checkpoint"]), file=sys.stderr, flush=True)
         write_summary(run, "error", fields)
     except Exception as e:  # noqa: BLE001
         print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
@@ -310,3 +320,107 @@ def stop_before_training(run: Run, error: Exception) -> int:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return 1
+
+
+# -- an error in base_train's set-up (build_run, prepare_resume): no Run yet -----------------------------------------
+SET_UP_ERROR_KEY = "setup_error"  # the store keys of the set-up's errors, as ERROR_KEY is training's
+# How long a rank other than 0, after it reported an error, waits for rank 0's summary.json: for rank 0's own post first
+# (final_eval's AGREEMENT_WAIT_S: a rank 0 without one by then waits in a collective that only this rank's exit ends,
+# as with NCCL, where leaving the group does not break it), then for the write, once rank 0 is at it (the run report;
+# a slow shared file system). torchrun ends the ranks left once one has exited, which could kill rank 0 before it.
+SUMMARY_WAIT_S = 60.0
+
+
+def wait_for_rank0_summary(group: GroupStore, rank0_key: str, summary_key: str) -> None:
+    """On a rank other than 0 after an error: wait, bounded, until rank 0 has posted ``rank0_key`` in ``group``'s
+    store (it has met the error too), then until it has written summary.json (``summary_key``)."""
+    from nanochat.final_eval import AGREEMENT_WAIT_S  # here: final_eval imports this module
+
+    try:
+        group.store.wait([rank0_key], timedelta(seconds=AGREEMENT_WAIT_S))
+        group.store.wait([summary_key], timedelta(seconds=SUMMARY_WAIT_S))
+    except Exception as e:  # noqa: BLE001 - a timeout, or the store went with rank 0
+        print(f"rank {group.rank}: no word of summary.json from rank 0 ({type(e).__name__}); exiting: a rank 0 that "
+              "waits in a collective fails once this rank has left it", flush=True)
+
+
+@dataclass
+class SetUpProgress:
+    """How far base_train's set-up got, for the account of an error in it."""
+    # set once this session holds the run dir (run.lock) and it is this run's to describe: a fresh start into an
+    # empty one, or a --resume (not a run that --overwrite deletes only once the set-up has finished)
+    run_dir: Path | None = None
+
+
+def stop_set_up_by_error(args, progress: SetUpProgress, error: Exception) -> int:
+    """After an error that no refusal plans for in base_train's set-up (an OOM while the model is built, a corrupt
+    checkpoint, a bug), on every rank that has it; exit code 1 (a bad flag or file, ValueError or FileNotFoundError,
+    stays print_error's exit 2). Each rank prints the traceback of its own error; rank 0 prints the error of the
+    first rank to fail and writes summary.json ("error", and every failing rank's error beside it) where the run dir
+    is this run's (``progress``). An error every rank raised together (a shared step: every_rank_ok, rank0_decides,
+    as the set-up's local work runs) carries each failing rank's to rank 0, and the others wait for the summary in
+    a barrier. An error of one rank alone, outside a shared step, goes through the store instead (leave_the_group):
+    the other ranks may wait in a collective that rank will never enter."""
+    own = own_error(error)
+    if own is not None:
+        traceback.print_exception(own)  # first: nothing below may hide it
+    if not is_dist() or getattr(error, "raised_on_every_rank", False):
+        world = dist.get_world_size() if is_dist() else 1
+        if not is_dist() or dist.get_rank() == 0:
+            record_set_up_error(args, progress, errors_by_rank(error), world)
+        if is_dist():
+            dist.barrier()  # torchrun ends the ranks left once one has exited: rank 0 first writes the summary
+        return 1
+    group = leave_the_group(error_text(error))
+    if group.rank != 0:
+        wait_for_rank0_summary(group, f"{SET_UP_ERROR_KEY}/0", f"{SET_UP_ERROR_KEY}/summary")
+        return 1
+    errors = errors_of_failing_ranks(SET_UP_ERROR_KEY, group) or {0: error_text(error)}
+    record_set_up_error(args, progress, errors, group.world)
+    try:
+        group.store.set(f"{SET_UP_ERROR_KEY}/summary", "written")
+    except Exception:  # noqa: BLE001 - the store is gone: the others stop waiting at their bound
+        pass
+    return 1
+
+
+def leave_the_group(text: str) -> GroupStore:
+    """A rank whose set-up failed alone: post its error (``text``) and leave the process group at once, keeping the
+    store. Its leaving ends a collective the others wait in (gloo: "Connection closed by peer"), so they reach
+    their error branch now, not at the collective's timeout, and post theirs: the first error posted is the cause.
+    (NCCL's collectives do not notice: a rank waiting in one is ended by torchrun once this rank has exited, after
+    its bounded wait. Every set-up step that can fail on one rank is a shared step, so this is for bugs.)"""
+    group = GroupStore.of_the_group()
+    try:
+        post_rank_error(SET_UP_ERROR_KEY, text, group)
+    except Exception as e:  # noqa: BLE001 - the store went with the rank that hosted it
+        print(f"rank {group.rank}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
+    dist.destroy_process_group()
+    return group
+
+
+def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], world: int) -> None:
+    """Rank 0's account of a set-up stopped by ``errors`` (by rank, the first to fail first): the error and the way
+    on, and summary.json if the run dir is this run's (``progress``). A failed write is said beside the error."""
+    first_rank, first = next(iter(errors.items()))
+    several = len(errors) > 1 or first_rank != 0
+    last = last_step_in(progress.run_dir) if progress.run_dir is not None and args.resume is not None else None
+    where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if several else ""
+    print(f"error: {first}{where}\ntraining stopped before step {(last or 0) + 1}: the set-up failed",
+          file=sys.stderr, flush=True)
+    if progress.run_dir is None:
+        print("summary.json not written: the set-up failed before the run dir was this run's", file=sys.stderr,
+              flush=True)
+        return
+    print(way_on_after_error(progress.run_dir, last), file=sys.stderr, flush=True)
+    summary = {"run_name": args.run_name, "run_dir": str(progress.run_dir), "stop_reason": "error",
+               "step": last or 0, "world_size": world, "error": first, "last_checkpoint": last,
+               **({"error_rank": first_rank, "errors_by_rank": {str(r): t for r, t in errors.items()}}
+                  if several else {})}
+    try:
+        write_json(progress.run_dir / "summary.json", summary)
+    except OSError as e:
+        print(f"summary.json not written either: {e}", file=sys.stderr, flush=True)
+        return
+    write_report_or_warn(progress.run_dir)
+

@@ -60,10 +60,11 @@ from nanochat.metrics import MetricsLogger, format_step_line, mfu, peak_flops, t
 from nanochat.optim import MuonAdamW
 from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment
-from nanochat.run_dir import claim_run_dir, remove_run, set_aside_stale_results
+from nanochat.run_dir import claim_run_dir, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
-from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, finish, last_checkpoint,
-                                stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite)
+from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, SetUpProgress, finish, last_checkpoint,
+                                stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite,
+                                stop_set_up_by_error)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
@@ -115,15 +116,19 @@ class Run:
         return resolve_dtype(self.device.type, self.args.dtype)
 
 
-def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
+def build_run(args, stack: ExitStack, tokenizer=None, progress: SetUpProgress | None = None) -> Run:
     """Everything before the first step: devices, run dir, data, model, optimizer; all flag errors surface here.
-    ``tokenizer``: the one preflight read, if it did."""
+    ``tokenizer``: the one preflight read, if it did. ``progress``: told once the run dir is this run's. Work a rank
+    does on its own (files, the model on its GPU) runs in shared steps (every_rank_ok, rank0_decides): an error of
+    one rank is every rank's, and none waits in a collective that a failed rank never enters."""
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
     kernels = install_mome_kernels(args.mome_kernels, device, stack, args.mome_shared_table_kernel)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
     claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
+    if progress is not None and (args.resume is not None or not run_contents(resolve_run_dir(args))):
+        progress.run_dir = resolve_run_dir(args)  # not a run that --overwrite deletes only after the set-up
     if args.data_seed is None:
         args.data_seed = args.seed
     data = load_run_data(args, info.rank, info.world_size, device, tokenizer)
@@ -139,19 +144,23 @@ def build_run(args, stack: ExitStack, tokenizer=None) -> Run:
         if resume is None and args.init_from else None
     data.bundle = resolve_bundle(args)  # may download: a missing --bundle fails before the eval rows' tokenizing
     load_eval_rows(args, data, info.rank, info.world_size)
-    seed_everything(args.seed)
-    model = build_model(config, device=device, seed=args.seed)
-    mome_kernels = report_mome_kernels(model, kernels)  # what its layers take (recorded; not the flag)
-    print0(f"mome kernels in the model: {mome_kernels}")
-    # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
-    model.memory.bind_tokenizer(data.tokenizer)
-    optimizer = MuonAdamW(param_groups(model, optim_config(args, plan["batch_lr_scale"])))
-    init_schedule_state(optimizer)
-    sched = ScheduleConfig(plan["num_iterations"], args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
-                           args.muon_momentum_start, args.muon_momentum_end, args.muon_momentum_ramp)
     if args.compile is None:  # compiled training is the fast (and lower-memory) path on GPUs
         args.compile = device.type == "cuda"
-    step_model = torch.compile(model, dynamic=False) if args.compile else model
+
+    def build_here():  # on this rank's device: a CUDA OOM on one GPU stops every rank here, none waits for it
+        seed_everything(args.seed)
+        model = build_model(config, device=device, seed=args.seed)
+        # e.g. Engram's compression map; --resume or --init-from then replace it with their checkpoint's buffers
+        model.memory.bind_tokenizer(data.tokenizer)
+        optimizer = MuonAdamW(param_groups(model, optim_config(args, plan["batch_lr_scale"])))
+        init_schedule_state(optimizer)
+        return model, optimizer, torch.compile(model, dynamic=False) if args.compile else model
+
+    model, optimizer, step_model = every_rank_ok(build_here)
+    mome_kernels = report_mome_kernels(model, kernels)  # what its layers take (recorded; not the flag)
+    print0(f"mome kernels in the model: {mome_kernels}")
+    sched = ScheduleConfig(plan["num_iterations"], args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
+                           args.muon_momentum_start, args.muon_momentum_end, args.muon_momentum_ramp)
     autocast = autocast_context(device.type, args.dtype)
     loop = {"step": 0, "train_time": 0.0, "val_bpb": None, "min_val_bpb": None}
     return Run(args, info.rank, info.world_size, device, run_dir, config, plan, model, step_model, optimizer, sched,
@@ -516,13 +525,16 @@ def main(argv: list[str] | None = None) -> int:
             return refuse_before_the_group(e)
         return 0
     with ExitStack() as stack:  # on every exit path: release run.lock, then the process group
+        progress = SetUpProgress()
         try:
-            run = build_run(args, stack, tokenizer)
+            run = build_run(args, stack, tokenizer, progress)
             run.wall_limit = WallTimeLimit(args.max_wall_time_seconds, started)
             resumed_at = prepare_resume(run)
         except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
             print_error(e)  # once, where every rank raised it together
             return 2
+        except Exception as e:  # unplanned (an OOM, a corrupt checkpoint, a bug): every rank stops, summary.json says so
+            return stop_set_up_by_error(args, progress, e)
         return execute(run, resumed_at)
 
 

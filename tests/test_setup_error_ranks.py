@@ -1,0 +1,112 @@
+"""An unplanned error during base_train's set-up (before the first step: building the model, loading the --resume
+checkpoint, a bug) ends every rank together: rank 0 names every failing rank's error, summary.json says "error"
+once the run dir is this run's, exit code 1, and no rank is left waiting in a collective the failing one left."""
+
+import json
+import time
+
+import pytest
+
+from conftest import REPO, run_torchrun
+from test_train_dist import BATCH
+from test_train_e2e import TINY
+
+WORKER = REPO / "tests" / "_setup_error_worker.py"
+# far below a collective timeout (gloo's and NCCL's default: 30 and 10 minutes); a run of 2 tiny ranks takes ~5 s
+NO_HANG_S = 60
+
+
+def run_worker(monkeypatch, run, fail: str, at: str, *extra: str):
+    monkeypatch.setenv("FAIL_RANKS", fail)
+    monkeypatch.setenv("FAIL_AT", at)
+    started = time.monotonic()
+    r = run_torchrun(WORKER, 2, [*TINY, *BATCH, "--num-iterations", "1", "--run-dir", str(run), *extra],
+                     timeout=120)  # a hang shows as TimeoutExpired
+    return r, r.stdout + r.stderr, time.monotonic() - started
+
+
+def summary_of(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def error(rank: int, at: str) -> str:
+    return {"model": f"RuntimeError: simulated CUDA out of memory (rank {rank})",
+            "restore": f"UnpicklingError: simulated corrupt checkpoint (rank {rank})",
+            "resume_point": f"RuntimeError: simulated bug (rank {rank})"}[at]
+
+
+def test_a_model_build_error_on_rank_1_alone_ends_both_ranks_with_rank_0s_summary(tmp_path, monkeypatch):
+    """Rank 1's error while it builds the model (a CUDA OOM on one GPU) ended rank 1 with a traceback; rank 0 went
+    on to its next collective and was killed there, with no summary.json. Now both meet where the error is shared."""
+    run = tmp_path / "r"
+    r, out, elapsed = run_worker(monkeypatch, run, "1", "model")
+    assert r.returncode == 1, out[-3000:]
+    assert "Traceback" in r.stderr and f"{error(1, 'model')}\n" in r.stderr, out[-3000:]  # rank 1's own
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 0, None), summary
+    assert (summary["error"], summary["error_rank"]) == (error(1, "model"), 1), summary
+    assert summary["errors_by_rank"] == {"1": error(1, "model")}, summary
+    assert r.stderr.count(f"error: {error(1, 'model')} (rank 1") == 1, r.stderr[-3000:]
+    assert "training stopped before step 1: the set-up failed" in r.stderr, r.stderr[-3000:]
+    assert elapsed < NO_HANG_S, elapsed
+
+
+def test_a_corrupt_checkpoint_on_every_rank_names_both_errors(tmp_path, monkeypatch):
+    """A --resume whose checkpoint fails to unpickle on both ranks: the summary of the session that failed replaces
+    the finished one's, with both ranks' errors and the checkpoint to go on from."""
+    from test_train_e2e import train
+
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "1") == 0  # one process (quicker): the resume re-partitions its data
+    assert summary_of(run)["stop_reason"] == "completed"
+    r, out, elapsed = run_worker(monkeypatch, run, "0,1", "restore", "--resume", "1", "--resume-new-world-size")
+    assert r.returncode == 1, out[-3000:]
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 1, 1), summary
+    assert (summary["error"], summary["error_rank"]) == (error(0, "restore"), 0), summary
+    assert summary["errors_by_rank"] == {"0": error(0, "restore"), "1": error(1, "restore")}, summary
+    assert r.stderr.count(f"error: {error(0, 'restore')}") == 1, r.stderr[-3000:]
+    assert f"last checkpoint: step 1 in {run / 'checkpoints'}" in r.stderr, r.stderr[-3000:]
+    assert elapsed < NO_HANG_S, elapsed
+
+
+@pytest.mark.parametrize("fail", ["0", "1"])
+def test_an_error_of_one_rank_outside_any_shared_step_reaches_rank_0(tmp_path, monkeypatch, fail):
+    """One rank raises before the resume check's collective (as a bug would), the other waits in it: the failing rank
+    posts its error and leaves the process group, which breaks the other's collective at once; rank 0 names the
+    first error (the cause) and the other ranks' (a broken collective) beside it."""
+    run = tmp_path / "r"
+    r, out, elapsed = run_worker(monkeypatch, run, fail, "resume_point")
+    assert r.returncode == 1, out[-3000:]
+    rank = int(fail)
+    assert f"{error(rank, 'resume_point')}\n" in r.stderr, out[-3000:]  # its traceback's last line
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 0, None), summary
+    assert (summary["error"], summary["error_rank"]) == (error(rank, "resume_point"), rank), summary
+    assert sorted(summary["errors_by_rank"]) == ["0", "1"], summary
+    assert r.stderr.count(f"error: {error(rank, 'resume_point')}") == 1, r.stderr[-3000:]
+    assert elapsed < NO_HANG_S, elapsed
+
+
+def test_one_process_set_up_error_writes_the_summary(tmp_path, monkeypatch, capsys):
+    """One process: an unplanned error while the model is built is exit code 1 with its traceback and
+    summary.json; a bad flag found in the set-up stays exit code 2 with one line and no summary."""
+    from scripts import base_train
+    from test_train_e2e import train
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("simulated CUDA out of memory")
+
+    real_build_model = base_train.build_model
+    monkeypatch.setattr(base_train, "build_model", out_of_memory)
+    assert train(tmp_path / "r") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "error: RuntimeError: simulated CUDA out of memory\n" in err, err
+    summary = summary_of(tmp_path / "r")
+    assert (summary["stop_reason"], summary["error"], summary["step"]) == \
+        ("error", "RuntimeError: simulated CUDA out of memory", 0), summary
+    assert "error_rank" not in summary and "errors_by_rank" not in summary, summary
+    monkeypatch.setattr(base_train, "build_model", real_build_model)
+    assert train(tmp_path / "bad", "--resume", "1") == 2  # no checkpoint 1: refused as before, nothing written
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (tmp_path / "bad" / "summary.json").exists()
