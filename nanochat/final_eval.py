@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import GroupStore, is_dist, post_rank_error, print0, rank_errors_posted
+from nanochat.common import GroupStore, is_dist, post_rank_error, print0
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, evaluation_complete,
                                   partial_path)
 from nanochat.report import train_rows_description
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
-from nanochat.train_end import last_checkpoint_step, wait_for_rank0_summary, write_summary_after_error
+from nanochat.train_end import (errors_of_failing_ranks, last_checkpoint_step, wait_for_rank0_summary,
+                                write_summary_after_error)
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
 
@@ -187,13 +188,15 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
     """After FinalEvalError, on every rank that raised it: each prints its traceback; rank 0 says what to do and
     writes summary.json (stop_reason final_eval_error): the error (the first rank's to fail), the evaluations that
     finished (``evals``), the step. No collective: a rank may wait in one that cannot complete, or be gone (the ranks
-    agreed through the store); the others wait there for rank 0's word, a bounded time (train_end.wait_for_rank0_summary)."""
+    agreed through the store); the others wait there for rank 0's word, a bounded time (wait_for_rank0_summary).
+    Rank 0 waits for the others' errors only once a rank other than 0 has posted one (errors_of_failing_ranks): its
+    error alone ends the job at once."""
     traceback.print_exception(e.error)
     if run.rank != 0:  # rank 0's failure first, then its summary (torchrun ends the ranks left once one has exited)
         key = f"final_eval/{e.evaluation}"
         wait_for_rank0_summary(GroupStore.of_the_group(), f"{key}/failed/0", f"{key}/summary")
         return
-    step, errors = run.loop["step"], rank_errors_posted(f"final_eval/{e.evaluation}/error")
+    step, errors = run.loop["step"], errors_of_failing_ranks(f"final_eval/{e.evaluation}/error", wait_after_own=False)
     first_rank, error = next(iter(errors.items()), (0, str(e)))
     fields = {**evals, "error": error, "training_stop_reason": e.training_stop,
               "last_checkpoint": last_checkpoint_step(run)}  # the step's: the final evaluation follows its save

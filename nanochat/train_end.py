@@ -261,19 +261,23 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     return 1
 
 
-def errors_of_failing_ranks(key: str = ERROR_KEY, group: GroupStore | None = None) -> dict[int, str]:
+def errors_of_failing_ranks(key: str = ERROR_KEY, group: GroupStore | None = None,
+                            wait_after_own: bool = True) -> dict[int, str]:
     """The errors posted under ``key`` (in ``group``'s store; the default group's if None), in the order the ranks
     failed ({}: one process, or the store gone). Ranks that fail at once (an OOM at the same batch, a bug every rank
     meets) post within moments of each other: when rank 0 posted first, it waits (bounded by final_eval's
     AGREEMENT_WAIT_S) until every rank has posted, so the summary names them all. A rank that is not failing waits
     in a collective and posts nothing before rank 0 has exited (or left the group, as after a set-up error), so an
     error of rank 0 alone in training costs the whole wait (a multi-rank job only); an error that broke rank 0's
-    collective costs none: the rank that left posted first."""
+    collective costs none: the rank that left posted first. ``wait_after_own`` False (the final evaluation, where
+    a lone rank 0's failure ends the job at once): rank 0 waits only once a rank other than 0 has posted, the sign
+    of an error that several ranks meet, for the ranks that have not yet (a world of 3 or more)."""
     from nanochat.final_eval import AGREEMENT_WAIT_S  # here: final_eval imports this module
 
     group = group or GroupStore.of_the_group()
     errors = rank_errors_posted(key, group)
-    if not errors or next(iter(errors)) != 0:
+    others_failed = any(rank != 0 for rank in errors)
+    if not errors or (next(iter(errors)) != 0 if wait_after_own else not others_failed):
         return errors
     deadline = time.monotonic() + AGREEMENT_WAIT_S
     try:

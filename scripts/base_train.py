@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
             print_error(e)  # once, where every rank raised it together
             return 2
-        except Exception as e:  # unplanned (an OOM, a corrupt checkpoint, a bug): every rank stops, summary.json says so
+        except Exception as e:  # unplanned (an OOM, a corrupt checkpoint, a bug): every rank stops, with a summary
             return stop_set_up_by_error(args, progress, e)
         return execute(run, resumed_at)
 

@@ -110,3 +110,34 @@ def test_one_process_set_up_error_writes_the_summary(tmp_path, monkeypatch, caps
     assert train(tmp_path / "bad", "--resume", "1") == 2  # no checkpoint 1: refused as before, nothing written
     assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "bad" / "summary.json").exists()
+
+
+def test_rank_0_waits_for_the_others_errors_only_as_told(monkeypatch):
+    """errors_of_failing_ranks on rank 0 of 3, against a real c10d store: training's rule waits (bounded) once rank
+    0 posted first; the final evaluation's (wait_after_own=False) ends at once when rank 0 failed alone, and waits
+    for the rest once another rank has posted, so a third rank's error a moment later is in the summary too."""
+    import threading
+
+    import torch.distributed as dist
+
+    from nanochat import final_eval
+    from nanochat.common import GroupStore, post_rank_error
+    from nanochat.train_end import errors_of_failing_ranks
+
+    store = dist.HashStore()
+    ranks = [GroupStore(store, rank, 3) for rank in range(3)]
+    monkeypatch.setattr(final_eval, "AGREEMENT_WAIT_S", 30.0)
+    post_rank_error("lone", "E0", ranks[0])
+    started = time.monotonic()
+    assert errors_of_failing_ranks("lone", ranks[0], wait_after_own=False) == {0: "E0"}
+    assert time.monotonic() - started < 5  # far below the 30 s it would wait
+    post_rank_error("several", "E1", ranks[1])
+    post_rank_error("several", "E0", ranks[0])
+    later = threading.Timer(0.3, post_rank_error, ("several", "E2", ranks[2]))
+    later.start()
+    assert errors_of_failing_ranks("several", ranks[0], wait_after_own=False) == {1: "E1", 0: "E0", 2: "E2"}
+    later.join()
+    monkeypatch.setattr(final_eval, "AGREEMENT_WAIT_S", 0.3)
+    started = time.monotonic()
+    assert errors_of_failing_ranks("lone", ranks[0]) == {0: "E0"}  # training: rank 0 first waits for the others
+    assert time.monotonic() - started >= 0.3
