@@ -27,7 +27,9 @@ a --resume writes it); 3 = non-finite loss or parameters (nothing saved for the 
 checked finite when it was saved, the message names the last one and how to continue from it with lower LRs); 1 =
 any other error (in the final evaluation: stop_reason "final_eval_error", the step's checkpoint saved, --resume
 reruns it; else stop_reason "error", also for an error in the run dir's set-up before the first step (config.json
-on a full disk: one line, no traceback): the traceback on stderr, then the last checkpoint and how to continue; under
+on a full disk: one line, no traceback) and for an unplanned one in the set-up before it (an OOM while the model is
+built, a corrupt checkpoint, a bug: every rank stops together; summary.json only where the run dir is this run's, a
+fresh one or a --resume): the traceback on stderr, then the last checkpoint and how to continue; under
 torchrun rank 0 writes the error of the first rank to fail, "error_rank" and "errors_by_rank" beside it when it was
 another rank's or several failed). A stop by an error writes "error" and "last_checkpoint" in summary.json; a second
 Ctrl-C aborts at once, without one.
