@@ -413,8 +413,8 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
     print(f"error: {first}{where}\ntraining stopped before step {(last or 0) + 1}: the set-up failed",
           file=sys.stderr, flush=True)
     if progress.run_dir is None:
-        print("summary.json not written: the set-up failed before the run dir was this run's", file=sys.stderr,
-              flush=True)
+        print("summary.json not written: the run dir was not yet this run's (not claimed yet, or it still holds the "
+              "run --overwrite deletes)", file=sys.stderr, flush=True)
         return
     print(way_on_after_error(progress.run_dir, last), file=sys.stderr, flush=True)
     summary = {"run_name": args.run_name, "run_dir": str(progress.run_dir), "stop_reason": "error",

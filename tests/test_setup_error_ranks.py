@@ -110,6 +110,13 @@ def test_one_process_set_up_error_writes_the_summary(tmp_path, monkeypatch, caps
     assert train(tmp_path / "bad", "--resume", "1") == 2  # no checkpoint 1: refused as before, nothing written
     assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "bad" / "summary.json").exists()
+    # a fresh start over a finished run with --overwrite: that run is deleted only once the set-up has finished, so
+    # an error before keeps its summary.json (the error is said, not written over the run it did not replace)
+    assert train(tmp_path / "done", "--num-iterations", "1") == 0
+    monkeypatch.setattr(base_train, "build_model", out_of_memory)
+    assert train(tmp_path / "done", "--num-iterations", "1", "--overwrite") == 1
+    assert "summary.json not written: the run dir was not yet this run's" in capsys.readouterr().err
+    assert summary_of(tmp_path / "done")["stop_reason"] == "completed"
 
 
 def test_rank_0_waits_for_the_others_errors_only_as_told(monkeypatch):
