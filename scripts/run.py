@@ -13,13 +13,18 @@ continue it (the same command, with --resume auto in place of a ``-- --overwrite
 which replace ``--resume auto``) and the log path. Relative paths (the config, --runs-root, and --data-dir,
 --tokenizer-dir, --bundle, --init-from after ``--``) are the caller's: base_train gets them absolute. A seed whose
 checkpoint was trained with other flags is not continued: base_train names the runner command that starts it
-afresh (``--seeds N ... -- ... --overwrite``, its paths absolute). ``--plan`` prints the exact commands and exits
-without importing torch or touching data. Hardware overrides keep the total batch size fixed (the gradient-accumulation
-count changes instead); batch flags given to base_train after ``--`` are checked the same way.
+afresh (``--seeds N ... -- ... --overwrite``, its paths absolute). Before the first seed starts, and with ``--plan``,
+each seed's base_train flags are parsed by base_train's own parser: a bad [train] key or value, or a bad flag after
+``--``, stops the runner naming the file and the key. ``--plan`` prints the exact commands and exits without touching
+data or devices (on a Python without torch, which the parser needs, it plans unchecked and says so). Hardware
+overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags given to
+base_train after ``--`` are checked the same way.
 """
 
 import argparse
+import contextlib
 import ctypes
+import io
 import os
 import shlex
 import signal
@@ -156,6 +161,35 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
             cmd = [sys.executable, *train_cmd]
         out.append((seed, run_dir, cmd))
     return out
+
+
+def check_train_flags(commands: list[tuple[int, Path, list[str]]]) -> None:
+    """Parse each seed's base_train argv with base_train's own parser, here and before any seed starts: a bad
+    [train] key or value (and a bad flag after ``--``) is then refused by --plan, and not only when base_train
+    starts, after the earlier seeds have trained. The parse includes the checks of the parsed flags that need no
+    data, model or device; ``--dry-run`` is added to the checked argv for that alone (a CUDA row is planned
+    anywhere; base_train checks its device itself). Raises ValueError with base_train's message (which names the
+    --config file and its key). A Python without torch (base_train's parser needs it) plans unchecked, and says so.
+    Nothing is written and the commands are not changed."""
+    try:
+        from nanochat.train_args import parse_args
+    except ModuleNotFoundError as e:
+        if (e.name or "nanochat").split(".")[0] in ("nanochat", "scripts"):  # a broken checkout, not a bare Python
+            raise
+        print(f"[run] note: base_train's flags are not checked: this Python has no {e.name} (base_train's parser "
+              "needs it)", file=sys.stderr)
+        return
+    for seed, _, cmd in commands:
+        argv = cmd[cmd.index("scripts.base_train") + 1:]
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):  # argparse's usage and error, and any warning of the parse
+                parse_args([*argv, "--dry-run"])
+        except SystemExit as e:
+            if not e.code:  # a --help after --, printed once here
+                return
+            message = said.getvalue().strip().split(": error: ", 1)[-1]
+            raise ValueError(f"{message} (base_train's flags of seed {seed}; no seed was started)") from None
 
 
 def afresh_command(config: str, extra: list[str], seed: int, runner_flags: list[str]) -> str | None:
@@ -313,7 +347,8 @@ def main(argv=None) -> None:
         argv, extra = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="a configs/<table>/<row>.toml file")
-    p.add_argument("--plan", action="store_true", help="print the commands and exit (no torch, no data)")
+    p.add_argument("--plan", action="store_true",
+                   help="check the flags, print the commands and exit (no data, no devices)")
     p.add_argument("--seeds", default=None, help="comma list (default: the row's seeds)")
     p.add_argument("--nproc-per-node", type=int, default=None, help="GPUs/processes (default: the row's)")
     p.add_argument("--device-batch-size", type=int, default=None, help="rows per micro-batch (total batch stays fixed)")
@@ -336,6 +371,10 @@ def main(argv=None) -> None:
         p.error(str(e))
     # resolved here, once, as the afresh command resolves it: base_train runs from the repo root, the user may not
     commands = build_commands(cfg, seeds, nproc, device_batch, Path(_absolute(args.runs_root)), extra)
+    try:
+        check_train_flags(commands)
+    except ValueError as e:
+        p.error(str(e))
     if args.plan:
         say(f"# {cfg['row']['table']}/{cfg['row']['name']}: {len(seeds)} seed(s), nproc {nproc}, "
             f"device batch {device_batch}, grad accum {accum}\n")
