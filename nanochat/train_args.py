@@ -262,7 +262,7 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
         raise ValueError(f"--config {path}: file not found")
     data = parse_toml(file, f"--config {path}")
     if any(isinstance(v, dict) for v in data.values()):  # a reproduction row config: [row], [train], [paper]
-        data = check_row_config(data, file, runner=False)["train"]  # the runner's checks, so they cannot drift
+        data = check_row_config(data, file, runner=False).get("train", {})  # the runner's checks: they cannot drift
     if not data:  # e.g. a file emptied by accident: the run would silently take every default
         raise ValueError(f"--config {path}: the file sets no key (drop --config, or fill it in)")
     actions = {a.dest: a for a in parser._actions if a.option_strings}

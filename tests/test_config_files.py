@@ -185,3 +185,10 @@ def test_a_value_only_a_resume_takes_is_checked_as_the_resume_parses_it(tmp_path
     cfg = write(tmp_path, "core-max-per-task = 0\n")
     assert parse_args(["--config", str(cfg), *TINY, "--resume"]).core_max_per_task == 0
     assert "--core-max-per-task" in refused(capsys, ["--config", str(cfg), *TINY])
+
+
+def test_a_row_config_without_a_train_table_sets_no_key(tmp_path, capsys):
+    """A row config of [row] alone was a KeyError traceback in base_train; it sets no flag, as an empty file."""
+    cfg = write(tmp_path, '[row]\ntable = "t"\nname = "r"\ntrain_shards = 3\n')
+    assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
+        f"--config {cfg}: the file sets no key (drop --config, or fill it in)")
