@@ -29,11 +29,17 @@ PAPER_ATTENTION = ("sdpa", "fa2", "fa3")  # [paper] attention: a resolved kernel
 def load_row_config(path) -> dict:
     """Read, parse and check a row config for the runner; errors name the file and the offending key."""
     path = Path(path)
+    return check_row_config(read_config(path, f"config {path}"), path)
+
+
+def read_config(path: Path, named: str) -> dict:
+    """The config file ``path`` (a row config or base_train's flat --config file), parsed: ``parse_toml``, after
+    a directory (ValueError) or a missing file (FileNotFoundError) is refused in one wording, led by ``named``."""
     if path.is_dir():
-        raise ValueError(f"config {path} is a directory, not a file (see configs/README.md for the list)")
+        raise ValueError(f"{named}: a directory, not a file (configs/README.md lists the row configs)")
     if not path.is_file():
-        raise FileNotFoundError(f"config {path} does not exist (see configs/README.md for the list)")
-    return check_row_config(parse_toml(path, f"config {path}"), path)
+        raise FileNotFoundError(f"{named}: file not found (configs/README.md lists the row configs)")
+    return parse_toml(path, named)
 
 
 def parse_toml(path: Path, named: str) -> dict:
@@ -100,14 +106,11 @@ def _check_count(path, key: str, value) -> None:
         raise ValueError(f"config {path}: {key} must be an integer >= 1 (got {value!r})")
 
 
-def paper_train_shards(config) -> tuple[int, str] | None:
-    """(training shards, dataset) of the paper's run for the row config at ``config`` (a --config path), None for
-    a row without ``[row] train_shards`` or a flat config file of flag defaults."""
-    if not config:
-        return None
-    cfg = parse_toml(Path(config), f"config {config}")  # already parsed and checked by train_args
-    shards = cfg.get("row", {}).get("train_shards") if isinstance(cfg.get("row"), dict) else None
-    return (shards, cfg["train"].get("dataset", "fineweb-edu")) if shards else None
+def paper_train_shards(cfg: dict) -> tuple[int, str] | None:
+    """(training shards, dataset) of the paper's run for a row config, parsed and checked (``check_row_config``);
+    None for a row without ``[row] train_shards``."""
+    shards = cfg["row"].get("train_shards")
+    return (shards, cfg.get("train", {}).get("dataset", "fineweb-edu")) if shards else None
 
 
 def find_configs(root=None) -> list[Path]:

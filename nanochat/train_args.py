@@ -29,7 +29,7 @@ from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.moe import MLP_KINDS
 from nanochat.optim import OptimConfig
-from nanochat.row_config import check_row_config, parse_toml
+from nanochat.row_config import check_row_config, paper_train_shards, read_config
 from nanochat.run_control import parse_flop_list
 from nanochat.schedules import ScheduleConfig
 
@@ -251,18 +251,16 @@ RESUME_VALUES = "'latest', 'auto' or a step number"
 TAKES = {"resume": RESUME_VALUES}
 
 
-def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
+def config_tokens(parser: argparse.ArgumentParser, path: str) -> tuple[list[str], tuple[int, str] | None]:
     """Turn a flat TOML file into command-line tokens. Each value is checked here as argparse would check it on the
     command line (type, choices), so an error names the file and the key; unknown keys, one flag under two
-    spellings and a file that sets nothing are errors too."""
+    spellings and a file that sets nothing are errors too. Also returns a row config's ``paper_train_shards``
+    (None for a flat file)."""
     file = Path(path)
-    if file.is_dir():
-        raise ValueError(f"--config {path}: a directory, not a file")
-    if not file.is_file():
-        raise ValueError(f"--config {path}: file not found")
-    data = parse_toml(file, f"--config {path}")
+    data, paper = read_config(file, f"--config {path}"), None
     if any(isinstance(v, dict) for v in data.values()):  # a reproduction row config: [row], [train], [paper]
-        data = check_row_config(data, file, runner=False).get("train", {})  # the runner's checks: they cannot drift
+        row = check_row_config(data, file, runner=False)  # the runner's checks, so they cannot drift
+        data, paper = row.get("train", {}), paper_train_shards(row)
     if not data:  # e.g. a file emptied by accident: the run would silently take every default
         raise ValueError(f"--config {path}: the file sets no key (drop --config, or fill it in)")
     actions = {a.dest: a for a in parser._actions if a.option_strings}
@@ -281,7 +279,7 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> list[str]:
             raise ValueError(f"--config {path}: keys {keys[dest]!r} and {key!r} both set {flag}; keep one")
         keys[dest] = key
         tokens += _key_tokens(f"--config {path}: key {key!r}", actions[dest], flag, value)
-    return tokens
+    return tokens, paper
 
 
 def _key_tokens(where: str, action: argparse.Action, flag: str, value) -> list[str]:
@@ -323,7 +321,15 @@ def _check_key_value(where: str, action: argparse.Action, value) -> None:
                              f"(got {value!r})") from None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+class TrainArgs(argparse.Namespace):
+    """base_train's parsed flags (``vars()``: what config.json records, a --resume compares and speedrun checks a
+    finished run with), and in a slot, outside ``vars()``, what the --config file says that is no flag:
+    ``paper_shards``, the row's ``paper_train_shards`` (None without one), from the parse that gave the flags."""
+
+    __slots__ = ("paper_shards",)
+
+
+def parse_args(argv: list[str] | None = None) -> TrainArgs:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = NodeParser(add_help=False, allow_abbrev=False)
@@ -338,18 +344,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--config given {len(known.config)} times ({', '.join(known.config)}): one config file per run; "
                      "put the keys of the others on the command line")
     known.config = known.config[0] if known.config else None
-    tokens = []
+    tokens, paper = [], None
     if known.config:
         try:
-            tokens = config_tokens(parser, known.config)
-        except ValueError as e:
+            tokens, paper = config_tokens(parser, known.config)
+        except (ValueError, FileNotFoundError) as e:
             parser.error(str(e))
     chosen = pre.parse_known_args(tokens + argv)[0]  # the command line's model type and memory win over the file's
     if chosen.resume is not None:
         refuse_unresumable_seeds(parser, chosen)
         parser = build_parser(resuming=True)
     parser.explain = functools.partial(with_config_source, config=known.config, tokens=tokens, argv=argv)
-    args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv)
+    args = parser.parse_args(preset_tokens(chosen.model_type, chosen.memory) + tokens + argv, TrainArgs())
+    args.paper_shards = paper
     if args.device_type != "auto" and not args.dry_run:  # a plan builds nothing: a GPU row is planned anywhere
         try:
             # compute_init's own check exits 1, after the tokenizer is read; a missing device's hint lists auto too

@@ -24,7 +24,7 @@ from nanochat.jsonfile import write_text_atomic
 from nanochat.memory import mome_mix, mome_triton
 from nanochat.memory.mome_triton import MAX_TILE, resolve_kernels
 from nanochat.plan import build_plan
-from nanochat.row_config import REPO, paper_train_shards
+from nanochat.row_config import REPO
 from nanochat.run_dir import ensure_writable, run_contents
 from nanochat.train_args import model_config
 from nanochat.train_loop import SyntheticLoader, gather_objects, synthetic_eval_rows
@@ -239,7 +239,7 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
 
     if args.synthetic_data:
         return []
-    data_dir, paper = _data_dir(args), paper_train_shards(args.config)
+    data_dir, paper = _data_dir(args), args.paper_shards
     try:
         manifest = load_manifest(data_dir)
     except DataError:

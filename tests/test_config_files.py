@@ -9,6 +9,7 @@ from scripts import run
 
 TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--dry-run"]
 BIGRAM = 'memory = "mome"\nmome-index = "bigram"\n'
+LISTED = "configs/README.md lists the row configs"
 
 
 def write(tmp_path, text: str, name: str = "c.toml"):
@@ -107,9 +108,10 @@ def test_an_empty_file_is_refused(tmp_path, capsys, text):
 
 
 def test_a_directory_a_missing_file_and_non_utf8_bytes_are_named(tmp_path, capsys):
-    assert refused(capsys, ["--config", str(tmp_path), *TINY]).endswith(f"--config {tmp_path}: a directory, not a file")
+    assert refused(capsys, ["--config", str(tmp_path), *TINY]).endswith(
+        f"--config {tmp_path}: a directory, not a file ({LISTED})")
     missing = tmp_path / "missing.toml"
-    assert refused(capsys, ["--config", str(missing), *TINY]).endswith(f"--config {missing}: file not found")
+    assert refused(capsys, ["--config", str(missing), *TINY]).endswith(f"--config {missing}: file not found ({LISTED})")
     cfg = write(tmp_path, b"depth = 2\n# caf\xe9\n")
     assert refused(capsys, ["--config", str(cfg), *TINY]).endswith(
         f"--config {cfg}: not UTF-8 text (byte 0xe9 at offset 15); TOML files are UTF-8")
@@ -151,12 +153,17 @@ def test_the_runner_names_a_bad_batch_key_or_process_count_of_a_row(tmp_path, ca
     assert stopped.value.code == 2 and "Traceback" not in capsys.readouterr().err
 
 
-def test_the_runner_names_a_non_utf8_or_directory_config(tmp_path):
+def test_the_runner_names_a_non_utf8_directory_or_missing_config(tmp_path):
+    """In base_train's words (one helper): the runner said "is a directory" and "does not exist"."""
     cfg = write(tmp_path, b'[row]\ntable = "t"\nname = "caf\xe9"\n')
     with pytest.raises(ValueError, match=rf"^config {cfg}: not UTF-8 text \(byte 0xe9 at offset 29\)"):
         load_row_config(cfg)
-    with pytest.raises(ValueError, match=rf"^config {tmp_path} is a directory, not a file"):
+    with pytest.raises(ValueError) as e:
         load_row_config(tmp_path)
+    assert str(e.value) == f"config {tmp_path}: a directory, not a file ({LISTED})"
+    with pytest.raises(FileNotFoundError) as e:
+        load_row_config(tmp_path / "missing.toml")
+    assert str(e.value) == f"config {tmp_path / 'missing.toml'}: file not found ({LISTED})"
 
 
 def test_a_misspelled_key_names_the_flag_it_is_close_to(tmp_path, capsys):

@@ -92,6 +92,21 @@ def test_fewer_or_more_shards_than_the_paper_read_warn_with_the_prepare_command(
     assert lines == [f"{'data passes':>26}: unknown: no prepared data in {tmp_path / 'none'} yet"]
 
 
+def test_the_paper_shards_come_from_the_parse_that_gave_the_flags(tmp_path, two_shard_dir, tiny_tokenizer_dir):
+    """data_passes_lines parsed the --config file a second time: a file edited after the flags were read was
+    described by its new [row] train_shards. The parse's own value rides on the args, outside vars(args), which
+    config.json records (and a --resume and speedrun compare) as the flags alone."""
+    config = _row_config(tmp_path, 5)
+    args = _args(config, two_shard_dir, tiny_tokenizer_dir)
+    config.write_text(config.read_text().replace("train_shards = 5", "train_shards = 7"))
+    lines = data_passes_lines(args, 10 * TRAIN["total-batch-size"], None)
+    assert "the paper trained this row on 5 fineweb-edu train shards" in lines[1], lines
+    assert args.paper_shards == (5, "fineweb-edu") and "paper_shards" not in vars(args)
+    flat = tmp_path / "flat.toml"
+    flat.write_text("depth = 2\n")
+    assert _args(flat, two_shard_dir, tiny_tokenizer_dir).paper_shards is None
+
+
 def test_the_prepare_command_names_the_runs_data_dir(tmp_path, two_shard_dir, tiny_tokenizer, tiny_tokenizer_dir,
                                                     monkeypatch):
     """The prepare_data command of the hint and of the warning omitted --data-dir: followed, it prepared the
