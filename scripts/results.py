@@ -131,9 +131,10 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     label = row.get("label", row["name"]) + (RECONSTRUCTED_MARK if row.get("reconstructed") else "")
     out = {"table": row["table"], "row": row["name"], "label": label, "order": row.get("order", 0), "reconstructed": bool(row.get("reconstructed")),
            "seeds": len(summaries), "paper": cfg.get("paper", {})}
-    for key, _, _, _ in METRICS:
-        out[key] = mean_std([s.get(key) for s in summaries])
     out["train_bpb"], out["train_bpb_first_read"], rows_notes = train_bpb_mean(names, summaries)
+    for key, _, _, _ in METRICS:
+        if key != "train_bpb":  # train_bpb_mean's: over the seeds whose train bpb read rows of one kind
+            out[key] = mean_std([s.get(key) for s in summaries])
     notes += rows_notes
     out["core_label"] = sorted({s.get("core_label") or "CORE" for s in summaries if s.get("core") is not None})
     if len(out["core_label"]) > 1:
