@@ -517,6 +517,7 @@ def test_row_runner_goes_on_to_the_next_seed_when_its_stdout_is_gone(tmp_path):
                 for seed, run in runs.items()]
     runner = [sys.executable, "-c", "import json, sys; from pathlib import Path; import scripts.run as r; "
               "r.build_commands = lambda *a: [(s, Path(d), c) for s, d, c in json.loads(sys.argv[1])]; "
+              "r.check_train_flags = lambda commands: None; "  # the stand-ins are no base_train commands
               "r.main(['configs/mini/base.toml', '--seeds', '42,43', '--runs-root', sys.argv[2]])",
               json.dumps([(seed, str(run), cmd) for seed, run, cmd in commands]), str(tmp_path)]
     proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
