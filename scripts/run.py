@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 from nanochat.cli_types import SEED_MAX, is_seed
@@ -164,15 +165,16 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
 
 
 def check_train_flags(commands: list[tuple[int, Path, list[str]]]) -> None:
-    """Parse each seed's base_train argv with base_train's own parser, here and before any seed starts: a bad
-    [train] key or value (and a bad flag after ``--``) is then refused by --plan, and not only when base_train
-    starts, after the earlier seeds have trained. The parse includes the checks of the parsed flags that need no
-    data, model or device; ``--dry-run`` is added to the checked argv for that alone (a CUDA row is planned
-    anywhere; base_train checks its device itself). Raises ValueError with base_train's message (which names the
-    --config file and its key). A Python without torch (base_train's parser needs it) plans unchecked, and says so.
-    Nothing is written and the commands are not changed."""
+    """Check each seed's base_train argv as base_train will, here and before any seed starts: a bad [train] key or
+    value (and a bad flag after ``--``) is then refused by --plan, and not only when base_train starts, after the
+    earlier seeds have trained. Its parse (the checks of the parsed flags included) and, for a row that pins
+    --vocab-size (the shipped rows do), its model config (memory and geometry flags: no model is built, no data or
+    tokenizer read); ``--dry-run`` is added to the checked argv, which then skips the device probe (a CUDA row is
+    planned anywhere; base_train probes its device itself) and only warns of a missing slot map. Raises ValueError
+    with base_train's message (which names the --config file and its key). A Python without torch (base_train's
+    parser needs it) plans unchecked, and says so. Nothing is written and the commands are not changed."""
     try:
-        from nanochat.train_args import parse_args
+        from nanochat.train_args import model_config, parse_args
     except ModuleNotFoundError as e:
         if (e.name or "nanochat").split(".")[0] in ("nanochat", "scripts"):  # a broken checkout, not a bare Python
             raise
@@ -183,13 +185,21 @@ def check_train_flags(commands: list[tuple[int, Path, list[str]]]) -> None:
         argv = cmd[cmd.index("scripts.base_train") + 1:]
         said = io.StringIO()
         try:
-            with contextlib.redirect_stderr(said):  # argparse's usage and error, and any warning of the parse
-                parse_args([*argv, "--dry-run"])
+            # argparse's usage and error are read from stderr; a warning is base_train's to give when it runs
+            with contextlib.redirect_stderr(said), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                args = parse_args([*argv, "--dry-run"])
+                if args.vocab_size is not None:  # otherwise the tokenizer's: base_train's preflight checks it
+                    model_config(args, args.vocab_size)
         except SystemExit as e:
             if not e.code:  # a --help after --, printed once here
                 return
             message = said.getvalue().strip().split(": error: ", 1)[-1]
-            raise ValueError(f"{message} (base_train's flags of seed {seed}; no seed was started)") from None
+        except ValueError as e:  # base_train's preflight prints these as they are
+            message = str(e)
+        else:
+            continue
+        raise ValueError(f"{message} (base_train's flags of seed {seed}; no seed was started)")
 
 
 def afresh_command(config: str, extra: list[str], seed: int, runner_flags: list[str]) -> str | None:

@@ -53,6 +53,8 @@ def test_a_misspelled_train_key_is_refused_by_plan_and_before_the_first_seed(tmp
     # a value only base_train's checks of the parsed flags refuse: the file and its key are named
     ("\n[train]\n", "\n[train]\nwarmup-ratio = 1.5\n", "(--warmup-ratio from --config {cfg})"),
     ('memory = "base"', 'memory = "mem"', "--config {cfg}: key 'memory' must be one of 'base', "),
+    # base_train's preflight, from the row's pinned --vocab-size: the model config of the flags, no model built
+    ("\n[train]\n", "\n[train]\nmome-slots = 8\n", "--mome-slots only applies to --memory mome (got --memory base)"),
     # the runner's --run-name of the row's seeds: base_train takes a plain name only
     ('name = "base"', 'name = "base/x"', "--run-name must be a plain name without '/' (got 'mini_base/x_seed42')"),
 ])
