@@ -14,11 +14,11 @@ which replace ``--resume auto``) and the log path. Relative paths (the config, -
 --tokenizer-dir, --bundle, --init-from after ``--``) are the caller's: base_train gets them absolute. A seed whose
 checkpoint was trained with other flags is not continued: base_train names the runner command that starts it
 afresh (``--seeds N ... -- ... --overwrite``, its paths absolute). Before the first seed starts, and with ``--plan``,
-each seed's base_train flags are parsed by base_train's own parser: a bad [train] key or value, or a bad flag after
-``--``, stops the runner naming the file and the key. ``--plan`` prints the exact commands and exits without touching
-data or devices (on a Python without torch, which the parser needs, it plans unchecked and says so). Hardware
-overrides keep the total batch size fixed (the gradient-accumulation count changes instead); batch flags given to
-base_train after ``--`` are checked the same way.
+each seed's base_train flags are checked with base_train's own parser (and its model config, where the row pins
+--vocab-size): a bad [train] key or value, or a bad flag after ``--``, stops the runner naming the file and the
+key. ``--plan`` prints the exact commands and exits without touching data or devices (on a Python without torch,
+which the parser needs, it plans unchecked and says so). Hardware overrides keep the total batch size fixed (the
+gradient-accumulation count changes instead); batch flags given to base_train after ``--`` are checked the same way.
 """
 
 import argparse
