@@ -25,7 +25,7 @@ import torch
 from nanochat.gpt import GPT, GPTConfig
 from nanochat.llama import Llama, LlamaConfig, llama_ffn_hidden
 from nanochat.moe import FFN_FIELDS
-from nanochat.optim import OptimConfig, build_param_groups
+from nanochat.optim import OptimConfig
 from nanochat.qwen3 import Qwen3, Qwen3Config, qwen3_ffn_hidden
 
 
@@ -87,8 +87,26 @@ def preset_tokens(model_type: str, memory: str = "base") -> list[str]:
     return tokens
 
 
+def check_families() -> None:
+    """Each family's config class names its registry key (``config_cls.family``: what meta.json records and
+    ``family_of`` dispatches on); a subclass that forgot to override it would build, save and reload as its parent."""
+    for name, fam in FAMILIES.items():
+        _check_family(name, fam)
+
+
+def _check_family(name: str, fam: Family) -> None:
+    if fam.config_cls.family != name:
+        raise ValueError(f"families.FAMILIES[{name!r}]: {fam.config_cls.__name__}.family is "
+                         f"{fam.config_cls.family!r}; set it to {name!r} (the registry key)")
+
+
 def family_of(config) -> Family:
-    return FAMILIES[config.family]
+    name = config.family
+    if name not in FAMILIES:
+        raise ValueError(f"model config names an unknown family {name!r}; known: {', '.join(FAMILIES)}")
+    registered = next((key for key, fam in FAMILIES.items() if fam.config_cls is type(config)), name)
+    _check_family(registered, FAMILIES[registered])
+    return FAMILIES[name]
 
 
 def config_from_args(args, vocab_size: int, memory: dict):
@@ -115,9 +133,9 @@ def config_from_args(args, vocab_size: int, memory: dict):
             if value not in (-1, None):
                 raise ValueError(f"{flag} does not apply to --model-type {name} (MHA, 4C relu^2 MLP, untied head)")
         if args.model_dim == -1:
-            return GPTConfig.from_depth(args.depth, args.aspect_ratio, args.head_dim, **common)
+            return fam.config_cls.from_depth(args.depth, args.aspect_ratio, args.head_dim, **common)
         heads = args.num_heads if args.num_heads != -1 else args.model_dim // args.head_dim
-        return GPTConfig(n_layer=args.depth, n_head=heads, n_kv_head=heads, n_embd=args.model_dim, **common)
+        return fam.config_cls(n_layer=args.depth, n_head=heads, n_kv_head=heads, n_embd=args.model_dim, **common)
     width = args.model_dim if args.model_dim != -1 else math.ceil(args.depth * args.aspect_ratio / args.head_dim) * args.head_dim
     heads = args.num_heads if args.num_heads != -1 else width // args.head_dim
     if fam.head_dim_from_width:
@@ -136,12 +154,13 @@ def config_from_args(args, vocab_size: int, memory: dict):
 
 def config_from_dict(d: dict):
     """Inverse of ``config.to_dict()`` (checkpoint meta.json); a dict without "family" is a nanochat GPT."""
-    name = d.get("family", "nanochat")
+    name = d.get("family", GPTConfig.family)
     if name not in FAMILIES:
         raise ValueError(f"model config names an unknown family {name!r}; known: {', '.join(FAMILIES)}")
-    if name == "nanochat":  # GPTConfig.family is a class constant, not a field
+    cls = FAMILIES[name].config_cls
+    if "family" not in {f.name for f in fields(cls)}:  # a class constant (the GPT configs), not a field
         d = {k: v for k, v in d.items() if k != "family"}
-    return FAMILIES[name].config_cls(**d)
+    return cls(**d)
 
 
 class _NoNormalOnMeta(torch.overrides.TorchFunctionMode):
@@ -183,9 +202,8 @@ def model_summary(config) -> dict[str, int]:
 
 
 def param_groups(model, oc: OptimConfig) -> list[dict]:
-    """The optimizer groups of ``model``'s family (nanochat: optim.build_param_groups)."""
-    if model.config.family == "nanochat":
-        return build_param_groups(model, oc)
+    """The optimizer groups of ``model`` (every model class has ``param_groups(oc)``; nanochat's GPT:
+    optim.build_param_groups)."""
     return model.param_groups(oc)
 
 
@@ -203,3 +221,6 @@ def optimizer_fields_without_effect(config, oc: OptimConfig, names) -> list[str]
     used = hyperparameters(oc)
     return [name for name in names
             if hyperparameters(replace(oc, **{name: 0.5 * (getattr(oc, name) or 0.0) + 0.123})) == used]
+
+
+check_families()  # at import: a mis-registered family fails before any run starts

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from nanochat.memory import build_memory
 from nanochat.moe import MoEFFN, ReluSquaredMLP, check_mlp_config, inactive_expert_params
+from nanochat.optim import OptimConfig, build_param_groups
 
 ROPE_BASE = 10000.0
 LOGIT_SOFTCAP = 15.0
@@ -47,7 +48,9 @@ def shortest_period(pattern: str) -> str:
 
 @dataclass
 class GPTConfig:
-    family: ClassVar[str] = "nanochat"  # nanochat.families registry key (not a field: meta.json stays as it was)
+    # nanochat.families registry key; not a field, so nanochat's meta.json stays as it was (a subclass registered as
+    # another family overrides it, and to_dict records it)
+    family: ClassVar[str] = "nanochat"
     # fields that steer training only (no forward depends on them): --init-from may change them, --resume may not
     training_fields: ClassVar[tuple[str, ...]] = ("moe_balance_lr",)  # the step of the selection-bias update
     sequence_len: int = 2048
@@ -129,6 +132,8 @@ class GPTConfig:
             d = {k: v for k, v in d.items() if k != "mlp" and not k.startswith("moe_")}
         if self.window_pattern == "L":
             del d["window_pattern"]
+        if self.family != GPTConfig.family:  # a GPT-variant family (nanochat.families.config_from_dict reads it)
+            d["family"] = self.family
         return d
 
 
@@ -391,6 +396,10 @@ class GPT(nn.Module):
 
     def _rotary(self):
         return rotary_tables(self.rotary_len, self.config.head_dim, self.rope_cos.device)
+
+    def param_groups(self, oc: OptimConfig) -> list[dict]:
+        """The optimizer groups (``nanochat.families.param_groups`` asks every model class for its own)."""
+        return build_param_groups(self, oc)
 
     # -- accounting ---------------------------------------------------------------------------------------
     def memory_table_params(self) -> list[nn.Parameter]:
