@@ -22,8 +22,8 @@ from nanochat.cli_types import (SEED_MAX, NodeParser, count_or_all, count_or_all
                                 seed_int, unresumable_seeds)
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
-from nanochat.families import (MODEL_TYPES, config_from_args, family_name, optimizer_fields_without_effect,
-                               preset_tokens)
+from nanochat.families import (FAMILIES, MODEL_TYPES, config_from_args, family_name,
+                               optimizer_fields_without_effect, preset_tokens)
 from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig, check_window_pattern
 from nanochat.memory import add_memory_args, memory_config_from_args
 from nanochat.memory.mome_mix import MOME_KERNELS
@@ -502,7 +502,8 @@ def check_geometry(args: argparse.Namespace) -> None:
             raise ValueError(f"--num-heads must be >= 1 or -1 (got {args.num_heads})")
         if args.model_dim == -1:
             raise ValueError("--num-heads needs an explicit --model-dim")
-        split = family_name(args.model_type) != "qwen3"  # qwen3's head size is --head-dim, not model-dim / heads
+        # d = C/H (--num-heads picks H), or d = --head-dim (Qwen3): the family registry's rule
+        split = FAMILIES[family_name(args.model_type)].head_dim_from_width
         if split and (args.model_dim % args.num_heads or (args.model_dim // args.num_heads) % 2):
             raise ValueError(f"--model-dim {args.model_dim} must split into --num-heads {args.num_heads} heads of even size")
         size = args.model_dim // args.num_heads
