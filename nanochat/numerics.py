@@ -25,6 +25,9 @@ on CUDA; our weights are fp32 under autocast, so GPU numbers agree to bf16 round
 import torch
 
 NUMERICS = ("ours", "reference")
+# the families the authors' code has, and their RoPE tables (families spec §8): MobileLLM keeps fp32 tables,
+# nanochat and Qwen3 cast them to bf16. Another family has no reference numerics to reproduce.
+REFERENCE_ROPE = {"nanochat": "bf16-rounded", "mobilellm": "fp32", "qwen3": "bf16-rounded"}
 
 
 def check_numerics(mode: str) -> None:
@@ -38,14 +41,15 @@ def apply_numerics(model, mode: str) -> dict:
     check_numerics(mode)
     if mode == "ours":
         return {"numerics": "ours"}
-    # the authors' MobileLLM keeps its RoPE tables in fp32; their nanochat and Qwen3 models cast them to bf16
-    # (families spec §8)
-    fp32_rope = getattr(model.config, "family", "nanochat") == "mobilellm"
-    if not fp32_rope:
+    family = model.config.family
+    if family not in REFERENCE_ROPE:
+        raise ValueError(f"--numerics reference: the authors' code has no --model-type {family} (it has "
+                         f"{', '.join(REFERENCE_ROPE)}), so there are no reference numerics to reproduce; use "
+                         "--numerics ours")
+    if REFERENCE_ROPE[family] == "bf16-rounded":
         for buf in (model.rope_cos, model.rope_sin):
             buf.copy_(buf.to(torch.bfloat16).to(buf.dtype))
-    out = {"numerics": "reference", "rotary_tables": "fp32" if fp32_rope else "bf16-rounded",
-           "token_bytes": "utf8-of-decoded-token"}
+    out = {"numerics": "reference", "rotary_tables": REFERENCE_ROPE[family], "token_bytes": "utf8-of-decoded-token"}
     memory = model.memory
     if hasattr(memory, "reference_gating"):
         if memory.opts.routing != "context" or hasattr(memory, "router_bias"):
@@ -64,7 +68,7 @@ def _reference_long_prompts(model) -> dict:
     T = model.config.sequence_len
     model.core_crop_len = model.rotary_len  # read by nanochat.core_eval.crop_length
     out = {"core_crop": f"left to the rotary table's {model.rotary_len} tokens (theirs crops nothing)"}
-    if getattr(model.config, "family", "nanochat") != "nanochat":
+    if model.config.family != "nanochat":  # apply_numerics refused the families the authors' code lacks
         out["attention_windows"] = "full causal at any length, as theirs"
         return out
     for block, window in zip(model.blocks, model.config.attention_windows):

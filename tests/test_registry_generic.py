@@ -99,3 +99,13 @@ def test_block_flag_default_is_the_options_default(block, flag, key, kwargs):
     assert key in defaults, f"{flag}: {MEMORY_BLOCKS[block].Options.__name__} has no field {key!r}"
     assert kwargs["default"] == defaults[key] and type(kwargs["default"]) is type(defaults[key]), \
         f"{flag} default {kwargs['default']!r} != {MEMORY_BLOCKS[block].Options.__name__}.{key} {defaults[key]!r}"
+
+
+def test_reference_numerics_refuse_a_family_the_authors_code_lacks(variant_family):
+    from nanochat.numerics import apply_numerics
+
+    model = build_model(VariantGPTConfig(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2,
+                                         n_embd=32), seed=0)
+    with pytest.raises(ValueError, match="--numerics reference: .*--model-type gpt-variant.*--numerics ours"):
+        apply_numerics(model, "reference")
+    assert apply_numerics(model, "ours") == {"numerics": "ours"}
