@@ -100,6 +100,32 @@ def _check_family(name: str, fam: Family) -> None:
                          f"{fam.config_cls.family!r}; set it to {name!r} (the registry key)")
 
 
+def preset_lines(args) -> list[str]:
+    """What ``preset_tokens`` applied to this run, for base_train's start and --dry-run: each preset's flags (a value
+    that a --config file or the command line replaced says so), and a line when the family has table presets for
+    other designs but none for --memory (its tables then train at the flags' memory AdamW, not a family preset)."""
+    family = family_name(args.model_type)
+    applied = ((f"--model-type {args.model_type}", NAMED_SIZES.get(args.model_type, ("", {}))[1]),
+               (f"{family} recipe", FAMILY_RECIPES.get(family, {})),
+               (f"{family} tables of --memory {args.memory}", TABLE_RECIPES.get((family, args.memory), {})))
+    lines = []
+    for label, preset in applied:
+        if preset:
+            lines.append(f"{'presets':>26}: {label}: " + ", ".join(_preset_flag(args, k, v) for k, v in preset.items()))
+    others = [memory for fam, memory in TABLE_RECIPES if fam == family and memory != args.memory]
+    if others and (family, args.memory) not in TABLE_RECIPES:
+        lines.append(f"{'presets':>26}: no table preset for --memory {args.memory} on {family} (it has presets for "
+                     f"--memory {', '.join(others)}); its memory AdamW is the flags' (--memory-lr, --memory-beta2, "
+                     "--memory-wd)")
+    return lines
+
+
+def _preset_flag(args, key: str, value) -> str:
+    shown = (f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
+    given = getattr(args, key.replace("-", "_"))
+    return shown if given == value else f"{shown} (overridden: {given})"
+
+
 def family_of(config) -> Family:
     name = config.family
     if name not in FAMILIES:

@@ -54,7 +54,7 @@ from nanochat.common import (autocast_context, compute_cleanup, compute_init, ev
                              print_error, rank0_decides, refuse_before_the_group, resolve_dtype,
                              seed_everything)
 from nanochat.eval_resume import Interrupted, ResultWriteError
-from nanochat.families import build_model, model_summary, param_groups
+from nanochat.families import build_model, model_summary, param_groups, preset_lines
 from nanochat.final_eval import FinalEvalError, evaluate_at_the_end, record_final_eval_error, signal_of_any_rank
 from nanochat.launcher_watch import watch_launcher
 from nanochat.lost_output import keep_running_without_output
@@ -520,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = preflight(args)
     except ValueError as e:
         return refuse_before_the_group(e)
+    for line in preset_lines(args):  # --model-type's defaults: a design without a table preset is said so
+        print0(line)
     if args.dry_run:
         try:
             dry_run(args, tokenizer)
