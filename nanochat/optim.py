@@ -320,4 +320,4 @@ class MuonAdamW(torch.optim.Optimizer):
 
 
 def build_optimizer(model, oc: OptimConfig | None = None) -> MuonAdamW:
-    return MuonAdamW(build_param_groups(model, oc or OptimConfig()))
+    return MuonAdamW(model.param_groups(oc or OptimConfig()))  # every family's model class has param_groups

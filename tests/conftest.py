@@ -89,15 +89,22 @@ MEMORY_OPTION_SETS = {
     "jtok": dict(memory="jtok"),
     "jtokm": dict(memory="jtokm"),
     "move_input": dict(memory="move_input", memory_options={"experts": 5, "rank": 8}),
+    # STEM replaces FFN up-projections: a SwiGLU family (untied, as the nanochat GPT, for the tests that move lm_head)
+    "stem": dict(memory="stem", family="mobilellm", tie_embeddings=False),
 }
 
 
 def tiny_config(**kw):
-    from nanochat.gpt import GPTConfig
+    """A small config of ``family`` (default nanochat); a SwiGLU family gets d = C/H and its rule's FFN width."""
+    from nanochat.families import FAMILIES
 
     base = dict(sequence_len=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=128)
     base.update(kw)
-    return GPTConfig(**base)
+    family = FAMILIES[base.pop("family", "nanochat")]
+    if family.ffn_rule is not None:
+        base.setdefault("head_dim", base["n_embd"] // base["n_head"])
+        base.setdefault("ffn_hidden", family.ffn_rule(base["n_embd"]))
+    return family.config_cls(**base)
 
 
 def load_bench(name: str):

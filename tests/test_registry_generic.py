@@ -109,3 +109,120 @@ def test_reference_numerics_refuse_a_family_the_authors_code_lacks(variant_famil
     with pytest.raises(ValueError, match="--numerics reference: .*--model-type gpt-variant.*--numerics ours"):
         apply_numerics(model, "reference")
     assert apply_numerics(model, "ours") == {"numerics": "ours"}
+
+
+DRY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--model-dim", "64", "--head-dim", "32",
+       "--max-seq-len", "32", "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "2",
+       "--eval-every", "-1", "--no-final-core", "--dry-run"]
+
+
+@pytest.mark.parametrize("argv, printed", [
+    (["--model-type", "mobilellm", "--memory", "ve"],
+     ["presets: mobilellm tables of --memory ve: --memory-lr 0.1, --memory-beta2 0.95"]),
+    (["--model-type", "mobilellm", "--memory", "ve", "--memory-lr", "0.2"],
+     ["presets: mobilellm tables of --memory ve: --memory-lr 0.1 (overridden: 0.2), --memory-beta2 0.95"]),
+    (["--model-type", "mobilellm", "--memory", "bigram"],
+     ["presets: no table preset for --memory bigram on mobilellm (it has presets for --memory ve, mome, stem)"]),
+    (["--model-type", "qwen3", "--memory", "stem", "--head-dim", "16"],
+     ["presets: qwen3 recipe: --warmup-ratio 0.01",
+      "presets: qwen3 tables of --memory stem: --memory-lr 0.3, --memory-beta2 0.95, --memory-wd 0.0"]),
+    (["--memory", "ve"], []),
+])
+def test_dry_run_says_which_presets_applied(tmp_path, capsys, argv, printed):
+    from scripts import base_train
+
+    assert base_train.main([*DRY, "--run-dir", str(tmp_path), *argv]) == 0
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines() if "presets:" in line]
+    assert [line[: len(want)] for line, want in zip(lines, printed)] == printed and len(lines) == len(printed)
+
+
+def test_every_registered_design_has_a_test_option_set():
+    """tests/conftest.py MEMORY_OPTION_SETS[name] is each design's entry here and in the bf16 step tests (GPU,
+    CUDA autocast emulation): a new design without one would go untested there."""
+    missing = [name for name in MEMORY_BLOCKS if MEMORY_OPTION_SETS.get(name, {}).get("memory") != name]
+    assert not missing, f"add these designs to tests/conftest.py MEMORY_OPTION_SETS (key = design name): {missing}"
+
+
+def _generic_config(design: str, family: str):
+    opts = MEMORY_OPTION_SETS[design]
+    return tiny_config(family=family, memory=design, memory_options=dict(opts.get("memory_options", {})),
+                       vocab_size=128, n_embd=64, n_head=2, n_kv_head=1, sequence_len=16)
+
+
+def _built_or_refused(config, device=None):
+    """The model of ``config``, or None where the family refuses the design for the one documented reason: the block
+    replaces FFN up-projections and the family's FFN has none (the refusal must name --memory and say so)."""
+    from nanochat.families import meta_device
+
+    try:
+        if device is None:
+            with meta_device():
+                return families.family_of(config).model_cls(config)
+        return build_model(config, device=device, seed=0)
+    except ValueError as e:
+        assert FAMILIES[config.family].ffn_rule is None and "up-projection" in str(e), e
+        assert f"--memory {config.memory}" in str(e)
+        return None
+
+
+def _unique(params) -> list:
+    return list({id(p): p for p in params}.values())
+
+
+DESIGN_FAMILY = [(d, f) for d in MEMORY_BLOCKS for f in FAMILIES]
+
+
+@pytest.mark.parametrize("design, family", DESIGN_FAMILY, ids=[f"{d}-{f}" for d, f in DESIGN_FAMILY])
+def test_parameter_accounting_on_the_meta_device(design, family):
+    config = _generic_config(design, family)
+    model = _built_or_refused(config)
+    if model is None:
+        return
+    memory = model.memory
+    tables, scalars, params = _unique(memory.memory_tables()), _unique(memory.scalar_params()), _unique(model.parameters())
+    owned = {id(p) for p in memory.parameters()}
+    assert {id(p) for p in tables + scalars} <= owned and not {id(p) for p in tables} & {id(p) for p in scalars}
+    assert len(tables) == len(memory.memory_tables())  # a table listed twice would count twice
+    counts = model.num_params()
+    n_tables = sum(p.numel() for p in tables)
+    assert counts["params_total"] == sum(p.numel() for p in params)
+    assert counts["params_memory"] == n_tables
+    assert counts["params_backbone"] == counts["params_total"] - n_tables
+    active = memory.active_table_params()
+    assert (0 < active <= n_tables) if tables else active == 0
+    assert counts["params_active"] == counts["params_total"] - n_tables + active  # dense FFN: no inactive experts
+    assert families.model_summary(config) == {**counts, "flops_per_token": model.estimate_flops()}
+
+
+# built for real (slower than the meta device): each design on its option set's family, and every family with MoME
+# (tables, routers, buffers)
+BUILT = sorted({(d, MEMORY_OPTION_SETS.get(d, {}).get("family", "nanochat")) for d in MEMORY_BLOCKS}
+               | {("mome", f) for f in FAMILIES})
+
+
+@pytest.mark.parametrize("design, family", BUILT, ids=[f"{d}-{f}" for d, f in BUILT])
+def test_forward_groups_and_checkpoint_round_trip(tmp_path, design, family):
+    """A forward of the right shape, every trainable parameter in exactly one optimizer group (frozen ones in
+    none), and a save/load that gives back the same class, config and state, bit for bit."""
+    from nanochat import checkpoint as ckpt
+
+    config = _generic_config(design, family)
+    model = _built_or_refused(config, device="cpu")
+    if model is None:
+        return
+    idx = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert model(idx[:, :-1]).shape == (2, 8, 128)
+    groups = param_groups(model, OptimConfig())
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    loss, aux = model(idx[:, :-1], idx[:, 1:], return_aux=True)
+    assert loss.shape == aux.shape == () and torch.isfinite(loss) and torch.isfinite(aux)
+    ckpt.save_checkpoint(tmp_path, 1, model, {})
+    loaded, _ = ckpt.load_model(tmp_path, 1)
+    assert type(loaded) is type(model) and type(loaded.config) is type(config) and loaded.config == model.config
+    state, back = model.state_dict(), loaded.state_dict()
+    assert state.keys() == back.keys()
+    assert all(state[k].dtype == back[k].dtype and torch.equal(state[k], back[k]) for k in state)
+    model.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(idx), model(idx))
