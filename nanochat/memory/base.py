@@ -25,6 +25,14 @@ A block also declares which of its parameters are memory tables (excluded from F
 which are scalars (x0-like AdamW group, excluded from FLOPs), and how many table parameters one token reads
 (``active_table_params``: the memory part of the "active/token" count). Everything else it owns is routed by
 shape: 2-D matrices to Muon, the rest to AdamW. See ``nanochat.optim.build_param_groups``.
+
+Optional attributes, which callers look up with ``hasattr`` (a block without one opts out of that feature):
+``capture`` (None; the analyses set a dict and the forward fills it through ``nanochat.memory.ve.record``, at
+least ``gamma`` and ``inject_norm``, plus ``slots``/``weights`` for routing), ``route`` (marks a routing design
+for scripts/analyze_routing.py and wic_probe.py, which also read ``H`` and ``M``), ``STATS_BUFFERS`` (names of
+counters summed over the ranks before ``stats()`` and kept in checkpoints, on the block or any submodule),
+``start_eval_loads``/``pop_eval_loads`` (slot selections counted during the final evaluation) and
+``reference_gating`` (set by ``--numerics reference``). docs/extending.md describes each, and the registry lines.
 """
 
 from dataclasses import dataclass, fields
