@@ -11,8 +11,9 @@ Named sizes are flag presets, applied before a ``--config`` file and the command
 ``qwen3-0.6b`` (28 x 1024, 16/8 heads of 128, tied); so are each family's recipe defaults (``FAMILY_RECIPES``,
 ``TABLE_RECIPES``: warmup, memory-table AdamW). Every model class is built on the meta device and
 initialised by ``init_weights()``; it exposes ``config``, ``memory``, ``wte``, ``rotary_len``, ``max_seq_len``,
-``num_params()``, ``estimate_flops()`` and ``forward(idx, targets=None, kv_cache=None, loss_reduction)``.
-Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` line per size).
+``num_params()``, ``estimate_flops()``, ``param_groups(oc)`` and ``forward(idx, targets=None, kv_cache=None,
+loss_reduction)``. Adding a family = one model file + one ``FAMILIES`` line (+ a ``NAMED_SIZES`` line per size);
+its config class's ``family`` must be the registry key (checked at import). docs/extending.md has the details.
 """
 
 import math
@@ -73,18 +74,48 @@ def family_name(model_type: str) -> str:
     return model_type
 
 
+def _presets(model_type: str, memory: str) -> list[tuple[str, dict]]:
+    """(label, {flag: value}) of each preset a model type brings, in the order they apply."""
+    family = family_name(model_type)
+    return [(f"--model-type {model_type}", NAMED_SIZES.get(model_type, ("", {}))[1]),
+            (f"{family} recipe", FAMILY_RECIPES.get(family, {})),
+            (f"{family} tables of --memory {memory}", TABLE_RECIPES.get((family, memory), {}))]
+
+
+def _flag_tokens(key: str, value) -> list[str]:
+    return [f"--{key}" if value else f"--no-{key}"] if isinstance(value, bool) else [f"--{key}", str(value)]
+
+
 def preset_tokens(model_type: str, memory: str = "base") -> list[str]:
     """Command-line tokens of the defaults a model type brings: a named size's geometry and the family's recipe
     (for this memory block). Unknown model types give none (argparse reports them)."""
     if model_type not in MODEL_TYPES:
         return []
-    family = family_name(model_type)
-    preset = {**NAMED_SIZES.get(model_type, ("", {}))[1], **FAMILY_RECIPES.get(family, {}),
-              **TABLE_RECIPES.get((family, memory), {})}
-    tokens = []
-    for key, value in preset.items():
-        tokens += [f"--{key}" if value else f"--no-{key}"] if isinstance(value, bool) else [f"--{key}", str(value)]
-    return tokens
+    return [token for _, preset in _presets(model_type, memory) for key, value in preset.items()
+            for token in _flag_tokens(key, value)]
+
+
+def preset_lines(args) -> list[str]:
+    """What ``preset_tokens`` applied to this run, for base_train's start and --dry-run: each preset's flags (a value
+    that a --config file or the command line replaced says so), and a line when the family has table presets for
+    other designs but none for --memory (its tables then train at the flags' memory AdamW, not a family preset)."""
+    lines = []
+    for label, preset in _presets(args.model_type, args.memory):
+        if preset:
+            lines.append(f"{'presets':>26}: {label}: " + ", ".join(_preset_flag(args, k, v) for k, v in preset.items()))
+    family = family_name(args.model_type)
+    others = [memory for fam, memory in TABLE_RECIPES if fam == family and memory != args.memory]
+    if others and (family, args.memory) not in TABLE_RECIPES:
+        lines.append(f"{'presets':>26}: no table preset for --memory {args.memory} on {family} (it has presets for "
+                     f"--memory {', '.join(others)}); its memory AdamW is the flags' (--memory-lr, --memory-beta2, "
+                     "--memory-wd)")
+    return lines
+
+
+def _preset_flag(args, key: str, value) -> str:
+    shown = " ".join(_flag_tokens(key, value))
+    given = getattr(args, key.replace("-", "_"))
+    return shown if given == value else f"{shown} (overridden: {given})"
 
 
 def check_families() -> None:
@@ -98,32 +129,6 @@ def _check_family(name: str, fam: Family) -> None:
     if fam.config_cls.family != name:
         raise ValueError(f"families.FAMILIES[{name!r}]: {fam.config_cls.__name__}.family is "
                          f"{fam.config_cls.family!r}; set it to {name!r} (the registry key)")
-
-
-def preset_lines(args) -> list[str]:
-    """What ``preset_tokens`` applied to this run, for base_train's start and --dry-run: each preset's flags (a value
-    that a --config file or the command line replaced says so), and a line when the family has table presets for
-    other designs but none for --memory (its tables then train at the flags' memory AdamW, not a family preset)."""
-    family = family_name(args.model_type)
-    applied = ((f"--model-type {args.model_type}", NAMED_SIZES.get(args.model_type, ("", {}))[1]),
-               (f"{family} recipe", FAMILY_RECIPES.get(family, {})),
-               (f"{family} tables of --memory {args.memory}", TABLE_RECIPES.get((family, args.memory), {})))
-    lines = []
-    for label, preset in applied:
-        if preset:
-            lines.append(f"{'presets':>26}: {label}: " + ", ".join(_preset_flag(args, k, v) for k, v in preset.items()))
-    others = [memory for fam, memory in TABLE_RECIPES if fam == family and memory != args.memory]
-    if others and (family, args.memory) not in TABLE_RECIPES:
-        lines.append(f"{'presets':>26}: no table preset for --memory {args.memory} on {family} (it has presets for "
-                     f"--memory {', '.join(others)}); its memory AdamW is the flags' (--memory-lr, --memory-beta2, "
-                     "--memory-wd)")
-    return lines
-
-
-def _preset_flag(args, key: str, value) -> str:
-    shown = (f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
-    given = getattr(args, key.replace("-", "_"))
-    return shown if given == value else f"{shown} (overridden: {given})"
 
 
 def family_of(config) -> Family:
