@@ -36,11 +36,14 @@ done
 # would collide too, and the mode is not known yet): a second one stops here, naming what the first one runs
 # (runs/speedrun.lock holds that line). The GPU path also takes a lock in the data root (take_lock in gpu_run):
 # two checkouts of one user share it, and would share the GPUs.
+# shellcheck source=scripts/one_at_a_time.sh
+. scripts/one_at_a_time.sh
 take_lock() {  # take_lock FILE WHAT: hold FILE's lock until this script exits and write WHAT in it, or stop
-    command -v flock >/dev/null || return 0
-    local fd held
-    exec {fd}>>"$1"
-    if ! flock -n "$fd"; then
+    local fd rc=0 held
+    exec {fd}>>"$1"  # open for writing: flock(2) on NFS needs it
+    # refused at once, not waited for: a run of hours; a lock none can take here (one line says so) is no other run
+    lock_now "$fd" -x speedrun "$1" "not checking for another speedrun.sh" || rc=$?
+    if [ "$rc" = 75 ]; then
         held="$(head -n 1 "$1")"  # empty only in the instant between the holder's lock and its line
         echo "[speedrun] another speedrun.sh is running ${held:-(lock $1)}: wait for it to finish or stop it" >&2
         exit 2
@@ -86,7 +89,7 @@ stop_here() {
 done_run() {  # done_run RUN_DIR BASE_TRAIN_FLAGS...: the run finished with these flags, final evaluation included
     local run="$1"
     shift
-    python -m scripts.speedrun_preflight done "$run" -- "$@" || return 1
+    python -m scripts.speedrun_preflight "done" "$run" -- "$@" || return 1
     echo "[speedrun] $run already done (completed with its final evaluation): not trained again"
 }
 

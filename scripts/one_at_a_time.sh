@@ -1,23 +1,39 @@
 # shellcheck shell=bash
-# Sourced by scripts/test.sh and scripts/setup_env.sh: `one_at_a_time FD SCRIPT TAG` waits until no other run of
-# SCRIPT in this checkout holds its lock, then holds it on descriptor FD until the caller exits. The lock is the
-# script's own file: no lock file to ignore or clean up. flock's exit 75 (-E) alone means another run holds it; any
-# other failure (NFS, where flock(2) needs a file open for writing; a file system without locks) is no other run,
-# so the caller goes on unlocked and says so. Without the flock command (macOS) likewise.
-one_at_a_time() {
-    local fd=$1 script=$2 tag=$3 rc=0
+# The checkout's locks, one rule (sourced by scripts/test.sh, scripts/setup_env.sh and speedrun.sh). A lock is
+# flock(1) on an open descriptor, held until the caller exits or reopens it. flock's exit 75 (-E) alone means another
+# process holds it; any other failure (NFS, where flock(2) needs a file open for writing; a file system without locks;
+# a flock older than -E) is no other run, so the caller goes on unlocked and says so in one line, as it does without
+# the flock command (macOS).
+
+# lock_now FD MODE TAG FILE NOTE: lock descriptor FD (open on FILE) without waiting, MODE -x (exclusive) or -s
+# (shared). Returns 75 when another process holds a lock that excludes it; otherwise 0, locked or (one line, ending
+# in NOTE: what going on unlocked means) unlockable here.
+lock_now() {
+    local fd=$1 mode=$2 tag=$3 file=$4 note=$5 rc=0 err
     if ! command -v flock >/dev/null 2>&1; then
-        echo "[$tag] no flock command: not waiting for another $script in this checkout"
+        echo "[$tag] no flock command: $note"
         return 0
     fi
-    eval "exec $fd<\"\$script\""
-    flock -n -E 75 "$fd" || rc=$?
-    if [ "$rc" = 75 ]; then
-        echo "[$tag] another $script is running in $PWD: waiting for it to finish"
-        rc=0
-        flock "$fd" || rc=$?
-    fi
-    if [ "$rc" != 0 ]; then
-        echo "[$tag] cannot lock $script (flock exit $rc): not waiting for another one in this checkout"
-    fi
+    # flock's own complaint joins this one line (an old flock prints its whole usage)
+    err="$(flock -n -E 75 "$mode" "$fd" 2>&1)" || rc=$?
+    case "$rc" in
+        0) return 0 ;;
+        75) return 75 ;;
+    esac
+    case "$(flock --help 2>&1)" in
+        *--conflict-exit-code*) echo "[$tag] cannot lock $file (flock exit $rc${err:+: ${err%%$'\n'*}}): $note" ;;
+        *) echo "[$tag] cannot lock $file: this flock has no -E (util-linux before 2.22, busybox): $note" ;;
+    esac
 }
+
+# one_at_a_time FD FILE TAG WAITING [-s]: open FILE on descriptor FD and lock it, exclusively or (-s) shared; when
+# another process holds a lock that excludes this one, print "[TAG] WAITING" and wait for it.
+one_at_a_time() {
+    local fd=$1 file=$2 tag=$3 waiting=$4 mode=${5:--x} rc=0
+    eval "exec $fd<\"\$file\""
+    lock_now "$fd" "$mode" "$tag" "$file" "not waiting for another run in this checkout" || rc=$?
+    [ "$rc" = 75 ] || return 0
+    echo "[$tag] $waiting"
+    flock "$mode" "$fd" || echo "[$tag] cannot lock $file (flock exit $?): not waiting for another run in this checkout"
+}
+

@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 # test.sh holds fd 9 on its own file while it calls this one, so the two locks never wait for each other).
 # shellcheck source=scripts/one_at_a_time.sh
 . scripts/one_at_a_time.sh
-one_at_a_time 8 scripts/setup_env.sh setup
+one_at_a_time 8 scripts/setup_env.sh setup \
+    "another scripts/setup_env.sh is running in $PWD: waiting for it to finish"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP=.venv/.setup_env.stamp

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # must not hold it after this run.
 # shellcheck source=scripts/one_at_a_time.sh
 . scripts/one_at_a_time.sh
-one_at_a_time 9 scripts/test.sh test
+one_at_a_time 9 scripts/test.sh test "another scripts/test.sh is running in $PWD: waiting for it to finish"
 bash scripts/setup_env.sh 9<&-
 # shellcheck disable=SC1091
 . .venv/bin/activate

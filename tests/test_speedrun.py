@@ -17,6 +17,7 @@ from conftest import REPO
 from nanochat.checkpoint import CKPT_DIR
 from nanochat.plan import choose_layout, grad_accum_steps
 from scripts import speedrun_preflight as pre
+from test_shell_locks import failing_flock
 
 SPEEDRUN = (REPO / "speedrun.sh").read_text()
 SPEEDRUN_CONFIG = "configs/d12/mome_c1_m6.toml"
@@ -435,6 +436,21 @@ def test_a_second_speedrun_while_one_runs_is_refused_before_anything_runs(fake_s
     finally:
         os.kill(first.pid, signal.SIGTERM)
         first.communicate(timeout=20)
+
+
+@pytest.mark.parametrize("rc,message", [(71, "flock: 10: No locks available"), (65, "flock: 10: Bad file descriptor")])
+def test_a_lock_that_cannot_be_taken_is_no_other_speedrun(fake_speedrun, tmp_path, rc, message):
+    """A file system without locks (or NFS's answer for a descriptor it cannot lock) is no speedrun.sh running:
+    the run goes on unlocked and says so once a lock, where it used to refuse every start (exit 2)."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", PATH=failing_flock(tmp_path / "stub", rc, message))
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "CPU demo done" in out, err
+    assert "another speedrun.sh is running" not in err
+    assert out.splitlines()[0] == f"[speedrun] cannot lock runs/speedrun.lock (flock exit {rc}: {message}): not " \
+        "checking for another speedrun.sh"
+    assert (repo / "runs" / "speedrun.lock").read_text() == "the CPU demo in runs/speedrun_cpu (pid " \
+        f"{proc.pid})\n"  # the holder line, written all the same
 
 
 def test_a_finished_demo_is_not_run_again(fake_speedrun, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO
 from test_launcher_watch import wait_until
+from test_shell_locks import failing_flock, write_exe
 
 HANG_GUARD_S = 60  # far above what these take: only a hang reaches it
 
@@ -23,11 +24,6 @@ while [ ! -e "$LOG.release.$RUN" ]; do sleep 0.05; done
 echo "end $RUN" >>"$LOG"
 """
 
-
-def write_exe(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
 
 
 @pytest.fixture
@@ -93,14 +89,17 @@ def test_a_process_left_behind_does_not_hold_the_lock(checkout):
         os.kill(int(left.read_text()), 9)
 
 
-def test_a_lock_that_cannot_be_taken_runs_unlocked(checkout):
-    """flock(2) on NFS needs a file open for writing ("Bad file descriptor"); some file systems have no locks. That
-    is no other run holding the lock: the suite runs, unlocked, and says so; it does not wait or fail."""
-    stub = checkout.parent / "stub"
-    write_exe(stub / "flock", '#!/usr/bin/env bash\necho "flock: 9: Bad file descriptor" >&2\nexit 1\n')
+@pytest.mark.parametrize("old", [False, True])
+def test_a_lock_that_cannot_be_taken_runs_unlocked(checkout, old):
+    """flock(2) on NFS needs a file open for writing ("Bad file descriptor"); some file systems have no locks; a
+    flock before util-linux 2.22 has no -E. That is no other run holding the lock: the suite runs, unlocked, and
+    says so, one line a lock; it does not wait or fail."""
+    message = "flock: invalid option -- 'E'" if old else "flock: 9: Bad file descriptor"
+    path = failing_flock(checkout.parent / "stub", 64 if old else 1, message, old=old)
     release(checkout, "a")
-    run, out = start(checkout, "a", PATH=f"{stub}{os.pathsep}{os.environ['PATH']}")
+    run, out = start(checkout, "a", PATH=path)
     assert run.wait(HANG_GUARD_S) == 0, out.read_text()
-    text = out.read_text()
-    assert "is running" not in text and "cannot lock scripts/test.sh (flock exit 1)" in text, text
+    why = ": this flock has no -E (util-linux before 2.22, busybox)" if old else f" (flock exit 1: {message})"
+    assert out.read_text().splitlines() == [f"[test] cannot lock scripts/{script}{why}: not waiting for another run "
+                                            "in this checkout" for script in ("test.sh",)]
     assert logged(checkout) == ["setup a", "start a", "end a"]
