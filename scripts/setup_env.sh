@@ -69,35 +69,42 @@ fi
 # no stamp while .venv changes: an install that fails or is stopped part-way leaves none, and the next run installs
 rm -f "$STAMP"
 
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
-# shellcheck disable=SC1091
-. .venv/bin/activate
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-# Always the venv's own pip (`python -m pip`): a .venv made by `uv sync` has none, and a bare `pip` would then
-# be the system one and install into the system Python. Bootstrap it instead.
-python -m pip --version >/dev/null 2>&1 || python -m ensurepip --upgrade >/dev/null
-if ! python -c "import torch" >/dev/null 2>&1; then
-    if [ "$build" = cuda ]; then
-        echo "[setup] NVIDIA GPU found: installing torch==${TORCH_VERSION} (CUDA build)"
-        python -m pip install -q "torch==${TORCH_VERSION}"
-    elif python -m pip download -q --no-deps --no-index -d "$(mktemp -d)" "torch==${TORCH_VERSION}" >/dev/null 2>&1; then
-        echo "[setup] no GPU: installing the local CPU wheel of torch==${TORCH_VERSION}"
-        python -m pip install -q "torch==${TORCH_VERSION}"
-    else
-        echo "[setup] no GPU: installing torch==${TORCH_VERSION} from the PyTorch CPU index"
-        python -m pip install -q "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu \
-            --extra-index-url https://pypi.org/simple
+install_venv() {
+    if [ ! -x .venv/bin/python ]; then
+        "$PYTHON" -m venv .venv
     fi
-fi
-python -m pip install -q -e ".[dev]"
-python - "$TORCH_VERSION" <<'EOF'
+    # shellcheck disable=SC1091
+    . .venv/bin/activate
+    export PIP_DISABLE_PIP_VERSION_CHECK=1
+    # Always the venv's own pip (`python -m pip`): a .venv made by `uv sync` has none, and a bare `pip` would then
+    # be the system one and install into the system Python. Bootstrap it instead.
+    python -m pip --version >/dev/null 2>&1 || python -m ensurepip --upgrade >/dev/null
+    if ! python -c "import torch" >/dev/null 2>&1; then
+        if [ "$build" = cuda ]; then
+            echo "[setup] NVIDIA GPU found: installing torch==${TORCH_VERSION} (CUDA build)"
+            python -m pip install -q "torch==${TORCH_VERSION}"
+        elif python -m pip download -q --no-deps --no-index -d "$(mktemp -d)" "torch==${TORCH_VERSION}" \
+                >/dev/null 2>&1; then
+            echo "[setup] no GPU: installing the local CPU wheel of torch==${TORCH_VERSION}"
+            python -m pip install -q "torch==${TORCH_VERSION}"
+        else
+            echo "[setup] no GPU: installing torch==${TORCH_VERSION} from the PyTorch CPU index"
+            python -m pip install -q "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu \
+                --extra-index-url https://pypi.org/simple
+        fi
+    fi
+    python -m pip install -q -e ".[dev]"
+    python - "$TORCH_VERSION" <<'EOF'
 import sys, torch
 print(f"[setup] torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")
 if torch.__version__.split("+")[0] != sys.argv[1]:  # the torch step above keeps any torch .venv already has
     print(f"[setup] kept the torch .venv already had, not torch=={sys.argv[1]}: rm -rf .venv to install that one")
 EOF
-# written last, whole (a rename): only an install that got this far leaves a stamp for the next run to match
-fingerprint >"$STAMP.tmp"
-mv "$STAMP.tmp" "$STAMP"
+    # written last, whole (a rename): only an install that got this far leaves a stamp for the next run to match
+    fingerprint >"$STAMP.tmp"
+    mv "$STAMP.tmp" "$STAMP"
+}
+# Nothing the install starts gets a copy of the lock (8<&-: bash keeps the lock on a close-on-exec copy of the
+# descriptor while the function runs): a process it leaves running (a daemon of a build step: Python's subprocess
+# closes what it does not pass on, a shell or a fork does not) must not hold .venv after this run.
+install_venv 8<&-

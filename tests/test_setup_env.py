@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from test_shell_locks import venv_lock
 
 STAMP = Path(".venv/.setup_env.stamp")
 FAKE_PIP = r'''
@@ -41,6 +42,11 @@ elif "-e" in args:
             if Path(os.environ["FAKE_PIP_LOG"] + ".release").exists():
                 break
             time.sleep(0.05)
+    if os.environ.get("FAKE_PIP") == "leave":  # a child that keeps its descriptors and outlives pip (a daemon)
+        import subprocess
+        left = subprocess.Popen(["sleep", "600"], close_fds=False, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        Path(os.environ["FAKE_PIP_LOG"] + ".left").write_text(str(left.pid))
     if os.environ.get("FAKE_PIP") == "fail":
         sys.exit("ERROR: No matching distribution found for numpy>=1.26 (fake)")
     dist("mome_nanochat", "0.1.0")
@@ -293,3 +299,16 @@ def test_a_second_run_waits_for_an_install_and_then_reuses_it(checkout):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="no flock command (util-linux)")
+def test_a_process_pip_left_running_does_not_hold_the_lock(checkout):
+    """A child of pip that keeps its descriptors and outlives it must not hold .venv's lock: the next install would
+    wait for it."""
+    repo, env = checkout
+    assert setup(repo, env, FAKE_PIP="leave").returncode == 0
+    left = int(Path(env["FAKE_PIP_LOG"] + ".left").read_text())
+    try:
+        assert venv_lock(repo, "-x") == 0
+    finally:
+        os.kill(left, signal.SIGKILL)

@@ -44,6 +44,13 @@ exit {rc}
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
 
+def venv_lock(repo: Path, mode: str) -> int:
+    """Whether .venv's lock in checkout `repo` (its scripts/setup_env.sh) can be taken now: 0, or 75 when another
+    process holds one that excludes `mode` (-x, -s)."""
+    return subprocess.run(["flock", "-n", "-E", "75", mode, str(repo / "scripts" / "setup_env.sh"), "true"],
+                          timeout=60).returncode
+
+
 def lock_now(tmp_path: Path, mode: str = "-x", path: str | None = None) -> tuple[int, str]:
     """lock_now on a fresh descriptor of tmp_path/lock in a new bash: (its return, what it printed)."""
     lock = tmp_path / "lock"
