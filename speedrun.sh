@@ -71,7 +71,8 @@ step() {
     [ "$1" != python ] || name="$3"  # python -m MODULE
     [ "$1" != bash ] || name="$2"  # bash SCRIPT
     [ -z "$stopped" ] || stop_here "after $last"  # a signal between two steps (no step to pass it to)
-    ( trap - INT TERM; exec "$@" ) &  # an asynchronous child would ignore SIGINT: restore it
+    # an asynchronous child would ignore SIGINT: restore it; no copy of .venv's lock (one left running keeps none)
+    ( trap - INT TERM; exec "$@" 8<&- ) &
     child=$! last="$name"
     [ -z "$early" ] || kill -s "${stopped#SIG}" "$child" 2>/dev/null || true  # it came before $child was set
     early=""
@@ -94,6 +95,7 @@ done_run() {  # done_run RUN_DIR BASE_TRAIN_FLAGS...: the run finished with thes
 }
 
 step bash scripts/setup_env.sh
+hold_venv speedrun  # .venv's lock, shared: an install (test.sh's, a user's) waits for this run
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1

@@ -37,3 +37,15 @@ one_at_a_time() {
     flock "$mode" "$fd" || echo "[$tag] cannot lock $file (flock exit $?): not waiting for another run in this checkout"
 }
 
+# hold_venv TAG: after scripts/setup_env.sh, hold .venv's lock (that script's file, fd 8) shared until the caller
+# exits, so that an install (which holds it exclusively) waits for this run instead of replacing packages under it;
+# a check of .venv does not wait. Not held across setup_env.sh: its install would wait for this very lock. An install
+# that fails or stops in between leaves no stamp (setup_env.sh writes it last), which stops the caller.
+hold_venv() {
+    one_at_a_time 8 scripts/setup_env.sh "$1" \
+        "scripts/setup_env.sh is installing .venv in $PWD: waiting for it to finish" -s
+    [ ! -f .venv/.setup_env.stamp ] || return 0
+    echo "[$1] .venv has no stamp of a finished install: another scripts/setup_env.sh changed it and did not finish;" \
+         "run this again" >&2
+    exit 1
+}

@@ -11,13 +11,6 @@
 # for speedrun.sh and test.sh) installs even when nothing differs; `rm -rf .venv` starts from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# One at a time per checkout (speedrun.sh, test.sh, a user): two pip installs into one .venv corrupt it, and the
-# second run, once the first is done, finds its install and reuses it. The lock is this script's file (fd 8;
-# test.sh holds fd 9 on its own file while it calls this one, so the two locks never wait for each other).
-# shellcheck source=scripts/one_at_a_time.sh
-. scripts/one_at_a_time.sh
-one_at_a_time 8 scripts/setup_env.sh setup \
-    "another scripts/setup_env.sh is running in $PWD: waiting for it to finish"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP=.venv/.setup_env.stamp
@@ -52,15 +45,37 @@ print("packages", len(dists), hashlib.sha256("\n".join(dists).encode()).hexdiges
 EOF
 }
 
+unchanged() {  # .venv is what its last install left; sets $now, the fingerprint of .venv as it is
+    now=""
+    [ -f "$STAMP" ] || return 1
+    now="$(fingerprint 2>/dev/null)" || now=""  # a venv whose python no longer runs: install
+    [ "$now" = "$(cat "$STAMP")" ]
+}
+reuse() {
+    echo "[setup] reusing .venv: unchanged since its last install ($STAMP); 'bash scripts/setup_env.sh" \
+         "--reinstall' (SETUP_REINSTALL=1 for speedrun.sh and test.sh) installs again"
+    exit 0
+}
+
+# The lock of .venv in this checkout is this script's file (fd 8): held shared to check the stamp (by any number of
+# runs, and by scripts/test.sh while its pytest runs), exclusively to install. Two pip installs into one .venv
+# corrupt it, and one under running tests breaks them. A run that finds .venv unchanged goes on at once; one that
+# must install waits for the tests and the other runs, then checks again (another run may have installed it
+# meanwhile: then it reuses that install).
+# shellcheck source=scripts/one_at_a_time.sh
+. scripts/one_at_a_time.sh
+if [ -z "$reinstall" ]; then
+    one_at_a_time 8 scripts/setup_env.sh setup \
+        "another scripts/setup_env.sh is installing .venv in $PWD: waiting for it to finish" -s
+    ! unchanged || reuse
+fi
+one_at_a_time 8 scripts/setup_env.sh setup \
+    ".venv is in use in $PWD (scripts/test.sh's tests, speedrun.sh, another setup_env.sh): waiting for them to finish"
 if [ -n "$reinstall" ]; then
     echo "[setup] installing (asked to)"
+elif unchanged; then  # installed by another run while this one waited
+    reuse
 elif [ -f "$STAMP" ]; then
-    now="$(fingerprint 2>/dev/null)" || now=""  # a venv whose python no longer runs: install
-    if [ "$now" = "$(cat "$STAMP")" ]; then
-        echo "[setup] reusing .venv: unchanged since its last install ($STAMP); 'bash scripts/setup_env.sh" \
-             "--reinstall' (SETUP_REINSTALL=1 for speedrun.sh and test.sh) installs again"
-        exit 0
-    fi
     changed="$(grep -vxF -f "$STAMP" <<<"$now" | cut -d' ' -f1 | paste -sd' ')" || true
     echo "[setup] .venv differs from its last install (${changed:-its python does not run}): installing"
 elif [ -e .venv ]; then  # made by uv, by this script before the stamp, or by an install that failed or was stopped

@@ -286,7 +286,8 @@ def test_a_second_run_waits_for_an_install_and_then_reuses_it(checkout):
         second = subprocess.Popen(["bash", str(repo / "scripts" / "setup_env.sh")], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
         line = second.stdout.readline()
-        assert line.startswith(f"[setup] another scripts/setup_env.sh is running in {repo}: waiting"), line
+        assert line == f"[setup] another scripts/setup_env.sh is installing .venv in {repo}: waiting for it to " \
+                       "finish\n", line
         calls = pip_calls(env)
         Path(f"{log}.release").touch()
         assert first.wait(timeout=60) == 0
@@ -312,3 +313,31 @@ def test_a_process_pip_left_running_does_not_hold_the_lock(checkout):
         assert venv_lock(repo, "-x") == 0
     finally:
         os.kill(left, signal.SIGKILL)
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="no flock command (util-linux)")
+def test_tests_running_on_the_venv_hold_off_an_install_but_not_a_check(checkout):
+    """scripts/test.sh holds .venv's lock shared while pytest runs (speedrun.sh while it runs): a run that finds
+    .venv unchanged goes on at once; an install waits for them to end, and says why."""
+    repo, env = checkout
+    installed(repo, env)
+    holder = subprocess.Popen(["flock", "-o", "-s", str(repo / "scripts" / "setup_env.sh"), "sh", "-c",
+                               "echo held; while [ ! -e release ]; do sleep 0.05; done"], cwd=repo,
+                              stdout=subprocess.PIPE, text=True)
+    install = None
+    try:
+        assert holder.stdout.readline() == "held\n"
+        reused(repo, env)
+        install = subprocess.Popen(["bash", str(repo / "scripts" / "setup_env.sh"), "--reinstall"], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert install.stdout.readline() == f"[setup] .venv is in use in {repo} (scripts/test.sh's tests, " \
+                                            "speedrun.sh, another setup_env.sh): waiting for them to finish\n"
+        assert pip_calls(env) == []
+        (repo / "release").touch()
+        assert install.wait(timeout=60) == 0 and pip_calls(env) == ["install -q -e .[dev]"]
+    finally:
+        (repo / "release").touch()
+        holder.wait(timeout=60)
+        if install is not None and install.poll() is None:
+            install.kill()
+            install.wait()

@@ -17,7 +17,7 @@ from conftest import REPO
 from nanochat.checkpoint import CKPT_DIR
 from nanochat.plan import choose_layout, grad_accum_steps
 from scripts import speedrun_preflight as pre
-from test_shell_locks import failing_flock
+from test_shell_locks import failing_flock, venv_lock
 
 SPEEDRUN = (REPO / "speedrun.sh").read_text()
 SPEEDRUN_CONFIG = "configs/d12/mome_c1_m6.toml"
@@ -255,6 +255,11 @@ elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finishes (exit 0) although speedrun.sh got a SIGTERM: as if
     os.kill(os.getppid(), signal.SIGTERM)  # the signal came between this step and the next
     time.sleep(0.3)
+elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "leave":  # a child that outlives the run
+    import subprocess  # and keeps its descriptors
+    left = subprocess.Popen(["sleep", "600"], close_fds=False, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    Path(os.environ["FAKE_LOG"] + ".left").write_text(str(left.pid))
 elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "slow":
     (Path(flag("--data-dir")) / "..").resolve().mkdir(parents=True, exist_ok=True)
     Path(os.environ["FAKE_LOG"] + ".prep").write_text(str(os.getpid()))
@@ -308,6 +313,7 @@ def fake_speedrun(tmp_path):
     (repo / "scripts" / "setup_env.sh").write_text('echo setup_env >>"$FAKE_LOG"\n'
                                                    '[ "${FAKE_SETUP:-}" != slow ] || exec sleep 30\n')
     (fake_bin / "activate").write_text(f'PATH="{fake_bin}:$PATH"\n')
+    (repo / ".venv" / ".setup_env.stamp").touch()  # what a finished install leaves
     (fake_bin / "python").write_text(f"#!{sys.executable}\n{FAKE_PYTHON}")
     (fake_bin / "python").chmod(0o755)
     (fake_bin / "torchrun").write_text('#!/bin/sh\nshift 2\nexec python "$@"\n')  # --standalone --nproc_per_node=N
@@ -433,6 +439,8 @@ def test_a_second_speedrun_while_one_runs_is_refused_before_anything_runs(fake_s
         assert f"[speedrun] another speedrun.sh is running {what}" in err, err
         assert not (tmp_path / "second.log").exists()  # not even setup_env.sh or the mode probe
         assert first.poll() is None  # the first one goes on
+        if stage == "training":  # an install (test.sh's, a user's) waits for it; its steps hold no copy
+            assert venv_lock(repo, "-x") == 75
     finally:
         os.kill(first.pid, signal.SIGTERM)
         first.communicate(timeout=20)
@@ -447,10 +455,26 @@ def test_a_lock_that_cannot_be_taken_is_no_other_speedrun(fake_speedrun, tmp_pat
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 and "CPU demo done" in out, err
     assert "another speedrun.sh is running" not in err
-    assert out.splitlines()[0] == f"[speedrun] cannot lock runs/speedrun.lock (flock exit {rc}: {message}): not " \
-        "checking for another speedrun.sh"
+    assert out.splitlines()[:2] == [
+        f"[speedrun] cannot lock runs/speedrun.lock (flock exit {rc}: {message}): not checking for another speedrun.sh",
+        f"[speedrun] cannot lock scripts/setup_env.sh (flock exit {rc}: {message}): not waiting for another run in "
+        "this checkout"]
     assert (repo / "runs" / "speedrun.lock").read_text() == "the CPU demo in runs/speedrun_cpu (pid " \
         f"{proc.pid})\n"  # the holder line, written all the same
+
+
+def test_a_step_left_running_does_not_hold_the_venv(fake_speedrun):
+    """speedrun.sh holds .venv's lock shared while it runs; a process one of its steps left behind must not hold it
+    after the run (an install would wait for it)."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_PREP="leave")
+    out, err = proc.communicate(timeout=20)
+    left = int(Path(env["FAKE_LOG"] + ".left").read_text())
+    try:
+        assert proc.returncode == 0 and "CPU demo done" in out, err
+        assert venv_lock(repo, "-x") == 0
+    finally:
+        os.kill(left, signal.SIGKILL)
 
 
 def test_a_finished_demo_is_not_run_again(fake_speedrun, tmp_path):

@@ -1,6 +1,7 @@
 """scripts/test.sh: a second run in the same checkout waits for the first (its setup_env.sh may reinstall .venv);
-the lock goes with the run, not with a process it left behind. A fake checkout: setup_env.sh and python log what
-they do, python until the test releases it."""
+while pytest runs it holds .venv's lock (setup_env.sh's file) shared, so that an install waits for the tests; the
+locks go with the run, not with a process it left behind. A fake checkout: setup_env.sh and python log what they
+do, python until the test releases it."""
 
 import os
 import shutil
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from test_launcher_watch import wait_until
-from test_shell_locks import failing_flock, write_exe
+from test_shell_locks import failing_flock, venv_lock, write_exe
 
 HANG_GUARD_S = 60  # far above what these take: only a hang reaches it
 
@@ -23,7 +24,21 @@ if [ -n "${LEAVE_BEHIND:-}" ]; then sleep 600 & echo $! >"$LEAVE_BEHIND"; fi
 while [ ! -e "$LOG.release.$RUN" ]; do sleep 0.05; done
 echo "end $RUN" >>"$LOG"
 """
-
+# The real one installs holding its own file's lock exclusively: test.sh must not hold it (shared) across this call,
+# or the install would wait for test.sh, which waits for it. OTHER_INSTALL: another run's install (speedrun.sh's,
+# a user's) takes the lock as this one returns, until the test releases it, and then finishes (ok) or not (fail).
+FAKE_SETUP = """#!/usr/bin/env bash
+cd "$(dirname "$0")/.."
+flock -n -E 75 scripts/setup_env.sh true 2>/dev/null || [ $? != 75 ] || {
+    echo ".venv's lock held during setup" >&2; exit 9; }
+echo "setup $RUN" >>"$LOG"
+touch .venv/.setup_env.stamp
+[ -n "${OTHER_INSTALL:-}" ] || exit 0
+flock scripts/setup_env.sh sh -c 'rm .venv/.setup_env.stamp; touch "$LOG.installing"
+    while [ ! -e "$LOG.release.install" ]; do sleep 0.05; done
+    [ "$OTHER_INSTALL" = fail ] || touch .venv/.setup_env.stamp' &
+while [ ! -e "$LOG.installing" ]; do sleep 0.05; done
+"""
 
 
 @pytest.fixture
@@ -31,7 +46,7 @@ def checkout(tmp_path):
     repo = tmp_path / "repo"
     write_exe(repo / "scripts" / "test.sh", (REPO / "scripts" / "test.sh").read_text())
     (repo / "scripts" / "one_at_a_time.sh").write_text((REPO / "scripts" / "one_at_a_time.sh").read_text())
-    write_exe(repo / "scripts" / "setup_env.sh", 'echo "setup $RUN" >>"$LOG"\n')
+    write_exe(repo / "scripts" / "setup_env.sh", FAKE_SETUP)
     write_exe(tmp_path / "bin" / "python", FAKE_PYTHON)
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "activate").write_text(f'export PATH="{tmp_path / "bin"}:$PATH"\n')
@@ -73,7 +88,7 @@ def test_a_second_run_waits_for_the_first(checkout):
             proc.wait()
 
 
-def test_a_process_left_behind_does_not_hold_the_lock(checkout):
+def test_a_process_left_behind_does_not_hold_the_locks(checkout):
     left = checkout.parent / "left.pid"
     release(checkout, "a")
     release(checkout, "b")
@@ -84,9 +99,50 @@ def test_a_process_left_behind_does_not_hold_the_lock(checkout):
         assert second.wait(HANG_GUARD_S) == 0
         assert "waiting" not in out.read_text()
         assert logged(checkout) == ["setup a", "start a", "end a", "setup b", "start b", "end b"]
+        assert venv_lock(checkout, "-x") == 0  # an install need not wait for it either
     finally:
         wait_until(lambda: left.exists() and left.read_text().strip(), "left-behind pid", HANG_GUARD_S)
         os.kill(int(left.read_text()), 9)
+
+
+def test_pytest_runs_under_venvs_lock_shared(checkout):
+    """An install (setup_env.sh holds its lock exclusively for one) waits until the tests end; another run's check
+    of .venv (shared) does not."""
+    run, out = start(checkout, "a")
+    try:
+        wait_until(lambda: "start a" in logged(checkout), "pytest", HANG_GUARD_S)
+        assert (venv_lock(checkout, "-x"), venv_lock(checkout, "-s")) == (75, 0)
+        release(checkout, "a")
+        assert run.wait(HANG_GUARD_S) == 0, out.read_text()
+    finally:
+        run.kill()
+        run.wait()
+    assert venv_lock(checkout, "-x") == 0
+
+
+@pytest.mark.parametrize("install", ["ok", "fail"])
+def test_an_install_after_setup_is_waited_for_and_must_finish(checkout, install):
+    """Another run's install (speedrun.sh, a user) that takes .venv between test.sh's setup_env.sh and its pytest:
+    the tests wait for it, and run only on a .venv it finished (its stamp)."""
+    release(checkout, "a")
+    run, out = start(checkout, "a", OTHER_INSTALL=install)
+    try:
+        wait_until(lambda: "waiting" in out.read_text(), "waiting line", HANG_GUARD_S)
+        assert out.read_text() == f"[test] scripts/setup_env.sh is installing .venv in {checkout}: waiting for it " \
+                                  "to finish\n"
+        assert logged(checkout) == ["setup a"]
+        release(checkout, "install")
+        assert run.wait(HANG_GUARD_S) == (0 if install == "ok" else 1), out.read_text()
+    finally:
+        release(checkout, "install")
+        run.kill()
+        run.wait()
+    if install == "ok":
+        assert logged(checkout) == ["setup a", "start a", "end a"]
+    else:
+        assert logged(checkout) == ["setup a"]
+        assert "[test] .venv has no stamp of a finished install: another scripts/setup_env.sh changed it and did " \
+               "not finish; run this again" in out.read_text()
 
 
 @pytest.mark.parametrize("old", [False, True])
@@ -101,5 +157,5 @@ def test_a_lock_that_cannot_be_taken_runs_unlocked(checkout, old):
     assert run.wait(HANG_GUARD_S) == 0, out.read_text()
     why = ": this flock has no -E (util-linux before 2.22, busybox)" if old else f" (flock exit 1: {message})"
     assert out.read_text().splitlines() == [f"[test] cannot lock scripts/{script}{why}: not waiting for another run "
-                                            "in this checkout" for script in ("test.sh",)]
+                                            "in this checkout" for script in ("test.sh", "setup_env.sh")]
     assert logged(checkout) == ["setup a", "start a", "end a"]
