@@ -90,7 +90,9 @@ def _written_and_resolved(model_config: dict) -> tuple[dict, dict]:
     written = _flat(config, parse_options(block.Options, dict(config.memory_options), config.memory),
                     config.memory_layers)
     resolved = _flat(config, block.resolved_options(config), block.layers_of(config))
-    if config.family == "nanochat" and config.mlp == "moe":
+    # the MoE FFN's fields (moe.FFN_FIELDS) are the GPT config's, whichever family subclasses it: asked of the config,
+    # not of the family's name, so a registered GPT variant compares its expert width as resolved too
+    if getattr(config, "mlp", "dense") == "moe":
         resolved["moe_hidden"] = moe_hidden_size(config.n_embd, config.moe_shared, config.moe_topk, config.moe_hidden)
     return written, resolved
 

@@ -111,6 +111,22 @@ def test_reference_numerics_refuse_a_family_the_authors_code_lacks(variant_famil
     assert apply_numerics(model, "ours") == {"numerics": "ours"}
 
 
+MOE = dict(mlp="moe", moe_experts=4, moe_topk=2, moe_shared=1)
+
+
+def test_a_gpt_variant_family_compares_its_moe_width_as_resolved(variant_family):
+    """init_from resolves moe_hidden 0 (4C/(S+K), 192 at C=128) on any config with the MoE FFN fields, not only the
+    family named nanochat: a --resume/--init-from that spells the width out is the same model."""
+    from nanochat.init_from import config_differences
+
+    auto = tiny_config(family="gpt-variant", **MOE).to_dict()
+    spelled = tiny_config(family="gpt-variant", **MOE, moe_hidden=192).to_dict()
+    other = tiny_config(family="gpt-variant", **MOE, moe_hidden=256).to_dict()
+    assert auto["family"] == "gpt-variant"
+    assert config_differences(auto, spelled) == [] and config_differences(spelled, auto) == []
+    assert config_differences(auto, other) == ["moe_hidden 192 (source, given as 0) vs 256 (this run)"]
+
+
 DRY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--model-dim", "64", "--head-dim", "32",
        "--max-seq-len", "32", "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "2",
        "--eval-every", "-1", "--no-final-core", "--dry-run"]
