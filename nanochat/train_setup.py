@@ -343,6 +343,8 @@ def run_core(model, data: RunData, args, device, autocast_ctx, finished=None) ->
 # -- the run dir, and --dry-run's plan ----------------------------------------------------------------------
 def resolve_run_dir(args) -> Path:
     if args.run_name is None:
+        # d<depth> is the nanochat family's own name (the paper's d12, d20); every other family, a registered GPT
+        # variant too, leads with its --model-type, so two families' runs of one depth never share runs/<name>
         size = f"d{args.depth}" if args.model_type == "nanochat" else (
             args.model_type if args.model_type in NAMED_SIZES else f"{args.model_type}-d{args.depth}")
         args.run_name = f"{size}{'-moe' if args.mlp == 'moe' else ''}-{args.memory}"

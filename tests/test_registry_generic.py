@@ -127,6 +127,24 @@ def test_a_gpt_variant_family_compares_its_moe_width_as_resolved(variant_family)
     assert config_differences(auto, other) == ["moe_hidden 192 (source, given as 0) vs 256 (this run)"]
 
 
+@pytest.mark.parametrize("argv, name", [
+    (["--depth", "4"], "d4-base"),
+    (["--depth", "12", "--mlp", "moe", "--memory", "mome"], "d12-moe-mome"),
+    (["--model-type", "mobilellm", "--depth", "4", "--memory", "ve"], "mobilellm-d4-ve"),
+    (["--model-type", "qwen3-0.6b", "--memory", "stem"], "qwen3-0.6b-stem"),
+    (["--model-type", "gpt-variant", "--depth", "2", "--mlp", "moe"], "gpt-variant-d2-moe-base"),
+])
+def test_default_run_names_lead_with_the_family_except_nanochat(variant_family, argv, name):
+    """d<depth> is the nanochat family's own name; any other family, a registered GPT variant too, leads with its
+    --model-type, so its runs never land in the runs/ directory of a nanochat run of the same depth."""
+    from nanochat.train_setup import resolve_run_dir
+
+    variant = argv[:2] == ["--model-type", "gpt-variant"]  # the parser's choices are fixed at import
+    args = parse_args(argv[2:] if variant else argv)
+    args.model_type = "gpt-variant" if variant else args.model_type
+    assert resolve_run_dir(args).name == name and args.run_name == name
+
+
 DRY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--model-dim", "64", "--head-dim", "32",
        "--max-seq-len", "32", "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "2",
        "--eval-every", "-1", "--no-final-core", "--dry-run"]
