@@ -9,8 +9,9 @@
 Results go to <run>/eval/step_NNNNNN/: core.json, core.csv, core.md and bpb.json (for MoME also the slot balance of
 each split's routing, "mome_slot_balance": MaxVio and absolute load deviation; the output directory is checked
 writable before anything is evaluated). The tokenizer and data directory come from the checkpoint's meta.json
-("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given. CORE counts only the tasks whose data
-files exist and says so in its label (e.g. CORE-21/22).
+("tokenizer_dir", "data_dir") unless --tokenizer-dir/--data-dir are given; a run trained with --synthetic-data is
+refused (no tokenizer made its token ids). CORE counts only the tasks whose data files exist and says so in its
+label (e.g. CORE-21/22).
 
 The autocast dtype, the attention kernel and MoME's kernels default to the ones the run trained (and evaluated)
 with, from the checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; all three
@@ -460,6 +461,17 @@ def evaluate(args) -> int:
             lock.release(remove_file=True)
 
 
+def check_not_synthetic(meta: dict, where: str) -> None:
+    """A run trained with --synthetic-data saw a seeded random walk over token ids that no tokenizer produced: CORE
+    (the bundle's prompts) and bpb (the data's splits, a --bpb-corpus) tokenize text with the run's tokenizer, so
+    there is nothing to score, with any --tokenizer-dir. The checkpoint's own config says so (its step's flags)."""
+    if ((meta.get("config") or {}).get("args") or {}).get("synthetic_data"):
+        raise ValueError(f"{where} was trained with --synthetic-data (random token ids of no tokenizer): CORE and "
+                         "bpb score text in the run's own tokenizer (CORE the bundle's prompts, bpb the data's splits "
+                         "and --bpb-corpus files), so evaluate a run trained on real data; this run's val bpb on the "
+                         "synthetic stream is in its summary.json")
+
+
 def check_flags_against(args, meta: dict, device_type: str) -> None:
     """The checks of the flags against the checkpoint that enter no collective (the set-up repeats them), run first,
     in every_rank_ok: a refusal each rank raised on its own was printed by every rank. The set-up's own checks
@@ -479,6 +491,7 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
     # the flags against the checkpoint: refused alike on every rank, so print_error prints it once
+    every_rank_ok(lambda: check_not_synthetic(meta, f"{run} step {step}"))
     every_rank_ok(lambda: check_flags_against(args, meta, device.type))
     numerics = apply_numerics(model, args.numerics)
     dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)

@@ -71,6 +71,23 @@ def test_base_eval_bad_data_and_corpus_are_one_line_errors(tiny_run, tmp_path, c
     assert e.value.code == 2 and "missing.txt does not exist" in capsys.readouterr().err
 
 
+def test_a_synthetic_data_run_is_refused_naming_the_flag(tiny_run, tmp_path, capsys):
+    """A run trained with --synthetic-data has token ids of no tokenizer: CORE and every bpb need the run's tokenizer
+    (and its data or the bundle), so base_eval refuses it in one line naming the flag, not "no tokenizer in ...", and
+    not with a real --tokenizer-dir either (its scores would mean nothing)."""
+    from scripts.base_eval import main
+    from test_train_e2e import train
+
+    assert train(tmp_path / "syn", "--num-iterations", "1") == 0
+    capsys.readouterr()
+    root, _, _, _ = tiny_run
+    for extra in (["--eval", "core"], ["--eval", "bpb"], ["--tokenizer-dir", str(root / "tok")]):
+        assert main(["--run", str(tmp_path / "syn"), "--device-type", "cpu", "--no-progress", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / 'syn'} step 1 was trained with --synthetic-data") and \
+            err.count("\n") == 1 and "tokenizer" in err and "no tokenizer in" not in err, err
+
+
 def test_torchrun_double_dash_hands_flags_to_the_script():
     """README: `torchrun ... -m scripts.base_eval -- --run=x` works; without `--` torchrun's parser rejects --run."""
     from torch.distributed.run import parse_args as torchrun_args
