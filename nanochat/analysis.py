@@ -17,6 +17,7 @@ run trained with: they measure gates and routes, not a loss to compare with trai
 round q/k/v to bf16.
 """
 
+import dataclasses
 import json
 import math
 from contextlib import contextmanager
@@ -82,14 +83,36 @@ def load_run(run, step=None, device="cpu", tokenizer_dir=None):
     return model, meta, tokenizer
 
 
+def capturing_designs(config) -> list[str]:
+    """The registered designs whose block the analyses can capture on ``config``'s family: those that set
+    ``capture`` (an instance attribute, so each block is built on the meta device at its default options; one the
+    family refuses, e.g. STEM without a SwiGLU FFN, is left out)."""
+    from nanochat.families import meta_device
+    from nanochat.memory import MEMORY_BLOCKS
+
+    names = []
+    for name, cls in MEMORY_BLOCKS.items():
+        try:
+            with meta_device():
+                block = cls(dataclasses.replace(config, memory=name, memory_options={}, memory_layers=[]))
+        except ValueError:
+            continue
+        if block.layers and hasattr(block, "capture"):
+            names.append(name)
+    return names
+
+
 def memory_block(model, need_routing: bool = False):
     block = model.memory
     if not block.layers:
-        raise ValueError(f"--memory {model.config.memory} has no memory layers to analyse (needs ve, bigram, mome, "
-                         "engram or move_input)")
+        raise ValueError(f"--memory {model.config.memory} has no memory layers to analyse (needs "
+                         f"{', '.join(capturing_designs(model.config))})")
     if not hasattr(block, "capture"):
-        raise ValueError(f"--memory {model.config.memory}: the analyses cannot capture its memory layers (capture "
-                         "is implemented for ve, bigram, mome, engram and move_input)")
+        raise ValueError(f"--memory {model.config.memory}: the analyses cannot capture its memory layers (on this "
+                         f"family they capture {', '.join(capturing_designs(model.config))}): a design opts in by "
+                         "setting self.capture = None in its block's __init__ and calling "
+                         "nanochat.memory.ve.record(self.capture, layer, gamma=..., inject_norm=...) in its forward "
+                         "(docs/extending.md)")
     if need_routing and not hasattr(block, "route"):
         raise ValueError(f"routing analysis needs a MoME model (this run uses --memory {model.config.memory})")
     return block

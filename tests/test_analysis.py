@@ -310,12 +310,33 @@ def test_analysis_flags_are_checked_and_errors_name_them(tmp_path, capsys):
     assert "argument --min-count: must be an integer >= 1" in capsys.readouterr().err
 
 
-def test_capture_error_names_what_is_missing_for_designs_with_memory_layers(tmp_path):
+def test_capture_error_names_what_is_missing_for_designs_with_memory_layers(monkeypatch):
+    """The designs the analyses can capture come from the registry (a block that sets ``capture``), so a newly
+    registered one is listed, and the error says what a block must provide (docs/extending.md)."""
     from nanochat.analysis import memory_block
+    from nanochat.families import build_model
+    from nanochat.memory import MEMORY_BLOCKS
+    from nanochat.memory.base import MemoryBlock
 
-    _, model, _ = make_run(tmp_path, "jtok")
-    with pytest.raises(ValueError, match="--memory jtok: the analyses cannot capture its memory layers"):
+    class CapturingProbe(MemoryBlock):
+        uses_layers = True
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.capture = None
+
+    monkeypatch.setitem(MEMORY_BLOCKS, "probe", CapturingProbe)
+    model = build_model(tiny_config(memory="jtok"), seed=0)
+    capturable = "ve, bigram, mome, engram, move_input, probe"
+    with pytest.raises(ValueError) as e:
         memory_block(model)
+    assert str(e.value) == (f"--memory jtok: the analyses cannot capture its memory layers (on this family they "
+                            f"capture {capturable}): a design opts in by setting self.capture = None in its block's "
+                            "__init__ and calling nanochat.memory.ve.record(self.capture, layer, gamma=..., "
+                            "inject_norm=...) in its forward (docs/extending.md)")
+    with pytest.raises(ValueError, match=f"^--memory base has no memory layers to analyse \\(needs {capturable}\\)$"):
+        memory_block(build_model(tiny_config(), seed=0))
+    assert memory_block(build_model(tiny_config(memory="probe"), seed=0)).layers == (1,)
 
 
 def test_corpus_flag_accumulates_when_repeated():
