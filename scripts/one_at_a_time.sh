@@ -5,6 +5,10 @@
 # a flock older than -E) is no other run, so the caller goes on unlocked and says so in one line, as it does without
 # the flock command (macOS).
 
+# What a finished scripts/setup_env.sh install leaves in .venv (written last, removed before an install changes
+# .venv): setup_env.sh reuses .venv when it matches, hold_venv stops the caller when it is missing.
+VENV_STAMP=.venv/.setup_env.stamp
+
 # lock_now FD MODE TAG FILE NOTE: lock descriptor FD (open on FILE) without waiting, MODE -x (exclusive) or -s
 # (shared). Returns 75 when another process holds a lock that excludes it; otherwise 0, locked or (one line, ending
 # in NOTE: what going on unlocked means) unlockable here.
@@ -44,7 +48,7 @@ one_at_a_time() {
 hold_venv() {
     one_at_a_time 8 scripts/setup_env.sh "$1" \
         "scripts/setup_env.sh is installing .venv in $PWD: waiting for it to finish" -s
-    [ ! -f .venv/.setup_env.stamp ] || return 0
+    [ ! -f "$VENV_STAMP" ] || return 0
     echo "[$1] .venv has no stamp of a finished install: another scripts/setup_env.sh changed it and did not finish;" \
          "run this again" >&2
     exit 1

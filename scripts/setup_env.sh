@@ -11,9 +11,10 @@
 # for speedrun.sh and test.sh) installs even when nothing differs; `rm -rf .venv` starts from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/one_at_a_time.sh
+. scripts/one_at_a_time.sh  # the locks, and $VENV_STAMP (scripts/test.sh and speedrun.sh read the stamp too)
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
-STAMP=.venv/.setup_env.stamp
 INPUTS=(scripts/setup_env.sh pyproject.toml)  # the files pip's install reads or that decide it (no lock file)
 case "${SETUP_REINSTALL:-0}" in  # SETUP_REINSTALL=0 must not mean "reinstall"
     0) reinstall="" ;;
@@ -47,12 +48,12 @@ EOF
 
 unchanged() {  # .venv is what its last install left; sets $now, the fingerprint of .venv as it is
     now=""
-    [ -f "$STAMP" ] || return 1
+    [ -f "$VENV_STAMP" ] || return 1
     now="$(fingerprint 2>/dev/null)" || now=""  # a venv whose python no longer runs: install
-    [ "$now" = "$(cat "$STAMP")" ]
+    [ "$now" = "$(cat "$VENV_STAMP")" ]
 }
 reuse() {
-    echo "[setup] reusing .venv: unchanged since its last install ($STAMP); 'bash scripts/setup_env.sh" \
+    echo "[setup] reusing .venv: unchanged since its last install ($VENV_STAMP); 'bash scripts/setup_env.sh" \
          "--reinstall' (SETUP_REINSTALL=1 for speedrun.sh and test.sh) installs again"
     exit 0
 }
@@ -62,8 +63,6 @@ reuse() {
 # corrupt it, and one under running tests breaks them. A run that finds .venv unchanged goes on at once; one that
 # must install waits for the tests and the other runs, then checks again (another run may have installed it
 # meanwhile: then it reuses that install).
-# shellcheck source=scripts/one_at_a_time.sh
-. scripts/one_at_a_time.sh
 if [ -z "$reinstall" ]; then
     one_at_a_time 8 scripts/setup_env.sh setup \
         "another scripts/setup_env.sh is installing .venv in $PWD: waiting for it to finish" -s
@@ -75,14 +74,14 @@ if [ -n "$reinstall" ]; then
     echo "[setup] installing (asked to)"
 elif unchanged; then  # installed by another run while this one waited
     reuse
-elif [ -f "$STAMP" ]; then
-    changed="$(grep -vxF -f "$STAMP" <<<"$now" | cut -d' ' -f1 | paste -sd' ')" || true
+elif [ -f "$VENV_STAMP" ]; then
+    changed="$(grep -vxF -f "$VENV_STAMP" <<<"$now" | cut -d' ' -f1 | paste -sd' ')" || true
     echo "[setup] .venv differs from its last install (${changed:-its python does not run}): installing"
 elif [ -e .venv ]; then  # made by uv, by this script before the stamp, or by an install that failed or was stopped
-    echo "[setup] .venv has no stamp of a finished install ($STAMP): installing"
+    echo "[setup] .venv has no stamp of a finished install ($VENV_STAMP): installing"
 fi
 # no stamp while .venv changes: an install that fails or is stopped part-way leaves none, and the next run installs
-rm -f "$STAMP"
+rm -f "$VENV_STAMP"
 
 install_venv() {
     if [ ! -x .venv/bin/python ]; then
@@ -116,8 +115,8 @@ if torch.__version__.split("+")[0] != sys.argv[1]:  # the torch step above keeps
     print(f"[setup] kept the torch .venv already had, not torch=={sys.argv[1]}: rm -rf .venv to install that one")
 EOF
     # written last, whole (a rename): only an install that got this far leaves a stamp for the next run to match
-    fingerprint >"$STAMP.tmp"
-    mv "$STAMP.tmp" "$STAMP"
+    fingerprint >"$VENV_STAMP.tmp"
+    mv "$VENV_STAMP.tmp" "$VENV_STAMP"
 }
 # Nothing the install starts gets a copy of the lock (8<&-: bash keeps the lock on a close-on-exec copy of the
 # descriptor while the function runs): a process it leaves running (a daemon of a build step: Python's subprocess
