@@ -42,7 +42,7 @@ LEGACY_ATTENTION_ENV = "NANOCHAT_ATTN"  # replaced by --attention
 def _group_run(p):
     g = p.add_argument_group("run control")
     g.add_argument("--config", type=str, default=None, help="TOML file of flag defaults; command-line flags override it")
-    g.add_argument("--run-name", type=str, default=None, help="run name (default d<depth>-<memory>)")
+    g.add_argument("--run-name", type=str, default=None, help="run name (default d<depth>[-moe]-<memory>; other families <model-type>-d<depth>[-moe]-<memory>, named sizes <size>-<memory>)")
     g.add_argument("--run-dir", type=str, default=None, help="output directory (default runs/<run-name>)")
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|auto|STEP",
                    help="resume from a checkpoint in the run dir: 'latest' (error if none), 'auto' (latest if any, "
