@@ -25,6 +25,8 @@ import torch
 
 from nanochat.gpt import GPT, GPTConfig
 from nanochat.llama import Llama, LlamaConfig, llama_ffn_hidden
+from nanochat.memory import MEMORY_BLOCKS
+from nanochat.memory.base import MemoryBlock
 from nanochat.moe import FFN_FIELDS
 from nanochat.optim import OptimConfig
 from nanochat.qwen3 import Qwen3, Qwen3Config, qwen3_ffn_hidden
@@ -105,11 +107,18 @@ def preset_lines(args) -> list[str]:
             lines.append(f"{'presets':>26}: {label}: " + ", ".join(_preset_flag(args, k, v) for k, v in preset.items()))
     family = family_name(args.model_type)
     others = [memory for fam, memory in TABLE_RECIPES if fam == family and memory != args.memory]
-    if others and (family, args.memory) not in TABLE_RECIPES:
+    if others and (family, args.memory) not in TABLE_RECIPES and _has_tables(args.memory):
         lines.append(f"{'presets':>26}: no table preset for --memory {args.memory} on {family} (it has presets for "
                      f"--memory {', '.join(others)}); its memory AdamW is the flags' (--memory-lr, --memory-beta2, "
                      "--memory-wd)")
     return lines
+
+
+def _has_tables(memory: str) -> bool:
+    """Whether the design declares memory tables (a block class that keeps MemoryBlock's empty list has none, e.g.
+    base: no memory AdamW for a table preset to set)."""
+    block = MEMORY_BLOCKS.get(memory)
+    return block is not None and block.memory_tables is not MemoryBlock.memory_tables
 
 
 def _preset_flag(args, key: str, value) -> str:

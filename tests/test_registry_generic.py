@@ -161,6 +161,7 @@ DRY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--model-dim",
      ["presets: qwen3 recipe: --warmup-ratio 0.01",
       "presets: qwen3 tables of --memory stem: --memory-lr 0.3, --memory-beta2 0.95, --memory-wd 0.0"]),
     (["--memory", "ve"], []),
+    (["--model-type", "mobilellm", "--memory", "base"], []),  # no tables: no memory AdamW to speak of
 ])
 def test_dry_run_says_which_presets_applied(tmp_path, capsys, argv, printed):
     from scripts import base_train
