@@ -58,17 +58,17 @@ reuse() {
     exit 0
 }
 
-# The lock of .venv in this checkout is this script's file (fd 8): held shared to check the stamp (by any number of
+# The lock of .venv in this checkout is $VENV_LOCK (fd 8): held shared to check the stamp (by any number of
 # runs, and by scripts/test.sh while its pytest runs), exclusively to install. Two pip installs into one .venv
 # corrupt it, and one under running tests breaks them. A run that finds .venv unchanged goes on at once; one that
 # must install waits for the tests and the other runs, then checks again (another run may have installed it
 # meanwhile: then it reuses that install).
 if [ -z "$reinstall" ]; then
-    one_at_a_time 8 scripts/setup_env.sh setup \
+    one_at_a_time 8 "$VENV_LOCK" setup \
         "another scripts/setup_env.sh is installing .venv in $PWD: waiting for it to finish" -s
     ! unchanged || reuse
 fi
-one_at_a_time 8 scripts/setup_env.sh setup \
+one_at_a_time 8 "$VENV_LOCK" setup \
     ".venv is in use in $PWD (scripts/test.sh's tests, speedrun.sh, another setup_env.sh): waiting for them to finish"
 if [ -n "$reinstall" ]; then
     echo "[setup] installing (asked to)"

@@ -316,19 +316,27 @@ def test_a_process_pip_left_running_does_not_hold_the_lock(checkout):
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="no flock command (util-linux)")
-def test_tests_running_on_the_venv_hold_off_an_install_but_not_a_check(checkout):
+@pytest.mark.parametrize("pull", [False, True])
+def test_tests_running_on_the_venv_hold_off_an_install_but_not_a_check(checkout, pull):
     """scripts/test.sh holds .venv's lock shared while pytest runs (speedrun.sh while it runs): a run that finds
-    .venv unchanged goes on at once; an install waits for them to end, and says why."""
+    .venv unchanged goes on at once; an install waits for them to end, and says why. pull: `git pull` writes a
+    changed setup_env.sh anew (a new inode; flock locks an inode), and the change calls for an install (the script is
+    one of the stamp's inputs): a run that held .venv's lock before the pull must still hold that install off."""
     repo, env = checkout
     installed(repo, env)
-    holder = subprocess.Popen(["flock", "-o", "-s", str(repo / "scripts" / "setup_env.sh"), "sh", "-c",
-                               "echo held; while [ ! -e release ]; do sleep 0.05; done"], cwd=repo,
-                              stdout=subprocess.PIPE, text=True)
-    install = None
+    holder = subprocess.Popen(["bash", "-c", ". scripts/one_at_a_time.sh; hold_venv run; echo held; "
+                               "while [ ! -e release ]; do sleep 0.05; done"], cwd=repo, stdout=subprocess.PIPE,
+                              text=True)
+    script, install = repo / "scripts" / "setup_env.sh", None
     try:
         assert holder.stdout.readline() == "held\n"
         reused(repo, env)
-        install = subprocess.Popen(["bash", str(repo / "scripts" / "setup_env.sh"), "--reinstall"], env=env,
+        if pull:
+            ino = script.stat().st_ino
+            (repo / "pulled").write_text(script.read_text() + "# pulled\n")
+            (repo / "pulled").replace(script)  # as git writes a changed file: a new one renamed over the old
+            assert script.stat().st_ino != ino
+        install = subprocess.Popen(["bash", str(script), *([] if pull else ["--reinstall"])], env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert install.stdout.readline() == f"[setup] .venv is in use in {repo} (scripts/test.sh's tests, " \
                                             "speedrun.sh, another setup_env.sh): waiting for them to finish\n"

@@ -19,6 +19,10 @@ FLOCK_HELP = "Usage:\n flock [options] <fd>\n -E, --conflict-exit-code <number> 
 # util-linux before 2.22 (and busybox): no -E, a usage error and the whole usage text for it
 OLD_FLOCK_HELP = "flock (util-linux 2.17.2)\nUsage: flock [-sxun][-w #] fd#\n"
 
+# the locks' files (one_at_a_time.sh's VENV_LOCK, TEST_LOCK), relative to the checkout: untracked, so that no
+# `git pull` replaces one (a new inode) under a run that holds it
+VENV_LOCK, TEST_LOCK = ".venv.lock", ".test.lock"
+
 needs_flock = pytest.mark.skipif(shutil.which("flock") is None, reason="no flock command (util-linux)")
 
 
@@ -45,10 +49,9 @@ exit {rc}
 
 
 def venv_lock(repo: Path, mode: str) -> int:
-    """Whether .venv's lock in checkout `repo` (its scripts/setup_env.sh) can be taken now: 0, or 75 when another
-    process holds one that excludes `mode` (-x, -s)."""
-    return subprocess.run(["flock", "-n", "-E", "75", mode, str(repo / "scripts" / "setup_env.sh"), "true"],
-                          timeout=60).returncode
+    """Whether .venv's lock in checkout `repo` can be taken now: 0, or 75 when another process holds one that
+    excludes `mode` (-x, -s)."""
+    return subprocess.run(["flock", "-n", "-E", "75", mode, str(repo / VENV_LOCK), "true"], timeout=60).returncode
 
 
 def lock_now(tmp_path: Path, mode: str = "-x", path: str | None = None) -> tuple[int, str]:
@@ -100,3 +103,14 @@ def test_a_flock_without_conflict_exit_codes_says_so_in_one_line(tmp_path):
 def test_no_flock_command_says_so(tmp_path):
     (tmp_path / "empty").mkdir()
     assert lock_now(tmp_path, path=str(tmp_path / "empty")) == (0, f"[t] no flock command: {NOTE}")
+
+
+def test_a_lock_file_that_cannot_be_opened_is_no_other_run(tmp_path):
+    """A checkout this user cannot write has no lock file to open for writing (here a directory stands in the way:
+    root writes anywhere): one line, and the caller goes on, unlocked."""
+    (tmp_path / "lock").mkdir()
+    script = f'set -euo pipefail; . "{HELPER}"; one_at_a_time 8 "{tmp_path / "lock"}" t "waiting"; echo "went on"'
+    r = subprocess.run([shutil.which("bash"), "-c", script], capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == f"[t] cannot open {tmp_path / 'lock'} to lock it (Is a directory): not waiting for another " \
+                       "run in this checkout\nwent on\n"

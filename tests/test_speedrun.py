@@ -17,7 +17,7 @@ from conftest import REPO
 from nanochat.checkpoint import CKPT_DIR
 from nanochat.plan import choose_layout, grad_accum_steps
 from scripts import speedrun_preflight as pre
-from test_shell_locks import failing_flock, venv_lock
+from test_shell_locks import VENV_LOCK, failing_flock, venv_lock
 
 SPEEDRUN = (REPO / "speedrun.sh").read_text()
 SPEEDRUN_CONFIG = "configs/d12/mome_c1_m6.toml"
@@ -457,8 +457,8 @@ def test_a_lock_that_cannot_be_taken_is_no_other_speedrun(fake_speedrun, tmp_pat
     assert "another speedrun.sh is running" not in err
     assert out.splitlines()[:2] == [
         f"[speedrun] cannot lock runs/speedrun.lock (flock exit {rc}: {message}): not checking for another speedrun.sh",
-        f"[speedrun] cannot lock scripts/setup_env.sh (flock exit {rc}: {message}): not waiting for another run in "
-        "this checkout"]
+        f"[speedrun] cannot lock {VENV_LOCK} (flock exit {rc}: {message}): not waiting for another run in this "
+        "checkout"]
     assert (repo / "runs" / "speedrun.lock").read_text() == "the CPU demo in runs/speedrun_cpu (pid " \
         f"{proc.pid})\n"  # the holder line, written all the same
 

@@ -1,5 +1,5 @@
 """scripts/test.sh: a second run in the same checkout waits for the first (its setup_env.sh may reinstall .venv);
-while pytest runs it holds .venv's lock (setup_env.sh's file) shared, so that an install waits for the tests; the
+while pytest runs it holds .venv's lock shared, so that an install waits for the tests; the
 locks go with the run, not with a process it left behind. A fake checkout: setup_env.sh and python log what they
 do, python until the test releases it."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from test_launcher_watch import wait_until
-from test_shell_locks import failing_flock, venv_lock, write_exe
+from test_shell_locks import TEST_LOCK, VENV_LOCK, failing_flock, venv_lock, write_exe
 
 HANG_GUARD_S = 60  # far above what these take: only a hang reaches it
 
@@ -24,17 +24,17 @@ if [ -n "${LEAVE_BEHIND:-}" ]; then sleep 600 & echo $! >"$LEAVE_BEHIND"; fi
 while [ ! -e "$LOG.release.$RUN" ]; do sleep 0.05; done
 echo "end $RUN" >>"$LOG"
 """
-# The real one installs holding its own file's lock exclusively: test.sh must not hold it (shared) across this call,
+# The real one installs holding .venv's lock exclusively: test.sh must not hold it (shared) across this call,
 # or the install would wait for test.sh, which waits for it. OTHER_INSTALL: another run's install (speedrun.sh's,
 # a user's) takes the lock as this one returns, until the test releases it, and then finishes (ok) or not (fail).
 FAKE_SETUP = """#!/usr/bin/env bash
 cd "$(dirname "$0")/.."
-flock -n -E 75 scripts/setup_env.sh true 2>/dev/null || [ $? != 75 ] || {
+flock -n -E 75 .venv.lock true 2>/dev/null || [ $? != 75 ] || {
     echo ".venv's lock held during setup" >&2; exit 9; }
 echo "setup $RUN" >>"$LOG"
 touch .venv/.setup_env.stamp
 [ -n "${OTHER_INSTALL:-}" ] || exit 0
-flock scripts/setup_env.sh sh -c 'rm .venv/.setup_env.stamp; touch "$LOG.installing"
+flock .venv.lock sh -c 'rm .venv/.setup_env.stamp; touch "$LOG.installing"
     while [ ! -e "$LOG.release.install" ]; do sleep 0.05; done
     [ "$OTHER_INSTALL" = fail ] || touch .venv/.setup_env.stamp' &
 while [ ! -e "$LOG.installing" ]; do sleep 0.05; done
@@ -70,9 +70,18 @@ def release(repo: Path, run: str) -> None:
     (repo.parent / f"log.release.{run}").touch()
 
 
-def test_a_second_run_waits_for_the_first(checkout):
+@pytest.mark.parametrize("pull", [False, True])
+def test_a_second_run_waits_for_the_first(checkout, pull):
+    """pull: a `git pull` between the two writes a changed test.sh anew (a new inode): the lock is no tracked file,
+    so the second still waits."""
     first, _ = start(checkout, "a")
     wait_until(lambda: "start a" in logged(checkout), "first pytest", HANG_GUARD_S)
+    if pull:
+        script = checkout / "scripts" / "test.sh"
+        ino = script.stat().st_ino
+        write_exe(checkout / "scripts" / "test.sh.pulled", script.read_text() + "# pulled\n")
+        (checkout / "scripts" / "test.sh.pulled").replace(script)
+        assert script.stat().st_ino != ino
     second, out = start(checkout, "b")
     try:
         wait_until(lambda: "waiting for it to finish" in out.read_text() or "setup b" in logged(checkout),
@@ -156,6 +165,6 @@ def test_a_lock_that_cannot_be_taken_runs_unlocked(checkout, old):
     run, out = start(checkout, "a", PATH=path)
     assert run.wait(HANG_GUARD_S) == 0, out.read_text()
     why = ": this flock has no -E (util-linux before 2.22, busybox)" if old else f" (flock exit 1: {message})"
-    assert out.read_text().splitlines() == [f"[test] cannot lock scripts/{script}{why}: not waiting for another run "
-                                            "in this checkout" for script in ("test.sh", "setup_env.sh")]
+    assert out.read_text().splitlines() == [f"[test] cannot lock {lock}{why}: not waiting for another run in this "
+                                            "checkout" for lock in (TEST_LOCK, VENV_LOCK)]
     assert logged(checkout) == ["setup a", "start a", "end a"]
