@@ -105,17 +105,23 @@ class FinishedResults:
             return cls(path, settings)
         return cls(path, settings, items)
 
+    def would_reuse(self, item: str, key: dict) -> bool:
+        """Whether ``get_or_run(item, ...)`` with inputs ``key`` takes the earlier run's result (rank 0's items;
+        silent): the one test of both that decision and a caller's "are item's inputs (rows) needed" (base_eval's
+        prepare_bpb), so the two cannot drift apart."""
+        saved = self.items.get(item)
+        return saved is not None and saved.get("key") == _as_json(key) and saved.get("result") is not None
+
     def _earlier(self, item: str, key: dict):
         """(key, result of an earlier run or None); rank 0."""
         key = _as_json(key)
+        if self.would_reuse(item, key):
+            return key, self.items[item]["result"]
         saved = self.items.get(item)
-        if saved is None:
-            return key, None
-        if saved["key"] != key:
-            print(f"{self.path}: the inputs of {item} changed ({_differences(saved['key'], key)}); recomputing it",
-                  flush=True)
-            return key, None
-        return key, saved["result"]
+        if saved is not None and saved.get("key") != key:
+            print(f"{self.path}: the inputs of {item} changed ({_differences(saved.get('key') or {}, key)}); "
+                  "recomputing it", flush=True)
+        return key, None
 
     def get_or_run(self, item: str, key_fn, run):
         """The earlier run's result of ``item`` when its inputs ``key_fn()`` (computed on rank 0) are unchanged,

@@ -334,8 +334,8 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
         key = rank0_decides(lambda: {"file_sha256": file_sha256(path), "eval_tokens": eval_tokens})
         plan.items.append(BpbItem("corpus", name, key, functools.cache(functools.partial(
             corpus_rows, tokenizer, path, seq_len, eval_tokens))))
-    for item in plan.items:
-        if not finished_before(finished, item):
+    for item in plan.items:  # not built for nothing: get_or_run's own test, decided on rank 0 for every rank
+        if not rank0_decides(lambda: finished.would_reuse(item.item, item.key)):
             item.rows()
     return plan
 
@@ -364,16 +364,6 @@ def corpus_rows(tokenizer, path: Path, seq_len: int, eval_tokens: int):
     from nanochat.loss_eval import bpb_rows_from_text, read_corpus
 
     return every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len, max_tokens=eval_tokens))
-
-
-def finished_before(finished: FinishedResults, item: BpbItem) -> bool:
-    """Whether ``finished.get_or_run`` will reuse the earlier run's result of ``item`` (its same test, decided on rank
-    0 and silent: get_or_run says why it recomputes), so that its rows are not built for nothing."""
-    def holds():
-        saved = finished.items.get(item.item)
-        return saved is not None and saved["key"] == item.key and saved.get("result") is not None
-
-    return rank0_decides(holds)
 
 
 def run_bpb(model, plan: BpbPlan, args, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:
