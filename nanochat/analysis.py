@@ -60,11 +60,13 @@ def staged_outputs(out_dir: Path):
 # -- loading ----------------------------------------------------------------------------------------------
 def meta_dir(flag_value, meta: dict, key: str) -> Path | None:
     """--flag, else meta[key], else meta["config"]["args"][key] (the trainer's resolved args), else None."""
+    from nanochat.checkpoint import recorded_run_args
+
     if flag_value:
         return Path(flag_value)
     if meta.get(key):
         return Path(meta[key])
-    args = (meta.get("config") or {}).get("args") or {}
+    args = recorded_run_args(meta)
     return Path(args[key]) if args.get(key) else None
 
 
@@ -136,12 +138,13 @@ def train_rows_order(flag: str, meta: dict) -> tuple[int | None, str]:
     """(``first_read_seed`` of the train split's rows for build_eval_rows, their description as summary.json's
     "train_bpb_rows"): --train-rows run follows the run's recorded --data-seed through eval_rows_order, as the final
     train bpb and base_eval do."""
+    from nanochat.checkpoint import recorded_run_args
     from nanochat.dataloader import eval_rows_order
     from nanochat.report import train_rows_description
 
     if flag == "manifest":
         return None, "manifest order (--train-rows manifest)"
-    data_seed = ((meta.get("config") or {}).get("args") or {}).get("data_seed")
+    data_seed = recorded_run_args(meta).get("data_seed")
     first_read, rows_key = eval_rows_order("train", data_seed)
     return first_read, train_rows_description(rows_key)
 

@@ -279,6 +279,12 @@ def config_from_meta(meta: dict):
     return config_from_dict(meta["model_config"])
 
 
+def recorded_run_args(meta: dict) -> dict:
+    """The training flags meta.json records (base_train's resolved args, "config" -> "args"); {} where it records
+    none (an imported checkpoint, or "args": null), so a reader's .get(flag) is None for a flag not recorded."""
+    return (meta.get("config") or {}).get("args") or {}
+
+
 def load_model(run_dir, step: int | None = None, device="cpu"):
     """Rebuild the model of a checkpoint and load its weights. Returns (model, meta)."""
     meta = load_meta(run_dir, step)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.checkpoint import existing_step, load_model, require_files, step_dir
+from nanochat.checkpoint import existing_step, load_model, recorded_run_args, require_files, step_dir
 from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              print_error, raised_like, raised_on_every_rank, rank0_decides, resolve_dtype)
@@ -154,7 +154,7 @@ def eval_tokens_of(flag: int | str, meta: dict, run_dir: Path | None = None) -> 
         recorded = None
     if recorded:
         return int(recorded), "the run's --eval-tokens (its config.json)"
-    recorded = (meta.get("config") or {}).get("args", {}).get("eval_tokens")
+    recorded = recorded_run_args(meta).get("eval_tokens")
     if recorded:
         return int(recorded), "the run's --eval-tokens (its checkpoint)"
     return PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)"
@@ -177,7 +177,7 @@ def eval_dtype(flag: str, meta: dict, device_type: str) -> tuple[str, str]:
     config = meta.get("config") or {}
     if config.get("dtype"):
         return config["dtype"], "the run's training dtype"
-    trained = config.get("args", {}).get("dtype")
+    trained = recorded_run_args(meta).get("dtype")
     if trained and config.get("device"):
         return resolve_dtype(str(config["device"]).split(":")[0], trained), "the run's training dtype"
     return resolve_dtype(device_type, "auto"), "default for this device (the checkpoint does not record one)"
@@ -324,7 +324,7 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
         # version cannot tell the codes apart: outside a git checkout)
         data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
                 "eval_tokens": eval_tokens, "result": "bpb, mome_slot_balance"}
-        data_seed = (meta.get("config") or {}).get("args", {}).get("data_seed")  # the run's train bpb rows
+        data_seed = recorded_run_args(meta).get("data_seed")  # the run's train bpb rows
         for split in args.split_names:
             first_read, rows_key = eval_rows_order(split, data_seed)
             plan.items.append(BpbItem("split", split, {**data, **rows_key}, functools.cache(functools.partial(
@@ -455,7 +455,7 @@ def check_not_synthetic(meta: dict, where: str) -> None:
     """A run trained with --synthetic-data saw a seeded random walk over token ids that no tokenizer produced: CORE
     (the bundle's prompts) and bpb (the data's splits, a --bpb-corpus) tokenize text with the run's tokenizer, so
     there is nothing to score, with any --tokenizer-dir. The checkpoint's own config says so (its step's flags)."""
-    if ((meta.get("config") or {}).get("args") or {}).get("synthetic_data"):
+    if recorded_run_args(meta).get("synthetic_data"):
         raise ValueError(f"{where} was trained with --synthetic-data (random token ids of no tokenizer): CORE and "
                          "bpb score text in the run's own tokenizer (CORE the bundle's prompts, bpb the data's splits "
                          "and --bpb-corpus files), so evaluate a run trained on real data; this run's val bpb on the "
