@@ -111,3 +111,29 @@ def test_two_ranks_refuse_an_eval_tokens_the_split_cannot_fill_once_before_core(
     assert len(errors) == 1 and "--eval-tokens 10,000,000" in errors[0], res.stderr[-4000:]
     assert "exitcode  : 2 " in res.stderr and res.returncode != 0, res.stderr[-4000:]
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_a_split_named_twice_is_built_and_scored_once(capsys):
+    """--splits train,train would build (and hold) the train rows twice and score them twice; it is --splits train."""
+    from scripts.base_eval import parse_args
+
+    assert parse_args(["--run", "x", "--splits", "val,train,val,,train"]).split_names == ["val", "train"]
+    assert parse_args(["--run", "x", "--splits", ""]).split_names == []
+
+
+def test_a_corpus_name_given_twice_is_a_flag_error(tmp_path, capsys):
+    """--bpb-corpus a=x --bpb-corpus a=y would score y alone under a (one name, one line of bpb.json)."""
+    import pytest
+
+    from scripts.base_eval import parse_args
+
+    for name in ("x.txt", "y.txt"):
+        (tmp_path / name).write_text("some text")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--run", "x", "--bpb-corpus", f"a={tmp_path / 'x.txt'}", "--bpb-corpus", f"a={tmp_path / 'y.txt'}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--bpb-corpus a={tmp_path / 'y.txt'}: the name a is given twice (also a={tmp_path / 'x.txt'})" in err, err
+    corpora = parse_args(["--run", "x", "--bpb-corpus", f"a={tmp_path / 'x.txt'}", "--bpb-corpus",
+                          f"b={tmp_path / 'x.txt'}"]).corpora
+    assert list(corpora) == ["a", "b"]
