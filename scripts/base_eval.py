@@ -75,8 +75,8 @@ def parse_args(argv=None):
                     "(default: $NANOCHAT_EVAL_BUNDLE, the cache, then download)")
     ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
     ap.add_argument("--device-batch-size", type=positive_int, default=16, help="rows per forward pass (CORE and bpb)")
-    ap.add_argument("--splits", default="train,val", help="dataset splits for bpb (comma list; '' for none; one named twice "
-                    "is scored once)")
+    ap.add_argument("--splits", default="train,val",
+                    help="dataset splits for bpb (comma list; '' for none; one named twice is scored once)")
     ap.add_argument("--eval-tokens", type=positive_int_or_run, default="run",
                     help="tokens per bpb split/corpus (fixed rows: independent of world size and batch size); run "
                     "= the --eval-tokens the checkpoint's run evaluated with (runs that record none, e.g. imported "
