@@ -9,6 +9,7 @@ import pickle
 import random
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -140,8 +141,10 @@ def rank0_decides(fn):
             outcome = ("ok", value)
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             outcome, error = ("error", portable_error(e)), e
-            e.own_error, e.errors_by_rank = e, {0: error_text(e)}  # rank 0's account (own_error, errors_by_rank)
     outcome = broadcast_object(outcome)  # rank 0 keeps fn's own objects
+    if error is not None:  # rank 0's account (own_error, errors_by_rank), set after the broadcast: a copy sent with
+        # them would make each receiving rank print rank 0's traceback as its own
+        error.own_error, error.errors_by_rank = error, {0: error_text(error)}
     # the signals go in a small exchange of their own: rank 0's outcome may be a whole task's rows, which an
     # all_gather_object would send from every rank's padded buffer
     signals = [0] * dist.get_world_size()
@@ -168,12 +171,28 @@ def every_rank_ok(fn):
     try:
         result = fn()
     except Exception as e:  # noqa: BLE001 - shared with the other ranks below
-        error = e
+        error = let_go_of_the_failed_work(e)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (None if error is None else portable_error(error), _latched_signal()))
+    try:
+        dist.all_gather_object(gathered, (None if error is None else portable_error(error), _latched_signal()))
+    except Exception as exchange_error:
+        if error is None:
+            raise
+        raise exchange_error from error  # this rank's own error stays the one named (a peer gone, an OOM in it)
     raise_lowest_rank_error([exc for exc, _ in gathered], error)
     _stop_if_latched_on_any_rank([signum for _, signum in gathered])
     return result
+
+
+def let_go_of_the_failed_work(error: Exception) -> Exception:
+    """``error`` with its traceback's frames cleared (their lines stay printable), and CUDA's cache emptied after
+    an OOM: the half-built model those frames held would otherwise stay allocated through the exchange that shares
+    the error (all_gather_object allocates on the GPU under NCCL), which could fail for want of that memory."""
+    traceback.clear_frames(error.__traceback__)
+    if isinstance(error, torch.OutOfMemoryError) and torch.cuda.is_initialized():
+        gc.collect()  # what the cleared frames held, in reference cycles
+        torch.cuda.empty_cache()
+    return error
 
 
 def raise_lowest_rank_error(errors: list, own: BaseException | None = None) -> None:
@@ -265,7 +284,7 @@ def post_rank_error(key: str, text: str, group: "GroupStore | None" = None) -> N
     one that never completes), and the store outlives this rank (torchrun's agent hosts it), so rank 0 can name the
     error that broke its collective once this rank's exit broke it (rank_errors_posted). Raises if the store is
     gone."""
-    group = group or GroupStore(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size())
+    group = group or GroupStore.of_the_group()
     group.store.set(f"{key}/{group.rank}", json.dumps([group.store.add(f"{key}/order", 1), text]))
 
 
@@ -276,20 +295,21 @@ class GroupStore:
     store: object
     rank: int
     world: int
+    backend: str = ""  # the group's ("gloo", "nccl"), read while it exists: how a rank waits once it has left it
 
     @classmethod
     def of_the_group(cls) -> "GroupStore | None":
         """The default group's (None in one process, or a group of one)."""
         if not is_dist():
             return None
-        return cls(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size())
+        return cls(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(),
+                   dist.get_backend())
 
 
 def rank_errors_count(key: str, group: GroupStore | None = None) -> int:
     """How many ranks have posted an error under ``key`` so far (post_rank_error's numbering), in ``group`` (the
     default group's store if None). Raises if the store is gone."""
-    store = group.store if group is not None else dist.distributed_c10d._get_default_store()
-    return store.add(f"{key}/order", 0)
+    return (group or GroupStore.of_the_group()).store.add(f"{key}/order", 0)
 
 
 def rank_errors_posted(key: str, group: GroupStore | None = None) -> dict[int, str]:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
-from nanochat.common import (GroupStore, error_text, errors_by_rank, is_dist, own_error, post_rank_error, print0,
-                             rank_errors_count, rank_errors_posted)
+from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_rank, is_dist, own_error,
+                             post_rank_error, print0, rank_errors_count, rank_errors_posted)
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, write_run_report
@@ -329,19 +329,36 @@ def stop_before_training(run: Run, error: Exception) -> int:
 # -- an error in base_train's set-up (build_run, prepare_resume): no Run yet -----------------------------------------
 SET_UP_ERROR_KEY = "setup_error"  # the store keys of the set-up's errors, as ERROR_KEY is training's
 # How long a rank other than 0, after it reported an error, waits for rank 0's summary.json: for rank 0's own post first
-# (final_eval's AGREEMENT_WAIT_S: a rank 0 without one by then waits in a collective that only this rank's exit ends,
-# as with NCCL, where leaving the group does not break it), then for the write, once rank 0 is at it (the run report;
-# a slow shared file system). torchrun ends the ranks left once one has exited, which could kill rank 0 before it.
+# (final_eval's AGREEMENT_WAIT_S by default: a rank 0 without one by then waits in a collective that only this rank's
+# exit ends, as with NCCL, where leaving the group does not break it), then for the write, once rank 0 is at it (the
+# run report; a slow shared file system). torchrun ends the ranks left once one has exited, which could kill rank 0
+# before it.
 SUMMARY_WAIT_S = 60.0
+# The first of those waits in the set-up under gloo, where a rank that failed alone has left the group: rank 0 fails
+# at its next collective, which may be minutes of its own work away (data, eval rows, the model build, a checkpoint
+# load), so the lone rank waits that long for rank 0's post, not the final evaluation's moments.
+SET_UP_RANK0_WAIT_S = 600.0
 
 
-def wait_for_rank0_summary(group: GroupStore, rank0_key: str, summary_key: str) -> None:
-    """On a rank other than 0 after an error: wait, bounded, until rank 0 has posted ``rank0_key`` in ``group``'s
-    store (it has met the error too), then until it has written summary.json (``summary_key``)."""
+def set_up_rank0_wait_s(backend: str) -> float:
+    """How long a rank that failed alone in the set-up (and left the group) waits for rank 0's post: long under
+    gloo, where rank 0 posts once it reaches its next collective, which breaks; AGREEMENT_WAIT_S under NCCL (or an
+    unknown backend), where that collective does not break, rank 0 never posts, and only this rank's exit (torchrun
+    then ends rank 0, without a summary) ends the wait."""
+    from nanochat.final_eval import AGREEMENT_WAIT_S  # here: final_eval imports this module
+
+    return SET_UP_RANK0_WAIT_S if backend == "gloo" else AGREEMENT_WAIT_S
+
+
+def wait_for_rank0_summary(group: GroupStore, rank0_key: str, summary_key: str,
+                           rank0_wait_s: float | None = None) -> None:
+    """On a rank other than 0 after an error: wait, bounded (``rank0_wait_s``; AGREEMENT_WAIT_S if None), until rank
+    0 has posted ``rank0_key`` in ``group``'s store (it has met the error too), then until it has written
+    summary.json (``summary_key``)."""
     from nanochat.final_eval import AGREEMENT_WAIT_S  # here: final_eval imports this module
 
     try:
-        group.store.wait([rank0_key], timedelta(seconds=AGREEMENT_WAIT_S))
+        group.store.wait([rank0_key], timedelta(seconds=AGREEMENT_WAIT_S if rank0_wait_s is None else rank0_wait_s))
         group.store.wait([summary_key], timedelta(seconds=SUMMARY_WAIT_S))
     except Exception as e:  # noqa: BLE001 - a timeout, or the store went with rank 0
         print(f"rank {group.rank}: no word of summary.json from rank 0 ({type(e).__name__}); exiting: a rank 0 that "
@@ -354,6 +371,9 @@ class SetUpProgress:
     # set once this session holds the run dir (run.lock) and it is this run's to describe: a fresh start into an
     # empty one, or a --resume (not a run that --overwrite deletes only once the set-up has finished)
     run_dir: Path | None = None
+    # the checkpoint step this --resume goes on from, once train_resume.resume_point has chosen it (a rewind's K of
+    # --resume K, below the latest); None before (then the latest stands for it) and for a fresh start
+    resume_step: int | None = None
 
 
 def stop_set_up_by_error(args, progress: SetUpProgress, error: Exception) -> int:
@@ -377,7 +397,8 @@ def stop_set_up_by_error(args, progress: SetUpProgress, error: Exception) -> int
         return 1
     group = leave_the_group(error_text(error))
     if group.rank != 0:
-        wait_for_rank0_summary(group, f"{SET_UP_ERROR_KEY}/0", f"{SET_UP_ERROR_KEY}/summary")
+        wait_for_rank0_summary(group, f"{SET_UP_ERROR_KEY}/0", f"{SET_UP_ERROR_KEY}/summary",
+                               set_up_rank0_wait_s(group.backend))
         return 1
     errors = errors_of_failing_ranks(SET_UP_ERROR_KEY, group) or {0: error_text(error)}
     record_set_up_error(args, progress, errors, group.world)
@@ -393,32 +414,45 @@ def leave_the_group(text: str) -> GroupStore:
     store. Its leaving ends a collective the others wait in (gloo: "Connection closed by peer"), so they reach
     their error branch now, not at the collective's timeout, and post theirs: the first error posted is the cause.
     (NCCL's collectives do not notice: a rank waiting in one is ended by torchrun once this rank has exited, after
-    its bounded wait. Every set-up step that can fail on one rank is a shared step, so this is for bugs.)"""
+    its short wait (set_up_rank0_wait_s), without a summary. Every set-up step that can fail on one rank is a shared
+    step, so this is for bugs.)"""
     group = GroupStore.of_the_group()
     try:
         post_rank_error(SET_UP_ERROR_KEY, text, group)
     except Exception as e:  # noqa: BLE001 - the store went with the rank that hosted it
         print(f"rank {group.rank}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
-    dist.destroy_process_group()
+    compute_cleanup()  # its gc.collect too: gloo's threads joined now, not at interpreter shutdown
     return group
 
 
 def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], world: int) -> None:
     """Rank 0's account of a set-up stopped by ``errors`` (by rank, the first to fail first): the error and the way
-    on, and summary.json if the run dir is this run's (``progress``). A failed write is said beside the error."""
+    on, and summary.json if the run dir is this run's (``progress``), unless it holds a completed run's summary: the
+    set-up changed nothing in the run dir (a resume sets later checkpoints aside only after it), so that account
+    stands, and scripts.results reads it. A failed write is said beside the error."""
     first_rank, first = next(iter(errors.items()))
     several = len(errors) > 1 or first_rank != 0
-    last = last_step_in(progress.run_dir) if progress.run_dir is not None and args.resume is not None else None
-    where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if several else ""
-    print(f"error: {first}{where}\ntraining stopped before step {(last or 0) + 1}: the set-up failed",
+    resuming = progress.run_dir is not None and args.resume is not None
+    last = last_step_in(progress.run_dir) if resuming else None
+    step = progress.resume_step if progress.resume_step is not None else last
+    kept = resuming and completed_summary(progress.run_dir)
+    written = progress.run_dir is not None and not kept
+    where = f" (rank {first_rank}; the errors of every rank that failed " + \
+        ("are in summary.json)" if written else f"= {'; '.join(f'rank {r}: {t}' for r, t in errors.items())})")
+    what = "the set-up" if step is None or step == last else f"the set-up of --resume {step}"
+    print(f"error: {first}{where if several else ''}\ntraining stopped before step {(step or 0) + 1}: {what} failed",
           file=sys.stderr, flush=True)
     if progress.run_dir is None:
         print("summary.json not written: the run dir was not yet this run's (not claimed yet, or it still holds the "
               "run --overwrite deletes)", file=sys.stderr, flush=True)
         return
-    print(way_on_after_error(progress.run_dir, last), file=sys.stderr, flush=True)
+    print(way_on_after_set_up_error(progress.run_dir, step, last), file=sys.stderr, flush=True)
+    if kept:
+        print("summary.json not written: it holds the completed run's account, which this failed set-up did not "
+              "change", file=sys.stderr, flush=True)
+        return
     summary = {"run_name": args.run_name, "run_dir": str(progress.run_dir), "stop_reason": "error",
-               "step": last or 0, "world_size": world, "error": first, "last_checkpoint": last,
+               "step": step or 0, "world_size": world, "error": first, "last_checkpoint": last,
                **({"error_rank": first_rank, "errors_by_rank": {str(r): t for r, t in errors.items()}}
                   if several else {})}
     try:
@@ -428,3 +462,18 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
         return
     write_report_or_warn(progress.run_dir)
 
+
+def completed_summary(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("stop_reason") == "completed"
+    except (OSError, ValueError, AttributeError):  # none, or unreadable: nothing to keep
+        return False
+
+
+def way_on_after_set_up_error(run_dir: Path, step: int | None, last: int | None) -> str:
+    """The way on after a failed set-up: a rewind's (``step`` below ``last``, the latest) names its own checkpoint,
+    which a plain --resume would not take."""
+    if step is None or step == last:
+        return way_on_after_error(run_dir, last)
+    return f"checkpoint to go on from: step {step} in {run_dir / ckpt.CKPT_DIR} (--resume {step}; the later ones, up " \
+           f"to step {last}, are untouched); fix the cause, then run the same command again"

@@ -142,6 +142,8 @@ def build_run(args, stack: ExitStack, tokenizer=None, progress: SetUpProgress | 
     # before the expensive set-up (CORE bundle, eval rows, model): a requeue with wrong flags, or a wrong
     # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
     resume = train_resume.resume_point(args, run_dir, config, plan, data, info.world_size)
+    if progress is not None and resume is not None:
+        progress.resume_step = resume.step  # a rewind's own step, for the account of an error from here on
     source = init_from.checked_source(args, run_dir, config, data.tokenizer, data.data_sha256) \
         if resume is None and args.init_from else None
     data.bundle = resolve_bundle(args)  # may download: a missing --bundle fails before the eval rows' tokenizing

@@ -87,3 +87,46 @@ def test_an_interrupted_core_leaves_the_model_in_its_mode(tmp_path, monkeypatch)
     with pytest.raises(Interrupted), torch.no_grad():
         core_eval.evaluate_core(model, CharTok(), write_tiny_bundle(tmp_path / "bundle"), progress=False)
     assert model.training
+
+
+def test_an_error_reading_old_caps_leaves_the_model_in_its_mode(tmp_path, monkeypatch):
+    """The set-up before CORE's first task (read_old_caps: an unreadable results file) may raise too: the model,
+    already put in eval mode, went back to the caller that way."""
+    model = tiny_gpt(seq_len=64).train()
+
+    def unreadable(finished):
+        raise OSError("simulated unreadable results file")
+
+    monkeypatch.setattr(core_eval, "read_old_caps", unreadable)
+    with pytest.raises(OSError), torch.no_grad():
+        core_eval.evaluate_core(model, CharTok(), write_tiny_bundle(tmp_path / "bundle"), progress=False,
+                                finished=object())
+    assert model.training
+
+
+def test_a_resume_that_changed_the_config_and_is_cut_in_its_owed_evals_saves_the_change(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A session resumed from a pending checkpoint with --resume-override-lr and SIGTERM in the step's owed val bpb:
+    the checkpoint on disk lacks the override, so it is saved again with it (the next --resume takes the new LR
+    without --resume-override-lr) and "checkpoint saved" is true. (--resume-new-world-size takes the same path: a
+    change this session made at the step.)"""
+    from _mid_step_signal_worker import signal_during_call, signal_during_step
+    from test_signal_boundary import FLAGS as BOUNDARY_FLAGS
+
+    run = tmp_path / "r"
+    real_step, real_bpb = base_train.train_step, base_train.run_split_bpb
+    monkeypatch.setattr(base_train, "train_step", signal_during_step(real_step, 3, signal.SIGTERM))
+    assert train(run, *BOUNDARY_FLAGS) == 0  # step 3: saved pending, its evals owed
+    monkeypatch.setattr(base_train, "train_step", real_step)
+    monkeypatch.setattr(base_train, "run_split_bpb", signal_during_call(real_bpb, 1, signal.SIGTERM))
+    capsys.readouterr()
+    change = ["--matrix-lr", "0.01", "--resume-override-lr"]
+    assert train(run, *BOUNDARY_FLAGS, "--resume", *change) == 0
+    out = capsys.readouterr().out
+    assert "SIGTERM during the periodic evals: cut short (the cut one logs nothing); saving the step" in out, out
+    config = ckpt.load_meta(run, 3)["config"]
+    assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    assert [e["step"] for e in config["lr_overrides"]] == [3], config
+    monkeypatch.setattr(base_train, "run_split_bpb", real_bpb)
+    assert train(run, *BOUNDARY_FLAGS, "--resume", *change[:-1]) == 0  # the change is the checkpoint's now
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"

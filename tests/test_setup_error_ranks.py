@@ -3,6 +3,7 @@ checkpoint, a bug) ends every rank together: rank 0 names every failing rank's e
 once the run dir is this run's, exit code 1, and no rank is left waiting in a collective the failing one left."""
 
 import json
+import re
 import time
 
 import pytest
@@ -16,7 +17,9 @@ WORKER = REPO / "tests" / "_setup_error_worker.py"
 NO_HANG_S = 60
 
 
-def run_worker(monkeypatch, run, fail: str, at: str, *extra: str):
+def run_worker(monkeypatch, run, fail: str, at: str, *extra: str, **env: str):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("FAIL_RANKS", fail)
     monkeypatch.setenv("FAIL_AT", at)
     started = time.monotonic()
@@ -32,7 +35,25 @@ def summary_of(run) -> dict:
 def error(rank: int, at: str) -> str:
     return {"model": f"RuntimeError: simulated CUDA out of memory (rank {rank})",
             "restore": f"UnpicklingError: simulated corrupt checkpoint (rank {rank})",
-            "resume_point": f"RuntimeError: simulated bug (rank {rank})"}[at]
+            "resume_point": f"RuntimeError: simulated bug (rank {rank})",
+            "resolve": f"RuntimeError: simulated bug in the resume choice (rank {rank})"}[at]
+
+
+INTERRUPTED = ["--num-iterations", "3", "--save-every", "1"]
+
+
+def interrupted_run(run, monkeypatch) -> None:
+    """A run of one process (quicker) stopped by SIGTERM during step 2, with checkpoints at steps 1 and 2."""
+    import signal
+
+    from _mid_step_signal_worker import signal_during_step
+    from scripts import base_train
+    from test_train_e2e import train
+
+    with monkeypatch.context() as m:
+        m.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 2, signal.SIGTERM))
+        assert train(run, *INTERRUPTED) == 0
+    assert (summary_of(run)["stop_reason"], summary_of(run)["step"]) == ("interrupted", 2)
 
 
 def test_a_model_build_error_on_rank_1_alone_ends_both_ranks_with_rank_0s_summary(tmp_path, monkeypatch):
@@ -53,21 +74,76 @@ def test_a_model_build_error_on_rank_1_alone_ends_both_ranks_with_rank_0s_summar
 
 def test_a_corrupt_checkpoint_on_every_rank_names_both_errors(tmp_path, monkeypatch):
     """A --resume whose checkpoint fails to unpickle on both ranks: the summary of the session that failed replaces
-    the finished one's, with both ranks' errors and the checkpoint to go on from."""
-    from test_train_e2e import train
-
+    the interrupted one's, with both ranks' errors and the checkpoint to go on from."""
     run = tmp_path / "r"
-    assert train(run, "--num-iterations", "1") == 0  # one process (quicker): the resume re-partitions its data
-    assert summary_of(run)["stop_reason"] == "completed"
-    r, out, elapsed = run_worker(monkeypatch, run, "0,1", "restore", "--resume", "1", "--resume-new-world-size")
+    interrupted_run(run, monkeypatch)  # one process: the resume re-partitions its data
+    r, out, elapsed = run_worker(monkeypatch, run, "0,1", "restore", "--resume", "--resume-new-world-size",
+                                 *INTERRUPTED)
     assert r.returncode == 1, out[-3000:]
     summary = summary_of(run)
-    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 1, 1), summary
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 2, 2), summary
     assert (summary["error"], summary["error_rank"]) == (error(0, "restore"), 0), summary
     assert summary["errors_by_rank"] == {"0": error(0, "restore"), "1": error(1, "restore")}, summary
     assert r.stderr.count(f"error: {error(0, 'restore')}") == 1, r.stderr[-3000:]
-    assert f"last checkpoint: step 1 in {run / 'checkpoints'}" in r.stderr, r.stderr[-3000:]
+    assert f"last checkpoint: step 2 in {run / 'checkpoints'}" in r.stderr, r.stderr[-3000:]
     assert elapsed < NO_HANG_S, elapsed
+
+
+def test_an_error_in_rank_0s_resume_choice_prints_one_traceback_and_keeps_a_completed_summary(tmp_path, monkeypatch):
+    """rank0_decides raises rank 0's error on every rank: only rank 0 prints its traceback (rank 1 received it and
+    has none of its own), and the set-up that failed leaves the completed run's summary.json alone: nothing in the
+    run dir changed before the first step, and scripts.results averages completed summaries."""
+    from test_train_e2e import train
+
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "1") == 0
+    completed = summary_of(run)
+    r, out, _ = run_worker(monkeypatch, run, "0", "resolve", "--resume", "--resume-new-world-size")
+    assert r.returncode == 1, out[-3000:]
+    tracebacks = re.findall(f"^{re.escape(error(0, 'resolve'))}$", r.stderr, flags=re.MULTILINE)  # a traceback's last line
+    assert len(tracebacks) == 1, r.stderr[-5000:]  # rank 0's: rank 1 printed rank 0's as its own as well
+    assert r.stderr.count(f"error: {error(0, 'resolve')}\n") == 1, r.stderr[-3000:]
+    assert "summary.json not written: it holds the completed run's account" in r.stderr, r.stderr[-3000:]
+    assert summary_of(run) == completed
+
+
+def test_a_lone_rank_waits_for_a_rank_0_that_is_busy_longer_than_the_old_bound(tmp_path, monkeypatch):
+    """Rank 1 fails alone while rank 0 does local work (here 4 s; data, eval rows, a model build in a real run)
+    before its next collective, longer than AGREEMENT_WAIT_S (here 1 s). Rank 1 used to exit after that bound, and
+    torchrun's SIGTERM then ended rank 0 before it wrote summary.json; under gloo rank 1 now waits until rank 0 meets
+    the broken collective and writes it."""
+    run = tmp_path / "r"
+    r, out, elapsed = run_worker(monkeypatch, run, "1", "resume_point", SLOW_S="4", AGREEMENT_WAIT_S="1")
+    assert r.returncode == 1, out[-3000:]
+    summary = summary_of(run)
+    assert (summary["error"], summary["error_rank"]) == (error(1, "resume_point"), 1), summary
+    assert r.stderr.count(f"error: {error(1, 'resume_point')} (rank 1") == 1, r.stderr[-3000:]
+    assert elapsed < NO_HANG_S, elapsed
+
+
+def test_a_failed_rewind_names_its_own_step(tmp_path, monkeypatch, capsys):
+    """--resume 1 below the latest checkpoint (2), whose load fails: the message and summary.json name step 1 (the
+    session's), not the latest, and say the later checkpoint is still there."""
+    import pickle
+
+    from nanochat import train_resume
+    from test_train_e2e import train
+
+    run = tmp_path / "r"
+    interrupted_run(run, monkeypatch)
+
+    def corrupt(*args, **kwargs):
+        raise pickle.UnpicklingError("simulated corrupt checkpoint")
+
+    monkeypatch.setattr(train_resume, "restore", corrupt)
+    capsys.readouterr()
+    assert train(run, *INTERRUPTED, "--resume", "1") == 1
+    err = capsys.readouterr().err
+    assert "training stopped before step 2: the set-up of --resume 1 failed" in err, err
+    assert f"checkpoint to go on from: step 1 in {run / 'checkpoints'} (--resume 1; the later ones, up to step 2, " \
+           "are untouched)" in err, err
+    summary = summary_of(run)
+    assert (summary["stop_reason"], summary["step"], summary["last_checkpoint"]) == ("error", 1, 2), summary
 
 
 @pytest.mark.parametrize("fail", ["0", "1"])

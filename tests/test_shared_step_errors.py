@@ -1,0 +1,53 @@
+"""every_rank_ok's handling of this rank's own error before the exchange that shares it: the failed work's frames
+let go (a CUDA OOM's half-built model is freed before all_gather_object allocates), and an exchange that fails
+itself names this rank's error as its cause."""
+
+import gc
+import traceback
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from nanochat import common
+
+
+class Model:
+    """Stands in for a half-built model, held only by the failing function's frame."""
+
+
+def fake_world(monkeypatch, all_gather_object):
+    monkeypatch.setattr(common, "is_dist", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+
+
+def test_the_failed_work_is_freed_before_the_exchange_and_a_failed_exchange_chains_to_it(monkeypatch):
+    alive = []
+
+    def build():
+        model = Model()  # noqa: F841 - kept alive by this frame, as by a traceback
+        alive.append(weakref.ref(model))
+        raise torch.OutOfMemoryError("simulated CUDA out of memory")
+
+    def exchange(out, obj):
+        gc.collect()
+        assert alive[0]() is None, "the failed work's locals are alive during the exchange"
+        raise RuntimeError("simulated exchange failure (a peer gone)")
+
+    fake_world(monkeypatch, exchange)
+    with pytest.raises(RuntimeError, match="simulated exchange failure") as raised:
+        common.every_rank_ok(build)
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError), raised.value.__cause__
+    assert "in build" in "".join(traceback.format_exception(raised.value.__cause__))  # still printable
+
+
+def test_an_exchange_that_fails_without_an_own_error_is_raised_as_it_is(monkeypatch):
+    def exchange(out, obj):
+        raise RuntimeError("simulated exchange failure")
+
+    fake_world(monkeypatch, exchange)
+    with pytest.raises(RuntimeError, match="simulated exchange failure") as raised:
+        common.every_rank_ok(lambda: 1)
+    assert raised.value.__cause__ is None
