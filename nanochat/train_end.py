@@ -437,8 +437,9 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
     step = progress.resume_step if progress.resume_step is not None else last
     kept = resuming and completed_summary(progress.run_dir)
     written = progress.run_dir is not None and not kept
-    where = f" (rank {first_rank}; the errors of every rank that failed " + \
-        ("are in summary.json)" if written else f"= {'; '.join(f'rank {r}: {t}' for r, t in errors.items())})")
+    each = "; ".join(f"rank {r}: {t}" for r, t in errors.items())
+    where = f" (rank {first_rank}; " + ("the errors of every rank that failed are in summary.json)" if written else
+                                        f"every failing rank's error: {each})")
     what = "the set-up" if step is None or step == last else f"the set-up of --resume {step}"
     print(f"error: {first}{where if several else ''}\ntraining stopped before step {(step or 0) + 1}: {what} failed",
           file=sys.stderr, flush=True)
