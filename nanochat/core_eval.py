@@ -315,11 +315,11 @@ def evaluate_core(model, tokenizer, bundle_dir, max_per_task: int = -1, batch_si
     bundle_dir = Path(bundle_dir)
     specs, baselines, present, info = rank0_decides(lambda: _core_plan(bundle_dir))
     was_training = model.training
-    model.eval()
     results = {}
-    if finished is not None:
-        read_old_caps(finished)
     try:  # a caller that catches a stop signal (Interrupted) or an error goes on with the model in its own mode
+        model.eval()
+        if finished is not None:
+            read_old_caps(finished)
         for task in present:
             path = bundle_dir / "eval_data" / task.dataset_uri
 

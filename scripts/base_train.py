@@ -331,12 +331,16 @@ def signal_reason(stop: StopSignal) -> str:
 def stop_in_the_evals(run: Run, step: int, cut: Interrupted, signal_why: str, keep: bool) -> str:
     """After a signal cut the periodic evals of ``step`` short: the step's checkpoint as a signal stop's, pending
     (its resume runs the step's evals and samples again). A pending resume's own step already has that checkpoint
-    on disk (nothing has changed since it was loaded): not written again, within a scheduler's grace period."""
-    saved = step == run.last_saved
+    on disk: not written again, within a scheduler's grace period, unless this session changed its config at this
+    step (--resume-override-lr, --resume-new-world-size): saved again with the change, or the next --resume would
+    meet the checkpoint's old config and refuse this session's flags."""
+    on_disk = step == run.last_saved
+    changed = on_disk and (run.lr_override_now is not None or run.world_size_now is not None)
+    what = "saving the step again, with this session's resume changes" if changed else \
+        "its checkpoint, saved before them, stays" if on_disk else "saving the step"
     print0(f"step {step:05d} | {signal.Signals(cut.signum).name} during the periodic evals: cut short (the cut one "
-           f"logs nothing); {'its checkpoint, saved before them, stays' if saved else 'saving the step'}: its "
-           "--resume runs them")
-    if not saved:
+           f"logs nothing); {what}: its --resume runs them")
+    if not on_disk or changed:
         save_at_boundary(run, signal_why, keep, pending=True)
     return "interrupted"
 
