@@ -186,7 +186,7 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
 
 def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
     """After FinalEvalError, on every rank that raised it: each prints its traceback; rank 0 says what to do and
-    writes summary.json (stop_reason final_eval_error): the error (the first rank's to fail), the evaluations that
+    writes summary.json (stop_reason final_eval_error): the error (the one posted first), the evaluations that
     finished (``evals``), the step. No collective: a rank may wait in one that cannot complete, or be gone (the ranks
     agreed through the store); the others wait there for rank 0's word, a bounded time (wait_for_rank0_summary).
     Rank 0 waits for the others' errors only once a rank other than 0 has posted one (errors_of_failing_ranks): its

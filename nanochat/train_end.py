@@ -240,8 +240,9 @@ def way_on_after_error(run_dir: Path, last: int | None) -> str:
 def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     """After an error no stop plans for (an OOM, a bug), on the rank(s) that raised it; exit code 1. Each prints its
     traceback and posts its error (post_error). Rank 0 then records the stop (metrics.jsonl, summary.json: "error",
-    the error of the first rank to fail, the last checkpoint, ``evals``: what finished) and says how to go on. No
-    collective: the other ranks may wait in one that cannot complete. A rank other than 0 that raised alone leaves
+    the error posted first, the likely cause, as the others' collectives break once its rank has left; the last
+    checkpoint; ``evals``: what finished) and says how to go on. No collective: the other ranks may wait in one
+    that cannot complete. A rank other than 0 that raised alone leaves
     the account to rank 0, whose collective breaks once this rank has exited (torchrun's SIGTERM to it is latched
     by StopSignal, so it still writes the summary); a launcher that SIGKILLs it leaves none."""
     traceback.print_exception(error)  # first: nothing below may hide it
@@ -379,9 +380,10 @@ class SetUpProgress:
 def stop_set_up_by_error(args, progress: SetUpProgress, error: Exception) -> int:
     """After an error that no refusal plans for in base_train's set-up (an OOM while the model is built, a corrupt
     checkpoint, a bug), on every rank that has it; exit code 1 (a bad flag or file, ValueError or FileNotFoundError,
-    stays print_error's exit 2). Each rank prints the traceback of its own error; rank 0 prints the error of the
-    first rank to fail and writes summary.json ("error", and every failing rank's error beside it) where the run dir
-    is this run's (``progress``). An error every rank raised together (a shared step: every_rank_ok, rank0_decides,
+    stays print_error's exit 2). Each rank prints the traceback of its own error; rank 0 prints the error it names
+    first (in a shared step the lowest failing rank's, else the one posted first) and writes summary.json ("error",
+    and every failing rank's error beside it) where the run dir is this run's (``progress``) and does not hold a
+    completed run's account. An error every rank raised together (a shared step: every_rank_ok, rank0_decides,
     as the set-up's local work runs) carries each failing rank's to rank 0, and the others wait for the summary in
     a barrier. An error of one rank alone, outside a shared step, goes through the store instead (leave_the_group):
     the other ranks may wait in a collective that rank will never enter."""
@@ -426,7 +428,8 @@ def leave_the_group(text: str) -> GroupStore:
 
 
 def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], world: int) -> None:
-    """Rank 0's account of a set-up stopped by ``errors`` (by rank, the first to fail first): the error and the way
+    """Rank 0's account of a set-up stopped by ``errors`` (by rank, the one to name first: the lowest failing rank
+    of a shared step, the first to post through the store): the error and the way
     on, and summary.json if the run dir is this run's (``progress``), unless it holds a completed run's summary: the
     set-up changed nothing in the run dir (a resume sets later checkpoints aside only after it), so that account
     stands, and scripts.results reads it. A failed write is said beside the error."""

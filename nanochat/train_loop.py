@@ -279,11 +279,12 @@ class StopSignal:
     sends SIGTERM to the launcher AND every worker, and torchrun forwards its own, so a worker sees two SIGTERMs
     (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save.
 
-    Inside ``interrupts()`` (the final evaluation: the last checkpoint is saved, only the evaluation and the
-    summary are left) the first signal ends the evaluation instead, and one latched before ends it on entry: at
+    Inside ``interrupts()`` (the final evaluation, after the last checkpoint is saved, when only the evaluation and
+    the summary are left; a step's periodic evals, before its checkpoint is saved, which the caller then saves as a
+    signal stop's) the first signal ends the evaluation instead, and one latched before ends it on entry: at
     once in one process, at the next batch's stop vote or set-up step (e.g. preparing a CORE task) on every rank
     under torch.distributed (see ``nanochat.eval_resume.stop_evaluation``); the signals after it change nothing (a
-    later Ctrl-C aborts, as always), so the summary that follows is written."""
+    later Ctrl-C aborts, as always), so the checkpoint or summary that follows is written."""
 
     abort_after_s = 1.0
 

@@ -154,8 +154,8 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
 
 def changes_saved_at(meta: dict, step: int) -> dict:
     """The --resume-override-lr and --resume-new-world-size changes that checkpoint ``step`` (its ``meta``) holds of
-    sessions that resumed from this same step and saved it again (after a signal during the evals a pending
-    checkpoint owed), as their "resume" records in metrics.jsonl spell them."""
+    sessions that resumed from this same step and saved it again (after a signal during the evals or samples a
+    pending checkpoint owed), as their "resume" records in metrics.jsonl spell them."""
     config = meta.get("config", {})
     return {"lr_override": [e["changes"] for e in config.get("lr_overrides") or [] if e["step"] == step],
             "world_size": [{k: e[k] for k in ("checkpoint", "now")}
