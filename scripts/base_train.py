@@ -29,10 +29,11 @@ any other error (in the final evaluation: stop_reason "final_eval_error", the st
 reruns it; else stop_reason "error", also for an error in the run dir's set-up before the first step (config.json
 on a full disk: one line, no traceback) and for an unplanned one in the set-up before it (an OOM while the model is
 built, a corrupt checkpoint, a bug: every rank stops together; summary.json only where the run dir is this run's, a
-fresh one or a --resume): the traceback on stderr, then the last checkpoint and how to continue; under
-torchrun rank 0 writes one rank's error (in a shared step the lowest failing rank's, else the one posted first:
-the likely cause), "error_rank" and "errors_by_rank" beside it when it was another rank's or several failed). A stop by an error writes "error" and "last_checkpoint" in summary.json; a second
-Ctrl-C aborts at once, without one.
+fresh one or a --resume, and not over a completed run's): the traceback on stderr, then the last checkpoint and how
+to continue; under torchrun rank 0 writes one rank's error (in a shared step the lowest failing rank's, else the one
+posted first: the likely cause), "error_rank" and "errors_by_rank" beside it when it was another rank's or several
+failed). A stop by an error writes "error" and "last_checkpoint" in summary.json; a second Ctrl-C aborts at once,
+without one.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
 (see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
 """
