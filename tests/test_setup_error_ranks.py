@@ -225,3 +225,31 @@ def test_rank_0_waits_for_the_others_errors_only_as_told(monkeypatch):
     started = time.monotonic()
     assert errors_of_failing_ranks("lone", ranks[0]) == {0: "E0"}  # training: rank 0 first waits for the others
     assert time.monotonic() - started >= 0.3
+
+
+def test_a_lone_rank_waits_long_for_rank_0_under_gloo_only(monkeypatch, capsys):
+    """wait_for_rank0_summary with the set-up's bound, against a real c10d store: under gloo rank 0's post after
+    AGREEMENT_WAIT_S (here 0.3 s; it comes once rank 0 reaches its next collective, which breaks) is still waited
+    for, then its summary; under NCCL, where that collective does not break and rank 0 never posts, the wait ends
+    at AGREEMENT_WAIT_S."""
+    import threading
+
+    import torch.distributed as dist
+
+    from nanochat import final_eval
+    from nanochat.common import GroupStore
+    from nanochat.train_end import set_up_rank0_wait_s, wait_for_rank0_summary
+
+    monkeypatch.setattr(final_eval, "AGREEMENT_WAIT_S", 0.3)
+    store = dist.HashStore()
+    post = threading.Timer(1.0, lambda: (store.set("k/0", "posted"), store.set("k/summary", "written")))
+    post.start()
+    started = time.monotonic()
+    wait_for_rank0_summary(GroupStore(store, 1, 2, "gloo"), "k/0", "k/summary", set_up_rank0_wait_s("gloo"))
+    assert 1.0 <= time.monotonic() - started < 30
+    post.join()
+    assert "no word" not in capsys.readouterr().out
+    started = time.monotonic()
+    wait_for_rank0_summary(GroupStore(store, 1, 2, "nccl"), "never/0", "never/summary", set_up_rank0_wait_s("nccl"))
+    assert 0.3 <= time.monotonic() - started < 5
+    assert "rank 1: no word of summary.json from rank 0" in capsys.readouterr().out
