@@ -265,9 +265,12 @@ def claim_run_dir(run_dir: Path, resume: str | None, overwrite: bool, stack) -> 
                    "(killed or crashed); this run takes the directory over")
         found = run_contents(run_dir)
         if found and resume is None and not overwrite:
+            # a run without a checkpoint (e.g. one whose set-up failed: its summary.json) has nothing to continue
+            way = "continue it with --resume (or --resume auto), " if "checkpoints/" in found else \
+                "it has no checkpoint to continue (see its summary.json, if any): "
             raise ValueError(f"--run-dir {run_dir} already holds a run ({', '.join(found)}) that a fresh start "
-                             "would overwrite: continue it with --resume (or --resume auto), delete it and start "
-                             "afresh with --overwrite, or choose another --run-dir / --run-name")
+                             f"would overwrite: {way}delete it and start afresh with --overwrite, or choose another "
+                             "--run-dir / --run-name")
         if (run_dir / ckpt.CKPT_DIR).exists():
             ensure_writable(run_dir / ckpt.CKPT_DIR, "--run-dir")
         swept = sweep_trash(run_dir) + ckpt.sweep_leftovers(run_dir)

@@ -179,11 +179,16 @@ def test_one_process_set_up_error_writes_the_summary(tmp_path, monkeypatch, caps
     assert train(tmp_path / "r") == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "error: RuntimeError: simulated CUDA out of memory\n" in err, err
+    assert "no checkpoint was saved: once the cause is fixed, start again with --overwrite" in err, err
     summary = summary_of(tmp_path / "r")
     assert (summary["stop_reason"], summary["error"], summary["step"]) == \
         ("error", "RuntimeError: simulated CUDA out of memory", 0), summary
     assert "error_rank" not in summary and "errors_by_rank" not in summary, summary
     monkeypatch.setattr(base_train, "build_model", real_build_model)
+    assert train(tmp_path / "r") == 2  # the same command again: refused, saying what to do (nothing to continue)
+    assert f"--run-dir {tmp_path / 'r'} already holds a run (summary.json, report.md) that a fresh start would " \
+           "overwrite: it has no checkpoint to continue (see its summary.json, if any): delete it and start afresh " \
+           "with --overwrite" in capsys.readouterr().err
     assert train(tmp_path / "bad", "--resume", "1") == 2  # no checkpoint 1: refused as before, nothing written
     assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "bad" / "summary.json").exists()
