@@ -165,7 +165,7 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
     try:
         store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
         key = f"final_eval/{evaluation}"
-        post_rank_error(f"{key}/error", error)  # before the failure
+        post_rank_error(f"{key}/error", error, GroupStore(store, rank, world))  # before the failure
         store.set(f"{key}/failed/{rank}", own_signal or "")
         proposal = _FAILED
         if own_signal is not None:
