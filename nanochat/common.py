@@ -175,7 +175,7 @@ def every_rank_ok(fn):
     gathered = [None] * dist.get_world_size()
     try:
         dist.all_gather_object(gathered, (None if error is None else portable_error(error), _latched_signal()))
-    except Exception as exchange_error:
+    except Exception as exchange_error:  # noqa: BLE001 - re-raised, chained to this rank's own error
         if error is None:
             raise
         raise exchange_error from error  # this rank's own error stays the one named (a peer gone, an OOM in it)

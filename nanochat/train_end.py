@@ -242,9 +242,9 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     traceback and posts its error (post_error). Rank 0 then records the stop (metrics.jsonl, summary.json: "error",
     the error posted first, the likely cause, as the others' collectives break once its rank has left; the last
     checkpoint; ``evals``: what finished) and says how to go on. No collective: the other ranks may wait in one
-    that cannot complete. A rank other than 0 that raised alone leaves
-    the account to rank 0, whose collective breaks once this rank has exited (torchrun's SIGTERM to it is latched
-    by StopSignal, so it still writes the summary); a launcher that SIGKILLs it leaves none."""
+    that cannot complete. A rank other than 0 that raised alone leaves the account to rank 0, whose collective
+    breaks once this rank has exited (torchrun's SIGTERM to it is latched by StopSignal, so it still writes the
+    summary); a launcher that SIGKILLs it leaves none."""
     traceback.print_exception(error)  # first: nothing below may hide it
     text = f"{type(error).__name__}: {error}"
     post_error(text)
@@ -429,10 +429,10 @@ def leave_the_group(text: str) -> GroupStore:
 
 def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], world: int) -> None:
     """Rank 0's account of a set-up stopped by ``errors`` (by rank, the one to name first: the lowest failing rank
-    of a shared step, the first to post through the store): the error and the way
-    on, and summary.json if the run dir is this run's (``progress``), unless it holds a completed run's summary: the
-    set-up changed nothing in the run dir (a resume sets later checkpoints aside only after it), so that account
-    stands, and scripts.results reads it. A failed write is said beside the error."""
+    of a shared step, the first to post through the store): the error and the way on, and summary.json if the run
+    dir is this run's (``progress``), unless it holds a completed run's summary: the set-up changed nothing in the
+    run dir (a resume sets later checkpoints aside only after it), so that account stands, and scripts.results
+    reads it. A failed write is said beside the error."""
     first_rank, first = next(iter(errors.items()))
     several = len(errors) > 1 or first_rank != 0
     resuming = progress.run_dir is not None and args.resume is not None
