@@ -10,7 +10,7 @@ import random
 import sys
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -141,14 +141,16 @@ def rank0_decides(fn):
             outcome = ("ok", value)
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             outcome, error = ("error", portable_error(e)), e
-    outcome = broadcast_object(outcome)  # rank 0 keeps fn's own objects
+    with chained_to(error):
+        outcome = broadcast_object(outcome)  # rank 0 keeps fn's own objects
     if error is not None:  # rank 0's account (own_error, errors_by_rank), set after the broadcast: a copy sent with
         # them would make each receiving rank print rank 0's traceback as its own
         error.own_error, error.errors_by_rank = error, {0: error_text(error)}
     # the signals go in a small exchange of their own: rank 0's outcome may be a whole task's rows, which an
     # all_gather_object would send from every rank's padded buffer
     signals = [0] * dist.get_world_size()
-    dist.all_gather_object(signals, _latched_signal())
+    with chained_to(error):
+        dist.all_gather_object(signals, _latched_signal())
     if outcome[0] == "error":
         raise raised_on_every_rank(error if error is not None else outcome[1])
     _stop_if_latched_on_any_rank(signals)
@@ -173,15 +175,23 @@ def every_rank_ok(fn):
     except Exception as e:  # noqa: BLE001 - shared with the other ranks below
         error = let_go_of_the_failed_work(e)
     gathered = [None] * dist.get_world_size()
-    try:
+    with chained_to(error):
         dist.all_gather_object(gathered, (None if error is None else portable_error(error), _latched_signal()))
-    except Exception as exchange_error:  # noqa: BLE001 - re-raised, chained to this rank's own error
-        if error is None:
-            raise
-        raise exchange_error from error  # this rank's own error stays the one named (a peer gone, an OOM in it)
     raise_lowest_rank_error([exc for exc, _ in gathered], error)
     _stop_if_latched_on_any_rank([signum for _, signum in gathered])
     return result
+
+
+@contextmanager
+def chained_to(error: BaseException | None):
+    """An exchange that shares this rank's own ``error`` (None: none): if the exchange fails too (a peer gone, an
+    OOM in NCCL's buffer), its error names ``error`` as its cause, so the traceback still shows this rank's own."""
+    try:
+        yield
+    except Exception as exchange_error:  # noqa: BLE001 - re-raised, chained to this rank's own error
+        if error is None:
+            raise
+        raise exchange_error from error
 
 
 def let_go_of_the_failed_work(error: Exception) -> Exception:

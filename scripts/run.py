@@ -273,6 +273,11 @@ def failure_message(seed: int, code: int, summary: dict | None, how: str, log_pa
                 f"rates to continue with (--resume-override-lr and the LR flags, after --). Log: {log_path}")
     where = f"its checkpoint of step {last}" if last is not None else "the start (no checkpoint was saved)"
     fixed = "once the cause is fixed, " if error else ""  # e.g. torchrun's own exit code after a signal stop
+    step = summary.get("step")
+    if reason == "error" and last is not None and step is not None and step < last:
+        # a failed rewind (--resume K below the latest): --resume auto would take the latest, dropping the rewind
+        return (f"{said}; {fixed}it continues from its checkpoint of step {step} by re-running the same command (its "
+                f"--resume {step} kept; the later checkpoints, up to step {last}, are untouched). Log: {log_path}")
     return f"{said}; {fixed}it continues from {where} {how}. Log: {log_path}"
 
 

@@ -61,3 +61,20 @@ def test_a_signal_stop_under_torchrun_continues_from_its_step(tmp_path):
     each): the seed continues from the checkpoint of its step, no cause to fix."""
     line = failure(tmp_path, {"stop_reason": "interrupted", "step": 5, "signal": "SIGTERM"}, 1)
     assert f"exit code 1: interrupted at step 5; it continues from its checkpoint of step 5 {HOW}. Log: " in line, line
+
+
+def test_a_failed_rewind_continues_from_its_own_step_with_the_same_command(tmp_path):
+    """A --resume K below the latest checkpoint whose set-up failed: base_train's summary has step K and
+    last_checkpoint the latest, which it left untouched. --resume auto would take the latest and drop the rewind the
+    user asked for: the way on is the same command, --resume K kept."""
+    from scripts.run import how_to_continue
+
+    summary = {"stop_reason": "error", "step": 1, "error": "UnpicklingError: bad", "last_checkpoint": 2}
+    run_dir = tmp_path / "seed1"
+    run_dir.mkdir()
+    with pytest.raises(SystemExit) as ended:
+        run_one(1, run_dir, [*child_that_writes(summary, 1), str(run_dir)], how=how_to_continue(["--resume", "1"]))
+    line = str(ended.value.code)
+    assert "error at step 1 (UnpicklingError: bad); once the cause is fixed, it continues from its checkpoint of " \
+           f"step 1 {HOW} (its --resume 1 kept; the later checkpoints, up to step 2, are untouched). Log: " in line, line
+    assert "--resume auto" not in line

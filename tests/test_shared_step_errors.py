@@ -51,3 +51,25 @@ def test_an_exchange_that_fails_without_an_own_error_is_raised_as_it_is(monkeypa
     with pytest.raises(RuntimeError, match="simulated exchange failure") as raised:
         common.every_rank_ok(lambda: 1)
     assert raised.value.__cause__ is None
+
+
+@pytest.mark.parametrize("failing", ["broadcast", "signals"])
+def test_rank_0s_own_error_is_the_cause_when_rank0_decides_exchange_fails(monkeypatch, failing):
+    """rank0_decides on rank 0: fn raised, then one of its exchanges failed (a peer gone, an OOM in NCCL's buffer);
+    the exchange's error must name rank 0's own as its cause, or that error is never printed or recorded."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated exchange failure")
+
+    fake_world(monkeypatch, broken if failing == "signals" else lambda out, obj: None)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    if failing == "broadcast":
+        monkeypatch.setattr(common, "broadcast_object", broken)
+    else:
+        monkeypatch.setattr(common, "broadcast_object", lambda obj: obj)
+
+    def decide():
+        raise FileNotFoundError("rank 0's own error")
+
+    with pytest.raises(RuntimeError, match="simulated exchange failure") as raised:
+        common.rank0_decides(decide)
+    assert isinstance(raised.value.__cause__, FileNotFoundError), raised.value.__cause__
