@@ -23,8 +23,8 @@ from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError
 from nanochat.report import train_rows_description
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.slot_balance import describe, with_slot_balance
-from nanochat.train_end import (errors_of_failing_ranks, last_checkpoint_step, wait_for_rank0_summary,
-                                write_summary_after_error)
+from nanochat.train_end import (error_rank_fields, errors_of_failing_ranks, last_checkpoint_step, tell_summary_written,
+                                wait_for_rank0_summary, write_summary_after_error)
 from nanochat.train_loop import StopSignal, gather_objects
 from nanochat.train_setup import run_core, run_split_bpb
 
@@ -200,8 +200,7 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
     first_rank, error = next(iter(errors.items()), (0, str(e)))
     fields = {**evals, "error": error, "training_stop_reason": e.training_stop,
               "last_checkpoint": last_checkpoint_step(run)}  # the step's: the final evaluation follows its save
-    if len(errors) > 1 or first_rank != 0:
-        fields.update(error_rank=first_rank, errors_by_rank={str(r): text for r, text in errors.items()})
+    fields.update(error_rank_fields(errors))
     run.metrics.log({"kind": "stop", "step": step, "reason": "final_eval_error", "error": error})
     how = "training completed" if e.training_stop == "completed" else f"training stopped by {e.training_stop}"
     partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
@@ -213,10 +212,7 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
           f"is saved; {then}", file=sys.stderr, flush=True)
     write_summary_after_error(run, "final_eval_error", fields)
     if is_dist():
-        try:
-            dist.distributed_c10d._get_default_store().set(f"final_eval/{e.evaluation}/summary", "written")
-        except Exception:  # noqa: BLE001 - the store is gone: the others stop waiting at their bound
-            pass
+        tell_summary_written(f"final_eval/{e.evaluation}/summary")
 
 
 def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals: dict) -> str:

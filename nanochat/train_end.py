@@ -20,7 +20,7 @@ from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_
                              post_rank_error, print0, rank_errors_count, rank_errors_posted)
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
-from nanochat.report import REPORT, write_run_report
+from nanochat.report import REPORT, read_json, write_run_report
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.train_setup import write_json
 
@@ -198,7 +198,7 @@ def last_checkpoint(run: Run) -> str:
 def error_fields(run: Run, error: BaseException | str) -> dict:
     """summary.json's account of a stop by an error: the error, and the checkpoint a --resume goes on from (None:
     none), which "step" (the last finished step) is not, unless that step's checkpoint was written."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    text = error if isinstance(error, str) else error_text(error)
     return {"error": text, "last_checkpoint": last_checkpoint_step(run)}
 
 
@@ -219,14 +219,24 @@ def stop_every_rank(run: Run, reason: str, message: str, error: BaseException | 
 ERROR_KEY = "train_error"
 
 
-def post_error(text: str) -> None:
-    """Post this rank's error for rank 0's summary (common.post_rank_error); a store that is gone is said, not raised."""
+def post_error(text: str, key: str = ERROR_KEY, group: GroupStore | None = None) -> None:
+    """Post this rank's error for rank 0's summary (common.post_rank_error, under ``key`` in ``group``'s store: the
+    default group's if None); a store that is gone is said, not raised."""
     if not is_dist():
         return
     try:
-        post_rank_error(ERROR_KEY, text)
+        post_rank_error(key, text, group)
     except Exception as e:  # noqa: BLE001 - the store went with the rank that hosted it
         print(f"rank {dist.get_rank()}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
+
+
+def error_rank_fields(errors: dict[int, str]) -> dict:
+    """summary.json's ``error_rank`` and ``errors_by_rank`` for ``errors`` (by rank, the one named first): only where
+    the error named is another rank's than 0, or several ranks failed."""
+    first_rank = next(iter(errors), 0)
+    if len(errors) <= 1 and first_rank == 0:
+        return {}
+    return {"error_rank": first_rank, "errors_by_rank": {str(r): t for r, t in errors.items()}}
 
 
 def way_on_after_error(run_dir: Path, last: int | None) -> str:
@@ -246,19 +256,17 @@ def stop_by_error(run: Run, error: Exception, evals: dict) -> int:
     breaks once this rank has exited (torchrun's SIGTERM to it is latched by StopSignal, so it still writes the
     summary); a launcher that SIGKILLs it leaves none."""
     traceback.print_exception(error)  # first: nothing below may hide it
-    text = f"{type(error).__name__}: {error}"
+    text = error_text(error)
     post_error(text)
     if run.rank != 0:
         return 1
     step = run.loop["step"]
     errors = errors_of_failing_ranks() or {0: text}  # one process, or the store gone: rank 0's own
     first_rank, first = next(iter(errors.items()))
-    several = len(errors) > 1 or first_rank != 0
-    where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if several else ""
+    ranks = error_rank_fields(errors)
+    where = f" (rank {first_rank}; the errors of every rank that failed are in summary.json)" if ranks else ""
     print(f"error: {first}{where}\ntraining stopped by an error after step {step}", file=sys.stderr, flush=True)
-    if several:
-        evals = {**evals, "error_rank": first_rank, "errors_by_rank": {str(r): t for r, t in errors.items()}}
-    record_error_stop(run, first, evals)
+    record_error_stop(run, first, {**evals, **ranks})
     return 1
 
 
@@ -316,7 +324,7 @@ def stop_before_training(run: Run, error: Exception) -> int:
     if run.rank == 0:
         if not isinstance(error, OSError):
             traceback.print_exception(error)
-        text = f"{type(error).__name__}: {error}"
+        text = error_text(error)
         print(f"error: {text}\ntraining stopped before step {run.loop['step'] + 1}: the set-up of the run dir failed",
               file=sys.stderr, flush=True)
         record_error_stop(run, text, {})
@@ -366,6 +374,15 @@ def wait_for_rank0_summary(group: GroupStore, rank0_key: str, summary_key: str,
               "waits in a collective fails once this rank has left it", flush=True)
 
 
+def tell_summary_written(summary_key: str, group: GroupStore | None = None) -> None:
+    """Rank 0, after its summary.json (written or not): the word the others wait for (wait_for_rank0_summary), in
+    ``group``'s store (the default group's if None)."""
+    try:
+        (group or GroupStore.of_the_group()).store.set(summary_key, "written")
+    except Exception:  # noqa: BLE001 - the store is gone: the others stop waiting at their bound
+        pass
+
+
 @dataclass
 class SetUpProgress:
     """How far base_train's set-up got, for the account of an error in it."""
@@ -404,10 +421,7 @@ def stop_set_up_by_error(args, progress: SetUpProgress, error: Exception) -> int
         return 1
     errors = errors_of_failing_ranks(SET_UP_ERROR_KEY, group) or {0: error_text(error)}
     record_set_up_error(args, progress, errors, group.world)
-    try:
-        group.store.set(f"{SET_UP_ERROR_KEY}/summary", "written")
-    except Exception:  # noqa: BLE001 - the store is gone: the others stop waiting at their bound
-        pass
+    tell_summary_written(f"{SET_UP_ERROR_KEY}/summary", group)
     return 1
 
 
@@ -419,10 +433,7 @@ def leave_the_group(text: str) -> GroupStore:
     its short wait (set_up_rank0_wait_s), without a summary. Every set-up step that can fail on one rank is a shared
     step, so this is for bugs.)"""
     group = GroupStore.of_the_group()
-    try:
-        post_rank_error(SET_UP_ERROR_KEY, text, group)
-    except Exception as e:  # noqa: BLE001 - the store went with the rank that hosted it
-        print(f"rank {group.rank}: could not post the error for rank 0 ({type(e).__name__}: {e})", flush=True)
+    post_error(text, SET_UP_ERROR_KEY, group)
     compute_cleanup()  # its gc.collect too: gloo's threads joined now, not at interpreter shutdown
     return group
 
@@ -434,7 +445,7 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
     run dir (a resume sets later checkpoints aside only after it), so that account stands, and scripts.results
     reads it. A failed write is said beside the error."""
     first_rank, first = next(iter(errors.items()))
-    several = len(errors) > 1 or first_rank != 0
+    ranks = error_rank_fields(errors)
     resuming = progress.run_dir is not None and args.resume is not None
     last = last_step_in(progress.run_dir) if resuming else None
     step = progress.resume_step if progress.resume_step is not None else last
@@ -444,7 +455,7 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
     where = f" (rank {first_rank}; " + ("the errors of every rank that failed are in summary.json)" if written else
                                         f"every failing rank's error: {each})")
     what = "the set-up" if step is None or step == last else f"the set-up of --resume {step}"
-    print(f"error: {first}{where if several else ''}\ntraining stopped before step {(step or 0) + 1}: {what} failed",
+    print(f"error: {first}{where if ranks else ''}\ntraining stopped before step {(step or 0) + 1}: {what} failed",
           file=sys.stderr, flush=True)
     if progress.run_dir is None:
         print("summary.json not written: the run dir was not yet this run's (not claimed yet, or it still holds the "
@@ -456,9 +467,7 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
               "change", file=sys.stderr, flush=True)
         return
     summary = {"run_name": args.run_name, "run_dir": str(progress.run_dir), "stop_reason": "error",
-               "step": step or 0, "world_size": world, "error": first, "last_checkpoint": last,
-               **({"error_rank": first_rank, "errors_by_rank": {str(r): t for r, t in errors.items()}}
-                  if several else {})}
+               "step": step or 0, "world_size": world, "error": first, "last_checkpoint": last, **ranks}
     try:
         write_json(progress.run_dir / "summary.json", summary)
     except OSError as e:
@@ -469,8 +478,8 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
 
 def completed_summary(run_dir: Path) -> bool:
     try:
-        return json.loads((run_dir / "summary.json").read_text()).get("stop_reason") == "completed"
-    except (OSError, ValueError, AttributeError):  # none, or unreadable: nothing to keep
+        return (read_json(run_dir / "summary.json") or {}).get("stop_reason") == "completed"
+    except (OSError, ValueError):  # unreadable, or not a JSON object: nothing to keep
         return False
 
 

@@ -129,9 +129,10 @@ def build_run(args, stack: ExitStack, tokenizer=None, progress: SetUpProgress | 
     attention = setup_attention(args.attention, device)  # before the model is built and compiled
     kernels = install_mome_kernels(args.mome_kernels, device, stack, args.mome_shared_table_kernel)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
-    claim_run_dir(resolve_run_dir(args), args.resume, args.overwrite, stack)
-    if progress is not None and (args.resume is not None or not run_contents(resolve_run_dir(args))):
-        progress.run_dir = resolve_run_dir(args)  # not a run that --overwrite deletes only after the set-up
+    run_dir = resolve_run_dir(args)
+    claim_run_dir(run_dir, args.resume, args.overwrite, stack)
+    if progress is not None and (args.resume is not None or not run_contents(run_dir)):
+        progress.run_dir = run_dir  # not a run that --overwrite deletes only after the set-up
     if args.data_seed is None:
         args.data_seed = args.seed
     data = load_run_data(args, info.rank, info.world_size, device, tokenizer)
@@ -139,7 +140,6 @@ def build_run(args, stack: ExitStack, tokenizer=None, progress: SetUpProgress | 
     plan = build_plan(args, model_summary(config), info.world_size)
     save_flops, eval_flops = run_control.save_cadence(args, plan), run_control.eval_cadence(args, plan)  # real vocab
     report_data_passes(args, plan, data, info.rank)  # passes over the prepared split; shards unlike the paper's
-    run_dir = resolve_run_dir(args)
     # before the expensive set-up (CORE bundle, eval rows, model): a requeue with wrong flags, or a wrong
     # --init-from, fails in seconds; a resume never reads the source (its weights are in the run's checkpoints)
     resume = train_resume.resume_point(args, run_dir, config, plan, data, info.world_size)
