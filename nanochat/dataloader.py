@@ -342,7 +342,9 @@ class PackedDataLoader:
 
 
 # ---- validation ---------------------------------------------------------------------------------------------
-EVAL_CHUNK_DOCS = TOKENIZE_CHUNK  # read at each call (a test shrinks it)
+class EvalRowsTooFew(DataError):
+    """A split that packs fewer rows than an eval token budget asks for (build_eval_rows); base_eval names where
+    its budget came from."""
 
 
 def manifest_chunks(data_dir, split, chunk_docs: int):
@@ -375,14 +377,16 @@ def eval_rows_order(split: str, data_seed: int | None) -> tuple[int | None, dict
     train rows are the documents a run of ``data_seed`` reads first (the final train bpb: data it trained on; None,
     for a run that records no seed, e.g. an imported one: the split's first documents), the val rows the split's
     first documents."""
+    from nanochat.report import FIRST_READ  # the prefix its readers of these descriptions match
+
     if split == "train" and data_seed is not None:
-        return data_seed, {"rows": f"first read with --data-seed {data_seed}"}
+        return data_seed, {"rows": f"{FIRST_READ} with --data-seed {data_seed}"}
     return None, {}
 
 
 def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=BUFFER_DOCS, rank=0,
                     world_size=1, first_read_seed: int | None = None,
-                    chunk_docs: int | None = None) -> torch.LongTensor:
+                    chunk_docs: int = TOKENIZE_CHUNK) -> torch.LongTensor:
     """A fixed (N, seq_len+1) set of packed rows, N = ceil(num_tokens / seq_len).
 
     Documents are taken in manifest order without shuffling and packed exactly like training rows, so the set
@@ -394,13 +398,13 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
     first steps, packed alongside others.
 
     With several ranks (collective: every rank must call it) the tokenization is split: the documents come in
-    chunks (of ``chunk_docs``, default EVAL_CHUNK_DOCS), rank r tokenizes chunks r, r+W, ... of each round of W
+    chunks (of ``chunk_docs``), rank r tokenizes chunks r, r+W, ... of each round of W
     chunks and the ranks exchange the tokens, so each tokenizes ~1/W of the text and every rank packs the same
     rows. In an evaluation
     (``nanochat.eval_resume.interrupts_raise``) a signal latched on any rank ends it with ``Interrupted`` on every
     rank after the round it came in.
     """
-    n_rows, chunk_docs = math.ceil(num_tokens / seq_len), chunk_docs or EVAL_CHUNK_DOCS
+    n_rows = math.ceil(num_tokens / seq_len)
     chunks = manifest_chunks(data_dir, split, chunk_docs) if first_read_seed is None else \
         first_read_chunks(data_dir, split, first_read_seed, chunk_docs)
     packer = BestFitPacker(seq_len + 1, buffer_docs)
@@ -441,7 +445,7 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
     try:
         for i in range(n_rows):
             if not packer.fill_row(rows[i], refill):
-                raise DataError(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
+                raise EvalRowsTooFew(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
                                 f"(~{i * seq_len:,} tokens) but {num_tokens:,} eval tokens were asked for; "
                                 f"lower the eval token count (--eval-tokens) or prepare a larger {split} split")
     finally:
@@ -453,11 +457,11 @@ def estimate_split_tokens(data_dir, split, tokenizer, sample_docs=1024) -> tuple
     """(estimated tokens, documents sampled) of ``split`` as the loader reads it (BOS + tokens per document): the
     mean length of its first ``sample_docs`` documents times the manifest's document count. For the plan's data
     passes: tokenizing a 4B-token split would take many minutes (metrics.jsonl's data_passes is the real count)."""
-    from nanochat.dataset import iter_documents, load_manifest
+    from nanochat.dataset import load_manifest
 
     manifest = load_manifest(data_dir)
     documents = sum(manifest["shards"][name]["rows"] for name in manifest[split])
-    sample = [t or "" for _, t in zip(range(sample_docs), iter_documents(data_dir, split))]
+    sample = next(manifest_chunks(data_dir, split, sample_docs), [])
     tokens = sum(len(doc) for doc in _tokenize_docs(tokenizer, sample))
     return round(tokens / max(len(sample), 1) * documents), len(sample)
 

@@ -53,6 +53,8 @@ def final_eval_results(run: Run) -> FinishedResults:
 def final_eval(run: Run, out: dict) -> None:
     """The final evaluation, into ``out`` as each part finishes (a signal may end it: what finished is kept, in
     ``out`` for summary.json and in the partial file for a --resume, which deletes the file once it completes)."""
+    from nanochat.dataloader import eval_rows_order
+
     a = run.args
     finished = final_eval_results(run)
     splits = ["val"] + (["train"] if a.final_train_bpb and run.data.train_rows is not None else [])
@@ -64,10 +66,12 @@ def final_eval(run: Run, out: dict) -> None:
                 run.model, run.data, a, run.rank, run.world, run.device, run.autocast, split))
             return {"bpb": bpb, "mome_slot_balance": balance}
 
-        scored = finished.get_or_run(f"split {split}", lambda: {**rows, **run.data.rows_key(split)}, score)
+        # what decides the rows beyond the data, --eval-tokens and the seq len: the train rows' document order
+        rows_key = eval_rows_order(split, a.data_seed)[1]
+        scored = finished.get_or_run(f"split {split}", lambda: {**rows, **rows_key}, score)
         out[f"{split}_bpb"], balance = scored["bpb"], scored["mome_slot_balance"]
         if split == "train":  # which documents: results and reports never average it with other rows' numbers
-            out["train_bpb_rows"] = train_rows_description(run.data.rows_key(split))
+            out["train_bpb_rows"] = train_rows_description(rows_key)
         print0(f"final {split} bpb {out[f'{split}_bpb']:.6f}")
         if balance:
             out[f"{split}_mome_maxvio"], out[f"{split}_mome_abs_load_dev"] = balance["maxvio"], balance["abs_load_dev"]

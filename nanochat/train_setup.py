@@ -47,14 +47,6 @@ class RunData:
     data_dir: str | None = None
     tokenizer_sha256: str | None = None  # content fingerprints, checked on --resume (paths may move)
     data_sha256: str | None = None
-    data_seed: int | None = None  # the --data-seed whose first-read documents train_rows holds
-
-    def rows_key(self, split: str) -> dict:
-        """What decides the rows of ``split`` beyond the data, --eval-tokens and the seq len (a resumed final
-        evaluation reuses a finished split only when it is the same): the train rows' document order."""
-        from nanochat.dataloader import eval_rows_order
-
-        return eval_rows_order(split, self.data_seed)[1]
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -212,12 +204,11 @@ def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:
     # the paper's "train bpb", on data the run has trained on (the reference: the first training files, which its
     # loader reads first): the same budget from the documents this run's loader reads first (epoch 0 of
     # --data-seed), not the split's first ones in manifest order, which the permuted stream may never reach. The
-    # rows of each split follow eval_rows_order, as their entry in the final evaluation's fingerprint (rows_key)
-    data.data_seed = args.data_seed
+    # rows of each split follow eval_rows_order, as their entry in the final evaluation's fingerprint does
 
     def rows(split: str):
         return build_eval_rows(data_dir, split, data.tokenizer, args.max_seq_len, args.eval_tokens, rank=rank,
-                               world_size=world, first_read_seed=eval_rows_order(split, data.data_seed)[0])
+                               world_size=world, first_read_seed=eval_rows_order(split, args.data_seed)[0])
 
     try:
         data.val_rows = rows("val")

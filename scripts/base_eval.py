@@ -350,16 +350,14 @@ def split_rows(data_dir, split: str, tokenizer, seq_len: int, budget: tuple[int,
                first_read: int | None):
     """The split's bpb rows (build_eval_rows); a split too small for the budget is refused naming --eval-tokens and
     where the budget came from. Every rank packs the same rows, so every rank refuses together (printed once)."""
-    from nanochat.dataloader import build_eval_rows
+    from nanochat.dataloader import EvalRowsTooFew, build_eval_rows
     from nanochat.dataset import DataError
 
     eval_tokens, source = budget
     try:
         return build_eval_rows(data_dir, split, tokenizer, seq_len, eval_tokens, rank=rank, world_size=world,
                                first_read_seed=first_read)
-    except DataError as e:
-        if not str(e).startswith(f"the {split} split of"):  # a file's error (tokenizing ranks share it): as it is
-            raise
+    except EvalRowsTooFew as e:  # a file's error (tokenizing ranks share it) goes on as it is
         flag = f"--eval-tokens {eval_tokens:,}" if source == "--eval-tokens" else \
             f"--eval-tokens run = {eval_tokens:,}, {source}"
         raise raised_on_every_rank(DataError(f"{flag}: {e}")) from e

@@ -18,7 +18,6 @@ data_dir, tok_dir, signal_rounds, out = sys.argv[1], sys.argv[2], sys.argv[3], s
 info, _ = compute_init("cpu")
 tok = Tokenizer.load(tok_dir)
 real = dataloader._tokenize_docs
-dataloader.EVAL_CHUNK_DOCS = 4
 results = {}
 for signal_round in map(int, signal_rounds.split(",")):
     rounds = []
@@ -32,7 +31,8 @@ for signal_round in map(int, signal_rounds.split(",")):
     dataloader._tokenize_docs = tokenize
     try:
         with interrupts_raise():
-            dataloader.build_eval_rows(data_dir, "val", tok, 128, 20000, rank=info.rank, world_size=info.world_size)
+            dataloader.build_eval_rows(data_dir, "val", tok, 128, 20000, rank=info.rank, world_size=info.world_size,
+                                       chunk_docs=4)
         outcome = "finished"
     except Interrupted as e:
         outcome = str(e)
