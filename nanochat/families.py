@@ -140,13 +140,17 @@ def _check_family(name: str, fam: Family) -> None:
                          f"{fam.config_cls.family!r}; set it to {name!r} (the registry key)")
 
 
-def family_of(config) -> Family:
-    name = config.family
+def _registered(name: str) -> Family:
     if name not in FAMILIES:
         raise ValueError(f"model config names an unknown family {name!r}; known: {', '.join(FAMILIES)}")
-    registered = next((key for key, fam in FAMILIES.items() if fam.config_cls is type(config)), name)
-    _check_family(registered, FAMILIES[registered])
     return FAMILIES[name]
+
+
+def family_of(config) -> Family:
+    family = _registered(config.family)
+    registered = next((key for key, fam in FAMILIES.items() if fam.config_cls is type(config)), config.family)
+    _check_family(registered, FAMILIES[registered])
+    return family
 
 
 def config_from_args(args, vocab_size: int, memory: dict):
@@ -194,10 +198,7 @@ def config_from_args(args, vocab_size: int, memory: dict):
 
 def config_from_dict(d: dict):
     """Inverse of ``config.to_dict()`` (checkpoint meta.json); a dict without "family" is a nanochat GPT."""
-    name = d.get("family", GPTConfig.family)
-    if name not in FAMILIES:
-        raise ValueError(f"model config names an unknown family {name!r}; known: {', '.join(FAMILIES)}")
-    cls = FAMILIES[name].config_cls
+    cls = _registered(d.get("family", GPTConfig.family)).config_cls
     if "family" not in {f.name for f in fields(cls)}:  # a class constant (the GPT configs), not a field
         d = {k: v for k, v in d.items() if k != "family"}
     return cls(**d)

@@ -308,17 +308,16 @@ def _check_key_value(where: str, action: argparse.Action, value) -> None:
     error gets the file's name there, from with_config_source): what it takes can depend on the whole command
     (--core-max-per-task 0 and a seed above SEED_MAX are a --resume's matter)."""
     choices = list(action.choices or ())
+    wanted = {int: "an integer", float: "a number"}.get(action.type, TAKES.get(action.dest, "a string"))
+    if choices:
+        wanted = "one of " + ", ".join(map(repr, choices)) + (" (or true, false)" if ON_OFF == set(choices) else "")
     if isinstance(value, bool) or (choices and str(value) not in choices):  # a stray true would read as "True"
-        wanted = {int: "an integer", float: "a number"}.get(action.type, TAKES.get(action.dest, "a string"))
-        if choices:
-            wanted = "one of " + ", ".join(map(repr, choices)) + (" (or true, false)" if ON_OFF == set(choices) else "")
         raise ValueError(f"{where} must be {wanted} (got {value!r})")
     if action.type in (int, float):
         try:
             action.type(str(value))
         except ValueError:
-            raise ValueError(f"{where} must be {'an integer' if action.type is int else 'a number'} "
-                             f"(got {value!r})") from None
+            raise ValueError(f"{where} must be {wanted} (got {value!r})") from None
 
 
 class TrainArgs(argparse.Namespace):

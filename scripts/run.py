@@ -73,7 +73,7 @@ def check_hardware(train: dict, nproc: int, device_batch: int) -> int:
         raise ValueError(f"--nproc-per-node must be >= 1 (got {nproc})")
     if device_batch < 1:
         raise ValueError(f"--device-batch-size must be >= 1 (got {device_batch})")
-    total, seq = int(train["total-batch-size"]), int(train["max-seq-len"])
+    total, seq = train["total-batch-size"], train["max-seq-len"]  # integers: row_config._check_count
     per_step = nproc * device_batch * seq
     if total % per_step:
         raise ValueError(
@@ -372,14 +372,14 @@ def main(argv=None) -> None:
     try:
         cfg = load_row_config(args.config)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else row_seeds(cfg)
-        nproc = args.nproc_per_node if args.nproc_per_node is not None else int(cfg["row"]["nproc_per_node"])
+        nproc = args.nproc_per_node if args.nproc_per_node is not None else cfg["row"]["nproc_per_node"]
         typed_extra = extra
         batch, extra = split_batch_flags(absolute_paths(extra))
         if "device-batch-size" in batch and args.device_batch_size is not None:
             raise ValueError("--device-batch-size is given both to the runner and after --; give it once")
         device_batch = batch.pop("device-batch-size", args.device_batch_size)
         if device_batch is None:
-            device_batch = int(cfg["train"]["device-batch-size"])
+            device_batch = cfg["train"]["device-batch-size"]
         accum = check_hardware({**cfg["train"], **batch}, nproc, device_batch)
         extra = [*(f"--{key}={value}" for key, value in batch.items()), *extra]
     except (ValueError, FileNotFoundError) as e:
