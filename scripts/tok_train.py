@@ -1,10 +1,12 @@
 """Train the byte-level BPE tokenizer on a prepared dataset's train split and save it.
 
-    python -m scripts.prepare_data --dataset embedded
-    python -m scripts.tok_train --vocab-size 32768 --data-dir ~/.cache/nanochat/data/embedded
+    python -m scripts.prepare_data --dataset fineweb-edu --num-shards 100
+    python -m scripts.tok_train --vocab-size 32768                      # --dataset fineweb-edu, as base_train
+    python -m scripts.tok_train --vocab-size 4096 --dataset embedded --output-dir tokenizer/v4096
 
 Writes tokenizer.json / tokenizer.bpe / token_bytes.pt to --output-dir (default: $NANOCHAT_TOKENIZER_DIR or
-<repo>/tokenizer) and prints the compression ratio (bytes per token) on held-out val text.
+<repo>/tokenizer), prints the compression ratio (bytes per token) on held-out val text and, last, the data directory
+it was trained on.
 """
 
 import argparse
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 
 from nanochat.cli_types import int_at_least, positive_int
-from nanochat.dataset import DataError, default_data_dir, iter_documents
+from nanochat.dataset import DataError, check_dataset_name, default_data_dir, iter_documents
 from nanochat.jsonfile import written_path
 from nanochat.run_dir import NotWritable, ensure_writable
 from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE, Tokenizer, TokenizerError,
@@ -43,12 +45,23 @@ def compression_ratio(tokenizer: Tokenizer, texts: list[str]) -> tuple[float, in
     return n_bytes / n_tokens, n_bytes, n_tokens
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default (base_train shows its defaults too) but None, whose
+    meaning the flag's help spells out."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     p.add_argument("--vocab-size", type=int_at_least(MIN_VOCAB_SIZE), default=DEFAULT_VOCAB_SIZE,
                    help="total vocab including the 9 special tokens")
     p.add_argument("--data-dir", default=None, help="prepared dataset (default: $NANOCHAT_DATA_DIR/<--dataset>)")
-    p.add_argument("--dataset", default="embedded", help="used only to pick the default --data-dir")
+    # the default is base_train's: a tokenizer trained here by default serves the runs base_train makes by default
+    p.add_argument("--dataset", type=check_dataset_name, default="fineweb-edu",
+                   help="which prepared dataset --data-dir defaults to, as in base_train: fineweb-edu, climbmix, "
+                   "embedded, local or hf:ORG/NAME[:CONFIG]")
     p.add_argument("--max-chars", type=positive_int, default=2_000_000_000, help="training text budget (characters)")
     p.add_argument("--doc-cap", type=positive_int, default=10_000,
                    help="crop each training document to this many chars")
@@ -100,8 +113,9 @@ def main(argv=None) -> int:
         print(f"tok_train: interrupted; --output-dir {out_dir} holds the tokenizer it held before, or none if the "
               "save had begun", file=sys.stderr)
         return 130
-    print(f"trained vocab {tok.vocab_size} (bos id {tok.bos_token_id}) in {train_s:.1f}s -> {out_dir}")
     print(f"compression on held-out val: {ratio:.3f} bytes/token ({n_bytes:,} bytes -> {n_tokens:,} tokens)")
+    print(f"trained vocab {tok.vocab_size} (bos id {tok.bos_token_id}) in {train_s:.1f}s on the train split of "
+          f"{data_dir} -> {out_dir}")
     return 0
 
 

@@ -270,3 +270,23 @@ def test_builds_remove_the_temp_files_of_killed_ones(embedded_data_dir, tmp_path
     err = capsys.readouterr().err
     for tmp in (left, left_tok, left_model):
         assert not tmp.exists() and f"by writers killed midway: {tmp.name}" in err, err
+
+
+def test_tok_train_dataset_default_matches_base_train(tmp_path, monkeypatch, capsys):
+    """tok_train's --dataset defaulted to `embedded` (base_train's to fineweb-edu) and --help did not show it: the
+    README's prepare_data fineweb-edu + tok_train --vocab-size 32768 trained the d12 tokenizer on the 2.7 MB
+    Shakespeare/Gutenberg corpus. Same default, same check, defaults shown."""
+    from nanochat.train_args import parse_args as train_parse_args
+    from scripts.tok_train import main, parse_args
+
+    assert parse_args([]).dataset == train_parse_args([]).dataset == "fineweb-edu"
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--dataset", "fineweb"])
+    assert e.value.code == 2 and "argument --dataset: 'fineweb' is not one of fineweb-edu" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "(default: fineweb-edu)" in " ".join(capsys.readouterr().out.split())
+    # the missing-data error names the directory the default resolves to ($NANOCHAT_DATA_DIR/fineweb-edu)
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path / "data"))
+    assert main(["--output-dir", str(tmp_path / "t")]) == 2
+    assert str(tmp_path / "data" / "fineweb-edu") in one_error_line(capsys.readouterr().err)

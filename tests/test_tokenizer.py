@@ -134,6 +134,7 @@ def test_tok_train_cli_reports_compression(embedded_data_dir, tmp_path, capsys):
                  "--eval-chars", "50000", "--output-dir", str(out)]) == 0
     text = capsys.readouterr().out
     ratio = float(text.split("held-out val: ")[1].split(" bytes/token")[0])
+    assert f"on the train split of {embedded_data_dir} -> {out}" in text.splitlines()[-1]  # which data it read
     assert 1.5 < ratio < 5
     assert get_tokenizer(out).vocab_size == 512
     # bad input exits 2, as in every entry point (tok_train exited 1 before session 20)
