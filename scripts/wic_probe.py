@@ -23,7 +23,8 @@ A the executed top-K set and gamma the injection gate:
 gate-weighted variants with w = sqrt(gamma1 gamma2)/2 multiplied in before the class means, and thresholded
 variants keeping pairs with min(gamma1, gamma2) >= tau (cells with < 10 pairs in either class are flagged and
 grey in the maps). 95% intervals: pair-stratified bootstrap (T and F resampled separately) for the unweighted
-and gate-weighted effects. Writes wic.json, wic_sites.csv, wic_routing.png, wic_gate.png.
+and gate-weighted effects. Writes wic.json, wic_sites.csv, wic_routing.png (dJSD and dO~ per site), wic_gate.png
+(the gate-weighted and thresholded dJSD) and wic_gate_mean.png (the mean pair gate per site).
 """
 
 import argparse
