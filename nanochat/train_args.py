@@ -224,7 +224,8 @@ def _group_data(p):
     g.add_argument("--data-dir", type=str, default=None, help="prepared data dir (default: the --dataset cache dir)")
     g.add_argument("--tokenizer-dir", type=str, default=None, help="tokenizer dir (default: nanochat.tokenizer default)")
     g.add_argument("--synthetic-data", action="store_true",
-                   help="train on a seeded random-token stream instead of data (tests/benchmarks; bpb is bits/token)")
+                   help="train on a seeded random-walk token stream (x_t = x_{t-1} + 1..3 mod V) instead of data "
+                   "(tests/benchmarks; bpb is bits/token)")
 
 
 def build_parser(resuming: bool = False) -> argparse.ArgumentParser:
