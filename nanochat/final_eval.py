@@ -188,6 +188,13 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
     return None if decided == _FAILED else decided
 
 
+def training_stop_words(training_stop: str) -> str:
+    """How training ended before the final evaluation, for the messages of its error and of its interruption."""
+    return {"completed": "training completed",
+            "wall_time_limit": "training stopped at its wall-time limit"}.get(training_stop,
+                                                                              f"training stopped by {training_stop}")
+
+
 def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
     """After FinalEvalError, on every rank that raised it: each prints its traceback; rank 0 says what to do and
     writes summary.json (stop_reason final_eval_error): the error (the one posted first), the evaluations that
@@ -206,7 +213,7 @@ def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:
               "last_checkpoint": last_checkpoint_step(run)}  # the step's: the final evaluation follows its save
     fields.update(error_rank_fields(errors))
     run.metrics.log({"kind": "stop", "step": step, "reason": "final_eval_error", "error": error})
-    how = "training completed" if e.training_stop == "completed" else f"training stopped by {e.training_stop}"
+    how = training_stop_words(e.training_stop)
     partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
     then = (f"{resume_way()} reruns the final evaluation" + (f", reusing the parts kept in {partial}"
                                                             if partial.is_file() else "")) \
@@ -230,6 +237,6 @@ def interrupted_final_eval(run: Run, training_stop: str, signal_name: str, evals
     partial = partial_path(run.run_dir, FINAL_EVAL_PARTIAL)
     kept = f" (the finished ones are kept in {partial} for the resume)" if partial.is_file() else ""
     print0(f"interrupted ({signal_name}) during the final evaluation of step {step} "
-           f"(stopped by {training_stop}): checkpoint saved, summary.json written without the unfinished "
+           f"({training_stop_words(training_stop)}): checkpoint saved, summary.json written without the unfinished "
            f"evaluations{kept}; {then}")
     return "interrupted"

@@ -291,7 +291,9 @@ def test_a_signal_during_the_final_evaluation_still_writes_the_summary(tmp_path,
     assert records(run, "stop")[-1] == {"kind": "stop", "step": step, "reason": "interrupted",
                                         "during": "final_eval", "signal": "SIGTERM"}
     out = capsys.readouterr().out
-    assert f"interrupted (SIGTERM) during the final evaluation of step {step}" in out
+    # worded as the final evaluation's error path words it; "(stopped by completed)" before session 25
+    after = "training completed" if stop == "completed" else "training stopped at its wall-time limit"
+    assert f"interrupted (SIGTERM) during the final evaluation of step {step} ({after}): checkpoint saved" in out
     assert (run / "report.md").is_file()
     assert train(run, *flags, *limit, "--resume") == 0  # the fake clock stops the wall-time run again at step 6
     summary = json.loads((run / "summary.json").read_text())
