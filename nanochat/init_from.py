@@ -97,19 +97,39 @@ def _written_and_resolved(model_config: dict) -> tuple[dict, dict]:
     return written, resolved
 
 
+def _defaults(model_config: dict) -> dict:
+    """The flat fields' dataclass defaults (the model config's and its memory block's options'): the sentinels
+    (auto, 0, []) that stand for a derived value, among others."""
+    config = config_from_dict(model_config)
+
+    def value(f):
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        return list(default) if isinstance(default, tuple) else default  # as _flat lists memory_layers
+
+    def of(cls, prefix=""):
+        return {prefix + f.name: value(f) for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return {**of(type(config)), **of(MEMORY_BLOCKS[config.memory].Options, "memory_options.")}
+
+
 def _differing_fields(source: dict, ours: dict, theirs: str) -> dict[str, str]:
     """{field: 'field source-value (source) vs our-value (this run)'} for each model-config field whose resolved
-    value differs; a side that left the field at a default standing for another value says so ('given as auto')."""
+    value differs; a side whose value was written otherwise says from what: the default that stands for it ('from the
+    default auto': the field was not given, or given as its default) or what was given ('given as [3, 1]')."""
     (wa, a), (wb, b) = _written_and_resolved(source), _written_and_resolved(ours)
+    da, db = _defaults(source), _defaults(ours)
     if a["family"] != b["family"]:
         return {"family": f"family {a['family']!r} ({theirs}) vs {b['family']!r} (this run)"}
     if not (a.get(SLOT_MAP_SHA) and b.get(SLOT_MAP_SHA)):  # a map file not on disk here: the checkpoint's is used
         a.pop(SLOT_MAP_SHA, None), b.pop(SLOT_MAP_SHA, None)
 
-    def side(value, written, who: str) -> str:
-        return f"{value!r} ({who}, given as {written!r})" if written != value else f"{value!r} ({who})"
+    def side(value, written, default, who: str) -> str:
+        if written == value:
+            return f"{value!r} ({who})"
+        return f"{value!r} ({who}, {'from the default' if written == default else 'given as'} {written!r})"
 
-    return {k: f"{k} {side(a.get(k), wa.get(k), theirs)} vs {side(b.get(k), wb.get(k), 'this run')}"
+    return {k: f"{k} {side(a.get(k), wa.get(k), da.get(k), theirs)} vs "
+               f"{side(b.get(k), wb.get(k), db.get(k), 'this run')}"
             for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)}
 
 

@@ -111,7 +111,7 @@ def test_resume_continues_bit_exactly_without_reading_the_source_again(tmp_path,
     (["--mome-slots", "6"], "memory_options.slots 4 (source) vs 6 (this run)"),
     (["--depth", "3"], "n_layer 2 (source) vs 3 (this run)"),
     (["--mome-gate", "softmax"],
-     "memory_options.gate 'sigmoid-norm' (source, given as 'auto') vs 'softmax' (this run)"),
+     "memory_options.gate 'sigmoid-norm' (source, from the default 'auto') vs 'softmax' (this run)"),
 ])
 def test_other_architecture_is_refused_before_training_and_by_dry_run(tmp_path, source, capsys, extra, needle):
     run = tmp_path / "r"
@@ -296,24 +296,24 @@ MOE_CFG = dict(mlp="moe", moe_experts=4, moe_topk=2, moe_shared=1)
 @pytest.mark.parametrize("field,left,same,other,needle", [
     # 4C / (S + K) = 512 / 3 -> 192 (a multiple of 64): what MoEFFN builds for moe_hidden 0
     ("moe_hidden", _nanochat(**MOE_CFG), _nanochat(**MOE_CFG, moe_hidden=192), _nanochat(**MOE_CFG, moe_hidden=256),
-     "moe_hidden 192 (source, given as 0) vs 256 (this run)"),
+     "moe_hidden 192 (source, from the default 0) vs 256 (this run)"),
     # auto is sigmoid-norm for K > 1 (MoMEOptions.gate_mode)
     ("gate", _nanochat(memory="mome", memory_options={"topk": 2}),
      _nanochat(memory="mome", memory_options={"topk": 2, "gate": "sigmoid-norm"}),
      _nanochat(memory="mome", memory_options={"topk": 2, "gate": "softmax"}),
-     "memory_options.gate 'sigmoid-norm' (source, given as 'auto') vs 'softmax' (this run)"),
+     "memory_options.gate 'sigmoid-norm' (source, from the default 'auto') vs 'softmax' (this run)"),
     ("gate K=1", _nanochat(memory="mome", memory_options={"topk": 1}),
      _nanochat(memory="mome", memory_options={"topk": 1, "gate": "softmax"}),
      _nanochat(memory="mome", memory_options={"topk": 1, "gate": "sigmoid-norm"}),
-     "memory_options.gate 'softmax' (source, given as 'auto') vs 'sigmoid-norm' (this run)"),
+     "memory_options.gate 'softmax' (source, from the default 'auto') vs 'sigmoid-norm' (this run)"),
     # Engram's d_mem 0 is n_embd (128 here)
     ("engram dim", _nanochat(memory="engram"), _nanochat(memory="engram", memory_options={"dim": 128}),
      _nanochat(memory="engram", memory_options={"dim": 64}),
-     "memory_options.dim 128 (source, given as 0) vs 64 (this run)"),
+     "memory_options.dim 128 (source, from the default 0) vs 64 (this run)"),
     # no --memory-layers: the block's default (alternating, ending at the last layer: [1] of 2); the order of an
     # explicit list does not matter (the block sorts it)
     ("layers", _nanochat(memory="ve"), _nanochat(memory="ve", memory_layers=[1]),
-     _nanochat(memory="ve", memory_layers=[0]), "memory_layers [1] (source, given as []) vs [0] (this run)"),
+     _nanochat(memory="ve", memory_layers=[0]), "memory_layers [1] (source, from the default []) vs [0] (this run)"),
     ("layer order", _nanochat(memory="ve", n_layer=4, memory_layers=[3, 1]),
      _nanochat(memory="ve", n_layer=4, memory_layers=[1, 3]), _nanochat(memory="ve", n_layer=4, memory_layers=[1, 2]),
      "memory_layers [1, 3] (source, given as [3, 1]) vs [1, 2] (this run)"),
@@ -325,10 +325,11 @@ def test_sentinels_compare_as_the_values_they_resolve_to(field, left, same, othe
 
     assert config_differences(left, same) == [] and config_differences(same, left) == []
     assert config_differences(left, other) == [needle]
-    # the other way round: this run's side is the one given as the sentinel
-    name, ours, written, theirs = re.fullmatch(r"(\S+) (.+) \(source, given as (.+)\) vs (.+) \(this run\)",
-                                               needle).groups()
-    assert config_differences(other, left) == [f"{name} {theirs} (source) vs {ours} (this run, given as {written})"]
+    # the other way round: this run's side is the one written as the sentinel. A field left at its default said
+    # "given as []" before session 25, as if a flag had given it
+    name, ours, how, theirs = re.fullmatch(r"(\S+) (.+) \(source, (from the default .+|given as .+)\) vs (.+) "
+                                           r"\(this run\)", needle).groups()
+    assert config_differences(other, left) == [f"{name} {theirs} (source) vs {ours} (this run, {how})"]
 
 
 def test_every_sentinel_default_is_resolved():

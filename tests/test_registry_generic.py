@@ -124,7 +124,7 @@ def test_a_gpt_variant_family_compares_its_moe_width_as_resolved(variant_family)
     other = tiny_config(family="gpt-variant", **MOE, moe_hidden=256).to_dict()
     assert auto["family"] == "gpt-variant"
     assert config_differences(auto, spelled) == [] and config_differences(spelled, auto) == []
-    assert config_differences(auto, other) == ["moe_hidden 192 (source, given as 0) vs 256 (this run)"]
+    assert config_differences(auto, other) == ["moe_hidden 192 (source, from the default 0) vs 256 (this run)"]
 
 
 @pytest.mark.parametrize("argv, name", [
