@@ -151,17 +151,31 @@ def run_facts(run_dir) -> dict:
     config, summary = config or {}, summary or {}
     args, plan = config.get("args", {}), config.get("plan", {})
     sessions = read_json(run_dir / ENVIRONMENT, {}).get("sessions", [])
+    data_dir = None if args.get("synthetic_data") else _data_dir(run_dir, args)
     return {"run_dir": str(run_dir), "run_name": summary.get("run_name") or args.get("run_name") or run_dir.name,
             "memory": config.get("model_config", {}).get("memory"), "config": config, "summary": summary,
             "args": args, "plan": plan, "sessions": sessions, "env": sessions[-1] if sessions else {},
-            "data_manifest": _manifest(args)}
+            "data_dir": data_dir, "data_manifest": _manifest(data_dir)}
 
 
-def _manifest(args: dict) -> dict:
-    if args.get("synthetic_data") or not args.get("data_dir"):
+def _data_dir(run_dir: Path, args: dict) -> str | None:
+    """The data directory the run read: the resolved path its last checkpoint's meta.json records (the default one
+    included, as $NANOCHAT_DATA_DIR or the cache resolved it then); before any checkpoint, --data-dir if given."""
+    from nanochat import checkpoint as ckpt  # torch: imported only by the reports that need it
+
+    steps = ckpt.list_steps(run_dir)
+    try:
+        recorded = ckpt.load_meta(run_dir, steps[-1]).get("data_dir") if steps else None
+    except ValueError:  # a corrupt meta.json: the flags still tell what they can
+        recorded = None
+    return recorded or args.get("data_dir")
+
+
+def _manifest(data_dir: str | None) -> dict:
+    if not data_dir:
         return {}
     try:
-        return read_json(Path(args["data_dir"]) / "manifest.json", {}) or {}
+        return read_json(Path(data_dir) / "manifest.json", {}) or {}
     except ValueError:
         return {}
 
@@ -275,7 +289,7 @@ def fmt_data(facts: dict) -> str:
     args, manifest = facts["args"], facts["data_manifest"]
     if args.get("synthetic_data"):
         return "synthetic token stream (--synthetic-data)"
-    text = f"{args.get('dataset', NA)} in `{args.get('data_dir') or 'the default data dir'}`"
+    text = f"{args.get('dataset', NA)} in `{facts['data_dir'] or 'the default data dir'}`"
     if manifest.get("source"):
         text += f" (source: {manifest['source']}"
         if manifest.get("hub_revision"):

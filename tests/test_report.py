@@ -313,3 +313,21 @@ def test_the_report_says_which_rows_the_train_bpb_read(tmp_path):
     assert table_value(report.run_report(run), "train bpb rows") == "manifest order (before 2026-11-27)"
     (run / "summary.json").write_text(json.dumps({"run_name": "a", "step": 3}))
     assert "| train bpb rows |" not in report.run_report(run)
+
+
+def test_the_data_row_shows_the_data_dir_the_checkpoints_record(tmp_path):
+    """A run on the default data dir (no --data-dir) showed `embedded in `the default data dir``, and no manifest
+    source: the path its checkpoints' meta.json record, resolved ($NANOCHAT_DATA_DIR or the cache), is the one."""
+    run = fake_run(tmp_path, "a", "base")
+    config = json.loads((run / "config.json").read_text())
+    config["args"]["data_dir"] = None
+    (run / "config.json").write_text(json.dumps(config))
+    assert table_value(report.run_report(run), "data") == "embedded in `the default data dir`"  # no checkpoint yet
+    data = tmp_path / "cache" / "embedded"
+    data.mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"source": "data/embedded"}))
+    for step, where in ((2, tmp_path / "old"), (4, data)):  # the last checkpoint's
+        ckpt.step_dir(run, step).mkdir(parents=True)
+        (ckpt.step_dir(run, step) / "meta.json").write_text(json.dumps({"model_config": {"memory": "base"},
+                                                                        "data_dir": str(where)}))
+    assert table_value(report.run_report(run), "data") == f"embedded in `{data}` (source: data/embedded)"
