@@ -74,6 +74,9 @@ LAYOUT_KEYS = {"device-batch-size", "compile", "attention", "mome-kernels", "log
 # The data seed is a seed too (by default --seed); --init-from runs are listed apart (collect_row)
 RUN_KEYS = {"seed", "data-seed", "config", "run-dir", "run-name", "resume", "overwrite", "dry-run", "init-from",
             "resume-override-lr", "resume-new-world-size"}
+# both, as config.json's "args" names them: also what scripts.speedrun_preflight ignores when it asks whether a run
+# is done (a run finished by hand with --resume, or on another GPU count, is)
+IGNORED_ARGS = frozenset(k.replace("-", "_") for k in LAYOUT_KEYS | RUN_KEYS)
 
 
 @functools.cache
@@ -95,10 +98,10 @@ def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
     if not path.is_file():
         return []
     args = recorded_args_now(read_json_object(path, ValueError, "rerun or remove that seed").get("args", {}))
-    skip = {k.replace("-", "_") for k in LAYOUT_KEYS | RUN_KEYS}
     wanted = row_args(cfg["path"])
     return [f"--{dest.replace('_', '-')} {args[dest]} (row: {'not set' if value is None else value})"
-            for dest, value in sorted(wanted.items()) if dest not in skip and dest in args and args[dest] != value]
+            for dest, value in sorted(wanted.items())
+            if dest not in IGNORED_ARGS and dest in args and args[dest] != value]
 
 
 def collect_row(cfg: dict, runs_root: Path) -> dict:

@@ -11,7 +11,8 @@
         --attention and --mome-kernels are resolved only when training starts).
     python -m scripts.speedrun_preflight done RUN_DIR -- BASE_TRAIN_FLAGS...
         exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
-        evaluation) and config.json records the same flags; else exit 1 (base_train --resume has work to do).
+        evaluation) and config.json records the same flags, but those scripts.results ignores (the layout,
+        --resume, seeds, paths); else exit 1 (base_train --resume has work to do).
 
 Messages go to stderr; the shell reads the one stdout line.
 """
@@ -158,13 +159,16 @@ def layout(gpus: int, max_device_batch: int, train_flags: list[str]) -> tuple[in
 
 def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     """None when ``run_dir`` holds the run of ``train_flags`` finished, final evaluation included; else why not.
-    A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again).
+    A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again), except
+    for the flags scripts.results ignores too (results.IGNORED_ARGS: the layout, --resume, seeds and paths), so that
+    a run finished by hand with --resume, or on another GPU count, is not evaluated again.
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
     from nanochat.cli_types import recorded_args_now
     from nanochat.report import read_json, unfinished
     from nanochat.train_args import parse_args
     from nanochat.train_resume import read_old_records
+    from scripts.results import IGNORED_ARGS
 
     problem = unfinished(run_dir)
     if problem:
@@ -177,7 +181,8 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     # the args as config.json holds them; None is a default base_train resolves (run name, data seed, compile)
     wanted = json.loads(json.dumps(vars(args), default=str))
     missing = object()
-    differ = sorted(k for k, v in wanted.items() if v is not None and saved.get(k, missing) != v)
+    differ = sorted(k for k, v in wanted.items()
+                    if v is not None and k not in IGNORED_ARGS and saved.get(k, missing) != v)
     return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
 
 

@@ -107,6 +107,24 @@ def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_sam
     assert "summary.json is not valid JSON" in capsys.readouterr().err
 
 
+def test_a_run_finished_by_hand_with_resume_or_another_layout_is_done(tmp_path):
+    """A run finished by hand with --resume (or on another GPU count: --device-batch-size, --keep-last) was "completed
+    with other flags (device_batch_size, resume)", so speedrun.sh ran its final evaluation again; the
+    flags scripts.results ignores (results.LAYOUT_KEYS, RUN_KEYS) are ignored here too, the others still count."""
+    from nanochat.train_args import parse_args
+
+    run = tmp_path / "run"
+    flags = ["--depth", "4", "--num-iterations", "20", "--run-dir", str(run), "--resume", "auto"]
+    by_hand = parse_args(["--depth", "4", "--num-iterations", "20", "--run-dir", str(run), "--resume",
+                          "--device-batch-size", "8", "--keep-last", "3"])
+    by_hand.run_name, by_hand.data_seed, by_hand.compile = "d4-base", by_hand.seed, False
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 20, "num_iterations": 20}))
+    (run / "config.json").write_text(json.dumps({"args": vars(by_hand)}, default=str))
+    assert pre.unfinished_run(run, flags) is None
+    assert pre.unfinished_run(run, [*flags, "--matrix-lr", "0.05"]) == f"{run} completed with other flags (matrix_lr)"
+
+
 def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_path, capsys):
     """--core-max-per-task 0 meant all examples in the older versions that took it: a run they recorded with it is
     done for flags asking for all (-1, the default), as base_train --resume reads it (nanochat.train_resume); a
