@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nanochat import report
 from nanochat.row_config import REPO
-from scripts.results import collect_tables
+from scripts.results import collect_tables, row_notes
 
 
 class PlotError(ValueError):
@@ -55,9 +55,17 @@ def table_rows(configs_root, runs_root, table: str) -> list[dict]:
         raise PlotError(str(e)) from e
 
 
-def scaling_series(configs_root, runs_root, table: str) -> dict[str, list[dict]]:
+def no_finished_runs(table: str, runs_root, rows: list[dict]) -> PlotError:
+    """The refusal of a plot with no averaged seed, with scripts.results's reason for each seed it did not count
+    (unfinished, trained with other flags than the row's, diverged, --init-from)."""
+    notes = row_notes(rows)
+    why = ("; the seeds found, as scripts.results lists them:\n" + "\n".join(notes)) if notes else ""
+    return PlotError(f"no finished runs for table {table!r} under {runs_root}{why}")
+
+
+def scaling_series(rows: list[dict]) -> dict[str, list[dict]]:
     series: dict[str, list[dict]] = {}
-    for r in table_rows(configs_root, runs_root, table):
+    for r in rows:
         if r["seeds"] == 0:
             continue
         method = r["row"].split("_")[0]
@@ -69,10 +77,11 @@ def scaling_series(configs_root, runs_root, table: str) -> dict[str, list[dict]]
 
 def plot_scaling(configs_root, runs_root, table, base_table, out: Path) -> list[Path]:
     plt = _plt()
-    series = scaling_series(configs_root, runs_root, table)
+    rows = table_rows(configs_root, runs_root, table)
+    series = scaling_series(rows)
     if not series:
-        raise PlotError(f"no finished runs for table {table!r} under {runs_root}")
-    base = scaling_series(configs_root, runs_root, base_table).get("base", [])
+        raise no_finished_runs(table, runs_root, rows)
+    base = scaling_series(table_rows(configs_root, runs_root, base_table)).get("base", [])
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (key, title) in zip(axes, [("val_bpb", "val bpb"), ("core", "CORE")]):
         for method, rows in sorted(series.items()):
@@ -101,7 +110,7 @@ def plot_families(configs_root, runs_root, table, out: Path) -> list[Path]:
     plt = _plt()
     rows = table_rows(configs_root, runs_root, table)
     if not any(r["seeds"] for r in rows):  # the paper's bars alone would pass for a comparison
-        raise PlotError(f"no finished runs for table {table!r} under {runs_root}")
+        raise no_finished_runs(table, runs_root, rows)
     blocks: dict[str, list[dict]] = {}  # per backbone block, blocks and rows in the paper's order
     for r in sorted(rows, key=lambda r: r["order"]):
         blocks.setdefault(r["row"].split("_")[0], []).append(r)

@@ -264,13 +264,19 @@ def collect_tables(configs, runs_root: Path, tables: list[str] | None) -> dict[s
             if not tables or table in tables}
 
 
+def row_notes(rows: list[dict]) -> list[str]:
+    """'- label: note' for each note of each row (the seeds not averaged and why), as printed under the table;
+    scripts.plot gives them when no seed is left to plot."""
+    return [f"- {r['label']}: {n}" for r in rows for n in r["notes"]]
+
+
 def table_markdown(rows: list[dict]) -> tuple[str, list, list]:
     """(markdown with the notes under the table, header, body)."""
     header, body = table_rows(rows)
     md = to_markdown(header, body)
     if any(r["reconstructed"] for r in rows):
         md += f"\n{RECONSTRUCTED_NOTE}\n"
-    notes = [f"- {r['label']}: {n}" for r in rows for n in r["notes"]]
+    notes = row_notes(rows)
     if notes:
         md += "\n" + "\n".join(notes) + "\n"
     return md, header, body

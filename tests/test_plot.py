@@ -74,3 +74,25 @@ def test_families_with_no_finished_run_is_an_error_like_scaling(tmp_path, capsys
         assert plot.main([cmd, "--runs-root", str(runs), "--out", str(out)]) == 2
         assert f"error: no finished runs for table '{table}' under {runs}" in capsys.readouterr().err
     assert not list(tmp_path.glob("p.*"))
+
+
+def test_no_finished_runs_says_why_each_completed_seed_was_not_counted(tmp_path, capsys):
+    """`plot scaling --table mini` with a completed seed trained with other flags (a `-- --num-iterations 2` smoke)
+    said only "no finished runs"; it now gives the reasons scripts.results prints under its table."""
+    from nanochat.row_config import REPO, load_row_config
+
+    train = load_row_config(REPO / "configs" / "mini" / "mome_c1_m4.toml")["train"]
+    seed = tmp_path / "runs" / "mini" / "mome_c1_m4" / "seed42"
+    seed.mkdir(parents=True)
+    seed.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 3.3,
+                                                         "params_memory": 1000, "params_total": 9000}))
+    args = {key.replace("-", "_"): value for key, value in train.items()}
+    seed.joinpath("config.json").write_text(json.dumps({"args": {**args, "num_iterations": 2}}))
+    out = tmp_path / "p"
+    assert plot.main(["scaling", "--table", "mini", "--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no finished runs for table 'mini' under {tmp_path / 'runs'}"), err
+    label = load_row_config(REPO / "configs" / "mini" / "mome_c1_m4.toml")["row"]["label"]
+    assert (f"- {label}: seed42 trained with other flags than the row's [train]: --num-iterations 2 "
+            "(row: 300), not averaged") in err, err
+    assert not list(tmp_path.glob("p.*"))
