@@ -303,7 +303,9 @@ class PackedDataLoader:
 
     def passes(self) -> float:
         """Passes over this rank's share of the split so far (1.28 = the second epoch, 28% in), counted at the
-        documents taken into the packing buffer (up to ``buffer_docs`` ahead of the rows handed out). In an
+        documents taken into the packing buffer (up to ``buffer_docs`` ahead of the rows handed out): where the
+        reader is, so its documents repeat once this passes 1 (metrics.jsonl's data_read_passes; data_passes is the
+        tokens trained, which runs behind it by the buffer and the ends of the documents cropped to fill rows). In an
         epoch re-partitioned by ``repartition`` the units the old ranks started count as read, so the count goes
         on from where the old ranks were instead of restarting with this rank's share of the units left."""
         epoch, position, _ = self.cursor
@@ -456,7 +458,8 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
 def estimate_split_tokens(data_dir, split, tokenizer, sample_docs=1024) -> tuple[int, int]:
     """(estimated tokens, documents sampled) of ``split`` as the loader reads it (BOS + tokens per document): the
     mean length of its first ``sample_docs`` documents times the manifest's document count. For the plan's data
-    passes: tokenizing a 4B-token split would take many minutes (metrics.jsonl's data_passes is the real count)."""
+    passes: tokenizing a 4B-token split would take many minutes. metrics.jsonl's data_passes divides the tokens
+    trained by it too, so that it ends at the plan's estimate."""
     from nanochat.dataset import load_manifest
 
     manifest = load_manifest(data_dir)

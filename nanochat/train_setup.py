@@ -47,6 +47,9 @@ class RunData:
     data_dir: str | None = None
     tokenizer_sha256: str | None = None  # content fingerprints, checked on --resume (paths may move)
     data_sha256: str | None = None
+    # the train split's tokens as the plan estimates them (report_data_passes, rank 0): metrics.jsonl's data_passes
+    # is the tokens trained over it, so that it ends where the dry run's "data passes" said it would
+    train_split_tokens: int | None = None
 
     def describe(self) -> dict:
         return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
@@ -221,7 +224,13 @@ PASSES_SAMPLE_DOCS = 1024  # documents tokenized to estimate the train split's t
 
 
 def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
-    """The passes over the prepared train split that a run of ``total_tokens`` makes (estimated), and a warning
+    """``data_passes_plan``'s lines."""
+    return data_passes_plan(args, total_tokens, tokenizer)[0]
+
+
+def data_passes_plan(args, total_tokens: int, tokenizer) -> tuple[list[str], int | None]:
+    """(lines, the train split's estimated tokens or None): the passes over the prepared train split that a run of
+    ``total_tokens`` makes (estimated), and a warning
     when the row config's paper run read another number of shards of that dataset (``[row] train_shards``): the
     run then repeats its data more or less often than the paper's, which changes its numbers. Printed by --dry-run
     and when a run starts. A warning, not a refusal: smoke and local runs reuse the rows on a few shards, and the
@@ -229,15 +238,16 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
     from nanochat.dataset import DataError, load_manifest
 
     if args.synthetic_data:
-        return []
+        return [], None
     data_dir, paper = _data_dir(args), args.paper_shards
     try:
         manifest = load_manifest(data_dir)
     except DataError:
         hint = f" (the paper's: {prepare_command(args, *paper)})" if paper else ""
-        return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet{hint}"]
+        return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet{hint}"], None
     prepared = len(manifest["train"])
-    passes, line = _estimated_passes(data_dir, total_tokens, tokenizer, f"{prepared} shards in {data_dir}")
+    split_tokens, line = _estimated_split(data_dir, total_tokens, tokenizer, f"{prepared} shards in {data_dir}")
+    passes = None if split_tokens is None else total_tokens / max(split_tokens, 1)
     lines = [f"{'data passes':>26}: {line}"]
     if paper and paper[1] == manifest["dataset"] and paper[0] != prepared:
         shards, dataset = paper
@@ -246,7 +256,7 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
         lines.append(f"warning: the paper trained this row on {shards} {dataset} train shards and {data_dir} holds "
                      f"{prepared}: the run makes {theirs}, which changes its results; to follow the paper: "
                      f"{prepare_command(args, shards, dataset)}")
-    return lines
+    return lines, split_tokens
 
 
 def prepare_command(args, shards: int, dataset: str) -> str:
@@ -256,9 +266,9 @@ def prepare_command(args, shards: int, dataset: str) -> str:
     return command + (f" --data-dir {shlex.quote(str(args.data_dir))}" if args.data_dir else "")
 
 
-def _estimated_passes(data_dir: Path, total_tokens: int, tokenizer, shards: str) -> tuple[float | None, str]:
-    """(passes or None, what to print) from the split's tokens estimated on its first documents; ``shards`` says
-    what the split is ("8 shards in DIR")."""
+def _estimated_split(data_dir: Path, total_tokens: int, tokenizer, shards: str) -> tuple[int | None, str]:
+    """(the split's tokens estimated on its first documents or None, what to print: the passes of
+    ``total_tokens``); ``shards`` says what the split is ("8 shards in DIR")."""
     from nanochat.dataloader import estimate_split_tokens
     from nanochat.dataset import DataError
 
@@ -269,14 +279,17 @@ def _estimated_passes(data_dir: Path, total_tokens: int, tokenizer, shards: str)
     except DataError as e:  # the run's loader refuses the file; a plan only loses its estimate
         return None, f"unknown: {e} (the prepared train split: {shards})"
     passes = total_tokens / max(split_tokens, 1)
-    return passes, (f"~{passes:.2f} over the prepared train split: {shards}, ~{split_tokens:,} tokens (estimated "
+    return split_tokens, (f"~{passes:.2f} over the prepared train split: {shards}, ~{split_tokens:,} tokens (estimated "
                     f"from its first {sampled:,} documents)")
 
 
 def report_data_passes(args, plan: dict, data: RunData, rank: int) -> None:
-    """``data_passes_lines`` when a run starts (rank 0: it reads a sample of the data)."""
+    """``data_passes_lines`` when a run starts (rank 0: it reads a sample of the data), and the estimate of the
+    split's tokens they come from into ``data.train_split_tokens``. Every session of a run (a resume too) makes the
+    same estimate: the same first documents of the same data (its fingerprint is checked), the same tokenizer."""
     if rank == 0:
-        for line in data_passes_lines(args, plan["total_tokens"], data.tokenizer):
+        lines, data.train_split_tokens = data_passes_plan(args, plan["total_tokens"], data.tokenizer)
+        for line in lines:
             print0(line.strip())
 
 

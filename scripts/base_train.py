@@ -224,8 +224,10 @@ def log_train(run: Run, loss: float, aux_loss: float, gnorm: float, sched_vals: 
            "loss": loss, "aux_loss": aux_loss, "grad_norm": gnorm, "lrm": sched_vals["lrm"], "lr_matrix": muon["lr"],
            "muon_momentum": sched_vals["muon_momentum"], "muon_wd": muon["weight_decay"], "dt": dt,
            "tok_per_sec": tok_s, "mfu": util, "train_time": run.loop["train_time"]}
-    if hasattr(run.data.loader, "passes"):  # data passes: a budget longer than the split repeats documents
-        rec["data_passes"] = run.data.loader.passes()
+    if run.data.train_split_tokens:  # the tokens trained over the split's (estimated as the plan's data passes)
+        rec["data_passes"] = step * tb / run.data.train_split_tokens
+    if hasattr(run.data.loader, "passes"):  # where the reader is: documents repeat once it passes 1 (it reads ahead,
+        rec["data_read_passes"] = run.data.loader.passes()  # and drops the ends of the documents it crops)
     rec.update(module_stats(run.model))  # keys are "memory/..." and "moe/..."
     run.metrics.log(rec)
     if run.rank == 0:
