@@ -190,9 +190,8 @@ def agreed_failure_branch(own_signal: str | None, evaluation: int, error: str = 
 
 def training_stop_words(training_stop: str) -> str:
     """How training ended before the final evaluation, for the messages of its error and of its interruption."""
-    return {"completed": "training completed",
-            "wall_time_limit": "training stopped at its wall-time limit"}.get(training_stop,
-                                                                              f"training stopped by {training_stop}")
+    words = {"completed": "training completed", "wall_time_limit": "training stopped at its wall-time limit"}
+    return words.get(training_stop, f"training stopped by {training_stop}")
 
 
 def record_final_eval_error(run: Run, e: FinalEvalError, evals: dict) -> None:

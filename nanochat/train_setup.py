@@ -230,11 +230,11 @@ def data_passes_lines(args, total_tokens: int, tokenizer) -> list[str]:
 
 def data_passes_plan(args, total_tokens: int, tokenizer) -> tuple[list[str], int | None]:
     """(lines, the train split's estimated tokens or None): the passes over the prepared train split that a run of
-    ``total_tokens`` makes (estimated), and a warning
-    when the row config's paper run read another number of shards of that dataset (``[row] train_shards``): the
-    run then repeats its data more or less often than the paper's, which changes its numbers. Printed by --dry-run
-    and when a run starts. A warning, not a refusal: smoke and local runs reuse the rows on a few shards, and the
-    passes made are in metrics.jsonl (data_passes) beside the results."""
+    ``total_tokens`` makes (estimated), and a warning when the row config's paper run read another number of
+    shards of that dataset (``[row] train_shards``): the run then repeats its data more or less often than the
+    paper's, which changes its numbers. Printed by --dry-run and when a run starts. A warning, not a refusal: smoke
+    and local runs reuse the rows on a few shards, and the passes made are in metrics.jsonl (data_passes: the tokens
+    trained over this estimate) beside the results."""
     from nanochat.dataset import DataError, load_manifest
 
     if args.synthetic_data:
@@ -279,8 +279,8 @@ def _estimated_split(data_dir: Path, total_tokens: int, tokenizer, shards: str) 
     except DataError as e:  # the run's loader refuses the file; a plan only loses its estimate
         return None, f"unknown: {e} (the prepared train split: {shards})"
     passes = total_tokens / max(split_tokens, 1)
-    return split_tokens, (f"~{passes:.2f} over the prepared train split: {shards}, ~{split_tokens:,} tokens (estimated "
-                    f"from its first {sampled:,} documents)")
+    return split_tokens, (f"~{passes:.2f} over the prepared train split: {shards}, ~{split_tokens:,} tokens "
+                          f"(estimated from its first {sampled:,} documents)")
 
 
 def report_data_passes(args, plan: dict, data: RunData, rank: int) -> None:
