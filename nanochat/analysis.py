@@ -213,12 +213,41 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
     return out
 
 
-def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, bundle=None,
-                  max_tokens: int | None = None, max_per_task: int = -1, flag: str = "--corpus",
+def add_core_flags(ap) -> None:
+    """--bundle and --max-per-task of the core: domains, following the run as base_eval's do (core_inputs)."""
+    from nanochat.cli_types import count_or_all_or_run
+
+    ap.add_argument("--max-per-task", type=count_or_all_or_run, default="run",
+                    help="examples per CORE task (-1 = all); run = the run's --core-max-per-task, as base_eval (runs "
+                    "that record none, e.g. imported ones, get all)")
+    ap.add_argument("--bundle", default="run", help="CORE bundle dir, 'subset', or run = the bundle the run "
+                    "evaluated CORE on, as base_eval (see scripts/base_eval.py)")
+
+
+def core_inputs(args, meta: dict):
+    """A function giving the CORE bundle and cap of the core: domains (nanochat.eval_bundle.run_core_inputs, the
+    resolver base_eval uses), resolved and printed at the first core: domain only: a run's recorded bundle that is
+    missing here stops no analysis that reads none."""
+    import functools
+
+    from nanochat.eval_bundle import run_core_inputs
+
+    @functools.cache
+    def resolve():
+        inputs = run_core_inputs(args.bundle, args.max_per_task, meta, args.run)
+        print(inputs.describe(), flush=True)
+        return inputs
+
+    return resolve
+
+
+def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, core=None,
+                  max_tokens: int | None = None, flag: str = "--corpus",
                   train_rows: tuple[int | None, str] = (None, "manifest order")) -> list[Domain]:
     """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem); ``flag``
-    is the option the specs came from, named in errors; ``train_rows``: train_rows_order's (first-read seed,
-    description) of the train split's rows."""
+    is the option the specs came from, named in errors; ``core``: a function giving the bundle and cap of core:
+    domains (core_inputs; None: the search order, every example); ``train_rows``: train_rows_order's (first-read
+    seed, description) of the train split's rows."""
     domains = []
     for spec in specs:
         start = len(domains)
@@ -236,11 +265,13 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, b
             from nanochat.download import DownloadError
             from nanochat.eval_bundle import find_bundle
 
+            inputs = core() if core else None
             try:
-                bundle_dir = find_bundle(bundle)
+                bundle_dir = find_bundle(inputs.bundle if inputs else None)
             except DownloadError as e:  # offline without --bundle: its advice (--bundle subset), not a traceback
                 raise ValueError(f"{flag} {spec}: {e}") from e
-            for d in core_domains(tokenizer, bundle_dir, arg, seq_len, max_per_task, flag):
+            cap = inputs.max_per_task if inputs else -1
+            for d in core_domains(tokenizer, bundle_dir, arg, seq_len, cap, flag):
                 domains.append(Domain(d.name, _cap_rows(d.rows, max_tokens), "core"))
         elif kind == "file" and arg:
             from nanochat.loss_eval import read_corpus

@@ -285,6 +285,29 @@ def recorded_run_args(meta: dict) -> dict:
     return (meta.get("config") or {}).get("args") or {}
 
 
+def recorded_value(meta: dict, run_dir, pick):
+    """(``pick(config)``, "its config.json" | "its checkpoint") from the first of the run's resolved configs that
+    records it (``pick`` returns None for "not recorded"): the run dir's config.json first (every session rewrites
+    it, and a final evaluation resumed with other flags saves no new checkpoint, so the checkpoint's copy can be the
+    older one), then the checkpoint's meta.json "config". (None, None) where neither does (an imported checkpoint, a
+    run older than the flag). A missing, torn or foreign config.json is passed over for the checkpoint's."""
+    records = []
+    if run_dir is not None:
+        try:
+            records.append((read_json_object(Path(run_dir) / "config.json", ValueError), "its config.json"))
+        except (OSError, ValueError):
+            pass
+    records.append((meta.get("config") or {}, "its checkpoint"))
+    for config, where in records:
+        try:
+            value = pick(config)
+        except (AttributeError, TypeError):  # not base_train's layout ("args" not an object): not a record of it
+            value = None
+        if value is not None:
+            return value, where
+    return None, None
+
+
 def load_model(run_dir, step: int | None = None, device="cpu"):
     """Rebuild the model of a checkpoint and load its weights. Returns (model, meta)."""
     meta = load_meta(run_dir, step)

@@ -192,6 +192,17 @@ def count_or_all(text: str) -> int:
     return value
 
 
+def count_or_all_or_run(text: str) -> int | str:
+    """``count_or_all``, or "run": base_eval's and the analyses' --max-per-task, where run follows the checkpoint's
+    --core-max-per-task (nanochat.eval_bundle.run_core_inputs)."""
+    if text == "run":
+        return text
+    try:
+        return count_or_all(text)
+    except argparse.ArgumentTypeError:  # count_or_all's message would leave out "run"
+        raise argparse.ArgumentTypeError(f"must be 'run', an integer >= 1, or -1 for all (got {text!r})") from None
+
+
 def count_or_all_or_zero(text: str) -> int:
     """``count_or_all``, and 0: base_train --core-max-per-task with --resume, where 0 ("all" in the versions that
     took it) continues a run recorded with it; nanochat.train_resume reads it as -1 there and refuses it elsewhere."""

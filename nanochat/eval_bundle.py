@@ -77,6 +77,75 @@ def find_bundle(bundle_arg: str | None = None) -> Path:
     return download_bundle(cache_dir())
 
 
+@dataclass(frozen=True)
+class CoreInputs:
+    """What CORE reads, resolved for one checkpoint (``run_core_inputs``), each with where it came from."""
+    bundle: str | None  # find_bundle's argument: a directory, "subset", or None (the search order)
+    bundle_source: str
+    max_per_task: int  # -1 = every example
+    max_per_task_source: str
+
+    def describe(self) -> str:
+        """For the line of resolved settings: the CORE bundle and cap, and why."""
+        bundle = self.bundle or "the first found (NANOCHAT_EVAL_BUNDLE, the cache, a download)"
+        cap = "all" if self.max_per_task == -1 else str(self.max_per_task)
+        return (f"CORE bundle {bundle} ({self.bundle_source}); examples per task {cap} "
+                f"({self.max_per_task_source})")
+
+
+def run_core_inputs(bundle_flag: str, cap_flag: int | str, meta: dict, run_dir=None) -> CoreInputs:
+    """The bundle and the per-task cap of a CORE evaluation of a checkpoint (base_eval, the analyses' core:
+    domains): a flag's value as given, else (``run``) the run's own (``recorded_bundle``; --core-max-per-task,
+    an older run's 0 read as -1), so the CORE printed equals the one of training; a run that records none (an
+    imported checkpoint, an older run) gets the search order and every example, and the source says so."""
+    from nanochat.checkpoint import recorded_value
+    from nanochat.cli_types import recorded_args_now
+
+    if bundle_flag != "run":
+        bundle, bundle_source = bundle_flag, "--bundle"
+    else:
+        bundle, bundle_source = recorded_bundle(meta, run_dir)
+    if cap_flag != "run":
+        return CoreInputs(bundle, bundle_source, cap_flag, "--max-per-task")
+    cap, where = recorded_value(meta, run_dir,
+                                lambda config: recorded_args_now(config.get("args", {})).get("core_max_per_task"))
+    if cap is None:
+        return CoreInputs(bundle, bundle_source, -1, "default: the run records no --core-max-per-task")
+    return CoreInputs(bundle, bundle_source, int(cap), f"the run's --core-max-per-task, {where}")
+
+
+def recorded_bundle(meta: dict, run_dir=None) -> tuple[str | None, str]:
+    """(find_bundle's argument, where it came from) for the bundle the run evaluated CORE on: its --bundle (subset
+    keeps its meaning: this checkout's subset), else the bundle its search order found (config "data" "bundle"),
+    else None (the search order: a run that found none or records none). A recorded directory without core.yaml
+    here is an error naming the run's value and --bundle PATH: the search order could find another bundle and
+    print another CORE. A relative path is read from the run's working directory, which the run does not record:
+    from here, where that holds a bundle."""
+    from nanochat.checkpoint import recorded_value
+
+    def pick(config):
+        value = config.get("args", {}).get("bundle") or (config.get("data") or {}).get("bundle")
+        return str(value) if value else None
+
+    value, where = recorded_value(meta, run_dir, pick)
+    if value is None:
+        return None, "default: the run records no bundle"
+    source = f"the run's bundle, {where}"
+    if value == "subset":
+        return value, source
+    path = Path(value).expanduser()
+    if not (path / "core.yaml").is_file():
+        where_from = "" if path.is_absolute() else (f" (a relative path: the run read it from the directory it "
+                                                    f"was started in, which it does not record; from here it is "
+                                                    f"{path.resolve()})")
+        raise ValueError(f"--bundle run: the run evaluated CORE on the bundle {value!r} ({where}){where_from}, "
+                         "which holds no core.yaml here; pass --bundle PATH (a directory holding core.yaml, e.g. "
+                         "a copy of that bundle) or --bundle subset")
+    if not path.is_absolute():
+        source += ", relative to this directory"
+    return value, source
+
+
 def _extract(zip_path: Path, target: Path) -> None:
     """Extract into a temp dir, find the folder holding core.yaml, then rename it into place atomically."""
     tmp = target.with_name(target.name + ".extract-tmp")

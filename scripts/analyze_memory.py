@@ -2,7 +2,7 @@
 across CORE domains").
 
     python -m scripts.analyze_memory --run runs/X [--step S] --corpus val core:all file:notes.txt
-        [--max-tokens N] [--max-per-task N] [--batch-size B] [--train-rows run|manifest] [--out-dir DIR]
+        [--max-tokens N] [--max-per-task run|N] [--bundle run|DIR|subset] [--batch-size B] [--train-rows run|manifest] [--out-dir DIR]
 
 For every domain and every (memory layer, head): the mean injection gate gamma (the paper's gamma~_l before the
 head average) and the mean injected norm ||gamma m~||_2 (M_l), over all non-BOS token positions. VE and MoME
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, heatmaps, iter_captured,
-                               load_run, memory_block, meta_dir, OutputWriteError, split_rows, staged_outputs,
-                               train_rows_order, write_json)
-from nanochat.cli_types import checkpoint_step, count_or_all, device_name, int_at_least, positive_int
+from nanochat.analysis import (GateAccumulator, add_core_flags, add_train_rows_flag, build_domains, core_inputs,
+                               heatmaps, iter_captured, load_run, memory_block, meta_dir, OutputWriteError,
+                               split_rows, staged_outputs, train_rows_order, write_json)
+from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
 
 
 def parse_args(argv=None):
@@ -37,8 +37,7 @@ def parse_args(argv=None):
                     help="val | train | core:<task> | core:all | file:PATH (several; repeatable; default val)")
     ap.add_argument("--max-tokens", type=int_at_least(0), default=65536,
                     help="token positions per domain (0 = all for core/file; val/train take 65536 then)")
-    ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
-    ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset' (see scripts/base_eval.py)")
+    add_core_flags(ap)
     ap.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
     ap.add_argument("--data-dir", default=None, help="override meta['data_dir'] (for --corpus val/train)")
@@ -119,7 +118,7 @@ def analyze(args, out_dir: Path) -> int:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
         block = memory_block(model)
         domains = build_domains(args.corpus, tokenizer, model.max_seq_len, data_dir=meta_dir(args.data_dir, meta, "data_dir"),
-                                bundle=args.bundle, max_tokens=args.max_tokens or None, max_per_task=args.max_per_task,
+                                core=core_inputs(args, meta), max_tokens=args.max_tokens or None,
                                 train_rows=train_rows_order(args.train_rows, meta))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

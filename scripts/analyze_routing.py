@@ -2,7 +2,8 @@
 and semantic routes of polysemous words (appendix "Supplementary Semantic-Routing Examples").
 
     python -m scripts.analyze_routing --run runs/X --corpus val file:shakespeare.txt core:all [--reference val]
-        [--max-tokens N] [--min-count 32] [--train-rows run|manifest] [--out-dir DIR]
+        [--max-tokens N] [--max-per-task run|N] [--bundle run|DIR|subset] [--min-count 32]
+        [--train-rows run|manifest] [--out-dir DIR]
     python -m scripts.analyze_routing --run runs/X --words bank,python [--prompts FILE] [--sites 3:0,5:2]
 
 Audit, per domain (BOS and padding excluded, statistics per layer-head site then macro-averaged over sites):
@@ -26,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_train_rows_flag, build_domains,
-                               iter_captured, load_run, memory_block, meta_dir, pad_rows, run_captured,
-                               single_token_at, split_rows, staged_outputs, train_rows_order, write_json)
-from nanochat.cli_types import checkpoint_step, count_or_all, device_name, int_at_least, positive_int
+from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_core_flags, add_train_rows_flag,
+                               build_domains, core_inputs, iter_captured, load_run, memory_block, meta_dir, pad_rows,
+                               run_captured, single_token_at, split_rows, staged_outputs, train_rows_order,
+                               write_json)
+from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),
@@ -61,9 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--reference", default="val", help="corpus spec of the JSD reference domain ('' = no JSD)")
     ap.add_argument("--max-tokens", type=int_at_least(0), default=65536,
                     help="token positions per domain (0 = all for core/file; val/train take 65536 then)")
-    ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
+    add_core_flags(ap)
     ap.add_argument("--min-count", type=positive_int, default=32, help="per-token effective slots: min occurrences")
-    ap.add_argument("--bundle", default=None, help="CORE bundle dir or 'subset'")
     ap.add_argument("--words", default="", help="comma-separated target words for semantic routes")
     ap.add_argument("--prompts", default=None, help="prompt file for --words (one per line, optional label<TAB>)")
     ap.add_argument("--sites", default="", help="figure columns for --words as layer:head list (default: all)")
@@ -293,8 +294,8 @@ def analyze(args, out_dir: Path) -> int:
         sites = parse_sites(args.sites, block.layers, block.H)  # checked before any forward
         header = {"run": str(args.run), "step": meta["step"], "memory_options": model.config.memory_options}
         if args.corpus:
-            common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), bundle=args.bundle,
-                          max_tokens=args.max_tokens or None, max_per_task=args.max_per_task,
+            common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), core=core_inputs(args, meta),
+                          max_tokens=args.max_tokens or None,
                           train_rows=train_rows_order(args.train_rows, meta))
             domains = build_domains(args.corpus, tokenizer, model.max_seq_len, **common)
             reference = None

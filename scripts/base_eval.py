@@ -1,7 +1,7 @@
 """Evaluate a checkpoint: CORE and/or bits per byte (train/val splits and out-of-domain corpora).
 
-    python -m scripts.base_eval --run runs/X [--step S] [--eval core,bpb] [--bundle DIR|subset]
-        [--max-per-task N] [--device-batch-size B] [--splits train,val] [--eval-tokens N]
+    python -m scripts.base_eval --run runs/X [--step S] [--eval core,bpb] [--bundle run|DIR|subset]
+        [--max-per-task run|N] [--device-batch-size B] [--splits train,val] [--eval-tokens N]
         [--bpb-corpus NAME=PATH ...]
     torchrun --standalone --nproc_per_node=N -m scripts.base_eval --run-dir runs/X ...
     (under torchrun spell it --run-dir: torchrun's parser takes "--run" for an abbreviation of its --run-path)
@@ -16,7 +16,10 @@ label (e.g. CORE-21/22).
 The autocast dtype, the attention kernel and MoME's kernels default to the ones the run trained (and evaluated)
 with, from the checkpoint's config, so the CORE and bpb printed here equal the ones at the end of training; all three
 are written into core.json/bpb.json (MoME's as the path the model's layers took, "none" without MoME), and the dtype
-is printed beside every number, since bf16 and fp32 results differ in the last digits. The train split's rows are the
+is printed beside every number, since bf16 and fp32 results differ in the last digits. CORE's bundle and examples
+per task follow the run likewise (--bundle run, --max-per-task run: its --bundle, else the bundle its search found,
+and its --core-max-per-task; a run that records none gets the search order and every example), printed with the
+other resolved settings. The train split's rows are the
 documents the run's recorded --data-seed reads first (the split's first documents for a checkpoint that records none,
 e.g. an imported one), named in bpb.json "train_bpb_rows" as in summary.json: a run finished before 2026-11-27
 measured its final train bpb on the split's first documents in manifest order (its summary.json has no
@@ -44,14 +47,14 @@ from pathlib import Path
 
 import torch
 
-from nanochat.checkpoint import existing_step, load_model, recorded_run_args, require_files, step_dir
-from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all, device_type_name, positive_int
+from nanochat.checkpoint import existing_step, load_model, recorded_run_args, recorded_value, require_files, step_dir
+from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all_or_run, device_type_name, positive_int
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              print_error, raised_like, raised_on_every_rank, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
                                   write_on_rank0, write_report_on_rank0)
 from nanochat.gpt import ATTENTION_BACKENDS, AttentionBackend
-from nanochat.jsonfile import read_json_object, write_text_atomic
+from nanochat.jsonfile import write_text_atomic
 from nanochat.lost_output import keep_running_without_output
 from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
@@ -71,9 +74,13 @@ def parse_args(argv=None):
                     help="run directory holding checkpoints/step_NNNNNN/ (use --run-dir under torchrun)")
     ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--eval", default="core,bpb", help="comma list of: core, bpb")
-    ap.add_argument("--bundle", default=None, help="CORE bundle dir, or 'subset' for eval_data/core_subset "
-                    "(default: $NANOCHAT_EVAL_BUNDLE, the cache, then download)")
-    ap.add_argument("--max-per-task", type=count_or_all, default=-1, help="examples per CORE task (-1 = all)")
+    ap.add_argument("--bundle", default="run", help="CORE bundle dir, 'subset' for eval_data/core_subset, or run "
+                    "= the bundle the checkpoint's run evaluated CORE on (its --bundle, else the one it found; a "
+                    "relative path is read from here; runs that record none, e.g. imported ones, get "
+                    "$NANOCHAT_EVAL_BUNDLE, the cache, then a download)")
+    ap.add_argument("--max-per-task", type=count_or_all_or_run, default="run",
+                    help="examples per CORE task (-1 = all); run = the run's --core-max-per-task (runs that record "
+                    "none, e.g. imported ones, get all)")
     ap.add_argument("--device-batch-size", type=positive_int, default=16, help="rows per forward pass (CORE and bpb)")
     ap.add_argument("--splits", default="train,val",
                     help="dataset splits for bpb (comma list; '' for none; one named twice is scored once)")
@@ -153,16 +160,9 @@ def eval_tokens_of(flag: int | str, meta: dict, run_dir: Path | None = None) -> 
     another --eval-tokens saves no new checkpoint, so the checkpoint's copy can be the older budget."""
     if flag != "run":
         return flag, "--eval-tokens"
-    try:
-        recorded = read_json_object(Path(run_dir) / "config.json", ValueError).get("args", {}).get("eval_tokens") \
-            if run_dir is not None else None
-    except (OSError, ValueError, AttributeError):  # none, torn or not base_train's: the checkpoint's, and said so
-        recorded = None
+    recorded, where = recorded_value(meta, run_dir, lambda config: config.get("args", {}).get("eval_tokens") or None)
     if recorded:
-        return int(recorded), "the run's --eval-tokens (its config.json)"
-    recorded = recorded_run_args(meta).get("eval_tokens")
-    if recorded:
-        return int(recorded), "the run's --eval-tokens (its checkpoint)"
+        return int(recorded), f"the run's --eval-tokens ({where})"
     return PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)"
 
 
@@ -477,7 +477,7 @@ def check_flags_against(args, meta: dict, device_type: str) -> None:
 
 
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
-    from nanochat.eval_bundle import find_bundle
+    from nanochat.eval_bundle import find_bundle, run_core_inputs
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
     from nanochat.train_setup import report_mome_kernels
 
@@ -497,8 +497,12 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     mome_kernels = report_mome_kernels(model, kernels)
     autocast_ctx = autocast_context(device.type, dtype)
     tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
-    print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); world size {world}; "
-           f"numerics {args.numerics}; dtype {dtype} ({dtype_source}); attention {attention} ({attention_source}); "
+    # rank 0's reading of the run's records and the bundle's files, for every rank (only rank 0 reads the bundle)
+    core = rank0_decides(lambda: run_core_inputs(args.bundle, args.max_per_task, meta, run)) \
+        if "core" in args.evals else None
+    print0(f"checkpoint {run} step {step}; tokenizer {tok_dir} ({source}); "
+           + (f"{core.describe()}; " if core else "") + f"world size {world}; numerics {args.numerics}; "
+           f"dtype {dtype} ({dtype_source}); attention {attention} ({attention_source}); "
            f"mome kernels {mome_kernels} ({mome_kernels_source})")
     tokenizer = every_rank_ok(lambda: get_tokenizer(tok_dir))
     every_rank_ok(lambda: check_vocab_matches(tokenizer, meta["model_config"]["vocab_size"], f"{run} step {step}",
@@ -519,12 +523,12 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     try:
         # what CORE and bpb read, checked (and the bpb rows built) before CORE runs: a problem of either stops
         # base_eval now, not minutes to hours later
-        bundle = rank0_decides(lambda: find_bundle(args.bundle)) if "core" in args.evals else None
+        bundle = rank0_decides(lambda: find_bundle(core.bundle)) if core else None
         if "bpb" in args.evals:
             plan = prepare_bpb(tokenizer, args, meta, model.max_seq_len, rank, world, device, stores["bpb"])
         if "core" in args.evals:
-            run_core_eval(model, tokenizer, args, bundle, device, autocast_ctx, out_dir, header, stores["core"],
-                          last="bpb" not in args.evals)
+            run_core_eval(model, tokenizer, args, (bundle, core.max_per_task), device, autocast_ctx, out_dir, header,
+                          stores["core"], last="bpb" not in args.evals)
         if "bpb" in args.evals:
             res = run_bpb(model, plan, args, rank, world, device, autocast_ctx, stores["bpb"])
             write_report_on_rank0(out_dir / "bpb.json", lambda: write_text_atomic(
@@ -549,13 +553,14 @@ def kept_note(stores: dict, out_dir: Path) -> str:
     return f"finished results ({kept}) are kept in {out_dir}: run the same command again to continue"
 
 
-def run_core_eval(model, tokenizer, args, bundle: Path, device, autocast_ctx, out_dir: Path, header: dict,
-                  finished: FinishedResults, last: bool) -> None:
-    """``bundle``: rank 0's (find_bundle; only rank 0 reads it, see evaluate_core). ``last``: its report is the
-    evaluation's last write (see write_report_on_rank0)."""
+def run_core_eval(model, tokenizer, args, inputs: tuple[Path, int], device, autocast_ctx, out_dir: Path,
+                  header: dict, finished: FinishedResults, last: bool) -> None:
+    """``inputs``: the bundle, rank 0's (find_bundle; only rank 0 reads it, see evaluate_core), and the resolved
+    per-task cap (run_core_inputs). ``last``: its report is the evaluation's last write (see write_report_on_rank0)."""
     from nanochat.core_eval import evaluate_core, write_core_report
 
-    res = evaluate_core(model, tokenizer, bundle, args.max_per_task, args.device_batch_size, device,
+    bundle, max_per_task = inputs
+    res = evaluate_core(model, tokenizer, bundle, max_per_task, args.device_batch_size, device,
                         autocast_ctx, progress=not args.no_progress, finished=finished)
     if finished.reused:
         print0(finished.reuse_note("CORE tasks", len(res["tasks"])))

@@ -271,13 +271,24 @@ def test_hidden_injection_variant_adds_to_residual_not_values():
     assert y.shape == x.shape and not torch.allclose(y, x)  # gamma = 1 at init, table non-zero
 
 
-def test_core_domains_and_task_balanced_average(tmp_path):
+def test_core_domains_and_task_balanced_average(tmp_path, monkeypatch, capsys):
+    """The core: domains follow the run's --bundle and --core-max-per-task by default, as base_eval's CORE does
+    (nanochat.eval_bundle.run_core_inputs): here its config.json records --bundle subset --core-max-per-task 2."""
+    from nanochat import analysis
+    from nanochat.eval_bundle import SUBSET_DIR
     from scripts import analyze_memory
 
     run, _, _ = make_run(tmp_path, "ve")
+    (run / "config.json").write_text(json.dumps({"args": {"bundle": "subset", "core_max_per_task": 2}}))
+    built, real = [], analysis.core_domains
+    monkeypatch.setattr(analysis, "core_domains", lambda tok, bundle, which, seq_len, cap, flag: built.append(
+        (bundle, which, cap)) or real(tok, bundle, which, seq_len, cap, flag))
     out = tmp_path / "out"
-    assert analyze_memory.main(["--run", str(run), "--corpus", "core:copa", "core:piqa", "--bundle", "subset",
-                                "--max-per-task", "2", "--out-dir", str(out), "--no-progress"]) == 0
+    assert analyze_memory.main(["--run", str(run), "--corpus", "core:copa", "core:piqa", "--out-dir", str(out),
+                                "--no-progress"]) == 0
+    assert built == [(SUBSET_DIR, "copa", 2), (SUBSET_DIR, "piqa", 2)]
+    assert capsys.readouterr().out.count("CORE bundle subset (the run's bundle, its config.json); examples per task "
+                                         "2 (the run's --core-max-per-task, its config.json)\n") == 1
     dom = json.loads((out / "memory_use.json").read_text())["domains"]
     assert set(dom) == {"copa", "piqa", "CORE"} and dom["CORE"]["tasks"] == ["copa", "piqa"]
     want = (torch.tensor(dom["copa"]["gamma"]) + torch.tensor(dom["piqa"]["gamma"])) / 2  # every task weighs 1

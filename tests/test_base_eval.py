@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import base_eval_fixtures  # noqa: E402
-from _eval_helpers import LM_ROWS, MC_ROWS, write_bundle  # noqa: E402
+from _eval_helpers import MC_ROWS, write_bundle  # noqa: E402
 from base_eval_fixtures import _count_calls  # noqa: E402
 from conftest import sigterm_after, tiny_config  # noqa: E402
 
@@ -121,32 +121,38 @@ def test_eval_dtype_comes_from_the_run():
 
 def test_base_eval_reproduces_the_core_of_training_in_the_runs_dtype(tmp_path, capsys, embedded_data_dir,
                                                                        tiny_tokenizer_dir):
-    """The same checkpoint, one CORE: base_eval's default is the dtype the run trained and evaluated with (bf16
-    autocast here, on CPU), and every result says which dtype it is."""
+    """The same checkpoint, one CORE: base_eval's defaults are the dtype the run trained and evaluated with (bf16
+    autocast here, on CPU), its bundle (--bundle subset) and its examples per task (--core-max-per-task), and every
+    result says which dtype it is. Without them base_eval read the search order's bundle (offline: a download
+    error) with every example. An explicit flag is used as given."""
     from scripts import base_eval, base_train
 
-    bundle = write_bundle(tmp_path / "bundle", {"mc": ("multiple_choice", 1, " ", MC_ROWS),
-                                                "lm": ("language_modeling", 1, "\nAnswer: ", LM_ROWS)},
-                          {"mc": 25, "lm": 0})
     run = tmp_path / "run"
     assert base_train.main(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir),
                             "--depth", "1", "--aspect-ratio", "64", "--head-dim", "32", "--max-seq-len", "64",
                             "--device-batch-size", "2", "--total-batch-size", "256", "--eval-tokens", "256",
                             "--eval-every", "-1", "--num-iterations", "3", "--dtype", "bfloat16",
-                            "--bundle", str(bundle), "--run-dir", str(run)]) == 0
+                            "--bundle", "subset", "--core-max-per-task", "1", "--run-dir", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["dtype"] == summary["core_dtype"] == "bfloat16"
-    assert f"final CORE [bfloat16] {summary['core']:.4f}" in capsys.readouterr().out
-    common = ["--run", str(run), "--bundle", str(bundle), "--eval", "core", "--device-batch-size", "2",
-              "--no-progress", "--device-type", "cpu"]
+    assert f"final {summary['core_label']} [bfloat16] {summary['core']:.4f}" in capsys.readouterr().out
+    common = ["--run", str(run), "--eval", "core", "--device-batch-size", "2", "--no-progress", "--device-type", "cpu"]
     assert base_eval.main(common) == 0
     out = capsys.readouterr().out
-    assert "dtype bfloat16 (the run's training dtype)" in out and "CORE [bfloat16]:" in out
+    assert "dtype bfloat16 (the run's training dtype)" in out and f"{summary['core_label']} [bfloat16]:" in out
+    assert ("CORE bundle subset (the run's bundle, its config.json); examples per task 1 (the run's "
+            "--core-max-per-task, its config.json)") in out
     core = json.loads((run / "eval" / "step_000003" / "core.json").read_text())
     assert core["dtype"] == "bfloat16" and core["core"] == pytest.approx(summary["core"], abs=1e-9)
-    assert base_eval.main([*common, "--dtype", "float32", "--out-dir", str(tmp_path / "fp32")]) == 0
-    assert json.loads((tmp_path / "fp32" / "core.json").read_text())["dtype"] == "float32"
-
+    assert core["max_per_task"] == 1 and core["subset"] and {t["n"] for t in core["tasks"].values()} == {1}
+    bundle = write_bundle(tmp_path / "bundle", {"mc": ("multiple_choice", 1, " ", MC_ROWS)}, {"mc": 25})
+    assert base_eval.main([*common, "--dtype", "float32", "--bundle", str(bundle), "--max-per-task", "-1",
+                           "--out-dir", str(tmp_path / "fp32")]) == 0
+    assert (f"CORE bundle {bundle} (--bundle); examples per task all (--max-per-task)"
+            in capsys.readouterr().out)
+    core = json.loads((tmp_path / "fp32" / "core.json").read_text())
+    assert (core["dtype"], core["bundle"], core["max_per_task"]) == ("float32", str(bundle), -1)
+    assert core["tasks"]["mc"]["n"] == len(MC_ROWS)
 
 
 # -- the run's --eval-tokens -----------------------------------------------------------------------------------

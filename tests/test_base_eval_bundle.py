@@ -76,6 +76,47 @@ def test_find_bundle_order(tmp_path, monkeypatch):
 
 
 # -- the shipped subset ---------------------------------------------------------------------------------------
+def test_core_inputs_follow_the_run(tmp_path, monkeypatch):
+    """--bundle run / --max-per-task run (base_eval's and the analyses' defaults): the run's --bundle (subset keeps
+    its meaning), else the bundle its search found, and its --core-max-per-task (an older run's 0 is all), from
+    config.json before the checkpoint; an explicit flag as given; a run that records none gets the search order
+    and every example, and the source says so."""
+    def meta(bundle=None, cap=None, found=None):
+        return {"config": {"args": {"bundle": bundle, "core_max_per_task": cap}, "data": {"bundle": found}}}
+
+    got = eb.run_core_inputs("run", "run", meta("subset", 24, str(eb.SUBSET_DIR)))
+    assert got == eb.CoreInputs("subset", "the run's bundle, its checkpoint", 24,
+                                "the run's --core-max-per-task, its checkpoint")
+    assert got.describe() == ("CORE bundle subset (the run's bundle, its checkpoint); examples per task 24 (the "
+                              "run's --core-max-per-task, its checkpoint)")
+    assert eb.run_core_inputs("/b", 5, meta("subset", 24)) == eb.CoreInputs("/b", "--bundle", 5, "--max-per-task")
+    none = eb.CoreInputs(None, "default: the run records no bundle", -1,
+                         "default: the run records no --core-max-per-task")
+    assert eb.run_core_inputs("run", "run", {"reason": "imported"}) == none
+    assert eb.run_core_inputs("run", "run", {"config": {"args": None}}) == none
+    assert "the first found (NANOCHAT_EVAL_BUNDLE, the cache, a download)" in none.describe()
+    assert eb.run_core_inputs("run", "run", meta(cap=0)).max_per_task == -1  # an older version's "all"
+    # no --bundle: the one its search order found (here NANOCHAT_EVAL_BUNDLE's), which can differ from ours
+    found = write_bundle(tmp_path / "found", {}, {})
+    assert eb.recorded_bundle(meta(found=str(found))) == (str(found), "the run's bundle, its checkpoint")
+    # config.json first: a final evaluation resumed with other flags saves no new checkpoint
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(meta("subset", 3)["config"]))
+    assert eb.run_core_inputs("run", "run", meta(str(found), 24), tmp_path / "run") == eb.CoreInputs(
+        "subset", "the run's bundle, its config.json", 3, "the run's --core-max-per-task, its config.json")
+    # a relative path is read from here, where it holds a bundle; else an error naming the run's value and the flag
+    monkeypatch.chdir(tmp_path)
+    assert eb.recorded_bundle(meta("found")) == ("found", "the run's bundle, its checkpoint, relative to this directory")
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"^--bundle run: the run evaluated CORE on the bundle 'found' \(its "
+                       r"checkpoint\) \(a relative path: .*does not record; from here it is .*/run/found\), which holds "
+                       r"no core.yaml here; pass --bundle PATH"):
+        eb.run_core_inputs("run", 2, meta("found"))
+    with pytest.raises(ValueError, match=r"the bundle '/gone/bundle' \(its checkpoint\), which holds no core.yaml"):
+        eb.run_core_inputs("run", "run", meta(found="/gone/bundle"))
+    assert eb.run_core_inputs("subset", "run", meta("found")).bundle == "subset"  # an explicit flag: not checked
+
+
 def test_shipped_subset_is_labelled_and_small():
     tasks = eb.load_core_tasks(eb.SUBSET_DIR)
     info = eb.bundle_info(eb.SUBSET_DIR)

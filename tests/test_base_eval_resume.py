@@ -91,6 +91,41 @@ def test_changed_settings_or_fresh_recompute(tiny_run, tmp_path, monkeypatch, ca
     assert [a[3].label for a in tasks] == ["mc", "lm"] and "'an-edit-of-the-code'" in capsys.readouterr().out
 
 
+def test_core_follows_the_run_and_another_recorded_cap_is_not_reused(tiny_run, tmp_path, monkeypatch, capsys):
+    """Without --bundle and --max-per-task a checkpoint that records neither (tiny_run's, like an imported one) is
+    evaluated on the search order's bundle with every example, and the line of resolved settings says why; once
+    the run records --core-max-per-task 2 (its config.json), the same command scores 2 examples per task and
+    reuses no task the interrupted evaluation finished with all of them."""
+    import shutil
+
+    from nanochat import core_eval
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    run, out = tmp_path / "run", tmp_path / "o"
+    shutil.copytree(root / "run", run)
+    monkeypatch.setenv("NANOCHAT_EVAL_BUNDLE", str(bundle))
+    argv = ["--run", str(run), "--eval", "core", "--device-batch-size", "3", "--no-progress", "--device-type", "cpu",
+            "--out-dir", str(out)]
+    with monkeypatch.context() as m:
+        sigterm_after(m, core_eval, "evaluate_task", 1)
+        assert main(argv) == 143
+    assert ("; CORE bundle the first found (NANOCHAT_EVAL_BUNDLE, the cache, a download) (default: the run records "
+            "no bundle); examples per task all (default: the run records no --core-max-per-task); world size 1;"
+            in capsys.readouterr().out)
+    (run / "config.json").write_text(json.dumps({"args": {"core_max_per_task": 2}}))
+    with monkeypatch.context() as m:
+        tasks = _count_calls(m, core_eval, "evaluate_task")
+        assert main(argv) == 0
+    assert [a[3].label for a in tasks] == ["mc", "lm"]
+    out_text = capsys.readouterr().out
+    assert "examples per task 2 (the run's --core-max-per-task, its config.json)" in out_text
+    assert "the inputs of mc changed (max_per_task -1 -> 2); recomputing it" in out_text
+    core = json.loads((out / "core.json").read_text())
+    assert (core["bundle"], core["max_per_task"]) == (str(bundle), 2)
+    assert {t["n"] for t in core["tasks"].values()} == {2}
+
+
 def test_an_evaluation_that_fails_midway_says_what_it_kept(tiny_run, tmp_path, monkeypatch, capsys):
     """E.g. another rank was stopped and this rank's collective failed: the error propagates, after a line saying
     which finished results are on disk for the rerun."""

@@ -157,7 +157,7 @@ def test_negative_step_is_a_flag_error(module, capsys):
                                                  ("--device-batch-size", "-2", "an integer >= 1"),
                                                  ("--eval-tokens", "0", "'run' or an integer >= 1"),
                                                  ("--eval-tokens", "-5", "'run' or an integer >= 1"),
-                                                 ("--max-per-task", "-2", "an integer >= 1, or -1 for all")])
+                                                 ("--max-per-task", "-2", "'run', an integer >= 1, or -1 for all")])
 def test_base_eval_count_flags_are_flag_errors(flag, value, needle, capsys):
     from scripts import base_eval
 
