@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import pickle
+import platform
 import random
 import sys
 import time
@@ -372,11 +373,55 @@ def resolve_dtype(device_type: str, dtype: str = "auto") -> str:
 
 
 def autocast_context(device_type: str, dtype: str = "auto"):
-    """bf16 autocast on CUDA by default; fp32 elsewhere unless dtype='bfloat16' is asked for."""
+    """bf16 autocast on CUDA by default; fp32 elsewhere unless dtype='bfloat16' is asked for. Every entry point that
+    runs a model with --dtype passes through here: a CPU without native bf16 gets its note (note_slow_cpu_bf16)."""
     dtype = resolve_dtype(device_type, dtype)
     if dtype == "float32":
         return nullcontext()
+    if device_type == "cpu":
+        note_slow_cpu_bf16()
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+
+X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
+# torch's private CPU feature checks (torch.cpu, in 2.11 and 2.13 alike): either one is a native bf16 matmul
+NATIVE_BF16_CHECKS = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+
+
+def cpu_has_native_bf16() -> bool | None:
+    """Whether this CPU multiplies bf16 matrices natively (x86 with AVX512-BF16 or AMX): True or False; None where it
+    cannot be told: another architecture (torch's x86 checks say False there), or a torch without the checks."""
+    if platform.machine().lower() not in X86_MACHINES:
+        return None
+    answers = []
+    for name in NATIVE_BF16_CHECKS:
+        check = getattr(torch.cpu, name, None)
+        try:
+            answers.append(bool(check()) if check is not None else None)
+        except Exception:  # noqa: BLE001 - a private API: an error is an unknown, not a stop
+            answers.append(None)
+    if any(answers):
+        return True
+    return None if None in answers else False
+
+
+# Measured (dev/LOG.md, 2026-11-27): a 4096x256 @ 256x1024 matmul on 1 thread of an AVX2-only AMD EPYC
+SLOW_BF16_RATIO = 60
+_slow_bf16_noted = False  # one note per process, however many contexts it makes
+
+
+def note_slow_cpu_bf16() -> None:
+    """Say once, on rank 0, that bf16 on this CPU is slow where it has no native bf16 matmuls. A note, not an error,
+    and nothing changes: float32 is the user's choice to make (it changes the numerics)."""
+    global _slow_bf16_noted
+    if _slow_bf16_noted or cpu_has_native_bf16() is not False:
+        return
+    _slow_bf16_noted = True
+    print0(f"note: this run computes in bfloat16 on a CPU without native bf16 matmuls (no AVX512-BF16, no AMX): "
+           f"torch takes its slow path, a bf16 matmul costing about {SLOW_BF16_RATIO}x a float32 matmul on a CPU "
+           "like this one, so expect steps many times slower than in float32. --dtype float32 is fast here but "
+           "changes the numerics: a config row's seed trained so is listed by scripts.results apart from the row's "
+           "bf16 seeds, not averaged with them")
 
 
 def rows_to_device(batch: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,83 @@
+"""bf16 on a CPU without native bf16 matmuls (an AVX2-only EPYC: ~60x a float32 matmul): the check that tells, and
+the one note a run that computes so prints at start-up (nanochat.common)."""
+
+import warnings
+
+import pytest
+import torch
+
+from nanochat import common
+
+
+def cpu_like(monkeypatch, machine="x86_64", **checks):
+    """This process's CPU as ``machine`` whose torch.cpu checks answer ``checks`` (a name left out: no such check
+    in this torch; an exception: a check that raises)."""
+    monkeypatch.setattr(common.platform, "machine", lambda: machine)
+    for name in common.NATIVE_BF16_CHECKS:
+        if name not in checks:
+            monkeypatch.delattr(torch.cpu, name, raising=False)
+        else:
+            monkeypatch.setattr(torch.cpu, name, lambda answer=checks[name]: answer() if callable(answer) else answer)
+
+
+def raises():
+    raise RuntimeError("no cpuinfo")
+
+
+AVX512_BF16, AMX = common.NATIVE_BF16_CHECKS
+
+
+@pytest.mark.parametrize("machine,checks,native", [
+    ("x86_64", {AVX512_BF16: False, AMX: False}, False),  # the AVX2-only EPYC
+    ("x86_64", {AVX512_BF16: True, AMX: False}, True),  # a Zen 4 / Cooper Lake
+    ("x86_64", {AVX512_BF16: False, AMX: True}, True),  # a Sapphire Rapids (it has both)
+    ("AMD64", {AVX512_BF16: True, AMX: True}, True),
+    ("x86_64", {AVX512_BF16: False}, None),  # a torch without the AMX check: cannot tell
+    ("x86_64", {AMX: True}, True),  # ... unless the other one says yes
+    ("x86_64", {}, None),
+    ("x86_64", {AVX512_BF16: raises, AMX: False}, None),
+    ("aarch64", {AVX512_BF16: False, AMX: False}, None),  # torch's x86 checks answer False on an ARM CPU
+    ("arm64", {AVX512_BF16: True, AMX: True}, None),
+])
+def test_native_bf16_is_told_on_x86_only_and_unknown_without_the_checks(monkeypatch, machine, checks, native):
+    cpu_like(monkeypatch, machine, **checks)
+    assert common.cpu_has_native_bf16() is native
+
+
+def test_this_torch_has_the_checks_the_function_reads():
+    """torch 2.13 (CI) has both private checks (so does 2.11, the GPU image's: read in its torch/cpu/__init__.py);
+    a torch that drops them makes the check "unknown" (above), which this test would flag."""
+    assert all(callable(getattr(torch.cpu, name, None)) for name in common.NATIVE_BF16_CHECKS)
+
+
+def autocast_output(capsys, device_type, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.autocast("cuda") on a CPU-only torch warns and disables itself
+        ctx = common.autocast_context(device_type, dtype)
+    return ctx, capsys.readouterr().out
+
+
+def test_bf16_on_a_cpu_without_native_bf16_notes_it_once_on_rank_0(monkeypatch, capsys):
+    monkeypatch.setattr(common, "_slow_bf16_noted", False)
+    monkeypatch.delenv("RANK", raising=False)
+    cpu_like(monkeypatch, **{AVX512_BF16: False, AMX: False})
+    assert autocast_output(capsys, "cpu", "float32")[1] == ""
+    assert autocast_output(capsys, "cuda", "bfloat16")[1] == ""  # a GPU's bf16 is native, whatever the host CPU
+    assert autocast_output(capsys, "cpu", "auto")[1] == ""  # float32 on the CPU
+    ctx, out = autocast_output(capsys, "cpu", "bfloat16")
+    assert out.count("note:") == 1 and out.startswith("note: this run computes in bfloat16 on a CPU without native "
+                                                       "bf16 matmuls (no AVX512-BF16, no AMX)")
+    assert f"about {common.SLOW_BF16_RATIO}x a float32 matmul on a CPU like this one" in out
+    assert "--dtype float32 is fast here but changes the numerics" in out and "not averaged" in out
+    with ctx:  # a note, never a silent change: the run still computes in bf16
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert autocast_output(capsys, "cpu", "bfloat16")[1] == ""  # once per process
+
+
+@pytest.mark.parametrize("case", ["native", "unknown", "rank 1"])
+def test_no_note_where_bf16_is_native_unknown_or_on_another_rank(monkeypatch, capsys, case):
+    monkeypatch.setattr(common, "_slow_bf16_noted", False)
+    monkeypatch.setenv("RANK", "1" if case == "rank 1" else "0")
+    answers = {"native": {AVX512_BF16: True, AMX: False}, "unknown": {}}.get(case, {AVX512_BF16: False, AMX: False})
+    cpu_like(monkeypatch, **answers)
+    assert autocast_output(capsys, "cpu", "bfloat16")[1] == ""
