@@ -20,7 +20,9 @@
 # Environment overrides: SPEEDRUN_MODE=gpu|cpu (skip detection), NANOCHAT_DATA_DIR (root of the prepared data,
 # default ~/.cache/nanochat/data), SHARDS (GPU train shards, default 100),
 # DEVICE_BATCH (largest GPU rows per micro-batch, default 32), DEMO_STEPS (CPU steps per model, default 300),
-# DEMO_CORE_MAX (CORE examples per task on CPU, default 24), SETUP_REINSTALL=1 (install .venv even when unchanged).
+# DEMO_CORE_MAX (CORE examples per task on CPU, default 24), DEMO_DTYPE=bfloat16|float32 (CPU demo dtype, default:
+# bfloat16 on a CPU with native bf16 matmuls, AVX512-BF16 or AMX, else float32), SETUP_REINSTALL=1 (install .venv
+# even when unchanged).
 set -euo pipefail
 cd "$(dirname "$0")"
 # overrides are checked before anything runs (a bad DEMO_STEPS used to fail only at base_train, after the data)
@@ -31,6 +33,8 @@ done
 [[ -z "${DEMO_CORE_MAX:-}" || "$DEMO_CORE_MAX" =~ ^(-1|[1-9][0-9]*)$ ]] || {
     echo "[speedrun] DEMO_CORE_MAX must be a positive integer or -1 for every example (got '$DEMO_CORE_MAX')" >&2
     exit 2; }
+[[ -z "${DEMO_DTYPE:-}" || "$DEMO_DTYPE" =~ ^(bfloat16|float32)$ ]] || {
+    echo "[speedrun] DEMO_DTYPE must be bfloat16 or float32 (got '$DEMO_DTYPE')" >&2; exit 2; }
 
 # One speedrun.sh per checkout, taken before anything runs (setup_env.sh rebuilding .venv under a running one
 # would collide too, and the mode is not known yet): a second one stops here, naming what the first one runs
@@ -138,10 +142,14 @@ cpu_demo() {
     demo="CPU demo"
     echo "the CPU demo in $root (pid $$)" >runs/speedrun.lock  # what a second speedrun.sh is told
     [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
+    # DEMO_DTYPE, else a model's checkpoint's, else bf16 only where this CPU multiplies bf16 natively (elsewhere
+    # ~60x slower than float32); the choice and why on one line
+    local dtype
+    dtype="$(python -m scripts.speedrun_preflight dtype "$root" --asked "${DEMO_DTYPE:-}")"
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
                   --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
-                  --dtype bfloat16 --log-every 10 --keep-last 1 --resume auto)
+                  --dtype "$dtype" --log-every 10 --keep-last 1 --resume auto)
     local base=("${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base")
     local mome=("${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 --run-name speedrun_cpu_mome
                 --run-dir "$root/mome")
@@ -168,15 +176,17 @@ cpu_demo() {
         exit 1
     }
     # base_train exits 2 for what it refuses before training; with a checkpoint in the run dir that is mostly the
-    # --resume auto of a run started with other flags (another DEMO_STEPS), which speedrun.sh cannot continue
+    # --resume auto of a run started with other flags (another DEMO_STEPS or DEMO_DTYPE), which speedrun.sh cannot
+    # continue
     train_demo() {  # train_demo RUN_DIR BASE_TRAIN_FLAGS...
         local run="$1" rc=0
         shift
         step python -m scripts.base_train "$@" || rc=$?
         if [ "$rc" = 2 ] && [ -d "$run/checkpoints" ]; then
             echo "[speedrun] if base_train refused to continue $run with these flags (\"--resume: the flags do not" \
-                 "match\" above: DEMO_STEPS differs from the run's), delete $root/base and $root/mome to change" \
-                 "DEMO_STEPS (the data and tokenizer in $root are kept), or run again with the run's DEMO_STEPS" >&2
+                 "match\" above: DEMO_STEPS or DEMO_DTYPE differs from the run's), delete $root/base and" \
+                 "$root/mome to change DEMO_STEPS or DEMO_DTYPE (the data and tokenizer in $root are kept), or run" \
+                 "again with the run's DEMO_STEPS and no DEMO_DTYPE (the run's dtype)" >&2
         fi
         [ "$rc" = 0 ] || exit "$rc"
     }

@@ -13,6 +13,10 @@
         exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
         evaluation) and config.json records the same flags, but those scripts.results ignores (the layout,
         --resume, seeds, paths); else exit 1 (base_train --resume has work to do).
+    python -m scripts.speedrun_preflight dtype DEMO_DIR [--asked bfloat16|float32]
+        stdout the CPU demo's dtype: --asked (DEMO_DTYPE) if given; else the one a model under DEMO_DIR with a
+        checkpoint started with (it continues with its flags); else bfloat16 where this CPU has native bf16
+        matmuls, float32 where it has not or cannot tell. stderr one line: the choice and why.
 
 Messages go to stderr; the shell reads the one stdout line.
 """
@@ -186,6 +190,29 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
 
 
+def demo_dtype(demo_dir: Path, asked: str = "") -> tuple[str, str]:
+    """(dtype, why) for the CPU demo in ``demo_dir``, as ``dtype``'s usage above says."""
+    from nanochat.checkpoint import list_steps, load_meta, recorded_run_args
+    from nanochat.common import SLOW_BF16_RATIO, cpu_has_native_bf16
+
+    native = cpu_has_native_bf16()
+    slow = f"this CPU has no native bf16 matmuls (no AVX512-BF16, no AMX): bf16 is about {SLOW_BF16_RATIO}x slower"
+    if asked:
+        return asked, "DEMO_DTYPE" + (f"; {slow}" if asked == "bfloat16" and native is False else "")
+    runs = sorted(d for d in demo_dir.iterdir() if list_steps(d)) if demo_dir.is_dir() else []
+    for run in runs:
+        try:
+            started = recorded_run_args(load_meta(run)).get("dtype")
+        except ValueError:  # a corrupt meta.json: base_train --resume says what it finds
+            continue
+        if started in ("bfloat16", "float32"):
+            return started, f"the dtype {run} started with: a demo with a checkpoint continues with its flags"
+    if native:
+        return "bfloat16", "this CPU has native bf16 matmuls; DEMO_DTYPE=float32 forces float32"
+    why = slow if native is False else "cannot tell whether this CPU has native bf16 matmuls"
+    return "float32", f"{why}; DEMO_DTYPE=bfloat16 forces bf16"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     train_flags = []
@@ -193,15 +220,22 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, train_flags = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("mode", "layout", "done"))
-    ap.add_argument("run_dir", nargs="?", type=Path, help="done: the run directory")
+    ap.add_argument("what", choices=("mode", "layout", "done", "dtype"))
+    ap.add_argument("run_dir", nargs="?", type=Path, help="done: the run directory; dtype: the demo's")
     ap.add_argument("--gpus", type=int, default=None, help="layout: GPUs available")
     ap.add_argument("--max-device-batch", type=int, default=32, help="layout: largest rows per micro-batch")
+    ap.add_argument("--asked", default="", choices=("", "bfloat16", "float32"), help="dtype: DEMO_DTYPE")
     args = ap.parse_args(argv)
     try:
         if args.what == "mode":
             mode, ngpu = decide_mode(os.environ.get("SPEEDRUN_MODE", ""), probe(), have_internet)
             print(mode, ngpu)
+        elif args.what == "dtype":
+            if args.run_dir is None:
+                ap.error("dtype needs the demo's directory")
+            dtype, why = demo_dtype(args.run_dir, args.asked)
+            say(f"CPU demo dtype: {dtype} ({why})")
+            print(dtype)
         elif args.what == "done":
             if args.run_dir is None or not train_flags:
                 ap.error("done needs RUN_DIR and the base_train flags after --")

@@ -147,6 +147,56 @@ def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_pa
     assert "must be an integer >= 1, or -1 for all" in capsys.readouterr().err
 
 
+def demo_checkpoint(run, dtype):
+    """A demo model's last checkpoint as list_steps and load_meta read it, recorded with ``dtype``."""
+    step = run / CKPT_DIR / "step_000020"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text(json.dumps({"step": 20, "model_config": {}, "config": {"args": {"dtype": dtype}}}))
+
+
+@pytest.mark.parametrize("native,chosen", [(True, "bfloat16"), (False, "float32"), (None, "float32")])
+def test_the_demo_dtype_is_bf16_only_on_a_cpu_with_native_bf16(tmp_path, monkeypatch, capsys, native, chosen):
+    """No checkpoint yet: bf16 where the CPU multiplies it natively, float32 where it does not (bf16 ~60x slower)
+    or cannot tell; DEMO_DTYPE (--asked) wins, and a forced bf16 on a slow CPU says it is slow."""
+    from nanochat import common
+
+    monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: native)
+    (tmp_path / "demo" / "data").mkdir(parents=True)  # the demo's data, no model yet
+    assert pre.main(["dtype", str(tmp_path / "demo")]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{chosen}\n" and err.count("\n") == 1 and err.startswith(f"[speedrun] CPU demo dtype: {chosen} (")
+    assert ("DEMO_DTYPE=float32 forces float32" if native else "DEMO_DTYPE=bfloat16 forces bf16") in err
+    assert ("has no native bf16 matmuls (no AVX512-BF16, no AMX)" in err) == (native is False)
+    assert ("cannot tell" in err) == (native is None)
+    assert pre.demo_dtype(tmp_path / "missing") == (chosen, pre.demo_dtype(tmp_path / "demo")[1])  # a first demo
+    for asked in ("bfloat16", "float32"):
+        dtype, why = pre.demo_dtype(tmp_path / "demo", asked)
+        assert dtype == asked and why.startswith("DEMO_DTYPE")
+        assert ("bf16 is about" in why) == (asked == "bfloat16" and native is False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_demo_with_a_checkpoint_continues_in_the_dtype_it_started_with(tmp_path, monkeypatch, native):
+    """Started in bf16 on an AMX Xeon and continued on an AVX2 EPYC (or the other way round): the checkpoint's dtype,
+    as base_train --resume requires; the first model with a checkpoint decides (base, then mome)."""
+    from nanochat import common
+
+    monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: native)
+    demo = tmp_path / "demo"
+    started = "float32" if native else "bfloat16"
+    demo_checkpoint(demo / "mome", started)
+    (demo / "base" / CKPT_DIR).mkdir(parents=True)  # a model stopped before its first checkpoint: no say
+    dtype, why = pre.demo_dtype(demo)
+    assert (dtype, why) == (started, f"the dtype {demo / 'mome'} started with: a demo with a checkpoint continues "
+                                     "with its flags")
+    demo_checkpoint(demo / "base", "bfloat16")
+    assert pre.demo_dtype(demo)[0] == "bfloat16"
+    assert pre.demo_dtype(demo, "float32")[0] == "float32"  # forced: base_train then refuses the resume
+    for run in ("base", "mome"):  # corrupt metadata is base_train's to report: the CPU decides meanwhile
+        (demo / run / CKPT_DIR / "step_000020" / "meta.json").write_text("{")
+    assert pre.demo_dtype(demo)[0] == ("bfloat16" if native else "float32")
+
+
 def fake_nvidia_smi(bin_dir, gpus: int, fail: bool = False):
     """An nvidia-smi that lists ``gpus`` H100s (or fails like a machine whose driver is not loaded)."""
     bin_dir.mkdir(exist_ok=True)
@@ -267,6 +317,8 @@ if module == "scripts.speedrun_preflight" and args[2] == "done":
     done = summary.is_file() and json.loads(summary.read_text()) == {"stop_reason": "completed", "signals": [],
                                                                       "flags": args[5:]}
     sys.exit(0 if done else 1)
+elif module == "scripts.speedrun_preflight" and args[2] == "dtype":  # DEMO_DTYPE, else this CPU's (FAKE_DTYPE)
+    print(flag("--asked") or os.environ.get("FAKE_DTYPE", "bfloat16"))
 elif module == "scripts.speedrun_preflight":
     print(os.environ.get("FAKE_MODE", "cpu 0") if args[2] == "mode" else "1 32")  # mode; layout
 elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "signal-me":
@@ -292,9 +344,12 @@ elif module == "scripts.base_train":
     if (run / "checkpoints").is_dir() and (run / "summary.json").is_file() and "--num-iterations" in args:
         saved = json.loads((run / "summary.json").read_text())["flags"]
         was, now = saved[saved.index("--num-iterations") + 1], flag("--num-iterations")
-        if was != now:  # as the real one refuses a --resume (auto) of its checkpoint with another step count
+        old_dtype, dtype = saved[saved.index("--dtype") + 1], flag("--dtype")
+        if (was, old_dtype) != (now, dtype):  # as the real one refuses a --resume (auto) of its checkpoint with
+            # another step count or dtype
             print("error: --resume: the flags do not match the checkpoint's run (see its config.json):\n"
-                  f"  num_iterations {was} (checkpoint) != {now}", file=sys.stderr)
+                  + (f"  num_iterations {was} (checkpoint) != {now}" if was != now else
+                     f"  --dtype {old_dtype!r} (checkpoint) != {dtype!r}"), file=sys.stderr)
             sys.exit(2)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, frame: got.append(signal.Signals(s).name))
@@ -337,7 +392,7 @@ def fake_speedrun(tmp_path):
     (fake_bin / "torchrun").write_text('#!/bin/sh\nshift 2\nexec python "$@"\n')  # --standalone --nproc_per_node=N
     (fake_bin / "torchrun").chmod(0o755)
     env = {**os.environ, "SPEEDRUN_MODE": "cpu", "FAKE_LOG": str(tmp_path / "steps.log"), "FAKE_TRAIN_S": "30"}
-    for name in ("DEMO_STEPS", "DEMO_CORE_MAX"):
+    for name in ("DEMO_STEPS", "DEMO_CORE_MAX", "DEMO_DTYPE"):
         env.pop(name, None)
     yield repo, env
     while STARTED:
@@ -525,8 +580,8 @@ def test_another_demo_steps_says_what_to_delete(fake_speedrun, tmp_path):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2 and "already done" not in out, (out, err)
     assert "num_iterations 300 (checkpoint) != 30" in err
-    assert "delete runs/speedrun_cpu/base and runs/speedrun_cpu/mome to change DEMO_STEPS (the data and tokenizer " \
-           "in runs/speedrun_cpu are kept)" in err, err
+    assert "delete runs/speedrun_cpu/base and runs/speedrun_cpu/mome to change DEMO_STEPS or DEMO_DTYPE (the data " \
+           "and tokenizer in runs/speedrun_cpu are kept)" in err, err
     assert len(ran(other, "scripts.base_train")) == 1 and ran(other, REPORT) == []
     assert f'"$run/{CKPT_DIR}"' in SPEEDRUN  # where the real base_train keeps its checkpoints
     for model in ("base", "mome"):
@@ -568,13 +623,38 @@ def test_a_demo_stopped_in_a_final_evaluation_continues_that_run_alone(fake_spee
     assert ran(tmp_path / "report.log", "scripts.base_train") == []
 
 
-@pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5")])
+@pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5"),
+                                        ("DEMO_DTYPE", "bf16")])
 def test_a_bad_override_stops_before_any_step(fake_speedrun, name, value):
     repo, env = fake_speedrun
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", **{name: value})
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2 and f"{name} must be" in err and f"(got '{value}')" in err, err
     assert not os.path.exists(env["FAKE_LOG"])  # not even the mode probe ran
+    if name == "DEMO_DTYPE":
+        assert "DEMO_DTYPE must be bfloat16 or float32 (got 'bf16')" in err
+
+
+def test_the_demo_trains_in_the_dtype_the_check_chose_unless_demo_dtype_forces_it(fake_speedrun, tmp_path):
+    """The dtype speedrun_preflight chose (FAKE_DTYPE: float32, as on a CPU without native bf16) reaches both
+    models; DEMO_DTYPE is passed to it (it then chooses that); a demo trained in one dtype is not continued in
+    another (base_train refuses the resume) and speedrun.sh names DEMO_DTYPE among what to change."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_DTYPE="float32")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "CPU demo done" in out, err
+    assert ran(env["FAKE_LOG"], "scripts.speedrun_preflight dtype") == [
+        "-m scripts.speedrun_preflight dtype runs/speedrun_cpu --asked "]
+    trained = ran(env["FAKE_LOG"], "scripts.base_train")
+    assert len(trained) == 2 and all(" --dtype float32 " in line for line in trained), trained
+    forced = str(tmp_path / "forced.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=forced, DEMO_DTYPE="bfloat16")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and "--dtype 'float32' (checkpoint) != 'bfloat16'" in err, (out, err)
+    assert "to change DEMO_STEPS or DEMO_DTYPE" in err
+    assert ran(forced, "scripts.speedrun_preflight dtype") == [
+        "-m scripts.speedrun_preflight dtype runs/speedrun_cpu --asked bfloat16"]
+    assert [" --dtype bfloat16 " in line for line in ran(forced, "scripts.base_train")] == [True]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
