@@ -7,7 +7,8 @@
 #   The process count and device batch are chosen so that 524,288 tokens/step split exactly (1, 2, 4 or 8
 #   processes: 3 GPUs use 2, 5-7 use 4) and checked with a dry run before anything is downloaded.
 # * No GPU: say so and run the CPU demo instead: embedded corpus -> 4096-token tokenizer -> tiny Base and tiny MoME
-#   models (a few minutes each) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
+#   models (a few minutes each where the CPU has native bf16; in float32 on a CPU without it, where bf16 matmuls
+#   take torch's slow path) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
 # * Re-running either one does only what is left: a run that completed with its final evaluation and the same flags
 #   is not trained or evaluated again (one stopped in its final evaluation runs it), shards already downloaded and
 #   a complete embedded corpus are kept, and a finished one just says where its report is. One speedrun.sh per
@@ -162,7 +163,8 @@ cpu_demo() {
         echo "[speedrun] CPU demo already done: report at $root/report.md (delete $root to run it again)"
         return 0
     fi
-    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, 10-16 min on 2 cores)"
+    echo "[speedrun] running the CPU demo (tiny Base vs tiny MoME on the embedded corpus, in $dtype; 10-16 min on" \
+         "2 cores of Xeons with native bf16, longer on a CPU without it)"
     if [ -n "$train_base$train_mome" ]; then
         step python -m scripts.prepare_data --dataset embedded --data-dir "$root/data"  # keeps a complete one
         [ -f "$root/tokenizer/tokenizer.json" ] || \

@@ -196,7 +196,7 @@ def demo_dtype(demo_dir: Path, asked: str = "") -> tuple[str, str]:
     from nanochat.common import SLOW_BF16_RATIO, cpu_has_native_bf16
 
     native = cpu_has_native_bf16()
-    slow = f"this CPU has no native bf16 matmuls (no AVX512-BF16, no AMX): bf16 is about {SLOW_BF16_RATIO}x slower"
+    slow = f"no AVX512-BF16 or AMX on this CPU: a bf16 matmul costs about {SLOW_BF16_RATIO}x a float32 one"
     if asked:
         return asked, "DEMO_DTYPE" + (f"; {slow}" if asked == "bfloat16" and native is False else "")
     runs = sorted(d for d in demo_dir.iterdir() if list_steps(d)) if demo_dir.is_dir() else []
