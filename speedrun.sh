@@ -143,8 +143,8 @@ cpu_demo() {
     demo="CPU demo"
     echo "the CPU demo in $root (pid $$)" >runs/speedrun.lock  # what a second speedrun.sh is told
     [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
-    # DEMO_DTYPE, else a model's checkpoint's, else bf16 only where this CPU multiplies bf16 natively (elsewhere
-    # ~60x slower than float32); the choice and why on one line
+    # DEMO_DTYPE, else a model's checkpoint's, else bf16 only where this CPU multiplies bf16 natively (elsewhere a
+    # bf16 matmul costs ~60x a float32 one); the choice and why on one line
     local dtype
     dtype="$(python -m scripts.speedrun_preflight dtype "$root" --asked "${DEMO_DTYPE:-}")"
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
