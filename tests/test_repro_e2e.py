@@ -7,6 +7,7 @@ import sys
 
 from conftest import REPO
 from data_fixtures import TINY_VOCAB
+from scripts import base_eval, plot, results, run, sample
 
 TINY = ["--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024", "--num-iterations", "6",
         "--eval-every", "-1", "--eval-tokens", "2048", "--core-max-per-task", "2", "--save-every", "-1",
@@ -18,7 +19,7 @@ def _run(args, tmp_path):
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_two_mini_rows_to_results_and_plot(tmp_path, embedded_data_dir, tiny_tokenizer_dir):
+def test_two_mini_rows_to_results_and_plot(tmp_path, capsys, kernel_globals, embedded_data_dir, tiny_tokenizer_dir):
     runs = tmp_path / "runs"
     data = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--vocab-size", str(TINY_VOCAB)]
     for row in ("base", "mome_c1_m4"):
@@ -28,25 +29,25 @@ def test_two_mini_rows_to_results_and_plot(tmp_path, embedded_data_dir, tiny_tok
         assert summary["step"] == 6 and summary["stop_reason"] == "completed"
         assert 0 < summary["val_bpb"] < 20 and 0 < summary["train_bpb"] < 20
         assert summary["core_label"].startswith("CORE-")  # the shipped subset lacks coqa: labelled honestly
-    # the checkpoint records its tokenizer and data: sampling and evaluation need no extra flags
+    # the checkpoint records its tokenizer and data: sampling and evaluation need no extra flags. The row runs
+    # above are the CLI end to end (runner process -> base_train process); the tools after them run in this
+    # process (their main(argv), as `python -m` calls it; each subprocess cost a torch import, ~3 s of 2 cores)
     mome_run = runs / "mini" / "mome_c1_m4" / "seed42"
-    r = _run(["-m", "scripts.sample", "--run", str(mome_run), "--prompt", "The king", "--max-tokens", "5",
-              "--temperature", "0"], tmp_path)
-    assert r.returncode == 0 and r.stdout.count("--- sample 0") == 1, r.stderr[-2000:]
-    r = _run(["-m", "scripts.base_eval", "--run", str(mome_run), "--eval", "bpb", "--splits", "val",
-              "--eval-tokens", "2048", "--no-progress"], tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
+    capsys.readouterr()
+    assert sample.main(["--run", str(mome_run), "--prompt", "The king", "--max-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.count("--- sample 0") == 1
+    assert base_eval.main(["--run", str(mome_run), "--eval", "bpb", "--splits", "val", "--eval-tokens", "2048",
+                           "--no-progress"]) == 0
     bpb = json.loads(next((mome_run / "eval").glob("step_*/bpb.json")).read_text())
     assert abs(bpb["splits"]["val"] - json.loads((mome_run / "summary.json").read_text())["val_bpb"]) < 1e-4, bpb
-    # a finished run is not overwritten
-    again = _run(["-m", "scripts.run", "configs/mini/base.toml", "--runs-root", str(runs), "--", *TINY, *data], tmp_path)
-    assert again.returncode == 0 and "not overwriting" in again.stdout
+    # a finished run is not overwritten (the runner launches nothing: it returns, as its process exits 0)
+    capsys.readouterr()
+    run.main([str(REPO / "configs" / "mini" / "base.toml"), "--runs-root", str(runs), "--", *TINY, *data])
+    assert "not overwriting" in capsys.readouterr().out
     out = tmp_path / "results"
-    r = _run(["-m", "scripts.results", "--table", "mini", "--runs-root", str(runs), "--out", str(out)], tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert results.main(["--table", "mini", "--runs-root", str(runs), "--out", str(out)]) == 0
     md = (out / "mini.md").read_text()
     assert "Base (mini)" in md and "MoME A2/4 (mini)" in md and (out / "mini.csv").is_file() and (out / "mini.tex").is_file()
-    r = _run(["-m", "scripts.plot", "curves", str(runs / "mini" / "base" / "seed42"),
-              str(runs / "mini" / "mome_c1_m4" / "seed42"), "--metric", "loss", "--out", str(out / "curves")], tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert plot.main(["curves", str(runs / "mini" / "base" / "seed42"), str(runs / "mini" / "mome_c1_m4" / "seed42"),
+                      "--metric", "loss", "--out", str(out / "curves")]) == 0
     assert (out / "curves.png").stat().st_size > 1000 and (out / "curves.pdf").is_file()
