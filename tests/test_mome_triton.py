@@ -208,9 +208,9 @@ def test_model_row_sum_triton_equals_unrolled(name, op_on_cpu, autocast, monkeyp
         torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
 
 
-def _random_router_model(opts):
+def _random_router_model(opts, n_layer=2):
     """A tiny MoME model with random routers (real selections, no ties) and a batch (x, y)."""
-    model = build_model(tiny_config(memory="mome", memory_options=opts), seed=0)
+    model = build_model(tiny_config(memory="mome", memory_options=opts, n_layer=n_layer), seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for router in model.memory.routers:
@@ -248,7 +248,9 @@ def test_defaults_compile_fullgraph_through_the_op(monkeypatch):
     """The default selection (``mome_triton.applies`` included; FUSE_INJECT off) traced by dynamo into one graph, as on CUDA: the
     compiled model calls the op in every memory layer and gives the eager model's loss and gradients."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
-    model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0])
+    # one layer, the memory layer (tiny_config's 2 layers have memory on layer 1 alone): the same memory path in the
+    # graph without a plain layer's share of the compile (~15% of the test's CPU time with a cold inductor cache)
+    model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0], n_layer=1)
     calls = assert_compiled_equals_eager(model, x, y, lambda: _spy(monkeypatch))
     assert len(calls) == len(model.memory.layers)  # traced once per memory layer
 
@@ -540,7 +542,7 @@ def test_compiled_run_keeps_the_row_mix_pair_alone(monkeypatch):
     """The CUDA model tests' harness on the CPU (the op's torch math): two compiled runs in a row, "unrolled" then
     "triton", the second through the row-mix op in every memory layer (FUSE_INJECT stays off after the first)."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
-    model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0])
+    model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0], n_layer=1)  # as in the test above
     monkeypatch.setattr(mix_paths, "MIX", "row")
     (want, n0) = _compiled_run(model, x, y, "unrolled", False, monkeypatch)
     (got, n1) = _compiled_run(model, x, y, "triton", False, monkeypatch)
