@@ -31,7 +31,7 @@ def test_two_mini_rows_to_results_and_plot(tmp_path, capsys, kernel_globals, emb
         assert summary["core_label"].startswith("CORE-")  # the shipped subset lacks coqa: labelled honestly
     # the checkpoint records its tokenizer and data: sampling and evaluation need no extra flags. The row runs
     # above are the CLI end to end (runner process -> base_train process); the tools after them run in this
-    # process (their main(argv), as `python -m` calls it; each subprocess cost a torch import, ~3 s of 2 cores)
+    # process (their main(argv), as `python -m` calls it; each subprocess cost a torch import, ~2 s of CPU)
     mome_run = runs / "mini" / "mome_c1_m4" / "seed42"
     capsys.readouterr()
     assert sample.main(["--run", str(mome_run), "--prompt", "The king", "--max-tokens", "5", "--temperature", "0"]) == 0
