@@ -48,7 +48,7 @@ def test_step_bench_sections_run_at_equal_table_memory(bench, tmp_path, capsys, 
 
 def test_step_bench_family_section(bench, tmp_path, capsys, monkeypatch):
     # 3 layers, each a memory layer (the section's 6 have memory on 1, 3, 5): the same 3 tables per design, half
-    # the layers (the test's CPU time 28 -> 13 s)
+    # the layers to step
     small = dict(n_layer=3, n_embd=96, n_head=6, n_kv_head=3, ffn_hidden=128, memory_layers=(0, 1, 2))
     monkeypatch.setattr(bench, "FAMILY_FULL", {"mobilellm": dict(small, head_dim=64), "qwen3": dict(small, head_dim=96)})
     out = tmp_path / "step.json"

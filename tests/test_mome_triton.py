@@ -249,7 +249,7 @@ def test_defaults_compile_fullgraph_through_the_op(monkeypatch):
     compiled model calls the op in every memory layer and gives the eager model's loss and gradients."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
     # one layer, the memory layer (tiny_config's 2 layers have memory on layer 1 alone): the same memory path in the
-    # graph without a plain layer to compile (6-16% of these tests' CPU time, cold inductor cache: dev/LOG.md)
+    # graph without a plain layer to compile (the four such tests: 96 -> 83 s, cold inductor cache: dev/LOG.md)
     model, x, y = _random_router_model(MODEL_OPTIONS["per_layer"][0], n_layer=1)
     calls = assert_compiled_equals_eager(model, x, y, lambda: _spy(monkeypatch))
     assert len(calls) == len(model.memory.layers)  # traced once per memory layer

@@ -210,7 +210,7 @@ def test_model_fuse_inject_compiles_fullgraph(monkeypatch):
     math): the op in every memory layer, the eager model's loss and gradients."""
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cuda", "cpu"))
     # one layer, the memory layer (tiny_config's 2 layers have memory on layer 1 alone): the same memory path in the
-    # graph without a plain layer to compile (6-16% of these tests' CPU time, cold inductor cache: dev/LOG.md)
+    # graph without a plain layer to compile (the four such tests: 96 -> 83 s, cold inductor cache: dev/LOG.md)
     model, x, y = _model("per_layer", n_layer=1)
     calls = assert_compiled_equals_eager(model, x, y, lambda: _spy(monkeypatch))
     assert len(calls) == len(model.memory.layers)
