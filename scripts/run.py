@@ -99,6 +99,7 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
 
 # base_train flags that take a path (--init-from: RUN_DIR[:STEP], whose ":STEP" suffix an absolute prefix keeps)
 PATH_FLAGS = ("--data-dir", "--tokenizer-dir", "--bundle", "--init-from")
+NOT_PATHS = {"--bundle": "subset"}  # a name the flag takes besides paths (the shipped CORE subset)
 # the flags the runner gives base_train itself, with what sets them instead: base_train takes the last of a
 # repeated flag, so one after ``--`` would replace the runner's (a seed 7 trained into seed42/, say)
 RUNNER_SET = {"--config": "use the config instead", "--seed": "use --seeds instead",
@@ -107,6 +108,11 @@ RUNNER_SET = {"--config": "use the config instead", "--seed": "use --seeds inste
 
 def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))  # no shell expands the ~ of --flag=~/x
+
+
+def _flag_path(flag: str, value: str) -> str:
+    """A PATH_FLAGS value made absolute, but an empty one or a name the flag takes (NOT_PATHS)."""
+    return value if not value or NOT_PATHS.get(flag) == value else _absolute(value)
 
 
 def absolute_paths(extra: list[str]) -> list[str]:
@@ -118,9 +124,9 @@ def absolute_paths(extra: list[str]) -> list[str]:
         if token.startswith("--") and name in RUNNER_SET:
             raise ValueError(f"{name} after --: the runner sets it for each seed; {RUNNER_SET[name]}")
         if flag_of_next is not None:
-            token, flag_of_next = (_absolute(token) if token else token), None
+            token, flag_of_next = _flag_path(flag_of_next, token), None
         elif name in PATH_FLAGS and eq:
-            token = f"{name}={_absolute(value) if value else value}"
+            token = f"{name}={_flag_path(name, value)}"
         elif token in PATH_FLAGS:
             flag_of_next = token
         out.append(token)

@@ -74,3 +74,13 @@ def test_a_home_relative_runs_root_is_expanded_for_base_train_as_for_the_afresh_
     assert planned.returncode == 0, planned.stderr
     cmd = shlex.split(planned.stdout.splitlines()[1])
     assert cmd[cmd.index("--run-dir") + 1] == str(tmp_path / "rr" / "mini" / "base" / "seed42")
+
+
+def test_bundle_subset_after_the_separator_is_kept_as_the_name_it_is(tmp_path, monkeypatch):
+    """--bundle subset names the shipped subset, not a folder: made absolute it became <cwd>/subset, which base_train
+    refused (no core.yaml there). A folder given as ./subset is a path and is made absolute."""
+    from scripts.run import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_paths(["--bundle", "subset", "--bundle=subset", "--bundle", "./subset"]) == [
+        "--bundle", "subset", "--bundle=subset", "--bundle", str(tmp_path / "subset")]
