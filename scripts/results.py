@@ -70,13 +70,21 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 LAYOUT_KEYS = {"device-batch-size", "compile", "attention", "mome-kernels", "log-every", "eval-every", "core-every",
                "eval-every-flops", "sample-every", "save-every", "save-at-flops", "keep-last", "wandb",
                "wandb-project", "max-wall-time-seconds", "eval-batch-size", "tokenizer-dir", "data-dir", "device-type"}
-# what the runner sets per seed or per start, and base_train's own bookkeeping: a seed of the row differs in these.
-# The data seed is a seed too (by default --seed); --init-from runs are listed apart (collect_row)
-RUN_KEYS = {"seed", "data-seed", "config", "run-dir", "run-name", "resume", "overwrite", "dry-run", "init-from",
-            "resume-override-lr", "resume-new-world-size"}
-# both, as config.json's "args" names them: also what scripts.speedrun_preflight ignores when it asks whether a run
-# is done (a run finished by hand with --resume, or on another GPU count, is)
-IGNORED_ARGS = frozenset(k.replace("-", "_") for k in LAYOUT_KEYS | RUN_KEYS)
+# what the runner sets per start, and base_train's own bookkeeping: the same run whatever they are
+BOOKKEEPING_KEYS = {"config", "run-dir", "run-name", "resume", "overwrite", "dry-run", "resume-new-world-size"}
+# what a seed of the row differs in: its seeds (the data seed is a seed too, by default --seed), a start from a
+# checkpoint (--init-from runs are listed apart, collect_row) or a resume's new LR, and the bookkeeping
+RUN_KEYS = {"seed", "data-seed", "init-from", "resume-override-lr"} | BOOKKEEPING_KEYS
+
+
+def _dests(keys) -> frozenset[str]:
+    return frozenset(k.replace("-", "_") for k in keys)  # as config.json's "args" names them
+
+
+IGNORED_ARGS = _dests(LAYOUT_KEYS | RUN_KEYS)
+# what scripts.speedrun_preflight ignores when it asks whether a run is its own, done: a run finished by hand with
+# --resume or on another GPU count is; one with another seed is not (the demo's Base and MoME would compare seeds)
+SAME_RUN_IGNORED_ARGS = _dests(LAYOUT_KEYS | BOOKKEEPING_KEYS)
 
 
 @functools.cache

@@ -11,8 +11,8 @@
         --attention and --mome-kernels are resolved only when training starts).
     python -m scripts.speedrun_preflight done RUN_DIR -- BASE_TRAIN_FLAGS...
         exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
-        evaluation) and config.json records the same flags, but those scripts.results ignores (the layout,
-        --resume, seeds, paths); else exit 1 (base_train --resume has work to do).
+        evaluation) and config.json records the same flags, but the layout, paths and --resume (not the seeds);
+        else exit 1 (base_train --resume has work to do).
     python -m scripts.speedrun_preflight dtype DEMO_DIR [--asked bfloat16|float32]
         stdout the CPU demo's dtype: --asked (DEMO_DTYPE) if given; else the one a model under DEMO_DIR with a
         checkpoint started with (it continues with its flags); else bfloat16 where this CPU has native bf16
@@ -164,15 +164,15 @@ def layout(gpus: int, max_device_batch: int, train_flags: list[str]) -> tuple[in
 def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     """None when ``run_dir`` holds the run of ``train_flags`` finished, final evaluation included; else why not.
     A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again), except
-    for the flags scripts.results ignores too (results.IGNORED_ARGS: the layout, --resume, seeds and paths), so that
-    a run finished by hand with --resume, or on another GPU count, is not evaluated again.
+    for the layout and bookkeeping flags (results.SAME_RUN_IGNORED_ARGS: the layout, paths, --resume; not the seeds),
+    so that a run finished by hand with --resume, or on another GPU count, is not evaluated again.
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
     from nanochat.cli_types import recorded_args_now
     from nanochat.report import read_json, unfinished
     from nanochat.train_args import parse_args
     from nanochat.train_resume import read_old_records
-    from scripts.results import IGNORED_ARGS
+    from scripts.results import SAME_RUN_IGNORED_ARGS
 
     problem = unfinished(run_dir)
     if problem:
@@ -186,7 +186,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     wanted = json.loads(json.dumps(vars(args), default=str))
     missing = object()
     differ = sorted(k for k, v in wanted.items()
-                    if v is not None and k not in IGNORED_ARGS and saved.get(k, missing) != v)
+                    if v is not None and k not in SAME_RUN_IGNORED_ARGS and saved.get(k, missing) != v)
     return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
 
 

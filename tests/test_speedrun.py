@@ -110,7 +110,7 @@ def test_a_run_is_done_only_when_completed_with_its_final_evaluation_and_the_sam
 def test_a_run_finished_by_hand_with_resume_or_another_layout_is_done(tmp_path):
     """A run finished by hand with --resume (or on another GPU count: --device-batch-size, --keep-last) was "completed
     with other flags (device_batch_size, resume)", so speedrun.sh ran its final evaluation again; the
-    flags scripts.results ignores (results.LAYOUT_KEYS, RUN_KEYS) are ignored here too, the others still count."""
+    layout and bookkeeping flags (results.SAME_RUN_IGNORED_ARGS) are ignored, the others (the seed too) count."""
     from nanochat.train_args import parse_args
 
     run = tmp_path / "run"
@@ -123,6 +123,10 @@ def test_a_run_finished_by_hand_with_resume_or_another_layout_is_done(tmp_path):
     (run / "config.json").write_text(json.dumps({"args": vars(by_hand)}, default=str))
     assert pre.unfinished_run(run, flags) is None
     assert pre.unfinished_run(run, [*flags, "--matrix-lr", "0.05"]) == f"{run} completed with other flags (matrix_lr)"
+    # another seed is another run, whatever scripts.results averages: the demo's Base and MoME would compare seeds
+    by_hand.seed = 7
+    (run / "config.json").write_text(json.dumps({"args": vars(by_hand)}, default=str))
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (seed)"
 
 
 def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_path, capsys):
