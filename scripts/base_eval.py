@@ -317,7 +317,9 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     from nanochat.dataset import default_data_dir, load_manifest, manifest_fingerprint
     from nanochat.download import file_sha256
 
-    eval_tokens, tokens_source = eval_tokens_of(args.eval_tokens, meta, Path(args.run))
+    # rank 0's record for every rank: a node's own copy of config.json can record another budget, and ranks that
+    # build different numbers of rows fall out of step in the collectives
+    eval_tokens, tokens_source = rank0_decides(lambda: eval_tokens_of(args.eval_tokens, meta, Path(args.run)))
     plan = BpbPlan({"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}, [],
                    eval_token_bytes(tokenizer, args.numerics).to(device))
     if args.split_names:

@@ -166,3 +166,21 @@ def test_core_bundle_differs_on_a_rank_evaluates_rank0s_bundle(core_with_broken_
     assert set(exits.values()) == {0}, (exits, res.stderr[-3000:])
     assert got["label"] == ref["label"] == "CORE-2/3"
     assert got["tasks"] == ref["tasks"] and got["core"] == pytest.approx(ref["core"], abs=1e-12)
+
+
+def test_eval_tokens_run_follows_rank0s_record_when_a_ranks_copy_differs(tmp_path, tiny_run):
+    """`--eval-tokens run` read each rank's own config.json: a node whose copy records another budget (a final
+    evaluation resumed there with other flags) built another number of bpb rows, and the ranks' collectives no
+    longer matched. Rank 0 decides, as for CORE's bundle and cap."""
+    root = tiny_run[0]
+    views = {}
+    for rank, tokens in ((0, 256), (1, 512)):
+        views[rank] = Path(shutil.copytree(root / "run", tmp_path / f"view{rank}"))
+        (views[rank] / "config.json").write_text(json.dumps({"args": {"eval_tokens": tokens}}))
+    argv = ["--eval", "bpb", "--splits", "val", "--device-batch-size", "3", "--no-progress", "--device-type", "cpu",
+            "--dtype", "float32", "--out-dir", str(tmp_path / "out")]
+    res, codes = run_views(tmp_path, "scripts.base_eval", ["--run-dir", str(views[0]), *argv],
+                           rank_argv={"1": ["--run-dir", str(views[1]), *argv]})
+    assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
+    assert "256 tokens per split (the run's --eval-tokens (its config.json))" in res.stdout, res.stdout[-2000:]
+    assert json.loads((tmp_path / "out" / "bpb.json").read_text())["eval_tokens"] == 256
