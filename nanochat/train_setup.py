@@ -172,12 +172,15 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
         return RunData(loader, None, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
     from nanochat.dataloader import PackedDataLoader
     from nanochat.dataset import DataError, load_manifest, manifest_fingerprint
-    from nanochat.tokenizer import check_vocab_matches, get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import HEADER_FILE, check_vocab_matches, get_token_bytes, get_tokenizer
 
     tok_dir = tokenizer_dir(args)
     data_dir = _data_dir(args)
 
     def open_local():  # per-rank files: every rank must have them before the collective row building
+        if loaded is None and not (tok_dir / HEADER_FILE).is_file():  # the hint trains one on this run's data
+            raise ValueError(f"no tokenizer in {tok_dir} (missing {HEADER_FILE}); train one with "
+                             f"`{tok_train_command(args, tok_dir)}`, or pass --tokenizer-dir DIR of an existing one")
         tokenizer = loaded if loaded is not None else get_tokenizer(tok_dir)
         if args.vocab_size is not None:
             check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
@@ -257,6 +260,14 @@ def data_passes_plan(args, total_tokens: int, tokenizer) -> tuple[list[str], int
                      f"{prepared}: the run makes {theirs}, which changes its results; to follow the paper: "
                      f"{prepare_command(args, shards, dataset)}")
     return lines, split_tokens
+
+
+def tok_train_command(args, output_dir) -> str:
+    """The tok_train command that trains this run's tokenizer: on its data (tok_train's own default dataset may be
+    another: a mini row's is the embedded corpus) and at its --vocab-size where one is given."""
+    vocab = f" --vocab-size {args.vocab_size}" if args.vocab_size is not None else ""
+    return (f"python -m scripts.tok_train{vocab} --data-dir {shlex.quote(str(_data_dir(args)))} "
+            f"--output-dir {shlex.quote(str(output_dir))}")
 
 
 def prepare_command(args, shards: int, dataset: str) -> str:
@@ -423,6 +434,5 @@ def check_pinned_vocab(args, tokenizer) -> None:
         return
     if tokenizer.vocab_size != args.vocab_size:
         raise ValueError(f"--tokenizer-dir {tokenizer_dir(args)} holds a tokenizer of vocab size "
-                         f"{tokenizer.vocab_size}, but this run needs --vocab-size {args.vocab_size}: train one there "
-                         f"with `python -m scripts.tok_train --vocab-size {args.vocab_size} --output-dir DIR` and "
-                         "pass --tokenizer-dir DIR")
+                         f"{tokenizer.vocab_size}, but this run needs --vocab-size {args.vocab_size}: train one "
+                         f"with `{tok_train_command(args, 'DIR')}` and pass --tokenizer-dir DIR")

@@ -290,3 +290,25 @@ def test_tok_train_dataset_default_matches_base_train(tmp_path, monkeypatch, cap
     monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path / "data"))
     assert main(["--output-dir", str(tmp_path / "t")]) == 2
     assert str(tmp_path / "data" / "fineweb-edu") in one_error_line(capsys.readouterr().err)
+
+
+def test_base_trains_tokenizer_hints_name_the_runs_data(tmp_path, capsys, embedded_data_dir, tiny_tokenizer_dir):
+    """base_train's hint for a missing tokenizer, or (--dry-run) one of another vocab size, said `tok_train
+    --output-dir DIR`:
+    with tok_train's default now fineweb-edu, a mini row (embedded data) following it trained on the wrong corpus,
+    or failed for lack of fineweb-edu. The hint now carries the run's data dir and vocab size."""
+    from nanochat.tokenizer import Tokenizer
+    from scripts import base_train
+
+    common = ["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "32", "--num-iterations",
+              "1", "--eval-every", "-1", "--no-final-core", "--data-dir", str(embedded_data_dir)]
+    missing = tmp_path / "no_tokenizer"
+    assert base_train.main([*common, "--vocab-size", "512", "--tokenizer-dir", str(missing),
+                            "--run-dir", str(tmp_path / "a")]) == 2
+    want = f"python -m scripts.tok_train --vocab-size 512 --data-dir {embedded_data_dir} --output-dir {missing}"
+    assert want in one_error_line(capsys.readouterr().err)
+    other = Tokenizer.load(tiny_tokenizer_dir).vocab_size + 1  # the dry run's check (a start's says no command)
+    assert base_train.main([*common, "--vocab-size", str(other), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                            "--run-dir", str(tmp_path / "b"), "--dry-run"]) == 2
+    want = f"python -m scripts.tok_train --vocab-size {other} --data-dir {embedded_data_dir} --output-dir DIR"
+    assert want in one_error_line(capsys.readouterr().err)
