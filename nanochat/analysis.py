@@ -213,17 +213,6 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
     return out
 
 
-def add_core_flags(ap) -> None:
-    """--bundle and --max-per-task of the core: domains, following the run as base_eval's do (core_inputs)."""
-    from nanochat.cli_types import count_or_all_or_run
-
-    ap.add_argument("--max-per-task", type=count_or_all_or_run, default="run",
-                    help="examples per CORE task (-1 = all); run = the run's --core-max-per-task, as base_eval (runs "
-                    "that record none, e.g. imported ones, get all)")
-    ap.add_argument("--bundle", default="run", help="CORE bundle dir, 'subset', or run = the bundle the run "
-                    "evaluated CORE on, as base_eval (see scripts/base_eval.py)")
-
-
 def core_inputs(args, meta: dict):
     """A function giving the CORE bundle and cap of the core: domains (nanochat.eval_bundle.run_core_inputs, the
     resolver base_eval uses), resolved and printed at the first core: domain only: a run's recorded bundle that is

@@ -77,6 +77,20 @@ def find_bundle(bundle_arg: str | None = None) -> Path:
     return download_bundle(cache_dir())
 
 
+def add_core_flags(ap) -> None:
+    """--bundle and --max-per-task of a CORE evaluation of a checkpoint (base_eval, the analyses' core: domains),
+    both following the run by default (run_core_inputs)."""
+    from nanochat.cli_types import count_or_all_or_run
+
+    ap.add_argument("--bundle", default="run", help="CORE bundle dir, 'subset' for eval_data/core_subset, or run "
+                    "= the bundle the checkpoint's run evaluated CORE on (its --bundle, else the one it found; a "
+                    "relative path is read from here; runs that record none, e.g. imported ones, get "
+                    "$NANOCHAT_EVAL_BUNDLE, the cache, then a download)")
+    ap.add_argument("--max-per-task", type=count_or_all_or_run, default="run",
+                    help="examples per CORE task (-1 = all); run = the run's --core-max-per-task (runs that record "
+                    "none, e.g. imported ones, get all)")
+
+
 @dataclass(frozen=True)
 class CoreInputs:
     """What CORE reads, resolved for one checkpoint (``run_core_inputs``), each with where it came from."""

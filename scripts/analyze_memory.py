@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, add_core_flags, add_train_rows_flag, build_domains, core_inputs,
+from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, core_inputs,
                                heatmaps, iter_captured, load_run, memory_block, meta_dir, OutputWriteError,
                                split_rows, staged_outputs, train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
+from nanochat.eval_bundle import add_core_flags
 
 
 def parse_args(argv=None):

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_core_flags, add_train_rows_flag,
+from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_train_rows_flag,
                                build_domains, core_inputs, iter_captured, load_run, memory_block, meta_dir, pad_rows,
                                run_captured, single_token_at, split_rows, staged_outputs, train_rows_order,
                                write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
+from nanochat.eval_bundle import add_core_flags
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),

@@ -48,7 +48,8 @@ from pathlib import Path
 import torch
 
 from nanochat.checkpoint import existing_step, load_model, recorded_run_args, recorded_value, require_files, step_dir
-from nanochat.cli_types import NodeParser, checkpoint_step, count_or_all_or_run, device_type_name, positive_int
+from nanochat.cli_types import NodeParser, checkpoint_step, device_type_name, positive_int
+from nanochat.eval_bundle import add_core_flags
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              print_error, raised_like, raised_on_every_rank, rank0_decides, resolve_dtype)
 from nanochat.eval_resume import (FinishedResults, Interrupted, ResultWriteError, eval_settings, interrupts_raise,
@@ -74,13 +75,7 @@ def parse_args(argv=None):
                     help="run directory holding checkpoints/step_NNNNNN/ (use --run-dir under torchrun)")
     ap.add_argument("--step", type=checkpoint_step, default=None, help="checkpoint step (default: the last one)")
     ap.add_argument("--eval", default="core,bpb", help="comma list of: core, bpb")
-    ap.add_argument("--bundle", default="run", help="CORE bundle dir, 'subset' for eval_data/core_subset, or run "
-                    "= the bundle the checkpoint's run evaluated CORE on (its --bundle, else the one it found; a "
-                    "relative path is read from here; runs that record none, e.g. imported ones, get "
-                    "$NANOCHAT_EVAL_BUNDLE, the cache, then a download)")
-    ap.add_argument("--max-per-task", type=count_or_all_or_run, default="run",
-                    help="examples per CORE task (-1 = all); run = the run's --core-max-per-task (runs that record "
-                    "none, e.g. imported ones, get all)")
+    add_core_flags(ap)
     ap.add_argument("--device-batch-size", type=positive_int, default=16, help="rows per forward pass (CORE and bpb)")
     ap.add_argument("--splits", default="train,val",
                     help="dataset splits for bpb (comma list; '' for none; one named twice is scored once)")
