@@ -524,7 +524,7 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
         if "bpb" in args.evals:
             plan = prepare_bpb(tokenizer, args, meta, model.max_seq_len, rank, world, device, stores["bpb"])
         if "core" in args.evals:
-            run_core_eval(model, tokenizer, args, (bundle, core.max_per_task), device, autocast_ctx, out_dir, header,
+            run_core_eval(model, tokenizer, args, bundle, core.max_per_task, device, autocast_ctx, out_dir, header,
                           stores["core"], last="bpb" not in args.evals)
         if "bpb" in args.evals:
             res = run_bpb(model, plan, args, rank, world, device, autocast_ctx, stores["bpb"])
@@ -550,13 +550,12 @@ def kept_note(stores: dict, out_dir: Path) -> str:
     return f"finished results ({kept}) are kept in {out_dir}: run the same command again to continue"
 
 
-def run_core_eval(model, tokenizer, args, inputs: tuple[Path, int], device, autocast_ctx, out_dir: Path,
+def run_core_eval(model, tokenizer, args, bundle: Path, max_per_task: int, device, autocast_ctx, out_dir: Path,
                   header: dict, finished: FinishedResults, last: bool) -> None:
-    """``inputs``: the bundle, rank 0's (find_bundle; only rank 0 reads it, see evaluate_core), and the resolved
+    """``bundle``: rank 0's (find_bundle; only rank 0 reads it, see evaluate_core); ``max_per_task``: the resolved
     per-task cap (run_core_inputs). ``last``: its report is the evaluation's last write (see write_report_on_rank0)."""
     from nanochat.core_eval import evaluate_core, write_core_report
 
-    bundle, max_per_task = inputs
     res = evaluate_core(model, tokenizer, bundle, max_per_task, args.device_batch_size, device,
                         autocast_ctx, progress=not args.no_progress, finished=finished)
     if finished.reused:
