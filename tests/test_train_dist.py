@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, run_torchrun
+from conftest import REPO, kill_tree, run_torchrun
 from nanochat import checkpoint as ckpt
 from nanochat import optim_shard
 from scripts import base_train
@@ -97,7 +97,9 @@ def test_two_process_kill_and_resume_matches_one_process(tmp_path, capsys):
     deadline = time.time() + 300
     while time.time() < deadline and not (run / "checkpoints" / "step_000004").exists() and proc.poll() is None:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers, mid-run
+    # the launcher and both workers, mid-run: a killpg of the launcher's session missed the workers (torchrun starts
+    # each in a session of its own), which then stopped by nanochat.launcher_watch, saving as on SIGTERM
+    kill_tree(proc.pid)
     proc.wait(timeout=30)
     assert (run / "checkpoints" / "step_000004").exists()
     assert not (run / "summary.json").exists()  # really killed before the end
