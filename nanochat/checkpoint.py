@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from nanochat.cli_types import recorded_args
 from nanochat.families import build_model, config_from_dict
 from nanochat.jsonfile import read_json_object
 
@@ -282,7 +283,7 @@ def config_from_meta(meta: dict):
 def recorded_run_args(meta: dict) -> dict:
     """The training flags meta.json records (base_train's resolved args, "config" -> "args"); {} where it records
     none (an imported checkpoint, or "args": null), so a reader's .get(flag) is None for a flag not recorded."""
-    return (meta.get("config") or {}).get("args") or {}
+    return recorded_args(meta.get("config"))
 
 
 def recorded_value(meta: dict, run_dir, pick):

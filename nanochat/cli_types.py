@@ -209,6 +209,13 @@ def count_or_all_or_zero(text: str) -> int:
     return 0 if _int_or(text, -2) == 0 else count_or_all(text)
 
 
+def recorded_args(config: dict | None) -> dict:
+    """The flags a run's resolved config records (config.json, or meta.json's "config": base_train's args, "args");
+    {} where it records none ("args" absent or null: an imported checkpoint, a file another tool wrote or a hand
+    edited), so a reader's .get(flag) is None for a flag not recorded, as for a flag added since the run."""
+    return (config or {}).get("args") or {}
+
+
 def recorded_args_now(saved: dict) -> dict:
     """A run's recorded flags (config.json "args") as this version reads them: --core-max-per-task 0, "all" in the
     older versions that took it, is -1 (as nanochat.train_resume.read_old_records reads a --resume of such a run)."""

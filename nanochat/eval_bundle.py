@@ -113,7 +113,7 @@ def run_core_inputs(bundle_flag: str, cap_flag: int | str, meta: dict, run_dir=N
     an older run's 0 read as -1), so the CORE printed equals the one of training; a run that records none (an
     imported checkpoint, an older run) gets the search order and every example, and the source says so."""
     from nanochat.checkpoint import recorded_value
-    from nanochat.cli_types import recorded_args_now
+    from nanochat.cli_types import recorded_args, recorded_args_now
 
     if bundle_flag != "run":
         bundle, bundle_source = bundle_flag, "--bundle"
@@ -122,7 +122,7 @@ def run_core_inputs(bundle_flag: str, cap_flag: int | str, meta: dict, run_dir=N
     if cap_flag != "run":
         return CoreInputs(bundle, bundle_source, cap_flag, "--max-per-task")
     cap, where = recorded_value(meta, run_dir,
-                                lambda config: recorded_args_now(config.get("args", {})).get("core_max_per_task"))
+                                lambda config: recorded_args_now(recorded_args(config)).get("core_max_per_task"))
     if cap is None:
         return CoreInputs(bundle, bundle_source, -1, "default: the run records no --core-max-per-task")
     return CoreInputs(bundle, bundle_source, int(cap), f"the run's --core-max-per-task, {where}")
@@ -136,9 +136,10 @@ def recorded_bundle(meta: dict, run_dir=None) -> tuple[str | None, str]:
     print another CORE. A relative path is read from the run's working directory, which the run does not record:
     from here, where that holds a bundle."""
     from nanochat.checkpoint import recorded_value
+    from nanochat.cli_types import recorded_args
 
     def pick(config):
-        value = config.get("args", {}).get("bundle") or (config.get("data") or {}).get("bundle")
+        value = recorded_args(config).get("bundle") or (config.get("data") or {}).get("bundle")
         return str(value) if value else None
 
     value, where = recorded_value(meta, run_dir, pick)

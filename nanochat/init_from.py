@@ -219,7 +219,7 @@ def data_seed(args: dict) -> int:
 def same_data_order_note(meta: dict, args, data_sha256: str | None) -> str:
     """Continued pretraining on the source's own data with its data seed reads the source's documents again, first
     and in the same order (the order depends only on the seed, the world size and the files): say so."""
-    source_args = meta.get("config", {}).get("args", {})
+    source_args = ckpt.recorded_run_args(meta)
     if data_sha256 is None or meta.get("data_sha256") != data_sha256 or "seed" not in source_args \
             or data_seed(source_args) != data_seed(vars(args)):
         return ""

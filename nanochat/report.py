@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from nanochat.cli_types import recorded_args
 from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.row_config import REPO
 
@@ -149,7 +150,7 @@ def run_facts(run_dir) -> dict:
     if config is None and summary is None:
         raise FileNotFoundError(f"{run_dir} has neither config.json nor summary.json: not a run directory")
     config, summary = config or {}, summary or {}
-    args, plan = config.get("args", {}), config.get("plan", {})
+    args, plan = recorded_args(config), config.get("plan") or {}
     sessions = read_json(run_dir / ENVIRONMENT, {}).get("sessions", [])
     data_dir = None if args.get("synthetic_data") else _data_dir(run_dir, args)
     return {"run_dir": str(run_dir), "run_name": summary.get("run_name") or args.get("run_name") or run_dir.name,

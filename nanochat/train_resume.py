@@ -77,7 +77,10 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
     diffs, lr_changes = [], {}
     diffs += [f"model config: {d}" for d in
               init_from.config_differences(meta["model_config"], config.to_dict(), theirs="checkpoint")]
-    saved_args = meta.get("config", {}).get("args", {})
+    saved_args = ckpt.recorded_run_args(meta)
+    if not saved_args:  # as for a flag added since the run, what is not recorded is not compared: said, not silent
+        print0("--resume: the checkpoint records no training flags (its meta.json \"config\" has no \"args\"), so "
+               "this run's flags are not checked against the ones it trained with")
     for key in TRAJECTORY_KEYS:
         if key in saved_args and saved_args[key] != getattr(args, key):
             if key in LR_KEYS and args.resume_override_lr:
@@ -142,7 +145,7 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
 
     def check() -> ResumePoint:
         meta = ckpt.load_meta(run_dir, step)
-        read_old_records(args, meta.get("config", {}).get("args", {}))
+        read_old_records(args, ckpt.recorded_run_args(meta))
         lr_changes = check_resume_compatible(args, config, plan, data, meta, run_dir)
         saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
         if saved_world is not None:

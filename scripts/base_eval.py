@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from nanochat.checkpoint import existing_step, load_model, recorded_run_args, recorded_value, require_files, step_dir
-from nanochat.cli_types import NodeParser, checkpoint_step, device_type_name, positive_int
+from nanochat.cli_types import NodeParser, checkpoint_step, device_type_name, positive_int, recorded_args
 from nanochat.eval_bundle import add_core_flags
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
                              print_error, raised_like, raised_on_every_rank, rank0_decides, resolve_dtype)
@@ -155,7 +155,7 @@ def eval_tokens_of(flag: int | str, meta: dict, run_dir: Path | None = None) -> 
     another --eval-tokens saves no new checkpoint, so the checkpoint's copy can be the older budget."""
     if flag != "run":
         return flag, "--eval-tokens"
-    recorded, where = recorded_value(meta, run_dir, lambda config: config.get("args", {}).get("eval_tokens") or None)
+    recorded, where = recorded_value(meta, run_dir, lambda config: recorded_args(config).get("eval_tokens") or None)
     if recorded:
         return int(recorded), f"the run's --eval-tokens ({where})"
     return PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)"

@@ -127,3 +127,15 @@ def test_the_data_order_reads_every_bit_of_a_seed():
         return PackedDataLoader._epoch_perm(loader, 1).tolist()
 
     assert order(OLD_SEED) != order(OLD_SEED % 2**32) and order(OLD_SEED) == order(OLD_SEED)
+
+
+def test_a_checkpoint_that_records_null_args_resumes_saying_its_flags_are_not_checked(finished_run, tmp_path, capsys):
+    """meta.json "config": {"args": null} (a hand edit, another tool) stopped --resume with an AttributeError."""
+    run = copy_of(finished_run, tmp_path)
+    meta_path = ckpt.step_dir(run, 2) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["args"] = None
+    meta_path.write_text(json.dumps(meta))
+    assert train(run, "--resume") == 0
+    out = capsys.readouterr().out
+    assert "--resume: the checkpoint records no training flags" in out, out
