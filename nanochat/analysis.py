@@ -71,13 +71,17 @@ def meta_dir(flag_value, meta: dict, key: str) -> Path | None:
 
 
 def load_run(run, step=None, device="cpu", tokenizer_dir=None):
-    """(model in eval mode, meta, tokenizer) of a checkpoint; errors name the run directory."""
-    from nanochat.checkpoint import load_model
+    """(model in eval mode, meta, tokenizer) of a checkpoint; errors name the run directory. A run trained with
+    --synthetic-data is refused, naming the flag, before its weights are read."""
+    from nanochat.checkpoint import check_not_synthetic, load_meta, load_model
     from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
 
     if not Path(run).is_dir():
         raise FileNotFoundError(f"--run {run}: directory does not exist")
-    model, meta = load_model(run, step, device=device)
+    meta = load_meta(run, step)
+    check_not_synthetic(meta, f"--run {run} step {meta['step']}", "this tool reads text in the run's own tokenizer",
+                        "analyze")
+    model, meta = load_model(run, meta["step"], device=device)
     model.eval()
     tok_dir = meta_dir(tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
     tokenizer = get_tokenizer(tok_dir)

@@ -286,6 +286,17 @@ def recorded_run_args(meta: dict) -> dict:
     return recorded_args(meta.get("config"))
 
 
+def check_not_synthetic(meta: dict, where: str, why: str, instead: str) -> None:
+    """Refuse a checkpoint trained with --synthetic-data (its step's recorded flags say so) for work on text: its
+    token ids are a seeded random walk no tokenizer produced, so no --tokenizer-dir makes text mean anything to it.
+    ``why``: what reads text in the run's tokenizer; ``instead``: the verb of what to do with a real-data run. The
+    one wording of base_eval and the analyses."""
+    if recorded_run_args(meta).get("synthetic_data"):
+        raise ValueError(f"{where} was trained with --synthetic-data (random token ids of no tokenizer): {why}, so "
+                         f"{instead} a run trained on real data; this run's val bpb on the synthetic stream is in its "
+                         "summary.json")
+
+
 def recorded_value(meta: dict, run_dir, pick):
     """(``pick(config)``, "its config.json" | "its checkpoint") from the first of the run's resolved configs that
     records it (``pick`` returns None for "not recorded"): the run dir's config.json first (every session rewrites

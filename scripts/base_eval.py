@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from nanochat.checkpoint import check_not_synthetic as ckpt_check_not_synthetic
 from nanochat.checkpoint import existing_step, load_model, recorded_run_args, recorded_value, require_files, step_dir
 from nanochat.cli_types import NodeParser, checkpoint_step, device_type_name, positive_int, recorded_args
 from nanochat.eval_bundle import add_core_flags
@@ -456,11 +457,8 @@ def check_not_synthetic(meta: dict, where: str) -> None:
     """A run trained with --synthetic-data saw a seeded random walk over token ids that no tokenizer produced: CORE
     (the bundle's prompts) and bpb (the data's splits, a --bpb-corpus) tokenize text with the run's tokenizer, so
     there is nothing to score, with any --tokenizer-dir. The checkpoint's own config says so (its step's flags)."""
-    if recorded_run_args(meta).get("synthetic_data"):
-        raise ValueError(f"{where} was trained with --synthetic-data (random token ids of no tokenizer): CORE and "
-                         "bpb score text in the run's own tokenizer (CORE the bundle's prompts, bpb the data's splits "
-                         "and --bpb-corpus files), so evaluate a run trained on real data; this run's val bpb on the "
-                         "synthetic stream is in its summary.json")
+    ckpt_check_not_synthetic(meta, where, "CORE and bpb score text in the run's own tokenizer (CORE the bundle's "
+                             "prompts, bpb the data's splits and --bpb-corpus files)", "evaluate")
 
 
 def check_flags_against(args, meta: dict, device_type: str) -> None:

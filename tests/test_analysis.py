@@ -552,3 +552,24 @@ def test_ctrl_c_with_progress_bars_leaves_the_interrupt_line_on_its_own(tmp_path
     *drawn, cleared, message = capsys.readouterr().err.split("\r")
     assert "%|" in drawn[-1] and cleared.strip() == "" and message.startswith("interrupted"), (drawn, message)
     assert not [bar for bar in tqdm._instances if not bar.disable]
+
+
+@pytest.mark.parametrize("tool", ["analyze_memory", "analyze_routing", "wic_probe"])
+def test_a_synthetic_data_run_is_refused_naming_the_flag_as_base_eval_does(tmp_path, capsys, tool):
+    """load_run said "no tokenizer in ..." for a run trained with --synthetic-data (it records none); the analyses
+    now name the flag, in base_eval's wording (nanochat.checkpoint.check_not_synthetic), before loading the weights."""
+    import importlib
+
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.families import build_model
+
+    run = tmp_path / "syn"
+    save_checkpoint(run, 3, build_model(tiny_config()), {"config": {"args": {"synthetic_data": True}}})
+    extra = ["--wic", str(Path(__file__).parent / "fixtures" / "wic_synthetic.tsv")] if tool == "wic_probe" \
+        else ["--corpus", "val"]
+    assert importlib.import_module(f"scripts.{tool}").main(["--run", str(run), *extra, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --run {run} step 3 was trained with --synthetic-data (random token ids of no "
+                          "tokenizer): this tool reads text in the run's own tokenizer, so analyze a run trained on "
+                          "real data; this run's val bpb on the synthetic stream is in its summary.json") \
+        and err.count("\n") == 1, err
