@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 import torch
@@ -158,25 +159,26 @@ class Tokenizer:
         header_path, ranks_path = directory / HEADER_FILE, directory / RANKS_FILE
         for p in (header_path, ranks_path):
             if not p.is_file():
-                raise TokenizerError(f"tokenizer file {p} is missing; train one with "
-                                     f"`python -m scripts.tok_train --output-dir {directory}`")
+                raise TokenizerError(f"tokenizer file {p} is missing; train one with {tok_train_hint(directory)}")
         header = _read_header(header_path)
         try:
             lines = ranks_path.read_text(encoding="ascii").splitlines()
         except UnicodeDecodeError as e:
-            raise TokenizerError(f"{ranks_path} is not a tokenizer ranks file ({e}); retrain the tokenizer") from e
+            raise TokenizerError(f"{ranks_path} is not a tokenizer ranks file ({e}); retrain with "
+                                 f"{tok_train_hint(directory)}") from e
         ranks = {}
         for lineno, line in enumerate(lines, 1):
             try:
                 b64, rank = line.split()
                 ranks[base64.b64decode(b64, validate=True)] = int(rank)
             except ValueError as e:
-                raise TokenizerError(f"{ranks_path}:{lineno}: malformed line {line!r}; retrain the tokenizer") from e
+                raise TokenizerError(f"{ranks_path}:{lineno}: malformed line {line!r}; retrain with "
+                                     f"{tok_train_hint(directory)}") from e
         specials = sorted(header["special_tokens"], key=header["special_tokens"].get)
         tok = cls(ranks, pattern=header["pattern"], special_tokens=specials)
         if tok.vocab_size != header["vocab_size"] or tok.special_tokens != header["special_tokens"]:
             raise TokenizerError(f"{directory}: header says vocab {header['vocab_size']} but the files give "
-                                 f"{tok.vocab_size}; retrain the tokenizer")
+                                 f"{tok.vocab_size}; retrain with {tok_train_hint(directory)}")
         tok.directory = directory.resolve()
         return tok
 
@@ -186,18 +188,31 @@ HEADER_TYPES = {"format": str, "pattern": str, "vocab_size": int, "special_token
 
 def _read_header(path: Path) -> dict:
     """tokenizer.json, checked: a JSON object with the format version and every key the loader needs."""
-    header = read_json_object(path, TokenizerError, "retrain the tokenizer")
+    retrain = f"retrain with {tok_train_hint(path.parent)}"
+    header = read_json_object(path, TokenizerError, retrain)
     if header.get("format") != FORMAT_VERSION:
-        raise TokenizerError(f"{path}: unknown format {header.get('format')!r} "
-                             f"(expected {FORMAT_VERSION!r}); retrain the tokenizer")
+        raise TokenizerError(f"{path}: unknown format {header.get('format')!r} (expected {FORMAT_VERSION!r}); "
+                             f"{retrain}")
     for key, kind in HEADER_TYPES.items():
         if not isinstance(header.get(key), kind):
-            raise TokenizerError(f"{path}: {key!r} is missing or not a {kind.__name__}; retrain the tokenizer")
+            raise TokenizerError(f"{path}: {key!r} is missing or not a {kind.__name__}; {retrain}")
     specials = header["special_tokens"]
     if not all(isinstance(k, str) and isinstance(v, int) for k, v in specials.items()) or "<|bos|>" not in specials:
-        raise TokenizerError(f"{path}: 'special_tokens' must map token names (with <|bos|>) to ids; "
-                             "retrain the tokenizer")
+        raise TokenizerError(f"{path}: 'special_tokens' must map token names (with <|bos|>) to ids; {retrain}")
     return header
+
+
+def tok_train_hint(directory, vocab_size: int | None = None) -> str:
+    """The tok_train command that (re)trains the tokenizer in ``directory``, for the library's errors, which do not
+    know the runs it serves: it names the flags to fill in (the vocab size where the files give it), as tok_train's
+    defaults (fineweb-edu, DEFAULT_VOCAB_SIZE) may be another corpus and size; --overwrite exactly where tok_train
+    refuses without it (a tokenizer.json there). base_train, which knows its run, gives its own
+    (nanochat.train_setup.tok_train_command)."""
+    overwrite = " --overwrite" if (Path(directory) / HEADER_FILE).is_file() else ""
+    vocab, what = (vocab_size, "") if vocab_size is not None else ("N", ", N their vocab size")
+    return (f"`python -m scripts.tok_train --data-dir DATA_DIR --vocab-size {vocab} --output-dir "
+            f"{shlex.quote(str(directory))}{overwrite}` (DATA_DIR: the prepared data of the runs it serves{what}; "
+            f"tok_train's defaults are fineweb-edu and {DEFAULT_VOCAB_SIZE})")
 
 
 def default_tokenizer_dir() -> Path:
@@ -208,8 +223,8 @@ def get_tokenizer(tokenizer_dir=None) -> Tokenizer:
     directory = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
     if not (directory / HEADER_FILE).is_file():
         raise TokenizerError(f"no tokenizer in {directory} (missing {HEADER_FILE}); train one with "
-                             f"`python -m scripts.tok_train --output-dir {directory}` "
-                             "or point NANOCHAT_TOKENIZER_DIR at an existing tokenizer directory")
+                             f"{tok_train_hint(directory)} or point NANOCHAT_TOKENIZER_DIR at an existing tokenizer "
+                             "directory")
     return Tokenizer.load(directory)
 
 
@@ -218,19 +233,18 @@ def get_token_bytes(tokenizer_dir=None, device="cpu", vocab_size: int | None = N
     directory = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
     path = directory / TOKEN_BYTES_FILE
     if not path.is_file():
-        raise TokenizerError(f"{path} is missing; retrain with "
-                             f"`python -m scripts.tok_train --output-dir {directory} --overwrite`")
+        raise TokenizerError(f"{path} is missing; retrain with {tok_train_hint(directory, vocab_size)}")
     try:
         token_bytes = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # truncated or foreign file: UnpicklingError, RuntimeError, EOFError, ...
         raise TokenizerError(f"{path} is not a token-bytes tensor ({type(e).__name__}: {e}); retrain with "
-                             f"`python -m scripts.tok_train --output-dir {directory} --overwrite`") from e
+                             f"{tok_train_hint(directory, vocab_size)}") from e
     if not torch.is_tensor(token_bytes) or token_bytes.ndim != 1 or token_bytes.is_floating_point():
         raise TokenizerError(f"{path} must hold a 1-D integer tensor (byte length per token); retrain with "
-                             f"`python -m scripts.tok_train --output-dir {directory} --overwrite`")
+                             f"{tok_train_hint(directory, vocab_size)}")
     if vocab_size is not None and len(token_bytes) != vocab_size:
         raise TokenizerError(f"{path} has {len(token_bytes)} entries but the tokenizer has {vocab_size} tokens; "
-                             f"retrain with `python -m scripts.tok_train --output-dir {directory} --overwrite`")
+                             f"retrain with {tok_train_hint(directory, vocab_size)}")
     return token_bytes
 
 

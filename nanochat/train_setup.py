@@ -172,7 +172,7 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
         return RunData(loader, None, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
     from nanochat.dataloader import PackedDataLoader
     from nanochat.dataset import DataError, load_manifest, manifest_fingerprint
-    from nanochat.tokenizer import HEADER_FILE, check_vocab_matches, get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import HEADER_FILE, get_token_bytes, get_tokenizer
 
     tok_dir = tokenizer_dir(args)
     data_dir = _data_dir(args)
@@ -182,8 +182,7 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
             raise ValueError(f"no tokenizer in {tok_dir} (missing {HEADER_FILE}); train one with "
                              f"`{tok_train_command(args, tok_dir)}`, or pass --tokenizer-dir DIR of an existing one")
         tokenizer = loaded if loaded is not None else get_tokenizer(tok_dir)
-        if args.vocab_size is not None:
-            check_vocab_matches(tokenizer, args.vocab_size, "--vocab-size")
+        check_pinned_vocab(args, tokenizer)  # the --dry-run's check: a hint with this run's tok_train command
         token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)
         try:
             manifest = load_manifest(data_dir)
@@ -427,9 +426,9 @@ def dry_run(args, tokenizer=None) -> None:
 
 
 def check_pinned_vocab(args, tokenizer) -> None:
-    """--dry-run needs no tokenizer, but when --vocab-size is given (every config row pins it) and the tokenizer
-    directory already holds one (``tokenizer``), their sizes must agree: caught here, before a speedrun downloads
-    anything."""
+    """When --vocab-size is given (every config row pins it) and the tokenizer directory holds one (``tokenizer``),
+    their sizes must agree: at the start, and in --dry-run (which needs no tokenizer) caught before a speedrun
+    downloads anything. The error gives the tok_train command of this run's data and size."""
     if args.vocab_size is None or tokenizer is None:
         return
     if tokenizer.vocab_size != args.vocab_size:

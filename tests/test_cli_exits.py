@@ -307,8 +307,11 @@ def test_base_trains_tokenizer_hints_name_the_runs_data(tmp_path, capsys, embedd
                             "--run-dir", str(tmp_path / "a")]) == 2
     want = f"python -m scripts.tok_train --vocab-size 512 --data-dir {embedded_data_dir} --output-dir {missing}"
     assert want in one_error_line(capsys.readouterr().err)
-    other = Tokenizer.load(tiny_tokenizer_dir).vocab_size + 1  # the dry run's check (a start's says no command)
-    assert base_train.main([*common, "--vocab-size", str(other), "--tokenizer-dir", str(tiny_tokenizer_dir),
-                            "--run-dir", str(tmp_path / "b"), "--dry-run"]) == 2
-    want = f"python -m scripts.tok_train --vocab-size {other} --data-dir {embedded_data_dir} --output-dir DIR"
-    assert want in one_error_line(capsys.readouterr().err)
+    other = Tokenizer.load(tiny_tokenizer_dir).vocab_size + 1  # the dry run's check, and the start's (which said
+    for dry_run in (["--dry-run"], []):                         # "retrain the tokenizer with --vocab-size": no command)
+        assert base_train.main([*common, "--vocab-size", str(other), "--tokenizer-dir", str(tiny_tokenizer_dir),
+                                "--run-dir", str(tmp_path / f"b{len(dry_run)}"), *dry_run]) == 2
+        err = one_error_line(capsys.readouterr().err)
+        want = f"python -m scripts.tok_train --vocab-size {other} --data-dir {embedded_data_dir} --output-dir DIR"
+        assert want in err and f"holds a tokenizer of vocab size {other - 1}, but this run needs --vocab-size " \
+            f"{other}" in err, (dry_run, err)

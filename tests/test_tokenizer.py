@@ -101,6 +101,41 @@ def test_missing_and_corrupt_tokenizer_errors(tmp_path, tiny_tokenizer):  # noqa
         Tokenizer.load(tmp_path)
 
 
+def test_retrain_hints_name_the_data_and_vocab_flags(tmp_path, tiny_tokenizer):  # noqa: F811
+    """The library's hints said `tok_train --output-dir DIR`: followed as written, tok_train trains on its default
+    fineweb-edu at 32768 tokens, not the run's corpus. Not knowing the run, they name the flags to fill in (the
+    vocab size where the files give it), and --overwrite exactly where tok_train would refuse without it (a
+    tokenizer.json in the directory)."""
+    def error(call) -> str:
+        with pytest.raises(TokenizerError) as e:
+            call()
+        return str(e.value)
+
+    defaults = "tok_train's defaults are fineweb-edu and 32768"
+    nowhere = tmp_path / "nowhere"
+    said = error(lambda: get_tokenizer(nowhere))
+    assert f"`python -m scripts.tok_train --data-dir DATA_DIR --vocab-size N --output-dir {nowhere}`" in said \
+        and defaults in said, said
+    tiny_tokenizer.save(tmp_path / "t")
+    (tmp_path / "t" / "token_bytes.pt").unlink()
+    for call, vocab in ((lambda: get_token_bytes(tmp_path / "t"), "N"),
+                        (lambda: get_token_bytes(tmp_path / "t", vocab_size=1024), "1024")):
+        said = error(call)
+        assert f"`python -m scripts.tok_train --data-dir DATA_DIR --vocab-size {vocab} --output-dir {tmp_path / 't'} " \
+               "--overwrite`" in said and defaults in said, said
+    torch.save(torch.ones(3, dtype=torch.long), tmp_path / "t" / "token_bytes.pt")
+    said = error(lambda: get_token_bytes(tmp_path / "t", vocab_size=1024))
+    assert said.startswith(f"{tmp_path / 't' / 'token_bytes.pt'} has 3 entries but the tokenizer has 1024 tokens") \
+        and "--vocab-size 1024 --output-dir" in said and "--overwrite`" in said, said
+    (tmp_path / "t" / "tokenizer.bpe").unlink()  # a header without its ranks: tok_train wants --overwrite
+    said = error(lambda: Tokenizer.load(tmp_path / "t"))
+    assert f"--vocab-size N --output-dir {tmp_path / 't'} --overwrite`" in said and defaults in said, said
+    tiny_tokenizer.save(tmp_path / "t")
+    (tmp_path / "t" / "tokenizer.json").write_text("{}")
+    said = error(lambda: Tokenizer.load(tmp_path / "t"))
+    assert "unknown format" in said and f"--output-dir {tmp_path / 't'} --overwrite`" in said, said
+
+
 def test_vocab_mismatch_and_bad_vocab_flag(tiny_tokenizer):  # noqa: F811
     check_vocab_matches(tiny_tokenizer, tiny_tokenizer.vocab_size, "cfg")
     with pytest.raises(ValueError, match=r"1024 does not match vocab_size 32768 of ckpt/meta.json"):

@@ -315,7 +315,8 @@ def test_real_data_resume_and_vocab_check(tmp_path, capsys, monkeypatch, embedde
     assert losses(run) == full  # bit for bit: same process and threads, restored state (see test_resume_is_bit_exact)
     assert passes()[-2:] == first[-2:]  # steps 3 and 4 again, from the checkpoint of step 2: the same values
     assert base_train.main([*common, "--run-dir", str(tmp_path / "v"), "--vocab-size", "999"]) == 2
-    assert "does not match vocab_size 999" in capsys.readouterr().err
+    assert "but this run needs --vocab-size 999: train one with `python -m scripts.tok_train --vocab-size 999" \
+        in capsys.readouterr().err
     from nanochat import dataloader
     monkeypatch.setattr(dataloader, "build_eval_rows", no_eval_rows)  # tokenising --eval-tokens of val text
     assert base_train.main([*common, "--run-dir", str(run), "--resume", "--matrix-lr", "0.03"]) == 2
