@@ -10,7 +10,6 @@ Prints the median and the minimum over --reps of (prefill + decode) wall time an
 """
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ if str(REPO) not in sys.path:  # runnable as `python bench/decode.py` from anywh
     sys.path.insert(0, str(REPO))
 
 from nanochat.cli_types import device_name  # noqa: E402
+from nanochat.common import autocast_context  # noqa: E402
 from nanochat.engine import generate  # noqa: E402
 from nanochat.gpt import GPTConfig, build_model  # noqa: E402
 
@@ -55,8 +55,7 @@ def main(argv=None) -> dict:
                     n_embd=args.width, window_pattern=args.window_pattern, memory=args.memory)
     model = build_model(cfg, device=device, seed=0).eval()
     prompt = torch.randint(0, 512, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.autocast == "bf16"
-           else contextlib.nullcontext())
+    amp = autocast_context(device.type, "bfloat16" if args.autocast == "bf16" else "float32")
     times = []
     with amp:
         generate(model, prompt, max_tokens=8, num_samples=args.batch, temperature=0.0)  # warm-up

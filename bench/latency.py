@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:  # runnable as `python bench/latency.py` from anyw
     sys.path.insert(0, str(REPO))
 
 from nanochat.cli_types import device_choice  # noqa: E402
+from nanochat.common import note_slow_cpu_bf16  # noqa: E402
 from nanochat.families import FAMILIES, build_model  # noqa: E402
 from nanochat.gpt import GPTConfig  # noqa: E402
 from nanochat.kv_cache import KVCache  # noqa: E402
@@ -164,7 +165,11 @@ def time_interleaved(steps: dict, args, device) -> dict[str, float]:
 def build(args, device, width: int, l_mem: int, design: str, arch: str = "nanochat"):
     model = build_model(make_config(args, width, l_mem, design, arch), device=device, seed=0)
     model.eval()
-    return model.to(torch.bfloat16) if args.dtype == "bfloat16" else model
+    if args.dtype != "bfloat16":
+        return model
+    if device.type == "cpu":  # bf16 weights, not autocast: the note autocast_context gives such a CPU, all the same
+        note_slow_cpu_bf16()
+    return model.to(torch.bfloat16)
 
 
 def run(args) -> list[dict]:

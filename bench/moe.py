@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanochat import moe as moe_module  # noqa: E402
 from nanochat.cli_types import device_choice  # noqa: E402
+from nanochat.common import autocast_context  # noqa: E402
 from nanochat.gpt import MLP, GPTConfig  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def step(layer, x, design: str, device, dtype) -> tuple[float, int]:
         base = torch.cuda.memory_allocated()
     sync(device)
     t0 = time.perf_counter()
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+    with autocast_context(device.type, str(dtype).removeprefix("torch.")):  # bf16 on a CPU: the slow-bf16 note
         out = layer(x)
     out.float().square().mean().backward()
     sync(device)

@@ -60,6 +60,7 @@ for path in (str(REPO), str(REPO / "bench")):
 import mome_ops_variants as mv  # noqa: E402
 from kernel_table import PROFILER_OVERHEAD  # noqa: E402  (the profiler's own stalls, as in the step profiles)
 from nanochat.cli_types import device_name  # noqa: E402
+from nanochat.common import autocast_context  # noqa: E402
 from nanochat.memory.hashing import bigram_hash  # noqa: E402
 from nanochat.memory.mome_mix import slot_weights  # noqa: E402
 
@@ -257,7 +258,8 @@ OPS = default_ops()
 
 # -- check and timing --------------------------------------------------------------------------------------------
 def _autocast(device, cdt):
-    return torch.autocast(device.type, dtype=cdt, enabled=cdt != torch.float32)
+    """Training's autocast (bf16 on a CPU without native bf16 notes once that it is slow there)."""
+    return autocast_context(device.type, str(cdt).removeprefix("torch."))
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -81,3 +81,33 @@ def test_no_note_where_bf16_is_native_unknown_or_on_another_rank(monkeypatch, ca
     answers = {"native": {AVX512_BF16: True, AMX: False}, "unknown": {}}.get(case, {AVX512_BF16: False, AMX: False})
     cpu_like(monkeypatch, **answers)
     assert autocast_output(capsys, "cpu", "bfloat16")[1] == ""
+
+
+BENCH_RUNS = {  # tiny bf16 runs of the benches that build their own autocast (or bf16 weights): their main's argv
+    "moe": ["--device", "cpu", "--dtype", "bfloat16", "--tokens", "16", "--width", "64", "--experts", "2",
+            "--reps", "1", "--warmup", "0"],
+    "decode": ["--depth", "1", "--width", "64", "--head-dim", "32", "--seq-len", "8", "--prompt", "2", "--tokens",
+               "3", "--reps", "2", "--autocast", "bf16"],
+    "latency": ["--dtype", "bfloat16", "--widths", "64", "--head-dim", "32", "--mem-layers", "1", "--vocab-size",
+                "512", "--reps", "1", "--warmup", "0", "--context", "4", "--seq-len", "8", "--mode", "decode"],
+}
+
+
+@pytest.mark.parametrize("name", [*BENCH_RUNS, "mome_ops"])
+def test_the_benches_in_bf16_on_a_cpu_without_native_bf16_give_the_note_once(monkeypatch, capsys, name):
+    """bench/moe, mome_ops, latency and decode built their own torch.autocast (latency: bf16 weights), so a bf16
+    run on such a CPU never said why it was slow; they now go through nanochat.common's note, printed once."""
+    from conftest import load_bench
+
+    monkeypatch.setattr(common, "_slow_bf16_noted", False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: False)
+    bench = load_bench(name)
+    if name == "mome_ops":  # its timed calls each enter this context
+        for _ in range(2):
+            with bench._autocast(torch.device("cpu"), torch.bfloat16):
+                assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    else:
+        bench.main(BENCH_RUNS[name])
+    out = capsys.readouterr().out
+    assert out.count("note: this run computes in bfloat16 on a CPU without native bf16 matmuls") == 1, out
