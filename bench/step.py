@@ -188,6 +188,22 @@ def harness_optimizer(h: nn.Module) -> MuonAdamW:
 
 
 # -- one benchmark case ----------------------------------------------------------------------------------
+def full_config(kind: str, args, memory: str = "base", opts: dict | None = None):
+    """The config of a full-model case: ``kind`` "full" (FULL, the nanochat backbone) or a FAMILY_FULL family."""
+    common = dict(sequence_len=args.full_tokens // 2, vocab_size=args.vocab_size, memory=memory,
+                  memory_options=opts or {})
+    if kind in FAMILY_FULL:
+        return families.FAMILIES[kind].config_cls(**common, **FAMILY_FULL[kind])
+    return GPTConfig(**common, **FULL)
+
+
+def model_shape(cfg) -> str:
+    """A section heading's size of the model it steps: "depth 6, C=384, 6/3 heads" (query/KV heads where they
+    differ)."""
+    heads = str(cfg.n_head) if cfg.n_kv_head == cfg.n_head else f"{cfg.n_head}/{cfg.n_kv_head}"
+    return f"depth {cfg.n_layer}, C={cfg.n_embd}, {heads} heads"
+
+
 class Case:
     """A model + optimizer + fixed batch; ``step()`` returns (forward, backward, optimizer) seconds."""
 
@@ -210,13 +226,7 @@ class Case:
             self.cot = [torch.randn(o.shape, generator=g).to(device) for o in outs]
             self.opt = harness_optimizer(self.model)
         else:
-            if kind in FAMILY_FULL:
-                cfg = families.FAMILIES[kind].config_cls(sequence_len=args.full_tokens // 2, vocab_size=V,
-                                                         memory=memory, memory_options=opts, **FAMILY_FULL[kind])
-            else:
-                cfg = GPTConfig(sequence_len=args.full_tokens // 2, vocab_size=V, memory=memory,
-                                memory_options=opts, **FULL)
-            self.model = families.build_model(cfg, device=device, seed=seed)
+            self.model = families.build_model(full_config(kind, args, memory, opts), device=device, seed=seed)
             data = torch.randint(0, V, (2, args.full_tokens // 2 + 1), generator=g).to(device)
             self.idx, self.targets = data[:, :-1], data[:, 1:]
             self.opt = MuonAdamW(families.param_groups(self.model, OptimConfig()))
@@ -479,7 +489,7 @@ def main(argv=None):
               "threads": torch.get_num_threads(), "platform": platform.platform(), "args": vars(args)}
     titles = {"layer": f"one d12-shaped transformer layer with memory, {args.tokens} tokens",
               "hook": f"d12-shaped memory hook + c_v only, {args.tokens} tokens",
-              "full": f"small full model (depth 6, C=384), {args.full_tokens} tokens"}
+              "full": f"small full model ({model_shape(full_config('full', args))}), {args.full_tokens} tokens"}
     result["memory"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         slot_map = pairing_slot_map(tmp, args.vocab_size)
@@ -495,7 +505,7 @@ def main(argv=None):
     if "family" in sections:
         for fam in FAMILY_FULL:
             result[f"family_{fam}"] = step_section(fam, args, device, "")
-            print(f"\n### small {fam} model (depth 6, C=384, 6/3 heads), {args.full_tokens} tokens "
+            print(f"\n### small {fam} model ({model_shape(full_config(fam, args))}), {args.full_tokens} tokens "
                   f"({args.device}, {args.dtype}{', compiled' if args.compile else ''})\n")
             print(step_table(result[f"family_{fam}"], None))
     if "mscale" in sections:
