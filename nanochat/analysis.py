@@ -217,30 +217,41 @@ def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: 
     return out
 
 
-def core_inputs(args, meta: dict):
-    """A function giving the CORE bundle and cap of the core: domains (nanochat.eval_bundle.run_core_inputs, the
-    resolver base_eval uses), resolved and printed at the first core: domain only: a run's recorded bundle that is
-    missing here stops no analysis that reads none."""
-    import functools
+class CoreSettings:
+    """The CORE bundle and cap of the core: domains (nanochat.eval_bundle.run_core_inputs, the resolver base_eval
+    uses), resolved, printed and the bundle found at the first core: domain only: a run's recorded bundle that is
+    missing here stops no analysis that reads none. ``record()`` is what the outputs' JSON says of them."""
 
-    from nanochat.eval_bundle import run_core_inputs
+    def __init__(self, args, meta: dict):
+        self.args, self.meta = args, meta
+        self.resolved = None  # (CoreInputs, the bundle directory read), once a core: domain asked
 
-    @functools.cache
-    def resolve():
-        inputs = run_core_inputs(args.bundle, args.max_per_task, meta, args.run)
-        print(inputs.describe(), flush=True)
-        return inputs
+    def __call__(self):
+        if self.resolved is None:
+            from nanochat.eval_bundle import find_bundle, run_core_inputs
 
-    return resolve
+            inputs = run_core_inputs(self.args.bundle, self.args.max_per_task, self.meta, self.args.run)
+            print(inputs.describe(), flush=True)
+            self.resolved = inputs, find_bundle(inputs.bundle)
+        return self.resolved
+
+    def record(self) -> dict | None:
+        """{"bundle": the directory read, "max_per_task": its cap (-1: every example), and where each came from};
+        None where no core: domain read a bundle."""
+        if self.resolved is None:
+            return None
+        inputs, bundle_dir = self.resolved
+        return {"bundle": str(bundle_dir), "bundle_source": inputs.bundle_source,
+                "max_per_task": inputs.max_per_task, "max_per_task_source": inputs.max_per_task_source}
 
 
 def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, core=None,
                   max_tokens: int | None = None, flag: str = "--corpus",
                   train_rows: tuple[int | None, str] = (None, "manifest order")) -> list[Domain]:
     """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem); ``flag``
-    is the option the specs came from, named in errors; ``core``: a function giving the bundle and cap of core:
-    domains (core_inputs; None: the search order, every example); ``train_rows``: train_rows_order's (first-read
-    seed, description) of the train split's rows."""
+    is the option the specs came from, named in errors; ``core``: a function giving the settings and the bundle
+    directory of core: domains (CoreSettings; None: the search order, every example); ``train_rows``:
+    train_rows_order's (first-read seed, description) of the train split's rows."""
     domains = []
     for spec in specs:
         start = len(domains)
@@ -258,9 +269,8 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
             from nanochat.download import DownloadError
             from nanochat.eval_bundle import find_bundle
 
-            inputs = core() if core else None
             try:
-                bundle_dir = find_bundle(inputs.bundle if inputs else None)
+                inputs, bundle_dir = core() if core else (None, find_bundle(None))
             except DownloadError as e:  # offline without --bundle: its advice (--bundle subset), not a traceback
                 raise ValueError(f"{flag} {spec}: {e}") from e
             cap = inputs.max_per_task if inputs else -1

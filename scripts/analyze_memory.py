@@ -13,7 +13,8 @@ inject into the attention values (H = KV heads); Bigram's gate scales its residu
 Writes <run>/analysis/memory_use.{json,csv} and memory_gamma.png / memory_inject_norm.png (one layers x heads
 panel per domain, shared colour scale; gamma on the paper's [0, 2] scale). --corpus train reads the documents the
 run's loader read first (its --data-seed, as its final train bpb), val the split's first documents; memory_use.json
-"split_rows" says which.
+"split_rows" says which, and "core" the CORE bundle directory and per-task cap its core: domains read (null without
+one).
 """
 
 import argparse
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, core_inputs,
+from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, CoreSettings,
                                heatmaps, iter_captured, load_run, memory_block, meta_dir, OutputWriteError,
                                split_rows, staged_outputs, train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
@@ -118,15 +119,16 @@ def analyze(args, out_dir: Path) -> int:
     try:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
         block = memory_block(model)
+        core = CoreSettings(args, meta)
         domains = build_domains(args.corpus, tokenizer, model.max_seq_len, data_dir=meta_dir(args.data_dir, meta, "data_dir"),
-                                core=core_inputs(args, meta), max_tokens=args.max_tokens or None,
+                                core=core, max_tokens=args.max_tokens or None,
                                 train_rows=train_rows_order(args.train_rows, meta))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results = memory_use(model, domains, args.batch_size, tokenizer.bos_token_id, not args.no_progress)
     header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
-              "injection": injection_sites(block), "split_rows": split_rows(domains)}
+              "injection": injection_sites(block), "split_rows": split_rows(domains), "core": core.record()}
     try:
         with staged_outputs(out_dir) as stage:
             write_outputs(results, block.layers, stage, header)

@@ -11,7 +11,8 @@ marginal effective slots exp(H) of the top-K membership distribution and of the 
 largest-slot membership share, per-token effective slots (token ids seen >= --min-count times), site-slot cells
 never selected, and mean/max base-2 JSD of each site's routing-weight distribution against the --reference
 domain. Writes <out>/routing_audit.{md,csv,json}. A train domain reads the documents the run's loader read first (its
---data-seed, as its final train bpb), val the split's first documents; routing_audit.json "split_rows" says which.
+--data-seed, as its final train bpb), val the split's first documents; routing_audit.json "split_rows" says which,
+and "core" the CORE bundle directory and per-task cap its core: domains read (null without one).
 
 Words: for every prompt that contains a target word as ONE token (with its leading space), the slot set each head
 selects at the word's last occurrence (slots ordered by routing weight). --prompts FILE holds one prompt per
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_train_rows_flag,
-                               build_domains, core_inputs, iter_captured, load_run, memory_block, meta_dir, pad_rows,
+                               build_domains, CoreSettings, iter_captured, load_run, memory_block, meta_dir, pad_rows,
                                run_captured, single_token_at, split_rows, staged_outputs, train_rows_order,
                                write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
@@ -295,7 +296,8 @@ def analyze(args, out_dir: Path) -> int:
         sites = parse_sites(args.sites, block.layers, block.H)  # checked before any forward
         header = {"run": str(args.run), "step": meta["step"], "memory_options": model.config.memory_options}
         if args.corpus:
-            common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), core=core_inputs(args, meta),
+            core = CoreSettings(args, meta)
+            common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), core=core,
                           max_tokens=args.max_tokens or None,
                           train_rows=train_rows_order(args.train_rows, meta))
             domains = build_domains(args.corpus, tokenizer, model.max_seq_len, **common)
@@ -309,7 +311,8 @@ def analyze(args, out_dir: Path) -> int:
                               not args.no_progress)
             rows_of = split_rows(domains + ([reference] if reference else []))
             with staged_outputs(out_dir) as stage:
-                write_audit(rows, reference.name if reference else None, stage, {**header, "split_rows": rows_of})
+                write_audit(rows, reference.name if reference else None, stage,
+                            {**header, "split_rows": rows_of, "core": core.record()})
             print(audit_markdown(rows, reference.name if reference else None))
             for name, order in rows_of.items():
                 print(f"{name} rows: {order}")

@@ -293,7 +293,26 @@ def test_core_domains_and_task_balanced_average(tmp_path, monkeypatch, capsys):
     assert set(dom) == {"copa", "piqa", "CORE"} and dom["CORE"]["tasks"] == ["copa", "piqa"]
     want = (torch.tensor(dom["copa"]["gamma"]) + torch.tensor(dom["piqa"]["gamma"])) / 2  # every task weighs 1
     assert torch.allclose(torch.tensor(dom["CORE"]["gamma"]), want)
+    # the JSON says which bundle and cap it read (the printed line alone was lost with the terminal)
+    assert json.loads((out / "memory_use.json").read_text())["core"] == {
+        "bundle": str(SUBSET_DIR), "bundle_source": "the run's bundle, its config.json", "max_per_task": 2,
+        "max_per_task_source": "the run's --core-max-per-task, its config.json"}
     assert analyze_memory.main(["--run", str(run), "--corpus", "core:nope", "--bundle", "subset"]) == 2
+
+
+def test_the_routing_audit_json_says_which_core_bundle_and_cap_it_read(tmp_path, capsys):
+    from nanochat.eval_bundle import SUBSET_DIR
+    from scripts import analyze_routing
+
+    run, _, _ = make_run(tmp_path, "mome")
+    out, text = tmp_path / "out", f"file:{write_text(tmp_path / 'a.txt')}"
+    common = ["--run", str(run), "--reference", text, "--min-count", "1", "--out-dir", str(out), "--no-progress"]
+    assert analyze_routing.main([*common, "--corpus", "core:copa", "--bundle", "subset", "--max-per-task", "2"]) == 0
+    assert json.loads((out / "routing_audit.json").read_text())["core"] == {
+        "bundle": str(SUBSET_DIR), "bundle_source": "--bundle", "max_per_task": 2, "max_per_task_source":
+        "--max-per-task"}
+    assert analyze_routing.main([*common, "--corpus", text]) == 0
+    assert json.loads((out / "routing_audit.json").read_text())["core"] is None  # no core: domain, no bundle read
 
 
 def test_analysis_flags_are_checked_and_errors_name_them(tmp_path, capsys):
