@@ -177,7 +177,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     problem = unfinished(run_dir)
     if problem:
         return problem
-    saved = (read_json(run_dir / "config.json") or {}).get("args", {})
+    saved = (read_json(run_dir / "config.json") or {}).get("args") or {}  # "args": null is no flags either
     args = parse_args(train_flags)
     with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
         read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0

@@ -151,6 +151,21 @@ def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_pa
     assert "must be an integer >= 1, or -1 for all" in capsys.readouterr().err
 
 
+def test_a_config_json_with_null_args_is_not_done_and_no_traceback(tmp_path, capsys):
+    """A completed run whose config.json holds "args": null (a hand edit, another tool) crashed `done` with an
+    AttributeError traceback in speedrun.sh's output; it is now a run not done (base_train --resume says what it
+    finds), as a config.json with no "args" is."""
+    run = tmp_path / "run"
+    flags = ["--depth", "4", "--num-iterations", "20", "--run-dir", str(run), "--resume", "auto"]
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 20, "num_iterations": 20}))
+    for config in ({"args": None}, {}):
+        (run / "config.json").write_text(json.dumps(config))
+        assert pre.unfinished_run(run, flags).startswith(f"{run} completed with other flags (")
+        assert pre.main(["done", str(run), "--", *flags]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def demo_checkpoint(run, dtype):
     """A demo model's last checkpoint as list_steps and load_meta read it, recorded with ``dtype``."""
     step = run / CKPT_DIR / "step_000020"
