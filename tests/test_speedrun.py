@@ -642,6 +642,26 @@ def test_a_demo_stopped_in_a_final_evaluation_continues_that_run_alone(fake_spee
     assert ran(tmp_path / "report.log", "scripts.base_train") == []
 
 
+def test_the_demo_says_what_it_trains_and_for_how_long_as_measured(fake_speedrun, tmp_path):
+    """The start line gave "10-16 min" (the default 300 steps on Xeons with native bf16) whatever DEMO_STEPS asked,
+    next to the float32 the check had chosen, and said the same on a run that had only the MoME model left. It now
+    names the steps and what is left, and gives the measured time as the 300-step bf16 demo's."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_DTYPE="float32", DEMO_STEPS="20")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    start = [line for line in out.splitlines() if line.startswith("[speedrun] CPU demo in")]
+    assert start == ["[speedrun] CPU demo in float32: tiny Base vs tiny MoME on the embedded corpus, 20 steps of 4,096 "
+                     "tokens each, then each one's val/train bpb and CORE; the progress bars show each model's ETA "
+                     "(the default 300 steps took 10-16 min in all on 2 Xeon cores with native bf16)"], out
+    (repo / "runs" / "speedrun_cpu" / "mome" / "summary.json").unlink()  # MoME left to train, Base done
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_DTYPE="float32", DEMO_STEPS="20",
+                          FAKE_LOG=str(tmp_path / "again.log"))
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "[speedrun] CPU demo in float32: tiny MoME (tiny Base is done) on the embedded corpus, 20 steps" in out, out
+
+
 @pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5"),
                                         ("DEMO_DTYPE", "bf16")])
 def test_a_bad_override_stops_before_any_step(fake_speedrun, name, value):
