@@ -147,10 +147,11 @@ cpu_demo() {
     # bf16 matmul costs ~60x a float32 one); the choice and why on one line
     local dtype
     dtype="$(python -m scripts.speedrun_preflight dtype "$root" --asked "${DEMO_DTYPE:-}")"
+    # a checkpoint every 50 steps (the last one kept): a crash or a second Ctrl-C loses at most 50 steps of a model
     local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
                   --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
                   --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
-                  --dtype "$dtype" --log-every 10 --keep-last 1 --resume auto)
+                  --dtype "$dtype" --log-every 10 --save-every 50 --keep-last 1 --resume auto)
     local base=("${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base")
     local mome=("${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 --run-name speedrun_cpu_mome
                 --run-dir "$root/mome")

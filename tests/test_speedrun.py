@@ -662,6 +662,23 @@ def test_the_demo_says_what_it_trains_and_for_how_long_as_measured(fake_speedrun
     assert "[speedrun] CPU demo in float32: tiny MoME (tiny Base is done) on the embedded corpus, 20 steps" in out, out
 
 
+def test_the_demo_models_checkpoint_every_50_steps_and_older_demos_still_continue(fake_speedrun, tmp_path):
+    """A demo model saved only at its last step (or on a single Ctrl-C): a crash, a SIGKILL or a second Ctrl-C lost
+    every step it had trained (the 300 default steps: 10-40 min on 2 cores). Both models now save every 50 steps,
+    keeping the last checkpoint alone; the cadence is no trajectory flag, so a demo started without it (an older
+    version's) continues and a finished one stays done."""
+    from nanochat.train_resume import TRAJECTORY_KEYS
+    from scripts.results import SAME_RUN_IGNORED_ARGS
+
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    trained = ran(env["FAKE_LOG"], "scripts.base_train")
+    assert len(trained) == 2 and all(" --save-every 50 --keep-last 1 " in line for line in trained), trained
+    assert "save_every" not in TRAJECTORY_KEYS and "save_every" in SAME_RUN_IGNORED_ARGS
+
+
 @pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5"),
                                         ("DEMO_DTYPE", "bf16")])
 def test_a_bad_override_stops_before_any_step(fake_speedrun, name, value):
