@@ -207,7 +207,7 @@ cpu_demo() {
         finished "$root/mome"
     fi
     step python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \
-        --title "CPU demo: tiny Base vs tiny MoME (embedded corpus, bundle: $bundle)"
+        --title "CPU demo: tiny Base vs tiny MoME (embedded corpus, $dtype, bundle: $bundle)"
     echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
 }
 
