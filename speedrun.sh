@@ -86,6 +86,14 @@ step() {
     child=""
     # a step stopped by the signal exits non-zero (base_train saves and exits 0: the demo's finished() says where)
     [ "$rc" = 0 ] || [ -z "$stopped" ] || stop_here "during $name"
+    # killed by a signal this script did not get: the OOM killer's SIGKILL, a kill of the step alone, or a second
+    # Ctrl-C where this script started with SIGINT ignored (`bash speedrun.sh &` in a script), so no trap was set
+    local sig
+    if [ "$rc" -gt 128 ] && sig="$(kill -l "$rc" 2>/dev/null)"; then
+        echo "[speedrun] ${demo:-speedrun} stopped: $name was killed by SIG$sig (exit $rc): run 'bash speedrun.sh'" \
+             "again to continue" >&2
+        exit "$rc"
+    fi
     return "$rc"
 }
 stop_here() {

@@ -360,6 +360,8 @@ elif module == "scripts.base_train":
     run, got = Path(flag("--run-dir")), []
     if os.environ.get("FAKE_TRAIN_EXIT"):  # a refusal before training, with nothing written (bad data, say)
         sys.exit(int(os.environ["FAKE_TRAIN_EXIT"]))
+    if os.environ.get("FAKE_TRAIN_KILL"):  # killed by a signal speedrun.sh did not get (the OOM killer's SIGKILL)
+        os.kill(os.getpid(), getattr(signal, os.environ["FAKE_TRAIN_KILL"]))
     if (run / "checkpoints").is_dir() and (run / "summary.json").is_file() and "--num-iterations" in args:
         saved = json.loads((run / "summary.json").read_text())["flags"]
         was, now = saved[saved.index("--num-iterations") + 1], flag("--num-iterations")
@@ -677,6 +679,22 @@ def test_the_demo_models_checkpoint_every_50_steps_and_older_demos_still_continu
     trained = ran(env["FAKE_LOG"], "scripts.base_train")
     assert len(trained) == 2 and all(" --save-every 50 --keep-last 1 " in line for line in trained), trained
     assert "save_every" not in TRAJECTORY_KEYS and "save_every" in SAME_RUN_IGNORED_ARGS
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
+def test_a_step_killed_by_a_signal_speedrun_did_not_get_says_so(fake_speedrun, sig):
+    """A step killed by a signal that speedrun.sh itself did not get (the OOM killer's SIGKILL; a second Ctrl-C where
+    speedrun.sh was started with SIGINT ignored, as `bash speedrun.sh &` in a script starts it, so its trap is never
+    set and base_train aborts on its own) ended the demo with the step's exit status and no word from speedrun.sh.
+    It now names the step and the signal."""
+    repo, env = fake_speedrun
+    proc = start_speedrun(repo, env, FAKE_TRAIN_KILL=sig)
+    out, err = proc.communicate(timeout=20)
+    code = 128 + getattr(signal, sig)
+    assert proc.returncode == code, (proc.returncode, err)
+    assert f"[speedrun] CPU demo stopped: scripts.base_train was killed by {sig} (exit {code}): run 'bash " \
+           "speedrun.sh' again to continue" in err, err
+    assert len(ran(env["FAKE_LOG"], "scripts.base_train")) == 1
 
 
 @pytest.mark.parametrize("name,value", [("DEMO_STEPS", "abc"), ("DEMO_STEPS", "0"), ("DEMO_CORE_MAX", "1.5"),
