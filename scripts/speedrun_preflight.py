@@ -168,7 +168,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     so that a run finished by hand with --resume, or on another GPU count, is not evaluated again.
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
-    from nanochat.cli_types import recorded_args_now
+    from nanochat.cli_types import recorded_args, recorded_args_now
     from nanochat.report import read_json, unfinished
     from nanochat.train_args import parse_args
     from nanochat.train_resume import read_old_records
@@ -177,7 +177,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     problem = unfinished(run_dir)
     if problem:
         return problem
-    saved = (read_json(run_dir / "config.json") or {}).get("args") or {}  # "args": null is no flags either
+    saved = recorded_args(read_json(run_dir / "config.json"))
     args = parse_args(train_flags)
     with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
         read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0
