@@ -173,7 +173,7 @@ class PackedDataLoader:
             return self.remaining[1][self.rank::self.world_size]
         return self._epoch_perm(epoch)[self.rank::self.world_size]
 
-    def repartition(self, old_states: list[dict]) -> dict:
+    def repartition(self, old_states: list[dict]) -> str:
         """Continue from the states of a run with another world size (``--resume-new-world-size``).
 
         ``old_states[r]`` is old rank r's ``state_dict()``. Let E be the newest epoch an old rank is in. The new
@@ -186,7 +186,7 @@ class PackedDataLoader:
         Lost for good (the old streams cannot be continued token for token with another number of ranks): the
         documents in the old ranks' packing buffers and the unread rest of the row groups they were reading,
         which count as read. Carried-over units are read with epoch E's document order (one list per loader keeps
-        the state format). Returns a summary."""
+        the state format). Returns a one-line summary for the log."""
         for key in ("seed", "seq_len", "files"):
             mine = {"seed": self.seed, "seq_len": self.seq_len, "files": list(self.file_names)}[key]
             if any(s.get(key) != mine for s in old_states):
@@ -210,7 +210,7 @@ class PackedDataLoader:
         self.remaining = (epoch, np.array(left, dtype=np.int64))
         self.cursor = (epoch, 0, 0)
         self.packer = BestFitPacker(self.packer.row_len, self.packer.buffer_docs)
-        return {"epoch": epoch, "units_left": len(left), "units_carried_over": carried}
+        return f"epoch {epoch}, {len(left)} units left to read ({carried} carried over from earlier epochs)"
 
     def _old_units(self, old_state: dict, epoch: int) -> np.ndarray:
         """The unit list the old ranks striped in ``epoch``: their ``remaining`` list (the same on every old rank,

@@ -258,13 +258,14 @@ class SyntheticLoader:
                                  f"{mine[key]!r}; exact resume needs the same layout")
         self.count = int(state["count"])
 
-    def repartition(self, old_states: list[dict]) -> dict:
-        """Continue after a world-size change: skip past every row the old ranks consumed (see the class doc)."""
+    def repartition(self, old_states: list[dict]) -> str:
+        """Continue after a world-size change: skip past every row the old ranks consumed (see the class doc).
+        Returns a one-line summary for the log."""
         if any(s.get("seed") != self.seed or s.get("seq_len") != self.T for s in old_states):
             raise ValueError("synthetic loader state has another --data-seed or seq len than this run")
         consumed = max(int(s["count"]) * int(s["world_size"]) * int(s["batch_size"]) for s in old_states)
         self.count = math.ceil(consumed / (self.world_size * self.B))
-        return {"rows_consumed": consumed, "count": self.count}
+        return f"{consumed} rows already read; continuing at batch {self.count}"
 
 
 def synthetic_eval_rows(vocab_size: int, seq_len: int, num_tokens: int, seed: int) -> torch.Tensor:

@@ -29,3 +29,23 @@ def test_passes_continue_across_a_world_size_change(new_world, synthetic_dir, ti
             seen.append(dl.passes())
         dl.close()
         assert seen == sorted(seen) and 1 <= seen[-1] < 2, seen
+
+
+def test_repartition_says_what_is_left_in_words(synthetic_dir, tiny_tokenizer):
+    """base_train prints repartition()'s summary after "data order re-partitioned": a sentence, not a dict. 2 ranks
+    that each read 2 of their 6 units leave 8 of the 12 units of epoch 0, none carried from an earlier epoch."""
+    old = [loader(synthetic_dir, tiny_tokenizer, rank=r, world_size=2, seed=7) for r in range(2)]
+    for dl in old:
+        dl.cursor = (0, 2, 0)
+    dl = loader(synthetic_dir, tiny_tokenizer, rank=0, world_size=1, seed=7)
+    assert dl.repartition([o.state_dict() for o in old]) == "epoch 0, 8 units left to read (0 carried over from " \
+                                                             "earlier epochs)"
+    dl.close()
+
+
+def test_synthetic_repartition_says_where_it_continues():
+    from nanochat.train_loop import SyntheticLoader
+    old = SyntheticLoader(256, 4, 8, seed=3, rank=0, world_size=2)
+    old.count = 5  # 5 batches of 4 rows on each of 2 ranks: 40 rows read
+    new = SyntheticLoader(256, 4, 8, seed=3, rank=0, world_size=1)
+    assert new.repartition([old.state_dict()]) == "40 rows already read; continuing at batch 10"
