@@ -4,25 +4,26 @@
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 
 from conftest import REPO
+from runner_inprocess import run_main
 
 FAST = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024",
         "--eval-every", "-1", "--eval-tokens", "2048", "--no-final-core", "--no-final-train-bpb", "--save-every", "-1",
         "--dtype", "float32"]
 
 
-def runner(args: list[str], cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "scripts.run", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+@pytest.fixture
+def runner(capsys, monkeypatch):
+    """`python -m scripts.run ARGS` from ``cwd``, the runner in this process (runner_inprocess) and its base_train
+    in a process of its own: the paths tested are the ones the runner resolves and base_train is given, which one
+    Python start fewer per launch (a torch import) does not change."""
+    return lambda args, cwd: run_main(args, capsys, monkeypatch, cwd)
 
 
-def test_a_relative_runs_root_is_the_callers_for_the_runner_and_base_train(tmp_path):
+def test_a_relative_runs_root_is_the_callers_for_the_runner_and_base_train(tmp_path, runner):
     config = os.path.relpath(REPO / "configs" / "mini" / "base.toml", tmp_path)  # relative to the caller, too
     done = runner([config, "--runs-root", "rr", "--", *FAST, "--num-iterations", "2"], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -36,7 +37,7 @@ def test_a_relative_runs_root_is_the_callers_for_the_runner_and_base_train(tmp_p
     assert again.returncode == 0 and "not overwriting" in again.stdout, again.stdout + again.stderr
 
 
-def test_path_flags_after_the_separator_are_resolved_where_they_were_typed(tmp_path):
+def test_path_flags_after_the_separator_are_resolved_where_they_were_typed(tmp_path, runner):
     planned = runner(["configs/mini/base.toml", "--plan", "--runs-root", "rr", "--", "--data-dir", "d",
                       "--tokenizer-dir=t", "--bundle", "../b", "--init-from", "runs/x:5", "--bundle=/abs/b"], REPO)
     assert planned.returncode == 0, planned.stderr
@@ -50,7 +51,7 @@ def test_path_flags_after_the_separator_are_resolved_where_they_were_typed(tmp_p
 
 @pytest.mark.parametrize("flag, instead", [("--run-dir", "--runs-root"), ("--seed", "--seeds"),
                                            ("--config", "the config"), ("--run-name", "<table>_<row>_seed<N>")])
-def test_flags_the_runner_sets_itself_are_refused_after_the_separator(tmp_path, flag, instead):
+def test_flags_the_runner_sets_itself_are_refused_after_the_separator(tmp_path, flag, instead, runner):
     """base_train takes the last of a repeated flag: the user's would replace the runner's (a seed 7 trained into
     seed42/, or a run dir the runner neither locks nor checks)."""
     done = runner(["configs/mini/base.toml", "--plan", "--", flag, "7"], REPO)
@@ -66,7 +67,7 @@ def test_a_home_relative_path_after_the_separator_is_expanded(tmp_path, monkeypa
         f"--tokenizer-dir={tmp_path / 'tok'}", "--data-dir", str(tmp_path / "d")]
 
 
-def test_a_home_relative_runs_root_is_expanded_for_base_train_as_for_the_afresh_command(tmp_path, monkeypatch):
+def test_a_home_relative_runs_root_is_expanded_for_base_train_as_for_the_afresh_command(tmp_path, monkeypatch, runner):
     """--runs-root=~/rr (no shell expands ~ after an =): the commands used <cwd>/~/rr while the afresh command
     named ~/rr expanded, so the two meant different folders."""
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -1,14 +1,12 @@
 """A seed that scripts.run continues (it adds --resume auto itself) refused for a changed flag: base_train's way
 forward must be one that a scripts.run user can follow, and following it must work."""
 
-import os
 import re
 import shlex
-import subprocess
-import sys
 
 from conftest import REPO
 from nanochat import checkpoint as ckpt
+from runner_inprocess import run_main
 
 FAST = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024",
         "--eval-every", "-1", "--eval-tokens", "2048", "--no-final-core", "--no-final-train-bpb", "--save-every", "-1",
@@ -16,15 +14,17 @@ FAST = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--max-seq-le
 STOP = ["--max-wall-time-seconds", "0.001"]  # the set-up alone outlasts it: each launch stops unfinished at one step
 
 
-def launch(args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2", "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_a_refused_resume_under_scripts_run_names_ways_forward_that_work(tmp_path):
+def test_a_refused_resume_under_scripts_run_names_ways_forward_that_work(tmp_path, capsys, monkeypatch):
+    """The runner runs in this process (runner_inprocess: main(argv), read back as its process would end), each
+    base_train in a process of its own, as the runner starts it: the runner's second Python start would add a torch
+    import to each of the four launches and test nothing here."""
     runs = tmp_path / "runs"
     seed = runs / "mini" / "base" / "seed42"
-    row = ["-m", "scripts.run", "configs/mini/base.toml", "--runs-root", str(runs), "--"]
+    row = ["configs/mini/base.toml", "--runs-root", str(runs), "--"]
+
+    def launch(argv):
+        return run_main(argv, capsys, monkeypatch, cwd=REPO, omp_threads="2")
+
     first = launch([*row, *FAST, "--num-iterations", "6", *STOP])
     assert first.returncode == 1 and "stopped at its wall-time limit" in first.stderr, first.stdout + first.stderr
     assert ckpt.list_steps(seed) == [1]
@@ -45,7 +45,7 @@ def test_a_refused_resume_under_scripts_run_names_ways_forward_that_work(tmp_pat
     assert ckpt.list_steps(seed)[-1] == 2
 
     command = re.search(r"run: (python -m scripts\.run .*)\n", changed.stdout).group(1)
-    fresh = launch(shlex.split(command)[1:])
+    fresh = launch(shlex.split(command)[3:])  # after "python -m scripts.run"
     assert fresh.returncode == 1 and "--overwrite: deleted the previous run" in fresh.stdout, fresh.stderr
     assert ckpt.list_steps(seed) == [1]
     assert ckpt.load_meta(seed, 1)["config"]["plan"]["num_iterations"] == 7
