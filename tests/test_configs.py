@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 from nanochat.row_config import check_row_config, find_configs, load_row_config, tomllib
 from nanochat.memory.slot_map import write_slot_map
+from runner_inprocess import run_main
 
 CONFIGS = find_configs()
 TABLES = {"d12": 9, "d12_scaling": 16, "d12_compound": 8, "d24": 9, "mini": 5, "families": 14, "families_mini": 8,
@@ -268,9 +269,12 @@ def test_family_rows_bb_avg_is_the_mean_of_the_six_bigbench_tasks():
         assert len(bb) == 6 and abs(sum(bb) / 6 - cfg["paper"]["bb_avg"]) < 0.006, cfg["row"]["name"]
 
 
-def _run(args, **kw):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, **kw)
+@pytest.fixture
+def plan(capsys, monkeypatch):
+    """`python -m scripts.run ARGS` from the repo root, in this process (runner_inprocess): a --plan starts no
+    base_train, and its own Python start (a torch import) is no part of what these tests check. The test of a
+    Python without torch below keeps its process."""
+    return lambda args: run_main(args, capsys, monkeypatch, cwd=REPO)
 
 
 def test_plan_needs_no_torch_and_lists_one_command_per_seed(tmp_path):
@@ -294,9 +298,8 @@ def test_plan_needs_no_torch_and_lists_one_command_per_seed(tmp_path):
     assert "grad accum 2" in r.stdout  # 524288 / (4 x 32 x 2048)
 
 
-def test_hardware_overrides_keep_total_batch():
-    r = _run(["-m", "scripts.run", "configs/d12/base.toml", "--plan", "--seeds", "7", "--nproc-per-node", "8",
-              "--device-batch-size", "16"])
+def test_hardware_overrides_keep_total_batch(plan):
+    r = plan(["configs/d12/base.toml", "--plan", "--seeds", "7", "--nproc-per-node", "8", "--device-batch-size", "16"])
     assert r.returncode == 0, r.stderr
     assert "grad accum 2" in r.stdout and "--device-batch-size 16" in r.stdout and "--nproc_per_node=8" in r.stdout
     assert r.stdout.count("scripts.base_train") == 1 and "--total-batch-size" not in r.stdout  # comes from the config
@@ -307,8 +310,8 @@ def test_hardware_overrides_keep_total_batch():
     (["--seeds", ""], "--seeds"), (["--nproc-per-node", "0"], "--nproc-per-node"),
     (["--device-batch-size", "0"], "--device-batch-size"), (["--device-batch-size", "3"], "not divisible"),
 ])
-def test_runner_rejects_bad_inputs(argv, msg):
-    r = _run(["-m", "scripts.run", "configs/d12/base.toml", "--plan", *argv])
+def test_runner_rejects_bad_inputs(argv, msg, plan):
+    r = plan(["configs/d12/base.toml", "--plan", *argv])
     assert r.returncode == 2 and msg in r.stderr, r.stderr
 
 
@@ -359,21 +362,19 @@ def test_grouped_dry_run_needs_no_slot_map_but_a_real_run_does(tmp_path, capsys)
         model(torch.zeros(1, 4, dtype=torch.long))
 
 
-def test_plan_shows_the_resume_flag_and_checks_batch_flags_given_after_the_separator():
-    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--", "--device-batch-size", "8"])
+def test_plan_shows_the_resume_flag_and_checks_batch_flags_given_after_the_separator(plan):
+    r = plan(["configs/mini/base.toml", "--plan", "--", "--device-batch-size", "8"])
     assert r.returncode == 0, r.stderr
     assert "device batch 8, grad accum 2" in r.stdout  # 4096 / (8 x 256)
     cmd = r.stdout.splitlines()[1]
     assert cmd.count("--device-batch-size") == 1 and "--device-batch-size 8" in cmd and cmd.endswith("--resume auto")
-    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--nproc-per-node", "2", "--plan", "--",
-              "--total-batch-size", "8192"])
+    r = plan(["configs/mini/base.toml", "--nproc-per-node", "2", "--plan", "--", "--total-batch-size", "8192"])
     assert r.returncode == 0 and "grad accum 1" in r.stdout and "--total-batch-size=8192" in r.stdout, r.stderr
-    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--", "--max-seq-len", "100"])
+    r = plan(["configs/mini/base.toml", "--plan", "--", "--max-seq-len", "100"])
     assert r.returncode == 2 and "not divisible" in r.stderr and "seq 100" in r.stderr
-    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--", "--overwrite"])
+    r = plan(["configs/mini/base.toml", "--plan", "--", "--overwrite"])
     assert r.returncode == 0 and "--resume" not in r.stdout and r.stdout.splitlines()[1].endswith("--overwrite")
-    r = _run(["-m", "scripts.run", "configs/mini/base.toml", "--plan", "--device-batch-size", "4", "--",
-              "--device-batch-size", "8"])
+    r = plan(["configs/mini/base.toml", "--plan", "--device-batch-size", "4", "--", "--device-batch-size", "8"])
     assert r.returncode == 2 and "given both" in r.stderr
 
 
