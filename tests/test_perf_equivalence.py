@@ -316,11 +316,13 @@ def test_token_only_logits_from_prepare_equal_a_per_layer_lookup(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("mix,table_sized", [("plain", 7), ("row", 1)])
+@pytest.mark.parametrize("mix,table_sized", [("plain", 3), ("row", 1)])
 def test_compiled_backward_builds_one_shared_table_gradient_with_row_mix(mix, table_sized, monkeypatch):
     """The graph torch.compile hands to inductor (AOT autograd's backward, captured without compiling it): with
-    4 memory layers reading the shared bigram-indexed table, the plain mix makes 4 table-sized gradients and 3
-    table-sized sums; the row mix one table-sized gradient. Structure, not timing (bench/train_step.py times it)."""
+    2 memory layers reading the shared bigram-indexed table, the plain mix makes 2 table-sized gradients and their
+    table-sized sum; the row mix one table-sized gradient. Structure, not timing (bench/train_step.py times it).
+    Two layers, not four (4 gradients and 3 sums): the same per-layer count for half the trace (~4 s against ~9 s
+    a case on this session's 2-core box)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -334,7 +336,7 @@ def test_compiled_backward_builds_one_shared_table_gradient_with_row_mix(mix, ta
         return compiler
 
     model = build_model(tiny_config(memory="mome", memory_options={"index": "bigram", "bigram_factor": 2},
-                                    n_layer=4, memory_layers=(0, 1, 2, 3)), seed=0)
+                                    n_layer=2, memory_layers=(0, 1)), seed=0)
     model.train()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")),
@@ -346,7 +348,7 @@ def test_compiled_backward_builds_one_shared_table_gradient_with_row_mix(mix, ta
     sized = [node.target for node in graphs["bw"].graph.nodes if node.op == "call_function"
              and getattr(node.meta.get("val"), "shape", None) is not None and node.meta["val"].numel() == n]
     assert len(sized) == table_sized, sized
-    assert sum(t == torch.ops.aten.embedding_dense_backward.default for t in sized) == (4 if mix == "plain" else 1)
+    assert sum(t == torch.ops.aten.embedding_dense_backward.default for t in sized) == (2 if mix == "plain" else 1)
     assert model.memory.table.weight.grad is not None
 
 
