@@ -7,6 +7,7 @@ import sys
 
 from conftest import REPO
 from data_fixtures import TINY_VOCAB
+from runner_inprocess import run_main
 from scripts import base_eval, plot, results, run, sample
 
 TINY = ["--depth", "2", "--max-seq-len", "64", "--total-batch-size", "1024", "--num-iterations", "6",
@@ -19,19 +20,25 @@ def _run(args, tmp_path):
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_two_mini_rows_to_results_and_plot(tmp_path, capsys, kernel_globals, embedded_data_dir, tiny_tokenizer_dir):
+def test_two_mini_rows_to_results_and_plot(tmp_path, capsys, monkeypatch, kernel_globals, embedded_data_dir,
+                                          tiny_tokenizer_dir):
     runs = tmp_path / "runs"
     data = ["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tiny_tokenizer_dir), "--vocab-size", str(TINY_VOCAB)]
     for row in ("base", "mome_c1_m4"):
-        r = _run(["-m", "scripts.run", f"configs/mini/{row}.toml", "--runs-root", str(runs), "--", *TINY, *data], tmp_path)
+        argv = [f"configs/mini/{row}.toml", "--runs-root", str(runs), "--", *TINY, *data]
+        # the base row is the CLI end to end (runner process -> base_train process); the MoME row's runner runs in
+        # this process (runner_inprocess), its base_train still a process of its own: one torch import fewer
+        if row == "base":
+            r = _run(["-m", "scripts.run", *argv], tmp_path)
+        else:
+            r = run_main(argv, capsys, monkeypatch, cwd=REPO, omp_threads="2")
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         summary = json.loads((runs / "mini" / row / "seed42" / "summary.json").read_text())
         assert summary["step"] == 6 and summary["stop_reason"] == "completed"
         assert 0 < summary["val_bpb"] < 20 and 0 < summary["train_bpb"] < 20
         assert summary["core_label"].startswith("CORE-")  # the shipped subset lacks coqa: labelled honestly
-    # the checkpoint records its tokenizer and data: sampling and evaluation need no extra flags. The row runs
-    # above are the CLI end to end (runner process -> base_train process); the tools after them run in this
-    # process (their main(argv), as `python -m` calls it; each subprocess cost a torch import, ~2 s of CPU)
+    # the checkpoint records its tokenizer and data: sampling and evaluation need no extra flags. The tools run in
+    # this process (their main(argv), as `python -m` calls it; each subprocess cost a torch import, ~2 s of CPU)
     mome_run = runs / "mini" / "mome_c1_m4" / "seed42"
     capsys.readouterr()
     assert sample.main(["--run", str(mome_run), "--prompt", "The king", "--max-tokens", "5", "--temperature", "0"]) == 0
