@@ -204,14 +204,20 @@ def config_from_dict(d: dict):
     return cls(**d)
 
 
-class _NoNormalOnMeta(torch.overrides.TorchFunctionMode):
-    """normal_ on a meta tensor (nn.Embedding's default init) is a no-op here: it runs torch's Python reference,
-    whose wrapper imports torch._dynamo (~2.5 s of CPU in a process that never compiles: a dry run, an eval), and
-    a meta tensor holds no values anyway (init_weights sets every one after to_empty)."""
+# torch's random inits of nn.Linear (kaiming_uniform_, then uniform_ for a bias) and nn.Embedding (normal_)
+_RANDOM_INITS = (torch.nn.init.normal_, torch.Tensor.normal_, torch.nn.init.kaiming_uniform_, torch.nn.init.uniform_,
+                 torch.Tensor.uniform_)
+
+
+class _NoRandomInitOnMeta(torch.overrides.TorchFunctionMode):
+    """torch's random inits on a meta tensor are no-ops here: a meta tensor holds no values (init_weights sets every
+    one after to_empty), and on meta they run torch's Python references: normal_'s wrapper imports torch._dynamo
+    (~2.5 s of CPU in a process that never compiles: a dry run, an eval), and nn.Linear's kaiming_uniform_ took ~5
+    of the 18 s of a --plan check of every config row."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+        if func in _RANDOM_INITS:
             tensor = args[0] if args else kwargs["tensor"]
             if tensor.is_meta:
                 return tensor
@@ -220,7 +226,7 @@ class _NoNormalOnMeta(torch.overrides.TorchFunctionMode):
 
 @contextmanager
 def meta_device():
-    with torch.device("meta"), _NoNormalOnMeta():
+    with torch.device("meta"), _NoRandomInitOnMeta():
         yield
 
 

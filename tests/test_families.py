@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from nanochat.engine import generate, generate_uncached
-from nanochat.families import build_model, config_from_dict, family_of, model_summary, param_groups
+from nanochat.gpt import GPTConfig
+from nanochat.families import build_model, config_from_dict, family_of, meta_device, model_summary, param_groups
 from nanochat.kv_cache import KVCache
 from nanochat.llama import LlamaConfig, llama_ffn_hidden
 from nanochat.optim import MuonAdamW, OptimConfig
@@ -428,3 +429,23 @@ def test_importing_building_and_training_models_leaves_the_compiler_unloaded():
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_a_meta_build_runs_no_random_init():
+    """A model built on the meta device (dry runs, --plan's per-row checks, model_summary) holds no values, and
+    init_weights sets every one after to_empty: torch's random inits there (nn.Linear's kaiming_uniform_ and
+    uniform_, nn.Embedding's normal_) are skipped, not run as Python references (~5 of the 18 s of a full --plan
+    check of every config row, profiled). Counted by a TorchFunctionMode beneath meta_device's: it sees what reaches
+    torch."""
+    seen = []
+
+    class Count(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    config = GPTConfig(sequence_len=16, vocab_size=64, n_layer=2, n_head=2, n_kv_head=2, n_embd=32, memory="mome")
+    with Count(), meta_device():
+        model = family_of(config).model_cls(config)
+    assert all(p.is_meta for p in model.parameters())
+    assert not [name for name in seen if "uniform" in name or "normal" in name], sorted(set(seen))
