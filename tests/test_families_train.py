@@ -148,21 +148,40 @@ def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
     assert (tmp_path / "fam.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("family", [["--model-type", "qwen3", "--head-dim", "32", "--memory", "stem"],
-                                    ["--model-type", "mobilellm", "--memory", "mome", "--mome-slots", "3",
-                                     "--mome-topk", "1", "--mome-router-input", "value", "--no-tie-embeddings"]],
-                         ids=["qwen3_stem", "mobilellm_mome_value_untied"])
-def test_two_process_torchrun_matches_one_process(tmp_path, family):
-    """The sharded MuonAdamW (row-sharded STEM/MoME tables, GQA matrices, untied head) under 2 gloo ranks."""
+TWO_PROCESS_FAMILIES = {
+    "qwen3_stem": ["--model-type", "qwen3", "--head-dim", "32", "--memory", "stem"],
+    "mobilellm_mome_value_untied": ["--model-type", "mobilellm", "--memory", "mome", "--mome-slots", "3",
+                                    "--mome-topk", "1", "--mome-router-input", "value", "--no-tie-embeddings"]}
+
+
+def _two_process_args(family: str) -> list[str]:
+    return [*TINY, "--device-batch-size", "2", "--num-iterations", "3", *TWO_PROCESS_FAMILIES[family]]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """{family: run dir} of each TWO_PROCESS_FAMILIES run on 2 gloo ranks, all in one torchrun launch (one start-up,
+    ~5 s of the 2 CI cores, for every family; each run has its own process group, as in a launch of its own)."""
     from conftest import REPO, run_torchrun
 
-    args = [*TINY, "--device-batch-size", "2", "--num-iterations", "3", *family]
+    tmp = tmp_path_factory.mktemp("families_w2")
+    argv = []
+    for family in TWO_PROCESS_FAMILIES:
+        argv += [*(["--next-run"] if argv else []), *_two_process_args(family), "--run-dir", str(tmp / family)]
+    r = run_torchrun(REPO / "tests" / "_train_runs_worker.py", 2, argv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {family: tmp / family for family in TWO_PROCESS_FAMILIES}
+
+
+@pytest.mark.parametrize("family", list(TWO_PROCESS_FAMILIES))
+def test_two_process_torchrun_matches_one_process(tmp_path, two_process_runs, family):
+    """The sharded MuonAdamW (row-sharded STEM/MoME tables, GQA matrices, untied head) under 2 gloo ranks."""
+    args = _two_process_args(family)
     # the 1-process reference in this process (a 1-process torchrun start-up costs ~8 s of the 2 CI cores); its
     # 2 threads vs the workers' 1 change summation order only, as the reduce-scatter does
     assert base_train.main([*args, "--run-dir", str(tmp_path / "w1")]) == 0
-    r = run_torchrun(REPO / "scripts" / "base_train.py", 2, [*args, "--run-dir", str(tmp_path / "w2")])
-    assert r.returncode == 0, r.stderr[-3000:]
-    runs = {nproc: _losses(tmp_path / f"w{nproc}") for nproc in (1, 2)}
+    runs = {1: _losses(tmp_path / "w1"), 2: _losses(two_process_runs[family])}
+    assert json.loads((two_process_runs[family] / "plan.json").read_text())["world_size"] == 2
     assert runs[1].keys() == runs[2].keys() == {1, 2, 3}
     for s in runs[1]:
         assert abs(runs[1][s] - runs[2][s]) < 1e-5, (s, runs[1][s], runs[2][s])

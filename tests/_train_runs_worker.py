@@ -1,0 +1,51 @@
+"""torchrun worker: scripts.base_train.main on each argument list in turn, in one launch (a torchrun start-up costs
+more of the CI's 2 cores than a tiny run: ~2 s for the launcher's torch import, ~2.5 s for each worker's). The lists
+are separated by ``--next-run``. Each run initializes its own process group and destroys it at its end, as one launch
+per run would, and each after the first on a key-value store of its own (hosted by rank 0 on a port it posts to
+torchrun's store): a group re-created on the same store reads the last group's keys (gloo's addresses, nanochat's
+agreements) and fails or agrees on stale words. Exits with the first non-zero code (the runs after it are not
+started)."""
+
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from scripts import base_train
+
+AGENT_PORT = int(os.environ["MASTER_PORT"])  # torchrun's store (each later run's MASTER_PORT is its own store's)
+
+
+def split_runs(argv: list[str]) -> list[list[str]]:
+    runs = [[]]
+    for arg in argv:
+        if arg == "--next-run":
+            runs.append([])
+        else:
+            runs[-1].append(arg)
+    return runs
+
+
+def use_a_store_of_its_own(run: int) -> None:
+    """Point env:// at a fresh store for run number ``run`` (rank 0 hosts it, as env:// does without torchrun)."""
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], AGENT_PORT, is_master=False,
+                          timeout=timedelta(seconds=120))
+    key = f"train_runs_worker/{run}/port"
+    if os.environ["RANK"] == "0":
+        with socket.socket() as s:  # a free port (released here; TCPStore binds it again at once)
+            s.bind((os.environ["MASTER_ADDR"], 0))
+            port = s.getsockname()[1]
+        agent.set(key, str(port))
+    os.environ["MASTER_PORT"] = agent.get(key).decode()
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+
+
+if __name__ == "__main__":
+    for number, argv in enumerate(split_runs(sys.argv[1:])):
+        if number:
+            use_a_store_of_its_own(number)
+        code = base_train.main(argv)
+        if code:
+            sys.exit(code)
