@@ -184,19 +184,34 @@ def test_eval_rows_independent_of_world_and_batch_size(embedded_data_dir, tiny_t
             build_eval_rows(embedded_data_dir, split, tiny_tokenizer, 128, 10**9)
 
 
-@pytest.mark.parametrize("split,seed", [("val", None), ("train", 3)])
+EVAL_ROWS_CASES = [("val", None), ("train", 3)]
+STOP_ROUNDS = "0,2"
+
+
+@pytest.fixture(scope="module")
+def eval_rows_launch(embedded_data_dir, tiny_tokenizer_dir, tmp_path_factory):  # noqa: F811
+    """One 2-rank torchrun (tests/_eval_rows_worker.py) for the eval-rows tests below: the rows of each
+    EVAL_ROWS_CASES case (rows_<split>.pt) and the signal scenarios of STOP_ROUNDS (stops.json), one after the other
+    in one process group (each torchrun start-up costs ~5 s of the 2 CI cores)."""
+    from conftest import REPO, run_torchrun
+
+    tmp = tmp_path_factory.mktemp("eval_rows")
+    cases = [f"{tmp / f'rows_{split}.pt'}" + (f",{split},{seed}" if seed else "") for split, seed in EVAL_ROWS_CASES]
+    r = run_torchrun(REPO / "tests" / "_eval_rows_worker.py", 2, [str(embedded_data_dir), str(tiny_tokenizer_dir),
+                                                                   *cases, "--stops", STOP_ROUNDS,
+                                                                   str(tmp / "stops.json")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp
+
+
+@pytest.mark.parametrize("split,seed", EVAL_ROWS_CASES)
 def test_eval_rows_tokenized_across_ranks_equal_one_process(split, seed, embedded_data_dir, tiny_tokenizer_dir,
-                                                            tmp_path):
+                                                            eval_rows_launch):
     """2 gloo ranks split the tokenization (each ~half the documents) and pack exactly the 1-process rows: the val
     rows, and the train bpb rows (the documents a loader of the seed reads first)."""
-    from conftest import REPO, run_torchrun
     from nanochat.tokenizer import Tokenizer
 
-    out = tmp_path / "rows.pt"
-    r = run_torchrun(REPO / "tests" / "_eval_rows_worker.py", 2, [str(embedded_data_dir), str(tiny_tokenizer_dir),
-                                                                   str(out), *([split, str(seed)] if seed else [])])
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = torch.load(out)
+    res = torch.load(eval_rows_launch / f"rows_{split}.pt")
     one = build_eval_rows(embedded_data_dir, split, Tokenizer.load(tiny_tokenizer_dir), 128, 20000,
                           first_read_seed=seed)
     assert torch.equal(res["rows"], one)
@@ -323,20 +338,14 @@ def test_open_parquet_files_are_bounded(tmp_path):
     assert all(index.read(u) == index.read(u) for u in range(4))  # reopening a closed file reads the same rows
 
 
-def test_a_signal_while_a_split_is_tokenized_stops_every_rank_after_that_round(embedded_data_dir,  # noqa: F811
-                                                                                tiny_tokenizer_dir, tmp_path):  # noqa: F811
+def test_a_signal_while_a_split_is_tokenized_stops_every_rank_after_that_round(eval_rows_launch):
     """base_eval builds a split's rows under interrupts_raise: SIGTERM on rank 1 while it tokenizes round 2 (of
     many: chunks of 4 documents here) ends the tokenization on both ranks right after that round's exchange, with
-    the same Interrupted, not after the whole split. Without a signal every rank runs every round. One torchrun."""
+    the same Interrupted, not after the whole split. Without a signal every rank runs every round. One torchrun
+    (eval_rows_launch's, shared with the eval-rows tests above)."""
     import json
 
-    from conftest import REPO, run_torchrun
-
-    out = tmp_path / "stops.json"
-    r = run_torchrun(REPO / "tests" / "_eval_rows_stop_worker.py", 2,
-                     [str(embedded_data_dir), str(tiny_tokenizer_dir), "0,2", str(out)])
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = json.loads((eval_rows_launch / "stops.json").read_text())
     (rounds0, done0), (rounds1, done1) = res["0"]
     assert done0 == done1 == "finished" and rounds0 == rounds1 > 4, res
     assert res["2"] == [[2, "SIGTERM"], [2, "SIGTERM"]]
