@@ -12,53 +12,82 @@ what every rank got from it), collective counts/bytes per step, per-rank state s
 the grad norm, and whether the gradient hooks launched every bucket during backward.
 Several OUT[,LOAD] runs go one after the other in one process group (each from a fresh model and optimizer): a
 torchrun start-up costs more than such a run on the CI's 2 cores. Every FutureWarning the runs raise is recorded
-in OUT (torch 2.13 deprecated the collectives' old names: a warning on every rank, every run). With
-SHARD_WORKER_OLD_NAMES=1 torch.distributed lacks their new names, as torch before 2.13 does.
+in OUT (torch 2.13 deprecated the collectives' old names: a warning on every rank, every run). The runs after an
+argument ``--old-names`` run where torch.distributed lacks the new names, as in torch before 2.13: the names are
+deleted and nanochat.optim_shard, reloaded, chooses its collectives again, as its import under such a torch does.
+``--grad-order OUT`` (last) runs tests/_grad_order_worker.py's scenario in the same launch, before the
+old-names runs.
 """
+import importlib
 import io
-import os
 import sys
 import warnings
 
 import torch
 import torch.distributed as dist
 
-if os.environ.get("SHARD_WORKER_OLD_NAMES") == "1":  # before optim_shard resolves the names
-    for _new in ("reduce_scatter_single", "all_gather_single"):
-        if hasattr(dist, _new):
-            delattr(dist, _new)
-
-from nanochat import optim_shard  # noqa: E402
-from nanochat.common import compute_cleanup, compute_init  # noqa: E402
-from nanochat.gpt import GPTConfig, build_model  # noqa: E402
-from nanochat.optim import build_optimizer  # noqa: E402
+from nanochat import optim_shard
+from nanochat.common import compute_cleanup, compute_init
+from nanochat.gpt import GPTConfig, build_model
+from nanochat.optim import build_optimizer
 
 VIRTUAL = 4
 STEPS = 3
 
 
-def main(runs: list[tuple]) -> None:
-    """Each (OUT, LOAD or None) of ``runs`` in turn; importable so that the 1-process case runs inside the test
+def count_collectives(calls: dict, counted_names: set) -> None:
+    """Wrap each collective the optimizer issues (under its current names) to count its calls and bytes."""
+    for name in ("all_reduce", optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER):
+        if name in counted_names:
+            continue
+        counted_names.add(name)
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, **kwargs):
+            calls["n"] += 1
+            calls["bytes"] += args[1].numel() * args[1].element_size() if len(args) > 1 else \
+                args[0].numel() * args[0].element_size()
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, counted)
+        setattr(optim_shard.dist, name, counted)
+
+
+def take_the_old_names() -> None:
+    """torch.distributed without the new names (as torch before 2.13), and optim_shard's choice made again."""
+    for new in ("reduce_scatter_single", "all_gather_single"):
+        if hasattr(dist, new):
+            delattr(dist, new)
+    importlib.reload(optim_shard)  # its module code chooses the names; SHARD_MIN_NUMEL is reset too
+
+
+def main(runs: list[tuple], old_name_runs: list[tuple] = (), grad_order_out=None) -> None:
+    """Each (OUT, LOAD or None) of ``runs`` in turn, then the grad-order scenario into ``grad_order_out``, then each
+    of ``old_name_runs`` with the old collective names; importable so that the 1-process case runs inside the test
     (no torchrun start-up)."""
     info, _ = compute_init("cpu")
     W = info.world_size
-    if W > 1:  # (its own process) so the tiny tables and the embeddings take the row-sharded path
-        optim_shard.SHARD_MIN_NUMEL = 1024
+    calls, counted_names = {"n": 0, "bytes": 0}, set()
+    for part, batch in (("new names", runs), ("grad order", grad_order_out), ("old names", old_name_runs)):
+        if not batch:
+            continue
+        if part == "grad order":  # with the new names, as in a launch of its own
+            from _grad_order_worker import grad_order
 
-    calls = {"n": 0, "bytes": 0}
-    if W > 1:  # count every collective the optimizer issues
-        for name in ("all_reduce", optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER):
-            real = getattr(dist, name)
+            grad_order(info.rank, grad_order_out)  # sets SHARD_MIN_NUMEL for its own tables
+            continue
+        if part == "old names":
+            take_the_old_names()
+        if W > 1:  # (its own process) so the tiny tables and the embeddings take the row-sharded path
+            optim_shard.SHARD_MIN_NUMEL = 1024
+            count_collectives(calls, counted_names)  # every collective the optimizer issues
+        run_all(batch, info, W, calls)
+    if dist.is_initialized():
+        dist.barrier()
+    compute_cleanup()
 
-            def counted(*args, _real=real, **kwargs):
-                calls["n"] += 1
-                calls["bytes"] += args[1].numel() * args[1].element_size() if len(args) > 1 else \
-                    args[0].numel() * args[0].element_size()
-                return _real(*args, **kwargs)
 
-            setattr(dist, name, counted)
-            setattr(optim_shard.dist, name, counted)
-
+def run_all(runs, info, W: int, calls: dict) -> None:
     for out_path, load_path in runs:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FutureWarning)  # each one, not once per code line
@@ -70,9 +99,6 @@ def main(runs: list[tuple]) -> None:
         if info.rank == 0:
             names = (optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER)
             torch.save({**result, "future_warnings": future, "collective_names": names}, out_path)
-    if dist.is_initialized():
-        dist.barrier()
-    compute_cleanup()
 
 
 def run(load_path, rank: int, W: int, calls: dict) -> dict:
@@ -141,4 +167,8 @@ def run(load_path, rank: int, W: int, calls: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main([(*arg.split(","), None)[:2] for arg in sys.argv[1:]])
+    args, grad_order_out = sys.argv[1:], None
+    if "--grad-order" in args:
+        args, grad_order_out = args[:args.index("--grad-order")], args[args.index("--grad-order") + 1]
+    old = args.index("--old-names") if "--old-names" in args else len(args)
+    main(*([(*arg.split(","), None)[:2] for arg in part] for part in (args[:old], args[old + 1:])), grad_order_out)

@@ -9,17 +9,19 @@ from conftest import REPO, run_torchrun
 WORKER = REPO / "tests" / "_shard_worker.py"
 
 
-def run(tmp_path, nproc, load=None, then_load=None):
+def run(tmp_path, nproc, load=None, then_load=None, extra=()):
     """The worker on ``nproc`` processes (optionally loading the state dict file ``load``) -> rank 0's result.
-    With ``then_load``, the same launch next runs from that state dict into w<nproc>_loaded.pt (one start-up)."""
+    With ``then_load``, the same launch next runs from that state dict into w<nproc>_loaded.pt (one start-up);
+    ``extra``: the worker's further arguments (--old-names OUT, --grad-order OUT), for the same launch too."""
     out = tmp_path / f"w{nproc}{'_loaded' if load else ''}.pt"
     runs = [(out, load)] + ([(tmp_path / f"w{nproc}_loaded.pt", then_load)] if then_load else [])
     if nproc == 1:  # in this process: no torchrun start-up
         from _shard_worker import main
 
+        assert not extra
         main(runs)
     else:
-        r = run_torchrun(WORKER, nproc, [f"{o},{l}" if l else str(o) for o, l in runs])
+        r = run_torchrun(WORKER, nproc, [*(f"{o},{l}" if l else str(o) for o, l in runs), *map(str, extra)])
         assert r.returncode == 0, r.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
@@ -40,10 +42,13 @@ def assert_state_close(a: dict, b: dict) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """{world size: result} of fresh runs; the 4-process launch also continues the 1-process state into
-    w4_loaded.pt for test_state_dict_moves_between_world_sizes (a 4-process start-up is ~17 s of 2 cores)."""
+    w4_loaded.pt for test_state_dict_moves_between_world_sizes (a 4-process start-up is ~17 s of 2 cores). The
+    2-process launch also runs the old-names run ("old names": its result) and the grad-order scenario
+    (grad_order.json) after its own run (a 2-process start-up is ~5 s of 2 cores)."""
     tmp = tmp_path_factory.mktemp("shard")
     res = {1: run(tmp, 1)}
-    res[2] = run(tmp, 2)
+    res[2] = run(tmp, 2, extra=["--old-names", tmp / "w2_old_names.pt", "--grad-order", tmp / "grad_order.json"])
+    res["old names"] = torch.load(tmp / "w2_old_names.pt", weights_only=False)
     res[4] = run(tmp, 4, then_load=tmp / "w1.pt")
     return tmp, res
 
@@ -115,13 +120,12 @@ def test_a_sharded_step_raises_no_future_warning(results):
         assert res[w]["future_warnings"] == [], res[w]["future_warnings"]
 
 
-def test_a_torch_without_the_new_collective_names_takes_the_old_ones_with_the_same_step(results, tmp_path,
-                                                                                        monkeypatch):
+def test_a_torch_without_the_new_collective_names_takes_the_old_ones_with_the_same_step(results):
     """A torch before 2.13 may have only the old names: the same collectives, counted alike
-    (tests/_shard_worker.py and bench/dist_optim.py count them by name), the same update."""
+    (tests/_shard_worker.py and bench/dist_optim.py count them by name), the same update. (The 2-process launch
+    deletes the new names from torch.distributed and reloads nanochat.optim_shard, which chooses again.)"""
     _, res = results
-    monkeypatch.setenv("SHARD_WORKER_OLD_NAMES", "1")
-    old = run(tmp_path, 2)
+    old = res["old names"]
     assert old["collective_names"] == ("reduce_scatter_tensor", "all_gather_into_tensor")
     assert old["per_step"] == res[2]["per_step"] and old["per_step"][0]["collectives"] > 2, old["per_step"]
     for name, p in res[2]["params"].items():
@@ -161,17 +165,15 @@ def test_state_dict_moves_between_world_sizes(results):
         assert_state_close(c["state_dict"], other["state_dict"])
 
 
-def test_a_gradient_missing_on_one_rank_never_pairs_different_buckets(tmp_path):
+def test_a_gradient_missing_on_one_rank_never_pairs_different_buckets(results):
     """Buckets launch in one order on every rank: U's bucket is complete on rank 0 during backward but only at
     step() on rank 1 (no gradient there). Launching in readiness order would reduce rank 0's U with rank 1's V
     (same sizes: silently wrong numbers). A frozen parameter in a group does not break arming the hooks
-    (registering a hook on it raises)."""
+    (registering a hook on it raises). tests/_grad_order_worker.py, run in the fixture's 2-process launch."""
     import json
 
-    out = tmp_path / "order.json"
-    r = run_torchrun(REPO / "tests" / "_grad_order_worker.py", 2, [str(out)])
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    tmp, _ = results
+    res = json.loads((tmp / "grad_order.json").read_text())
     first, second = res["steps"]
     # exp_avg = (1 - beta1) * g after one step, then beta1 * m + (1 - beta1) * g (the averaged gradients 0.5, 10.5)
     assert first["U"] == pytest.approx([0.1]) and first["V"] == pytest.approx([2.1])
