@@ -1,7 +1,8 @@
 """torchrun worker (2 ranks) for test_base_eval_ranks: nanochat.eval_resume.stop_voted in the scenarios of
 SCENARIOS, each a number of batches per rank, a vote stride, and the rank that sends itself SIGTERM (under
 ``interrupts_raise``, as base_eval does) while it handles its batch K. Rank 0 writes {scenario: [[rank 0's batches,
-outcome], [rank 1's ...]]} to the JSON file named by the first argument."""
+outcome], [rank 1's ...]]} to the JSON file named by the first argument. (tests/_setup_stop_worker.py runs these
+scenarios in its launch too.)"""
 
 import json
 import os
@@ -35,22 +36,28 @@ def run(counts, every, signalled, rank) -> tuple[list[int], str]:
     return seen, "finished"
 
 
-def run_scenarios_to_json(scenarios: dict, path: str) -> None:
-    """Run each ``scenarios[name](rank)`` on both ranks of a gloo group; rank 0 writes {name: [rank 0's outcome,
-    rank 1's]} to ``path``."""
+def run_scenarios_to_json(*sets: tuple[dict, str]) -> None:
+    """For each (scenarios, path) of ``sets`` in turn: run each ``scenarios[name](rank)`` on both ranks of a gloo
+    group; rank 0 writes {name: [rank 0's outcome, rank 1's]} to ``path``. One process group for every set (each
+    scenario starts with no latched signal: interrupts_raise and StopSignal begin afresh)."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    results = {}
-    for name, scenario in scenarios.items():
-        both = [None, None]
-        dist.all_gather_object(both, scenario(rank))
-        results[name] = both
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(results, f)
+    for scenarios, path in sets:
+        results = {}
+        for name, scenario in scenarios.items():
+            both = [None, None]
+            dist.all_gather_object(both, scenario(rank))
+            results[name] = both
+        if rank == 0:
+            with open(path, "w") as f:
+                json.dump(results, f)
     dist.destroy_process_group()
 
 
+def vote_scenarios() -> dict:
+    return {name: (lambda rank, sc=sc: run(*sc, rank)) for name, sc in SCENARIOS.items()}
+
+
 if __name__ == "__main__":
-    run_scenarios_to_json({name: (lambda rank, sc=sc: run(*sc, rank)) for name, sc in SCENARIOS.items()}, sys.argv[1])
+    run_scenarios_to_json((vote_scenarios(), sys.argv[1]))
