@@ -32,15 +32,20 @@ def tiny_trust_region_mome():
     return model
 
 
-if __name__ == "__main__":
-    info, _ = compute_init("cpu")
+def write(prefix: str, rank: int) -> None:
+    """This rank's file, in an initialized process group (tests/_gloo_checks_worker.py runs it in a shared launch)."""
     model = tiny_trust_region_mome()
     before = model.memory.router_bias.clone()
-    gen = torch.Generator().manual_seed(100 + info.rank)
+    gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(2):  # few distinct tokens: rows are visited often enough to be eligible (total >= M)
         model(torch.randint(0, 4, (3, 16), generator=gen))
     local = model.memory.balance_counts.clone()
     after_optimizer_step(model)
     torch.save({"counts": local, "before": before, "bias": model.memory.router_bias.clone(),
-                "counts_after": model.memory.balance_counts.clone()}, f"{sys.argv[1]}.rank{info.rank}.pt")
+                "counts_after": model.memory.balance_counts.clone()}, f"{prefix}.rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    info, _ = compute_init("cpu")
+    write(sys.argv[1], info.rank)
     compute_cleanup()

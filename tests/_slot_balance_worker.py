@@ -53,9 +53,13 @@ def window(rows: torch.Tensor, rank: int = 0, world: int = 1) -> dict:
     return {k: v for k, v in model.memory.stats().items() if "maxvio_window" in k}
 
 
+def write(prefix: str, rank: int, world: int) -> None:
+    """This rank's file, in an initialized process group (tests/_gloo_checks_worker.py runs it in a shared launch)."""
+    rows = eval_rows()
+    torch.save((balance(rows, rank, world), window(rows, rank, world)), f"{prefix}.rank{rank}.pt")
+
+
 if __name__ == "__main__":
     info, _ = compute_init("cpu")
-    rows = eval_rows()
-    torch.save((balance(rows, info.rank, info.world_size), window(rows, info.rank, info.world_size)),
-               f"{sys.argv[1]}.rank{info.rank}.pt")
+    write(sys.argv[1], info.rank, info.world_size)
     compute_cleanup()

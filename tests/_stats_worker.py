@@ -41,7 +41,12 @@ def run(name: str, rank: int) -> dict:
     return {"local": local, "stats": module_stats(model)}
 
 
+def write(prefix: str, rank: int) -> None:
+    """This rank's file, in an initialized process group (tests/_gloo_checks_worker.py runs it in a shared launch)."""
+    torch.save({name: run(name, rank) for name in DESIGNS}, f"{prefix}.rank{rank}.pt")
+
+
 if __name__ == "__main__":
     info, _ = compute_init("cpu")
-    torch.save({name: run(name, info.rank) for name in DESIGNS}, f"{sys.argv[1]}.rank{info.rank}.pt")
+    write(sys.argv[1], info.rank)
     compute_cleanup()

@@ -157,6 +157,21 @@ def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+# the checks of tests/_gloo_checks_worker.py, all in the one 2-rank launch of the session fixture gloo_checks
+GLOO_CHECKS = ("moe_balance", "mome_trust_region", "slot_balance", "routing_stats")
+
+
+@pytest.fixture(scope="session")
+def gloo_checks(tmp_path_factory) -> Path:
+    """The directory of each GLOO_CHECKS check's files, <name>.rank<r>.pt (as each check's worker writes them under
+    its own launch), from one 2-rank torchrun for all of them: test_moe, test_mome_trust_region, test_slot_balance
+    and test_train_hooks each had a launch of their own, ~5 s of the CI's 2 cores apiece."""
+    out = tmp_path_factory.mktemp("gloo_checks")
+    r = run_torchrun(REPO / "tests" / "_gloo_checks_worker.py", 2, [str(out), *GLOO_CHECKS])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process descended from it (Linux /proc), children first."""
     import signal

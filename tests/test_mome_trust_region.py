@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from conftest import REPO, run_torchrun, tiny_config
+from conftest import tiny_config
 from nanochat.balance import power_law_band, trust_region_bias_update
 from nanochat.gpt import build_model
 from nanochat.memory import add_memory_args, memory_config_from_args
@@ -136,10 +136,9 @@ def test_flags_and_their_errors():
             MoMEOptions(**{"balance": "trust-region", **bad})
 
 
-def test_bias_identical_on_two_gloo_ranks_and_equal_to_the_update_on_global_counts(tmp_path):
-    r = run_torchrun(REPO / "tests" / "_mome_trust_region_worker.py", 2, [str(tmp_path / "out")])
-    assert r.returncode == 0, r.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"out.rank{i}.pt") for i in range(2)]
+def test_bias_identical_on_two_gloo_ranks_and_equal_to_the_update_on_global_counts(gloo_checks):
+    # tests/_mome_trust_region_worker.py, in the session's shared 2-rank launch (conftest.gloo_checks)
+    ranks = [torch.load(gloo_checks / f"mome_trust_region.rank{i}.pt") for i in range(2)]
     c0, c1 = ranks[0]["counts"], ranks[1]["counts"]
     assert not torch.equal(c0, c1)  # different rows per rank: the all-reduce matters
     want, _ = naive_trust_region(ranks[0]["before"], c0 + c1, 2.0 ** -6, 1.4, 0)

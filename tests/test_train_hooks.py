@@ -163,16 +163,14 @@ def test_mlp_out_and_aux_loss_hooks(monkeypatch, family):
     assert toy.memory.weight.item() != 3.0
 
 
-def test_logged_routing_stats_cover_every_rank(tmp_path):
+def test_logged_routing_stats_cover_every_rank(gloo_checks):
     """Two gloo ranks, each with its own token rows: the logged memory/* and moe/* records equal what one process
-    computes from the two ranks' counters added up (not rank 0's tokens alone), on both ranks."""
+    computes from the two ranks' counters added up (not rank 0's tokens alone), on both ranks. The ranks are
+    tests/_stats_worker.py's in the session's shared 2-rank launch (conftest.gloo_checks)."""
     from _stats_worker import model_for
-    from conftest import REPO, run_torchrun
     from nanochat.train_loop import module_stats, stats_buffers
 
-    r = run_torchrun(REPO / "tests" / "_stats_worker.py", 2, [str(tmp_path / "out")])
-    assert r.returncode == 0, r.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"out.rank{i}.pt") for i in range(2)]
+    ranks = [torch.load(gloo_checks / f"routing_stats.rank{i}.pt") for i in range(2)]
     for name in ranks[0]:
         local = [ranks[i][name]["local"] for i in range(2)]
         model = model_for(name)
