@@ -5,6 +5,7 @@ the parameters before and after.
 
 Each design (base, mome_bigram_shared) is trained in turn from its own seed in the same process group and rank 0
 writes OUT_DIR/<design>.pt: one launch serves every design (a torchrun start-up costs seconds of the CI's 2 cores).
+test_distributed reads them from tests/_gloo_checks_worker.py's shared launch (``write``: STEPS steps).
 
 Run with 2 processes, rank r accumulates micro-batches 2r and 2r+1 (loss / 2 each) and ``optimizer.step()``
 averages the two ranks' gradients. Run with 1 process (``train`` imported into the test process, at 1 thread as a
@@ -23,6 +24,7 @@ from nanochat.gpt import GPTConfig, build_model
 from nanochat.optim import build_optimizer
 
 DESIGNS = ("base", "mome_bigram_shared")
+STEPS = 3  # test_distributed's (its 1-process reference takes as many)
 
 
 def train(memory: str, steps: int, rank: int, world_size: int) -> dict:
@@ -69,6 +71,15 @@ def train(memory: str, steps: int, rank: int, world_size: int) -> dict:
         opt.step()
         model.zero_grad(set_to_none=True)
     return {"initial": initial, "final": {k: v.detach().clone() for k, v in model.named_parameters()}}
+
+
+def write(prefix: str, rank: int, world: int) -> None:
+    """Every design for STEPS steps, in an initialized process group; rank 0 writes PREFIX.<design>.pt
+    (tests/_gloo_checks_worker.py runs it in a shared launch)."""
+    for memory in DESIGNS:
+        result = train(memory, STEPS, rank, world)
+        if rank == 0:
+            torch.save(result, f"{prefix}.{memory}.pt")
 
 
 def main(out_dir: str, steps: int, designs: list[str]) -> None:

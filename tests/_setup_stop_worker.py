@@ -1,8 +1,7 @@
 """torchrun worker (2 ranks) for test_base_eval_ranks: a signal latched during a set-up step of an evaluation (a step
 wrapped in nanochat.common.every_rank_ok or rank0_decides, under ``interrupts_raise`` as base_eval runs it) in the
 scenarios of SCENARIOS. Each scenario returns (what the rank did, how it ended); rank 0 writes
-{scenario: [rank 0's, rank 1's]} to the JSON file named by the first argument; with a second argument,
-tests/_stop_vote_worker.py's scenarios run first in the same launch, their results in that file."""
+{scenario: [rank 0's, rank 1's]} to the JSON file named by the first argument."""
 
 import os
 import signal
@@ -14,7 +13,7 @@ from nanochat.common import every_rank_ok, rank0_decides
 from nanochat.eval_resume import Interrupted, interrupts_raise
 from nanochat.train_loop import StopSignal
 
-from _stop_vote_worker import run_scenarios_to_json, vote_scenarios  # noqa: E402 - tests/ is the script's directory
+from _stop_vote_worker import run_scenarios_to_json, scenarios_to_json  # noqa: E402 - tests/ is the script's directory
 
 
 def kill_self(signum=signal.SIGTERM) -> None:
@@ -136,11 +135,17 @@ def training_final_eval(rank) -> tuple[list, str]:
     return seen, f"finished; received {stop.received}"
 
 
-if __name__ == "__main__":
+def all_scenarios() -> dict:
     scenarios = {name: (lambda rank, sc=sc: run(sc, rank)) for name, sc in SCENARIOS.items()}
     scenarios.update({"training set-up, rank 1 signalled": training_setup,
                       "training's final evaluation, rank 1 signalled": training_final_eval})
-    sets = [(scenarios, sys.argv[1])]
-    if len(sys.argv) > 2:  # VOTES_OUT: _stop_vote_worker's scenarios first, in the same launch (one start-up)
-        sets.insert(0, (vote_scenarios(), sys.argv[2]))
-    run_scenarios_to_json(*sets)
+    return scenarios
+
+
+def write(prefix: str, rank: int) -> None:
+    """PREFIX.json, in an initialized group (tests/_gloo_checks_worker.py runs it in a shared launch)."""
+    scenarios_to_json(all_scenarios(), f"{prefix}.json", rank)
+
+
+if __name__ == "__main__":
+    run_scenarios_to_json(all_scenarios(), sys.argv[1])

@@ -39,25 +39,12 @@ def test_two_ranks_continue_an_interrupted_eval(tiny_run, tmp_path, signalled):
     assert not (tmp_path / "o" / "core.partial.json").exists()
 
 
-@pytest.fixture(scope="module")
-def vote_and_setup_scenarios(tmp_path_factory):
-    """One 2-rank torchrun (~5 s) for the two tests below: _setup_stop_worker.py's scenarios (setup.json) after
-    _stop_vote_worker.py's (votes.json), in one process group."""
-    from conftest import run_torchrun
-
-    tmp = tmp_path_factory.mktemp("scenarios")
-    res = run_torchrun(Path(__file__).parent / "_setup_stop_worker.py", 2, [str(tmp / "setup.json"),
-                                                                            str(tmp / "votes.json")])
-    assert res.returncode == 0, res.stderr[-3000:]
-    return tmp
-
-
-def test_the_stop_vote_stops_every_rank_at_the_same_batch(vote_and_setup_scenarios):
+def test_the_stop_vote_stops_every_rank_at_the_same_batch(gloo_checks):
     """nanochat.eval_resume.stop_voted on 2 gloo ranks: ranks with different batch counts (one with none) all see
     their own batches and finish together; a SIGTERM latched on one rank (between two votes, or after that rank's
-    last batch) ends the loop on both at the next vote, with the same Interrupted. One torchrun, shared with the
-    next test."""
-    assert json.loads((vote_and_setup_scenarios / "votes.json").read_text()) == {
+    last batch) ends the loop on both at the next vote, with the same Interrupted. _stop_vote_worker.py's
+    scenarios, in the session's shared 2-rank launch (conftest.gloo_checks)."""
+    assert json.loads((gloo_checks / "eval_stop_votes.json").read_text()) == {
         "uneven, no signal": [[[0, 1, 2, 3, 4], "finished"], [[0, 1, 2], "finished"]],
         "one rank empty": [[[], "finished"], [[0, 1], "finished"]],
         # votes before batches 0 and 2 (every 2nd): the signal during batch 1 stops both before batch 2
@@ -66,16 +53,17 @@ def test_the_stop_vote_stops_every_rank_at_the_same_batch(vote_and_setup_scenari
     }
 
 
-def test_a_signal_during_set_up_stops_every_rank_right_after_that_step(vote_and_setup_scenarios):
+def test_a_signal_during_set_up_stops_every_rank_right_after_that_step(gloo_checks):
     """Set-up steps of an evaluation (every_rank_ok, rank0_decides) on 2 gloo ranks under interrupts_raise: a signal
     latched on one rank during a step (or, for rank0_decides, on a rank that does not run fn) ends the evaluation on
     every rank right after that step, with the same Interrupted (the larger signal number when ranks got different
     ones, as the stop vote), not at the first batch's vote. An error in fn is raised first (the signal stays latched
     and stops the next step). Without a signal the results are those of today; in training's set-up (StopSignal,
     no interrupts_raise) a signal changes nothing there, in its final evaluation (StopSignal.interrupts) it stops
-    every rank as in base_eval. One torchrun (vote_and_setup_scenarios's, shared with the previous test)."""
+    every rank as in base_eval. _setup_stop_worker.py's scenarios, in the session's shared 2-rank launch
+    (conftest.gloo_checks)."""
     stopped_after_step = [["step done"], "SIGTERM"]
-    assert json.loads((vote_and_setup_scenarios / "setup.json").read_text()) == {
+    assert json.loads((gloo_checks / "eval_setup_stops.json").read_text()) == {
         "no signal": [[[0, "rank 0's choice", True], "finished"], [[10, "rank 0's choice", False], "finished"]],
         "every_rank_ok, rank 1 signalled": [stopped_after_step, stopped_after_step],
         "every_rank_ok, rank 0 signalled": [stopped_after_step, stopped_after_step],

@@ -1,28 +1,24 @@
 import pytest
 import torch
 
-from conftest import REPO, run_torchrun
-
-STEPS = 3
+from _dist_optim_worker import STEPS
 
 
 @pytest.fixture(scope="module")
-def one_and_two_process_runs(tmp_path_factory):
+def one_and_two_process_runs(gloo_checks):
     """{design: (1-process result, 2-process result)} for every design of _dist_optim_worker: one 2-process
-    torchrun trains them all in turn; the 1-process reference runs in this process at 1 thread, the thread count
-    of a torchrun worker (run_torchrun), so each micro-batch's gradient is computed by the same kernels."""
+    torchrun trains them all in turn (the session's shared launch, conftest.gloo_checks); the 1-process reference
+    runs in this process at 1 thread, the thread count of a torchrun worker (run_torchrun), so each micro-batch's
+    gradient is computed by the same kernels."""
     from _dist_optim_worker import DESIGNS, train
 
-    out = tmp_path_factory.mktemp("dist_optim")
-    r = run_torchrun(REPO / "tests" / "_dist_optim_worker.py", 2, [str(out), str(STEPS), ",".join(DESIGNS)])
-    assert r.returncode == 0, r.stderr[-3000:]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         one = {memory: train(memory, STEPS, rank=0, world_size=1) for memory in DESIGNS}
     finally:
         torch.set_num_threads(threads)
-    return {memory: (one[memory], torch.load(out / f"{memory}.pt")) for memory in DESIGNS}
+    return {memory: (one[memory], torch.load(gloo_checks / f"dist_optim.{memory}.pt")) for memory in DESIGNS}
 
 
 @pytest.mark.parametrize("memory", ["base", "mome_bigram_shared"])
