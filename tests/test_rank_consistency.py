@@ -27,17 +27,28 @@ TIMEOUT = 300  # a hang guard: 2 ranks on 2 loaded cores can run 5x slower than 
 TRAIN = [*TINY, "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
 
 
-def run_views(tmp_path, module: str, argv: list[str], rank_argv=None, rank_env=None, name="spec", nproc=2):
-    """torchrun ``nproc`` processes of ``module.main`` with some ranks' own argv/env; returns
-    (result, {rank: exit code})."""
+def view_spec(tmp_path, module: str, argv: list[str], rank_argv=None, rank_env=None, name="spec") -> Path:
+    """The worker's spec file for ``module.main`` with some ranks' own argv/env (its ranks' exit codes: codes_of)."""
     out = tmp_path / f"{name}_out"
     out.mkdir()
     spec = tmp_path / f"{name}.json"
     spec.write_text(json.dumps({"module": module, "argv": argv, "out": str(out),
                                 "rank_argv": rank_argv or {}, "rank_env": rank_env or {}}))
+    return spec
+
+
+def codes_of(spec: Path) -> dict:
+    """{rank: exit code} of the spec's run."""
+    out = Path(json.loads(spec.read_text())["out"])
+    return {int(p.stem[4:]): json.loads(p.read_text())["code"] for p in out.glob("rank*.json")}
+
+
+def run_views(tmp_path, module: str, argv: list[str], rank_argv=None, rank_env=None, name="spec", nproc=2):
+    """torchrun ``nproc`` processes of ``module.main`` with some ranks' own argv/env; returns
+    (result, {rank: exit code})."""
+    spec = view_spec(tmp_path, module, argv, rank_argv, rank_env, name)
     res = run_torchrun(WORKER, nproc, [str(spec)], timeout=TIMEOUT)
-    codes = {int(p.stem[4:]): json.loads(p.read_text())["code"] for p in out.glob("rank*.json")}
-    return res, codes
+    return res, codes_of(spec)
 
 
 def test_helpers_are_the_identity_without_distributed():
@@ -71,14 +82,49 @@ def interrupted_copy(src: Path, dst: Path, keep_checkpoint: bool) -> Path:
     return dst
 
 
-def resume_auto_with_views(tmp_path, full: Path, rank0_has_checkpoint: bool):
-    """2-process ``--resume auto`` where exactly one rank's run dir holds the step-2 checkpoint.
-    Returns (torchrun result, exit codes, rank 0's run dir)."""
+def resume_auto_spec(tmp_path, full: Path, rank0_has_checkpoint: bool):
+    """The spec of a 2-process ``--resume auto`` where exactly one rank's run dir holds the step-2 checkpoint.
+    Returns (spec, rank 0's run dir)."""
     mine = interrupted_copy(full, tmp_path / "rank0_view", keep_checkpoint=rank0_has_checkpoint)
     theirs = interrupted_copy(full, tmp_path / "rank1_view", keep_checkpoint=not rank0_has_checkpoint)
-    res, codes = run_views(tmp_path, "scripts.base_train", [*TRAIN, "--run-dir", str(mine), "--resume", "auto"],
-                           rank_argv={"1": [*TRAIN, "--run-dir", str(theirs), "--resume", "auto"]})
-    return res, codes, mine
+    spec = view_spec(tmp_path, "scripts.base_train", [*TRAIN, "--run-dir", str(mine), "--resume", "auto"],
+                     rank_argv={"1": [*TRAIN, "--run-dir", str(theirs), "--resume", "auto"]})
+    return spec, mine
+
+
+def resume_auto_with_views(tmp_path, full: Path, rank0_has_checkpoint: bool):
+    """resume_auto_spec's run, in a launch of its own. Returns (torchrun result, exit codes, rank 0's run dir)."""
+    spec, mine = resume_auto_spec(tmp_path, full, rank0_has_checkpoint)
+    res = run_torchrun(WORKER, 2, [str(spec)], timeout=TIMEOUT)
+    return res, codes_of(spec), mine
+
+
+def eval_tokens_spec(tmp_path, tiny_run) -> Path:
+    """The spec of a 2-process `base_eval --eval-tokens run` whose rank 1 reads a config.json copy that records
+    another --eval-tokens (512) than rank 0's (256); its bpb.json goes to tmp_path/out."""
+    root = tiny_run[0]
+    views = {}
+    for rank, tokens in ((0, 256), (1, 512)):
+        views[rank] = Path(shutil.copytree(root / "run", tmp_path / f"view{rank}"))
+        (views[rank] / "config.json").write_text(json.dumps({"args": {"eval_tokens": tokens}}))
+    argv = ["--eval", "bpb", "--splits", "val", "--device-batch-size", "3", "--no-progress", "--device-type", "cpu",
+            "--dtype", "float32", "--out-dir", str(tmp_path / "out")]
+    return view_spec(tmp_path, "scripts.base_eval", ["--run-dir", str(views[0]), *argv],
+                     rank_argv={"1": ["--run-dir", str(views[1]), *argv]})
+
+
+@pytest.fixture(scope="module")
+def views_that_agree(tmp_path_factory, finished_run, tiny_run):
+    """One 2-process torchrun (a start-up is ~5 s of the CI's 2 cores) for the two views below whose ranks agree and
+    finish: the --resume auto where only rank 1 has a checkpoint, then the --eval-tokens run whose rank 1 reads
+    another record (each run with its own process group). Returns {name: (torchrun result, exit codes, its dir)}."""
+    tmp = tmp_path_factory.mktemp("views_that_agree")
+    (tmp / "resume").mkdir()
+    (tmp / "eval_tokens").mkdir()
+    resume, mine = resume_auto_spec(tmp / "resume", finished_run[0], rank0_has_checkpoint=False)
+    tokens = eval_tokens_spec(tmp / "eval_tokens", tiny_run)
+    res = run_torchrun(WORKER, 2, [str(resume), str(tokens)], timeout=TIMEOUT)
+    return {"resume": (res, codes_of(resume), mine), "eval_tokens": (res, codes_of(tokens), tmp / "eval_tokens")}
 
 
 def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_run):
@@ -90,9 +136,9 @@ def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_
     assert not (mine / "summary.json").exists() and ckpt.list_steps(mine) == [2]  # nothing trained
 
 
-def test_resume_auto_follows_rank0_when_only_rank1_has_a_checkpoint(tmp_path, finished_run):
+def test_resume_auto_follows_rank0_when_only_rank1_has_a_checkpoint(finished_run, views_that_agree):
     full, full_losses = finished_run
-    res, codes, mine = resume_auto_with_views(tmp_path, full, rank0_has_checkpoint=False)
+    res, codes, mine = views_that_agree["resume"]
     assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
     assert "no checkpoint in" in res.stdout  # rank 0 decided: fresh start, for both ranks
     got = losses(mine)
@@ -168,19 +214,12 @@ def test_core_bundle_differs_on_a_rank_evaluates_rank0s_bundle(core_with_broken_
     assert got["tasks"] == ref["tasks"] and got["core"] == pytest.approx(ref["core"], abs=1e-12)
 
 
-def test_eval_tokens_run_follows_rank0s_record_when_a_ranks_copy_differs(tmp_path, tiny_run):
+def test_eval_tokens_run_follows_rank0s_record_when_a_ranks_copy_differs(views_that_agree):
     """`--eval-tokens run` read each rank's own config.json: a node whose copy records another budget (a final
     evaluation resumed there with other flags) built another number of bpb rows, and the ranks' collectives no
-    longer matched. Rank 0 decides, as for CORE's bundle and cap."""
-    root = tiny_run[0]
-    views = {}
-    for rank, tokens in ((0, 256), (1, 512)):
-        views[rank] = Path(shutil.copytree(root / "run", tmp_path / f"view{rank}"))
-        (views[rank] / "config.json").write_text(json.dumps({"args": {"eval_tokens": tokens}}))
-    argv = ["--eval", "bpb", "--splits", "val", "--device-batch-size", "3", "--no-progress", "--device-type", "cpu",
-            "--dtype", "float32", "--out-dir", str(tmp_path / "out")]
-    res, codes = run_views(tmp_path, "scripts.base_eval", ["--run-dir", str(views[0]), *argv],
-                           rank_argv={"1": ["--run-dir", str(views[1]), *argv]})
+    longer matched. Rank 0 decides, as for CORE's bundle and cap. (eval_tokens_spec's run, in views_that_agree's
+    launch.)"""
+    res, codes, tmp_path = views_that_agree["eval_tokens"]
     assert codes == {0: 0, 1: 0}, (codes, res.stderr[-3000:])
     assert "256 tokens per split (the run's --eval-tokens (its config.json))" in res.stdout, res.stdout[-2000:]
     assert json.loads((tmp_path / "out" / "bpb.json").read_text())["eval_tokens"] == 256
