@@ -1,4 +1,5 @@
-"""torchrun worker for test_core_eval / test_loss_eval: evaluate CORE (and bpb) under gloo, rank 0 writes JSON."""
+"""torchrun worker for test_core_eval: evaluate CORE (and bpb) under gloo, rank 0 writes JSON. Arguments: BUNDLE OUT
+[bad-example-on-rank-1]. ``write`` (tests/_gloo_checks_worker.py's shared launch) builds its own bundle first."""
 
 import json
 import sys
@@ -8,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _eval_helpers import CharTok, tiny_gpt  # noqa: E402
+from _eval_helpers import CharTok, tiny_gpt, two_task_bundle  # noqa: E402
 
 from nanochat.common import compute_cleanup  # noqa: E402
 from nanochat.core_eval import evaluate_core  # noqa: E402
@@ -26,14 +27,30 @@ def main():
             raise ValueError(f"{args[-1]}: the tokens of the prompt without continuation are not a strict prefix")
 
         ce.prepare_example = bad
-    model = tiny_gpt(seq_len=256)
-    result = evaluate_core(model, CharTok(), bundle, batch_size=4, progress=False)
-    x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)
-    result["bpb"] = evaluate_bpb(model, iter_row_batches(x, y, 2, rank, world), CharTok().token_bytes())
+    result = evaluate(bundle, rank, world)
     if rank == 0:
         out.write_text(json.dumps(result))
     dist.barrier()
     compute_cleanup()
+
+
+def evaluate(bundle, rank: int, world: int) -> dict:
+    model = tiny_gpt(seq_len=256)
+    result = evaluate_core(model, CharTok(), bundle, batch_size=4, progress=False)
+    x, y = bpb_rows_from_text(CharTok(), ["abc def ghi. jkl", "mno pqr", "stu vwx yz"], seq_len=8)
+    result["bpb"] = evaluate_bpb(model, iter_row_batches(x, y, 2, rank, world), CharTok().token_bytes())
+    return result
+
+
+def write(prefix: str, rank: int, world: int) -> None:
+    """_eval_helpers.two_task_bundle at PREFIX_bundle (rank 0), its result at PREFIX.json, in an initialized group."""
+    bundle = Path(f"{prefix}_bundle")
+    if rank == 0:
+        two_task_bundle(bundle)
+    dist.barrier()
+    result = evaluate(bundle, rank, world)
+    if rank == 0:
+        Path(f"{prefix}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

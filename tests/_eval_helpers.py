@@ -3,6 +3,7 @@ log-probabilities are known in closed form, a tiny random GPT, and a hand-made o
 
 import json
 import math
+import random
 from pathlib import Path
 
 import torch
@@ -109,3 +110,21 @@ def write_bundle(root: Path, tasks: dict, baselines: dict, total_tasks: list | N
     csv = ["Eval Task,Random baseline"] + [f"{k},{v}" for k, v in baselines.items()]
     (root / "eval_meta_data.csv").write_text("\n".join(csv) + "\n")
     return root
+
+
+def hand_rows(n=12):
+    """``n`` seeded multiple-choice rows and ``n`` language-modeling rows of random short words."""
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 6)))  # noqa: E731
+    mc = [{"query": word() + " " + word(), "choices": [word() for _ in range(rng.randint(2, 4))], "gold": 0}
+          for _ in range(n)]
+    lm = [{"context": word() + " " + word(), "continuation": word()} for _ in range(n)]
+    return mc, lm
+
+
+def two_task_bundle(root: Path) -> Path:
+    """A CORE bundle of an MC task (2-shot) and an LM task (1-shot), 9 hand rows each (test_core_eval's 2-rank
+    check: tests/_core_eval_worker.py builds it in its shared launch, the test evaluates it in one process)."""
+    mc, lm = hand_rows(9)
+    return write_bundle(root, {"mc": ("multiple_choice", 2, " ", mc), "lm": ("language_modeling", 1, " ", lm)},
+                        {"mc": 25, "lm": 0})

@@ -158,16 +158,16 @@ def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
 
 
 # the checks of tests/_gloo_checks_worker.py, all in the one 2-rank launch of the session fixture gloo_checks
-GLOO_CHECKS = ("dist_optim", "moe_balance", "mome_trust_region", "slot_balance", "routing_stats", "eval_stop_votes",
-               "eval_setup_stops")
+GLOO_CHECKS = ("dist_optim", "moe_balance", "mome_trust_region", "slot_balance", "routing_stats", "core_eval",
+               "eval_stop_votes", "eval_setup_stops")
 
 
 @pytest.fixture(scope="session")
 def gloo_checks(tmp_path_factory) -> Path:
     """The directory of each GLOO_CHECKS check's files (<name>.rank<r>.pt, <name>.<design>.pt or <name>.json, as
     each check's worker writes them under its own launch), from one 2-rank torchrun for all of them:
-    test_distributed, test_moe, test_mome_trust_region, test_slot_balance, test_train_hooks and test_base_eval_ranks
-    (2) each had a launch of their own, ~5 s of the CI's 2 cores apiece."""
+    test_distributed, test_moe, test_mome_trust_region, test_slot_balance, test_train_hooks, test_core_eval and
+    test_base_eval_ranks (2) each had a launch of their own, ~5 s of the CI's 2 cores apiece."""
     out = tmp_path_factory.mktemp("gloo_checks")
     r = run_torchrun(REPO / "tests" / "_gloo_checks_worker.py", 2, [str(out), *GLOO_CHECKS])
     assert r.returncode == 0, r.stderr[-3000:]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _eval_helpers import (LM_ROWS, LOG_Z, MC_ROWS, SCHEMA_ROWS, CharTok, SuccessorModel, tiny_gpt,  # noqa: E402
-                           write_bundle)
+from _eval_helpers import (LM_ROWS, LOG_Z, MC_ROWS, SCHEMA_ROWS, CharTok, SuccessorModel, hand_rows,  # noqa: E402
+                           tiny_gpt, write_bundle)
 from conftest import run_torchrun  # noqa: E402
 
 from nanochat import core_eval as ce  # noqa: E402
@@ -132,13 +132,7 @@ def test_corrupt_jsonl_names_file_and_line(tmp_path):
 
 
 # -- batching and cropping ------------------------------------------------------------------------------
-def _hand_rows(n=12):
-    rng = random.Random(0)
-    word = lambda: "".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 6)))  # noqa: E731
-    mc = [{"query": word() + " " + word(), "choices": [word() for _ in range(rng.randint(2, 4))], "gold": 0}
-          for _ in range(n)]
-    lm = [{"context": word() + " " + word(), "continuation": word()} for _ in range(n)]
-    return mc, lm
+_hand_rows = hand_rows  # (in _eval_helpers: tests/_core_eval_worker.py builds a bundle of them too)
 
 
 def _reference_one_by_one(model, rows, task):
@@ -190,15 +184,12 @@ def test_examples_longer_than_the_context_count_as_incorrect():
 
 
 # -- distributed ----------------------------------------------------------------------------------------
-def test_two_process_equals_one_process_core_and_bpb(tmp_path):
-    mc, lm = _hand_rows(9)
-    bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 2, " ", mc),
-                                           "lm": ("language_modeling", 1, " ", lm)}, {"mc": 25, "lm": 0})
+def test_two_process_equals_one_process_core_and_bpb(gloo_checks):
+    # the 2-rank run: tests/_core_eval_worker.py on _eval_helpers.two_task_bundle, in the session's shared launch
+    # (conftest.gloo_checks), which wrote the bundle beside its result
+    bundle = gloo_checks / "core_eval_bundle"
     one = ce.evaluate_core(tiny_gpt(seq_len=256), CharTok(), bundle, batch_size=4, progress=False)
-    out = tmp_path / "two.json"
-    res = run_torchrun(Path(__file__).parent / "_core_eval_worker.py", 2, [str(bundle), str(out)])
-    assert res.returncode == 0, res.stderr[-3000:]
-    two = json.loads(out.read_text())
+    two = json.loads((gloo_checks / "core_eval.json").read_text())
     # correctness counts compare exactly although the two runs batch rows differently (float32 logits differ in
     # the last bits): these rows have no near-ties (measured: best vs second-best MC mean loss >= 0.019, greedy
     # top-2 logit gaps >= 1e-4, against ~1e-6 of float32 noise)
