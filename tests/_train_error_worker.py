@@ -3,14 +3,15 @@ an OOM or a bug would) in the first micro-batch of step 3 on the ranks named by 
 rank that does not fail goes on into the step's gradient all-reduce and waits there for the failed rank; with
 SIGTERM_RANKS it gets a SIGTERM first (latched by base_train), as from torchrun once the failed rank has exited.
 FAIL_DELAY_S: rank 1 waits that long before it raises (it fails after rank 0 has posted its error). FAIL_WRITE: the
-name of a file in the run dir whose write by base_train's set-up fails on rank 0 like a full disk (before step 1)."""
+name of a file in the run dir whose write by base_train's set-up fails on rank 0 like a full disk (before step 1).
+AGREEMENT_WAIT_S replaces nanochat.final_eval's bound on rank 0's wait for the other ranks' errors."""
 
 import os
 import signal
 import sys
 import time
 
-from nanochat import train_loop
+from nanochat import final_eval, train_loop
 from scripts import base_train
 
 rank = int(os.environ["RANK"])
@@ -36,5 +37,7 @@ def write_json(path, obj):
 
 
 train_loop.SyntheticLoader.__next__ = next_batch
+if os.environ.get("AGREEMENT_WAIT_S"):
+    final_eval.AGREEMENT_WAIT_S = float(os.environ["AGREEMENT_WAIT_S"])
 base_train.write_json = write_json
 sys.exit(base_train.main(sys.argv[1:]))
