@@ -132,9 +132,6 @@ def test_corrupt_jsonl_names_file_and_line(tmp_path):
 
 
 # -- batching and cropping ------------------------------------------------------------------------------
-_hand_rows = hand_rows  # (in _eval_helpers: tests/_core_eval_worker.py builds a bundle of them too)
-
-
 def _reference_one_by_one(model, rows, task):
     """One forward per example, no padding, no batching: the plain definition of the metric."""
     out = []
@@ -146,7 +143,7 @@ def _reference_one_by_one(model, rows, task):
 
 def test_batched_equals_one_at_a_time():
     model = tiny_gpt(seq_len=256)
-    mc, lm = _hand_rows()
+    mc, lm = hand_rows()
     for rows, task in [(mc, TaskSpec("m", "", "multiple_choice", 2, " ")),
                        (lm, TaskSpec("l", "", "language_modeling", 2, "\nAnswer: "))]:
         exs = [ce.prepare_example(CharTok(), rows[i], task, ce.fewshot_for(rows, i, 2)) for i in range(len(rows))]
@@ -206,7 +203,7 @@ def test_two_process_equals_one_process_core_and_bpb(gloo_checks):
 def test_an_example_that_fails_on_one_rank_stops_every_rank(tmp_path):
     """Examples are prepared per rank: a bad one on rank 1 must stop rank 0 too with the same message (no rank
     left waiting alone in the all_reduce, which NCCL would only end at its timeout)."""
-    mc, _ = _hand_rows(6)
+    mc, _ = hand_rows(6)
     bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 0, " ", mc)}, {"mc": 25})
     res = run_torchrun(Path(__file__).parent / "_core_eval_worker.py", 2,
                        [str(bundle), str(tmp_path / "out.json"), "bad-example-on-rank-1"])
