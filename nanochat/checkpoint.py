@@ -280,10 +280,16 @@ def config_from_meta(meta: dict):
     return config_from_dict(meta["model_config"])
 
 
+def recorded_config(meta: dict) -> dict:
+    """meta.json's "config" (base_train's resolved run config: args, plan, world size, LR and world-size changes);
+    {} where it records none (an imported checkpoint, or "config": null), read as a checkpoint older than them."""
+    return meta.get("config") or {}
+
+
 def recorded_run_args(meta: dict) -> dict:
     """The training flags meta.json records (base_train's resolved args, "config" -> "args"); {} where it records
     none (an imported checkpoint, or "args": null), so a reader's .get(flag) is None for a flag not recorded."""
-    return recorded_args(meta.get("config"))
+    return recorded_args(recorded_config(meta))
 
 
 def check_not_synthetic(meta: dict, where: str, why: str, instead: str) -> None:
@@ -309,7 +315,7 @@ def recorded_value(meta: dict, run_dir, pick):
             records.append((read_json_object(Path(run_dir) / "config.json", ValueError), "its config.json"))
         except (OSError, ValueError):
             pass
-    records.append((meta.get("config") or {}, "its checkpoint"))
+    records.append((recorded_config(meta), "its checkpoint"))
     for config, where in records:
         try:
             value = pick(config)

@@ -93,8 +93,8 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
         if saved is not None and saved != getattr(data, key):
             diffs.append(f"{flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
                          f"({meta.get(where)})")
-    diffs += init_from.resume_differences(meta.get("config", {}).get("init_from"), args.init_from)
-    saved_n = meta.get("config", {}).get("plan", {}).get("num_iterations")
+    diffs += init_from.resume_differences(ckpt.recorded_config(meta).get("init_from"), args.init_from)
+    saved_n = (ckpt.recorded_config(meta).get("plan") or {}).get("num_iterations")
     if saved_n is not None and saved_n != plan["num_iterations"]:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
     if diffs:
@@ -147,7 +147,7 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
         meta = ckpt.load_meta(run_dir, step)
         read_old_records(args, ckpt.recorded_run_args(meta))
         lr_changes = check_resume_compatible(args, config, plan, data, meta, run_dir)
-        saved_world = meta.get("config", {}).get("world_size")  # absent in older checkpoints: restore checks
+        saved_world = ckpt.recorded_config(meta).get("world_size")  # absent in older checkpoints: restore checks
         if saved_world is not None:
             check_world_size(args, step, saved_world, world)
         return ResumePoint(step, meta, lr_changes)
@@ -159,7 +159,7 @@ def changes_saved_at(meta: dict, step: int) -> dict:
     """The --resume-override-lr and --resume-new-world-size changes that checkpoint ``step`` (its ``meta``) holds of
     sessions that resumed from this same step and saved it again (after a signal during the evals or samples a
     pending checkpoint owed), as their "resume" records in metrics.jsonl spell them."""
-    config = meta.get("config", {})
+    config = ckpt.recorded_config(meta)
     return {"lr_override": [e["changes"] for e in config.get("lr_overrides") or [] if e["step"] == step],
             "world_size": [{k: e[k] for k in ("checkpoint", "now")}
                            for e in config.get("world_size_changes") or [] if e["step"] == step]}
@@ -167,9 +167,10 @@ def changes_saved_at(meta: dict, step: int) -> dict:
 
 def restore(run, point: ResumePoint) -> None:
     step, meta = point.step, point.meta
-    run.lr_overrides = list(meta.get("config", {}).get("lr_overrides") or [])
-    run.world_size_changes = list(meta.get("config", {}).get("world_size_changes") or [])
-    run.init_from = meta.get("config", {}).get("init_from")  # recorded when the run started; not read again
+    recorded = ckpt.recorded_config(meta)
+    run.lr_overrides = list(recorded.get("lr_overrides") or [])
+    run.world_size_changes = list(recorded.get("world_size_changes") or [])
+    run.init_from = recorded.get("init_from")  # recorded when the run started; not read again
     fresh_initial_lrs = [g["initial_lr"] for g in run.optimizer.param_groups]
     # on the CPU: loader and RNG states must stay there; the optimizer moves its state to each parameter's device
     state = ckpt.load_training_state(run.run_dir, step)

@@ -139,3 +139,16 @@ def test_a_checkpoint_that_records_null_args_resumes_saying_its_flags_are_not_ch
     assert train(run, "--resume") == 0
     out = capsys.readouterr().out
     assert "--resume: the checkpoint records no training flags" in out, out
+
+
+def test_a_checkpoint_whose_config_is_null_resumes_saying_its_flags_are_not_checked(finished_run, tmp_path, capsys):
+    """meta.json "config": null (a hand edit, another tool): every record of the run's flags, plan, world size and
+    LR/world-size changes is absent, as in a checkpoint older than them; --resume stopped with an AttributeError."""
+    run = copy_of(finished_run, tmp_path)
+    meta_path = ckpt.step_dir(run, 2) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"] = None
+    meta_path.write_text(json.dumps(meta))
+    assert train(run, "--resume") == 0
+    out = capsys.readouterr().out
+    assert "--resume: the checkpoint records no training flags" in out, out
