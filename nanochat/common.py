@@ -407,16 +407,20 @@ def cpu_has_native_bf16() -> bool | None:
 
 # Measured (dev/LOG.md, 2026-11-27): a 4096x256 @ 256x1024 matmul on 1 thread of an AVX2-only AMD EPYC
 SLOW_BF16_RATIO = 60
-_slow_bf16_noted = False  # one note per process, however many contexts it makes
+# decided once per process, noted or not: however many contexts it makes (bench/mome_ops enters one per timed call),
+# the CPU cannot change
+_slow_bf16_decided = False
 
 
 def note_slow_cpu_bf16() -> None:
     """Say once, on rank 0, that bf16 on this CPU is slow where it has no native bf16 matmuls. A note, not an error,
     and nothing changes: float32 is the user's choice to make (it changes the numerics)."""
-    global _slow_bf16_noted
-    if _slow_bf16_noted or cpu_has_native_bf16() is not False:
+    global _slow_bf16_decided
+    if _slow_bf16_decided:
         return
-    _slow_bf16_noted = True
+    _slow_bf16_decided = True
+    if cpu_has_native_bf16() is not False:
+        return
     print0(f"note: this run computes in bfloat16 on a CPU without native bf16 matmuls (no AVX512-BF16, no AMX): "
            f"torch takes its slow path, a bf16 matmul costing about {SLOW_BF16_RATIO}x a float32 matmul on a CPU "
            "like this one, so expect steps many times slower than in float32. --dtype float32 is fast here but "

@@ -58,7 +58,7 @@ def autocast_output(capsys, device_type, dtype):
 
 
 def test_bf16_on_a_cpu_without_native_bf16_notes_it_once_on_rank_0(monkeypatch, capsys):
-    monkeypatch.setattr(common, "_slow_bf16_noted", False)
+    monkeypatch.setattr(common, "_slow_bf16_decided", False)
     monkeypatch.delenv("RANK", raising=False)
     cpu_like(monkeypatch, **{AVX512_BF16: False, AMX: False})
     assert autocast_output(capsys, "cpu", "float32")[1] == ""
@@ -76,11 +76,22 @@ def test_bf16_on_a_cpu_without_native_bf16_notes_it_once_on_rank_0(monkeypatch, 
 
 @pytest.mark.parametrize("case", ["native", "unknown", "rank 1"])
 def test_no_note_where_bf16_is_native_unknown_or_on_another_rank(monkeypatch, capsys, case):
-    monkeypatch.setattr(common, "_slow_bf16_noted", False)
+    monkeypatch.setattr(common, "_slow_bf16_decided", False)
     monkeypatch.setenv("RANK", "1" if case == "rank 1" else "0")
     answers = {"native": {AVX512_BF16: True, AMX: False}, "unknown": {}}.get(case, {AVX512_BF16: False, AMX: False})
     cpu_like(monkeypatch, **answers)
     assert autocast_output(capsys, "cpu", "bfloat16")[1] == ""
+
+
+def test_the_cpu_is_probed_once_per_process_whether_or_not_it_notes(monkeypatch, capsys):
+    """bench/mome_ops enters its autocast inside each timed call: on a CPU with native bf16 (no note printed) every
+    entry probed torch.cpu again, where the answer cannot change within a process."""
+    monkeypatch.setattr(common, "_slow_bf16_decided", False)
+    probes = []
+    monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: probes.append(1) or True)
+    for _ in range(3):
+        assert autocast_output(capsys, "cpu", "bfloat16")[1] == ""
+    assert len(probes) == 1
 
 
 BENCH_RUNS = {  # tiny bf16 runs of the benches that build their own autocast (or bf16 weights): their main's argv
@@ -99,7 +110,7 @@ def test_the_benches_in_bf16_on_a_cpu_without_native_bf16_give_the_note_once(mon
     run on such a CPU never said why it was slow; they now go through nanochat.common's note, printed once."""
     from conftest import load_bench
 
-    monkeypatch.setattr(common, "_slow_bf16_noted", False)
+    monkeypatch.setattr(common, "_slow_bf16_decided", False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: False)
     bench = load_bench(name)
