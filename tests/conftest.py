@@ -1,7 +1,6 @@
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -140,21 +139,13 @@ def sigterm_after(monkeypatch, module, name: str, calls_before: int) -> list:
 
 
 def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
-    """Run ``torchrun --standalone --nproc_per_node=nproc script args`` on CPU (gloo) and return the result."""
-    import subprocess
+    """Run ``torchrun --standalone --nproc_per_node=nproc script args`` on CPU (gloo) and return the result (its
+    launcher forked from one that imported torch once: torchrun_forked)."""
+    import torchrun_forked
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # a hung launch is killed with its workers: subprocess.run killed torchrun alone, and the workers (in
-            # process groups of their own) stayed blocked in their collectives, holding the output pipes open
-            kill_tree(proc.pid)
-            proc.communicate()
-            raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    argv = ["--standalone", f"--nproc_per_node={nproc}", str(script), *args]
+    return torchrun_forked.run(argv, env=env, cwd=REPO, timeout=timeout)
 
 
 # the checks of tests/_gloo_checks_worker.py, all in the one 2-rank launch of the session fixture gloo_checks

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import base_eval_fixtures
+import torchrun_forked
 from conftest import REPO
 from nanochat import checkpoint as ckpt
 from nanochat import launcher_watch
@@ -95,13 +96,14 @@ def drain_until_told(pipe, stop: threading.Event) -> None:
 
 def test_killed_torchrun_workers_save_and_exit(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "scripts.base_train", *TINY, "--device-batch-size", "2", "--total-batch-size", "256",
-           "--num-iterations", "1000000", "--run-dir", str(run)]
+    argv = ["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train", *TINY, "--device-batch-size", "2",
+            "--total-batch-size", "256", "--num-iterations", "1000000", "--run-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    torchrun = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    read_end, write_end = os.pipe()
+    with open(write_end, "wb") as write:  # the launcher holds its own copy
+        torchrun = torchrun_forked.Launch(argv, cwd=REPO, env=env, stdout=write)
     stop_reading = threading.Event()
-    reader = threading.Thread(target=drain_until_told, args=(torchrun.stdout, stop_reading), daemon=True)
+    reader = threading.Thread(target=drain_until_told, args=(open(read_end, "rb"), stop_reading), daemon=True)
     reader.start()
     workers = []
     try:
@@ -138,12 +140,11 @@ def test_killed_torchrun_eval_ranks_stop_with_what_finished(tiny_run, tmp_path):
 
     root, _, _, bundle = tiny_run
     out, log = tmp_path / "o", tmp_path / "log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(EVAL_WORKER),
-           str(tmp_path), "--run-dir", str(root / "run"), "--bundle", str(bundle), "--eval", "core", "--no-progress",
-           "--device-type", "cpu", "--out-dir", str(out)]
+    argv = ["--standalone", "--nproc_per_node=2", str(EVAL_WORKER), str(tmp_path), "--run-dir", str(root / "run"),
+            "--bundle", str(bundle), "--eval", "core", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     with open(log, "w") as f:
-        torchrun = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        torchrun = torchrun_forked.Launch(argv, cwd=REPO, env=env, stdout=f)
     workers = []
     try:
         wait_until(lambda: all((tmp_path / f"in_task.{r}").exists() for r in (0, 1)), "second CORE task")

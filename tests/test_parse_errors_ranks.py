@@ -6,14 +6,13 @@ own usage, error line and exit code 2."""
 import argparse
 import os
 import re
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import torchrun_forked
 from conftest import REPO
 from nanochat import common
 from nanochat.cli_types import NodeParser
@@ -36,8 +35,8 @@ BAD_FLAGS = {  # script, flags, the error's words
 def test_a_flag_error_is_printed_once_under_torchrun(case):
     module, flags, needle = BAD_FLAGS[case]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-                           module, *flags], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = torchrun_forked.run(["--standalone", "--nproc_per_node=2", "-m", module, *flags], env=env, cwd=REPO,
+                               timeout=300)
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
     assert len(errors) == 1 and needle in errors[0], done.stderr
     assert sum(line.startswith("usage: ") for line in done.stderr.splitlines()) == 1, done.stderr
@@ -119,9 +118,8 @@ def test_the_waiting_rank_prints_the_error_itself_if_not_ended(monkeypatch, caps
 
 def test_help_is_printed_once_under_torchrun():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-                           "scripts.base_train", "--help"], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = torchrun_forked.run(["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train", "--help"], env=env,
+                               cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("usage: python -m scripts.base_train") == 1, done.stdout
     assert "--mome-shared-table-kernel" in done.stdout

@@ -4,13 +4,12 @@ must not exit first: it waits to be ended, and prints the error itself only if t
 
 import os
 import re
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 
+import torchrun_forked
 from conftest import REPO
 from nanochat import common
 from nanochat.launcher_watch import LAUNCHER_ENV
@@ -25,9 +24,8 @@ NEEDLE = {"preflight": "--total-batch-size 1000 is not divisible", "dry-run": "-
 def test_an_error_before_the_process_group_is_printed_once_under_torchrun(tmp_path, where):
     flags = NOT_DIVISIBLE if where == "preflight" else ["--dry-run", "--init-from", str(tmp_path / "nosuch")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-                           "scripts.base_train", *TINY, "--run-dir", str(tmp_path / "run"), *flags], env=env,
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = torchrun_forked.run(["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train", *TINY,
+                                "--run-dir", str(tmp_path / "run"), *flags], env=env, cwd=REPO, timeout=300)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and NEEDLE[where] in errors[0], done.stderr
     # local rank 0 printed it and exited first, with base_train's code: the root cause torchrun names

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+import torchrun_forked
 from conftest import REPO, kill_tree, run_torchrun
 from nanochat import checkpoint as ckpt
 from nanochat import optim_shard
@@ -90,10 +91,9 @@ def test_two_process_kill_and_resume_matches_one_process(tmp_path, capsys):
     ref, run = tmp_path / "ref", tmp_path / "run"
     assert base_train.main([*flags, "--run-dir", str(ref)]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-           *flags, "--run-dir", str(run)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    with open(os.devnull, "w") as devnull:
+        proc = torchrun_forked.Launch(["--standalone", "--nproc_per_node=2", str(SCRIPT), *flags, "--run-dir",
+                                       str(run)], cwd=REPO, env=env, stdout=devnull)
     deadline = time.time() + 300
     while time.time() < deadline and not (run / "checkpoints" / "step_000004").exists() and proc.poll() is None:
         time.sleep(0.05)
@@ -217,9 +217,10 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
     one more, so each worker gets two SIGTERMs. The run still saves a checkpoint and a resumable summary."""
     run = tmp_path / "r"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-           *TINY, *BATCH, "--num-iterations", "400", "--run-dir", str(run)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as f:
+        proc = torchrun_forked.Launch(["--standalone", "--nproc_per_node=2", str(SCRIPT), *TINY, *BATCH,
+                                       "--num-iterations", "400", "--run-dir", str(run)], cwd=REPO, env=env, stdout=f)
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -228,7 +229,8 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
     assert len(workers) == 2
     for pid in [proc.pid, *map(int, workers)]:
         os.kill(pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    proc.wait(timeout=300)
+    out = log.read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and 3 <= summary["step"] < 400, out[-3000:]
     assert ckpt.list_steps(run) == [summary["step"]], out[-3000:]
