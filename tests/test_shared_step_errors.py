@@ -73,3 +73,43 @@ def test_rank_0s_own_error_is_the_cause_when_rank0_decides_exchange_fails(monkey
     with pytest.raises(RuntimeError, match="simulated exchange failure") as raised:
         common.rank0_decides(decide)
     assert isinstance(raised.value.__cause__, FileNotFoundError), raised.value.__cause__
+
+
+@pytest.mark.parametrize("chained", ["cause", "context"])
+def test_the_frames_of_a_chained_error_are_freed_too(monkeypatch, chained):
+    """An error raised while another was handled (``raise X from e``, or a failure in an except block) holds the first
+    one through ``__cause__``/``__context__``, and that one's traceback holds the frames where it was raised: the
+    half-built model there must be let go of as well."""
+    alive = []
+
+    def forward():
+        model = Model()  # noqa: F841 - held only by this frame, which only the first error's traceback reaches
+        alive.append(weakref.ref(model))
+        raise torch.OutOfMemoryError("simulated CUDA out of memory")
+
+    def step():
+        try:
+            forward()
+        except torch.OutOfMemoryError as e:
+            if chained == "cause":
+                raise RuntimeError("the step failed") from e
+            raise RuntimeError("the handler failed too")
+
+    def exchange(out, obj):
+        gc.collect()
+        assert alive[0]() is None, "the chained error's frames are alive during the exchange"
+        out[:] = [obj, (None, None)]  # rank 1 succeeded
+
+    fake_world(monkeypatch, exchange)
+    with pytest.raises(RuntimeError, match="rank 0 of 2: ") as raised:
+        common.every_rank_ok(step)
+    first = raised.value.own_error.__cause__ if chained == "cause" else raised.value.own_error.__context__
+    assert isinstance(first, torch.OutOfMemoryError), first
+    assert "in forward" in "".join(traceback.format_exception(first))  # still printable
+
+
+def test_clearing_the_frames_of_a_cyclic_chain_ends(monkeypatch):
+    """A chain that loops (an error set as its own cause's context, by hand or by a library) is walked once."""
+    first, second = RuntimeError("first"), RuntimeError("second")
+    second.__cause__, first.__context__ = first, second
+    assert common.let_go_of_the_failed_work(second) is second
