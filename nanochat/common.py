@@ -200,14 +200,15 @@ def let_go_of_the_failed_work(error: Exception) -> Exception:
     an OOM: the half-built model those frames held would otherwise stay allocated through the exchange that shares
     the error (all_gather_object allocates on the GPU under NCCL), which could fail for want of that memory. The
     errors it was raised from or while handling (``__cause__``, ``__context__``) hold their own frames: cleared too."""
-    seen, chain = set(), [error]
+    seen, chain, oom = set(), [error], False
     while chain:  # every error of the chain once (a hand-made chain can loop)
         exc = chain.pop()
         if exc is not None and id(exc) not in seen:
             seen.add(id(exc))
             traceback.clear_frames(exc.__traceback__)
+            oom |= isinstance(exc, torch.OutOfMemoryError)  # an OOM a step caught and raised as another error too
             chain += [exc.__cause__, exc.__context__]
-    if isinstance(error, torch.OutOfMemoryError) and torch.cuda.is_initialized():
+    if oom and torch.cuda.is_initialized():
         gc.collect()  # what the cleared frames held, in reference cycles
         torch.cuda.empty_cache()
     return error

@@ -113,3 +113,21 @@ def test_clearing_the_frames_of_a_cyclic_chain_ends(monkeypatch):
     first, second = RuntimeError("first"), RuntimeError("second")
     second.__cause__, first.__context__ = first, second
     assert common.let_go_of_the_failed_work(second) is second
+
+
+@pytest.mark.parametrize("raised", ["oom", "chained_oom", "other"])
+def test_cudas_cache_is_emptied_after_an_oom_in_the_chain(monkeypatch, raised):
+    """An OOM caught and raised again as another error (a step's own wrapper) is still an OOM to recover from."""
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    try:
+        try:
+            raise torch.OutOfMemoryError("simulated") if raised != "other" else ValueError("not an OOM")
+        except Exception as e:
+            if raised == "oom":
+                raise
+            raise RuntimeError("the step failed") from e
+    except Exception as error:
+        common.let_go_of_the_failed_work(error)
+    assert emptied == ([] if raised == "other" else [True])
