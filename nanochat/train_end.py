@@ -20,7 +20,7 @@ from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_
                              post_rank_error, print0, rank_errors_count, rank_errors_posted)
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
-from nanochat.report import REPORT, read_json, write_run_report
+from nanochat.report import REPORT, unfinished, write_run_report
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.train_setup import write_json
 
@@ -477,8 +477,9 @@ def record_set_up_error(args, progress: SetUpProgress, errors: dict[int, str], w
 
 
 def completed_summary(run_dir: Path) -> bool:
+    """summary.json is a completed run's account (report.unfinished: None), which scripts.run and results read."""
     try:
-        return (read_json(run_dir / "summary.json") or {}).get("stop_reason") == "completed"
+        return unfinished(run_dir) is None
     except (OSError, ValueError):  # unreadable, or not a JSON object: nothing to keep
         return False
 

@@ -258,3 +258,17 @@ def test_a_lone_rank_waits_long_for_rank_0_under_gloo_only(monkeypatch, capsys):
     wait_for_rank0_summary(GroupStore(store, 1, 2, "nccl"), "never/0", "never/summary", set_up_rank0_wait_s("nccl"))
     assert 0.3 <= time.monotonic() - started < 5
     assert "rank 1: no word of summary.json from rank 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("summary, kept", [(None, False), ('{"stop_reason": "completed"}', True),
+                                           ('{"stop_reason": "interrupted"}', False), ('{"stop_reason": ', False),
+                                           ('["completed"]', False)],
+                         ids=["none", "completed", "interrupted", "torn", "not_an_object"])
+def test_a_failed_set_up_keeps_only_a_completed_summary(tmp_path, summary, kept):
+    """completed_summary is report.unfinished's "finished" (what scripts.run and results read as done); a torn or
+    foreign summary.json is nothing to keep, where unfinished raises."""
+    from nanochat.train_end import completed_summary
+
+    if summary is not None:
+        (tmp_path / "summary.json").write_text(summary)
+    assert completed_summary(tmp_path) is kept
