@@ -111,12 +111,15 @@ def summary_not_written(run: Run, reason: str, evals: dict, error: OSError) -> s
     checkpoint is saved whatever the reason, so a --resume writes the summary: for a completed run it reruns the
     final evaluation (the parts kept during it are deleted once it completes) and writes it, as after an
     interruption."""
+    from nanochat.final_eval import training_stop_words  # here: final_eval imports this module
+
     path = written_path(error.filename, run.run_dir / "summary.json")
     step, signal = run.loop["step"], evals.get("signal")
-    done = {"completed": "training completed and its final evaluation finished",
-            "wall_time_limit": "training stopped at its wall-time limit and its final evaluation finished"}.get(
-        reason, f"the final evaluation was interrupted ({signal})" if "interrupted_during" in evals else
-        f"training was interrupted ({signal})")
+    if reason in ("completed", "wall_time_limit"):
+        done = f"{training_stop_words(reason)} and its final evaluation finished"
+    else:
+        done = f"the final evaluation was interrupted ({signal})" if "interrupted_during" in evals else \
+            f"training was interrupted ({signal})"
     then = f"{resume_way()} reruns the final evaluation and writes summary.json" if reason == "completed" else \
         f"{how_to_continue()}: summary.json is written when it stops"
     return f"error: {path.name} not written: {error}\n{done} (the checkpoint of step {step} is saved); free space " \
