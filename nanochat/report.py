@@ -152,16 +152,17 @@ def run_facts(run_dir) -> dict:
     config, summary = config or {}, summary or {}
     args, plan = recorded_args(config), config.get("plan") or {}
     sessions = read_json(run_dir / ENVIRONMENT, {}).get("sessions", [])
-    data_dir = None if args.get("synthetic_data") else _data_dir(run_dir, args)
+    data_dir = None if args.get("synthetic_data") else _data_dir(run_dir, config, args)
     return {"run_dir": str(run_dir), "run_name": summary.get("run_name") or args.get("run_name") or run_dir.name,
             "memory": config.get("model_config", {}).get("memory"), "config": config, "summary": summary,
             "args": args, "plan": plan, "sessions": sessions, "env": sessions[-1] if sessions else {},
             "data_dir": data_dir, "data_manifest": _manifest(data_dir)}
 
 
-def _data_dir(run_dir: Path, args: dict) -> str | None:
+def _data_dir(run_dir: Path, config: dict, args: dict) -> str | None:
     """The data directory the run read: the resolved path its last checkpoint's meta.json records (the default one
-    included, as $NANOCHAT_DATA_DIR or the cache resolved it then); before any checkpoint, --data-dir if given."""
+    included, as $NANOCHAT_DATA_DIR or the cache resolved it then); before any checkpoint, config.json's (resolved
+    too), else (an older run's config.json) --data-dir as given."""
     from nanochat import checkpoint as ckpt  # torch: imported only by the reports that need it
 
     steps = ckpt.list_steps(run_dir)
@@ -169,7 +170,7 @@ def _data_dir(run_dir: Path, args: dict) -> str | None:
         recorded = ckpt.load_meta(run_dir, steps[-1]).get("data_dir") if steps else None
     except ValueError:  # a corrupt meta.json: the flags still tell what they can
         recorded = None
-    return recorded or args.get("data_dir")
+    return recorded or (config.get("data") or {}).get("data_dir") or args.get("data_dir")
 
 
 def _manifest(data_dir: str | None) -> dict:

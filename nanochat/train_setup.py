@@ -52,8 +52,8 @@ class RunData:
     train_split_tokens: int | None = None
 
     def describe(self) -> dict:
-        return {"source": self.source, "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
-                "bundle": str(self.bundle) if self.bundle else None}
+        return {"source": self.source, "data_dir": self.data_dir, "vocab_size": self.vocab_size,
+                "val_rows": len(self.val_rows), "bundle": str(self.bundle) if self.bundle else None}
 
 
 def _same_on_every_rank(flag: str, requested: str, name: str, fix: str) -> None:
@@ -192,8 +192,10 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
             raise ValueError(f"--data-dir {data_dir}: {e}") from e
 
     tokenizer, token_bytes, manifest, loader = every_rank_ok(open_local)
+    # resolved, as in meta.json: a report or eval read from another directory names the same data
+    data_dir, tok_dir = data_dir.resolve(), tok_dir.resolve()
     return RunData(loader, None, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
-                   tokenizer_dir=str(tok_dir.resolve()), data_dir=str(data_dir.resolve()),
+                   tokenizer_dir=str(tok_dir), data_dir=str(data_dir),
                    tokenizer_sha256=tokenizer.fingerprint(), data_sha256=manifest_fingerprint(manifest))
 
 

@@ -331,3 +331,34 @@ def test_the_data_row_shows_the_data_dir_the_checkpoints_record(tmp_path):
         (ckpt.step_dir(run, step) / "meta.json").write_text(json.dumps({"model_config": {"memory": "base"},
                                                                         "data_dir": str(where)}))
     assert table_value(report.run_report(run), "data") == f"embedded in `{data}` (source: data/embedded)"
+
+
+def test_config_json_records_the_data_dir_resolved_and_the_report_reads_it_from_anywhere(
+        tmp_path, monkeypatch, embedded_data_dir, tiny_tokenizer_dir):
+    """config.json's "data" recorded a relative --data-dir as given ("data"): a report of a run with no checkpoint yet,
+    read from another directory, named `data` and read no manifest (or another one). It records the resolved path,
+    as meta.json's data_dir and tokenizer_dir; an older config.json (no "data" "data_dir") reads as it did."""
+    from nanochat.train_args import parse_args
+    from nanochat.train_setup import load_run_data
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data").symlink_to(embedded_data_dir)
+    (work / "tok").symlink_to(tiny_tokenizer_dir)
+    monkeypatch.chdir(work)
+    args = parse_args(["--data-dir", "data", "--tokenizer-dir", "tok", "--dataset", "embedded"])
+    data = load_run_data(args, 0, 1, "cpu")
+    data.val_rows = torch.zeros(0, 1)  # load_eval_rows' work, not needed for the record
+    recorded = data.describe()
+    assert recorded["data_dir"] == str(embedded_data_dir.resolve()), recorded
+    assert recorded["source"] == f"{embedded_data_dir.resolve()} (tokenizer {tiny_tokenizer_dir.resolve()})", recorded
+    run = fake_run(tmp_path, "r", "base")
+    config = json.loads((run / "config.json").read_text())
+    config["args"]["data_dir"], config["data"] = "data", recorded
+    (run / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)  # the report is read elsewhere: the relative flag no longer names the data
+    assert table_value(report.run_report(run), "data") == \
+        f"embedded in `{embedded_data_dir.resolve()}` (source: data/embedded)"
+    del config["data"]["data_dir"]  # an older run's config.json: the flag as given, as before
+    (run / "config.json").write_text(json.dumps(config))
+    assert table_value(report.run_report(run), "data") == "embedded in `data`"
