@@ -47,8 +47,8 @@ from pathlib import Path
 
 import torch
 
-from nanochat.checkpoint import check_not_synthetic as ckpt_check_not_synthetic
-from nanochat.checkpoint import existing_step, load_model, recorded_run_args, recorded_value, require_files, step_dir
+from nanochat.checkpoint import (check_not_synthetic, existing_step, load_model, recorded_run_args, recorded_value,
+                                 require_files, step_dir)
 from nanochat.cli_types import NodeParser, checkpoint_step, device_type_name, positive_int, recorded_args
 from nanochat.eval_bundle import add_core_flags
 from nanochat.common import (DTYPES, autocast_context, compute_cleanup, compute_init, every_rank_ok, print0,
@@ -453,14 +453,6 @@ def evaluate(args) -> int:
             lock.release(remove_file=True)
 
 
-def check_not_synthetic(meta: dict, where: str) -> None:
-    """A run trained with --synthetic-data saw a seeded random walk over token ids that no tokenizer produced: CORE
-    (the bundle's prompts) and bpb (the data's splits, a --bpb-corpus) tokenize text with the run's tokenizer, so
-    there is nothing to score, with any --tokenizer-dir. The checkpoint's own config says so (its step's flags)."""
-    ckpt_check_not_synthetic(meta, where, "CORE and bpb score text in the run's own tokenizer (CORE the bundle's "
-                             "prompts, bpb the data's splits and --bpb-corpus files)", "evaluate")
-
-
 def check_flags_against(args, meta: dict, device_type: str) -> None:
     """The checks of the flags against the checkpoint that enter no collective (the set-up repeats them), run first,
     in every_rank_ok: a refusal each rank raised on its own was printed by every rank. The set-up's own checks
@@ -480,7 +472,9 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     model, meta = every_rank_ok(lambda: load_chosen_checkpoint(run, step, device))
     model.eval()
     # the flags against the checkpoint: refused alike on every rank, so print_error prints it once
-    every_rank_ok(lambda: check_not_synthetic(meta, f"{run} step {step}"))
+    every_rank_ok(lambda: check_not_synthetic(meta, f"{run} step {step}", "CORE and bpb score text in the run's own "
+                                              "tokenizer (CORE the bundle's prompts, bpb the data's splits and "
+                                              "--bpb-corpus files)", "evaluate"))
     every_rank_ok(lambda: check_flags_against(args, meta, device.type))
     numerics = apply_numerics(model, args.numerics)
     dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)

@@ -10,11 +10,12 @@ NO_FLAGS = [{}, {"config": None}, {"config": {}}, {"config": {"args": None}}, {"
 @pytest.mark.parametrize("meta", NO_FLAGS)
 def test_a_checkpoint_that_records_no_flags_reads_as_none_recorded(meta):
     from nanochat.analysis import train_rows_order
-    from scripts.base_eval import PAPER_EVAL_TOKENS, check_not_synthetic, eval_dtype, eval_tokens_of
+    from nanochat.checkpoint import check_not_synthetic
+    from scripts.base_eval import PAPER_EVAL_TOKENS, eval_dtype, eval_tokens_of
 
     assert eval_tokens_of("run", meta) == (PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)")
     assert eval_dtype("run", meta, "cpu") == ("float32", "default for this device (the checkpoint does not record one)")
-    check_not_synthetic(meta, "this run")  # nothing recorded: not refused
+    check_not_synthetic(meta, "this run", "why", "evaluate")  # nothing recorded: not refused
     # no --data-seed recorded (an imported run): the train split's first documents, as base_eval's train rows
     assert train_rows_order("run", meta)[0] is None
 
