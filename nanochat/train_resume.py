@@ -93,8 +93,9 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
         if saved is not None and saved != getattr(data, key):
             diffs.append(f"{flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
                          f"({meta.get(where)})")
-    diffs += init_from.resume_differences(ckpt.recorded_config(meta).get("init_from"), args.init_from)
-    saved_n = (ckpt.recorded_config(meta).get("plan") or {}).get("num_iterations")
+    recorded = ckpt.recorded_config(meta)
+    diffs += init_from.resume_differences(recorded.get("init_from"), args.init_from)
+    saved_n = (recorded.get("plan") or {}).get("num_iterations")
     if saved_n is not None and saved_n != plan["num_iterations"]:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
     if diffs:
