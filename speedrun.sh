@@ -104,7 +104,10 @@ done_run() {  # done_run RUN_DIR BASE_TRAIN_FLAGS...: the run finished with thes
     local run="$1"
     shift
     python -m scripts.speedrun_preflight "done" "$run" -- "$@" || return 1
-    echo "[speedrun] $run already done (completed with its final evaluation): not trained again"
+    say_done "$run"
+}
+say_done() {
+    echo "[speedrun] $1 already done (completed with its final evaluation): not trained again"
 }
 
 step bash scripts/setup_env.sh
@@ -112,6 +115,9 @@ hold_venv speedrun  # .venv's lock, shared: an install (test.sh's, a user's) wai
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1
+# a stop's way on, as base_train says it (nanochat/run_control.how_to_continue): this command, not base_train's
+# --resume, which speedrun.sh passes itself
+export NANOCHAT_CONTINUE_COMMAND="bash speedrun.sh"
 
 gpu_run() {
     local ngpu="$1" data="${NANOCHAT_DATA_DIR:-$HOME/.cache/nanochat/data}/fineweb-edu" run=runs/speedrun_d12_mome
@@ -146,28 +152,27 @@ gpu_run() {
     step python -m scripts.report "$run" --output "$run/comparison.md" --title "speedrun: d12 MoME (A2/6) at 3e18 FLOPs"
 }
 
-cpu_demo() {
-    local root=runs/speedrun_cpu bundle=subset t0=$SECONDS
+# The CPU demo's two models, all but their --dtype: chosen with the mode below, in the same Python start
+root=runs/speedrun_cpu bundle=subset
+[ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
+# a checkpoint every 50 steps (the last one kept): a crash or a second Ctrl-C loses at most 50 steps of a model
+common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64 --max-seq-len 256
+        --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}" --eval-every -1
+        --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}" --log-every 10
+        --save-every 50 --keep-last 1 --resume auto)
+base=("${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base")
+mome=("${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 --run-name speedrun_cpu_mome --run-dir "$root/mome")
+
+cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "train", as the mode check said them
+    local dtype="$1" t0=$SECONDS
     demo="CPU demo"
     echo "the CPU demo in $root (pid $$)" >runs/speedrun.lock  # what a second speedrun.sh is told
-    [ -f ../shared/eval_bundle/core.yaml ] && bundle=../shared/eval_bundle
-    # DEMO_DTYPE, else a model's checkpoint's, else bf16 only where this CPU multiplies bf16 natively (elsewhere a
-    # bf16 matmul costs ~60x a float32 one); the choice and why on one line
-    local dtype
-    dtype="$(python -m scripts.speedrun_preflight dtype "$root" --asked "${DEMO_DTYPE:-}")"
-    # a checkpoint every 50 steps (the last one kept): a crash or a second Ctrl-C loses at most 50 steps of a model
-    local common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --head-dim 64
-                  --max-seq-len 256 --device-batch-size 16 --total-batch-size 4096 --num-iterations "${DEMO_STEPS:-300}"
-                  --eval-every -1 --eval-tokens 65536 --bundle "$bundle" --core-max-per-task "${DEMO_CORE_MAX:-24}"
-                  --dtype "$dtype" --log-every 10 --save-every 50 --keep-last 1 --resume auto)
-    local base=("${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base")
-    local mome=("${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 --run-name speedrun_cpu_mome
-                --run-dir "$root/mome")
+    base=(--dtype "$dtype" "${base[@]}") mome=(--dtype "$dtype" "${mome[@]}")
     # a run that completed with its final evaluation and these flags is not trained or evaluated again (one stopped
     # in its final evaluation is: base_train --resume runs it); when both are, neither is the data or the tokenizer
     local train_base=yes train_mome=yes
-    if done_run "$root/base" "${base[@]}"; then train_base=""; fi
-    if done_run "$root/mome" "${mome[@]}"; then train_mome=""; fi
+    if [ "$2" = done ]; then train_base=""; say_done "$root/base"; fi
+    if [ "$3" = done ]; then train_mome=""; say_done "$root/mome"; fi
     if [ -z "$train_base$train_mome" ] && [ -f "$root/report.md" ]; then
         echo "[speedrun] CPU demo already done: report at $root/report.md (delete $root to run it again)"
         return 0
@@ -216,13 +221,20 @@ cpu_demo() {
     fi
     step python -m scripts.report "$root/base" "$root/mome" --output "$root/report.md" \
         --title "CPU demo: tiny Base vs tiny MoME (embedded corpus, $dtype, bundle: $bundle)"
-    echo "[speedrun] CPU demo done in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
+    # the time of this invocation alone: a demo stopped and run again trained partly in earlier ones (the report's
+    # "train min" is each model's over its sessions: the loop's clock is in its checkpoints)
+    echo "[speedrun] CPU demo done: report at $root/report.md (this invocation: $(( (SECONDS - t0) / 60 ))m$((
+        (SECONDS - t0) % 60 ))s; each model's training time over all its sessions: the report's train min)"
 }
 
-# "gpu N" or "cpu 0"; stops with advice (exit 2) when GPUs are there but torch cannot use them, or no internet
-decision="$(python -m scripts.speedrun_preflight mode)"
-read -r mode ngpu <<<"$decision"
+# "gpu N" or "cpu 0 DTYPE BASE MOME", in one Python start (each costs 2-3 s of torch import here): the demo's dtype
+# is DEMO_DTYPE, else a model's checkpoint's, else bf16 only where this CPU multiplies bf16 natively (elsewhere a bf16
+# matmul costs ~60x a float32 one), its choice and why on one line; BASE and MOME are "done" or "train" (done_run's
+# check with that dtype). Stops with advice (exit 2) when GPUs are there but torch cannot use them, or no internet
+decision="$(python -m scripts.speedrun_preflight mode --demo-dir "$root" --asked "${DEMO_DTYPE:-}" -- "${base[@]}" \
+    -- "${mome[@]}")"
+read -r mode ngpu dtype base_state mome_state <<<"$decision"
 case "$mode" in
     gpu) gpu_run "$ngpu" ;;
-    cpu) cpu_demo ;;
+    cpu) cpu_demo "$dtype" "$base_state" "$mome_state" ;;
 esac

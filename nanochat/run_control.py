@@ -238,7 +238,17 @@ def resume_way() -> str:
     return "running the same scripts.run command again" if os.environ.get(RUNNER_AFRESH_ENV) else "--resume"
 
 
+# the command of a wrapper that runs base_train with --resume auto itself (speedrun.sh sets "bash speedrun.sh"): the
+# way on a stop names. Only how_to_continue reads it; the runner's RUNNER_AFRESH_ENV, when set, comes first
+CONTINUE_COMMAND_ENV = "NANOCHAT_CONTINUE_COMMAND"
+
+
 def how_to_continue() -> str:
-    """The way on after a stop, as a clause: "continue with --resume" (``resume_way``)."""
+    """The way on after a stop, as a clause: "continue with --resume" (``resume_way``), or under a wrapper that names
+    its command in CONTINUE_COMMAND_ENV, "continue by running 'bash speedrun.sh' again". resume_way itself keeps
+    "--resume" there: its callers read any other value as scripts.run's (whose flags go after its --)."""
     way = resume_way()
+    wrapper = os.environ.get(CONTINUE_COMMAND_ENV)
+    if way == "--resume" and wrapper:
+        return f"continue by running '{wrapper}' again"
     return "continue with --resume" if way == "--resume" else f"continue by {way}"

@@ -1,10 +1,13 @@
 """What speedrun.sh does on this machine, decided before any download or tokenizer training.
 
-    python -m scripts.speedrun_preflight mode
+    python -m scripts.speedrun_preflight mode [--demo-dir DIR [--asked D] -- BASE_FLAGS... -- MOME_FLAGS...]
         stdout "gpu N" or "cpu 0". Exits 2 with advice when nvidia-smi sees GPUs that torch cannot use (a CPU
         torch in .venv, a driver too old for the wheel, CUDA_VISIBLE_DEVICES hiding them) or when a GPU machine
         cannot reach huggingface.co: a GPU machine never falls back to the CPU demo on its own.
-        SPEEDRUN_MODE=gpu|cpu skips the detection (cpu: run the demo deliberately).
+        SPEEDRUN_MODE=gpu|cpu skips the detection (cpu: run the demo deliberately, without importing torch here).
+        With --demo-dir and the demo models' flags but --dtype, the CPU path's line is "cpu 0 DTYPE BASE MOME": the
+        demo's dtype as `dtype` chooses it, then for each model "done" or "train" as `done` decides with
+        --dtype DTYPE added. One Python start for what speedrun.sh needs before the demo (each costs 2-3 s here).
     python -m scripts.speedrun_preflight layout --gpus N [--max-device-batch 32] -- BASE_TRAIN_FLAGS...
         stdout "NPROC DEVICE_BATCH": the most GPUs (then the largest device batch) that split the flags' total
         batch exactly, after a base_train --dry-run of the flags with that layout (so the flags are checked;
@@ -110,10 +113,11 @@ def unusable_gpus(p: Probe) -> str:
             f"  fix: {fix}\n  to run the CPU demo on this machine on purpose: SPEEDRUN_MODE=cpu bash speedrun.sh")
 
 
-def decide_mode(requested: str, p: Probe, internet) -> tuple[str, int]:
+def decide_mode(requested: str, p: Probe | None, internet) -> tuple[str, int]:
     """("gpu", GPUs torch can use) or ("cpu", 0); raises Stop rather than running the CPU demo on a GPU machine.
 
-    ``internet`` is called only when the GPU run is otherwise possible (it may take seconds)."""
+    ``p`` may be None for SPEEDRUN_MODE=cpu; ``internet`` is called only when the GPU run is otherwise possible (it may
+    take seconds)."""
     if requested not in ("", "gpu", "cpu"):
         raise Stop(f"SPEEDRUN_MODE must be gpu or cpu (got {requested!r})")
     if requested == "cpu":
@@ -168,26 +172,46 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     so that a run finished by hand with --resume, or on another GPU count, is not evaluated again.
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
-    from nanochat.cli_types import recorded_args, recorded_args_now
-    from nanochat.report import read_json, unfinished
-    from nanochat.train_args import parse_args
-    from nanochat.train_resume import read_old_records
-    from scripts.results import SAME_RUN_IGNORED_ARGS
+    from nanochat.report import unfinished
 
     problem = unfinished(run_dir)
     if problem:
         return problem
+    # torch comes with these (2-3 s here): only for a completed run
+    from nanochat.cli_types import recorded_args, recorded_args_now
+    from nanochat.report import read_json
+    from nanochat.train_args import parse_args
+    from nanochat.train_resume import read_old_records
+    from scripts.results import SAME_RUN_IGNORED_ARGS
+
     saved = recorded_args(read_json(run_dir / "config.json"))
     args = parse_args(train_flags)
     with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
         read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0
     saved = recorded_args_now(saved)
-    # the args as config.json holds them; None is a default base_train resolves (run name, data seed, compile)
+    if args.data_seed is None:  # as base_train resolves it; its other resolved defaults (run name, compile) are
+        args.data_seed = args.seed  # ignored
+    # the args as config.json holds them. A flag speedrun.sh leaves at its default counts too (a model finished by
+    # hand with --init-from is another model); a default one an older config.json lacks (added since) is not compared
     wanted = json.loads(json.dumps(vars(args), default=str))
     missing = object()
-    differ = sorted(k for k, v in wanted.items()
-                    if v is not None and k not in SAME_RUN_IGNORED_ARGS and saved.get(k, missing) != v)
+    differ = sorted(k for k, v in wanted.items() if k not in SAME_RUN_IGNORED_ARGS and (v is not None or k in saved)
+                    and saved.get(k, missing) != v)
     return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
+
+
+def demo_state(train_flags: list[str], run_dir: Path | None = None) -> str:
+    """"done" when the run of ``train_flags`` (in ``run_dir``, else its --run-dir) is finished (``unfinished_run``),
+    else "train"."""
+    if run_dir is None:
+        only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        only.add_argument("--run-dir", type=Path, required=True)
+        run_dir = only.parse_known_args(train_flags)[0].run_dir
+    try:
+        return "train" if unfinished_run(run_dir, train_flags) else "done"
+    except ValueError as e:  # a run file that is not JSON, a recorded flag base_train --resume refuses: not done;
+        say(f"{run_dir}: {e}")  # base_train --resume says what it finds
+        return "train"
 
 
 def demo_dtype(demo_dir: Path, asked: str = "") -> tuple[str, str]:
@@ -215,21 +239,38 @@ def demo_dtype(demo_dir: Path, asked: str = "") -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    train_flags = []
+    train_flags, demo_flags = [], []
     if "--" in argv:
         i = argv.index("--")
         argv, train_flags = argv[:i], argv[i + 1:]
+        while "--" in train_flags:  # mode: the demo models' flags, one list after each --
+            i = train_flags.index("--")
+            demo_flags.append(train_flags[:i])
+            train_flags = train_flags[i + 1:]
+        demo_flags.append(train_flags)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("mode", "layout", "done", "dtype"))
     ap.add_argument("run_dir", nargs="?", type=Path, help="done: the run directory; dtype: the demo's")
     ap.add_argument("--gpus", type=int, default=None, help="layout: GPUs available")
     ap.add_argument("--max-device-batch", type=int, default=32, help="layout: largest rows per micro-batch")
-    ap.add_argument("--asked", default="", choices=("", "bfloat16", "float32"), help="dtype: DEMO_DTYPE")
+    ap.add_argument("--asked", default="", choices=("", "bfloat16", "float32"), help="dtype, mode: DEMO_DTYPE")
+    ap.add_argument("--demo-dir", type=Path, default=None, help="mode: the CPU demo's directory")
     args = ap.parse_args(argv)
     try:
         if args.what == "mode":
-            mode, ngpu = decide_mode(os.environ.get("SPEEDRUN_MODE", ""), probe(), have_internet)
-            print(mode, ngpu)
+            requested = os.environ.get("SPEEDRUN_MODE", "")
+            # SPEEDRUN_MODE=cpu needs no probe (nor torch, 2-3 s to import here)
+            mode, ngpu = decide_mode(requested, None if requested == "cpu" else probe(), have_internet)
+            if mode == "cpu" and args.run_dir is not None:
+                ap.error("mode takes --demo-dir DIR, not a positional directory")
+            if mode == "cpu" and args.demo_dir is not None:
+                if len(demo_flags) != 2 or not all(demo_flags):
+                    ap.error("mode --demo-dir needs the two demo models' flags: -- BASE_FLAGS... -- MOME_FLAGS...")
+                dtype, why = demo_dtype(args.demo_dir, args.asked)
+                say(f"CPU demo dtype: {dtype} ({why})")
+                print(mode, ngpu, dtype, *(demo_state([*flags, "--dtype", dtype]) for flags in demo_flags))
+            else:
+                print(mode, ngpu)
         elif args.what == "dtype":
             if args.run_dir is None:
                 ap.error("dtype needs the demo's directory")
@@ -239,12 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "done":
             if args.run_dir is None or not train_flags:
                 ap.error("done needs RUN_DIR and the base_train flags after --")
-            try:
-                return 1 if unfinished_run(args.run_dir, train_flags) else 0
-            except ValueError as e:  # a run file that is not JSON, a recorded flag base_train --resume refuses: not
-                # done; base_train --resume says what it finds
-                say(f"{args.run_dir}: {e}")
-                return 1
+            return 0 if demo_state(train_flags, args.run_dir) == "done" else 1
         else:
             if args.gpus is None or not train_flags:
                 ap.error("layout needs --gpus N and the base_train flags after --")

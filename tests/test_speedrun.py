@@ -129,6 +129,38 @@ def test_a_run_finished_by_hand_with_resume_or_another_layout_is_done(tmp_path):
     assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (seed)"
 
 
+def test_a_run_finished_with_trajectory_flags_speedrun_does_not_pass_is_not_done(tmp_path):
+    """The done check compared only the flags speedrun.sh passes: a demo model finished by hand from another run's
+    weights (--init-from) or with another --data-seed was "done", and its numbers went into the demo's report beside
+    a model trained from scratch (base_train --resume refuses that run with speedrun's flags). A flag left at its
+    default (None) now counts too, the data seed as base_train resolves it (= --seed); one an older config.json lacks
+    is not compared, as before."""
+    from nanochat.train_args import parse_args
+
+    run = tmp_path / "run"
+    flags = ["--depth", "4", "--num-iterations", "20", "--run-dir", str(run), "--resume", "auto"]
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 20, "num_iterations": 20}))
+
+    def recorded(*extra, drop=()):
+        args = parse_args([*flags, *extra])
+        args.run_name, args.compile = "d4-base", False
+        args.data_seed = args.seed if args.data_seed is None else args.data_seed
+        (run / "config.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in drop}},
+                                                    default=str))
+
+    recorded()
+    assert pre.unfinished_run(run, flags) is None
+    recorded("--init-from", str(tmp_path / "other"))
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (init_from)"
+    recorded("--data-seed", "5")
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (data_seed)"
+    recorded("--target-flops", "1e12")
+    assert "target_flops" in pre.unfinished_run(run, flags)
+    recorded(drop=("init_from", "target_flops"))  # an older version's config.json, without these flags
+    assert pre.unfinished_run(run, flags) is None
+
+
 def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_path, capsys):
     """--core-max-per-task 0 meant all examples in the older versions that took it: a run they recorded with it is
     done for flags asking for all (-1, the default), as base_train --resume reads it (nanochat.train_resume); a
@@ -164,6 +196,54 @@ def test_a_config_json_with_null_args_is_not_done_and_no_traceback(tmp_path, cap
         assert pre.unfinished_run(run, flags).startswith(f"{run} completed with other flags (")
         assert pre.main(["done", str(run), "--", *flags]) == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_mode_with_the_demo_flags_gives_the_dtype_and_each_models_state_in_one_line(tmp_path, monkeypatch, capsys):
+    """speedrun.sh's one Python start before the demo (the mode, the dtype and both done checks were four): each
+    model's done check is `done`'s, on its flags with the chosen --dtype added."""
+    from nanochat.train_args import parse_args
+
+    monkeypatch.setenv("SPEEDRUN_MODE", "cpu")
+    demo = tmp_path / "demo"
+    common = ["--depth", "4", "--num-iterations", "20", "--resume", "auto"]
+    base, mome = [*common, "--run-dir", str(demo / "base")], [*common, "--memory", "mome", "--run-dir",
+                                                               str(demo / "mome")]
+    args = parse_args([*base, "--dtype", "float32"])
+    args.run_name, args.data_seed, args.compile = "d4-base", args.seed, False
+    (demo / "base").mkdir(parents=True)
+    (demo / "base" / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 20}))
+    (demo / "base" / "config.json").write_text(json.dumps({"args": vars(args)}, default=str))
+    argv = ["mode", "--demo-dir", str(demo), "--asked", "float32", "--", *base, "--", *mome]
+    assert pre.main(argv) == 0
+    assert capsys.readouterr().out == "cpu 0 float32 done train\n"
+    assert pre.main([*argv[:4], "bfloat16", *argv[5:]]) == 0  # another dtype: not this run
+    assert capsys.readouterr().out == "cpu 0 bfloat16 train train\n"
+    assert pre.main(["mode"]) == 0 and capsys.readouterr().out == "cpu 0\n"  # without the demo's flags, as before
+    with pytest.raises(SystemExit):
+        pre.main(["mode", "--demo-dir", str(demo), "--", *base])
+    assert "needs the two demo models' flags" in capsys.readouterr().err
+
+
+def test_a_stop_under_speedrun_names_speedrun_and_the_runner_keeps_its_own_way(monkeypatch):
+    """base_train stopped under speedrun.sh said "continue with --resume", then speedrun.sh "run 'bash speedrun.sh'
+    again": two ways on, the first no speedrun user's. speedrun.sh names its command in CONTINUE_COMMAND_ENV and the
+    stop names it; resume_way keeps "--resume" (train_end reads any other value as scripts.run's: its flags after
+    --), the refused-resume advice stays base_train's (RUNNER_AFRESH_ENV is the runner's alone), and under
+    scripts.run the runner's way comes first."""
+    from nanochat import run_control
+    from nanochat.train_resume import RUNNER_AFRESH_ENV, how_to_start_afresh
+
+    monkeypatch.delenv(RUNNER_AFRESH_ENV, raising=False)
+    monkeypatch.delenv(run_control.CONTINUE_COMMAND_ENV, raising=False)
+    assert run_control.how_to_continue() == "continue with --resume"
+    monkeypatch.setenv(run_control.CONTINUE_COMMAND_ENV, "bash speedrun.sh")
+    assert run_control.how_to_continue() == "continue by running 'bash speedrun.sh' again"
+    assert run_control.resume_way() == "--resume"
+    assert "drop --resume and add --overwrite" in how_to_start_afresh(Path("runs/x"))
+    monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
+    assert run_control.how_to_continue() == "continue by running the same scripts.run command again"
+    assert 'export NANOCHAT_CONTINUE_COMMAND="bash speedrun.sh"' in SPEEDRUN
+    assert run_control.CONTINUE_COMMAND_ENV == "NANOCHAT_CONTINUE_COMMAND"
 
 
 def demo_checkpoint(run, dtype):
@@ -336,8 +416,17 @@ if module == "scripts.speedrun_preflight" and args[2] == "done":
     done = summary.is_file() and json.loads(summary.read_text()) == {"stop_reason": "completed", "signals": [],
                                                                       "flags": args[5:]}
     sys.exit(0 if done else 1)
-elif module == "scripts.speedrun_preflight" and args[2] == "dtype":  # DEMO_DTYPE, else this CPU's (FAKE_DTYPE)
-    print(flag("--asked") or os.environ.get("FAKE_DTYPE", "bfloat16"))
+elif module == "scripts.speedrun_preflight" and args[2] == "mode" and "--demo-dir" in args and \
+        os.environ.get("FAKE_MODE", "cpu 0") == "cpu 0":  # "cpu 0 DTYPE BASE MOME"
+    dtype = flag("--asked") or os.environ.get("FAKE_DTYPE", "bfloat16")  # DEMO_DTYPE, else this CPU's (FAKE_DTYPE)
+    rest = args[args.index("--") + 1:]
+    states = []
+    for model in (rest[:rest.index("--")], rest[rest.index("--") + 1:]):
+        summary = Path(model[model.index("--run-dir") + 1]) / "summary.json"
+        done = summary.is_file() and json.loads(summary.read_text()) == {"stop_reason": "completed", "signals": [],
+                                                                          "flags": ["--dtype", dtype, *model]}
+        states.append("done" if done else "train")
+    print("cpu 0", dtype, *states)
 elif module == "scripts.speedrun_preflight":
     print(os.environ.get("FAKE_MODE", "cpu 0") if args[2] == "mode" else "1 32")  # mode; layout
 elif module == "scripts.prepare_data" and os.environ.get("FAKE_PREP") == "signal-me":
@@ -376,6 +465,7 @@ elif module == "scripts.base_train":
         signal.signal(sig, lambda s, frame: got.append(signal.Signals(s).name))
     (run / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run / "pid").write_text(str(os.getpid()))
+    (run / "continue").write_text(os.environ.get("NANOCHAT_CONTINUE_COMMAND", "unset"))  # the way on it names
     end = time.time() + float(os.environ.get("FAKE_TRAIN_S", "0"))
     while time.time() < end and not got:
         time.sleep(0.02)
@@ -479,6 +569,8 @@ def test_a_stop_signal_reaches_the_training_step_and_the_demo_continues(fake_spe
     summary = json.loads((repo / "runs" / "speedrun_cpu" / "base" / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["signals"][0] == signum.name
     assert proc.returncode == 1, (proc.returncode, err)
+    # base_train's own "continue ..." line names speedrun.sh's command (run_control.how_to_continue), as speedrun.sh's
+    assert (repo / "runs" / "speedrun_cpu" / "base" / "continue").read_text() == "bash speedrun.sh"
     assert "not completed: runs/speedrun_cpu/base" in err and "CPU demo interrupted" in err
     assert not any("mome" in line for line in ran(env["FAKE_LOG"], "scripts.base_train"))
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
@@ -579,14 +671,23 @@ def test_a_finished_demo_is_not_run_again(fake_speedrun, tmp_path):
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 and "CPU demo done" in out, err
+    # the time it gives is this invocation's (a stopped demo run again trained partly in earlier ones)
+    assert "[speedrun] CPU demo done: report at runs/speedrun_cpu/report.md (this invocation: 0m" in out, out
     again = str(tmp_path / "again.log")
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=again)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "[speedrun] CPU demo already done: report at runs/speedrun_cpu/report.md" in out
     assert "[speedrun] runs/speedrun_cpu/base already done (completed with its final evaluation)" in out
+    assert "[speedrun] runs/speedrun_cpu/mome already done (completed with its final evaluation)" in out
     for module in ("scripts.prepare_data", "scripts.tok_train", "scripts.base_train", "scripts.report"):
         assert ran(again, module) == [], module
+    # the mode, the dtype and both done checks were four Python starts of 2-3 s each (torch): now one, each time
+    for log in (env["FAKE_LOG"], again):
+        assert [line.split()[1] for line in Path(log).read_text().splitlines() if line != "setup_env"] in (
+            ["scripts.speedrun_preflight"], ["scripts.speedrun_preflight", "scripts.prepare_data",
+                                             "scripts.tok_train", "scripts.base_train", "scripts.report",
+                                             "scripts.base_train", "scripts.report", "scripts.report"])
 
 
 def test_another_demo_steps_says_what_to_delete(fake_speedrun, tmp_path):
@@ -717,8 +818,8 @@ def test_the_demo_trains_in_the_dtype_the_check_chose_unless_demo_dtype_forces_i
     proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_DTYPE="float32")
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 and "CPU demo done" in out, err
-    assert ran(env["FAKE_LOG"], "scripts.speedrun_preflight dtype") == [
-        "-m scripts.speedrun_preflight dtype runs/speedrun_cpu --asked "]
+    assert [line.split(" -- ")[0] for line in ran(env["FAKE_LOG"], "scripts.speedrun_preflight")] == [
+        "-m scripts.speedrun_preflight mode --demo-dir runs/speedrun_cpu --asked "]
     trained = ran(env["FAKE_LOG"], "scripts.base_train")
     assert len(trained) == 2 and all(" --dtype float32 " in line for line in trained), trained
     # the report says it: a float32 demo's numbers are not the bf16 table's in README
@@ -729,8 +830,8 @@ def test_the_demo_trains_in_the_dtype_the_check_chose_unless_demo_dtype_forces_i
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2 and "--dtype 'float32' (checkpoint) != 'bfloat16'" in err, (out, err)
     assert "to change DEMO_STEPS or DEMO_DTYPE" in err
-    assert ran(forced, "scripts.speedrun_preflight dtype") == [
-        "-m scripts.speedrun_preflight dtype runs/speedrun_cpu --asked bfloat16"]
+    assert [line.split(" -- ")[0] for line in ran(forced, "scripts.speedrun_preflight")] == [
+        "-m scripts.speedrun_preflight mode --demo-dir runs/speedrun_cpu --asked bfloat16"]
     assert [" --dtype bfloat16 " in line for line in ran(forced, "scripts.base_train")] == [True]
 
 
