@@ -14,8 +14,9 @@
         --attention and --mome-kernels are resolved only when training starts).
     python -m scripts.speedrun_preflight done RUN_DIR -- BASE_TRAIN_FLAGS...
         exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
-        evaluation) and config.json records the same flags, but the layout, paths and --resume (not the seeds);
-        else exit 1 (base_train --resume has work to do).
+        evaluation) and config.json records the same flags, but the layout, paths and --resume (not the seeds; the
+        ones left at their defaults too: a run started by hand with --init-from is another); else exit 1
+        (base_train --resume has work to do).
     python -m scripts.speedrun_preflight dtype DEMO_DIR [--asked bfloat16|float32]
         stdout the CPU demo's dtype: --asked (DEMO_DTYPE) if given; else the one a model under DEMO_DIR with a
         checkpoint started with (it continues with its flags); else bfloat16 where this CPU has native bf16
