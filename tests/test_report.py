@@ -177,10 +177,13 @@ def test_check_completed_stops_the_cpu_demo_on_an_interrupted_model(tmp_path, ca
     err = capsys.readouterr().err
     assert f"not completed: {stopped}: stopped at step 120 of 300 (stop reason: interrupted)" in err
     assert f"not completed: {killed}: no summary.json" in err and f"{done}:" not in err
-    demo = (REPO / "speedrun.sh").read_text().split("cpu_demo() {")[1].split("\n}\n")[0]
-    assert "--resume auto" in demo  # running the demo again continues an interrupted model
+    # the demo models' flags come before cpu_demo (the one preflight start before the demo checks them too)
+    flags, demo = (REPO / "speedrun.sh").read_text().split("cpu_demo() {")
+    demo = demo.split("\n}\n")[0]
+    assert "--resume auto" in flags.split("common=(")[1]  # running the demo again continues an interrupted model
     for run in ("base", "mome"):
-        assert demo.index(f'--run-dir "$root/{run}"') < demo.index(f'finished "$root/{run}"') \
+        assert f'--run-dir "$root/{run}"' in flags.split(f"{run}=(")[1].split("\n")[0]
+        assert demo.index(f'train_demo "$root/{run}" "${{{run}[@]}}"') < demo.index(f'finished "$root/{run}"') \
             < demo.index("scripts.report \"$root/base\" \"$root/mome\"")
 
 
