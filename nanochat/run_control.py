@@ -228,27 +228,28 @@ def note_wall_time_stop(run, step: int) -> None:
            f"of {run.plan['num_iterations']} (checkpoint saved); the final evaluation follows, {how_to_continue()}")
 
 
-def resume_way() -> str:
-    """What reruns or continues a stopped run: "--resume", or under scripts.run, which adds --resume auto itself (and
-    then names its afresh command in RUNNER_AFRESH_ENV), its own command again: "--resume" is no flag of the
-    runner's, and the runner says the same when base_train exits. Without that variable (no runner, or the user's
-    own --resume/--overwrite after its ``--``) the flag is the way on; the runner names it in its advice too."""
-    from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module's importers
-
-    return "running the same scripts.run command again" if os.environ.get(RUNNER_AFRESH_ENV) else "--resume"
-
-
 # the command of a wrapper that runs base_train with --resume auto itself (speedrun.sh sets "bash speedrun.sh"): the
-# way on a stop names. Only how_to_continue reads it; the runner's RUNNER_AFRESH_ENV, when set, comes first
+# way on a stop names. The runner's RUNNER_AFRESH_ENV, when set, comes first
 CONTINUE_COMMAND_ENV = "NANOCHAT_CONTINUE_COMMAND"
 
 
-def how_to_continue() -> str:
-    """The way on after a stop, as a clause: "continue with --resume" (``resume_way``), or under a wrapper that names
-    its command in CONTINUE_COMMAND_ENV, "continue by running 'bash speedrun.sh' again". resume_way itself keeps
-    "--resume" there: its callers read any other value as scripts.run's (whose flags go after its --)."""
-    way = resume_way()
+def resume_way() -> str:
+    """What reruns or continues a stopped run: "--resume"; under scripts.run, which adds --resume auto itself (and
+    then names its afresh command in RUNNER_AFRESH_ENV), its own command again: "--resume" is no flag of the
+    runner's, and the runner says the same when base_train exits; under a wrapper that passes --resume auto itself
+    and names its command in CONTINUE_COMMAND_ENV (speedrun.sh), that command again. Without either (no wrapper, or
+    the user's own --resume/--overwrite after the runner's ``--``) the flag is the way on; the runner names it in
+    its advice too."""
+    from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module's importers
+
+    if os.environ.get(RUNNER_AFRESH_ENV):
+        return "running the same scripts.run command again"
     wrapper = os.environ.get(CONTINUE_COMMAND_ENV)
-    if way == "--resume" and wrapper:
-        return f"continue by running '{wrapper}' again"
+    return f"running '{wrapper}' again" if wrapper else "--resume"
+
+
+def how_to_continue() -> str:
+    """The way on after a stop, as a clause: "continue with --resume", or "continue by running 'bash speedrun.sh'
+    again" (``resume_way``)."""
+    way = resume_way()
     return "continue with --resume" if way == "--resume" else f"continue by {way}"

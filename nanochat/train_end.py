@@ -4,6 +4,7 @@ from), the advice after a non-finite loss, and the stop of every rank together a
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -22,6 +23,7 @@ from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, unfinished, write_run_report
 from nanochat.run_control import how_to_continue, resume_way
+from nanochat.train_resume import RUNNER_AFRESH_ENV
 from nanochat.train_setup import write_json
 
 if TYPE_CHECKING:
@@ -167,7 +169,7 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
     lower = (f"lower {' and '.join(flags)} (the LR{'s' if len(flags) > 1 else ''} of the non-finite tensors)"
              if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
                            "--memory-lr)")
-    runner = resume_way() != "--resume"  # under scripts.run: base_train's flags go after its --
+    runner = bool(os.environ.get(RUNNER_AFRESH_ENV))  # under scripts.run: base_train's flags go after its --
     if not steps:
         how = (f"the same scripts.run command with --overwrite and the lower learning rates after -- ({lower})"
                if runner else f"--overwrite and {lower}")

@@ -227,8 +227,8 @@ def test_mode_with_the_demo_flags_gives_the_dtype_and_each_models_state_in_one_l
 def test_a_stop_under_speedrun_names_speedrun_and_the_runner_keeps_its_own_way(monkeypatch):
     """base_train stopped under speedrun.sh said "continue with --resume", then speedrun.sh "run 'bash speedrun.sh'
     again": two ways on, the first no speedrun user's. speedrun.sh names its command in CONTINUE_COMMAND_ENV and the
-    stop names it; resume_way keeps "--resume" (train_end reads any other value as scripts.run's: its flags after
-    --), the refused-resume advice stays base_train's (RUNNER_AFRESH_ENV is the runner's alone), and under
+    stop names it (resume_way too: "running 'bash speedrun.sh' again reruns the final evaluation"), the refused-resume
+    advice stays base_train's (RUNNER_AFRESH_ENV is the runner's alone), and under
     scripts.run the runner's way comes first."""
     from nanochat import run_control
     from nanochat.train_resume import RUNNER_AFRESH_ENV, how_to_start_afresh
@@ -238,7 +238,7 @@ def test_a_stop_under_speedrun_names_speedrun_and_the_runner_keeps_its_own_way(m
     assert run_control.how_to_continue() == "continue with --resume"
     monkeypatch.setenv(run_control.CONTINUE_COMMAND_ENV, "bash speedrun.sh")
     assert run_control.how_to_continue() == "continue by running 'bash speedrun.sh' again"
-    assert run_control.resume_way() == "--resume"
+    assert run_control.resume_way() == "running 'bash speedrun.sh' again"
     assert "drop --resume and add --overwrite" in how_to_start_afresh(Path("runs/x"))
     monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
     assert run_control.how_to_continue() == "continue by running the same scripts.run command again"

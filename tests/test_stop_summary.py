@@ -216,6 +216,30 @@ def test_under_the_runner_a_nonfinite_stop_names_the_runners_way_on(tmp_path, mo
            "learning rates after --" in out, out
 
 
+def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_no_runner(tmp_path, monkeypatch, capsys):
+    """speedrun.sh passes --resume auto itself and names its command in CONTINUE_COMMAND_ENV: a completed run's
+    unwritten summary (as a stopped final evaluation) said "--resume reruns the final evaluation" beside speedrun's
+    own "run 'bash speedrun.sh' again". A non-finite stop's advice is base_train's, not scripts.run's (the variable
+    is speedrun's, not the runner's)."""
+    from types import SimpleNamespace
+
+    from nanochat.run_control import CONTINUE_COMMAND_ENV
+    from nanochat.train_resume import RUNNER_AFRESH_ENV
+
+    monkeypatch.delenv(RUNNER_AFRESH_ENV, raising=False)
+    monkeypatch.setenv(CONTINUE_COMMAND_ENV, "bash speedrun.sh")
+    run = SimpleNamespace(run_dir=tmp_path, loop={"step": 4})
+    message = train_end.summary_not_written(run, "completed", {}, OSError(28, "No space left on device",
+                                                                          str(tmp_path / "summary.json")))
+    assert "running 'bash speedrun.sh' again reruns the final evaluation and writes summary.json" in message, message
+    assert "--resume" not in message, message
+    assert train_end.way_on_after_error(tmp_path, None).endswith("continue by running 'bash speedrun.sh' again")
+    error = base_train.NonFiniteLoss("train loss is nan at step 4")
+    assert error_stop(tmp_path / "r", monkeypatch, error, 4) == train_end.EXIT_NONFINITE
+    out = capsys.readouterr().out
+    assert "To continue from it: the same command with --resume 2 --resume-override-lr, and lower" in out, out
+
+
 def full_disk_for(name: str):
     """A write_json that fails like a full disk for the file ``name`` alone (the error names it, as open() would)."""
     from nanochat.train_setup import write_json as real
