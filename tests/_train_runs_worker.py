@@ -1,13 +1,12 @@
 """torchrun worker: scripts.base_train.main on each argument list in turn, in one launch (a torchrun start-up costs
-more of the CI's 2 cores than a tiny run: ~2 s for the launcher's torch import, ~2.5 s for each worker's). The lists
+more of the CI's 2 cores than a tiny run: ~2.5 s for each worker's torch import). The lists
 are separated by ``--next-run``. Each run initializes its own process group and destroys it at its end, as one launch
 per run would, and each after the first on a key-value store of its own (hosted by rank 0 on a port it posts to
-torchrun's store): a group re-created on the same store reads the last group's keys (gloo's addresses, nanochat's
-agreements) and fails or agrees on stale words. Exits with the first non-zero code (the runs after it are not
-started)."""
+torchrun's store, joined by every rank as a client): a group re-created on the same store reads the last group's keys
+(gloo's addresses, nanochat's agreements) and fails or agrees on stale words. Exits with the first non-zero code (the
+runs after it are not started)."""
 
 import os
-import socket
 import sys
 from datetime import timedelta
 
@@ -28,18 +27,22 @@ def split_runs(argv: list[str]) -> list[list[str]]:
     return runs
 
 
+_stores = []  # the stores rank 0 hosts, alive until this process ends
+
+
 def use_a_store_of_its_own(run: int) -> None:
-    """Point env:// at a fresh store for run number ``run`` (rank 0 hosts it, as env:// does without torchrun)."""
+    """Point env:// at a fresh store for run number ``run``: rank 0 hosts it on a port the system picks (kept bound:
+    a port found free and released could be taken before the store bound it again) and posts the port on torchrun's
+    store; every rank then joins it as a client, as under torchrun's own store (TORCHELASTIC_USE_AGENT_STORE)."""
     agent = dist.TCPStore(os.environ["MASTER_ADDR"], AGENT_PORT, is_master=False,
                           timeout=timedelta(seconds=120))
     key = f"train_runs_worker/{run}/port"
     if os.environ["RANK"] == "0":
-        with socket.socket() as s:  # a free port (released here; TCPStore binds it again at once)
-            s.bind((os.environ["MASTER_ADDR"], 0))
-            port = s.getsockname()[1]
-        agent.set(key, str(port))
+        _stores.append(dist.TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True, wait_for_workers=False,
+                                     timeout=timedelta(seconds=120)))
+        agent.set(key, str(_stores[-1].port))
     os.environ["MASTER_PORT"] = agent.get(key).decode()
-    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    assert os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", "env:// would host a second store on rank 0"
 
 
 if __name__ == "__main__":
