@@ -34,6 +34,10 @@ def test_a_signal_during_training_is_named_in_the_summary(tmp_path, monkeypatch,
     assert f"interrupted ({sig.name}) at step 2: checkpoint saved" in capsys.readouterr().out
 
 
+# slow: the same launch as test_signal_step.py::test_a_signal_on_one_of_two_ranks_during_step_k_saves_step_k_on_both
+# (rank 1 alone signalled mid-step 2), which checks the signal in rank 0's summary and line too; the name (SIGINT
+# here, SIGTERM there) reaches rank 0 by final_eval.signal_of_any_rank, a gather of names alike for any signal
+@pytest.mark.slow
 def test_a_signal_on_rank_1_alone_is_named_in_rank_0s_summary(tmp_path):
     """Rank 0 writes summary.json and got no signal itself: it must still name rank 1's (a Ctrl-C here)."""
     run = tmp_path / "r"
