@@ -20,7 +20,10 @@ CASES = {  # the flags beside --run-dir and --out-dir, and the error's words
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# "no run" is slow: it fails in the same shared step as "no step" (rank0_decides(existing_step): find_last_step's
+# FileNotFoundError there, existing_step's here), raised on every rank and printed once by print_error alike
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c == "no run" else [])
+                                  for c in sorted(CASES)])
 def test_an_error_every_rank_raises_is_printed_once(tiny_run, tmp_path, case):
     from conftest import run_torchrun
 

@@ -20,7 +20,10 @@ NOT_DIVISIBLE = ["--total-batch-size", "1000", "--device-batch-size", "3"]  # pr
 NEEDLE = {"preflight": "--total-batch-size 1000 is not divisible", "dry-run": "--init-from"}
 
 
-@pytest.mark.parametrize("where", ["preflight", "dry-run"])
+# "dry-run" is slow: base_train.main refuses a --dry-run's error (here --init-from's FileNotFoundError) with the same
+# common.refuse_before_the_group as a preflight one, the "preflight" case; dry_run's source check, in one process:
+# test_init_from.py::test_dry_run_checks_the_source
+@pytest.mark.parametrize("where", ["preflight", pytest.param("dry-run", marks=pytest.mark.slow)])
 def test_an_error_before_the_process_group_is_printed_once_under_torchrun(tmp_path, where):
     flags = NOT_DIVISIBLE if where == "preflight" else ["--dry-run", "--init-from", str(tmp_path / "nosuch")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
