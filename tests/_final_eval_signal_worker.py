@@ -7,7 +7,11 @@ land in it, between the collectives the ranks take together.
 With ``--in-core`` (the third argument) the final evaluation has a stand-in CORE of two tasks ("a", "b": each an
 all-reduce, kept like evaluate_core's tasks) after the val bpb, and the signal comes in task a instead: the val bpb
 and task a are finished and kept for a --resume. Each rank prints "rank R scores task T" for each task it computes.
-With FULL_DISK_IN_TASK_A=1 in the environment rank 0's write that keeps task a fails (ENOSPC)."""
+With FULL_DISK_IN_TASK_A=1 in the environment rank 0's write that keeps task a fails (ENOSPC).
+
+With ``--runs-out DIR`` first, several runs in one launch (a launch costs more of the CI's 2 cores than a tiny run),
+separated by ``--next-run``, each with its own leading ``--sigterm-ranks R [--in-core]``
+(tests/_train_runs_worker.run_each: run N's output in DIR/runN.rank<r>.out, its run dir as it left it in DIR/runN)."""
 
 import errno
 import os
@@ -18,11 +22,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from _train_runs_worker import run_each
 from nanochat import dataloader, eval_resume, final_eval
 from scripts import base_train
 
 rank = int(os.environ["RANK"])
 real_batches = dataloader.iter_eval_batches
+real_resolve_bundle, real_run_core = base_train.resolve_bundle, final_eval.run_core
 
 
 def iter_eval_batches(*args, **kwargs):  # the final evaluation's (the flags have no periodic evals)
@@ -46,12 +52,18 @@ def run_core(model, data, args, device, autocast, finished=None):
     return {"core": sum(t["accuracy"] for t in tasks.values()) / 2, "label": "CORE", "tasks": tasks}
 
 
-assert sys.argv[1] == "--sigterm-ranks", sys.argv
-signalled = {int(r) for r in sys.argv[2].split(",") if r}
-in_core = sys.argv[3] == "--in-core"
-if in_core:
-    base_train.resolve_bundle = lambda args: Path(__file__).resolve().parents[1]  # stands in for a CORE bundle
-    final_eval.run_core = run_core
+def set_up(argv: list[str]) -> list[str]:
+    """This run's leading flags (``--sigterm-ranks R [--in-core]``) applied; the rest, base_train's flags."""
+    global signalled, in_core
+    assert argv[0] == "--sigterm-ranks", argv
+    signalled = {int(r) for r in argv[1].split(",") if r}
+    in_core = argv[2:3] == ["--in-core"]
+    # the repo's root stands in for a CORE bundle
+    base_train.resolve_bundle = (lambda args: Path(__file__).resolve().parents[1]) if in_core else real_resolve_bundle
+    final_eval.run_core = run_core if in_core else real_run_core
+    return argv[2 + in_core:]
+
+
 if os.environ.get("FULL_DISK_IN_TASK_A") and rank == 0:  # keeping task a fails on rank 0 (the only writer)
     real_write = eval_resume.write_text_atomic
 
@@ -61,4 +73,6 @@ if os.environ.get("FULL_DISK_IN_TASK_A") and rank == 0:  # keeping task a fails 
         real_write(path, text)
     eval_resume.write_text_atomic = write_text_atomic
 dataloader.iter_eval_batches = iter_eval_batches
-sys.exit(base_train.main(sys.argv[3 + in_core:]))
+if sys.argv[1] == "--runs-out":
+    sys.exit(run_each(sys.argv[3:], lambda argv: base_train.main(set_up(argv)), Path(sys.argv[2])))
+sys.exit(base_train.main(set_up(sys.argv[1:])))

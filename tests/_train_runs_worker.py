@@ -4,11 +4,14 @@ are separated by ``--next-run``. Each run initializes its own process group and 
 per run would, and each after the first on a key-value store of its own (hosted by rank 0 on a port it posts to
 torchrun's store, joined by every rank as a client): a group re-created on the same store reads the last group's keys
 (gloo's addresses, nanochat's agreements) and fails or agrees on stale words. Exits with the first non-zero code (the
-runs after it are not started)."""
+runs after it are not started). Other workers run several runs of their own in one launch the same way (run_each)."""
 
+import contextlib
 import os
+import shutil
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -45,10 +48,25 @@ def use_a_store_of_its_own(run: int) -> None:
     assert os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", "env:// would host a second store on rank 0"
 
 
-if __name__ == "__main__":
-    for number, argv in enumerate(split_runs(sys.argv[1:])):
+def run_each(argv: list[str], run_one, out: Path | None = None) -> int:
+    """``run_one(args)`` (an exit code) for each ``--next-run``-separated argument list in turn, each run after the
+    first on a store of its own; the first non-zero code, the runs after it not started (0: every run ended well).
+    With ``out``: run N's output (sys.stdout) goes to out/runN.rank<r>.out, and rank 0 copies the run's --run-dir,
+    as the run left it, to out/runN (what a test of several launches read between them)."""
+    for number, args in enumerate(split_runs(argv)):
         if number:
             use_a_store_of_its_own(number)
-        code = base_train.main(argv)
+        if out is None:
+            code = run_one(args)
+        else:
+            with open(out / f"run{number}.rank{os.environ['RANK']}.out", "w") as f, contextlib.redirect_stdout(f):
+                code = run_one(args)
+            if os.environ["RANK"] == "0":
+                shutil.copytree(args[args.index("--run-dir") + 1], out / f"run{number}")
         if code:
-            sys.exit(code)
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_each(sys.argv[1:], base_train.main))

@@ -237,6 +237,41 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
     assert "KeyboardInterrupt" not in out
 
 
+# The runs of _final_eval_signal_worker that end well, in the module's one launch (final_eval_signal_runs): SIGTERM on
+# these ranks in the final evaluation's val bpb, or in its CORE task a (each then followed by its --resume)
+VAL_BPB_SIGNAL_RANKS = ("1", "0,1")
+CORE_SIGNAL_RANKS = ("1", "0,1")
+
+
+@pytest.fixture(scope="module")
+def final_eval_signal_runs(tmp_path_factory):
+    """The runs of VAL_BPB_SIGNAL_RANKS and CORE_SIGNAL_RANKS (test_a_signal_at_the_final_evaluation_..., and
+    test_a_resume_on_two_ranks_reuses_...), all in one launch (_final_eval_signal_worker --runs-out), where each had
+    a launch of its own (~4 s of the CI's 2 cores apiece). {(part, ranks): (run dir, [for each of its runs, a copy
+    of the run dir as that run left it])}; each run's output is beside its copy (output_of)."""
+    tmp = tmp_path_factory.mktemp("final_eval_signal")
+    out, each_run, runs = tmp / "out", [], {}
+    out.mkdir()
+    for part, ranks in [*(("val_bpb", r) for r in VAL_BPB_SIGNAL_RANKS), *(("core", r) for r in CORE_SIGNAL_RANKS)]:
+        run = tmp / f"{part}_{ranks}"
+        args = [*TINY, *BATCH, "--num-iterations", "3", *(["--final-core"] if part == "core" else []),
+                "--run-dir", str(run)]
+        these = [["--sigterm-ranks", ranks, *args]] if part == "val_bpb" else [
+            ["--sigterm-ranks", ranks, "--in-core", *args], ["--sigterm-ranks", "", "--in-core", *args, "--resume"]]
+        runs[part, ranks] = (run, [out / f"run{len(each_run) + i}" for i in range(len(these))])
+        each_run += these
+    argv = [arg for i, one in enumerate(each_run) for arg in (["--next-run"] if i else []) + one]
+    r = run_torchrun(REPO / "tests" / "_final_eval_signal_worker.py", 2, ["--runs-out", str(out), *argv])
+    outputs = "".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in sorted(out.glob("*.out")))
+    assert r.returncode == 0, outputs + r.stderr[-3000:]
+    return runs
+
+
+def output_of(kept) -> str:
+    """Both ranks' output of one run of final_eval_signal_runs (rank 0's, then rank 1's)."""
+    return "".join((kept.parent / f"{kept.name}.rank{rank}.out").read_text() for rank in (0, 1))
+
+
 @pytest.mark.parametrize("worker", [["_final_eval_signal_worker.py", "--sigterm-ranks", "1"],
                                     # slow: the vote (an all-reduce MAX of the ranks' latched signals) is the same
                                     # on every rank; a rank learning the signal from the vote is covered by
@@ -245,17 +280,22 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
                                                  marks=pytest.mark.slow),
                                     ["_final_eval_signal_worker.py", "--sigterm-ranks", "0,1"],
                                     ["_last_step_one_rank_signal_worker.py"]], ids=lambda w: " ".join(w))
-def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path, worker):
+def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path, request, worker):
     """_final_eval_signal_worker: SIGTERM reaches one rank (either) or both during the final evaluation's val bpb.
     Every rank must take the same branch (one that leaves while the other waits in the evaluation's collectives
     fails under gloo and hangs under NCCL): the ranks vote at each batch and stop at the same one.
     _last_step_one_rank_signal_worker: SIGTERM reaches rank 1 only, after the last step's stop vote; the vote
     before the final evaluation skips it on every rank. Either way summary.json says so, with the signal even
     where rank 0 (which writes it) got none, the checkpoint is whole, and every worker exits 0."""
-    run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / worker[0], 2,
-                     [*worker[1:], *TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    if worker[0] == "_final_eval_signal_worker.py" and worker[2] in VAL_BPB_SIGNAL_RANKS:
+        run, (kept,) = request.getfixturevalue("final_eval_signal_runs")["val_bpb", worker[2]]
+        stdout = output_of(kept)
+    else:
+        run = tmp_path / "r"
+        r = run_torchrun(REPO / "tests" / worker[0], 2,
+                         [*worker[1:], *TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)])
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        stdout = r.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["interrupted_during"], summary["training_stop_reason"],
             summary["signal"]) == ("interrupted", "final_eval", "completed", "SIGTERM"), summary
@@ -264,29 +304,24 @@ def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_pa
              if json.loads(line)["kind"] == "stop"]
     assert stops == [{"kind": "stop", "step": 3, "reason": "interrupted", "during": "final_eval",
                       "signal": "SIGTERM"}]
-    assert "interrupted (SIGTERM) during the final evaluation of step 3" in r.stdout
+    assert "interrupted (SIGTERM) during the final evaluation of step 3" in stdout
     model, meta = ckpt.load_model(run, 3)  # the final checkpoint is whole: it loads, strictly, and is finite
     assert meta["step"] == 3 and all(torch.isfinite(p).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize("ranks", ["1", "0,1"])
-def test_a_resume_on_two_ranks_reuses_the_finished_parts_of_the_final_evaluation(tmp_path, ranks):
+@pytest.mark.parametrize("ranks", CORE_SIGNAL_RANKS)
+def test_a_resume_on_two_ranks_reuses_the_finished_parts_of_the_final_evaluation(final_eval_signal_runs, ranks):
     """_final_eval_signal_worker --in-core: SIGTERM (rank 1 alone, or both) in the final evaluation's second part
     (a stand-in CORE task a, after the val bpb). Every rank stops once task a is kept; a --resume on two ranks
     reuses the val bpb and task a on every rank alike (rank 0 decides, broadcast: a rank that computed a part alone
     would wait in its all-reduce) and computes task b, then deletes the partial file."""
-    run, worker = tmp_path / "r", REPO / "tests" / "_final_eval_signal_worker.py"
-    args = [*TINY, *BATCH, "--num-iterations", "3", "--final-core", "--run-dir", str(run)]
-    r = run_torchrun(worker, 2, ["--sigterm-ranks", ranks, "--in-core", *args])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    first = json.loads((run / "summary.json").read_text())
+    run, (stopped, resumed) = final_eval_signal_runs["core", ranks]
+    first = json.loads((stopped / "summary.json").read_text())
     assert (first["interrupted_during"], first["signal"]) == ("final_eval", "SIGTERM") and "core" not in first
-    assert sorted(json.loads((run / "final_eval.partial.json").read_text())["items"]) == ["a", "split val"]
-    r = run_torchrun(worker, 2, ["--sigterm-ranks", "", "--in-core", *args, "--resume"])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # findall, not lines: print writes the text and its newline apart, so two ranks' lines may run together
-    assert sorted(re.findall(r"rank \d scores task \w", r.stdout)) == ["rank 0 scores task b", "rank 1 scores task b"]
-    assert r.stdout.count("reused from") == 1 and "final evaluation parts: 2 of 3 reused" in r.stdout
+    assert sorted(json.loads((stopped / "final_eval.partial.json").read_text())["items"]) == ["a", "split val"]
+    out = output_of(resumed)
+    assert sorted(re.findall(r"rank \d scores task \w", out)) == ["rank 0 scores task b", "rank 1 scores task b"]
+    assert out.count("reused from") == 1 and "final evaluation parts: 2 of 3 reused" in out
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["val_bpb"]) == ("completed", first["val_bpb"])
     assert (summary["core"], summary["core_tasks"]) == (0.75, {"a": {"accuracy": 0.75}, "b": {"accuracy": 0.75}})
