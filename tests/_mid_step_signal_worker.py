@@ -4,11 +4,14 @@ the ranks named by ``--kill-ranks R[,R...]`` send themselves ``--kill-with`` (SI
 base_train.run_split_bpb, whose first call is step 0's eval) is under way: a step reads its first micro-batch (after
 the loop started the step, before the step's stop vote); an eval has not begun (its collectives follow). The first
 six arguments are the first three flags, then optionally ``--kill-in``; the rest go to base_train. Run under torchrun
-(gloo), or import ``signal_during_step`` / ``signal_during_call`` in process."""
+(gloo), or import ``signal_during_step`` / ``signal_during_call`` in process. With ``--runs-out DIR`` first, several
+runs in one launch, separated by ``--next-run``, each with its own first flags (tests/_train_runs_worker.run_each: run
+N's output in DIR/runN.rank<r>.out, its run dir as it left it in DIR/runN)."""
 
 import os
 import signal
 import sys
+from pathlib import Path
 
 from scripts import base_train
 
@@ -69,5 +72,18 @@ def main(argv: list[str]) -> int:
     return base_train.main(rest)
 
 
+def main_undone(argv: list[str]) -> int:
+    """main, its stand-ins undone after it (one of several runs in one launch)."""
+    real = base_train.train_step, base_train.run_split_bpb
+    try:
+        return main(argv)
+    finally:
+        base_train.train_step, base_train.run_split_bpb = real
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--runs-out":
+        from _train_runs_worker import run_each  # reads torchrun's environment on import
+
+        sys.exit(run_each(sys.argv[3:], main_undone, Path(sys.argv[2])))
     sys.exit(main(sys.argv[1:]))

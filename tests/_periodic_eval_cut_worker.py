@@ -6,7 +6,9 @@ evaluator tests, whose ids fit the synthetic vocab. ``signal_in_core_batch`` sen
 scores its batch number K (1-based, counted over the process): inside the loop, between the ranks' stop votes.
 
 Under torchrun: ``--bundle-dir D --signal-ranks R[,R...] --signal-at-batch K`` (the first six arguments; "" names
-no rank), the rest go to base_train."""
+no rank), the rest go to base_train. With ``--runs-out DIR`` first, several runs in one launch, separated by
+``--next-run``, each with its own first six arguments (tests/_train_runs_worker.run_each: run N's output in
+DIR/runN.rank<r>.out, its run dir as it left it in DIR/runN)."""
 
 import os
 import signal
@@ -63,5 +65,18 @@ def main(argv: list[str]) -> int:
     return base_train.main(argv[6:])
 
 
+def main_undone(argv: list[str]) -> int:
+    """main, its stand-ins undone after it (one of several runs in one launch)."""
+    real = base_train.resolve_bundle, base_train.run_core, core_eval._score_batch
+    try:
+        return main(argv)
+    finally:
+        base_train.resolve_bundle, base_train.run_core, core_eval._score_batch = real
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--runs-out":
+        from _train_runs_worker import run_each  # reads torchrun's environment on import
+
+        sys.exit(run_each(sys.argv[3:], main_undone, Path(sys.argv[2])))
     sys.exit(main(sys.argv[1:]))

@@ -56,21 +56,24 @@ def test_a_signal_inside_a_periodic_core_cuts_it_and_saves_the_step_pending(tmp_
 def test_a_signal_on_one_of_two_ranks_inside_a_periodic_core_cuts_it_on_both(tmp_path):
     """Rank 1 alone gets SIGTERM as it scores its only batch of task mc (rank 0 has two: unequal shares). Both ranks
     stop CORE at the next stop vote (rank 1 counting on without work until then), save step 2 pending (rank 0 names
-    the other rank's signal) and exit 0; the --resume logs step 2's CORE once."""
+    the other rank's signal) and exit 0; the --resume logs step 2's CORE once. Both runs in one launch (--runs-out:
+    a launch costs ~4 s of the CI's 2 cores), the first one's checks on the copy of the run dir it left."""
     bundle = write_tiny_bundle(tmp_path / "bundle")
-    run = tmp_path / "r"
+    run, out = tmp_path / "r", tmp_path / "out"
+    out.mkdir()
     flags = [*TINY, "--eval-every", "2", "--core-every", "2", "--device-batch-size", "2", "--total-batch-size", "256",
              "--num-iterations", "4", "--run-dir", str(run)]
-    r = run_torchrun(WORKER, 2, ["--bundle-dir", str(bundle), "--signal-ranks", "1", "--signal-at-batch", "1", *flags])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert_stopped_at(run, 2, "signal on another rank", r.stdout)
-    assert json.loads((run / "summary.json").read_text())["signal"] == "SIGTERM"
-    assert "SIGTERM during the periodic evals" in r.stdout
-    assert ckpt.load_meta(run, 2)["loop"].get(base_train.BOUNDARY_PENDING) is True
-    assert steps_of(run, "core") == [] and steps_of(run, "eval") == [0, 2]
-    r = run_torchrun(WORKER, 2, ["--bundle-dir", str(bundle), "--signal-ranks", "", "--signal-at-batch", "0", *flags,
-                                 "--resume"])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = run_torchrun(WORKER, 2, ["--runs-out", str(out),
+                                 "--bundle-dir", str(bundle), "--signal-ranks", "1", "--signal-at-batch", "1", *flags,
+                                 "--next-run", "--bundle-dir", str(bundle), "--signal-ranks", "", "--signal-at-batch",
+                                 "0", *flags, "--resume"])
+    stopped, stdout = out / "run0", (out / "run0.rank0.out").read_text()
+    assert r.returncode == 0, stdout[-3000:] + r.stderr[-3000:]
+    assert_stopped_at(stopped, 2, "signal on another rank", stdout)
+    assert json.loads((stopped / "summary.json").read_text())["signal"] == "SIGTERM"
+    assert "SIGTERM during the periodic evals" in stdout
+    assert ckpt.load_meta(stopped, 2)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    assert steps_of(stopped, "core") == [] and steps_of(stopped, "eval") == [0, 2]
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
     assert steps_of(run, "core") == [2] and steps_of(run, "eval") == [0, 2]
 
