@@ -133,8 +133,7 @@ def build_run(args, stack: ExitStack, tokenizer=None, progress: SetUpProgress | 
     claim_run_dir(run_dir, args.resume, args.overwrite, stack)
     if progress is not None and (args.resume is not None or not run_contents(run_dir)):
         progress.run_dir = run_dir  # not a run that --overwrite deletes only after the set-up
-    if args.data_seed is None:
-        args.data_seed = args.seed
+    args.data_seed = init_from.data_seed(vars(args))  # --seed where not given
     data = load_run_data(args, info.rank, info.world_size, device, tokenizer)
     config = model_config(args, data.vocab_size)
     plan = build_plan(args, model_summary(config), info.world_size)

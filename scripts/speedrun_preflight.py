@@ -179,6 +179,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     if problem:
         return problem
     # torch comes with these (2-3 s here): only for a completed run
+    from nanochat import init_from
     from nanochat.cli_types import recorded_args, recorded_args_now
     from nanochat.report import read_json
     from nanochat.train_args import parse_args
@@ -190,8 +191,8 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
         read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0
     saved = recorded_args_now(saved)
-    if args.data_seed is None:  # as base_train resolves it; its other resolved defaults (run name, compile) are
-        args.data_seed = args.seed  # ignored
+    # as base_train resolves it; its other resolved defaults (run name, compile) are ignored
+    args.data_seed = init_from.data_seed(vars(args))
     # the args as config.json holds them. A flag speedrun.sh leaves at its default counts too (a model finished by
     # hand with --init-from is another model); a default one an older config.json lacks (added since) is not compared
     wanted = json.loads(json.dumps(vars(args), default=str))
