@@ -72,18 +72,10 @@ def main(argv: list[str]) -> int:
     return base_train.main(rest)
 
 
-def main_undone(argv: list[str]) -> int:
-    """main, its stand-ins undone after it (one of several runs in one launch)."""
-    real = base_train.train_step, base_train.run_split_bpb
-    try:
-        return main(argv)
-    finally:
-        base_train.train_step, base_train.run_split_bpb = real
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "--runs-out":
         from _train_runs_worker import run_each  # reads torchrun's environment on import
 
-        sys.exit(run_each(sys.argv[3:], main_undone, Path(sys.argv[2])))
+        sys.exit(run_each(sys.argv[3:], main, Path(sys.argv[2]),
+                          stand_ins=[(base_train, "train_step"), (base_train, "run_split_bpb")]))
     sys.exit(main(sys.argv[1:]))

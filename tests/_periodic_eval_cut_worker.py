@@ -65,18 +65,10 @@ def main(argv: list[str]) -> int:
     return base_train.main(argv[6:])
 
 
-def main_undone(argv: list[str]) -> int:
-    """main, its stand-ins undone after it (one of several runs in one launch)."""
-    real = base_train.resolve_bundle, base_train.run_core, core_eval._score_batch
-    try:
-        return main(argv)
-    finally:
-        base_train.resolve_bundle, base_train.run_core, core_eval._score_batch = real
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "--runs-out":
         from _train_runs_worker import run_each  # reads torchrun's environment on import
 
-        sys.exit(run_each(sys.argv[3:], main_undone, Path(sys.argv[2])))
+        sys.exit(run_each(sys.argv[3:], main, Path(sys.argv[2]), stand_ins=[
+            (base_train, "resolve_bundle"), (base_train, "run_core"), (core_eval, "_score_batch")]))
     sys.exit(main(sys.argv[1:]))

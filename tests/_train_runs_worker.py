@@ -48,21 +48,27 @@ def use_a_store_of_its_own(run: int) -> None:
     assert os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", "env:// would host a second store on rank 0"
 
 
-def run_each(argv: list[str], run_one, out: Path | None = None) -> int:
+def run_each(argv: list[str], run_one, out: Path | None = None, stand_ins=()) -> int:
     """``run_one(args)`` (an exit code) for each ``--next-run``-separated argument list in turn, each run after the
     first on a store of its own; the first non-zero code, the runs after it not started (0: every run ended well).
     With ``out``: run N's output (sys.stdout) goes to out/runN.rank<r>.out, and rank 0 copies the run's --run-dir,
-    as the run left it, to out/runN (what a test of several launches read between them)."""
+    as the run left it, to out/runN (what a test of several launches read between them). ``stand_ins``: the
+    (module, name) attributes a run may replace with a worker's stand-in, put back after each run."""
     for number, args in enumerate(split_runs(argv)):
         if number:
             use_a_store_of_its_own(number)
-        if out is None:
-            code = run_one(args)
-        else:
-            with open(out / f"run{number}.rank{os.environ['RANK']}.out", "w") as f, contextlib.redirect_stdout(f):
+        real = [(module, name, getattr(module, name)) for module, name in stand_ins]
+        try:
+            if out is None:
                 code = run_one(args)
-            if os.environ["RANK"] == "0":
-                shutil.copytree(args[args.index("--run-dir") + 1], out / f"run{number}")
+            else:
+                with open(out / f"run{number}.rank{os.environ['RANK']}.out", "w") as f, contextlib.redirect_stdout(f):
+                    code = run_one(args)
+                if os.environ["RANK"] == "0":
+                    shutil.copytree(args[args.index("--run-dir") + 1], out / f"run{number}")
+        finally:
+            for module, name, value in real:
+                setattr(module, name, value)
         if code:
             return code
     return 0

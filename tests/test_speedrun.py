@@ -261,7 +261,8 @@ def test_the_demo_dtype_is_bf16_only_on_a_cpu_with_native_bf16(tmp_path, monkeyp
 
     monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: native)
     (tmp_path / "demo" / "data").mkdir(parents=True)  # the demo's data, no model yet
-    assert pre.main(["dtype", str(tmp_path / "demo"), "--asked", ""]) == 0  # as speedrun.sh calls it
+    # the dtype subcommand; speedrun.sh's `mode --demo-dir` makes the same choice (demo_dtype) in its one start
+    assert pre.main(["dtype", str(tmp_path / "demo"), "--asked", ""]) == 0
     out, err = capsys.readouterr()
     assert out == f"{chosen}\n" and err.count("\n") == 1 and err.startswith(f"[speedrun] CPU demo dtype: {chosen} (")
     assert ("DEMO_DTYPE=float32 forces float32" if native else "DEMO_DTYPE=bfloat16 forces bf16") in err
