@@ -17,5 +17,14 @@ hold_venv test
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export WANDB_MODE=disabled OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# Two pytest processes (pytest-xdist), each running whole files (--dist loadfile: a file's module fixtures and its
+# shared launches run once). On the 2-core CI machine the suite took 9 min 45 s this way and 12 min 22 s in one
+# process; three workers were no faster (dev/LOG.md, 2026-11-27). TEST_WORKERS=0 runs it in one process (--pdb
+# needs that); an -n or --dist among the arguments comes later and wins.
+workers="${TEST_WORKERS:-2}"
+case "$workers" in
+    ''|*[!0-9]*) echo "[test] TEST_WORKERS must be a whole number of pytest processes, 0 for one process" \
+                      "(got '$workers')" >&2; exit 2 ;;
+esac
 # the children get no copy of the locks: a process a test left behind must not hold them after this run
-python -m pytest -q "$@" 8<&- 9<&-
+python -m pytest -q -n "$workers" --dist loadfile "$@" 8<&- 9<&-

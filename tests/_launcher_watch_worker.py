@@ -37,7 +37,10 @@ def worker(out: Path) -> None:
 
     signal.signal(signal.SIGTERM, stopped)
     watch_launcher(POLL_S)
-    (out / "ready").write_text(str(os.getppid()))
+    # whole or absent (a rename): the test reads it as soon as it exists, and a file opened but not yet written
+    # read as '' under load
+    (out / "ready.tmp").write_text(str(os.getppid()))
+    (out / "ready.tmp").replace(out / "ready")
     time.sleep(600)
 
 

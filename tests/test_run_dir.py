@@ -536,7 +536,10 @@ def test_row_runner_goes_on_to_the_next_seed_when_its_stdout_is_gone(tmp_path):
 _RECORD_SIGTERM = r"""
 import pathlib, signal, sys, time
 mark = pathlib.Path(sys.argv[1])
-signal.signal(signal.SIGTERM, lambda s, f: (mark.write_text("SIGTERM"), sys.exit(0)))
+# whole or absent (a rename): the test reads it as soon as it exists (an opened, unwritten file read as '' under
+# xdist's load)
+tmp = mark.with_suffix(".tmp")
+signal.signal(signal.SIGTERM, lambda s, f: (tmp.write_text("SIGTERM"), tmp.replace(mark), sys.exit(0)))
 print("ready", flush=True)
 time.sleep(30)  # bounded: a runner that never tells it must not leave it behind for long
 """

@@ -168,3 +168,30 @@ def test_a_lock_that_cannot_be_taken_runs_unlocked(checkout, old):
     assert out.read_text().splitlines() == [f"[test] cannot lock {lock}{why}: not waiting for another run in this "
                                             "checkout" for lock in (TEST_LOCK, VENV_LOCK)]
     assert logged(checkout) == ["setup a", "start a", "end a"]
+
+
+ARGV_PYTHON = """#!/usr/bin/env bash
+printf '%s\\n' "$@" >"$LOG.argv"
+"""
+
+
+@pytest.mark.parametrize("workers, expected", [(None, "2"), ("", "2"), ("0", "0"), ("3", "3")])
+def test_pytest_runs_in_test_workers_processes_a_file_each(checkout, monkeypatch, workers, expected):
+    """Two pytest-xdist processes by default, each taking whole files (a file's module fixtures and shared launches
+    run once); TEST_WORKERS=0 is one process. The user's arguments come after, so their -n or --dist wins."""
+    monkeypatch.delenv("TEST_WORKERS", raising=False)
+    write_exe(checkout.parent / "bin" / "python", ARGV_PYTHON)
+    run, out = start(checkout, "a", **({} if workers is None else {"TEST_WORKERS": workers}))
+    assert run.wait(HANG_GUARD_S) == 0, out.read_text()
+    argv = (checkout.parent / "log.argv").read_text().splitlines()
+    assert argv == ["-m", "pytest", "-q", "-n", expected, "--dist", "loadfile"]
+
+
+@pytest.mark.parametrize("workers", ["two", "-1", "2.5"])
+def test_a_test_workers_that_is_no_count_is_refused(checkout, workers):
+    write_exe(checkout.parent / "bin" / "python", ARGV_PYTHON)
+    run, out = start(checkout, "a", TEST_WORKERS=workers)
+    assert run.wait(HANG_GUARD_S) == 2
+    assert f"[test] TEST_WORKERS must be a whole number of pytest processes, 0 for one process (got '{workers}')" \
+        in out.read_text()
+    assert not (checkout.parent / "log.argv").exists()  # pytest never started
