@@ -105,7 +105,7 @@ BENCH_RUNS = {  # tiny bf16 runs of the benches that build their own autocast (o
 
 
 @pytest.mark.parametrize("name", [*BENCH_RUNS, "mome_ops"])
-def test_the_benches_in_bf16_on_a_cpu_without_native_bf16_give_the_note_once(monkeypatch, capsys, name):
+def test_the_benches_in_bf16_on_a_cpu_without_native_bf16_give_the_note_once(monkeypatch, capsys, tmp_path, name):
     """bench/moe, mome_ops, latency and decode built their own torch.autocast (latency: bf16 weights), so a bf16
     run on such a CPU never said why it was slow; they now go through nanochat.common's note, printed once."""
     from conftest import load_bench
@@ -119,6 +119,7 @@ def test_the_benches_in_bf16_on_a_cpu_without_native_bf16_give_the_note_once(mon
             with bench._autocast(torch.device("cpu"), torch.bfloat16):
                 assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     else:
-        bench.main(BENCH_RUNS[name])
+        # latency writes its JSON under the checkout's runs/bench unless told otherwise
+        bench.main(BENCH_RUNS[name] + (["--out", str(tmp_path / "latency.json")] if name == "latency" else []))
     out = capsys.readouterr().out
     assert out.count("note: this run computes in bfloat16 on a CPU without native bf16 matmuls") == 1, out
