@@ -22,7 +22,7 @@ from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, unfinished, write_run_report
-from nanochat.run_control import how_to_continue, resume_way
+from nanochat.run_control import CONTINUE_COMMAND_ENV, how_to_continue, resume_way
 from nanochat.train_resume import RUNNER_AFRESH_ENV
 from nanochat.train_setup import write_json
 
@@ -163,27 +163,101 @@ def lr_flags_for(run: Run, names: list[str]) -> list[str]:
 
 def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
     """What to do after a non-finite loss or parameters: the last checkpoint (each was checked finite when it was
-    saved) and the flags that continue from it with lower learning rates."""
+    saved) and the flags that continue from it with lower learning rates; under a wrapper that runs base_train
+    itself (speedrun.sh: CONTINUE_COMMAND_ENV), the base_train command to run by hand (``by_hand``)."""
     steps = ckpt.list_steps(run.run_dir)
     flags = lr_flags_for(run, error.names) if isinstance(error, NonFiniteParams) else []
     lower = (f"lower {' and '.join(flags)} (the LR{'s' if len(flags) > 1 else ''} of the non-finite tensors)"
              if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
                            "--memory-lr)")
     runner = bool(os.environ.get(RUNNER_AFRESH_ENV))  # under scripts.run: base_train's flags go after its --
+    wrapper = None if runner else os.environ.get(CONTINUE_COMMAND_ENV)
+    head = f"error: {error}; stopping without saving."
     if not steps:
+        if wrapper:
+            return f"{head} No checkpoint was saved before it. {by_hand(run, error, wrapper, None, lower)}"
         how = (f"the same scripts.run command with --overwrite and the lower learning rates after -- ({lower})"
                if runner else f"--overwrite and {lower}")
-        return f"error: {error}; stopping without saving. No checkpoint was saved before it: start again with {how}, " \
-               "or check the data"
+        return f"{head} No checkpoint was saved before it: start again with {how}, or check the data"
     step = steps[-1]
     checked = ckpt.load_meta(run.run_dir, step).get("params_finite")
-    return (f"error: {error}; stopping without saving. Last good checkpoint: step {step} in "
-            f"{run.run_dir / ckpt.CKPT_DIR} ("
+    last = (f"{head} Last good checkpoint: step {step} in {run.run_dir / ckpt.CKPT_DIR} ("
             + ("its parameters and optimizer state were checked finite when it was saved" if checked else
-               "written before finite checks existed: not verified") +
-            f"). To continue from it: the same {'scripts.run ' if runner else ''}command with --resume {step} "
+               "written before finite checks existed: not verified") + ").")
+    if wrapper:
+        return f"{last} {by_hand(run, error, wrapper, step, lower)}"
+    return (f"{last} To continue from it: the same {'scripts.run ' if runner else ''}command with --resume {step} "
             "--resume-override-lr" + (f" and the lower learning rates after -- ({lower})" if runner else
                                       f", and {lower}") + "; or check the data")
+
+
+def by_hand(run: Run, error: NonFiniteLoss, wrapper: str, step: int | None, lower: str) -> str:
+    """The way on after a non-finite stop under ``wrapper`` (speedrun.sh), which passes its own flags and cannot
+    lower learning rates: the base_train command it ran, to run by hand, with --resume ``step`` --resume-override-lr
+    (--overwrite with no checkpoint) and half the LRs of the non-finite parameters' groups (every group's after a
+    non-finite loss or optimizer state); where this process cannot tell that command (``hand_command``), the flags
+    alone (``lower``). A run continued with other LRs is not the wrapper's any more: speedrun.sh's --resume auto,
+    with the original LRs, is refused (the flags do not match), and its done check counts the LRs too."""
+    named = lr_flags_for(run, error.names) if isinstance(error, NonFiniteParams) else []  # [] for optimizer state
+    flags = named or lr_flags_for(run, [name for name, _ in run.model.named_parameters()])
+    goal, way = ("continue from it", ["--resume", str(step), "--resume-override-lr"]) if step is not None else \
+        ("start again", ["--overwrite"])
+    command = hand_command(run, flags, way)
+    cannot = f"'{wrapper}' cannot lower learning rates: to {goal}, "
+    refused = (f"'{wrapper}' refuses to continue the run once a checkpoint with other learning rates is saved (its "
+               "--resume auto has the original ones: the flags do not match), so finish it by hand; or check the data")
+    if command is None:
+        return f"{cannot}run the base_train command '{wrapper}' ran by hand, with {' '.join(way)} and {lower}; " \
+               + refused
+    which = "the LRs of the non-finite tensors" if named else "this run's LRs"
+    return (f"{cannot}run by hand in {os.getcwd()} the base_train command '{wrapper}' ran, with {' '.join(way)} and "
+            f"half {which} ({', '.join(flags)}; lower them as you see fit):\n  {command}\n{refused}")
+
+
+def hand_command(run: Run, lr_flags: list[str], way: list[str]) -> str | None:
+    """This process's base_train command, shell-quoted, with ``way`` and ``lr_flags`` at half this run's values in
+    place of its --resume, --overwrite, --resume-override-lr and those flags (the LR flags and ``way`` come last, so
+    they win over a --config file's keys too). base_train's flags are sys.argv's (``python -m scripts.base_train``, or
+    a torchrun worker's: torchrun's own flags are not in it); its launcher is told from the environment: torchrun on
+    one node (LOCAL_WORLD_SIZE, as speedrun.sh starts it), else a single process. None where that cannot be told:
+    base_train.main called in another program's process, or several nodes (each node's torchrun command)."""
+    if Path(sys.argv[0]).name != "base_train.py":
+        return None
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    python = Path(sys.executable)
+    if local is None and run.world == 1:
+        launcher = [_from_here(python), "-m", "scripts.base_train"]
+    elif local is not None and int(local) == run.world:
+        torchrun = python.with_name("torchrun")  # the environment's own, as `python` is
+        launcher = [_from_here(torchrun) if torchrun.exists() else "torchrun", "--standalone",
+                    f"--nproc_per_node={local}", "-m", "scripts.base_train"]
+    else:
+        return None
+    halved = [token for flag in lr_flags for token in (flag, repr(getattr(run.args, flag[2:].replace("-", "_")) / 2))]
+    return shlex.join(launcher + _without_flags(sys.argv[1:], set(lr_flags)) + way + halved)
+
+
+def _without_flags(argv: list[str], valued: set[str]) -> list[str]:
+    """``argv`` less --resume (its value is optional), --overwrite, --resume-override-lr and the ``valued`` flags
+    (``--flag V`` or ``--flag=V``)."""
+    kept, i = [], 0
+    while i < len(argv):
+        token, i = argv[i], i + 1
+        name = token.split("=", 1)[0]
+        if token in ("--overwrite", "--resume-override-lr"):
+            continue
+        if name in valued or name == "--resume":
+            if "=" not in token and i < len(argv) and (name in valued or not argv[i].startswith("-")):
+                i += 1  # its value
+            continue
+        kept.append(token)
+    return kept
+
+
+def _from_here(path: Path) -> str:
+    """``path`` relative to the working directory where it lies under it (.venv/bin/python), else absolute."""
+    absolute, here = os.path.abspath(path), os.getcwd()
+    return os.path.relpath(absolute, here) if absolute.startswith(here + os.sep) else absolute
 
 
 def last_step_in(run_dir: Path) -> int | None:

@@ -2,7 +2,10 @@
 (during training as during the final evaluation), and the error and last checkpoint of a stop by an error."""
 
 import json
+import shlex
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,11 +223,34 @@ def test_under_the_runner_a_nonfinite_stop_names_the_runners_way_on(tmp_path, mo
            "learning rates after --" in out, out
 
 
-def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_no_runner(tmp_path, monkeypatch, capsys):
+def advised_command(out: str) -> list[str]:
+    """The tokens of the command a non-finite stop under speedrun.sh says to run by hand (its own line)."""
+    lines = [line for line in out.splitlines() if "-m scripts.base_train" in line]
+    assert len(lines) == 1 and lines[0].startswith("  "), out
+    return shlex.split(lines[0])
+
+
+def base_train_flags(tokens: list[str]) -> list[str]:
+    return tokens[tokens.index("scripts.base_train") + 1:]
+
+
+def changed_flags(before: list[str], after: list[str]) -> dict:
+    """{dest: (before, after)} of every flag whose parsed value differs: base_train's parser reads both."""
+    from nanochat.train_args import parse_args
+
+    old, new = vars(parse_args(before)), vars(parse_args(after))
+    return {k: (old[k], new[k]) for k in old if old[k] != new[k]}
+
+
+def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_the_command_to_run_by_hand(tmp_path, monkeypatch,
+                                                                                              capsys):
     """speedrun.sh passes --resume auto itself and names its command in CONTINUE_COMMAND_ENV: a completed run's
     unwritten summary (as a stopped final evaluation) said "--resume reruns the final evaluation" beside speedrun's
-    own "run 'bash speedrun.sh' again". A non-finite stop's advice is base_train's, not scripts.run's (the variable
-    is speedrun's, not the runner's)."""
+    own "run 'bash speedrun.sh' again". A non-finite stop said "the same command with --resume 2
+    --resume-override-lr, and lower the learning rates": the command the user typed is `bash speedrun.sh`, which
+    takes neither. It now names the base_train command speedrun.sh ran (sys.argv, under `python -m`), with --resume 2
+    --resume-override-lr in place of --resume auto and half the LRs of this run's optimizer groups, shell-quoted, and
+    says that speedrun.sh does not continue a run with other LRs (measured: its --resume auto is refused, exit 2)."""
     from types import SimpleNamespace
 
     from nanochat.run_control import CONTINUE_COMMAND_ENV
@@ -238,10 +264,70 @@ def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_no_runner(tmp
     assert "running 'bash speedrun.sh' again reruns the final evaluation and writes summary.json" in message, message
     assert "--resume" not in message, message
     assert train_end.way_on_after_error(tmp_path, None).endswith("continue by running 'bash speedrun.sh' again")
+    run_dir = tmp_path / "r weird"  # a space: the command is shell-quoted
+    argv = [*TINY, "--device-batch-size", "4", "--total-batch-size", "256", "--run-dir", str(run_dir),
+            "--num-iterations", "6", "--save-every", "2", "--resume", "auto"]  # what error_stop passes main
+    monkeypatch.setattr(sys, "argv", [str(REPO / "scripts" / "base_train.py"), *argv])  # as `python -m` sets it
     error = base_train.NonFiniteLoss("train loss is nan at step 4")
-    assert error_stop(tmp_path / "r", monkeypatch, error, 4) == train_end.EXIT_NONFINITE
+    assert error_stop(run_dir, monkeypatch, error, 4, "--resume", "auto") == train_end.EXIT_NONFINITE
     out = capsys.readouterr().out
-    assert "To continue from it: the same command with --resume 2 --resume-override-lr, and lower" in out, out
+    assert "the same command" not in out, out
+    assert "'bash speedrun.sh' cannot lower learning rates: to continue from it, run by hand in " in out, out
+    assert "'bash speedrun.sh' refuses to continue the run" in out, out
+    tokens = advised_command(out)
+    assert tokens[1:3] == ["-m", "scripts.base_train"] and Path(tokens[0]).name.startswith("python"), tokens
+    flags = base_train_flags(tokens)
+    assert "auto" not in flags, flags
+    # a base model's groups: every LR flag but --memory-lr, halved; the resume from step 2 with the override
+    lrs = {"embedding_lr": 0.3, "unembedding_lr": 0.004, "matrix_lr": 0.02, "scalar_lr": 0.5}
+    assert changed_flags(argv, flags) == {"resume": ("auto", "2"), "resume_override_lr": (False, True),
+                                          **{k: (v, v / 2) for k, v in lrs.items()}}, flags
+
+
+def test_under_speedrun_a_nonfinite_stop_before_any_checkpoint_and_under_torchrun(tmp_path, monkeypatch):
+    """The advice's other cases under speedrun.sh: no checkpoint ("start again with --overwrite" named a flag
+    speedrun.sh does not take either), parameters found non-finite (only their groups' LRs), torchrun on one node (its
+    command, as speedrun.sh launches it), and where no command can be told (base_train.main called in the process of
+    another program; several nodes): the wording without one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nanochat.run_control import CONTINUE_COMMAND_ENV
+    from nanochat.train_args import parse_args
+    from nanochat.train_resume import RUNNER_AFRESH_ENV
+
+    monkeypatch.delenv(RUNNER_AFRESH_ENV, raising=False)
+    monkeypatch.setenv(CONTINUE_COMMAND_ENV, "bash speedrun.sh")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    argv = [*TINY, "--run-dir", str(tmp_path), "--matrix-lr", "0.04", "--resume", "auto"]
+    monkeypatch.setattr(sys, "argv", [str(REPO / "scripts" / "base_train.py"), *argv])
+    model = torch.nn.Linear(2, 2)
+    groups = [{"name": "wte", "params": [model.weight]}, {"name": "matrix", "params": [model.bias]}]
+    run = SimpleNamespace(run_dir=tmp_path, args=parse_args(argv), model=model, world=2,
+                          optimizer=SimpleNamespace(param_groups=groups))
+    error = train_end.NonFiniteParams("parameters are not finite at step 4: bias", ["bias"])
+    advice = train_end.nonfinite_advice(run, error)
+    assert "No checkpoint was saved before it. 'bash speedrun.sh' cannot lower learning rates: to start again, " \
+           "run by hand in " in advice, advice
+    tokens = advised_command(advice)
+    assert Path(tokens[0]).name == "torchrun" and \
+        tokens[1:5] == ["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train"], tokens
+    flags = base_train_flags(tokens)
+    assert flags.count("--matrix-lr") == 1, flags  # the run's own value is replaced, not followed by another
+    assert changed_flags(argv, flags) == {"resume": ("auto", None), "overwrite": (False, True),
+                                          "matrix_lr": (0.04, 0.02)}, flags
+    optimizer_state = train_end.NonFiniteParams("non-finite: optimizer state x", ["optimizer state x"])
+    assert changed_flags(argv, base_train_flags(advised_command(train_end.nonfinite_advice(run, optimizer_state)))) \
+        == {"resume": ("auto", None), "overwrite": (False, True), "matrix_lr": (0.04, 0.02),
+            "embedding_lr": (0.3, 0.15)}  # no parameter named: every group's LR
+    for cannot_tell in ({"world": 4}, {"argv": ["-m pytest", *argv]}):  # two nodes of 2; main(argv) in pytest
+        monkeypatch.setattr(run, "world", cannot_tell.get("world", 2))
+        monkeypatch.setattr(sys, "argv", cannot_tell.get("argv", sys.argv))
+        advice = train_end.nonfinite_advice(run, error)
+        assert "run the base_train command 'bash speedrun.sh' ran by hand, with --overwrite and lower --matrix-lr " \
+               "(the LR of the non-finite tensors)" in advice, advice
+        assert "scripts.base_train" not in advice, advice
 
 
 def full_disk_for(name: str):
