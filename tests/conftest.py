@@ -138,14 +138,20 @@ def sigterm_after(monkeypatch, module, name: str, calls_before: int) -> list:
     return calls
 
 
+def torchrun_env(**extra: str) -> dict:
+    """The environment of a test's torchrun launch (run_torchrun's, and each torchrun_forked launch a test makes
+    itself): this process's, read now (a test's monkeypatch.setenv included), with one thread per worker (2 ranks
+    on CI's 2 cores) and this checkout importable, then ``extra``."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **extra}
+
+
 def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
     """Run ``torchrun --standalone --nproc_per_node=nproc script args`` on CPU (gloo) and return the result (its
     launcher forked from one that imported torch once: torchrun_forked)."""
     import torchrun_forked
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     argv = ["--standalone", f"--nproc_per_node={nproc}", str(script), *args]
-    return torchrun_forked.run(argv, env=env, cwd=REPO, timeout=timeout)
+    return torchrun_forked.run(argv, env=torchrun_env(), cwd=REPO, timeout=timeout)
 
 
 # the checks of tests/_gloo_checks_worker.py, all in the one 2-rank launch of the session fixture gloo_checks

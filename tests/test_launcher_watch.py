@@ -13,7 +13,7 @@ import pytest
 
 import base_eval_fixtures
 import torchrun_forked
-from conftest import REPO
+from conftest import REPO, torchrun_env
 from nanochat import checkpoint as ckpt
 from nanochat import launcher_watch
 from test_speedrun import alive
@@ -98,7 +98,7 @@ def test_killed_torchrun_workers_save_and_exit(tmp_path):
     run = tmp_path / "run"
     argv = ["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train", *TINY, "--device-batch-size", "2",
             "--total-batch-size", "256", "--num-iterations", "1000000", "--run-dir", str(run)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = torchrun_env()
     read_end, write_end = os.pipe()
     with open(write_end, "wb") as write:  # the launcher holds its own copy
         torchrun = torchrun_forked.Launch(argv, cwd=REPO, env=env, stdout=write)
@@ -142,7 +142,7 @@ def test_killed_torchrun_eval_ranks_stop_with_what_finished(tiny_run, tmp_path):
     out, log = tmp_path / "o", tmp_path / "log"
     argv = ["--standalone", "--nproc_per_node=2", str(EVAL_WORKER), str(tmp_path), "--run-dir", str(root / "run"),
             "--bundle", str(bundle), "--eval", "core", "--no-progress", "--device-type", "cpu", "--out-dir", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = torchrun_env()
     with open(log, "w") as f:
         torchrun = torchrun_forked.Launch(argv, cwd=REPO, env=env, stdout=f)
     workers = []

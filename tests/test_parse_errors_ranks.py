@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchrun_forked
-from conftest import REPO
+from conftest import REPO, torchrun_env
 from nanochat import common
 from nanochat.cli_types import NodeParser
 from nanochat.launcher_watch import LAUNCHER_ENV
@@ -34,7 +34,7 @@ BAD_FLAGS = {  # script, flags, the error's words
                                   for c in sorted(BAD_FLAGS)])
 def test_a_flag_error_is_printed_once_under_torchrun(case):
     module, flags, needle = BAD_FLAGS[case]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    env = torchrun_env(WANDB_MODE="disabled")
     done = torchrun_forked.run(["--standalone", "--nproc_per_node=2", "-m", module, *flags], env=env, cwd=REPO,
                                timeout=300)
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
@@ -117,7 +117,7 @@ def test_the_waiting_rank_prints_the_error_itself_if_not_ended(monkeypatch, caps
 
 
 def test_help_is_printed_once_under_torchrun():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    env = torchrun_env(WANDB_MODE="disabled")
     done = torchrun_forked.run(["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train", "--help"], env=env,
                                cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -2,7 +2,6 @@
 its local rank 0, and never lost. torchrun ends the ranks left as soon as one exits, so a rank that printed nothing
 must not exit first: it waits to be ended, and prints the error itself only if that never comes."""
 
-import os
 import re
 import time
 from types import SimpleNamespace
@@ -10,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import torchrun_forked
-from conftest import REPO
+from conftest import REPO, torchrun_env
 from nanochat import common
 from nanochat.launcher_watch import LAUNCHER_ENV
 from scripts import base_train
@@ -26,7 +25,7 @@ NEEDLE = {"preflight": "--total-batch-size 1000 is not divisible", "dry-run": "-
 @pytest.mark.parametrize("where", ["preflight", pytest.param("dry-run", marks=pytest.mark.slow)])
 def test_an_error_before_the_process_group_is_printed_once_under_torchrun(tmp_path, where):
     flags = NOT_DIVISIBLE if where == "preflight" else ["--dry-run", "--init-from", str(tmp_path / "nosuch")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    env = torchrun_env(WANDB_MODE="disabled")
     done = torchrun_forked.run(["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train", *TINY,
                                 "--run-dir", str(tmp_path / "run"), *flags], env=env, cwd=REPO, timeout=300)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]

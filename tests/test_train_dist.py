@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torchrun_forked
-from conftest import REPO, kill_tree, run_torchrun
+from conftest import REPO, kill_tree, run_torchrun, torchrun_env
 from nanochat import checkpoint as ckpt
 from nanochat import optim_shard
 from scripts import base_train
@@ -90,7 +90,7 @@ def test_two_process_kill_and_resume_matches_one_process(tmp_path, capsys):
     flags = [*TINY, *BATCH, *MOME, *MOE, "--num-iterations", "8", "--save-every", "2"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     assert base_train.main([*flags, "--run-dir", str(ref)]) == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = torchrun_env()
     with open(os.devnull, "w") as devnull:
         proc = torchrun_forked.Launch(["--standalone", "--nproc_per_node=2", str(SCRIPT), *flags, "--run-dir",
                                        str(run)], cwd=REPO, env=env, stdout=devnull)
@@ -216,7 +216,7 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
     starts its workers in sessions of their own, so a process-group kill would miss them), and torchrun forwards
     one more, so each worker gets two SIGTERMs. The run still saves a checkpoint and a resumable summary."""
     run = tmp_path / "r"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = torchrun_env()
     log = tmp_path / "torchrun.log"
     with open(log, "w") as f:
         proc = torchrun_forked.Launch(["--standalone", "--nproc_per_node=2", str(SCRIPT), *TINY, *BATCH,
