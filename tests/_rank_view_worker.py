@@ -1,14 +1,15 @@
 """torchrun worker for test_rank_consistency: run a script's main() with a per-rank view of the world.
 
-    python -m torch.distributed.run --nproc_per_node=2 tests/_rank_view_worker.py SPEC.json [SPEC.json ...]
+    python -m torch.distributed.run --nproc_per_node=2 tests/_rank_view_worker.py SPEC.json [--next-run SPEC.json ...]
 
 SPEC.json: {"module": "scripts.base_eval", "argv": [...], "out": DIR,
             "rank_argv": {"1": [...]}, "rank_env": {"1": {"NAME": "value"}}}
 A rank listed in rank_argv runs with that argv instead (e.g. a different --run-dir: a node that cannot see rank 0's
 files); rank_env entries are set before main() runs (e.g. NANOCHAT_EVAL_BUNDLE: a bundle that is missing on one
 node). Each rank writes DIR/rank<R>.json with main()'s exit code.
-Several specs run one after the other (one torchrun start-up), each main() with its process group on a store of its
-own as in tests/_train_runs_worker.py and with its rank_env alone; the first non-zero exit code ends the worker.
+Several specs, separated by ``--next-run``, run one after the other in one torchrun start-up, each main() with its
+process group on a store of its own (tests/_train_runs_worker.run_each) and with its rank_env alone; the first
+non-zero exit code ends the worker.
 """
 
 import importlib
@@ -41,11 +42,6 @@ def main(spec_path: str) -> int:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    from _train_runs_worker import use_a_store_of_its_own  # (tests/ is the script's directory)
+    from _train_runs_worker import run_each  # (tests/ is the script's directory)
 
-    for number, spec_path in enumerate(sys.argv[1:]):
-        if number:
-            use_a_store_of_its_own(number)
-        code = main(spec_path)
-        if code:
-            sys.exit(code)
+    sys.exit(run_each(sys.argv[1:], lambda spec: main(*spec)))

@@ -123,7 +123,7 @@ def views_that_agree(tmp_path_factory, finished_run, tiny_run):
     (tmp / "eval_tokens").mkdir()
     resume, mine = resume_auto_spec(tmp / "resume", finished_run[0], rank0_has_checkpoint=False)
     tokens = eval_tokens_spec(tmp / "eval_tokens", tiny_run)
-    res = run_torchrun(WORKER, 2, [str(resume), str(tokens)], timeout=TIMEOUT)
+    res = run_torchrun(WORKER, 2, [str(resume), "--next-run", str(tokens)], timeout=TIMEOUT)
     return {"resume": (res, codes_of(resume), mine), "eval_tokens": (res, codes_of(tokens), tmp / "eval_tokens")}
 
 
