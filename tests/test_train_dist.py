@@ -238,26 +238,32 @@ def test_sigterm_to_launcher_and_workers_saves(tmp_path):
 
 
 # The runs of _final_eval_signal_worker that end well, in the module's one launch (final_eval_signal_runs): SIGTERM on
-# these ranks in the final evaluation's val bpb, or in its CORE task a (each then followed by its --resume)
+# these ranks in the final evaluation's val bpb, or in its CORE task a (each then followed by its --resume), or after
+# the last step (--after-last-step)
 VAL_BPB_SIGNAL_RANKS = ("1", "0,1")
 CORE_SIGNAL_RANKS = ("1", "0,1")
+LAST_STEP_SIGNAL_RANKS = ("1",)
+WHERE_FLAGS = {"val_bpb": [], "core": ["--in-core"], "last_step": ["--after-last-step"]}  # the worker's, per part
 
 
 @pytest.fixture(scope="module")
 def final_eval_signal_runs(tmp_path_factory):
-    """The runs of VAL_BPB_SIGNAL_RANKS and CORE_SIGNAL_RANKS (test_a_signal_at_the_final_evaluation_..., and
-    test_a_resume_on_two_ranks_reuses_...), all in one launch (_final_eval_signal_worker --runs-out), where each had
-    a launch of its own (~4 s of the CI's 2 cores apiece). {(part, ranks): (run dir, [for each of its runs, a copy
-    of the run dir as that run left it])}; each run's output is beside its copy (output_of)."""
+    """The runs of VAL_BPB_SIGNAL_RANKS, LAST_STEP_SIGNAL_RANKS and CORE_SIGNAL_RANKS
+    (test_a_signal_at_the_final_evaluation_..., and test_a_resume_on_two_ranks_reuses_...), all in one launch
+    (_final_eval_signal_worker --runs-out), where each had a launch of its own (~4 s of the CI's 2 cores apiece).
+    {(part, ranks): (run dir, [for each of its runs, a copy of the run dir as that run left it])}; each run's output
+    is beside its copy (output_of)."""
     tmp = tmp_path_factory.mktemp("final_eval_signal")
     out, each_run, runs = tmp / "out", [], {}
     out.mkdir()
-    for part, ranks in [*(("val_bpb", r) for r in VAL_BPB_SIGNAL_RANKS), *(("core", r) for r in CORE_SIGNAL_RANKS)]:
+    for part, ranks in [*(("val_bpb", r) for r in VAL_BPB_SIGNAL_RANKS), *(("core", r) for r in CORE_SIGNAL_RANKS),
+                        *(("last_step", r) for r in LAST_STEP_SIGNAL_RANKS)]:
         run = tmp / f"{part}_{ranks}"
         args = [*TINY, *BATCH, "--num-iterations", "3", *(["--final-core"] if part == "core" else []),
                 "--run-dir", str(run)]
-        these = [["--sigterm-ranks", ranks, *args]] if part == "val_bpb" else [
-            ["--sigterm-ranks", ranks, "--in-core", *args], ["--sigterm-ranks", "", "--in-core", *args, "--resume"]]
+        these = [["--sigterm-ranks", ranks, *WHERE_FLAGS[part], *args]]
+        if part == "core":
+            these.append(["--sigterm-ranks", "", "--in-core", *args, "--resume"])
         runs[part, ranks] = (run, [out / f"run{len(each_run) + i}" for i in range(len(these))])
         each_run += these
     argv = [arg for i, one in enumerate(each_run) for arg in (["--next-run"] if i else []) + one]
@@ -272,28 +278,28 @@ def output_of(kept) -> str:
     return "".join((kept.parent / f"{kept.name}.rank{rank}.out").read_text() for rank in (0, 1))
 
 
-@pytest.mark.parametrize("worker", [["_final_eval_signal_worker.py", "--sigterm-ranks", "1"],
-                                    # slow: the vote (an all-reduce MAX of the ranks' latched signals) is the same
-                                    # on every rank; a rank learning the signal from the vote is covered by
-                                    # "--sigterm-ranks 1" (rank 0, the writer, at that), rank 0's own signal by "0,1"
-                                    pytest.param(["_final_eval_signal_worker.py", "--sigterm-ranks", "0"],
-                                                 marks=pytest.mark.slow),
-                                    ["_final_eval_signal_worker.py", "--sigterm-ranks", "0,1"],
-                                    ["_last_step_one_rank_signal_worker.py"]], ids=lambda w: " ".join(w))
-def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path, request, worker):
+@pytest.mark.parametrize("part, ranks", [("val_bpb", "1"),
+                                         # slow: the vote (an all-reduce MAX of the ranks' latched signals) is the
+                                         # same on every rank; a rank learning the signal from the vote is covered
+                                         # by "val_bpb-1" (rank 0, the writer, at that), rank 0's own signal by "0,1"
+                                         pytest.param("val_bpb", "0", marks=pytest.mark.slow),
+                                         ("val_bpb", "0,1"), ("last_step", "1")])
+def test_a_signal_at_the_final_evaluation_on_two_ranks_writes_the_summary(tmp_path, request, part, ranks):
     """_final_eval_signal_worker: SIGTERM reaches one rank (either) or both during the final evaluation's val bpb.
     Every rank must take the same branch (one that leaves while the other waits in the evaluation's collectives
     fails under gloo and hangs under NCCL): the ranks vote at each batch and stop at the same one.
-    _last_step_one_rank_signal_worker: SIGTERM reaches rank 1 only, after the last step's stop vote; the vote
-    before the final evaluation skips it on every rank. Either way summary.json says so, with the signal even
-    where rank 0 (which writes it) got none, the checkpoint is whole, and every worker exits 0."""
-    if worker[0] == "_final_eval_signal_worker.py" and worker[2] in VAL_BPB_SIGNAL_RANKS:
-        run, (kept,) = request.getfixturevalue("final_eval_signal_runs")["val_bpb", worker[2]]
+    --after-last-step (last_step): SIGTERM reaches rank 1 only, after the last step's stop vote; the vote before the
+    final evaluation skips it on every rank. Either way summary.json says so, with the signal even where rank 0
+    (which writes it) got none, the checkpoint is whole, and every worker exits 0 (final_eval_signal_runs' launch
+    ends 0 only if each of its runs did)."""
+    if ranks in {"val_bpb": VAL_BPB_SIGNAL_RANKS, "last_step": LAST_STEP_SIGNAL_RANKS}[part]:
+        run, (kept,) = request.getfixturevalue("final_eval_signal_runs")[part, ranks]
         stdout = output_of(kept)
     else:
         run = tmp_path / "r"
-        r = run_torchrun(REPO / "tests" / worker[0], 2,
-                         [*worker[1:], *TINY, *BATCH, "--num-iterations", "3", "--run-dir", str(run)])
+        r = run_torchrun(REPO / "tests" / "_final_eval_signal_worker.py", 2,
+                         ["--sigterm-ranks", ranks, *WHERE_FLAGS[part], *TINY, *BATCH, "--num-iterations", "3",
+                          "--run-dir", str(run)])
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         stdout = r.stdout
     summary = json.loads((run / "summary.json").read_text())
