@@ -22,8 +22,8 @@ from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_
 from nanochat.jsonfile import written_path
 from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, unfinished, write_run_report
-from nanochat.run_control import CONTINUE_COMMAND_ENV, how_to_continue, resume_way
-from nanochat.train_resume import RUNNER_AFRESH_ENV
+from nanochat.run_control import how_to_continue, resume_way
+from nanochat.train_resume import RUNNER_AFRESH_ENV, wrapper_command
 from nanochat.train_setup import write_json
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
              if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
                            "--memory-lr)")
     runner = bool(os.environ.get(RUNNER_AFRESH_ENV))  # under scripts.run: base_train's flags go after its --
-    wrapper = None if runner else os.environ.get(CONTINUE_COMMAND_ENV)
+    wrapper = wrapper_command()
     head = f"error: {error}; stopping without saving."
     if not steps:
         if wrapper:
@@ -202,7 +202,8 @@ def by_hand(run: Run, error: NonFiniteLoss, wrapper: str, step: int | None, lowe
     flags = named or lr_flags_for(run, [name for name, _ in run.model.named_parameters()])
     goal, way = ("continue from it", ["--resume", str(step), "--resume-override-lr"]) if step is not None else \
         ("start again", ["--overwrite"])
-    command = hand_command(run, flags, way)
+    command = hand_command(run.world, way, {flag: repr(getattr(run.args, flag[2:].replace("-", "_")) / 2)
+                                            for flag in flags})
     cannot = f"'{wrapper}' cannot lower learning rates: to {goal}, "
     refused = (f"'{wrapper}' refuses to continue the run once a checkpoint with other learning rates is saved (its "
                "--resume auto has the original ones: the flags do not match), so finish it by hand; or check the data")
@@ -214,27 +215,28 @@ def by_hand(run: Run, error: NonFiniteLoss, wrapper: str, step: int | None, lowe
             f"half {which} ({', '.join(flags)}; lower them as you see fit):\n  {command}\n{refused}")
 
 
-def hand_command(run: Run, lr_flags: list[str], way: list[str]) -> str | None:
-    """This process's base_train command, shell-quoted, with ``way`` and ``lr_flags`` at half this run's values in
-    place of its --resume, --overwrite, --resume-override-lr and those flags (the LR flags and ``way`` come last, so
-    they win over a --config file's keys too). base_train's flags are sys.argv's (``python -m scripts.base_train``, or
-    a torchrun worker's: torchrun's own flags are not in it); its launcher is told from the environment: torchrun on
-    one node (LOCAL_WORLD_SIZE, as speedrun.sh starts it), else a single process. None where that cannot be told:
+def hand_command(world: int, way: list[str], values: dict[str, str]) -> str | None:
+    """This process's base_train command (``world`` processes), shell-quoted, with ``way`` and ``values`` ({flag:
+    value}: half the LRs after a non-finite stop, the checkpoint's values after a refused resume) in place of its
+    --resume, --overwrite, --resume-override-lr and those flags (``way`` and ``values`` come last, so they win over a
+    --config file's keys too). base_train's flags are sys.argv's (``python -m scripts.base_train``, or a torchrun
+    worker's: torchrun's own flags are not in it); its launcher is told from the environment: torchrun on one node
+    (LOCAL_WORLD_SIZE, as speedrun.sh starts it), else a single process. None where that cannot be told:
     base_train.main called in another program's process, or several nodes (each node's torchrun command)."""
     if Path(sys.argv[0]).name != "base_train.py":
         return None
     local = os.environ.get("LOCAL_WORLD_SIZE")
     python = Path(sys.executable)
-    if local is None and run.world == 1:
+    if local is None and world == 1:
         launcher = [_from_here(python), "-m", "scripts.base_train"]
-    elif local is not None and int(local) == run.world:
+    elif local is not None and int(local) == world:
         torchrun = python.with_name("torchrun")  # the environment's own, as `python` is
         launcher = [_from_here(torchrun) if torchrun.exists() else "torchrun", "--standalone",
                     f"--nproc_per_node={local}", "-m", "scripts.base_train"]
     else:
         return None
-    halved = [token for flag in lr_flags for token in (flag, repr(getattr(run.args, flag[2:].replace("-", "_")) / 2))]
-    return shlex.join(launcher + _without_flags(sys.argv[1:], set(lr_flags)) + way + halved)
+    return shlex.join(launcher + _without_flags(sys.argv[1:], set(values)) + way
+                      + [token for flag, value in values.items() for token in (flag, value)])
 
 
 def _without_flags(argv: list[str], valued: set[str]) -> list[str]:

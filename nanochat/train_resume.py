@@ -10,6 +10,7 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from
 from nanochat.cli_types import is_seed, unresumable_seeds
 from nanochat.common import every_rank_ok, print0, rank0_decides
+from nanochat.run_control import CONTINUE_COMMAND_ENV
 from nanochat.train_loop import restore_stats_buffers
 from nanochat.train_setup import RunData
 
@@ -59,22 +60,56 @@ def read_old_records(args, saved_args: dict) -> None:
                "the older version that started it; read as -1 (all), the same CORE evaluation")
 
 
-def how_to_start_afresh(run_dir: Path) -> str:
+def wrapper_command() -> str | None:
+    """The command of a wrapper that passes --resume auto itself (speedrun.sh: CONTINUE_COMMAND_ENV), unless
+    scripts.run (RUNNER_AFRESH_ENV, whose own way comes first) started this base_train."""
+    return None if os.environ.get(RUNNER_AFRESH_ENV) else os.environ.get(CONTINUE_COMMAND_ENV)
+
+
+def how_to_start_afresh(run_dir: Path, values: dict[str, str] | None = None, world: int = 1) -> str:
     """The way forward after a refused resume. scripts.run adds --resume auto itself and names its own command in
-    RUNNER_AFRESH_ENV: "drop --resume" could not be followed there."""
+    RUNNER_AFRESH_ENV: "drop --resume" could not be followed there; nor under a wrapper that does too
+    (``wrapper_command``: speedrun.sh, whose user typed 'bash speedrun.sh'): ``under_wrapper``."""
     runner = os.environ.get(RUNNER_AFRESH_ENV)
     if runner:
         return (f"to start afresh instead (it deletes the run in {run_dir}), run: {runner}\n"
                 "  or, to continue it, run the row again with the flags it was started with")
+    wrapper = wrapper_command()
+    if wrapper:
+        return under_wrapper(wrapper, run_dir, values, world)
     return (f"to start afresh instead, drop --resume and add --overwrite (it deletes the run in {run_dir}), or pass "
             "another --run-dir")
 
 
-def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict, run_dir: Path) -> dict:
+def under_wrapper(wrapper: str, run_dir: Path, values: dict[str, str] | None, world: int) -> str:
+    """The ways a wrapper's user has after a refused resume: the wrapper again once the run dir is gone, or with what
+    the run was trained with (speedrun.sh's DEMO_STEPS, a config file, a default an update changed: the wrapper, not
+    base_train, knows its settings), or by hand the base_train command it ran (``hand_command``,
+    ``world`` processes) with the checkpoint's ``values`` ({flag: value}) of the flags that differ, the one way on
+    for a run continued by hand with other LRs (a non-finite stop's advice). ``values`` None: some difference is no
+    flag's (the step count, the data, the model config), so no command names it."""
+    ways = (f"to start afresh instead, delete (or move) {run_dir} and run '{wrapper}' again; to continue it instead, "
+            f"run '{wrapper}' again with what the run was trained with (what differs above: a setting it reads, a "
+            "config file, a default an update changed)")
+    if values is None:
+        return ways
+    from nanochat.train_end import hand_command  # here: train_end imports this module
+
+    command = hand_command(world, ["--resume", "latest"], values)
+    if command is None:
+        return (f"{ways}, or run by hand the base_train command '{wrapper}' ran, with --resume latest and the "
+                "checkpoint's values of the flags above")
+    return (f"{ways}, or run by hand in {os.getcwd()} the base_train command '{wrapper}' ran, with the checkpoint's "
+            f"values of the flags above:\n  {command}")
+
+
+def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict, run_dir: Path,
+                            world: int) -> dict:
     """Refuse to continue a checkpoint with flags that would change the trajectory; name every difference, and
     end with how to start afresh instead (the flags may be the ones wanted: another step count, say).
     With --resume-override-lr the LR flags may differ: returns those changes {key: [checkpoint, now]}."""
     diffs, lr_changes = [], {}
+    values = {}  # {flag: the checkpoint's value} of the differing flags a command line can pass back
     diffs += [f"model config: {d}" for d in
               init_from.config_differences(meta["model_config"], config.to_dict(), theirs="checkpoint")]
     saved_args = ckpt.recorded_run_args(meta)
@@ -87,6 +122,8 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
                 lr_changes[key] = [saved_args[key], getattr(args, key)]
                 continue
             diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
+            if type(saved_args[key]) in (int, float, str):  # not a store_true flag's bool, nor an unset None
+                values[f"--{key.replace('_', '-')}"] = str(saved_args[key])
     for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
                                    ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
         saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
@@ -99,11 +136,13 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
     if saved_n is not None and saved_n != plan["num_iterations"]:
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
     if diffs:
-        lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS)
+        # not under a wrapper, whose user cannot pass the flag: its advice names a command with the LRs to go on
+        lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS) and not wrapper_command()
         hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
                 "--resume-override-lr)") if lr_hint else ""
         raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
-                         + "\n  ".join(diffs) + hint + "\n  " + how_to_start_afresh(run_dir))
+                         + "\n  ".join(diffs) + hint + "\n  "
+                         + how_to_start_afresh(run_dir, values if len(values) == len(diffs) else None, world))
     return lr_changes
 
 
@@ -147,7 +186,7 @@ def resume_point(args, run_dir: Path, config, plan: dict, data: RunData, world: 
     def check() -> ResumePoint:
         meta = ckpt.load_meta(run_dir, step)
         read_old_records(args, ckpt.recorded_run_args(meta))
-        lr_changes = check_resume_compatible(args, config, plan, data, meta, run_dir)
+        lr_changes = check_resume_compatible(args, config, plan, data, meta, run_dir, world)
         saved_world = ckpt.recorded_config(meta).get("world_size")  # absent in older checkpoints: restore checks
         if saved_world is not None:
             check_world_size(args, step, saved_world, world)

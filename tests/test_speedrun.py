@@ -228,7 +228,7 @@ def test_a_stop_under_speedrun_names_speedrun_and_the_runner_keeps_its_own_way(m
     """base_train stopped under speedrun.sh said "continue with --resume", then speedrun.sh "run 'bash speedrun.sh'
     again": two ways on, the first no speedrun user's. speedrun.sh names its command in CONTINUE_COMMAND_ENV and the
     stop names it (resume_way too: "running 'bash speedrun.sh' again reruns the final evaluation"), the refused-resume
-    advice stays base_train's (RUNNER_AFRESH_ENV is the runner's alone), and under
+    advice too (it said "drop --resume and add --overwrite", flags 'bash speedrun.sh' does not take), and under
     scripts.run the runner's way comes first."""
     from nanochat import run_control
     from nanochat.train_resume import RUNNER_AFRESH_ENV, how_to_start_afresh
@@ -239,7 +239,15 @@ def test_a_stop_under_speedrun_names_speedrun_and_the_runner_keeps_its_own_way(m
     monkeypatch.setenv(run_control.CONTINUE_COMMAND_ENV, "bash speedrun.sh")
     assert run_control.how_to_continue() == "continue by running 'bash speedrun.sh' again"
     assert run_control.resume_way() == "running 'bash speedrun.sh' again"
+    # a refused resume: the way a speedrun.sh user can take (test_train_e2e runs it), not base_train's own flags
+    afresh = how_to_start_afresh(Path("runs/x"))
+    assert afresh.startswith("to start afresh instead, delete (or move) runs/x and run 'bash speedrun.sh' again; "
+                             "to continue it instead, run 'bash speedrun.sh' again with what the run was trained with"),\
+        afresh
+    assert "--resume" not in afresh and "--overwrite" not in afresh and "--run-dir" not in afresh, afresh
+    monkeypatch.delenv(run_control.CONTINUE_COMMAND_ENV)
     assert "drop --resume and add --overwrite" in how_to_start_afresh(Path("runs/x"))
+    monkeypatch.setenv(run_control.CONTINUE_COMMAND_ENV, "bash speedrun.sh")
     monkeypatch.setenv(RUNNER_AFRESH_ENV, "python -m scripts.run configs/mini/base.toml -- --overwrite")
     assert run_control.how_to_continue() == "continue by running the same scripts.run command again"
     assert 'export NANOCHAT_CONTINUE_COMMAND="bash speedrun.sh"' in SPEEDRUN

@@ -128,6 +128,54 @@ def test_a_refused_resume_ends_with_how_to_start_afresh(tmp_path, capsys):
     assert ckpt.list_steps(run) == [3]
 
 
+def test_a_refused_resume_under_speedrun_names_what_its_user_can_do(tmp_path, capsys, monkeypatch):
+    """speedrun.sh passes --resume auto itself (CONTINUE_COMMAND_ENV): "drop --resume and add --overwrite, or pass
+    another --run-dir" named flags of a command its user never typed. A run finished by hand with another LR (as a
+    non-finite stop's advice says) is then refused by speedrun's --resume auto: the advice now says to delete the run
+    dir and run 'bash speedrun.sh' again, or with what the run was trained with, or by hand with the
+    base_train command speedrun.sh ran and the checkpoint's flag values; pasting that command continues the run."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from nanochat.run_control import CONTINUE_COMMAND_ENV
+
+    monkeypatch.delenv(train_resume.RUNNER_AFRESH_ENV, raising=False)
+    monkeypatch.setenv(CONTINUE_COMMAND_ENV, "bash speedrun.sh")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # one process, as the CPU demo runs it
+    run = tmp_path / "r un"  # a space: the command is shell-quoted
+    assert train(run, "--num-iterations", "3", "--matrix-lr", "0.01", "--max-wall-time-seconds", "0.001") == 0
+    assert ckpt.list_steps(run) == [1]
+    capsys.readouterr()
+    argv = [*TINY, "--device-batch-size", "4", "--total-batch-size", "256", "--run-dir", str(run),
+            "--num-iterations", "3", "--resume", "auto"]  # speedrun's flags: the original LR
+    monkeypatch.setattr(sys, "argv", [str(base_train.__file__), *argv])  # as `python -m scripts.base_train` sets it
+    assert base_train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--matrix-lr 0.01 (checkpoint) != 0.02" in err and "drop --resume" not in err, err
+    assert "--resume-override-lr" not in err, err  # another flag 'bash speedrun.sh' does not take
+    assert f"to start afresh instead, delete (or move) {run} and run 'bash speedrun.sh' again; to continue it " \
+           "instead, run 'bash speedrun.sh' again with what the run was trained with (what differs above: a " \
+           "setting it reads, a config file, a default an update changed), or run by hand in " in err, err
+    assert "the base_train command 'bash speedrun.sh' ran, with the checkpoint's values of the flags above:" in err
+    lines = [line for line in err.splitlines() if "-m scripts.base_train" in line]
+    assert len(lines) == 1 and lines[0].startswith("  ") and err.rstrip().endswith(lines[0]), err
+    tokens = shlex.split(lines[0])
+    assert Path(tokens[0]).name.startswith("python") and tokens[1:3] == ["-m", "scripts.base_train"], tokens
+    pasted = tokens[3:]
+    assert pasted == [*argv[:-2], "--resume", "latest", "--matrix-lr", "0.01"], pasted
+    assert base_train.main(pasted) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert ckpt.list_steps(run)[-1] == 3
+    # a difference no flag of that command undoes (DEMO_STEPS: the step count): no command, the other ways
+    assert base_train.main([*argv[:-4], "--num-iterations", "4", "--matrix-lr", "0.01", "--resume", "auto"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "num_iterations 3 (checkpoint) != 4" in err and "scripts.base_train" not in err, err
+    assert err.endswith(f"to start afresh instead, delete (or move) {run} and run 'bash speedrun.sh' again; to "
+                        "continue it instead, run 'bash speedrun.sh' again with what the run was trained with (what "
+                        "differs above: a setting it reads, a config file, a default an update changed)"), err
+
+
 @pytest.mark.parametrize("vocab, seq_len, seed", [
     (256, 8, 0), (3, 31, 7), (50257, 226, 2**33 + 5), (11, 227, -3),  # one output block (<= 227 words)
     (13, 453, 1), (13, 454, 1), (17, 623, 2), (17, 624, 2), (19, 1300, 3)])  # the twist's blocks and repeats
