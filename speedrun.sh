@@ -198,14 +198,15 @@ cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "
     }
     # base_train exits 2 for what it refuses before training; with a checkpoint in the run dir that is mostly the
     # --resume auto of a run started with other flags (another DEMO_STEPS or DEMO_DTYPE), which speedrun.sh cannot
-    # continue
+    # continue, or of one continued by hand with other LRs (a non-finite stop's advice): the hint is conditional,
+    # base_train's error above names the difference and its own ways on
     train_demo() {  # train_demo RUN_DIR BASE_TRAIN_FLAGS...
         local run="$1" rc=0
         shift
         step python -m scripts.base_train "$@" || rc=$?
         if [ "$rc" = 2 ] && [ -d "$run/checkpoints" ]; then
-            echo "[speedrun] if base_train refused to continue $run with these flags (\"--resume: the flags do not" \
-                 "match\" above: DEMO_STEPS or DEMO_DTYPE differs from the run's), delete $root/base and" \
+            echo "[speedrun] if base_train refused to continue $run because DEMO_STEPS or DEMO_DTYPE differs from" \
+                 "the run's (num_iterations or --dtype above), delete $root/base and" \
                  "$root/mome to change DEMO_STEPS or DEMO_DTYPE (the data and tokenizer in $root are kept), or run" \
                  "again with the run's DEMO_STEPS and no DEMO_DTYPE (the run's dtype)" >&2
         fi

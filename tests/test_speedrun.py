@@ -711,8 +711,12 @@ def test_another_demo_steps_says_what_to_delete(fake_speedrun, tmp_path):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2 and "already done" not in out, (out, err)
     assert "num_iterations 300 (checkpoint) != 30" in err
-    assert "delete runs/speedrun_cpu/base and runs/speedrun_cpu/mome to change DEMO_STEPS or DEMO_DTYPE (the data " \
-           "and tokenizer in runs/speedrun_cpu are kept)" in err, err
+    # a condition the user can check above (its cause: it said "DEMO_STEPS or DEMO_DTYPE differs" of any refusal,
+    # and a run continued by hand with other LRs is refused too, where neither setting helps)
+    assert "[speedrun] if base_train refused to continue runs/speedrun_cpu/base because DEMO_STEPS or DEMO_DTYPE " \
+           "differs from the run's (num_iterations or --dtype above), delete runs/speedrun_cpu/base and " \
+           "runs/speedrun_cpu/mome to change DEMO_STEPS or DEMO_DTYPE (the data and tokenizer in runs/speedrun_cpu " \
+           "are kept)" in err, err
     assert len(ran(other, "scripts.base_train")) == 1 and ran(other, REPORT) == []
     assert f'"$run/{CKPT_DIR}"' in SPEEDRUN  # where the real base_train keeps its checkpoints
     for model in ("base", "mome"):
