@@ -240,7 +240,7 @@ def resume_way() -> str:
     and names its command in CONTINUE_COMMAND_ENV (speedrun.sh), that command again. Without either (no wrapper, or
     the user's own --resume/--overwrite after the runner's ``--``) the flag is the way on; the runner names it in
     its advice too."""
-    from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module's importers
+    from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module
 
     if os.environ.get(RUNNER_AFRESH_ENV):
         return "running the same scripts.run command again"

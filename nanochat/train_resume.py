@@ -10,6 +10,7 @@ from nanochat import checkpoint as ckpt
 from nanochat import init_from
 from nanochat.cli_types import is_seed, unresumable_seeds
 from nanochat.common import every_rank_ok, print0, rank0_decides
+from nanochat.hand_command import hand_command
 from nanochat.run_control import CONTINUE_COMMAND_ENV
 from nanochat.train_loop import restore_stats_buffers
 from nanochat.train_setup import RunData
@@ -93,8 +94,6 @@ def under_wrapper(wrapper: str, run_dir: Path, values: dict[str, str] | None, wo
             "config file, a default an update changed)")
     if values is None:
         return ways
-    from nanochat.train_end import hand_command  # here: train_end imports this module
-
     command = hand_command(world, ["--resume", "latest"], values)
     if command is None:
         return (f"{ways}, or run by hand the base_train command '{wrapper}' ran, with --resume latest and the "
