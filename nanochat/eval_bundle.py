@@ -64,7 +64,13 @@ def _check_bundle_dir(path: Path, source: str) -> Path:
 
 
 def find_bundle(bundle_arg: str | None = None) -> Path:
-    """Return a bundle directory (see the module docstring for the search order)."""
+    """Return a bundle directory, resolved (see the module docstring for the search order): what a run records of
+    it (config.json "data" "bundle") and what core.json names read the same from any directory, where a relative
+    --bundle, $NANOCHAT_EVAL_BUNDLE or $NANOCHAT_EVAL_CACHE named another directory or none."""
+    return _search_bundle(bundle_arg).resolve()
+
+
+def _search_bundle(bundle_arg: str | None) -> Path:
     if bundle_arg:
         path = SUBSET_DIR if bundle_arg == "subset" else Path(bundle_arg).expanduser()
         return _check_bundle_dir(path, "--bundle")
@@ -83,8 +89,8 @@ def add_core_flags(ap) -> None:
     from nanochat.cli_types import count_or_all_or_run
 
     ap.add_argument("--bundle", default="run", help="CORE bundle dir, 'subset' for eval_data/core_subset, or run "
-                    "= the bundle the checkpoint's run evaluated CORE on (its --bundle, else the one it found; a "
-                    "relative path is read from here; runs that record none, e.g. imported ones, get "
+                    "= the bundle the checkpoint's run evaluated CORE on (its --bundle, else the one it found; an "
+                    "older run's relative path is read from here; runs that record none, e.g. imported ones, get "
                     "$NANOCHAT_EVAL_BUNDLE, the cache, then a download)")
     ap.add_argument("--max-per-task", type=count_or_all_or_run, default="run",
                     help="examples per CORE task (-1 = all); run = the run's --core-max-per-task (runs that record "
@@ -129,17 +135,20 @@ def run_core_inputs(bundle_flag: str, cap_flag: int | str, meta: dict, run_dir=N
 
 
 def recorded_bundle(meta: dict, run_dir=None) -> tuple[str | None, str]:
-    """(find_bundle's argument, where it came from) for the bundle the run evaluated CORE on: its --bundle (subset
-    keeps its meaning: this checkout's subset), else the bundle its search order found (config "data" "bundle"),
-    else None (the search order: a run that found none or records none). A recorded directory without core.yaml
-    here is an error naming the run's value and --bundle PATH: the search order could find another bundle and
-    print another CORE. A relative path is read from the run's working directory, which the run does not record:
-    from here, where that holds a bundle."""
+    """(find_bundle's argument, where it came from) for the bundle the run evaluated CORE on: --bundle subset keeps
+    its meaning (this checkout's subset); else the directory the run read (config "data" "bundle": find_bundle's
+    result, which is its --bundle or what its search order found), else its --bundle as given (a run that did not
+    evaluate CORE), else None (the search order: a run that found none or records none). A recorded directory
+    without core.yaml here is an error naming the run's value and --bundle PATH: the search order could find
+    another bundle and print another CORE. This version records "data" "bundle" resolved; an older run's relative
+    path (recorded as given) is read from the run's working directory, which the run does not record: from here,
+    where that holds a bundle, as before."""
     from nanochat.checkpoint import recorded_value
     from nanochat.cli_types import recorded_args
 
     def pick(config):
-        value = recorded_args(config).get("bundle") or (config.get("data") or {}).get("bundle")
+        given, found = recorded_args(config).get("bundle"), (config.get("data") or {}).get("bundle")
+        value = given if given == "subset" else (found or given)  # the flag ("args") stays as given
         return str(value) if value else None
 
     value, where = recorded_value(meta, run_dir, pick)

@@ -41,7 +41,7 @@ class RunData:
     tokenizer: object | None
     vocab_size: int
     source: str
-    bundle: Path | None = None
+    bundle: Path | None = None  # resolved (find_bundle): config.json "data" "bundle", read from any directory
     train_rows: torch.Tensor | None = None  # fixed rows of the train split for the final "train bpb"
     tokenizer_dir: str | None = None  # resolved absolute paths, recorded in checkpoint meta for eval/analysis
     data_dir: str | None = None
