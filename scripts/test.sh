@@ -19,11 +19,11 @@ hold_venv test
 export WANDB_MODE=disabled OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 # Two pytest processes (pytest-xdist), each running whole files (--dist loadfile: a file's module fixtures and its
 # shared launches run once). On a 2-core machine like CI's, inductor's cache warm, the suite took 9 min 45 s this
-# way and 12 min 22 s in one process; three workers were no faster (dev/LOG.md, 2026-11-27). TEST_WORKERS=0 runs it in one process (--pdb
-# needs that); an -n or --dist among the arguments comes later and wins.
-workers="${TEST_WORKERS:-2}"
+# way and 12 min 22 s in one process; three workers were no faster (dev/LOG.md, 2026-11-27). TEST_WORKERS=0 runs it
+# in one process (--pdb needs that); an -n or --dist among the arguments comes later and wins.
+workers="${TEST_WORKERS:-2}"  # an empty TEST_WORKERS is unset
 case "$workers" in
-    ''|*[!0-9]*) echo "[test] TEST_WORKERS must be a whole number of pytest processes, 0 for one process" \
+    *[!0-9]*) echo "[test] TEST_WORKERS must be a whole number of pytest processes, 0 for one process" \
                       "(got '$workers')" >&2; exit 2 ;;
 esac
 # the children get no copy of the locks: a process a test left behind must not hold them after this run
