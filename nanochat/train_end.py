@@ -176,7 +176,7 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
     head = f"error: {error}; stopping without saving."
     if not steps:
         if wrapper:
-            return f"{head} No checkpoint was saved before it. {by_hand(run, error, wrapper, None, lower)}"
+            return f"{head} No checkpoint was saved before it. {by_hand(run, flags, wrapper, None, lower)}"
         how = (f"the same scripts.run command with --overwrite and the lower learning rates after -- ({lower})"
                if runner else f"--overwrite and {lower}")
         return f"{head} No checkpoint was saved before it: start again with {how}, or check the data"
@@ -186,20 +186,20 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
             + ("its parameters and optimizer state were checked finite when it was saved" if checked else
                "written before finite checks existed: not verified") + ").")
     if wrapper:
-        return f"{last} {by_hand(run, error, wrapper, step, lower)}"
+        return f"{last} {by_hand(run, flags, wrapper, step, lower)}"
     return (f"{last} To continue from it: the same {'scripts.run ' if runner else ''}command with --resume {step} "
             "--resume-override-lr" + (f" and the lower learning rates after -- ({lower})" if runner else
                                       f", and {lower}") + "; or check the data")
 
 
-def by_hand(run: Run, error: NonFiniteLoss, wrapper: str, step: int | None, lower: str) -> str:
+def by_hand(run: Run, named: list[str], wrapper: str, step: int | None, lower: str) -> str:
     """The way on after a non-finite stop under ``wrapper`` (speedrun.sh), which passes its own flags and cannot
     lower learning rates: the base_train command it ran, to run by hand, with --resume ``step`` --resume-override-lr
-    (--overwrite with no checkpoint) and half the LRs of the non-finite parameters' groups (every group's after a
-    non-finite loss or optimizer state); where this process cannot tell that command (``hand_command``), the flags
-    alone (``lower``). A run continued with other LRs is not the wrapper's any more: speedrun.sh's --resume auto,
-    with the original LRs, is refused (the flags do not match), and its done check counts the LRs too."""
-    named = lr_flags_for(run, error.names) if isinstance(error, NonFiniteParams) else []  # [] for optimizer state
+    (--overwrite with no checkpoint) and half the LRs of the non-finite parameters' groups (``named``, their LR
+    flags; every group's where it is empty: a non-finite loss or optimizer state); where this process cannot tell
+    that command (``hand_command``), the flags alone (``lower``). A run continued with other LRs is not the
+    wrapper's any more: speedrun.sh's --resume auto, with the original LRs, is refused (the flags do not match), and
+    its done check counts the LRs too."""
     flags = named or lr_flags_for(run, [name for name, _ in run.model.named_parameters()])
     goal, way = ("continue from it", ["--resume", str(step), "--resume-override-lr"]) if step is not None else \
         ("start again", ["--overwrite"])

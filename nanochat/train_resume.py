@@ -120,9 +120,10 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
             if key in LR_KEYS and args.resume_override_lr:
                 lr_changes[key] = [saved_args[key], getattr(args, key)]
                 continue
-            diffs.append(f"--{key.replace('_', '-')} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
+            flag = f"--{key.replace('_', '-')}"
+            diffs.append(f"{flag} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
             if type(saved_args[key]) in (int, float, str):  # not a store_true flag's bool, nor an unset None
-                values[f"--{key.replace('_', '-')}"] = str(saved_args[key])
+                values[flag] = str(saved_args[key])
     for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
                                    ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
         saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
