@@ -32,8 +32,8 @@ def hand_command(world: int, way: list[str], values: dict[str, str]) -> str | No
 
 
 def without_flags(argv: list[str], valued: set[str]) -> list[str]:
-    """``argv`` less --resume (its value is optional), --overwrite, --resume-override-lr and the ``valued`` flags
-    (``--flag V`` or ``--flag=V``)."""
+    """``argv`` less --resume (its value is optional: ``resume_value_at``), --overwrite, --resume-override-lr and the
+    ``valued`` flags (``--flag V`` or ``--flag=V``)."""
     kept, i = [], 0
     while i < len(argv):
         token, i = argv[i], i + 1
@@ -41,11 +41,17 @@ def without_flags(argv: list[str], valued: set[str]) -> list[str]:
         if token in ("--overwrite", "--resume-override-lr"):
             continue
         if name in valued or name == "--resume":
-            if "=" not in token and i < len(argv) and (name in valued or not argv[i].startswith("-")):
+            if "=" not in token and (name in valued and i < len(argv) or resume_value_at(argv, i)):
                 i += 1  # its value
             continue
         kept.append(token)
     return kept
+
+
+def resume_value_at(argv: list[str], i: int) -> bool:
+    """Whether ``argv[i]`` is the value of a bare --resume before it: base_train's --resume takes one optionally
+    (none: latest), and argparse reads the next token as it unless that starts with ``-`` (the next flag)."""
+    return 0 < i < len(argv) and argv[i - 1] == "--resume" and not argv[i].startswith("-")
 
 
 def from_here(path: Path) -> str:

@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 
 from nanochat.cli_types import SEED_MAX, is_seed
+from nanochat.hand_command import resume_value_at
 from nanochat.lost_output import point_at_devnull
 from nanochat.row_config import REPO, load_row_config
 
@@ -136,8 +137,8 @@ def absolute_paths(extra: list[str]) -> list[str]:
 def start_flags(extra: list[str]) -> list[str]:
     """The user's --resume (with its value, if given) and --overwrite among the base_train flags after ``--``, as
     typed: they say how a seed starts, and the runner then adds no --resume auto of its own."""
-    return [f for f, before in zip(extra, ["", *extra]) if f.split("=")[0] in ("--resume", "--overwrite")
-            or (before == "--resume" and not f.startswith("-"))]  # a --resume's own value
+    return [f for i, f in enumerate(extra) if f.split("=")[0] in ("--resume", "--overwrite")
+            or resume_value_at(extra, i)]
 
 
 def how_to_continue(extra: list[str]) -> str:
