@@ -186,7 +186,8 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     from nanochat.train_resume import read_old_records
     from scripts.results import SAME_RUN_IGNORED_ARGS
 
-    saved = recorded_args(read_json(run_dir / "config.json"))
+    config = read_json(run_dir / "config.json") or {}
+    saved = recorded_args(config)
     args = parse_args(train_flags)
     with contextlib.redirect_stdout(sys.stderr):  # its note goes where this script's messages go
         read_old_records(args, saved)  # here: an asked 0 (or -1) becomes -1 if the run recorded 0
@@ -198,8 +199,25 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     wanted = json.loads(json.dumps(vars(args), default=str))
     missing = object()
     differ = sorted(k for k, v in wanted.items() if k not in SAME_RUN_IGNORED_ARGS and (v is not None or k in saved)
-                    and saved.get(k, missing) != v)
+                    and saved.get(k, missing) != v and not overridden_from(config, k, v, saved.get(k)))
     return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
+
+
+def overridden_from(config: dict, key: str, wanted, recorded) -> bool:
+    """The run's ``recorded`` value of flag ``key`` (config.json "args") differs from the ``wanted`` one only by the
+    --resume-override-lr changes config.json records (lr_overrides), the first made from ``wanted``: the run started
+    with speedrun.sh's LR and was continued by hand with another (a non-finite stop's advice). Its done check takes
+    it (base_train --resume auto, with speedrun's LRs, would refuse it), and its report names the change; a run
+    started with another LR is not speedrun's. --resume-override-lr itself is the resume's bookkeeping."""
+    from nanochat.train_resume import LR_KEYS
+
+    if key == "resume_override_lr":
+        return True
+    if key not in LR_KEYS:
+        return False
+    changes = [entry["changes"][key] for entry in config.get("lr_overrides") or []
+               if key in (entry.get("changes") or {})]
+    return bool(changes) and changes[0].get("checkpoint") == wanted and changes[-1].get("now") == recorded
 
 
 def demo_state(train_flags: list[str], run_dir: Path | None = None) -> str:
@@ -210,10 +228,17 @@ def demo_state(train_flags: list[str], run_dir: Path | None = None) -> str:
         only.add_argument("--run-dir", type=Path, required=True)
         run_dir = only.parse_known_args(train_flags)[0].run_dir
     try:
-        return "train" if unfinished_run(run_dir, train_flags) else "done"
+        if unfinished_run(run_dir, train_flags):
+            return "train"
     except ValueError as e:  # a run file that is not JSON, a recorded flag base_train --resume refuses: not done;
         say(f"{run_dir}: {e}")  # base_train --resume says what it finds
         return "train"
+    from nanochat.report import fmt_lr_overrides, read_json
+
+    overrides = fmt_lr_overrides(read_json(run_dir / "config.json"))  # unfinished_run read it: a JSON object
+    if overrides:
+        say(f"{run_dir}: learning rates {overrides}; its report says so")
+    return "done"
 
 
 def demo_dtype(demo_dir: Path, asked: str = "") -> tuple[str, str]:

@@ -161,6 +161,56 @@ def test_a_run_finished_with_trajectory_flags_speedrun_does_not_pass_is_not_done
     assert pre.unfinished_run(run, flags) is None
 
 
+def test_a_run_finished_by_hand_with_resume_override_lr_is_done_one_started_with_other_lrs_is_not(tmp_path, capsys):
+    """A non-finite stop under speedrun.sh advises its base_train command with --resume N --resume-override-lr and
+    half the LRs; the run finished that way was "completed with other flags (matrix_lr, resume_override_lr)", so
+    speedrun.sh sent it to base_train --resume auto, which refused it (exit 2) on every later start, and no report
+    was written. A run whose LRs differ only by the overrides config.json records (lr_overrides), from speedrun's
+    values, is done now, and the check says so; one started with other LRs is still another run."""
+    from nanochat.train_args import parse_args
+
+    run = tmp_path / "run"
+    flags = ["--depth", "4", "--num-iterations", "20", "--run-dir", str(run), "--resume", "auto"]
+    recipe = parse_args(flags)
+    matrix, embedding = recipe.matrix_lr, recipe.embedding_lr
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"stop_reason": "completed", "step": 20, "num_iterations": 20}))
+
+    def recorded(command, overrides):
+        args = parse_args(command)
+        args.run_name, args.data_seed, args.compile = "d4-base", args.seed, False
+        (run / "config.json").write_text(json.dumps({"args": vars(args), "lr_overrides": overrides}, default=str))
+
+    def resumed(step, **lrs):
+        return [*flags[:-2], "--resume", str(step), "--resume-override-lr",
+                *(x for k, v in lrs.items() for x in (f"--{k.replace('_', '-')}", str(v)))]
+
+    halved = {"step": 8, "changes": {"matrix_lr": {"checkpoint": matrix, "now": matrix / 2},
+                                     "embedding_lr": {"checkpoint": embedding, "now": embedding / 2}}}
+    recorded(resumed(8, matrix_lr=matrix / 2, embedding_lr=embedding / 2), [halved])
+    assert pre.unfinished_run(run, flags) is None
+    assert pre.main(["done", str(run), "--", *flags]) == 0
+    assert (f"{run}: learning rates overridden by hand (--resume-override-lr): --matrix-lr {matrix} -> {matrix / 2} "
+            f"from step 8, --embedding-lr {embedding} -> {embedding / 2} from step 8") in capsys.readouterr().err
+    # halved twice (a second non-finite stop, the advice followed again): still from speedrun's values
+    again = {"step": 12, "changes": {"matrix_lr": {"checkpoint": matrix / 2, "now": matrix / 4}}}
+    recorded(resumed(12, matrix_lr=matrix / 4, embedding_lr=embedding / 2), [halved, again])
+    assert pre.unfinished_run(run, flags) is None
+    # started with other LRs: not this run, overridden on a resume or not
+    recorded([*flags, "--matrix-lr", str(matrix * 2)], [])
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (matrix_lr)"
+    other_start = {"step": 8, "changes": {"matrix_lr": {"checkpoint": matrix * 2, "now": matrix / 2}}}
+    recorded(resumed(8, matrix_lr=matrix / 2), [other_start])
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (matrix_lr)"
+    assert pre.main(["done", str(run), "--", *flags]) == 1
+    assert "overridden" not in capsys.readouterr().err
+    # an LR no recorded override explains (config.json's args edited, say), and the other flags, still count
+    recorded(resumed(8, matrix_lr=matrix / 2, embedding_lr=embedding / 2), [other_start | {"changes": {}}])
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (embedding_lr, matrix_lr)"
+    recorded([*resumed(8, matrix_lr=matrix / 2, embedding_lr=embedding / 2), "--seed", "7"], [halved])
+    assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (data_seed, seed)"
+
+
 def test_a_run_an_older_version_recorded_with_core_cap_0_is_done_with_all(tmp_path, capsys):
     """--core-max-per-task 0 meant all examples in the older versions that took it: a run they recorded with it is
     done for flags asking for all (-1, the default), as base_train --resume reads it (nanochat.train_resume); a
@@ -420,7 +470,9 @@ module = args[1] if args[:1] == ["-m"] else args[0]
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(" ".join(args) + "\n")
 flag = lambda name: args[args.index(name) + 1]
-if module == "scripts.speedrun_preflight" and args[2] == "done":
+if module == "scripts.speedrun_preflight" and os.environ.get("FAKE_REAL_PREFLIGHT"):  # the real one, on the run files
+    os.execve(sys.executable, [sys.executable, *args], {**os.environ, "PYTHONPATH": os.environ["FAKE_REAL_PREFLIGHT"]})
+elif module == "scripts.speedrun_preflight" and args[2] == "done":
     summary = Path(args[3]) / "summary.json"
     done = summary.is_file() and json.loads(summary.read_text()) == {"stop_reason": "completed", "signals": [],
                                                                       "flags": args[5:]}
@@ -756,6 +808,40 @@ def test_a_demo_stopped_in_a_final_evaluation_continues_that_run_alone(fake_spee
     assert proc.returncode == 0 and (repo / "runs" / "speedrun_cpu" / "report.md").is_file(), err
     assert ran(tmp_path / "report.log", "scripts.base_train") == ran(tmp_path / "report.log", "scripts.prepare_data")
     assert ran(tmp_path / "report.log", "scripts.base_train") == []
+
+
+def test_a_demo_model_finished_by_hand_with_other_lrs_is_done_and_the_demo_reports(fake_speedrun, tmp_path):
+    """After a non-finite stop the advice's command (--resume N --resume-override-lr, half the LRs) finishes the model
+    by hand; `bash speedrun.sh` then sent it to base_train --resume auto, which refused it (the LRs differ: exit 2)
+    every time, and the demo's report was never written. With the real done check on the run's files (config.json
+    as base_train records such a run): both models are done, the overridden LRs are named, and the report is made."""
+    from nanochat.train_args import parse_args
+
+    repo, env = fake_speedrun
+    env = {**env, "DEMO_DTYPE": "bfloat16"}  # the dtype the fake runs trained in, whatever this CPU's
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    assert proc.communicate(timeout=20) and proc.returncode == 0
+    demo = repo / "runs" / "speedrun_cpu"
+    for model in ("base", "mome"):  # config.json as base_train writes it, from the flags speedrun.sh passed
+        args = parse_args(json.loads((demo / model / "summary.json").read_text())["flags"])
+        args.run_name, args.data_seed, args.compile, overrides = f"speedrun_cpu_{model}", args.seed, False, []
+        if model == "base":  # finished by hand: --resume 40 --resume-override-lr --matrix-lr (half)
+            overrides = [{"step": 40, "changes": {"matrix_lr": {"checkpoint": args.matrix_lr, "now": args.matrix_lr / 2}}}]
+            args.matrix_lr, args.resume, args.resume_override_lr = args.matrix_lr / 2, "40", True
+        (demo / model / "config.json").write_text(json.dumps({"args": vars(args), "lr_overrides": overrides},
+                                                             default=str))
+    (demo / "report.md").unlink()
+    again = str(tmp_path / "again.log")
+    proc = start_speedrun(repo, env, FAKE_LOG=again, FAKE_REAL_PREFLIGHT=str(REPO))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "CPU demo done: report at runs/speedrun_cpu/report.md" in out, (out, err)
+    assert "[speedrun] runs/speedrun_cpu/base already done (completed with its final evaluation)" in out
+    assert "[speedrun] runs/speedrun_cpu/mome already done (completed with its final evaluation)" in out
+    matrix = parse_args(["--memory", "base"]).matrix_lr
+    assert ("[speedrun] runs/speedrun_cpu/base: learning rates overridden by hand (--resume-override-lr): --matrix-lr "
+            f"{matrix} -> {matrix / 2} from step 40; its report says so") in err, err
+    assert "speedrun_cpu/mome: learning rates" not in err
+    assert ran(again, "scripts.base_train") == [] and len(ran(again, REPORT)) == 1
 
 
 def test_the_demo_says_what_it_trains_and_for_how_long_as_measured(fake_speedrun, tmp_path):
