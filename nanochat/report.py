@@ -310,6 +310,16 @@ def fmt_init(config: dict, args: dict) -> str:
             f"{source['model_sha256'][:12]}); tokens and FLOPs below are this run's only")
 
 
+def fmt_lr_overrides(config: dict) -> str | None:
+    """The --resume-override-lr changes config.json records (lr_overrides, in the order they were made) on one line,
+    so a run finished with other LRs (a non-finite stop's advice) does not read as trained with its flags' LRs
+    throughout; None for a run without any (and an older run, which records none)."""
+    changes = [f"--{key.replace('_', '-')} {change.get('checkpoint')} -> {change.get('now')} from step "
+               f"{entry.get('step')}" for entry in config.get("lr_overrides") or []
+               for key, change in (entry.get("changes") or {}).items()]
+    return f"overridden by hand (--resume-override-lr): {', '.join(changes)}" if changes else None
+
+
 def _kv_table(rows: list[tuple[str, str]]) -> list[str]:
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
@@ -333,6 +343,7 @@ def run_report(run_dir) -> str:
         lines += [f"| {i} | {e.get('started_utc', NA)} | {fmt_code(e)} | {fmt_hardware(e)} | {fmt(e.get('world_size'))} |"
                   for i, e in enumerate(f["sessions"], 1)]
     lines += ["", "## Model and training", ""]
+    lrs = fmt_lr_overrides(f["config"])  # a row only for a run resumed with other LRs
     lines += _kv_table([
         ("memory", f"{f['memory'] or NA}"), ("parameters", f"{fmt(s.get('params_total', plan.get('params_total')), ',')} "
                                              f"total, {fmt(s.get('params_memory', plan.get('params_memory')), ',')} memory"),
@@ -341,7 +352,8 @@ def run_report(run_dir) -> str:
                   f"{fmt(args.get('max_seq_len'))}"),
         ("tokens", fmt(s.get("tokens"), ",")), ("FLOPs", fmt(s.get("flops"), ".3e")),
         ("wall time", fmt_duration(s.get("wall_time_s"))), ("train time", fmt_duration(s.get("train_time_s"))),
-        ("throughput (tok/s)", fmt_throughput(s)), ("MFU", fmt_mfu(s, env))])
+        ("throughput (tok/s)", fmt_throughput(s)), ("MFU", fmt_mfu(s, env)),
+        *([("learning rates", lrs)] if lrs else [])])
     lines += ["", "## Results", ""]
     # MoME only: the slot balance of the final bpb passes (nanochat.slot_balance)
     balance = [(f"{split} MoME slot MaxVio / abs. load deviation",

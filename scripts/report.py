@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from nanochat.jsonfile import write_text_atomic
-from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, provenance_table, read_metrics, run_facts,
-                             run_labels, unfinished, write_run_report)
+from nanochat.report import (NA, comparison_table, fmt_lr_overrides, fmt_mfu, fmt_throughput, provenance_table,
+                             read_metrics, run_facts, run_labels, unfinished, write_run_report)
 
 README_START, README_END = "<!-- cpu-demo-table -->", "<!-- /cpu-demo-table -->"
 
@@ -76,6 +76,10 @@ def plot_curves(facts: list[dict], out: Path) -> Path:
 
 def comparison_report(facts: list[dict], title: str, curves: Path | None, command: str) -> str:
     lines, labels = [f"# {title}", "", *comparison_table(facts), ""], run_labels(facts)
+    # a row trained in part with other LRs than its flags' (--resume-override-lr): said under the table it is in
+    overridden = [(label, fmt_lr_overrides(f["config"])) for f, label in zip(facts, labels)]
+    lines += [f"- {label}: learning rates {note}" for label, note in overridden if note]
+    lines += [""] if lines[-1] != "" else []
     if curves is not None:
         lines += [f"![train loss and val bpb against tokens]({curves.name})", ""]
         lines += [f"- {label}: no metrics.jsonl (stopped before its first log): no curves"

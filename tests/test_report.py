@@ -219,6 +219,31 @@ def test_comparison_table_marks_a_run_stopped_at_its_wall_time_limit():
     assert row(stop_reason="completed", step=300)[4] == "300"
 
 
+def test_a_run_whose_lrs_were_overridden_on_a_resume_says_so_in_its_report_and_the_comparison(tmp_path, capsys):
+    """A run finished by hand with --resume-override-lr (a non-finite stop's advice) read like one trained with the
+    flags' LRs throughout: its report.md and the speedrun/CPU-demo comparison now name each change on one line, from
+    config.json's lr_overrides; a run without overrides (or an older one) has no such line."""
+    a = fake_run(tmp_path / "runs", "a", "base")
+    b = fake_run(tmp_path / "runs", "b", "mome")
+    config = json.loads((b / "config.json").read_text())
+    config["lr_overrides"] = [{"step": 120, "changes": {"matrix_lr": {"checkpoint": 0.02, "now": 0.01},
+                                                        "memory_lr": {"checkpoint": 0.3, "now": 0.15}}},
+                              {"step": 200, "changes": {"matrix_lr": {"checkpoint": 0.01, "now": 0.005}}}]
+    (b / "config.json").write_text(json.dumps(config))
+    changes = ("--matrix-lr 0.02 -> 0.01 from step 120, --memory-lr 0.3 -> 0.15 from step 120, --matrix-lr 0.01 -> "
+               "0.005 from step 200")
+    assert table_value(report.run_report(b), "learning rates") == f"overridden by hand (--resume-override-lr): {changes}"
+    assert "| learning rates |" not in report.run_report(a)
+    out = tmp_path / "comparison.md"
+    assert report_cli.main([str(a), str(b), "--no-curves", "--output", str(out)]) == 0
+    md = out.read_text()
+    assert f"- b: learning rates overridden by hand (--resume-override-lr): {changes}\n" in md
+    assert md.count("overridden by hand") == 1
+    # the line follows the table it qualifies
+    table_end = md.index("| b | mome |")
+    assert table_end < md.index("- b: learning rates") < md.index("## Throughput")
+
+
 def full_disk_write_text(monkeypatch, victim):
     """Path.write_text truncates ``victim`` (opens it for writing) and then fails as a full disk does."""
     import errno
