@@ -197,17 +197,21 @@ def by_hand(run: Run, named: list[str], wrapper: str, step: int | None, lower: s
     lower learning rates: the base_train command it ran, to run by hand, with --resume ``step`` --resume-override-lr
     (--overwrite with no checkpoint) and half the LRs of the non-finite parameters' groups (``named``, their LR
     flags; every group's where it is empty: a non-finite loss or optimizer state); where this process cannot tell
-    that command (``hand_command``), the flags alone (``lower``). A run continued with other LRs is not the
-    wrapper's any more: speedrun.sh's --resume auto, with the original LRs, is refused (the flags do not match), and
-    its done check counts the LRs too."""
+    that command (``hand_command``), the flags alone (``lower``). The wrapper cannot continue a run with other LRs:
+    speedrun.sh's --resume auto, with the original LRs, is refused (the flags do not match). Once one resumed this
+    way has completed, its done check takes it (the changes config.json records, from speedrun's LRs) and it writes
+    its report; a run started again with other LRs (--overwrite) stays another run."""
     flags = named or lr_flags_for(run, [name for name, _ in run.model.named_parameters()])
     goal, way = ("continue from it", ["--resume", str(step), "--resume-override-lr"]) if step is not None else \
         ("start again", ["--overwrite"])
     command = hand_command(run.world, way, {flag: repr(getattr(run.args, flag[2:].replace("-", "_")) / 2)
                                             for flag in flags})
     cannot = f"'{wrapper}' cannot lower learning rates: to {goal}, "
+    done = (f": once it has completed, '{wrapper}' takes it as done and goes on to its report (which names the "
+            "changed learning rates)") if step is not None else ""
     refused = (f"'{wrapper}' refuses to continue the run once a checkpoint with other learning rates is saved (its "
-               "--resume auto has the original ones: the flags do not match), so finish it by hand; or check the data")
+               f"--resume auto has the original ones: the flags do not match), so finish it by hand{done}; or check "
+               "the data")
     if command is None:
         return f"{cannot}run the base_train command '{wrapper}' ran by hand, with {' '.join(way)} and {lower}; " \
                + refused

@@ -274,6 +274,9 @@ def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_the_command_t
     assert "the same command" not in out, out
     assert "'bash speedrun.sh' cannot lower learning rates: to continue from it, run by hand in " in out, out
     assert "'bash speedrun.sh' refuses to continue the run" in out, out
+    # once finished that way, speedrun.sh's done check takes the run (the overrides from its LRs, config.json)
+    assert "so finish it by hand: once it has completed, 'bash speedrun.sh' takes it as done and goes on to its " \
+           "report (which names the changed learning rates); or check the data" in out, out
     tokens = advised_command(out)
     assert tokens[1:3] == ["-m", "scripts.base_train"] and Path(tokens[0]).name.startswith("python"), tokens
     flags = base_train_flags(tokens)
@@ -310,6 +313,8 @@ def test_under_speedrun_a_nonfinite_stop_before_any_checkpoint_and_under_torchru
     advice = train_end.nonfinite_advice(run, error)
     assert "No checkpoint was saved before it. 'bash speedrun.sh' cannot lower learning rates: to start again, " \
            "run by hand in " in advice, advice
+    # a run started again with other LRs is not speedrun.sh's, finished or not: no promise of its done check
+    assert "so finish it by hand; or check the data" in advice and "takes it as done" not in advice, advice
     tokens = advised_command(advice)
     assert Path(tokens[0]).name == "torchrun" and \
         tokens[1:5] == ["--standalone", "--nproc_per_node=2", "-m", "scripts.base_train"], tokens
