@@ -10,9 +10,11 @@
 #   models (a few minutes each where the CPU has native bf16; in float32 on a CPU without it, where bf16 matmuls
 #   take torch's slow path) -> val bpb + CORE -> runs/speedrun_cpu/report.md.
 # * Re-running either one does only what is left: a run that completed with its final evaluation and the same flags
-#   is not trained or evaluated again (one stopped in its final evaluation runs it), shards already downloaded and
-#   a complete embedded corpus are kept, and a finished one just says where its report is. One speedrun.sh per
-#   checkout (and on the GPU path per data root) at a time: a second one stops at once and says what runs.
+#   (its learning rates may have been changed by hand on a resume with --resume-override-lr, as a non-finite stop
+#   advises: said, and named in its report) is not trained or evaluated again (one stopped in its final evaluation
+#   runs it), shards already downloaded and a complete embedded corpus are kept, and a finished one just says where
+#   its report is. One speedrun.sh per checkout (and on the GPU path per data root) at a time: a second one stops at
+#   once and says what runs.
 #   scripts/setup_env.sh reuses .venv when it is unchanged since its last successful install (a stamp in .venv;
 #   SETUP_REINSTALL=1 installs anyway).
 # * GPUs that torch cannot use (a CPU torch in .venv, a driver too old for the wheel) or no internet on a GPU
@@ -198,7 +200,8 @@ cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "
     }
     # base_train exits 2 for what it refuses before training; with a checkpoint in the run dir that is mostly the
     # --resume auto of a run started with other flags (another DEMO_STEPS or DEMO_DTYPE), which speedrun.sh cannot
-    # continue, or of one continued by hand with other LRs (a non-finite stop's advice): the hint is conditional,
+    # continue, or of one continued by hand with other LRs (a non-finite stop's advice) and not completed (a completed
+    # one is done): the hint is conditional,
     # base_train's error above names the difference and its own ways on
     train_demo() {  # train_demo RUN_DIR BASE_TRAIN_FLAGS...
         local run="$1" rc=0
