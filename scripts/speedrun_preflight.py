@@ -15,8 +15,9 @@
     python -m scripts.speedrun_preflight done RUN_DIR -- BASE_TRAIN_FLAGS...
         exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
         evaluation) and config.json records the same flags, but the layout, paths and --resume (not the seeds; the
-        ones left at their defaults too: a run started by hand with --init-from is another); else exit 1
-        (base_train --resume has work to do).
+        ones left at their defaults too: a run started by hand with --init-from is another), nor in learning rates
+        changed from these flags' by --resume-override-lr on a resume (config.json lr_overrides; said on stderr);
+        else exit 1 (base_train --resume has work to do).
     python -m scripts.speedrun_preflight dtype DEMO_DIR [--asked bfloat16|float32]
         stdout the CPU demo's dtype: --asked (DEMO_DTYPE) if given; else the one a model under DEMO_DIR with a
         checkpoint started with (it continues with its flags); else bfloat16 where this CPU has native bf16
@@ -170,7 +171,8 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     """None when ``run_dir`` holds the run of ``train_flags`` finished, final evaluation included; else why not.
     A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again), except
     for the layout and bookkeeping flags (results.SAME_RUN_IGNORED_ARGS: the layout, paths, --resume; not the seeds),
-    so that a run finished by hand with --resume, or on another GPU count, is not evaluated again.
+    so that a run finished by hand with --resume, or on another GPU count, is not evaluated again; nor LRs changed
+    by --resume-override-lr from these flags' ones (``overridden_from``).
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
     from nanochat.report import unfinished
