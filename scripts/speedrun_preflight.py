@@ -15,9 +15,9 @@
     python -m scripts.speedrun_preflight done RUN_DIR -- BASE_TRAIN_FLAGS...
         exit 0 when RUN_DIR holds this run finished: summary.json says "completed" (all steps and the final
         evaluation) and config.json records the same flags, but the layout, paths and --resume (not the seeds; the
-        ones left at their defaults too: a run started by hand with --init-from is another), nor in learning rates
-        changed from these flags' by --resume-override-lr on a resume (config.json lr_overrides; said on stderr);
-        else exit 1 (base_train --resume has work to do).
+        ones left at their defaults too: a run started by hand with --init-from is another); learning rates changed
+        from these flags' by --resume-override-lr on a resume (config.json lr_overrides) count as the same, said on
+        stderr; else exit 1 (base_train --resume has work to do).
     python -m scripts.speedrun_preflight dtype DEMO_DIR [--asked bfloat16|float32]
         stdout the CPU demo's dtype: --asked (DEMO_DTYPE) if given; else the one a model under DEMO_DIR with a
         checkpoint started with (it continues with its flags); else bfloat16 where this CPU has native bf16
