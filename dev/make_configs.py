@@ -342,7 +342,7 @@ for name, label, memory, total, vals, notes in [
     add("d24_token_memory", name, label, [42], 4, D24_6E19, memory,
         {"val_bpb": vals[0], "core": vals[1], "params_total_m": total}, notes, reconstructed=name in RECON)
 FA3 = ("train tok/s as the paper measured it: 8xH100, native FA3, the same global batch (attention auto runs FA3 "
-       "on Hopper GPUs when flash_attn_interface or the kernels package is installed, see README; results mark a "
+       "on Hopper GPUs when flash_attn_interface or the kernels package is installed, see docs/training.md; results mark a "
        "tok/s measured on another kernel); params_active_m = parameters one token uses (full embeddings, routers, "
        "dense/shared parts, the selected experts and memory slots)")
 for name, label, train, stored, active, tps, vals in [

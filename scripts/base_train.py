@@ -35,7 +35,7 @@ posted first: the likely cause), "error_rank" and "errors_by_rank" beside it whe
 failed). A stop by an error writes "error" and "last_checkpoint" in summary.json; a second Ctrl-C aborts at once,
 without one.
 Under torchrun a SIGTERM to the launcher makes every worker save and exit 0, but torchrun itself exits non-zero
-(see README, "Stopping and requeueing"): requeue with the same command and --resume auto.
+(see docs/training.md, "Stopping and requeueing under a scheduler"): requeue with the same command and --resume auto.
 """
 
 import math

@@ -89,7 +89,7 @@ def test_a_synthetic_data_run_is_refused_naming_the_flag(tiny_run, tmp_path, cap
 
 
 def test_torchrun_double_dash_hands_flags_to_the_script():
-    """README: `torchrun ... -m scripts.base_eval -- --run=x` works; without `--` torchrun's parser rejects --run."""
+    """docs/training.md: `torchrun ... -m scripts.base_eval -- --run=x` works; without `--` torchrun's parser rejects --run."""
     from torch.distributed.run import parse_args as torchrun_args
 
     from scripts.base_eval import parse_args as eval_args

@@ -333,7 +333,7 @@ def test_bad_config_files(tmp_path):
 
 
 def test_grouped_dry_run_needs_no_slot_map_but_a_real_run_does(tmp_path, capsys):
-    """The README's c_grp=2 dry run works on a fresh clone (no trained run, no map); training still needs the file."""
+    """docs/memory.md's c_grp=2 dry run works on a fresh clone (no trained run, no map); training still needs the file."""
     import torch
 
     from nanochat.gpt import GPTConfig, build_model

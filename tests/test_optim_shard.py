@@ -207,7 +207,7 @@ def test_rows_that_the_world_size_does_not_divide_are_still_sharded(tmp_path):
 @pytest.mark.parametrize("row", ["d24_token_memory/engram", "d24_token_memory/bigram_12v", "d24/mome_a2_m12",
                                  "d24_sparse_moe/moe_mome"])
 def test_every_large_table_of_the_d24_rows_is_sharded(row):
-    """The README's promise for the paper's multi-GPU rows: every AdamW parameter of >= SHARD_MIN_NUMEL elements
+    """docs/training.md's promise for the paper's multi-GPU rows: every AdamW parameter of >= SHARD_MIN_NUMEL elements
     gets a row-sharded bucket (ZeRO-2 moments) at 2, 4 and 8 ranks; Engram's 6,249,886-row table is 2 mod 4."""
     from nanochat import optim_shard
     from nanochat.families import family_of, param_groups

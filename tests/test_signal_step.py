@@ -1,4 +1,4 @@
-"""A stop signal (Ctrl-C / SIGTERM) saves at the boundary that ends the step it arrives in: the README's "next step
+"""A stop signal (Ctrl-C / SIGTERM) saves at the boundary that ends the step it arrives in: docs/training.md's "next step
 boundary". base_train's handler only latches the signal; train_step reads the latch at its stop vote (one value per
 rank, in the step's single reduction), so every rank stops after the same step even when one rank alone got it."""
 

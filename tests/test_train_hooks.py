@@ -190,7 +190,7 @@ def test_logged_routing_stats_cover_every_rank(gloo_checks):
 def test_a_signal_during_the_step_is_voted_in_that_step():
     """base_train's Ctrl-C handler only latches the signal; a flag read when the step starts made a signal that
     came during step s stop after step s + 1 (walk of 2026-11-27: SIGINT during step 7 saved step 8). Read at
-    the vote, as ``time_up`` is, it stops after step s, the 'next step boundary' README promises."""
+    the vote, as ``time_up`` is, it stops after step s, the 'next step boundary' docs/training.md promises."""
     model = build_model(tiny_config(), seed=0)
     opt = build_optimizer(model)
     received = []
