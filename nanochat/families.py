@@ -54,7 +54,13 @@ NAMED_SIZES: dict[str, tuple[str, dict]] = {  # geometry of the paper's families
     "qwen3-0.6b": ("qwen3", {"depth": 28, "model-dim": 1024, "num-heads": 16, "num-kv-heads": 8, "head-dim": 128,
                              "tie-embeddings": True}),
 }
-MODEL_TYPES = (*FAMILIES, *NAMED_SIZES)
+
+
+def model_types() -> tuple[str, ...]:
+    """The ``--model-type`` values: every registered family, then the named sizes. Read when a parser is built, so a
+    family registered at run time (a test, a notebook) is a choice like one added to ``FAMILIES`` in this file."""
+    return (*FAMILIES, *NAMED_SIZES)
+
 
 # The reference recipe's defaults per family (families spec §4-§7), also presets that flags override: Qwen3 warms
 # up over 1% of the steps; MobileLLM's VE/MoME tables use AdamW lr 0.1 with betas (0.8, 0.95) (Qwen3 keeps the
@@ -72,7 +78,7 @@ def family_name(model_type: str) -> str:
     if model_type in NAMED_SIZES:
         return NAMED_SIZES[model_type][0]
     if model_type not in FAMILIES:
-        raise ValueError(f"--model-type {model_type!r} is unknown; allowed: {', '.join(MODEL_TYPES)}")
+        raise ValueError(f"--model-type {model_type!r} is unknown; allowed: {', '.join(model_types())}")
     return model_type
 
 
@@ -91,7 +97,7 @@ def _flag_tokens(key: str, value) -> list[str]:
 def preset_tokens(model_type: str, memory: str = "base") -> list[str]:
     """Command-line tokens of the defaults a model type brings: a named size's geometry and the family's recipe
     (for this memory block). Unknown model types give none (argparse reports them)."""
-    if model_type not in MODEL_TYPES:
+    if model_type not in model_types():
         return []
     return [token for _, preset in _presets(model_type, memory) for key, value in preset.items()
             for token in _flag_tokens(key, value)]

@@ -22,7 +22,7 @@ from nanochat.cli_types import (SEED_MAX, NodeParser, count_or_all, count_or_all
                                 seed_int, unresumable_seeds)
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
-from nanochat.families import (FAMILIES, MODEL_TYPES, config_from_args, family_name,
+from nanochat.families import (FAMILIES, model_types, config_from_args, family_name,
                                optimizer_fields_without_effect, preset_tokens)
 from nanochat.gpt import ATTENTION_BACKENDS, GPTConfig, check_window_pattern
 from nanochat.memory import add_memory_args, memory_config_from_args
@@ -109,10 +109,10 @@ def _group_run(p):
 
 def _group_model(p):
     g = p.add_argument_group("model")
-    g.add_argument("--model-type", choices=MODEL_TYPES, default="nanochat",
-                   help="backbone family (nanochat, mobilellm, qwen3) or a named size; its geometry and the family's "
-                        "recipe (warmup, memory-table AdamW) are defaults that a config file and the command line "
-                        "override (nanochat/families.py)")
+    g.add_argument("--model-type", choices=model_types(), default="nanochat",
+                   help="backbone family (a key of nanochat.families.FAMILIES) or a named size; its geometry and the "
+                        "family's recipe (warmup, memory-table AdamW) are defaults that a config file and the command "
+                        "line override (nanochat/families.py)")
     g.add_argument("--depth", type=int, default=12, help="number of layers (the single size dial)")
     g.add_argument("--aspect-ratio", type=int, default=64, help="width = depth x aspect-ratio, rounded up to head-dim")
     g.add_argument("--head-dim", type=int, default=128, help="attention head size")

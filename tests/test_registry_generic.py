@@ -34,13 +34,11 @@ class ForgotFamilyConfig(GPTConfig):  # inherits family "nanochat": registered u
 @pytest.fixture
 def variant_family(monkeypatch):
     monkeypatch.setitem(FAMILIES, "gpt-variant", Family(VariantGPTConfig, VariantGPT, None, True))
-    monkeypatch.setattr(families, "MODEL_TYPES", (*families.MODEL_TYPES, "gpt-variant"))
 
 
 def test_a_nanochat_gpt_variant_family_builds_trains_and_loads_its_own_classes(variant_family):
-    args = parse_args(["--synthetic-data", "--vocab-size", "128", "--depth", "2", "--model-dim", "64",
-                       "--head-dim", "32"])
-    args.model_type = "gpt-variant"  # the parser's choices are fixed at import; the registry is read at build time
+    args = parse_args(["--model-type", "gpt-variant", "--synthetic-data", "--vocab-size", "128", "--depth", "2",
+                       "--model-dim", "64", "--head-dim", "32"])  # the parser's choices are read from FAMILIES
     config = config_from_args(args, 128, dict(memory="base", memory_layers=[], memory_options={}))
     assert type(config) is VariantGPTConfig
     model = build_model(config, seed=0)
@@ -87,7 +85,8 @@ def test_head_size_flags_follow_the_registry_rule_not_a_family_name(monkeypatch)
 RESOLVED_BEFORE_THE_BLOCK = {("mome", "slot_factor"): "rows"}
 
 
-@pytest.mark.parametrize("block, flag, key, kwargs", BLOCK_FLAGS, ids=[row[1] for row in BLOCK_FLAGS])
+# ids lead with the design, so ``pytest -k <design>`` selects its flag rows too (a flag is hyphenated: --move-rank)
+@pytest.mark.parametrize("block, flag, key, kwargs", BLOCK_FLAGS, ids=[f"{row[0]}:{row[1]}" for row in BLOCK_FLAGS])
 def test_block_flag_default_is_the_options_default(block, flag, key, kwargs):
     """An unset flag must build what the block's Options build (and what a config without the key loads as);
     memory_config_from_args also takes "equals the default" to mean "not given" for another block's flags."""
@@ -99,6 +98,22 @@ def test_block_flag_default_is_the_options_default(block, flag, key, kwargs):
     assert key in defaults, f"{flag}: {MEMORY_BLOCKS[block].Options.__name__} has no field {key!r}"
     assert kwargs["default"] == defaults[key] and type(kwargs["default"]) is type(defaults[key]), \
         f"{flag} default {kwargs['default']!r} != {MEMORY_BLOCKS[block].Options.__name__}.{key} {defaults[key]!r}"
+
+
+# Options fields that memory_config_from_args derives from other flags (no flag of their own)
+DERIVED_OPTIONS = {("mome", "slot_map_sha256")}
+
+
+@pytest.mark.parametrize("design", list(MEMORY_BLOCKS))
+def test_every_option_has_a_flag_row(design):
+    """An Options field without a BLOCK_FLAGS row cannot be set from the command line or a config row: base_train
+    would always build its default, and argparse would only say "unrecognized arguments" for the flag."""
+    rows = {key for block, _, key, _ in BLOCK_FLAGS if block == design}
+    missing = [f.name for f in dataclasses.fields(MEMORY_BLOCKS[design].Options)
+               if f.name not in rows and (design, f.name) not in DERIVED_OPTIONS]
+    assert not missing, (f"--memory {design}: {MEMORY_BLOCKS[design].Options.__name__} field(s) {missing} have no "
+                         f"BLOCK_FLAGS row in nanochat/memory/__init__.py: add (\"{design}\", \"--<prefix>-<option>\", "
+                         f"\"<field>\", dict(type=..., default=<the field's default>, help=...)) for each")
 
 
 def test_reference_numerics_refuse_a_family_the_authors_code_lacks(variant_family):
@@ -139,9 +154,7 @@ def test_default_run_names_lead_with_the_family_except_nanochat(variant_family, 
     --model-type, so its runs never land in the runs/ directory of a nanochat run of the same depth."""
     from nanochat.train_setup import resolve_run_dir
 
-    variant = argv[:2] == ["--model-type", "gpt-variant"]  # the parser's choices are fixed at import
-    args = parse_args(argv[2:] if variant else argv)
-    args.model_type = "gpt-variant" if variant else args.model_type
+    args = parse_args(argv)
     assert resolve_run_dir(args).name == name and args.run_name == name
 
 
@@ -178,8 +191,15 @@ def test_every_registered_design_has_a_test_option_set():
     assert not missing, f"add these designs to tests/conftest.py MEMORY_OPTION_SETS (key = design name): {missing}"
 
 
+def _option_set(design: str) -> dict:
+    if MEMORY_OPTION_SETS.get(design, {}).get("memory") != design:
+        pytest.fail(f"--memory {design} has no test option set: add {design!r}: dict(memory={design!r}, "
+                    "memory_options={...}) to tests/conftest.py MEMORY_OPTION_SETS (docs/extending.md)")
+    return MEMORY_OPTION_SETS[design]
+
+
 def _generic_config(design: str, family: str):
-    opts = MEMORY_OPTION_SETS[design]
+    opts = _option_set(design)
     return tiny_config(family=family, memory=design, memory_options=dict(opts.get("memory_options", {})),
                        vocab_size=128, n_embd=64, n_head=2, n_kv_head=1, sequence_len=16)
 
@@ -261,3 +281,39 @@ def test_forward_groups_and_checkpoint_round_trip(tmp_path, design, family):
     model.eval(), loaded.eval()
     with torch.no_grad():
         assert torch.equal(loaded(idx), model(idx))
+
+
+def _hook_shape_mismatch(block, config, idx, layer, hook, args):
+    """'' if block.<hook>(layer, *args, ctx) returns the shape the backbone expects, else what went wrong."""
+    want = (*idx.shape, config.ffn_hidden) if hook == "ffn_up" else args[-2].shape  # the hooked tensor, before ctx
+    try:
+        out = getattr(block, hook)(layer, *args)
+    except Exception as e:  # the backbone would raise the same from deep inside its forward: name the hook instead
+        return f"{type(block).__name__}.{hook}(layer {layer}) raised {type(e).__name__}: {e}"
+    if not isinstance(out, torch.Tensor) or out.shape != want:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return f"{type(block).__name__}.{hook}(layer {layer}) returned {got}, the backbone needs {tuple(want)}"
+    return ""
+
+
+@pytest.mark.parametrize("design, family", BUILT, ids=[f"{d}-{f}" for d, f in BUILT])
+def test_every_hook_returns_the_shape_the_backbone_needs(design, family):
+    """Each forward hook called alone on inputs of the documented shapes (nanochat/memory/base.py), B != T != H so
+    that a wrong broadcast changes the shape: a block that returns the wrong shape fails here naming the hook and
+    the layer, not with a broadcast error deep inside the backbone's forward."""
+    config = _generic_config(design, family)
+    model = _built_or_refused(config, device="cpu")
+    if model is None:
+        return
+    block, (B, T) = model.memory, (3, 5)
+    idx = torch.randint(0, 128, (B, T), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    x, h, dm = (torch.randn(B, T, config.n_embd, generator=gen) for _ in range(3))
+    v = torch.randn(B, T, config.n_kv_head, config.head_dim, generator=gen)
+    with torch.no_grad():
+        ctx = block.prepare(idx, None)
+        calls = [(layer, hook, args) for layer in range(config.n_layer)
+                 for hook, args in (("residual", (x, ctx)), ("value", (x, v, ctx)), ("mlp_out", (h, dm, ctx)))]
+        calls += [(layer, "ffn_up", (x, ctx)) for layer in range(config.n_layer) if block.owns_ffn_up(layer)]
+        wrong = [m for layer, hook, args in calls if (m := _hook_shape_mismatch(block, config, idx, layer, hook, args))]
+    assert not wrong, "\n".join(wrong)
