@@ -83,10 +83,10 @@ def run_in_daemon_threads(fn, items: list, workers: int, stop: StopFlag, done=No
 
     threads = [threading.Thread(target=work, name=f"nanochat-download-{i}", daemon=True)
                for i in range(max(1, min(workers, len(items))))]
-    for t in threads:
-        t.start()
     results = []
     try:
+        for t in threads:  # inside: a Ctrl-C can land here, the started threads already downloading
+            t.start()
         for future in futures:
             results.append(future.result())
             if done is not None:
@@ -95,7 +95,8 @@ def run_in_daemon_threads(fn, items: list, workers: int, stop: StopFlag, done=No
         stop.set()
         deadline = time.monotonic() + grace
         for t in threads:  # downloads stop within a piece (a Xet one never does) and clean up their files
-            t.join(max(0.0, deadline - time.monotonic()))
+            if t.ident is not None:  # started (a thread the Ctrl-C came before cannot be joined)
+                t.join(max(0.0, deadline - time.monotonic()))
         raise
     return results
 

@@ -245,3 +245,37 @@ def test_run_in_daemon_threads_keeps_order_and_waits_one_grace_in_all():
         release.set()
     assert stop.is_set() and 0.5 <= elapsed < 4, elapsed  # ~0.5 s
     join_download_threads()
+
+
+def test_a_ctrl_c_while_the_threads_start_sets_the_stop(monkeypatch):
+    """The Ctrl-C of the hub test above can land while the calling thread is still starting the workers (a started
+    thread runs first on a loaded machine: CI, session 29): it was raised outside the part that sets ``stop``, so
+    the downloads in flight went on and placed their shards after the "interrupted" line. Now it sets the stop,
+    and only the threads that were started are joined."""
+    from nanochat import download
+    from nanochat.download import StopFlag, run_in_daemon_threads
+
+    release, stop, placed = threading.Event(), StopFlag(), []
+    starts = []
+
+    class CtrlCOnSecondStart(threading.Thread):
+        def start(self):
+            super().start()
+            starts.append(self.name)
+            if len(starts) == 2:
+                raise KeyboardInterrupt  # as the SIGINT's handler raises it in the calling thread
+
+    def download_then_place(i):
+        release.wait(30)
+        if not stop.is_set():
+            placed.append(i)
+
+    monkeypatch.setattr(download.threading, "Thread", CtrlCOnSecondStart)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_in_daemon_threads(download_then_place, list(range(4)), 4, stop, grace=0.2)
+        assert stop.is_set() and len(starts) == 2  # the other two were never started (nor joined)
+    finally:
+        release.set()
+    join_download_threads()
+    assert placed == []
