@@ -201,8 +201,7 @@ cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "
     # base_train exits 2 for what it refuses before training; with a checkpoint in the run dir that is mostly the
     # --resume auto of a run started with other flags (another DEMO_STEPS or DEMO_DTYPE), which speedrun.sh cannot
     # continue, or of one continued by hand with other LRs (a non-finite stop's advice) and not completed (a completed
-    # one is done): the hint is conditional,
-    # base_train's error above names the difference and its own ways on
+    # one is done): the hint is conditional, base_train's error above names the difference and its own ways on
     train_demo() {  # train_demo RUN_DIR BASE_TRAIN_FLAGS...
         local run="$1" rc=0
         shift
