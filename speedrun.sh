@@ -102,11 +102,14 @@ stop_here() {
     echo "[speedrun] ${demo:-speedrun} stopped ($stopped) $1: run 'bash speedrun.sh' again to continue" >&2
     exit 1
 }
-done_run() {  # done_run RUN_DIR BASE_TRAIN_FLAGS...: the run finished with these flags, final evaluation included
-    local run="$1"
-    shift
-    python -m scripts.speedrun_preflight "done" "$run" -- "$@" || return 1
-    say_done "$run"
+# A run's state, as scripts.speedrun_preflight gives it: "done" (finished with these flags, final evaluation
+# included), "train", or "train,FLAG=VALUE,...": a run continued by hand with other learning rates (a non-finite
+# stop's advice: --resume N --resume-override-lr) and stopped again, whose --resume auto needs the LRs its checkpoint
+# records (with speedrun's it is refused). resume_lrs STATE sets the array `lrs` to those flags (none for the others;
+# expanded as ${lrs[@]+"${lrs[@]}"}: bash before 4.4 calls an empty array unbound under set -u)
+resume_lrs() {
+    lrs=()
+    if [[ "$1" == train,* ]]; then IFS=, read -ra lrs <<<"${1#train,}"; fi
 }
 say_done() {
     echo "[speedrun] $1 already done (completed with its final evaluation): not trained again"
@@ -137,7 +140,9 @@ gpu_run() {
         -- "${train[@]}")"
     read -r nproc device_batch <<<"$layout"
     train+=(--device-batch-size "$device_batch")
-    if done_run "$run" "${train[@]}"; then
+    local state lrs
+    if state="$(python -m scripts.speedrun_preflight "done" "$run" -- "${train[@]}")"; then
+        say_done "$run"
         if [ -f "$run/comparison.md" ]; then
             echo "[speedrun] d12 MoME already done: report at $run/report.md and $run/comparison.md (delete $run" \
                  "to train it again)"
@@ -148,7 +153,8 @@ gpu_run() {
         step python -m scripts.prepare_data --dataset fineweb-edu --num-shards "${SHARDS:-100}" --data-dir "$data"
         [ -f tokenizer/tokenizer.json ] || \
             step python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
-        step torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}"
+        resume_lrs "$state"
+        step torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" ${lrs[@]+"${lrs[@]}"}
     fi
     # base_train wrote $run/report.md (provenance, throughput, metrics); add the table and curves beside it
     step python -m scripts.report "$run" --output "$run/comparison.md" --title "speedrun: d12 MoME (A2/6) at 3e18 FLOPs"
@@ -165,11 +171,14 @@ common=(--data-dir "$root/data" --tokenizer-dir "$root/tokenizer" --depth 4 --he
 base=("${common[@]}" --memory base --run-name speedrun_cpu_base --run-dir "$root/base")
 mome=("${common[@]}" --memory mome --mome-slots 6 --mome-topk 2 --run-name speedrun_cpu_mome --run-dir "$root/mome")
 
-cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "train", as the mode check said them
-    local dtype="$1" t0=$SECONDS
+cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's state (resume_lrs), as the mode check said them
+    local dtype="$1" t0=$SECONDS lrs
     demo="CPU demo"
     echo "the CPU demo in $root (pid $$)" >runs/speedrun.lock  # what a second speedrun.sh is told
-    base=(--dtype "$dtype" "${base[@]}") mome=(--dtype "$dtype" "${mome[@]}")
+    resume_lrs "$2"
+    base=(--dtype "$dtype" "${base[@]}" ${lrs[@]+"${lrs[@]}"})
+    resume_lrs "$3"
+    mome=(--dtype "$dtype" "${mome[@]}" ${lrs[@]+"${lrs[@]}"})
     # a run that completed with its final evaluation and these flags is not trained or evaluated again (one stopped
     # in its final evaluation is: base_train --resume runs it); when both are, neither is the data or the tokenizer
     local train_base=yes train_mome=yes
@@ -199,9 +208,9 @@ cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "
         exit 1
     }
     # base_train exits 2 for what it refuses before training; with a checkpoint in the run dir that is mostly the
-    # --resume auto of a run started with other flags (another DEMO_STEPS or DEMO_DTYPE), which speedrun.sh cannot
-    # continue, or of one continued by hand with other LRs (a non-finite stop's advice) and not completed (a completed
-    # one is done): the hint is conditional, base_train's error above names the difference and its own ways on
+    # --resume auto of a run started with other flags (another DEMO_STEPS or DEMO_DTYPE, other LRs), which
+    # speedrun.sh cannot continue (one continued by hand with other LRs from its own is continued with them:
+    # resume_lrs): the hint is conditional, base_train's error above names the difference and its own ways on
     train_demo() {  # train_demo RUN_DIR BASE_TRAIN_FLAGS...
         local run="$1" rc=0
         shift
@@ -232,8 +241,8 @@ cpu_demo() {  # cpu_demo DTYPE BASE MOME: the dtype and each model's "done" or "
 
 # "gpu N" or "cpu 0 DTYPE BASE MOME", in one Python start (each costs 2-3 s of torch import here): the demo's dtype
 # is DEMO_DTYPE, else a model's checkpoint's, else bf16 only where this CPU multiplies bf16 natively (elsewhere a bf16
-# matmul costs ~60x a float32 one), its choice and why on one line; BASE and MOME are "done" or "train" (done_run's
-# check with that dtype). Stops with advice (exit 2) when GPUs are there but torch cannot use them, or no internet
+# matmul costs ~60x a float32 one), its choice and why on one line; BASE and MOME are each model's state (resume_lrs)
+# with that dtype. Stops with advice (exit 2) when GPUs are there but torch cannot use them, or no internet
 decision="$(python -m scripts.speedrun_preflight mode --demo-dir "$root" --asked "${DEMO_DTYPE:-}" -- "${base[@]}" \
     -- "${mome[@]}")"
 read -r mode ngpu dtype base_state mome_state <<<"$decision"

@@ -6,8 +6,8 @@
         cannot reach huggingface.co: a GPU machine never falls back to the CPU demo on its own.
         SPEEDRUN_MODE=gpu|cpu skips the detection (cpu: run the demo deliberately, without importing torch here).
         With --demo-dir and the demo models' flags but --dtype, the CPU path's line is "cpu 0 DTYPE BASE MOME": the
-        demo's dtype as `dtype` chooses it, then for each model "done" or "train" as `done` decides with
-        --dtype DTYPE added. One Python start for what speedrun.sh needs before the demo (each costs 2-3 s here).
+        demo's dtype as `dtype` chooses it, then for each model `done`'s state word with --dtype DTYPE added.
+        One Python start for what speedrun.sh needs before the demo (each costs 2-3 s here).
     python -m scripts.speedrun_preflight layout --gpus N [--max-device-batch 32] -- BASE_TRAIN_FLAGS...
         stdout "NPROC DEVICE_BATCH": the most GPUs (then the largest device batch) that split the flags' total
         batch exactly, after a base_train --dry-run of the flags with that layout (so the flags are checked;
@@ -17,7 +17,10 @@
         evaluation) and config.json records the same flags, but the layout, paths and --resume (not the seeds; the
         ones left at their defaults too: a run started by hand with --init-from is another); learning rates changed
         from these flags' by --resume-override-lr on a resume (config.json lr_overrides) count as the same, said on
-        stderr; else exit 1 (base_train --resume has work to do).
+        stderr; else exit 1 (base_train --resume has work to do). stdout the state word, as `mode` gives it: "done",
+        "train", or "train,FLAG=VALUE,..." where the run was continued by hand with other LRs from these flags' (a
+        non-finite stop's advice) and stopped again: the LRs its checkpoint records, which base_train --resume auto
+        accepts (``resume_lrs``; said on stderr); one started with other LRs is refused by base_train as before.
     python -m scripts.speedrun_preflight dtype DEMO_DIR [--asked bfloat16|float32]
         stdout the CPU demo's dtype: --asked (DEMO_DTYPE) if given; else the one a model under DEMO_DIR with a
         checkpoint started with (it continues with its flags); else bfloat16 where this CPU has native bf16
@@ -172,7 +175,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     A run finished with other flags is not this run (base_train --resume refuses it or evaluates it again), except
     for the layout and bookkeeping flags (results.SAME_RUN_IGNORED_ARGS: the layout, paths, --resume; not the seeds),
     so that a run finished by hand with --resume, or on another GPU count, is not evaluated again; nor LRs changed
-    by --resume-override-lr from these flags' ones (``overridden_from``).
+    by --resume-override-lr from these flags' ones (``overridden_from``), said on stderr for a finished run.
     Flag values an older version recorded are read as base_train --resume reads them (a ValueError where it
     refuses them): --core-max-per-task 0, "all" then, is -1."""
     from nanochat.report import unfinished
@@ -183,7 +186,7 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     # torch comes with these (2-3 s here): only for a completed run
     from nanochat import init_from
     from nanochat.cli_types import recorded_args, recorded_args_now
-    from nanochat.report import read_json
+    from nanochat.report import fmt_lr_overrides, read_json
     from nanochat.train_args import parse_args
     from nanochat.train_resume import read_old_records
     from scripts.results import SAME_RUN_IGNORED_ARGS
@@ -202,15 +205,21 @@ def unfinished_run(run_dir: Path, train_flags: list[str]) -> str | None:
     missing = object()
     differ = sorted(k for k, v in wanted.items() if k not in SAME_RUN_IGNORED_ARGS and (v is not None or k in saved)
                     and saved.get(k, missing) != v and not overridden_from(config, k, v, saved.get(k)))
-    return f"{run_dir} completed with other flags ({', '.join(differ)})" if differ else None
+    if differ:
+        return f"{run_dir} completed with other flags ({', '.join(differ)})"
+    overrides = fmt_lr_overrides(config)
+    if overrides:
+        say(f"{run_dir}: learning rates {overrides}; its report says so")
+    return None
 
 
 def overridden_from(config: dict, key: str, wanted, recorded) -> bool:
-    """The run's ``recorded`` value of flag ``key`` (config.json "args") differs from the ``wanted`` one only by the
-    --resume-override-lr changes config.json records (lr_overrides), the first made from ``wanted``: the run started
-    with speedrun.sh's LR and was continued by hand with another (a non-finite stop's advice). Its done check takes
-    it (base_train --resume auto, with speedrun's LRs, would refuse it), and its report names the change; a run
-    started with another LR is not speedrun's. --resume-override-lr itself is the resume's bookkeeping."""
+    """The run's ``recorded`` value of flag ``key`` (``config``'s "args": config.json's, or a checkpoint's meta.json
+    "config") differs from the ``wanted`` one only by the --resume-override-lr changes ``config`` records
+    (lr_overrides), the first made from ``wanted``: the run started with speedrun.sh's LR and was continued by hand
+    with another (a non-finite stop's advice). Its done check takes it, an unfinished one is continued with the
+    recorded LR (base_train --resume auto, with speedrun's LRs, would refuse both), and its report names the change;
+    a run started with another LR is not speedrun's. --resume-override-lr itself is the resume's bookkeeping."""
     from nanochat.train_resume import LR_KEYS
 
     if key == "resume_override_lr":
@@ -222,24 +231,46 @@ def overridden_from(config: dict, key: str, wanted, recorded) -> bool:
     return bool(changes) and changes[0].get("checkpoint") == wanted and changes[-1].get("now") == recorded
 
 
+def resume_lrs(run_dir: Path, train_flags: list[str]) -> tuple[list[str], str | None]:
+    """The LR flags that base_train --resume auto needs to continue the checkpoint it takes in ``run_dir`` (the
+    latest), and the overrides on one line: where that checkpoint's LRs differ from ``train_flags``' only by its
+    --resume-override-lr changes, the first made from these flags' values (``overridden_from``): a speedrun run
+    continued by hand with other LRs (a non-finite stop's advice) and stopped again before completing. Else ([],
+    None): no checkpoint, the same LRs, or one started with other LRs, which base_train refuses as before.
+    ValueError for a corrupt meta.json."""
+    from nanochat import checkpoint as ckpt
+    from nanochat.report import fmt_lr_overrides
+    from nanochat.train_args import parse_args
+    from nanochat.train_resume import LR_KEYS
+
+    steps = ckpt.list_steps(run_dir)
+    if not steps:
+        return [], None
+    meta = ckpt.load_meta(run_dir, steps[-1])
+    saved, config = ckpt.recorded_run_args(meta), ckpt.recorded_config(meta)
+    wanted = vars(parse_args(train_flags))
+    differ = [k for k in LR_KEYS if k in saved and saved[k] != wanted[k]]
+    if not differ or not all(overridden_from(config, k, wanted[k], saved[k]) for k in differ):
+        return [], None
+    return [f"--{k.replace('_', '-')}={saved[k]}" for k in differ], fmt_lr_overrides(config)
+
+
 def demo_state(train_flags: list[str], run_dir: Path | None = None) -> str:
-    """"done" when the run of ``train_flags`` (in ``run_dir``, else its --run-dir) is finished (``unfinished_run``),
-    else "train"."""
+    """"done" when the run of ``train_flags`` (in ``run_dir``, else its --run-dir) is finished (``unfinished_run``);
+    else "train", or "train,FLAG=VALUE,..." with the LR flags its --resume auto continues it with (``resume_lrs``)."""
     if run_dir is None:
         only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
         only.add_argument("--run-dir", type=Path, required=True)
         run_dir = only.parse_known_args(train_flags)[0].run_dir
     try:
         if unfinished_run(run_dir, train_flags):
-            return "train"
+            lrs, overrides = resume_lrs(run_dir, train_flags)
+            if lrs:
+                say(f"{run_dir}: learning rates {overrides}; continuing with them")
+            return ",".join(["train", *lrs])
     except ValueError as e:  # a run file that is not JSON, a recorded flag base_train --resume refuses: not done;
         say(f"{run_dir}: {e}")  # base_train --resume says what it finds
         return "train"
-    from nanochat.report import fmt_lr_overrides, read_json
-
-    overrides = fmt_lr_overrides(read_json(run_dir / "config.json"))  # unfinished_run read it: a JSON object
-    if overrides:
-        say(f"{run_dir}: learning rates {overrides}; its report says so")
     return "done"
 
 
@@ -309,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "done":
             if args.run_dir is None or not train_flags:
                 ap.error("done needs RUN_DIR and the base_train flags after --")
-            return 0 if demo_state(train_flags, args.run_dir) == "done" else 1
+            state = demo_state(train_flags, args.run_dir)
+            print(state)
+            return 0 if state == "done" else 1
         else:
             if args.gpus is None or not train_flags:
                 ap.error("layout needs --gpus N and the base_train flags after --")

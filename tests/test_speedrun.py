@@ -196,6 +196,7 @@ def test_a_run_finished_by_hand_with_resume_override_lr_is_done_one_started_with
     again = {"step": 12, "changes": {"matrix_lr": {"checkpoint": matrix / 2, "now": matrix / 4}}}
     recorded(resumed(12, matrix_lr=matrix / 4, embedding_lr=embedding / 2), [halved, again])
     assert pre.unfinished_run(run, flags) is None
+    capsys.readouterr()  # the check says so for a finished run
     # started with other LRs: not this run, overridden on a resume or not
     recorded([*flags, "--matrix-lr", str(matrix * 2)], [])
     assert pre.unfinished_run(run, flags) == f"{run} completed with other flags (matrix_lr)"
@@ -470,7 +471,8 @@ module = args[1] if args[:1] == ["-m"] else args[0]
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(" ".join(args) + "\n")
 flag = lambda name: args[args.index(name) + 1]
-if module == "scripts.speedrun_preflight" and os.environ.get("FAKE_REAL_PREFLIGHT"):  # the real one, on the run files
+if module == "scripts.speedrun_preflight" and os.environ.get("FAKE_REAL_PREFLIGHT") and \
+        os.environ.get("FAKE_REAL_ONLY", args[2]) == args[2]:  # the real one on the run files (FAKE_REAL_ONLY's alone)
     os.execve(sys.executable, [sys.executable, *args], {**os.environ, "PYTHONPATH": os.environ["FAKE_REAL_PREFLIGHT"]})
 elif module == "scripts.speedrun_preflight" and args[2] == "done":
     summary = Path(args[3]) / "summary.json"
@@ -842,6 +844,71 @@ def test_a_demo_model_finished_by_hand_with_other_lrs_is_done_and_the_demo_repor
             f"{matrix} -> {matrix / 2} from step 40; its report says so") in err, err
     assert "speedrun_cpu/mome: learning rates" not in err
     assert ran(again, "scripts.base_train") == [] and len(ran(again, REPORT)) == 1
+
+
+def checkpoint_by_hand(run, flags, step, **lrs):
+    """The checkpoint base_train writes when a run of ``flags`` is resumed from ``step`` by hand with
+    --resume-override-lr and ``lrs`` ({key: new value}) and stops again (its meta.json: what the done check reads)."""
+    from nanochat.train_args import parse_args
+
+    args = vars(parse_args(flags))
+    changes = {k: {"checkpoint": args[k], "now": v} for k, v in lrs.items()}
+    args.update(lrs, resume=str(step), resume_override_lr=True)
+    d = run / CKPT_DIR / f"step_{step + 5:06d}"
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"model_config": {}, "config": {
+        "args": args, "lr_overrides": [{"step": step, "changes": changes}]}}, default=str))
+    return changes
+
+
+def test_a_demo_model_continued_by_hand_with_other_lrs_and_stopped_again_is_continued_with_them(fake_speedrun,
+                                                                                                  tmp_path):
+    """The advice's command (--resume N --resume-override-lr, half the LRs) stopped again before completing (Ctrl-C,
+    a wall-time limit): `bash speedrun.sh` passed speedrun's LRs to base_train --resume auto, which refuses that
+    checkpoint (exit 2), on every start. With the real check on the run's files it now passes the LRs the checkpoint
+    records, says so, and the other model is left as it is."""
+    repo, env = fake_speedrun
+    env = {**env, "DEMO_DTYPE": "bfloat16"}
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    assert proc.communicate(timeout=20) and proc.returncode == 0
+    base = repo / "runs" / "speedrun_cpu" / "base"
+    flags = json.loads((base / "summary.json").read_text())["flags"]
+    (base / "summary.json").write_text(json.dumps({"stop_reason": "interrupted", "signals": [], "flags": flags}))
+    changes = checkpoint_by_hand(base, flags, 40, matrix_lr=0.01, embedding_lr=0.15)
+    (repo / "runs" / "speedrun_cpu" / "mome" / "summary.json").unlink()  # unfinished, no checkpoint by hand
+    again = str(tmp_path / "again.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=again, FAKE_REAL_PREFLIGHT=str(REPO))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "CPU demo done" in out, (out, err)
+    assert ("[speedrun] runs/speedrun_cpu/base: learning rates overridden by hand (--resume-override-lr): "
+            f"--matrix-lr {changes['matrix_lr']['checkpoint']} -> 0.01 from step 40, --embedding-lr "
+            f"{changes['embedding_lr']['checkpoint']} -> 0.15 from step 40; continuing with them") in err, err
+    trained = ran(again, "scripts.base_train")
+    assert [line.split(" --run-dir ")[1] for line in trained] == [
+        "runs/speedrun_cpu/base --embedding-lr=0.15 --matrix-lr=0.01", "runs/speedrun_cpu/mome"], trained
+
+
+def test_the_gpu_path_continues_a_run_continued_by_hand_with_other_lrs_with_them(fake_speedrun, tmp_path):
+    """The same on the GPU path, its done check the real one (on the d12 config's flags)."""
+    repo, env = fake_speedrun
+    env = {**env, "FAKE_MODE": "gpu 1", "NANOCHAT_DATA_DIR": str(tmp_path / "data")}
+    shutil.copytree(REPO / "configs" / "d12", repo / "configs" / "d12")
+    run = repo / "runs" / "speedrun_d12_mome"
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0")
+    assert proc.communicate(timeout=20) and proc.returncode == 0
+    flags = json.loads((run / "summary.json").read_text())["flags"]
+    (run / "summary.json").unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(repo)  # the flags name the config file relative to the checkout
+        checkpoint_by_hand(run, flags, 500, matrix_lr=0.01)
+    again = str(tmp_path / "again.log")
+    proc = start_speedrun(repo, env, FAKE_TRAIN_S="0", FAKE_LOG=again, FAKE_REAL_PREFLIGHT=str(REPO),
+                          FAKE_REAL_ONLY="done")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (out, err)
+    assert "runs/speedrun_d12_mome: learning rates overridden by hand (--resume-override-lr): --matrix-lr " in err
+    trained = ran(again, "scripts.base_train")
+    assert len(trained) == 1 and trained[0].endswith(" --device-batch-size 32 --matrix-lr=0.01"), trained
 
 
 def test_the_demo_says_what_it_trains_and_for_how_long_as_measured(fake_speedrun, tmp_path):
