@@ -197,27 +197,31 @@ def by_hand(run: Run, named: list[str], wrapper: str, step: int | None, lower: s
     lower learning rates: the base_train command it ran, to run by hand, with --resume ``step`` --resume-override-lr
     (--overwrite with no checkpoint) and half the LRs of the non-finite parameters' groups (``named``, their LR
     flags; every group's where it is empty: a non-finite loss or optimizer state); where this process cannot tell
-    that command (``hand_command``), the flags alone (``lower``). The wrapper cannot continue a run with other LRs:
-    speedrun.sh's --resume auto, with the original LRs, is refused (the flags do not match). Once one resumed this
-    way has completed, its done check takes it (the changes config.json records, from speedrun's LRs) and it writes
-    its report; a run started again with other LRs (--overwrite) stays another run."""
+    that command (``hand_command``), the flags alone (``lower``). A run resumed this way from speedrun.sh's LRs is
+    still speedrun.sh's (its checks read the changes the checkpoints and config.json record): stopped again, it is
+    continued with the new LRs (scripts.speedrun_preflight.resume_lrs); completed, it is done and gets its report.
+    A run started again with other LRs (--overwrite) is another run: speedrun.sh's --resume auto, with the original
+    LRs, is refused (the flags do not match)."""
     flags = named or lr_flags_for(run, [name for name, _ in run.model.named_parameters()])
     goal, way = ("continue from it", ["--resume", str(step), "--resume-override-lr"]) if step is not None else \
         ("start again", ["--overwrite"])
     command = hand_command(run.world, way, {flag: repr(getattr(run.args, flag[2:].replace("-", "_")) / 2)
                                             for flag in flags})
     cannot = f"'{wrapper}' cannot lower learning rates: to {goal}, "
-    done = (f": once it has completed, '{wrapper}' takes it as done and goes on to its report (which names the "
-            "changed learning rates)") if step is not None else ""
-    refused = (f"'{wrapper}' refuses to continue the run once a checkpoint with other learning rates is saved (its "
-               f"--resume auto has the original ones: the flags do not match), so finish it by hand{done}; or check "
-               "the data")
+    if step is not None:
+        after = (f"if it stops again once it has saved a checkpoint, '{wrapper}' continues it with these learning "
+                 f"rates; once it has completed, '{wrapper}' takes it as done and goes on to its report (which names "
+                 "the changed learning rates); or check the data")
+    else:
+        after = (f"'{wrapper}' refuses to continue the run once a checkpoint with other learning rates is saved (its "
+                 "--resume auto has the original ones: the flags do not match), so finish it by hand; or check the "
+                 "data")
     if command is None:
-        return f"{cannot}run the base_train command '{wrapper}' ran by hand, with {' '.join(way)} and {lower}; " \
-               + refused
+        return f"{cannot}run the base_train command '{wrapper}' ran by hand, with {' '.join(way)} and {lower}; {after}"
     which = "the LRs of the non-finite tensors" if named else "this run's LRs"
     return (f"{cannot}run by hand in {os.getcwd()} the base_train command '{wrapper}' ran, with {' '.join(way)} and "
-            f"half {which} ({', '.join(flags)}; lower them as you see fit):\n  {command}\n{refused}")
+            f"half {which} ({', '.join(flags)}; lower them as you see fit):\n  {command}\n"
+            f"{after[0].upper()}{after[1:]}")
 
 
 def last_step_in(run_dir: Path) -> int | None:

@@ -250,7 +250,8 @@ def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_the_command_t
     --resume-override-lr, and lower the learning rates": the command the user typed is `bash speedrun.sh`, which
     takes neither. It now names the base_train command speedrun.sh ran (sys.argv, under `python -m`), with --resume 2
     --resume-override-lr in place of --resume auto and half the LRs of this run's optimizer groups, shell-quoted, and
-    says that speedrun.sh does not continue a run with other LRs (measured: its --resume auto is refused, exit 2)."""
+    says what speedrun.sh then does with that run: continues it with those LRs if it stops again (its --resume auto
+    with the original ones was refused, exit 2, until session 30), takes it as done once completed."""
     from types import SimpleNamespace
 
     from nanochat.run_control import CONTINUE_COMMAND_ENV
@@ -273,10 +274,12 @@ def test_under_speedrun_a_stop_names_speedrun_and_a_nonfinite_stop_the_command_t
     out = capsys.readouterr().out
     assert "the same command" not in out, out
     assert "'bash speedrun.sh' cannot lower learning rates: to continue from it, run by hand in " in out, out
-    assert "'bash speedrun.sh' refuses to continue the run" in out, out
-    # once finished that way, speedrun.sh's done check takes the run (the overrides from its LRs, config.json)
-    assert "so finish it by hand: once it has completed, 'bash speedrun.sh' takes it as done and goes on to its " \
-           "report (which names the changed learning rates); or check the data" in out, out
+    # speedrun.sh continues the run resumed that way (the overrides from its LRs, in the checkpoint: session 30), and
+    # once finished its done check takes it (in config.json)
+    assert "refuses" not in out, out
+    assert "If it stops again once it has saved a checkpoint, 'bash speedrun.sh' continues it with these learning " \
+           "rates; once it has completed, 'bash speedrun.sh' takes it as done and goes on to its report (which names " \
+           "the changed learning rates); or check the data" in out, out
     tokens = advised_command(out)
     assert tokens[1:3] == ["-m", "scripts.base_train"] and Path(tokens[0]).name.startswith("python"), tokens
     flags = base_train_flags(tokens)
