@@ -420,12 +420,22 @@ def run_labels(facts: list[dict]) -> list[str]:
     return labels
 
 
-def comparison_table(facts: list[dict]) -> list[str]:
-    """One markdown row per run (``run_facts``): the table of the speedrun report and of the README's CPU demo."""
+def lr_override_notes(facts: list[dict]) -> list[tuple[str, str]]:
+    """(label, ``fmt_lr_overrides``) of each run trained in part with other LRs than its flags' (--resume-override-lr),
+    for the line a comparison gives it under its table."""
+    notes = [(label, fmt_lr_overrides(f["config"])) for f, label in zip(facts, run_labels(facts))]
+    return [(label, note) for label, note in notes if note]
+
+
+def comparison_table(facts: list[dict], lr_mark: str = "") -> list[str]:
+    """One markdown row per run (``run_facts``): the table of the speedrun report and of the README's CPU demo;
+    ``lr_mark`` after the label of a run with LR overrides (``lr_override_notes``) where no note follows the rows."""
     lines = [COMPARISON_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for f, label in zip(facts, run_labels(facts)):
         s, plan = f["summary"], f["plan"]
         train_s = s.get("train_time_s")
+        if lr_mark and fmt_lr_overrides(f["config"]):
+            label = f"{label} {lr_mark}"
         lines.append(" | ".join([
             f"| {label}", f["memory"] or NA, fmt(s.get("params_total", plan.get("params_total")), ","),
             fmt(s.get("params_memory", plan.get("params_memory")), ","), _steps_cell(s), fmt(s.get("tokens"), ","),

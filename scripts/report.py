@@ -10,7 +10,8 @@
 The table (printed too) has one row per run: params, steps, tokens, train minutes, val bpb, CORE; then
 throughput (tok/s) and MFU, and where each run came from (commit, dirty flag, hardware, world size, versions).
 ``--readme FILE`` replaces the table between the ``<!-- cpu-demo-table -->`` and ``<!-- /cpu-demo-table -->``
-lines of FILE, so the README shows exactly what the last CPU demo printed.
+lines of FILE, so the README shows exactly what the last CPU demo printed; there a row trained in part with other
+learning rates (--resume-override-lr) is marked † and a line under the table says how.
 """
 
 import argparse
@@ -20,10 +21,11 @@ import sys
 from pathlib import Path
 
 from nanochat.jsonfile import write_text_atomic
-from nanochat.report import (NA, comparison_table, fmt_lr_overrides, fmt_mfu, fmt_throughput, provenance_table,
+from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, lr_override_notes, provenance_table,
                              read_metrics, run_facts, run_labels, unfinished, write_run_report)
 
 README_START, README_END = "<!-- cpu-demo-table -->", "<!-- /cpu-demo-table -->"
+LR_MARK = "†"  # the README table's mark of a row trained in part with other LRs (--resume-override-lr)
 
 
 def default_output(run_dirs: list[Path]) -> Path:
@@ -77,8 +79,7 @@ def plot_curves(facts: list[dict], out: Path) -> Path:
 def comparison_report(facts: list[dict], title: str, curves: Path | None, command: str) -> str:
     lines, labels = [f"# {title}", "", *comparison_table(facts), ""], run_labels(facts)
     # a row trained in part with other LRs than its flags' (--resume-override-lr): said under the table it is in
-    overridden = [(label, fmt_lr_overrides(f["config"])) for f, label in zip(facts, labels)]
-    lines += [f"- {label}: learning rates {note}" for label, note in overridden if note]
+    lines += [f"- {label}: learning rates {note}" for label, note in lr_override_notes(facts)]
     lines += [""] if lines[-1] != "" else []
     if curves is not None:
         lines += [f"![train loss and val bpb against tokens]({curves.name})", ""]
@@ -94,6 +95,13 @@ def comparison_report(facts: list[dict], title: str, curves: Path | None, comman
               f"Written by `{command}` from each run directory's config.json, summary.json, metrics.jsonl and "
               "environment.json; each run's own report is its report.md."]
     return "\n".join(lines) + "\n"
+
+
+def readme_table(facts: list[dict]) -> list[str]:
+    """The table --readme writes (and main prints): a row trained in part with other LRs marked, and a line for each
+    such run under it, after a blank line (a line right below a table is one of its rows)."""
+    notes = [f"{LR_MARK} {label}: learning rates {note}" for label, note in lr_override_notes(facts)]
+    return [*comparison_table(facts, LR_MARK), *([""] + notes if notes else [])]
 
 
 def replace_readme_table(readme: Path, table: list[str]) -> None:
@@ -163,7 +171,7 @@ def main(argv=None) -> int:
         out = args.output or default_output(args.run_dirs)
         curves = None if args.no_curves else plot_curves(facts, out.with_name(out.stem + "_curves.png"))
         write_output(out, comparison_report(facts, args.title, curves, command))
-        table = comparison_table(facts)
+        table = readme_table(facts)
         if args.readme is not None:
             replace_readme_table(args.readme, table)
     except (FileNotFoundError, ValueError, OutputError) as e:

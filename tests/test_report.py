@@ -244,6 +244,32 @@ def test_a_run_whose_lrs_were_overridden_on_a_resume_says_so_in_its_report_and_t
     assert table_end < md.index("- b: learning rates") < md.index("## Throughput")
 
 
+def test_the_readme_table_marks_a_row_whose_lrs_were_overridden_and_says_how_under_it(tmp_path, capsys):
+    """The README's CPU-demo table (--readme) was the bare table: a model finished by hand with other LRs (a
+    non-finite stop's advice) read as trained with the demo's. Its row is marked and one line under the table (after
+    a blank line: a line right below a table is one of its rows) says how; a table without overrides is as before."""
+    a = fake_run(tmp_path / "runs", "speedrun_cpu_base", "base")
+    b = fake_run(tmp_path / "runs", "speedrun_cpu_mome", "mome")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report_cli.README_START}\n{report_cli.README_END}\n")
+    config = json.loads((a / "config.json").read_text())
+    config["lr_overrides"] = [{"step": 40, "changes": {"matrix_lr": {"checkpoint": 0.02, "now": 0.01}}}]
+    (a / "config.json").write_text(json.dumps(config))
+    args = [str(a), str(b), "--no-curves", "--output", str(tmp_path / "c.md"), "--readme", str(readme)]
+    assert report_cli.main(args) == 0
+    block = readme.read_text().split(report_cli.README_START + "\n")[1].split(report_cli.README_END)[0]
+    rows = report.comparison_table([report.run_facts(a), report.run_facts(b)])
+    marked = rows[2].replace("| speedrun_cpu_base |", "| speedrun_cpu_base † |")
+    assert marked != rows[2] and rows[3].startswith("| speedrun_cpu_mome | mome |")
+    note = "† speedrun_cpu_base: learning rates overridden by hand (--resume-override-lr): --matrix-lr 0.02 -> 0.01 " \
+           "from step 40"
+    assert block == "\n".join([*rows[:2], marked, rows[3], "", note, ""])
+    assert capsys.readouterr().out.startswith(block)  # what it prints is what the README shows
+    (a / "config.json").write_text(json.dumps({**config, "lr_overrides": []}))
+    assert report_cli.main(args) == 0
+    assert readme.read_text().split(report_cli.README_START + "\n")[1] == "\n".join([*rows, report_cli.README_END, ""])
+
+
 def full_disk_write_text(monkeypatch, victim):
     """Path.write_text truncates ``victim`` (opens it for writing) and then fails as a full disk does."""
     import errno
