@@ -14,6 +14,12 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # what a test sees (--dry-run plans with the vocab of the tokenizer a run would load)
 os.environ["NANOCHAT_TOKENIZER_DIR"] = tempfile.mkdtemp(prefix="no_tokenizer_")
 atexit.register(shutil.rmtree, os.environ["NANOCHAT_TOKENIZER_DIR"], ignore_errors=True)
+# torchrun's log directory (--log-dir; PET_LOG_DIR is its default): without one each launch makes a torchelastic_*
+# directory under TMPDIR and leaves it there (3,042 in this machine's /tmp on 2026-11-27). One directory
+# per test session, removed at its end, for every launch a test makes (torchrun_forked's, scripts.run's torchrun)
+if "PET_LOG_DIR" not in os.environ:
+    os.environ["PET_LOG_DIR"] = tempfile.mkdtemp(prefix="torchrun_logs_")
+    atexit.register(shutil.rmtree, os.environ["PET_LOG_DIR"], ignore_errors=True)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     # inductor writes C++ for the capability ATEN_CPU_CAPABILITY picks, but torch 2.13 reuses a compiled graph cached

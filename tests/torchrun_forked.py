@@ -37,6 +37,7 @@ def _launcher(argv: list[str], env: dict, cwd: str, stdout, stderr) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # the server's import of torchrun fixed it: TMPDIR is the launch's, as in a fresh Python
     import torch.distributed.run as torchrun
 
     sys.argv = [torchrun.__file__, *argv]
