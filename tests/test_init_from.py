@@ -219,21 +219,40 @@ def test_the_authors_imported_checkpoint_is_a_source(tmp_path, monkeypatch, caps
     assert "records no tokenizer (trained on --synthetic-data" in capsys.readouterr().err
 
 
-# 2 processes (~8 s on 2 cores): the per-rank hash of the handle each rank loads from, in every CI run
-def test_two_processes_start_from_the_same_weights(tmp_path, source):
-    """Under torchrun rank 0 checks the source and every rank loads it: the losses equal the 1-process run's up
-    to the gradient-average summation order (test_train_dist.assert_losses_close)."""
-    from conftest import run_torchrun
-    from test_train_dist import BATCH, SCRIPT, assert_losses_close
+TWO_RANK_FLAGS = [*MOME, "--num-iterations", "2"]  # + --init-from SOURCE, in the launch and its 1-process reference
+
+
+@pytest.fixture(scope="module")
+def two_rank_launch(source, tmp_path_factory):
+    """The module's 2-process gloo runs, in one torchrun launch of _init_from_worker (a start-up is ~4 s of the CI's
+    2 cores): run 0 the other-copy check (its rank<r>.json in ``copies``), run 1 base_train from ``source`` (its
+    run dir ``w2``); the runs after a failed one are not started. Returns (the launch's result, copies, w2)."""
+    from conftest import REPO, run_torchrun
+    from test_train_dist import BATCH
     from test_train_e2e import TINY
 
-    flags = [*TINY, *BATCH, *MOME, "--num-iterations", "2", "--init-from", str(source)]
-    assert train(tmp_path / "w1", *MOME, "--num-iterations", "2", "--init-from", str(source),
-                 batch=BATCH) == 0
-    r = run_torchrun(SCRIPT, 2, [*flags, "--run-dir", str(tmp_path / "w2")])
+    tmp = tmp_path_factory.mktemp("init_from_w2")
+    other, copies, w2 = tmp / "other", tmp / "copies", tmp / "w2"
+    shutil.copytree(source, other)  # rank 1 is shown the step-2 weights under the step-3 path
+    shutil.copy(ckpt.step_dir(source, 2) / "model.pt", ckpt.step_dir(other, 3) / "model.pt")
+    copies.mkdir()
+    r = run_torchrun(REPO / "tests" / "_init_from_worker.py", 2,
+                     ["--copies", str(source), str(other), str(copies), "--next-run",
+                      *TINY, *BATCH, *TWO_RANK_FLAGS, "--init-from", str(source), "--run-dir", str(w2)])
+    return r, copies, w2
+
+
+# 2 processes (in two_rank_launch): the per-rank hash of the handle each rank loads from, in every CI run
+def test_two_processes_start_from_the_same_weights(tmp_path, source, two_rank_launch):
+    """Under torchrun rank 0 checks the source and every rank loads it: the losses equal the 1-process run's up
+    to the gradient-average summation order (test_train_dist.assert_losses_close)."""
+    from test_train_dist import BATCH, assert_losses_close
+
+    assert train(tmp_path / "w1", *TWO_RANK_FLAGS, "--init-from", str(source), batch=BATCH) == 0
+    r, _, w2 = two_rank_launch
     assert r.returncode == 0, r.stderr[-3000:]
-    assert_losses_close(losses(tmp_path / "w2"), losses(tmp_path / "w1"), {1, 2})
-    assert json.loads((tmp_path / "w2" / "config.json").read_text())["init_from"]["step"] == 3
+    assert_losses_close(losses(w2), losses(tmp_path / "w1"), {1, 2})
+    assert json.loads((w2 / "config.json").read_text())["init_from"]["step"] == 3
 
 
 def test_another_context_length_is_a_fine_tune_not_an_error(tmp_path, source, monkeypatch, capsys):
@@ -443,18 +462,14 @@ def test_another_balance_lr_than_the_sources_is_used_and_recorded_but_a_resume_k
     assert "model config: memory_options.balance_lr 0.5 (checkpoint) vs 0.001 (this run)" in capsys.readouterr().err
 
 
-def test_a_rank_reading_another_copy_of_the_source_stops_every_rank(tmp_path, source):
+def test_a_rank_reading_another_copy_of_the_source_stops_every_rank(source, two_rank_launch):
     """Every rank loads the source's model.pt itself (on a cluster maybe from its node's copy): the ranks compare
     the sha256 of what they read, and a rank that read another file stops them all, naming the ranks and the path.
-    One 2-process gloo launch; rank 1 is shown the step-2 weights under the step-3 path."""
-    from conftest import REPO, run_torchrun
-
-    other = tmp_path / "other"
-    shutil.copytree(source, other)
-    shutil.copy(ckpt.step_dir(source, 2) / "model.pt", ckpt.step_dir(other, 3) / "model.pt")
-    r = run_torchrun(REPO / "tests" / "_init_from_worker.py", 2, [str(source), str(other), str(tmp_path)])
-    assert r.returncode == 0, r.stderr[-3000:]
-    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    2 gloo ranks (run 0 of two_rank_launch); rank 1 is shown the step-2 weights under the step-3 path."""
+    r, copies, _ = two_rank_launch
+    # run 0 ended well on both ranks (the launch's code is then run 1's): each wrote what it saw, its last act
+    assert all((copies / f"rank{rank}.json").is_file() for rank in (0, 1)), r.stderr[-3000:]
+    seen = [json.loads((copies / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     path = ckpt.step_dir(source.resolve(), 3) / "model.pt"
     good, bad = file_sha256(path), file_sha256(ckpt.step_dir(source, 2) / "model.pt")
     assert seen[0]["same"] == seen[1]["same"] and seen[0]["same"]["model_sha256"] == good
