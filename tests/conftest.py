@@ -170,10 +170,34 @@ def gloo_checks(tmp_path_factory) -> Path:
     """The directory of each GLOO_CHECKS check's files (<name>.rank<r>.pt, <name>.<design>.pt or <name>.json, as
     each check's worker writes them under its own launch), from one 2-rank torchrun for all of them:
     test_distributed, test_moe, test_mome_trust_region, test_slot_balance, test_train_hooks, test_core_eval and
-    test_base_eval_ranks (2) each had a launch of their own, ~5 s of the CI's 2 cores apiece."""
-    out = tmp_path_factory.mktemp("gloo_checks")
-    r = run_torchrun(REPO / "tests" / "_gloo_checks_worker.py", 2, [str(out), *GLOO_CHECKS])
-    assert r.returncode == 0, r.stderr[-3000:]
+    test_base_eval_ranks (2) each had a launch of their own, ~5 s of the CI's 2 cores apiece. Once per test run
+    (once_per_test_run): each pytest-xdist worker with one of these files ran it, ~10 s, in most full runs."""
+    def launch(out: Path) -> None:
+        r = run_torchrun(REPO / "tests" / "_gloo_checks_worker.py", 2, [str(out), *GLOO_CHECKS])
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    return once_per_test_run(tmp_path_factory, "gloo_checks", launch)
+
+
+def once_per_test_run(tmp_path_factory, name: str, make) -> Path:
+    """The directory ``make(directory)`` fills (raising where it fails), made once for all the pytest processes of
+    this test run: a session fixture alone runs once per pytest-xdist worker that uses it. The first worker to ask
+    makes it in the directory the workers' temp dirs share (its own temp dir in a run without xdist), under a file
+    lock that any other worker asking meanwhile waits on; the others read it. The files are read-only to their
+    users. A make that raised leaves it unmade: the next worker to ask makes it again, and fails with its own
+    message."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, made = shared / name, shared / f"{name}.made"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes (or the process ends)
+        if not made.exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a make that failed left
+            out.mkdir()
+            make(out)
+            made.touch()
     return out
 
 
