@@ -1,4 +1,5 @@
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -177,6 +178,54 @@ def gloo_checks(tmp_path_factory) -> Path:
         assert r.returncode == 0, r.stderr[-3000:]
 
     return once_per_test_run(tmp_path_factory, "gloo_checks", launch)
+
+
+# the runs of two_rank_signal_runs' launch, in order, each as a failure names it
+TWO_RANK_SIGNAL_RUNS = ("rank 1 alone gets SIGTERM mid step 2 (test_signal_step)",
+                        "rank 1 alone gets SIGTERM as step 2's eval starts (test_signal_boundary)",
+                        "the --resume of that run (test_signal_boundary)")
+
+
+@pytest.fixture(scope="session")
+def two_rank_signal_runs(tmp_path_factory):
+    """``run(n)``: (the run dir as run n left it, rank 0's stdout of it) of the TWO_RANK_SIGNAL_RUNS of
+    tests/_mid_step_signal_worker.py on 2 gloo ranks, all in one torchrun launch (--runs-out) once per test run
+    (once_per_test_run): test_signal_step's and test_signal_boundary's 2-rank runs had a launch of their own, ~4 s
+    of the CI's 2 cores apiece. A run that fails ends the launch (the runs after it are not started): ``run(n)``
+    of it or a later one fails naming it, with its output; the runs before it are read as they ended."""
+    from test_train_e2e import TINY
+
+    def launch(out: Path) -> None:
+        def kill(ranks: str) -> list[str]:  # the worker's first flags: these ranks get SIGTERM in call 2
+            return ["--kill-step", "2", "--kill-ranks", ranks, "--kill-with", "SIGTERM"]
+
+        batch = ["--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "6"]
+        step_run, eval_run = [*TINY, *batch, "--run-dir", str(out / "step")], \
+            [*TINY, "--eval-every", "2", *batch, "--run-dir", str(out / "eval")]
+        r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2, [
+            "--runs-out", str(out), *kill("1"), *step_run,
+            "--next-run", *kill("1"), "--kill-in", "eval", *eval_run,
+            "--next-run", *kill(""), *eval_run, "--resume"])
+        # the run that failed: the last one a rank started (its stdout file is opened as it starts), the earlier
+        # of the two ranks' (a rank stops at its first failed run; the other may have started the next)
+        last = [max((n for n in range(len(TWO_RANK_SIGNAL_RUNS)) if (out / f"run{n}.rank{rank}.out").exists()),
+                    default=0) for rank in (0, 1)]
+        failed = None if r.returncode == 0 else min(last)
+        (out / "launch.json").write_text(json.dumps({"returncode": r.returncode, "failed": failed,
+                                                     "stderr": r.stderr[-3000:]}))
+
+    out = once_per_test_run(tmp_path_factory, "two_rank_signal_runs", launch)
+
+    def run(n: int) -> tuple[Path, str]:
+        launch = json.loads((out / "launch.json").read_text())
+        if launch["failed"] is not None and n >= launch["failed"]:
+            said = out / f"run{launch['failed']}.rank0.out"
+            raise AssertionError(f"run {launch['failed']} of the launch ({TWO_RANK_SIGNAL_RUNS[launch['failed']]}) "
+                                 f"failed, the launch's code {launch['returncode']}:\n"
+                                 + (said.read_text()[-3000:] if said.exists() else "") + launch["stderr"])
+        return out / f"run{n}", (out / f"run{n}.rank0.out").read_text()
+
+    return run
 
 
 def once_per_test_run(tmp_path_factory, name: str, make) -> Path:

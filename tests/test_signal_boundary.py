@@ -11,13 +11,12 @@ import signal
 import pytest
 
 from _mid_step_signal_worker import signal_during_call, signal_during_step
-from conftest import REPO, run_torchrun
 from nanochat import checkpoint as ckpt
 from nanochat import run_control
 from scripts import base_train
 from test_run_control import records
 from test_signal_step import assert_stopped_at
-from test_train_e2e import TINY, losses, train
+from test_train_e2e import losses, train
 
 FLAGS = ["--num-iterations", "6", "--eval-every", "3", "--sample-every", "3"]
 
@@ -90,22 +89,14 @@ def test_a_signal_during_the_evals_a_resume_owed_cuts_them_and_keeps_the_pending
     assert_resumed_like(run, ref)
 
 
-def test_a_signal_on_one_of_two_ranks_during_an_eval_stops_both_at_that_step(tmp_path):
+def test_a_signal_on_one_of_two_ranks_during_an_eval_stops_both_at_that_step(two_rank_signal_runs):
     """Rank 1 alone gets SIGTERM as step 2's val-bpb eval starts; both ranks cut it at its first stop vote and
-    stop at step 2 (rank 0 saves it pending, naming the other rank), not after the eval and step 3. The --resume
-    (the worker with no rank signalled: base_train itself) in the same launch (--runs-out: a launch costs ~4 s of the
-    CI's 2 cores), the first run's checks on the copy of the run dir it left."""
-    run, out = tmp_path / "r", tmp_path / "out"
-    out.mkdir()
-    flags = [*TINY, "--eval-every", "2", "--device-batch-size", "2",
-             "--total-batch-size", "256", "--num-iterations", "6", "--run-dir", str(run)]
-    r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
-                     ["--runs-out", str(out),
-                      "--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", "--kill-in", "eval", *flags,
-                      "--next-run", "--kill-step", "2", "--kill-ranks", "", "--kill-with", "SIGTERM", *flags, "--resume"])
-    stopped, stdout = out / "run0", (out / "run0.rank0.out").read_text()
-    assert r.returncode == 0, stdout[-3000:] + r.stderr[-3000:]
+    stop at step 2 (rank 0 saves it pending, naming the other rank), not after the eval and step 3. Run 1 of
+    conftest.two_rank_signal_runs (TINY, --eval-every 2, 6 steps of 2 x 2 rows), checked on the copy of the run dir
+    it left; run 2 is its --resume (the worker with no rank signalled: base_train itself), in the same launch."""
+    stopped, stdout = two_rank_signal_runs(1)
     assert_stopped_at(stopped, 2, "signal on another rank", stdout)
     assert [rec["step"] for rec in records(stopped, "eval")] == [0]
     assert ckpt.load_meta(stopped, 2)["loop"].get(base_train.BOUNDARY_PENDING) is True
+    run, _ = two_rank_signal_runs(2)
     assert [rec["step"] for rec in records(run, "eval")] == [0, 2, 4] and sorted(losses(run)) == [1, 2, 3, 4, 5, 6]

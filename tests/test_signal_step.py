@@ -8,10 +8,9 @@ import signal
 import pytest
 
 from _mid_step_signal_worker import signal_during_step
-from conftest import REPO, run_torchrun
 from nanochat import checkpoint as ckpt
 from scripts import base_train
-from test_train_e2e import TINY, train
+from test_train_e2e import train
 
 
 def assert_stopped_at(run, step: int, why: str, out: str) -> None:
@@ -30,18 +29,13 @@ def test_a_signal_during_step_k_saves_step_k(tmp_path, monkeypatch, capsys, sig)
     assert_stopped_at(run, 3, f"signal {sig.name}", capsys.readouterr().out)
 
 
-def test_a_signal_on_one_of_two_ranks_during_step_k_saves_step_k_on_both(tmp_path):
+def test_a_signal_on_one_of_two_ranks_during_step_k_saves_step_k_on_both(two_rank_signal_runs):
     """Rank 1 alone gets SIGTERM mid-step 2; rank 0 learns of it in that step's reduction, so both leave the loop
     after step 2 and take the save's collectives together (a rank that trained on would hang the other). Rank 0,
     which got no signal itself, names rank 1's in summary.json and in its line (what
     test_stop_summary.py::test_a_signal_on_rank_1_alone_is_named_in_rank_0s_summary checks in a launch of its own,
-    now slow)."""
-    run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / "_mid_step_signal_worker.py", 2,
-                     ["--kill-step", "2", "--kill-ranks", "1", "--kill-with", "SIGTERM", *TINY,
-                      "--device-batch-size", "2", "--total-batch-size", "256", "--num-iterations", "6",
-                      "--run-dir", str(run)])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert_stopped_at(run, 2, "signal on another rank", r.stdout)
+    now slow). Run 0 of conftest.two_rank_signal_runs (TINY, 6 steps of 2 x 2 rows)."""
+    run, stdout = two_rank_signal_runs(0)
+    assert_stopped_at(run, 2, "signal on another rank", stdout)
     assert json.loads((run / "summary.json").read_text())["signal"] == "SIGTERM"
-    assert "interrupted (SIGTERM) at step 2: checkpoint saved" in r.stdout, r.stdout[-3000:]
+    assert "interrupted (SIGTERM) at step 2: checkpoint saved" in stdout, stdout[-3000:]
