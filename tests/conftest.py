@@ -217,12 +217,12 @@ def two_rank_signal_runs(tmp_path_factory):
     out = once_per_test_run(tmp_path_factory, "two_rank_signal_runs", launch)
 
     def run(n: int) -> tuple[Path, str]:
-        launch = json.loads((out / "launch.json").read_text())
-        if launch["failed"] is not None and n >= launch["failed"]:
-            said = out / f"run{launch['failed']}.rank0.out"
-            raise AssertionError(f"run {launch['failed']} of the launch ({TWO_RANK_SIGNAL_RUNS[launch['failed']]}) "
-                                 f"failed, the launch's code {launch['returncode']}:\n"
-                                 + (said.read_text()[-3000:] if said.exists() else "") + launch["stderr"])
+        ended = json.loads((out / "launch.json").read_text())
+        if ended["failed"] is not None and n >= ended["failed"]:
+            said = out / f"run{ended['failed']}.rank0.out"
+            raise AssertionError(f"run {ended['failed']} of the launch ({TWO_RANK_SIGNAL_RUNS[ended['failed']]}) "
+                                 f"failed, the launch's code {ended['returncode']}:\n"
+                                 + (said.read_text()[-3000:] if said.exists() else "") + ended["stderr"])
         return out / f"run{n}", (out / f"run{n}.rank0.out").read_text()
 
     return run
