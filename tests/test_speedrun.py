@@ -18,6 +18,7 @@ from nanochat.checkpoint import CKPT_DIR
 from nanochat.plan import choose_layout, grad_accum_steps
 from scripts import speedrun_preflight as pre
 from test_shell_locks import VENV_LOCK, failing_flock, venv_lock
+from test_speedrun_override import write_checkpoint
 
 SPEEDRUN = (REPO / "speedrun.sh").read_text()
 SPEEDRUN_CONFIG = "configs/d12/mome_c1_m6.toml"
@@ -854,10 +855,7 @@ def checkpoint_by_hand(run, flags, step, **lrs):
     args = vars(parse_args(flags))
     changes = {k: {"checkpoint": args[k], "now": v} for k, v in lrs.items()}
     args.update(lrs, resume=str(step), resume_override_lr=True)
-    d = run / CKPT_DIR / f"step_{step + 5:06d}"
-    d.mkdir(parents=True)
-    (d / "meta.json").write_text(json.dumps({"model_config": {}, "config": {
-        "args": args, "lr_overrides": [{"step": step, "changes": changes}]}}, default=str))
+    write_checkpoint(run, step + 5, args, [{"step": step, "changes": changes}])
     return changes
 
 

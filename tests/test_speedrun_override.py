@@ -4,13 +4,15 @@ with, from the checkpoint that resume takes; a run started with other LRs stays 
 
 import json
 
+from test_train_e2e import TINY as TINY_MODEL
+
+from nanochat import checkpoint as ckpt
 from nanochat.train_args import parse_args
 from scripts import base_train
 from scripts import speedrun_preflight as pre
 
-TINY = ["--synthetic-data", "--vocab-size", "256", "--depth", "2", "--aspect-ratio", "32", "--head-dim", "32",
-        "--max-seq-len", "32", "--eval-tokens", "256", "--eval-every", "-1", "--no-final-core",
-        "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "4", "--save-every", "2"]
+TINY = [*TINY_MODEL, "--device-batch-size", "4", "--total-batch-size", "256", "--num-iterations", "4",
+        "--save-every", "2"]
 ONE_STEP = ["--max-wall-time-seconds", "1e-6"]  # at least one step per process: a stop after exactly one (saved)
 
 
@@ -46,8 +48,9 @@ def test_a_run_continued_by_hand_with_other_lrs_and_stopped_again_is_continued_w
 
 
 def write_checkpoint(run, step, args, overrides):
-    """A checkpoint's meta.json as base_train writes its recorded config (only what the check reads)."""
-    d = run / "checkpoints" / f"step_{step:06d}"
+    """A checkpoint's meta.json as base_train writes its recorded config (only what the checks read; also
+    test_speedrun's)."""
+    d = ckpt.step_dir(run, step)
     d.mkdir(parents=True)
     (d / "meta.json").write_text(json.dumps({"model_config": {}, "config": {"args": args, "lr_overrides": overrides}},
                                             default=str))
@@ -85,5 +88,5 @@ def test_the_lrs_come_from_the_checkpoint_the_resume_takes_and_only_when_every_d
     assert pre.demo_state(flags) == "train"
     assert "continuing" not in capsys.readouterr().err
     # a corrupt meta.json: not done, no flags; base_train --resume says what it finds
-    (run / "checkpoints" / "step_000018" / "meta.json").write_text("{")
+    (ckpt.step_dir(run, 18) / "meta.json").write_text("{")
     assert pre.demo_state(flags) == "train"
