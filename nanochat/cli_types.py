@@ -11,6 +11,12 @@ from nanochat.launcher_watch import LAUNCHER_ENV
 DEVICE_TYPES = ("cuda", "cpu", "mps")
 
 
+def flag_name(dest: str) -> str:
+    """The long flag of an argparse ``dest`` (a config.json "args" key): ``matrix_lr`` -> ``--matrix-lr``; for the
+    messages that name a flag the code holds by its dest."""
+    return "--" + dest.replace("_", "-")
+
+
 class RankLocalError(argparse.ArgumentTypeError):
     """A flag value refused for what this process sees (its devices), which can differ between the ranks of a node:
     NodeParser lets each rank report its own at once."""

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from nanochat.cli_types import flag_name
 from nanochat.gpt import GPT, GPTConfig
 from nanochat.llama import Llama, LlamaConfig, llama_ffn_hidden
 from nanochat.memory import MEMORY_BLOCKS
@@ -173,7 +174,7 @@ def config_from_args(args, vocab_size: int, memory: dict):
                              "context in every layer (as the reference's, which ignores window_pattern); sliding "
                              "windows are a --model-type nanochat option (allowed here: L)")
         defaults = {f.name: f.default for f in fields(GPTConfig)}
-        changed = ["--" + k.replace("_", "-") for k, v in ffn.items() if v != defaults[k]]
+        changed = [flag_name(k) for k, v in ffn.items() if v != defaults[k]]
         if changed:
             raise ValueError(f"{', '.join(changed)}: the MoE FFN is a --model-type nanochat option (relu^2 experts); "
                              f"--model-type {name} has a SwiGLU FFN")

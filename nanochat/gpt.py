@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nanochat.cli_types import flag_name
 from nanochat.memory import build_memory
 from nanochat.moe import MoEFFN, ReluSquaredMLP, check_mlp_config, inactive_expert_params
 from nanochat.optim import OptimConfig, build_param_groups
@@ -76,7 +77,7 @@ class GPTConfig:
         if self.mlp == "dense":
             changed = [f.name for f in fields(self) if f.name.startswith("moe_") and getattr(self, f.name) != f.default]
             if changed:
-                flags = ", ".join("--" + n.replace("_", "-") for n in changed)
+                flags = ", ".join(flag_name(n) for n in changed)
                 raise ValueError(f"{flags}: only for --mlp moe (got --mlp dense)")
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "sequence_len", "vocab_size"):
             if getattr(self, name) < 1:  # the CLI checks its flags; this covers configs built in Python

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from nanochat.cli_types import recorded_args
+from nanochat.cli_types import flag_name, recorded_args
 from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.row_config import REPO
 
@@ -314,7 +314,7 @@ def fmt_lr_overrides(config: dict) -> str | None:
     """The --resume-override-lr changes config.json records (lr_overrides, in the order they were made) on one line,
     so a run finished with other LRs (a non-finite stop's advice) does not read as trained with its flags' LRs
     throughout; None for a run without any (and an older run, which records none)."""
-    changes = [f"--{key.replace('_', '-')} {change.get('checkpoint')} -> {change.get('now')} from step "
+    changes = [f"{flag_name(key)} {change.get('checkpoint')} -> {change.get('now')} from step "
                f"{entry.get('step')}" for entry in config.get("lr_overrides") or []
                for key, change in (entry.get("changes") or {}).items()]
     return f"overridden by hand (--resume-override-lr): {', '.join(changes)}" if changes else None

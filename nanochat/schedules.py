@@ -6,6 +6,8 @@ resumed run bit-identical to an uninterrupted one: nothing here carries state be
 
 from dataclasses import dataclass
 
+from nanochat.cli_types import flag_name
+
 MUON_MOMENTUM_START = 0.85
 MUON_MOMENTUM_END = 0.95
 MUON_MOMENTUM_RAMP_STEPS = 300
@@ -27,7 +29,7 @@ class ScheduleConfig:
         for name in ("warmup_ratio", "warmdown_ratio"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1] (got {v})")
+                raise ValueError(f"{flag_name(name)} must be in [0, 1] (got {v})")
         if self.warmup_ratio + self.warmdown_ratio > 1.0:
             raise ValueError(
                 f"--warmup-ratio + --warmdown-ratio must be <= 1 (got {self.warmup_ratio} + {self.warmdown_ratio})"

@@ -18,7 +18,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from nanochat.cli_types import (SEED_MAX, NodeParser, count_or_all, count_or_all_or_zero, device_choice,
+from nanochat.cli_types import (SEED_MAX, NodeParser, count_or_all, count_or_all_or_zero, device_choice, flag_name,
                                 seed_int, unresumable_seeds)
 from nanochat.common import DTYPES
 from nanochat.dataset import check_dataset_name
@@ -405,7 +405,7 @@ def check_eval_cadences(args, given: set[str]) -> None:
     if not args.eval_every_flops:
         return
     for name in ("eval_every", "core_every"):
-        flag = f"--{name.replace('_', '-')}"
+        flag = flag_name(name)
         if flag in given and getattr(args, name) > 0:
             raise ValueError(f"--eval-every-flops {args.eval_every_flops} replaces {flag} (evaluating at FLOP "
                              f"counts instead of every N steps), but {flag} {getattr(args, name)} is given too: "
@@ -435,7 +435,7 @@ def validate_args(args: argparse.Namespace) -> None:
                 "eval_tokens"]
     for name in positive:
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+            raise ValueError(f"{flag_name(name)} must be >= 1 (got {getattr(args, name)})")
     if args.num_iterations is not None and args.num_iterations < 1:
         raise ValueError(f"--num-iterations must be >= 1 (got {args.num_iterations})")
     check_geometry(args)
@@ -447,12 +447,12 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--vocab-size must be >= 2 (got {args.vocab_size})")
     for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr", "weight_decay"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})")
+            raise ValueError(f"{flag_name(name)} must be >= 0 (got {getattr(args, name)})")
     if args.memory_wd is not None and args.memory_wd < 0:
         raise ValueError(f"--memory-wd must be >= 0 (got {args.memory_wd})")
     for name in ("adam_beta1", "adam_beta2", "memory_beta1", "memory_beta2", "muon_momentum_start", "muon_momentum_end"):
         if not 0 <= getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1) (got {getattr(args, name)})")
+            raise ValueError(f"{flag_name(name)} must be in [0, 1) (got {getattr(args, name)})")
     # the schedule's own checks, with a stand-in horizon: the real one needs the model (FLOP target)
     ScheduleConfig(1, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
     if args.keep_last < 0:
@@ -462,14 +462,14 @@ def validate_args(args: argparse.Namespace) -> None:
     for name in ("eval_every", "core_every", "save_every", "sample_every"):
         v = getattr(args, name)
         if v == 0 or v < -1:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive step count or -1 (got {v})")
+            raise ValueError(f"{flag_name(name)} must be a positive step count or -1 (got {v})")
     if args.max_wall_time_seconds != -1 and not (args.max_wall_time_seconds > 0 and
                                                  math.isfinite(args.max_wall_time_seconds)):
         raise ValueError(f"--max-wall-time-seconds must be a positive number of seconds or -1 (got "
                          f"{args.max_wall_time_seconds})")
     for name in ("save_at_flops", "eval_every_flops"):  # syntax here; against the run's FLOPs with the plan
         if getattr(args, name):
-            parse_flop_list(getattr(args, name), f"--{name.replace('_', '-')}")
+            parse_flop_list(getattr(args, name), flag_name(name))
     if args.resume is not None and args.resume not in ("latest", "auto") and not args.resume.isdigit():
         raise ValueError(f"--resume must be {RESUME_VALUES} (got {args.resume!r})")
     if args.overwrite and args.resume is not None:
@@ -496,7 +496,7 @@ def check_geometry(args: argparse.Namespace) -> None:
         raise ValueError(f"--model-dim must be >= 1 or -1 (got {args.model_dim})")
     for name in ("num_kv_heads", "ffn_dim"):
         if getattr(args, name) != -1 and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or -1 (got {getattr(args, name)})")
+            raise ValueError(f"{flag_name(name)} must be >= 1 or -1 (got {getattr(args, name)})")
     if args.num_heads != -1:
         if args.num_heads < 1:
             raise ValueError(f"--num-heads must be >= 1 or -1 (got {args.num_heads})")
@@ -542,7 +542,7 @@ def model_config(args, vocab_size: int):
     changed = [name for name in OPTIM_FLAGS if getattr(args, name) != flag_default(name)]
     unused = optimizer_fields_without_effect(config, optim_config(args), changed)
     if unused:
-        flags = ", ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in unused)
+        flags = ", ".join(f"{flag_name(name)} {getattr(args, name)}" for name in unused)
         raise ValueError(f"{flags}: no optimizer group of this model uses it (--model-type {args.model_type}, "
                          f"--memory {args.memory}); drop the flag")
     return config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nanochat import checkpoint as ckpt
 from nanochat import init_from
-from nanochat.cli_types import is_seed, unresumable_seeds
+from nanochat.cli_types import flag_name, is_seed, unresumable_seeds
 from nanochat.common import every_rank_ok, print0, rank0_decides
 from nanochat.hand_command import hand_command
 from nanochat.run_control import CONTINUE_COMMAND_ENV
@@ -46,7 +46,7 @@ def read_old_records(args, saved_args: dict) -> None:
     """Flag values an older version recorded that this one refuses at parsing (nanochat.cli_types): seeds above
     SEED_MAX stop the resume saying why no seed continues the run; --core-max-per-task 0 ("all" then) reads as -1,
     the same evaluation. Before the comparison of flags, whose "!=" would say nothing of either."""
-    seeds = [(f"--{key.replace('_', '-')}", saved_args[key]) for key in ("seed", "data_seed")
+    seeds = [(flag_name(key), saved_args[key]) for key in ("seed", "data_seed")
              if type(saved_args.get(key)) is int and not is_seed(saved_args[key])]
     if seeds:
         raise ValueError("--resume: the checkpoint's run (see its config.json) was recorded with "
@@ -120,7 +120,7 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
             if key in LR_KEYS and args.resume_override_lr:
                 lr_changes[key] = [saved_args[key], getattr(args, key)]
                 continue
-            flag = f"--{key.replace('_', '-')}"
+            flag = flag_name(key)
             diffs.append(f"{flag} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
             if type(saved_args[key]) in (int, float, str):  # not a store_true flag's bool, nor an unset None
                 values[flag] = str(saved_args[key])
@@ -137,7 +137,7 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
         diffs.append(f"num_iterations {saved_n} (checkpoint) != {plan['num_iterations']}")
     if diffs:
         # not under a wrapper, whose user cannot pass the flag: its advice names a command with the LRs to go on
-        lr_hint = any(f"--{k.replace('_', '-')} " in d for d in diffs for k in LR_KEYS) and not wrapper_command()
+        lr_hint = any(f"{flag_name(k)} " in d for d in diffs for k in LR_KEYS) and not wrapper_command()
         hint = ("\n  (to continue with other learning rates on purpose, e.g. after a non-finite loss, add "
                 "--resume-override-lr)") if lr_hint else ""
         raise ValueError("--resume: the flags do not match the checkpoint's run (see its config.json):\n  "
@@ -155,7 +155,7 @@ def override_lrs(run, step: int, changes: dict, fresh_initial_lrs: list[float]) 
                                                      for k, (old, new) in changes.items()}}
     run.lr_overrides.append(run.lr_override_now)
     print0(f"--resume-override-lr: continuing from step {step} with "
-           + ", ".join(f"--{k.replace('_', '-')} {new} (checkpoint {old})" for k, (old, new) in changes.items())
+           + ", ".join(f"{flag_name(k)} {new} (checkpoint {old})" for k, (old, new) in changes.items())
            + "; recorded in config.json (lr_overrides) and metrics.jsonl")
 
 

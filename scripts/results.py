@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from nanochat.cli_types import recorded_args, recorded_args_now
+from nanochat.cli_types import flag_name, recorded_args, recorded_args_now
 from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.report import first_read_rows, train_bpb_rows
 from nanochat.row_config import REPO, find_configs, load_row_config
@@ -107,7 +107,7 @@ def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
         return []
     args = recorded_args_now(recorded_args(read_json_object(path, ValueError, "rerun or remove that seed")))
     wanted = row_args(cfg["path"])
-    return [f"--{dest.replace('_', '-')} {args[dest]} (row: {'not set' if value is None else value})"
+    return [f"{flag_name(dest)} {args[dest]} (row: {'not set' if value is None else value})"
             for dest, value in sorted(wanted.items())
             if dest not in IGNORED_ARGS and dest in args and args[dest] != value]
 

@@ -239,6 +239,7 @@ def resume_lrs(run_dir: Path, train_flags: list[str]) -> tuple[list[str], str | 
     None): no checkpoint, the same LRs, or one started with other LRs, which base_train refuses as before.
     ValueError for a corrupt meta.json."""
     from nanochat import checkpoint as ckpt
+    from nanochat.cli_types import flag_name
     from nanochat.report import fmt_lr_overrides
     from nanochat.train_args import parse_args
     from nanochat.train_resume import LR_KEYS
@@ -252,7 +253,7 @@ def resume_lrs(run_dir: Path, train_flags: list[str]) -> tuple[list[str], str | 
     differ = [k for k in LR_KEYS if k in saved and saved[k] != wanted[k]]
     if not differ or not all(overridden_from(config, k, wanted[k], saved[k]) for k in differ):
         return [], None
-    return [f"--{k.replace('_', '-')}={saved[k]}" for k in differ], fmt_lr_overrides(config)
+    return [f"{flag_name(k)}={saved[k]}" for k in differ], fmt_lr_overrides(config)
 
 
 def demo_state(train_flags: list[str], run_dir: Path | None = None) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from conftest import REPO
 from nanochat.checkpoint import CKPT_DIR
+from nanochat.cli_types import flag_name
 from nanochat.plan import choose_layout, grad_accum_steps
 from scripts import speedrun_preflight as pre
 from test_shell_locks import VENV_LOCK, failing_flock, venv_lock
@@ -184,7 +185,7 @@ def test_a_run_finished_by_hand_with_resume_override_lr_is_done_one_started_with
 
     def resumed(step, **lrs):
         return [*flags[:-2], "--resume", str(step), "--resume-override-lr",
-                *(x for k, v in lrs.items() for x in (f"--{k.replace('_', '-')}", str(v)))]
+                *(x for k, v in lrs.items() for x in (flag_name(k), str(v)))]
 
     halved = {"step": 8, "changes": {"matrix_lr": {"checkpoint": matrix, "now": matrix / 2},
                                      "embedding_lr": {"checkpoint": embedding, "now": embedding / 2}}}
