@@ -99,9 +99,10 @@ def comparison_report(facts: list[dict], title: str, curves: Path | None, comman
 
 def readme_table(facts: list[dict]) -> list[str]:
     """The table --readme writes (and main prints): a row trained in part with other LRs marked, and a line for each
-    such run under it, after a blank line (a line right below a table is one of its rows)."""
+    such run under it, each after a blank line (a line right below a table is one of its rows, and two lines in a
+    row are one markdown paragraph)."""
     notes = [f"{LR_MARK} {label}: learning rates {note}" for label, note in lr_override_notes(facts)]
-    return [*comparison_table(facts, LR_MARK), *([""] + notes if notes else [])]
+    return [*comparison_table(facts, LR_MARK), *(line for note in notes for line in ("", note))]
 
 
 def replace_readme_table(readme: Path, table: list[str]) -> None:

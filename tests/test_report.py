@@ -270,6 +270,23 @@ def test_the_readme_table_marks_a_row_whose_lrs_were_overridden_and_says_how_und
     assert readme.read_text().split(report_cli.README_START + "\n")[1] == "\n".join([*rows, report_cli.README_END, ""])
 
 
+def test_two_overridden_runs_get_two_notes_that_markdown_keeps_apart(tmp_path):
+    """Each note under the README table is its own paragraph: two lines with nothing between them are one markdown
+    paragraph, so two runs' notes read as one sentence. A blank line before each note keeps them apart (and keeps the
+    first off the table); each run still has one note, in the table's row order."""
+    runs = [fake_run(tmp_path / "runs", name, "mome") for name in ("r1", "r2", "r3")]
+    for run, lr in ((runs[0], 0.01), (runs[2], 0.005)):
+        config = json.loads((run / "config.json").read_text())
+        config["lr_overrides"] = [{"step": 40, "changes": {"matrix_lr": {"checkpoint": 0.02, "now": lr}}}]
+        (run / "config.json").write_text(json.dumps(config))
+    facts = [report.run_facts(r) for r in runs]
+    lines = report_cli.readme_table(facts)
+    rows = report.comparison_table(facts, report_cli.LR_MARK)
+    assert [r.split(" | ")[0] for r in rows[2:]] == ["| r1 †", "| r2", "| r3 †"]
+    note = "† {}: learning rates overridden by hand (--resume-override-lr): --matrix-lr 0.02 -> {} from step 40"
+    assert lines == [*rows, "", note.format("r1", 0.01), "", note.format("r3", 0.005)]
+
+
 def full_disk_write_text(monkeypatch, victim):
     """Path.write_text truncates ``victim`` (opens it for writing) and then fails as a full disk does."""
     import errno
