@@ -24,7 +24,7 @@ from nanochat.metrics import mfu, peak_flops
 from nanochat.report import REPORT, unfinished, write_run_report
 from nanochat.run_control import how_to_continue, resume_way
 from nanochat.hand_command import hand_command
-from nanochat.train_resume import RUNNER_AFRESH_ENV, wrapper_command
+from nanochat.train_resume import runner_afresh_command, wrapper_command
 from nanochat.train_setup import write_json
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def nonfinite_advice(run: Run, error: NonFiniteLoss) -> str:
     lower = (f"lower {' and '.join(flags)} (the LR{'s' if len(flags) > 1 else ''} of the non-finite tensors)"
              if flags else "lower the learning rates (--embedding-lr, --unembedding-lr, --matrix-lr, --scalar-lr, "
                            "--memory-lr)")
-    runner = bool(os.environ.get(RUNNER_AFRESH_ENV))  # under scripts.run: base_train's flags go after its --
+    runner = runner_afresh_command() is not None  # under scripts.run: base_train's flags go after its --
     wrapper = wrapper_command()
     head = f"error: {error}; stopping without saving."
     if not steps:

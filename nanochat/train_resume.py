@@ -61,17 +61,23 @@ def read_old_records(args, saved_args: dict) -> None:
                "the older version that started it; read as -1 (all), the same CORE evaluation")
 
 
+def runner_afresh_command() -> str | None:
+    """The scripts.run command that starts this run afresh, which the runner names in RUNNER_AFRESH_ENV when it
+    starts base_train; None outside the runner (unset or empty)."""
+    return os.environ.get(RUNNER_AFRESH_ENV) or None
+
+
 def wrapper_command() -> str | None:
     """The command of a wrapper that passes --resume auto itself (speedrun.sh: CONTINUE_COMMAND_ENV), unless
-    scripts.run (RUNNER_AFRESH_ENV, whose own way comes first) started this base_train."""
-    return None if os.environ.get(RUNNER_AFRESH_ENV) else os.environ.get(CONTINUE_COMMAND_ENV)
+    scripts.run (``runner_afresh_command``, whose own way comes first) started this base_train."""
+    return None if runner_afresh_command() else os.environ.get(CONTINUE_COMMAND_ENV)
 
 
 def how_to_start_afresh(run_dir: Path, values: dict[str, str] | None = None, world: int = 1) -> str:
     """The way forward after a refused resume. scripts.run adds --resume auto itself and names its own command in
     RUNNER_AFRESH_ENV: "drop --resume" could not be followed there; nor under a wrapper that does too
     (``wrapper_command``: speedrun.sh, whose user typed 'bash speedrun.sh'): ``under_wrapper``."""
-    runner = os.environ.get(RUNNER_AFRESH_ENV)
+    runner = runner_afresh_command()
     if runner:
         return (f"to start afresh instead (it deletes the run in {run_dir}), run: {runner}\n"
                 "  or, to continue it, run the row again with the flags it was started with")
