@@ -130,11 +130,12 @@ def check_resume_compatible(args, config, plan: dict, data: RunData, meta: dict,
             diffs.append(f"{flag} {saved_args[key]!r} (checkpoint) != {getattr(args, key)!r}")
             if type(saved_args[key]) in (int, float, str):  # not a store_true flag's bool, nor an unset None
                 values[flag] = str(saved_args[key])
-    for key, flag, what, where in (("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
-                                   ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
+    for key, dir_flag, what, where in (
+            ("tokenizer_sha256", "--tokenizer-dir", "tokenizer", "tokenizer_dir"),
+            ("data_sha256", "--data-dir", "prepared data (shards, rows, sizes)", "data_dir")):
         saved = meta.get(key)  # absent in checkpoints of older versions and of synthetic-data runs
         if saved is not None and saved != getattr(data, key):
-            diffs.append(f"{flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
+            diffs.append(f"{dir_flag}: the {what} of {getattr(data, where)} differs from the checkpoint's "
                          f"({meta.get(where)})")
     recorded = ckpt.recorded_config(meta)
     diffs += init_from.resume_differences(recorded.get("init_from"), args.init_from)
