@@ -10,7 +10,6 @@ is round(F / FLOPs per step), which may fall short of F, and a target up to F th
 """
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -240,11 +239,11 @@ def resume_way() -> str:
     and names its command in CONTINUE_COMMAND_ENV (speedrun.sh), that command again. Without either (no wrapper, or
     the user's own --resume/--overwrite after the runner's ``--``) the flag is the way on; the runner names it in
     its advice too."""
-    from nanochat.train_resume import RUNNER_AFRESH_ENV  # here: train_resume imports this module
+    from nanochat.train_resume import runner_afresh_command, wrapper_command  # here: train_resume imports this module
 
-    if os.environ.get(RUNNER_AFRESH_ENV):
+    if runner_afresh_command():
         return "running the same scripts.run command again"
-    wrapper = os.environ.get(CONTINUE_COMMAND_ENV)
+    wrapper = wrapper_command()
     return f"running '{wrapper}' again" if wrapper else "--resume"
 
 
