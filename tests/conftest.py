@@ -161,6 +161,26 @@ def run_torchrun(script: Path, nproc: int, args: list[str], timeout: int = 300):
     return torchrun_forked.run(argv, env=torchrun_env(), cwd=REPO, timeout=timeout)
 
 
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory):
+    """``run(*flags)``: the run dir of test_train_e2e.train(dir, *flags) with nothing stopping it, the reference a
+    stopped and resumed run must read like. Trained once per pytest process for each flag list (the tests of
+    test_signal_boundary and test_pending_resume trained the same reference six times, two flag lists) where a
+    test first asks for it, before it patches anything; the tests only read it."""
+    from test_train_e2e import train
+
+    made = {}
+
+    def run(*flags: str) -> Path:
+        if flags not in made:
+            out = tmp_path_factory.mktemp("uninterrupted")
+            assert train(out, *flags) == 0, f"the uninterrupted reference run with {list(flags)} failed"
+            made[flags] = out
+        return made[flags]
+
+    return run
+
+
 # the checks of tests/_gloo_checks_worker.py, all in the one 2-rank launch of the session fixture gloo_checks
 GLOO_CHECKS = ("dist_optim", "moe_balance", "mome_trust_region", "slot_balance", "routing_stats", "core_eval",
                "eval_stop_votes", "eval_setup_stops")

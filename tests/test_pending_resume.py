@@ -60,9 +60,9 @@ def crash_in_the_save_after_a_signal_during_them(monkeypatch) -> None:
 
 @pytest.mark.parametrize("crash", [crash_after_the_pending_evals, crash_in_the_save_after_a_signal_during_them],
                          ids=["after_the_evals", "in_the_signal_save"])
-def test_a_crashed_pending_resume_leaves_its_evals_logged_once(tmp_path, monkeypatch, crash):
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    assert train(ref, *FLAGS) == 0
+def test_a_crashed_pending_resume_leaves_its_evals_logged_once(tmp_path, monkeypatch, uninterrupted_run, crash):
+    run = tmp_path / "run"
+    ref = uninterrupted_run(*FLAGS)
     stop_pending_at_3(run, monkeypatch)
     crash(monkeypatch)
     assert train(run, *FLAGS, "--resume") == 1  # the crash: stop_reason error, exit 1 (train_end.stop_by_error)

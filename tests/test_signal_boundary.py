@@ -37,13 +37,14 @@ def count_steps(monkeypatch) -> list:
 
 @pytest.mark.parametrize("during, saved_by", [("eval", "signal SIGTERM"), ("sample", "signal SIGTERM"),
                                               ("save", "periodic")])
-def test_a_signal_during_a_boundarys_work_stops_at_that_step(tmp_path, monkeypatch, capsys, during, saved_by):
+def test_a_signal_during_a_boundarys_work_stops_at_that_step(tmp_path, monkeypatch, capsys, uninterrupted_run, during,
+                                                            saved_by):
     """Step 3's eval (call 2: step 0 has one), samples or periodic save gets a SIGTERM: the run stops at step 3
     without training step 4. A save that was due is the stop's checkpoint; else the stop saves step 3 now: after
     the samples, with them done; in the eval, which the signal cuts short, pending (its resume runs it)."""
-    ref, run = tmp_path / "ref", tmp_path / "run"
+    run = tmp_path / "run"
     flags = [*FLAGS, *(["--save-every", "3"] if during == "save" else [])]
-    assert train(ref, *flags) == 0
+    ref = uninterrupted_run(*flags)
     target, name, call = {"eval": (base_train, "run_split_bpb", 2), "sample": (run_control, "greedy_samples", 1),
                           "save": (base_train, "save", 1)}[during]
     monkeypatch.setattr(target, name, signal_during_call(getattr(target, name), call, signal.SIGTERM))
@@ -61,13 +62,13 @@ def test_a_signal_during_a_boundarys_work_stops_at_that_step(tmp_path, monkeypat
 
 
 def test_a_signal_during_the_evals_a_resume_owed_cuts_them_and_keeps_the_pending_checkpoint(tmp_path, monkeypatch,
-                                                                                          capsys):
+                                                                                          capsys, uninterrupted_run):
     """A signal during step 3 saves step 3 before its eval (the resume owes it); a second signal during that eval,
     in the resume, cuts it short: nothing is logged of it and step 3's pending checkpoint, the state the resume
     loaded, is not written again (a save within the scheduler's grace period for nothing). The next resume runs
     the eval once."""
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    assert train(ref, *FLAGS) == 0
+    run = tmp_path / "run"
+    ref = uninterrupted_run(*FLAGS)
     monkeypatch.setattr(base_train, "train_step", signal_during_step(base_train.train_step, 3, signal.SIGTERM))
     assert train(run, *FLAGS) == 0
     assert ckpt.load_meta(run, 3)["loop"].get(base_train.BOUNDARY_PENDING) is True
