@@ -26,5 +26,7 @@ case "$workers" in
     *[!0-9]*) echo "[test] TEST_WORKERS must be a whole number of pytest processes, 0 for one process" \
                       "(got '$workers')" >&2; exit 2 ;;
 esac
-# the children get no copy of the locks: a process a test left behind must not hold them after this run
-python -m pytest -q -n "$workers" --dist loadfile "$@" 8<&- 9<&-
+# --no-loadscope-reorder: the workers take the files in collection order, the longest first (tests/conftest.py's
+# LONGEST_FILES), not pytest-xdist's most-tests-first, which started a long one-test file last.
+# The children get no copy of the locks: a process a test left behind must not hold them after this run
+python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@" 8<&- 9<&-

@@ -33,7 +33,23 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
 pytest_plugins = ["data_fixtures"]
 
 
+# The files that take longest on CI's 2 cores (torchrun launches, inductor compiles, runner processes), longest
+# first: scripts/test.sh's workers take whole files in collection order (--dist loadfile --no-loadscope-reorder), so
+# these start first and the run ends on short files. pytest-xdist's own order (most tests first) left a one-test
+# file of ~20-50 s (test_repro_e2e) to start last, with the other worker idle meanwhile (dev/LOG.md, 2026-11-28).
+# A file missing here runs after them, in the usual (alphabetical) order: a stale list costs time, never a test.
+LONGEST_FILES = ("test_train_dist.py", "test_mome_triton.py", "test_bench_step.py", "test_repro_e2e.py",
+                 "test_run_control.py", "test_setup_error_ranks.py", "test_train_error_ranks.py",
+                 "test_signal_boundary.py", "test_final_eval_ranks.py", "test_speedrun.py", "test_mome_shared_kernel.py",
+                 "test_perf_equivalence.py", "test_train_e2e.py", "test_moe.py", "test_init_from.py",
+                 "test_optim_shard.py", "test_mome_triton_inject.py", "test_jtok.py", "test_rank_consistency.py",
+                 "test_periodic_eval_cut.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(LONGEST_FILES)}
+    # stable: each file's tests keep their order and stay together (its module fixtures run once)
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))
     if os.environ.get("RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow end-to-end test: run with RUN_SLOW=1 or -m slow")

@@ -178,13 +178,14 @@ printf '%s\\n' "$@" >"$LOG.argv"
 @pytest.mark.parametrize("workers, expected", [(None, "2"), ("", "2"), ("0", "0"), ("3", "3")])
 def test_pytest_runs_in_test_workers_processes_a_file_each(checkout, monkeypatch, workers, expected):
     """Two pytest-xdist processes by default, each taking whole files (a file's module fixtures and shared launches
-    run once); TEST_WORKERS=0 is one process. The user's arguments come after, so their -n or --dist wins."""
+    run once) in collection order (conftest's LONGEST_FILES first); TEST_WORKERS=0 is one process. The user's
+    arguments come after, so their -n or --dist wins."""
     monkeypatch.delenv("TEST_WORKERS", raising=False)
     write_exe(checkout.parent / "bin" / "python", ARGV_PYTHON)
     run, out = start(checkout, "a", **({} if workers is None else {"TEST_WORKERS": workers}))
     assert run.wait(HANG_GUARD_S) == 0, out.read_text()
     argv = (checkout.parent / "log.argv").read_text().splitlines()
-    assert argv == ["-m", "pytest", "-q", "-n", expected, "--dist", "loadfile"]
+    assert argv == ["-m", "pytest", "-q", "-n", expected, "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 @pytest.mark.parametrize("workers", ["two", "-1", "2.5"])
