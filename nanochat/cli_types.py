@@ -17,6 +17,15 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def dest_name(flag: str) -> str:
+    """The argparse ``dest`` of a long flag, flag_name's inverse: ``--matrix-lr`` -> ``matrix_lr``; for the code
+    that holds a flag and reads its value from the parsed args. A string that is not a long flag is refused: a
+    config key (``matrix-lr``) would lose its first two letters silently."""
+    if not flag.startswith("--") or flag == "--":
+        raise ValueError(f"{flag!r} is not a long flag (--name)")
+    return flag[2:].replace("-", "_")
+
+
 class RankLocalError(argparse.ArgumentTypeError):
     """A flag value refused for what this process sees (its devices), which can differ between the ranks of a node:
     NodeParser lets each rank report its own at once."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nanochat import checkpoint as ckpt
+from nanochat.cli_types import dest_name
 from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_rank, is_dist, own_error,
                              post_rank_error, print0, rank_errors_count, rank_errors_posted)
 from nanochat.jsonfile import written_path
@@ -205,7 +206,7 @@ def by_hand(run: Run, named: list[str], wrapper: str, step: int | None, lower: s
     flags = named or lr_flags_for(run, [name for name, _ in run.model.named_parameters()])
     goal, way = ("continue from it", ["--resume", str(step), "--resume-override-lr"]) if step is not None else \
         ("start again", ["--overwrite"])
-    command = hand_command(run.world, way, {flag: repr(getattr(run.args, flag[2:].replace("-", "_")) / 2)
+    command = hand_command(run.world, way, {flag: repr(getattr(run.args, dest_name(flag)) / 2)
                                             for flag in flags})
     cannot = f"'{wrapper}' cannot lower learning rates: to {goal}, "
     if step is not None:

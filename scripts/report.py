@@ -20,6 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from nanochat.cli_types import dest_name
 from nanochat.jsonfile import write_text_atomic
 from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, lr_override_notes, provenance_table,
                              read_metrics, run_facts, run_labels, unfinished, write_run_report)
@@ -133,7 +134,7 @@ def parse_args(argv=None):
     for mode, others in (("--check-completed", {"--run-report": args.run_report or None, **comparison}),
                          ("--run-report", comparison)):
         given = [flag for flag, value in others.items() if value is not None]
-        if getattr(args, mode[2:].replace("-", "_")) and given:  # the other flags would be silently ignored
+        if getattr(args, dest_name(mode)) and given:  # the other flags would be silently ignored
             p.error(f"{mode} cannot be combined with {', '.join(given)}")
     args.title = args.title or "Run comparison"
     return args

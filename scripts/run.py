@@ -34,7 +34,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from nanochat.cli_types import SEED_MAX, is_seed
+from nanochat.cli_types import SEED_MAX, dest_name, is_seed
 from nanochat.hand_command import resume_value_at
 from nanochat.lost_output import point_at_devnull
 from nanochat.row_config import REPO, load_row_config
@@ -94,7 +94,7 @@ def split_batch_flags(extra: list[str]) -> tuple[dict, list[str]]:
     for flag in BATCH_FLAGS:
         parser.add_argument(flag, type=int)
     known, rest = parser.parse_known_args(extra)
-    values = {flag[2:]: getattr(known, flag[2:].replace("-", "_")) for flag in BATCH_FLAGS}
+    values = {flag[2:]: getattr(known, dest_name(flag)) for flag in BATCH_FLAGS}
     return {key: value for key, value in values.items() if value is not None}, rest
 
 

@@ -1,11 +1,13 @@
 """nanochat.cli_types.flag_name: the command-line spelling of an argparse dest, used by every message that names
-a flag from its config.json/args key."""
+a flag from its config.json/args key; and dest_name, its inverse, for code that holds a flag and reads its value."""
 
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
-from nanochat.cli_types import flag_name
+from nanochat.cli_types import dest_name, flag_name
 from nanochat.train_args import build_parser
 
 
@@ -24,6 +26,26 @@ def test_flag_name_is_the_long_flag_of_every_base_train_dest():
         if action.dest == "help":
             continue
         assert flag_name(action.dest) in action.option_strings, (action.dest, action.option_strings)
+
+
+def test_dest_name_spells_a_long_flag_as_its_dest():
+    assert dest_name("--seed") == "seed"
+    assert dest_name("--matrix-lr") == "matrix_lr"
+    assert dest_name("--max-wall-time-seconds") == "max_wall_time_seconds"
+
+
+@pytest.mark.parametrize("text", ["matrix-lr", "-m", "matrix_lr", "", "--", "-matrix-lr"])
+def test_dest_name_refuses_what_is_not_a_long_flag(text):
+    # a key without "--" (a config file's) would lose its first two letters silently
+    with pytest.raises(ValueError, match="not a long flag"):
+        dest_name(text)
+
+
+def test_dest_name_inverts_flag_name_for_every_base_train_dest():
+    dests = [a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert len(dests) > 50
+    for dest in dests:
+        assert dest_name(flag_name(dest)) == dest
 
 
 def test_cli_types_stays_free_of_torch():

@@ -17,6 +17,7 @@ from .move_input import MoVEInputMemory
 from .mome import MoMEMemory
 from .mome_options import GATES, INDEXERS, ROUTER_INPUTS, ROUTER_TYPES, ROUTINGS, BALANCES
 from .slot_index import resolve_rows
+from nanochat.cli_types import dest_name
 from nanochat.download import file_sha256
 from .stem import STEMMemory
 from .ve import ValueEmbedding
@@ -155,7 +156,7 @@ def memory_config_from_args(args, vocab_size: int | None = None) -> dict:
         raise ValueError(f"--memory-layers does not apply to --memory {memory}")
     options = {}
     for block, flag, key, kwargs in BLOCK_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, dest_name(flag))
         if block == memory:
             options[key] = value
         elif value != kwargs["default"]:
