@@ -29,6 +29,7 @@ from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domai
                                split_rows, staged_outputs, train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
 from nanochat.eval_bundle import add_core_flags
+from nanochat.terminal import replace_unencodable_output
 
 
 def parse_args(argv=None):
@@ -143,4 +144,5 @@ def analyze(args, out_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -34,6 +34,7 @@ from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add
                                write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
 from nanochat.eval_bundle import add_core_flags
+from nanochat.terminal import replace_unencodable_output
 
 BUILTIN_PROMPTS = {
     "bank": [("finance", "She deposited her salary at the bank"), ("finance", "He took out a loan from the bank"),
@@ -326,4 +327,5 @@ def analyze(args, out_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

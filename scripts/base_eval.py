@@ -62,6 +62,7 @@ from nanochat.memory.mome_mix import MOME_KERNELS
 from nanochat.numerics import NUMERICS, apply_numerics, eval_token_bytes
 from nanochat.run_dir import RunDirLock, ensure_writable
 from nanochat.slot_balance import describe, with_slot_balance
+from nanochat.terminal import replace_unencodable_output
 from nanochat.train_args import SHARED_TABLE_KERNEL_CHOICES, check_shared_table_kernel
 
 PAPER_EVAL_TOKENS = 20_971_520
@@ -559,4 +560,5 @@ def run_core_eval(model, tokenizer, args, bundle: Path, max_per_task: int, devic
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -65,6 +65,7 @@ from nanochat.plan import build_plan, grad_accum_steps
 from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
+from nanochat.terminal import replace_unencodable_output
 from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, SetUpProgress, finish, last_checkpoint,
                                 stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite,
                                 stop_set_up_by_error)
@@ -551,4 +552,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

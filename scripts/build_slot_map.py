@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanochat.cli_types import checkpoint_step, positive_int  # noqa: E402
 from nanochat.jsonfile import written_path  # noqa: E402
 from nanochat.memory.slot_map import build_groups, load_slot_map, write_slot_map  # noqa: E402
+from nanochat.terminal import replace_unencodable_output  # noqa: E402
 
 
 def run_tokenizer(directory, meta: dict):
@@ -113,4 +114,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

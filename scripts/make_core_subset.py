@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nanochat.cli_types import positive_int
 from nanochat.eval_bundle import REPO_ROOT, load_core_tasks, load_task_data
+from nanochat.terminal import replace_unencodable_output
 from nanochat.work_dirs import work_dir
 
 HELLASWAG_APPROX = "data/hellaswag_val_full/hellaswag_core_approx.jsonl"
@@ -127,4 +128,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

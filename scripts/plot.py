@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nanochat import report
 from nanochat.row_config import REPO
+from nanochat.terminal import replace_unencodable_output
 from scripts.results import collect_tables, row_notes
 
 
@@ -214,4 +215,5 @@ def make_plot(args) -> list[Path]:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

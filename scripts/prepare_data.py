@@ -28,6 +28,7 @@ from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, c
 from nanochat.download import DownloadError, file_sha256
 from nanochat.jsonfile import written_path
 from nanochat.run_dir import RunDirLock, ensure_writable
+from nanochat.terminal import replace_unencodable_output
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -360,4 +361,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

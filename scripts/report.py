@@ -24,6 +24,7 @@ from nanochat.cli_types import dest_name
 from nanochat.jsonfile import write_text_atomic
 from nanochat.report import (NA, comparison_table, fmt_mfu, fmt_throughput, lr_override_notes, provenance_table,
                              read_metrics, run_facts, run_labels, unfinished, write_run_report)
+from nanochat.terminal import replace_unencodable_output
 
 README_START, README_END = "<!-- cpu-demo-table -->", "<!-- /cpu-demo-table -->"
 LR_MARK = "†"  # the README table's mark of a row trained in part with other LRs (--resume-override-lr)
@@ -186,4 +187,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -33,6 +33,7 @@ from nanochat.cli_types import flag_name, recorded_args, recorded_args_now
 from nanochat.jsonfile import read_json_object, write_text_atomic
 from nanochat.report import first_read_rows, train_bpb_rows
 from nanochat.row_config import REPO, find_configs, load_row_config
+from nanochat.terminal import replace_unencodable_output
 
 METRICS = [  # (summary key, paper key, column title, format)
     ("train_bpb", "train_bpb", "train bpb", "{:.4f}"),
@@ -324,4 +325,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -38,6 +38,7 @@ from nanochat.cli_types import SEED_MAX, dest_name, is_seed
 from nanochat.hand_command import resume_value_at
 from nanochat.lost_output import point_at_devnull
 from nanochat.row_config import REPO, load_row_config
+from nanochat.terminal import replace_unencodable_output
 
 # base_train's refused --resume reads this: its own advice (drop --resume, add --overwrite) cannot be followed under
 # this runner, which adds --resume auto itself; the runner's command that starts the seed afresh is named instead
@@ -411,4 +412,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     main()

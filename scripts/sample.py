@@ -21,6 +21,7 @@ from nanochat.cli_types import checkpoint_step, device_name, seed_int
 from nanochat.common import autodetect_device
 from nanochat.engine import iter_samples
 from nanochat.lost_output import point_at_devnull
+from nanochat.terminal import replace_unencodable_output
 
 
 def parse_args(argv=None):
@@ -93,4 +94,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+from nanochat.terminal import replace_unencodable_output
+
 
 class Stop(Exception):
     """speedrun.sh must not go on; the message says what to do."""
@@ -355,4 +357,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -18,6 +18,7 @@ from nanochat.cli_types import int_at_least, positive_int
 from nanochat.dataset import DataError, check_dataset_name, default_data_dir, iter_documents
 from nanochat.jsonfile import written_path
 from nanochat.run_dir import NotWritable, ensure_writable
+from nanochat.terminal import replace_unencodable_output
 from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE, Tokenizer, TokenizerError,
                                 default_tokenizer_dir, get_tokenizer)
 
@@ -120,4 +121,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

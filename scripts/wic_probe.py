@@ -42,6 +42,7 @@ from nanochat.analysis import (OutputWriteError, heatmaps, load_run, memory_bloc
                                single_token_at, staged_outputs, top_ranks, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, positive_int, seed_int
 from nanochat.routing_metrics import chance_corrected_overlap, jsd_base2, stratified_bootstrap
+from nanochat.terminal import replace_unencodable_output
 
 MIN_PAIRS = 10  # thresholded cells with fewer pairs in either class are flagged (grey), as in the paper
 # torch.quantile puts the 2.5% end of the 95% interval at (n - 1) x 0.025 in the n sorted resamples: below 41 it
@@ -403,4 +404,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())
