@@ -36,7 +36,7 @@ from nanochat.optim import MuonAdamW, OptimConfig, adamw_group  # noqa: E402
 
 def rss_mb() -> dict:
     fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
         key, _, value = line.partition(":")
         if key in ("VmRSS", "VmHWM"):
             fields[key] = int(value.split()[0]) / 1024  # kB -> MiB
@@ -44,7 +44,7 @@ def rss_mb() -> dict:
 
 
 def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
 def phase(name: str, fn, out: dict) -> None:

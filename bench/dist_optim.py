@@ -179,7 +179,8 @@ def main(argv=None):
               f"state per rank {max(x['state_mb'] for x in new) / max(x['state_mb'] for x in old):.3f}")
         out = Path(args.out) if args.out else REPO / "bench" / "results" / f"dist_optim_{args.device}_w{world}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"args": vars(args), "world": world, "torch": torch.__version__, **rows}, indent=1))
+        out.write_text(json.dumps({"args": vars(args), "world": world, "torch": torch.__version__, **rows}, indent=1),
+                       encoding="utf-8")
         print(f"wrote {out}")
     compute_cleanup()
 

@@ -20,7 +20,7 @@ OPTIMIZER_ANNOTATION = "Optimizer.step"  # torch.optim's record_function around 
 def our_triton_kernels() -> tuple[str, ...]:
     """The @triton.jit kernel names of nanochat/memory/mome_triton.py, read from its source: triton (and a GPU)
     need not be installed to categorize a profile, and a renamed kernel cannot fall out of the category."""
-    src = (REPO / "nanochat" / "memory" / "mome_triton.py").read_text()
+    src = (REPO / "nanochat" / "memory" / "mome_triton.py").read_text(encoding="utf-8")
     return tuple(re.findall(r"@triton\.jit\s+def (\w+)\(", src))
 
 
@@ -99,5 +99,5 @@ def write_profile_json(path: Path, events, on_device: bool, steps: int, meta: di
     doc = {**meta, "steps": steps, "time": "device" if on_device else "self_cpu",
            "optimizer_windows": n_windows,
            "total_us": sum(r["total_us"] for r in rows), "kernels": rows}
-    path.write_text(json.dumps(doc, indent=1))
+    path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return doc

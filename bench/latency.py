@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in vars(args).items() if k not in ("width_list", "mem_list", "arch_list")}
     out.write_text(json.dumps({"args": meta, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                               "rows": rows}, indent=2) + "\n")
+                               "rows": rows}, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")
     return 0
 

@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
         mem = f" | peak {peaks[d] / 2**20:,.0f} MB" if device.type == "cuda" else ""
         print(f"{d:>12}: {med:8.2f} ms [{min(times[d]):.2f}-{max(times[d]):.2f}] | x{med / dense:.2f} dense{mem}")
     if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result))
     return result
 

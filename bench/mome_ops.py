@@ -490,7 +490,7 @@ def main(argv=None) -> dict:
         result["wall_s"] = time.perf_counter() - t_start
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+            Path(a.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
     for op_name in a.ops.split(","):
         print(f"{op_name}:", flush=True)

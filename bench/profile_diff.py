@@ -37,7 +37,7 @@ def load(path: str) -> dict:
     """A profile JSON, checked: 'steps' >= 1, 'total_us' a number, 'kernels' a list of {name, category, calls,
     total_us}."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file ({_beside(Path(path))})") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -354,7 +354,7 @@ def cpu_tensor_peak_mb(fn) -> float:
         warnings.simplefilter("ignore", FutureWarning)  # the exporter is deprecated in favour of a CUDA-only API
         path = Path(tmp) / "timeline.json"
         prof.export_memory_timeline(str(path), device="cpu")
-        _, sizes = json.loads(path.read_text())
+        _, sizes = json.loads(path.read_text(encoding="utf-8"))
     return max(sum(s) for s in sizes) / 2**20
 
 
@@ -514,7 +514,7 @@ def main(argv=None):
         print(mscale_table(result["mscale"]))
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"step_{args.device}_{args.dtype}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
+    out.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     print(f"\nwrote {out}")
 
 

@@ -171,7 +171,7 @@ def write_profile(args, device, step, result: dict) -> None:
     sort = "self_cuda_time_total" if on_device else "self_cpu_time_total"
     stem.with_name(stem.name + ".txt").write_text(
         f"{args.profile_steps} steps profiled: the times are their sums\n"
-        + prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+        + prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70), encoding="utf-8")
     meta = {"design": args.one, "device": device.type, "profiled_step_ms": wall_ms,
             **{k: result[k] for k in ("label", "mix", "topk", "mome_kernels", "row_sum", "shared_table_kernel",
                                       "kernel_path", "compile", "step_ms", "tokens_per_step", "device_name", "torch")}}
@@ -341,7 +341,7 @@ def main(argv=None):
         """Written after every process too: a run killed at a time limit keeps the rows measured so far."""
         rows = {key: merge_rounds(results) for key, results in rounds.items()}
         out.write_text(json.dumps({"command": " ".join(["bench/train_step.py", *forwarded]), "args": vars(args),
-                                   "complete": complete, "rows": rows}, indent=1))
+                                   "complete": complete, "rows": rows}, indent=1), encoding="utf-8")
         return rows
 
     # the repo first, the caller's paths kept: dev/gpu/run_all.sh's carried wheels must reach the design processes

@@ -403,7 +403,7 @@ def main():
         path = ROOT / row[0] / f"{row[1]}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         order = seen[row[0]] = seen.get(row[0], -1) + 1
-        path.write_text(render(*row, order=order))
+        path.write_text(render(*row, order=order), encoding="utf-8")
     print(f"wrote {len(ROWS)} configs under {ROOT}")
 
 

@@ -288,16 +288,16 @@ def claim_for_dataset(data_dir: Path, dataset: str) -> None:
     """Mark ``data_dir`` as holding ``dataset``'s shards, refusing a directory that holds another dataset's: remote
     shards are reused by name (shard_NNNNN.parquet), so the other dataset's files would be taken as this one's."""
     mark = data_dir / DATASET_MARK
-    held = mark.read_text().strip() if mark.is_file() else _previous_manifest(data_dir).get("dataset")
+    held = mark.read_text(encoding="utf-8").strip() if mark.is_file() else _previous_manifest(data_dir).get("dataset")
     if held and held != dataset:
         raise DataError(f"--data-dir {data_dir} holds the {held!r} dataset; give --dataset {dataset} a directory "
                         "of its own (the default is one per dataset)")
     data_dir.mkdir(parents=True, exist_ok=True)
-    mark.write_text(dataset + "\n")
+    mark.write_text(dataset + "\n", encoding="utf-8")
 
 
 def _previous_manifest(data_dir: Path) -> dict:
     try:
-        return json.loads((data_dir / MANIFEST).read_text())
+        return json.loads((data_dir / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return {}

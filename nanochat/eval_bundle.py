@@ -195,7 +195,7 @@ def download_bundle(base: Path, retries: int = 3, timeout: float = 60.0) -> Path
     expected = os.environ.get("NANOCHAT_EVAL_BUNDLE_SHA256", KNOWN_SHA256)
     base.mkdir(parents=True, exist_ok=True)
     target, zip_path = base / "eval_bundle", base / "eval_bundle.zip"
-    with open(base / ".eval_bundle.lock", "w") as lock:
+    with open(base / ".eval_bundle.lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks wait here and then find the extracted bundle
         if (target / "core.yaml").is_file():
             return target
@@ -204,7 +204,8 @@ def download_bundle(base: Path, retries: int = 3, timeout: float = 60.0) -> Path
         download_file(url, zip_path, sha256=expected, validate=_check_zip, max_attempts=retries, timeout=timeout,
                       backoff=2.0 * float(os.environ.get("NANOCHAT_EVAL_RETRY_SCALE", "1")), hint=NO_BUNDLE_HINT)
         _extract(zip_path, target)
-        (base / "eval_bundle.sha256").write_text(json.dumps({"url": url, "sha256": file_sha256(zip_path)}) + "\n")
+        (base / "eval_bundle.sha256").write_text(json.dumps({"url": url, "sha256": file_sha256(zip_path)}) + "\n",
+                                                  encoding="utf-8")
     return target
 
 
@@ -217,7 +218,7 @@ def _check_zip(path: Path) -> None:
 def load_core_tasks(bundle_dir: Path) -> list[TaskSpec]:
     path = Path(bundle_dir) / "core.yaml"
     try:
-        cfg = yaml.safe_load(path.read_text())
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
         tasks = cfg["icl_tasks"]
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: cannot read the icl_tasks list ({type(e).__name__}: {e})") from e
@@ -294,4 +295,4 @@ def _row_problem(row: dict, task_type: str) -> str | None:
 def bundle_info(bundle_dir: Path) -> dict:
     """Optional SUBSET.json written by scripts/make_core_subset.py ({} for a full bundle)."""
     path = Path(bundle_dir) / "SUBSET.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

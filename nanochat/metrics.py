@@ -126,7 +126,7 @@ def truncate_metrics(path: Path, last_step: int, pending: bool = False, saved_ch
         return
     saved = None if saved_changes is None else {k: list(v) for k, v in saved_changes.items()}
     kept = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a torn last line from a crash
@@ -143,10 +143,10 @@ def wandb_run_id(run_dir: Path, resume: bool) -> tuple[str, bool]:
     """(the W&B run id of ``run_dir``, whether it was recorded before): the recorded one when resuming, else a new
     one (recorded for later resumes)."""
     path = Path(run_dir) / WANDB_ID_FILE
-    if resume and path.is_file() and path.read_text().strip():
-        return path.read_text().strip(), True
+    if resume and path.is_file() and path.read_text(encoding="utf-8").strip():
+        return path.read_text(encoding="utf-8").strip(), True
     run_id = secrets.token_hex(4)  # W&B ids are short [a-z0-9] strings
-    path.write_text(run_id + "\n")
+    path.write_text(run_id + "\n", encoding="utf-8")
     return run_id, False
 
 
@@ -178,7 +178,7 @@ class MetricsLogger:
                  run_name: str = "", config: dict | None = None, resume_step: int | None = None):
         self.enabled = rank == 0
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._file = open(self.path, "a") if self.enabled else None
+        self._file = open(self.path, "a", encoding="utf-8") if self.enabled else None
         self._wandb = None
         if self.enabled and wandb_mode != "off":
             self._wandb = _init_wandb(run_dir, wandb_mode, dict(project=project, name=run_name, config=config or {},

@@ -288,7 +288,7 @@ def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None)
     rewind must not read as that run's result ("completed", its val bpb). Moved beside its checkpoints."""
     summary = run_dir / "summary.json"
     try:
-        stale = json.loads(summary.read_text()).get("step", 0) > resumed_at
+        stale = json.loads(summary.read_text(encoding="utf-8")).get("step", 0) > resumed_at
     except (OSError, ValueError):
         stale = False
     for name in ("summary.json", "report.md") if stale else ():

@@ -40,7 +40,7 @@ def _host() -> str:
 
 def _boot() -> str:
     try:
-        return _hash8(BOOT_ID.read_text().strip())
+        return _hash8(BOOT_ID.read_text(encoding="utf-8").strip())
     except OSError:  # no boot id (not Linux): the pid alone tells, on this host
         return "0" * 8
 

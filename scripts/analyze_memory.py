@@ -78,7 +78,7 @@ def add_core_average(results: dict, core_names: list[str]) -> None:
 
 def write_outputs(results: dict, layers, out_dir: Path, header: dict) -> None:
     write_json(out_dir / "memory_use.json", {**header, "layers": list(layers), "domains": results})
-    with open(out_dir / "memory_use.csv", "w", newline="") as f:
+    with open(out_dir / "memory_use.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["domain", "layer", "head", "gamma", "inject_norm", "tokens"])
         for name, r in results.items():

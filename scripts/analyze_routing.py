@@ -119,9 +119,9 @@ def audit_markdown(rows: dict[str, dict], reference: str | None) -> str:
 
 def write_audit(rows: dict, reference: str | None, out_dir: Path, header: dict) -> None:
     write_json(out_dir / "routing_audit.json", {**header, "reference": reference, "domains": rows})
-    (out_dir / "routing_audit.md").write_text(audit_markdown(rows, reference))
+    (out_dir / "routing_audit.md").write_text(audit_markdown(rows, reference), encoding="utf-8")
     keys = list(next(iter(rows.values())).keys())
-    with open(out_dir / "routing_audit.csv", "w", newline="") as f:
+    with open(out_dir / "routing_audit.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["domain", *keys])
         for name, r in rows.items():
@@ -245,8 +245,8 @@ def routes_figure(routes: list[dict], path: Path, sites=None) -> None:
 def write_routes(routes, skipped, out_dir: Path, header: dict, sites) -> None:
     write_json(out_dir / "semantic_routes.json", {**header, "routes": routes,
                                                   "skipped": [dict(word=w, prompt=p, reason=r) for w, p, r in skipped]})
-    (out_dir / "semantic_routes.md").write_text(routes_markdown(routes))
-    with open(out_dir / "semantic_routes.csv", "w", newline="") as f:
+    (out_dir / "semantic_routes.md").write_text(routes_markdown(routes), encoding="utf-8")
+    with open(out_dir / "semantic_routes.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["word", "label", "prompt", "layer", "head", "slots", "weights"])
         for r in routes:

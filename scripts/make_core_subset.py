@@ -99,7 +99,7 @@ def _build_into(src: Path, out: Path, n: int, readme_from: Path) -> dict:
         digest = hashlib.sha256(source.read_bytes()).hexdigest()
         info["tasks"][task.label] = {"file": task.dataset_uri, "source": str(source.relative_to(src)),
                                      "source_sha256": digest, "rows": sum(1 for _ in open(dest, encoding="utf-8"))}
-    (out / "SUBSET.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / "SUBSET.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     if readme is not None:  # hand-written provenance notes survive a rebuild
         (out / "README.md").write_text(readme, encoding="utf-8")
     return info

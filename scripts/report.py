@@ -108,7 +108,7 @@ def readme_table(facts: list[dict]) -> list[str]:
 
 
 def replace_readme_table(readme: Path, table: list[str]) -> None:
-    text = readme.read_text()
+    text = readme.read_text(encoding="utf-8")
     if text.count(README_START) != 1 or text.count(README_END) != 1:
         raise ValueError(f"{readme} needs exactly one {README_START} line and one {README_END} line around the "
                          "table to replace")

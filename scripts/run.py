@@ -303,7 +303,7 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
         say(f"[run] seed {seed}: continuing the unfinished run in {run_dir} (--resume auto)\n")
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "train.log"
-    (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
+    (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
     say(f"[run] seed {seed}: {shlex.join(cmd)}\n[run] log: {log_path}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if "torch.distributed.run" in cmd:
@@ -313,7 +313,7 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
     else:
         env[AFRESH_ENV] = afresh
     before = fresh_summary(run_dir, None)  # a summary.json of an earlier launch is no account of this one
-    with open(log_path, "a") as log:
+    with open(log_path, "a", encoding="utf-8") as log:
         # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
         # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
         # a later Ctrl-C. (In one process group the child would get the terminal's SIGINT plus a forwarded one.)

@@ -274,7 +274,7 @@ def csv_number(x: float) -> str:
 
 def write_sites_csv(res: dict, layers, H: int, path: Path) -> None:
     cols = [k for k in res if k not in ("thresholds",)]
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         taus = list(res["thresholds"])
         w.writerow(["layer", "head", *cols, *(f"{k}@{t}" for t in taus for k in ("dJSD", "dO", "n_T", "n_F", "flagged"))])
