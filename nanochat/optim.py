@@ -17,7 +17,7 @@ there, and never pairs one rank's bucket with another rank's. With one process t
 collective and is today's exact single-process update. A parameter that got no gradient in a step is left as
 it is by one process, but counts as a zero gradient with several (every rank joins every collective), so Adam
 and Muon still move it (momentum, decay): give every trained parameter a gradient each step, or freeze it
-(frozen parameters are left out of the groups). ``state_dict()`` is world-size independent (the full,
+(frozen parameters are left out of the groups, and one in a group built by hand is in no bucket: never updated). ``state_dict()`` is world-size independent (the full,
 unsharded state, gathered collectively: call it on every rank); ``state_dict_on_rank0()`` is the same dict
 gathered onto rank 0 alone (None elsewhere), for a checkpoint only rank 0 writes; ``local_state()`` is this
 rank's own shards (no collective); ``load_state_dict`` takes each rank's shard.
@@ -198,10 +198,9 @@ class MuonAdamW(torch.optim.Optimizer):
         if self.world == 1:
             return
         if not self._hooks:
-            for b in self.buckets:
+            for b in self.buckets:  # trainable parameters only: frozen ones are in no bucket
                 for p in b.params:
-                    if p.requires_grad:
-                        self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
         if not self._order_fixed and self._seen is None:
             self._seen = []
         self._armed = True
@@ -278,10 +277,10 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_update(self, bucket, group) -> None:
         """Nesterov momentum, Polar Express, NorMuon and cautious weight decay on this rank's (c, m, n) chunk."""
-        if self.world == 1 and all(p.grad is None for p in group["params"]):
+        if self.world == 1 and all(p.grad is None for p in bucket.params):
             return
         grads = bucket.local_grad  # (c, m, n) fp32, averaged over ranks
-        state = self.state[group["params"][0]]
+        state = self.state[bucket.params[0]]  # keyed by the group's first trainable matrix
         _, rows, cols = grads.shape
         if not state:
             state["momentum_buffer"] = torch.zeros_like(grads)

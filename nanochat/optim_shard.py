@@ -62,8 +62,7 @@ class Bucket:
     """Lifecycle per step: [param_ready ...] -> launch -> wait_reduced -> (update) -> launch_gather -> finish."""
 
     def __init__(self, params: list, groups: list[dict], world: int, rank: int):
-        self.params, self.groups, self.world, self.rank = params, groups, world, rank
-        self.trainable = sum(p.requires_grad for p in params)  # frozen params never fire a gradient hook
+        self.params, self.groups, self.world, self.rank = params, groups, world, rank  # trainable params only
         self._ready = 0
         self._work = None
         self.launched = False
@@ -72,8 +71,8 @@ class Bucket:
         self._ready += 1
 
     def ready(self) -> bool:
-        """Every trainable parameter's gradient of this step is final (a bucket of frozen params never is)."""
-        return 0 < self.trainable == self._ready
+        """Every parameter's gradient of this step is final."""
+        return self._ready == len(self.params)
 
     def launch(self) -> None:
         if not self.launched:
@@ -272,8 +271,8 @@ class RowShardBucket(Bucket):
 class MuonBucket(Bucket):
     """One Muon group: K same-shape matrices, split by matrix across ranks (see the module docstring)."""
 
-    def __init__(self, group, world, rank):
-        super().__init__(list(group["params"]), [group], world, rank)
+    def __init__(self, params, group, world, rank):
+        super().__init__(params, [group], world, rank)
         self.K = len(self.params)
         self.chunk = math.ceil(self.K / world)
         self.first = rank * self.chunk  # global index of this rank's first matrix
@@ -361,13 +360,17 @@ class MuonBucket(Bucket):
 
 
 def build_buckets(param_groups: list[dict], world: int, rank: int) -> list[Bucket]:
-    """Muon groups and large AdamW params get a bucket each; all small AdamW params share one."""
+    """Muon groups and large AdamW params get a bucket each; all small AdamW params share one. A frozen parameter
+    (requires_grad False) is in no bucket: nothing reduces or updates it, with any number of ranks (in a bucket
+    of several ranks it would count as a zero gradient, and decay and momentum would move it)."""
     buckets, small, small_groups = [], [], []
     for group in param_groups:
+        trainable = [p for p in group["params"] if p.requires_grad]
         if group["kind"] == "muon":
-            buckets.append(MuonBucket(group, world, rank))
+            if trainable:
+                buckets.append(MuonBucket(trainable, group, world, rank))
             continue
-        for p in group["params"]:
+        for p in trainable:
             if world > 1 and p.numel() >= SHARD_MIN_NUMEL and p.shape[0] >= world:
                 buckets.append(RowShardBucket(p, group, world, rank))
             else:
