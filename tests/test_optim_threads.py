@@ -58,3 +58,55 @@ def test_frozen_parameters_in_a_group_stay_as_they_are_on_any_number_of_ranks(mo
     for i, st in one["state"].items():
         for name, v in st.items():
             assert torch.allclose(v, two[0]["state"][i][name], rtol=1e-5, atol=1e-6), (i, name)
+
+
+def _tiny_mome_steps(load=None, steps=2):
+    """``fn(rank, world)`` for run_ranks: a tiny MoME model (vocab 256, 1024-row tables: 3 ranks leave a tail row
+    of every table, the Muon groups of 2 matrices an all-padding rank) trained ``steps`` steps through the gradient
+    hooks on this rank's own batch, from the state dict ``load`` if given."""
+    from nanochat.gpt import GPTConfig, build_model
+    from nanochat.optim import build_optimizer
+
+    def fn(rank: int, world: int) -> dict:
+        torch.set_num_threads(1)
+        with BUILD_LOCK:
+            cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=32,
+                            memory="mome", memory_options={"slots": 4, "topk": 2})
+            model = build_model(cfg, seed=0)
+        opt = build_optimizer(model)
+        if load is not None:
+            opt.load_state_dict(load)
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        idx = torch.randint(0, 256, (steps, 2, 17), generator=torch.Generator().manual_seed(7 + rank))
+        for batch in idx:
+            opt.arm_grad_hooks()
+            model(batch[:, :-1], batch[:, 1:]).backward()
+            opt.step()
+            model.zero_grad(set_to_none=True)
+        return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "initial": initial,
+                "kinds": {type(b).__name__ for b in opt.buckets}, "state": opt.state_dict(),
+                "on_rank0": opt.state_dict_on_rank0()}
+    return fn
+
+
+def test_three_ranks_with_tail_rows_and_padding_matrices_stay_in_step(monkeypatch):
+    """W = 3 does not divide the tables' rows (a tail row each, all-reduced and updated by every rank) nor the Muon
+    groups (padding matrices, a rank that owns none), with every collective launched from the gradient hooks: after
+    each rank's own backward every rank holds the same parameters (bit for bit: whatever a rank updates alone is
+    all-gathered, the rest is updated alike from the same reduced gradient), the state gathered onto rank 0 is the
+    state dict, and 2 ranks and 1 load it into their shards and gather it back unchanged."""
+    monkeypatch.setattr(optim_shard, "SHARD_MIN_NUMEL", 1024)  # tables and embeddings take the row-sharded path
+    three = run_ranks(3, _tiny_mome_steps())
+    assert three[0]["kinds"] == {"MuonBucket", "RowShardBucket", "ReplicatedBucket"}
+    for name, p in three[0]["params"].items():
+        assert not torch.equal(p, three[0]["initial"][name]), name  # every parameter took steps
+        for other in three[1:]:
+            assert torch.equal(p, other["params"][name]), name
+    assert three[1]["on_rank0"] is None and three[2]["on_rank0"] is None
+    a, b = three[0]["state"], three[0]["on_rank0"]
+    assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+    assert all(torch.equal(v, b["state"][i][k]) for i, st in a["state"].items() for k, v in st.items())
+    for world in (2, 1):  # loaded into this many ranks' shards and gathered again: the same state, exactly
+        moved = run_ranks(world, _tiny_mome_steps(load=a, steps=0))[0]["state"]
+        assert moved["param_groups"] == a["param_groups"] and moved["state"].keys() == a["state"].keys(), world
+        assert all(torch.equal(v, moved["state"][i][k]) for i, st in a["state"].items() for k, v in st.items()), world
