@@ -14,9 +14,12 @@ BUILD_LOCK = threading.Lock()
 
 
 def run_ranks(world: int, fn) -> list:
-    """[fn(rank, world) for every rank], each called in its own thread inside a ``world``-rank process group; the
-    first rank's exception is raised here."""
+    """[fn(rank, world) for every rank], each called in its own thread inside a ``world``-rank process group, with
+    one intra-op thread (the ranks are the parallelism; the process's thread count is restored after); the first
+    rank's exception is raised here."""
     threaded = pytest.importorskip("torch.testing._internal.distributed.multi_threaded_pg")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     threaded._install_threaded_pg()
     store = dist.HashStore()
@@ -44,6 +47,7 @@ def run_ranks(world: int, fn) -> list:
         threaded.ProcessLocalGroup.reset()
         threaded._uninstall_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        torch.set_num_threads(threads_before)
     for e in errors:
         if e is not None and not isinstance(e, SystemExit):  # SystemExit: a rank stopped by another's error
             raise e

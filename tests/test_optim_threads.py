@@ -68,7 +68,6 @@ def _tiny_mome_steps(load=None, steps=2):
     from nanochat.optim import build_optimizer
 
     def fn(rank: int, world: int) -> dict:
-        torch.set_num_threads(1)
         with BUILD_LOCK:
             cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=32,
                             memory="mome", memory_options={"slots": 4, "topk": 2})
