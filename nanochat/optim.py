@@ -17,10 +17,11 @@ there, and never pairs one rank's bucket with another rank's. With one process t
 collective and is today's exact single-process update. A parameter that got no gradient in a step is left as
 it is by one process, but counts as a zero gradient with several (every rank joins every collective), so Adam
 and Muon still move it (momentum, decay): give every trained parameter a gradient each step, or freeze it
-(frozen parameters are left out of the groups, and one in a group built by hand is in no bucket: never updated). ``state_dict()`` is world-size independent (the full,
-unsharded state, gathered collectively: call it on every rank); ``state_dict_on_rank0()`` is the same dict
-gathered onto rank 0 alone (None elsewhere), for a checkpoint only rank 0 writes; ``local_state()`` is this
-rank's own shards (no collective); ``load_state_dict`` takes each rank's shard.
+(frozen parameters are left out of the groups; one in a group built by hand is in no bucket: never updated).
+``state_dict()`` is world-size independent (the full, unsharded state, gathered collectively: call it on every
+rank); ``state_dict_on_rank0()`` is the same dict gathered onto rank 0 alone (None elsewhere), for a checkpoint
+only rank 0 writes; ``local_state()`` is this rank's own shards (no collective); ``load_state_dict`` takes each
+rank's shard.
 """
 
 import math

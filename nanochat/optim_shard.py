@@ -2,10 +2,10 @@
 
 A bucket is one collective's worth of gradients and the parameters updated from it:
 
-* ``MuonBucket``: one Muon group of K same-shape (m, n) matrices, stacked (K_pad, m, n) with K_pad = K rounded up
-  to a multiple of the world size W, reduce-scattered so rank r owns matrices [r*c, (r+1)*c), c = K_pad / W
-  (padding matrices are zeros and own nothing). Rank r keeps the Muon state of its c matrices only, updates them,
-  and the updated (c, m, n) chunks are all-gathered back into every rank's parameters.
+* ``MuonBucket``: the K same-shape (m, n) trainable matrices of one Muon group, stacked (K_pad, m, n) with K_pad =
+  K rounded up to a multiple of the world size W, reduce-scattered so rank r owns matrices [r*c, (r+1)*c), c =
+  K_pad / W (padding matrices are zeros and own nothing). Rank r keeps the Muon state of its c matrices only,
+  updates them, and the updated (c, m, n) chunks are all-gathered back into every rank's parameters.
 * ``RowShardBucket``: one large AdamW parameter (>= SHARD_MIN_NUMEL elements, >= W rows) reduce-scattered by rows;
   rank r keeps the Adam moments of its R // W rows only (ZeRO-2) and all-gathers its updated rows. When W does not
   divide the row count R (Engram's table is a sum of primes), the last R % W < W rows are all-reduced and updated
