@@ -148,7 +148,7 @@ def _write_checkpoint(root: Path, final: Path, tmp: Path, step: int, model, meta
 def is_kept(run_dir, step: int) -> bool:
     """Whether checkpoint ``step`` was saved to be kept for good (meta ``"keep": true``, e.g. --save-at-flops)."""
     try:
-        return json.loads((step_dir(run_dir, step) / "meta.json").read_text()).get("keep") is True
+        return json.loads((step_dir(run_dir, step) / "meta.json").read_text(encoding="utf-8")).get("keep") is True
     except (OSError, ValueError):
         return False
 
