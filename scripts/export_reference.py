@@ -126,11 +126,22 @@ def parse_args(argv=None):
     return args
 
 
-def val_bpb_of(meta: dict):
-    """The last validation bpb, as their meta records it: ours from training, or the one an import carried."""
-    if (meta.get("loop") or {}).get("val_bpb") is not None:
-        return meta["loop"]["val_bpb"]
-    return ((meta.get("imported_from") or {}).get("reference_meta") or {}).get("val_bpb")
+def val_bpb_of(meta: dict, run) -> float | None:
+    """The validation bpb of the checkpoint's step, as their meta pairs it with the step: the run's metrics.jsonl
+    record of that step (the final evaluation's at the last step; None where no val bpb was measured at it), the
+    one an import carried, or, for a run without metrics.jsonl, the checkpoint's loop.val_bpb. Not loop.val_bpb
+    where metrics.jsonl exists: that is the last PERIODIC eval's, an earlier step's at the final checkpoint."""
+    from nanochat.report import read_metrics
+
+    imported = ((meta.get("imported_from") or {}).get("reference_meta") or {}).get("val_bpb")
+    try:
+        records = read_metrics(run)
+    except FileNotFoundError:
+        loop_val = (meta.get("loop") or {}).get("val_bpb")
+        return imported if loop_val is None else loop_val
+    at_step = [r["val_bpb"] for r in records if r.get("kind") in ("eval", "final") and r.get("step") == meta["step"]
+               and r.get("val_bpb") is not None]
+    return at_step[-1] if at_step else imported
 
 
 def export_reference(args) -> Path:
@@ -155,7 +166,7 @@ def export_reference(args) -> Path:
     for path in (model_path, meta_path):
         if path.exists():
             raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory or --model-tag")
-    their_meta = {"step": step, "val_bpb": val_bpb_of(meta), "model_type": model_type, "model_config": model_config,
+    their_meta = {"step": step, "val_bpb": val_bpb_of(meta, args.run), "model_type": model_type, "model_config": model_config,
                   "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,
                                     "model_config": config.to_dict()}}
