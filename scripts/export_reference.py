@@ -11,8 +11,10 @@ Writes their base-dir layout, so that their tools find it with ``NANOCHAT_BASE_D
                                                      format, named by the meta's moe_ve_slot_map_path (absolute)
 
 Weights stay fp32 (their loader keeps the dtype it is given), so ``import_reference`` of the result gives back
-the same run bit for bit. Designs their code lacks (token-only / fixed-random routing, bias balancing) are
-refused by name. The grouped index is their ``table`` slot mapping (nanochat.reference_slot_map).
+the same run bit for bit. Designs their format lacks (--model-type mobilellm/qwen3, --mlp moe, the appendix
+memories, a conv1d router, token-only / fixed-random routing, bias or trust-region balancing) are refused by name.
+The grouped index is their ``table`` slot mapping (nanochat.reference_slot_map). The meta's val_bpb is the one
+the run measured at the exported step (its metrics.jsonl; null where none was).
 """
 
 import argparse
