@@ -446,7 +446,7 @@ def find_tokenizer(root) -> tuple[Path, Path | None]:
 
 def read_meta(path) -> dict:
     try:
-        meta = json.loads(Path(path).read_text())
+        meta = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ReferenceFormatError(f"{path}: not valid JSON ({e})") from None
     for key in ("model_type", "model_config"):
