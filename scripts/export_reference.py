@@ -27,6 +27,7 @@ import torch
 
 from nanochat.cli_types import checkpoint_step
 from nanochat.jsonfile import remove_stale_temps, write_atomic, written_path
+from nanochat.terminal import replace_unencodable_output
 
 
 class ExportWriteError(Exception):
@@ -217,4 +218,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from nanochat.terminal import replace_unencodable_output
+
 HUB_REPO_RE = re.compile(r"^[\w.-]+/[\w.-]+$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SMALL_FILES = ["*meta_*.json", "*tokenizer.pkl", "*token_bytes.pt"]
@@ -229,4 +231,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    replace_unencodable_output()
     sys.exit(main())

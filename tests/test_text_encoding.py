@@ -54,10 +54,6 @@ def test_our_files_read_and_write_as_utf8_under_an_ascii_locale(tmp_path):
     assert (tmp_path / "note.md").read_bytes() == "caf\u00e9 \u2014 \u2020\n".encode("utf-8")
 
 
-# session 32: another helper was editing these; the lead gives their opens an encoding on merge and empties this
-NOT_YET = {"nanochat/reference_format.py:449"}
-
-
 def _text_opens_without_encoding(tree):
     """The open()/Path.open()/read_text()/write_text() calls in ``tree`` that open text without naming its encoding
     (binary modes, os.open and our classes' own .open(...) with a non-mode first argument are not text opens)."""
@@ -91,4 +87,4 @@ def test_every_text_open_names_its_encoding():
             found += [f"{path.relative_to(REPO)}:{call.lineno}: {what}"
                       for call, what in _text_opens_without_encoding(ast.parse(source))]
     assert files > 80
-    assert sorted(f.split(": ")[0] for f in found) == sorted(NOT_YET), "\n".join(found)
+    assert found == [], "\n".join(found)
