@@ -36,6 +36,8 @@ class ScheduleConfig:
             )
         if not 0.0 <= self.final_lr_frac <= 1.0:
             raise ValueError(f"--final-lr-frac must be in [0, 1] (got {self.final_lr_frac})")
+        if self.momentum_ramp_steps < 0:  # muon_momentum would read it as 0, silently
+            raise ValueError(f"--muon-momentum-ramp must be >= 0 steps (got {self.momentum_ramp_steps})")
 
     @property
     def warmup_iters(self) -> int:

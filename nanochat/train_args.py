@@ -439,22 +439,29 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.num_iterations is not None and args.num_iterations < 1:
         raise ValueError(f"--num-iterations must be >= 1 (got {args.num_iterations})")
     check_geometry(args)
-    if args.target_flops is not None and not args.target_flops > 0:
-        raise ValueError(f"--target-flops must be > 0 (got {args.target_flops})")
-    if args.target_param_data_ratio is not None and not args.target_param_data_ratio > 0:
-        raise ValueError(f"--target-param-data-ratio must be > 0 (got {args.target_param_data_ratio})")
+    for name in ("target_flops", "target_param_data_ratio"):
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            raise ValueError(f"{flag_name(name)} must be > 0 (got {v})")
     if args.vocab_size is not None and args.vocab_size < 2:
         raise ValueError(f"--vocab-size must be >= 2 (got {args.vocab_size})")
-    for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr", "weight_decay"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"{flag_name(name)} must be >= 0 (got {getattr(args, name)})")
-    if args.memory_wd is not None and args.memory_wd < 0:
-        raise ValueError(f"--memory-wd must be >= 0 (got {args.memory_wd})")
+    for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr", "weight_decay", "memory_wd"):
+        v = getattr(args, name)
+        if v is not None and v < 0:
+            raise ValueError(f"{flag_name(name)} must be >= 0 (got {v})")
+    # and finite: float() reads nan and inf; round(inf) in the horizon was a traceback, a NaN LR or decay trained
+    # NaN weights for a step, an inf LR was called a flag no optimizer group uses
+    for name in ("target_flops", "target_param_data_ratio", "embedding_lr", "unembedding_lr", "matrix_lr",
+                 "scalar_lr", "memory_lr", "weight_decay", "memory_wd"):
+        v = getattr(args, name)
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"{flag_name(name)} must be a finite number (got {v})")
     for name in ("adam_beta1", "adam_beta2", "memory_beta1", "memory_beta2", "muon_momentum_start", "muon_momentum_end"):
         if not 0 <= getattr(args, name) < 1:
             raise ValueError(f"{flag_name(name)} must be in [0, 1) (got {getattr(args, name)})")
     # the schedule's own checks, with a stand-in horizon: the real one needs the model (FLOP target)
-    ScheduleConfig(1, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
+    ScheduleConfig(1, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac, args.muon_momentum_start,
+                   args.muon_momentum_end, args.muon_momentum_ramp)
     if args.keep_last < 0:
         raise ValueError(f"--keep-last must be >= 0 (got {args.keep_last})")
     if args.log_every < 1:

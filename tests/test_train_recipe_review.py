@@ -9,7 +9,6 @@ import torch
 
 from conftest import tiny_config
 from nanochat.gpt import build_model
-from nanochat.optim import build_optimizer
 from nanochat.schedules import ScheduleConfig, lr_multiplier, muon_momentum, weight_decay_multiplier
 from nanochat.train_args import parse_args
 from nanochat.train_loop import train_step
