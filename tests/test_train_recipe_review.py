@@ -105,3 +105,23 @@ def test_non_finite_or_negative_recipe_values_are_flag_errors(flag, value, capsy
         parse_args(["--dry-run", "--depth", "2", "--memory", "ve", flag, value])
     assert e.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+# -- the loss: softcapped fp32 logits, targets -1 ignored (in the mean's count too) --------------------------------
+@torch.no_grad()
+def test_loss_is_the_mean_nll_of_the_softcapped_logits_over_the_targets_not_ignored():
+    model = build_model(tiny_config(n_layer=1, n_embd=64), seed=0)
+    idx = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(2))
+    targets = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
+    targets[0, :5] = -1
+    targets[1, -3:] = -1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)  # (B, T, V), softcapped
+        loss = model(idx, targets=targets)
+        per_token = model(idx, targets=targets, loss_reduction="none")
+    assert logits.dtype == loss.dtype == torch.float32  # the softcap and the cross-entropy in fp32 under autocast
+    assert float(logits.abs().max()) <= 15.0
+    keep = targets >= 0
+    nll = -torch.log_softmax(logits.double(), dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    assert loss.item() == pytest.approx(nll[keep].mean().item(), rel=1e-5)  # 24 tokens counted, not 32
+    assert per_token.shape == (32,) and torch.all(per_token.view(2, 16)[~keep] == 0)
