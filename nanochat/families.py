@@ -272,9 +272,12 @@ def optimizer_fields_without_effect(config, oc: OptimConfig, names) -> list[str]
         return [{**{k: v for k, v in g.items() if k != "params"}, "params": len(g["params"])}
                 for g in param_groups(model, o)]
 
+    def another_value(v) -> float:  # always differs from v by 0.5, and keeps a beta in [0, 1]
+        v = v or 0.0
+        return v - 0.5 if v >= 0.5 else v + 0.5
+
     used = hyperparameters(oc)
-    return [name for name in names
-            if hyperparameters(replace(oc, **{name: 0.5 * (getattr(oc, name) or 0.0) + 0.123})) == used]
+    return [name for name in names if hyperparameters(replace(oc, **{name: another_value(getattr(oc, name))})) == used]
 
 
 check_families()  # at import: a mis-registered family fails before any run starts

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from nanochat.engine import generate, generate_uncached
 from nanochat.gpt import GPTConfig
-from nanochat.families import build_model, config_from_dict, family_of, meta_device, model_summary, param_groups
+from nanochat.families import (build_model, config_from_dict, family_of, meta_device, model_summary,
+                               optimizer_fields_without_effect, param_groups)
 from nanochat.kv_cache import KVCache
 from nanochat.llama import LlamaConfig, llama_ffn_hidden
 from nanochat.optim import MuonAdamW, OptimConfig
@@ -290,6 +291,19 @@ def test_family_optimizer_groups(cfg, wte_lr, head_lr, extra_lr, muon_wd):
         elif p.ndim == 2 and "wte" not in name and "lm_head" not in name and "tables" not in name:
             assert any(id(p) in {id(q) for q in x["params"]} for x in muon), name
 
+
+
+@pytest.mark.parametrize("cfg", [C125, dataclasses.replace(Q06, memory="ve")], ids=["mobilellm", "qwen3-ve"])
+def test_a_flag_that_a_group_reads_is_in_use_at_any_value(cfg):
+    # the probe's other value once was 0.5*v + 0.123, equal to v at v = 0.246: every flag set to 0.246 was refused
+    # as "no optimizer group of this model uses it"
+    names = [f.name for f in dataclasses.fields(OptimConfig) if f.name != "lr_scale"]
+    unused = optimizer_fields_without_effect(cfg, OptimConfig(), names)
+    assert "matrix_lr" not in unused and "adam_beta1" not in unused
+    for name in names:
+        for value in (0.246, 0.0, 0.5, 1.0):
+            assert optimizer_fields_without_effect(cfg, OptimConfig(**{name: value}), [name]) == (
+                [name] if name in unused else []), (name, value)
 
 def test_stem_tables_group():
     g, _ = _groups(C125, "stem", memory_lr=0.3, memory_beta2=0.95)
