@@ -48,12 +48,15 @@ def use_a_store_of_its_own(run: int) -> None:
     assert os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", "env:// would host a second store on rank 0"
 
 
-def run_each(argv: list[str], run_one, out: Path | None = None, stand_ins=()) -> int:
+def run_each(argv: list[str], run_one, out: Path | None = None, stand_ins=(), every_run: bool = False) -> int:
     """``run_one(args)`` (an exit code) for each ``--next-run``-separated argument list in turn, each run after the
     first on a store of its own; the first non-zero code, the runs after it not started (0: every run ended well).
-    With ``out``: run N's output (sys.stdout) goes to out/runN.rank<r>.out, and rank 0 copies the run's --run-dir,
-    as the run left it, to out/runN (what a test of several launches read between them). ``stand_ins``: the
-    (module, name) attributes a run may replace with a worker's stand-in, put back after each run."""
+    With ``out``: run N's output (sys.stdout) goes to out/runN.rank<r>.out and its code to out/runN.rank<r>.code, and
+    rank 0 copies the run's --run-dir, as the run left it, to out/runN (what a test of several launches read between
+    them). ``stand_ins``: the (module, name) attributes a run may replace with a worker's stand-in, put back after each
+    run. ``every_run``: runs that are meant to stop with a non-zero code (a stop every rank agreed on, its process
+    group destroyed as at any end of main) do not end the launch: every run runs, 0 is returned, and the tests read
+    each run's code (out's .code files, or the worker's own record)."""
     for number, args in enumerate(split_runs(argv)):
         if number:
             use_a_store_of_its_own(number)
@@ -64,12 +67,13 @@ def run_each(argv: list[str], run_one, out: Path | None = None, stand_ins=()) ->
             else:
                 with open(out / f"run{number}.rank{os.environ['RANK']}.out", "w") as f, contextlib.redirect_stdout(f):
                     code = run_one(args)
+                (out / f"run{number}.rank{os.environ['RANK']}.code").write_text(str(code))
                 if os.environ["RANK"] == "0":
                     shutil.copytree(args[args.index("--run-dir") + 1], out / f"run{number}")
         finally:
             for module, name, value in real:
                 setattr(module, name, value)
-        if code:
+        if code and not every_run:
             return code
     return 0
 

@@ -155,28 +155,46 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
 
 
-def test_nonfinite_weights_on_one_rank_stop_every_rank_without_saving(tmp_path):
+# the runs of nonfinite_runs' one launch, in order: _nonfinite_worker's leading flags for each
+NONFINITE_RUNS = {"weights": [], "optimizer_state": ["--poison-optimizer"]}
+
+
+@pytest.fixture(scope="module")
+def nonfinite_runs(tmp_path_factory):
+    """The NONFINITE_RUNS of _nonfinite_worker on 2 gloo ranks, both in one launch (--runs-out; each run whatever the
+    other's code: every_run), where each had a launch of its own (~6 s of the CI's 2 cores apiece).
+    {name: (its run dir, {rank: its exit code}, both ranks' output)}."""
+    tmp = tmp_path_factory.mktemp("nonfinite")
+    out = tmp / "out"
+    out.mkdir()
+    runs = [[*flags, *TINY, *BATCH, "--num-iterations", "4", "--save-every", "2", "--run-dir", str(tmp / name)]
+            for name, flags in NONFINITE_RUNS.items()]
+    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2,
+                     ["--runs-out", str(out), *[arg for i, run in enumerate(runs) for arg in ["--next-run"][:i] + run]])
+    said = "".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in sorted(out.glob("*.out")))
+    assert r.returncode == 0, said + r.stdout[-3000:] + r.stderr[-3000:]
+    return {name: (tmp / name, {rank: int((out / f"run{n}.rank{rank}.code").read_text()) for rank in (0, 1)},
+                   "".join((out / f"run{n}.rank{rank}.out").read_text() for rank in (0, 1)))
+            for n, name in enumerate(NONFINITE_RUNS)}
+
+
+def test_nonfinite_weights_on_one_rank_stop_every_rank_without_saving(nonfinite_runs):
     """The finite check at save time is all-reduced: rank 1's non-finite weights stop rank 0 too (no hang, no
     checkpoint written from rank 0's finite view)."""
-    run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2,
-                     [*TINY, *BATCH, "--num-iterations", "4", "--save-every", "2", "--run-dir", str(run)])
-    assert r.returncode != 0
-    assert "non-finite values after step 2 in another rank" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "No checkpoint was saved before it" in r.stdout
+    run, codes, out = nonfinite_runs["weights"]
+    assert codes[0] != 0 and codes[1] != 0, (codes, out[-3000:])
+    assert "non-finite values after step 2 in another rank" in out, out[-3000:]
+    assert "No checkpoint was saved before it" in out
     assert ckpt.list_steps(run) == []
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"
 
 
-def test_nonfinite_optimizer_state_in_one_ranks_shard_stops_every_rank_without_saving(tmp_path):
+def test_nonfinite_optimizer_state_in_one_ranks_shard_stops_every_rank_without_saving(nonfinite_runs):
     """Every rank checks its own optimizer shards at a save (rank 0 no longer gathers the whole state to check
     it): a NaN in a Muon matrix only rank 1 holds state for stops both ranks, rank 0 saying another rank."""
-    run = tmp_path / "r"
-    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2,
-                     ["--poison-optimizer", *TINY, *BATCH, "--num-iterations", "4", "--save-every", "2",
-                      "--run-dir", str(run)])
-    assert r.returncode != 0
-    assert "non-finite values after step 2 in another rank" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    run, codes, out = nonfinite_runs["optimizer_state"]
+    assert codes[0] != 0 and codes[1] != 0, (codes, out[-3000:])
+    assert "non-finite values after step 2 in another rank" in out, out[-3000:]
     assert ckpt.list_steps(run) == []
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "nonfinite_params"
 
