@@ -9,7 +9,8 @@ files); rank_env entries are set before main() runs (e.g. NANOCHAT_EVAL_BUNDLE: 
 node). Each rank writes DIR/rank<R>.json with main()'s exit code.
 Several specs, separated by ``--next-run``, run one after the other in one torchrun start-up, each main() with its
 process group on a store of its own (tests/_train_runs_worker.run_each) and with its rank_env alone; the first
-non-zero exit code ends the worker.
+non-zero exit code ends the worker, unless the first argument is ``--every-run`` (specs whose ranks all stop with an
+error they agreed on: every spec runs, each rank's code in its rank<R>.json).
 """
 
 import importlib
@@ -44,4 +45,5 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     from _train_runs_worker import run_each  # (tests/ is the script's directory)
 
-    sys.exit(run_each(sys.argv[1:], lambda spec: main(*spec)))
+    every_run = sys.argv[1] == "--every-run"
+    sys.exit(run_each(sys.argv[1 + every_run:], lambda spec: main(*spec), every_run=every_run))

@@ -92,13 +92,6 @@ def resume_auto_spec(tmp_path, full: Path, rank0_has_checkpoint: bool):
     return spec, mine
 
 
-def resume_auto_with_views(tmp_path, full: Path, rank0_has_checkpoint: bool):
-    """resume_auto_spec's run, in a launch of its own. Returns (torchrun result, exit codes, rank 0's run dir)."""
-    spec, mine = resume_auto_spec(tmp_path, full, rank0_has_checkpoint)
-    res = run_torchrun(WORKER, 2, [str(spec)], timeout=TIMEOUT)
-    return res, codes_of(spec), mine
-
-
 def eval_tokens_spec(tmp_path, tiny_run) -> Path:
     """The spec of a 2-process `base_eval --eval-tokens run` whose rank 1 reads a config.json copy that records
     another --eval-tokens (512) than rank 0's (256); its bpb.json goes to tmp_path/out."""
@@ -127,8 +120,23 @@ def views_that_agree(tmp_path_factory, finished_run, tiny_run):
     return {"resume": (res, codes_of(resume), mine), "eval_tokens": (res, codes_of(tokens), tmp / "eval_tokens")}
 
 
-def test_resume_checkpoint_missing_on_rank1_stops_every_rank(tmp_path, finished_run):
-    res, codes, mine = resume_auto_with_views(tmp_path, finished_run[0], rank0_has_checkpoint=True)
+@pytest.fixture(scope="module")
+def views_that_stop(tmp_path_factory, finished_run, embedded_data_dir, tiny_tokenizer_dir):
+    """One 2-process torchrun for the two views below whose ranks all stop with one error (exit 2), each run whatever
+    the other's code (_rank_view_worker --every-run), where each had a launch of its own (~6 s of the CI's 2 cores):
+    the --resume auto where only rank 0 has a checkpoint, then the training whose rank 1 has no prepared data.
+    Returns {name: (torchrun result, exit codes, its dir)}; the launch's stderr holds both runs' errors."""
+    tmp = tmp_path_factory.mktemp("views_that_stop")
+    (tmp / "resume").mkdir()
+    (tmp / "data").mkdir()
+    resume, mine = resume_auto_spec(tmp / "resume", finished_run[0], rank0_has_checkpoint=True)
+    data = data_missing_spec(tmp / "data", embedded_data_dir, tiny_tokenizer_dir)
+    res = run_torchrun(WORKER, 2, ["--every-run", str(resume), "--next-run", str(data)], timeout=TIMEOUT)
+    return {"resume": (res, codes_of(resume), mine), "data": (res, codes_of(data), tmp / "data")}
+
+
+def test_resume_checkpoint_missing_on_rank1_stops_every_rank(views_that_stop):
+    res, codes, mine = views_that_stop["resume"]
     assert codes == {0: 2, 1: 2}, (codes, res.stderr[-3000:])
     # rank 0 chose step 2; rank 1 cannot follow; every rank raises its error, which rank 0 alone prints
     assert res.stderr.count("rank 1 of 2: checkpoint") == 1, res.stderr[-3000:]
@@ -147,13 +155,18 @@ def test_resume_auto_follows_rank0_when_only_rank1_has_a_checkpoint(finished_run
         assert abs(got[s] - full_losses[s]) < 1e-5, (s, got[s], full_losses[s])
 
 
-def test_data_missing_on_rank1_stops_every_rank(tmp_path, embedded_data_dir, tiny_tokenizer_dir):
-    """Rank 1's node has no prepared data: every rank stops with rank 1's error before the (collective)
-    tokenization of the eval rows, instead of rank 0 waiting there for a rank that already exited."""
+def data_missing_spec(tmp_path, embedded_data_dir, tiny_tokenizer_dir) -> Path:
+    """The spec of a 2-process training whose rank 1's node has no prepared data (its --data-dir is missing)."""
     assert TRAIN[:3] == ["--synthetic-data", "--vocab-size", "256"]
     argv = [*TRAIN[3:], "--tokenizer-dir", str(tiny_tokenizer_dir), "--run-dir", str(tmp_path / "run")]
-    res, codes = run_views(tmp_path, "scripts.base_train", [*argv, "--data-dir", str(embedded_data_dir)],
-                           rank_argv={"1": [*argv, "--data-dir", str(tmp_path / "no_data_here")]})
+    return view_spec(tmp_path, "scripts.base_train", [*argv, "--data-dir", str(embedded_data_dir)],
+                     rank_argv={"1": [*argv, "--data-dir", str(tmp_path / "no_data_here")]})
+
+
+def test_data_missing_on_rank1_stops_every_rank(views_that_stop):
+    """Rank 1's node has no prepared data: every rank stops with rank 1's error before the (collective)
+    tokenization of the eval rows, instead of rank 0 waiting there for a rank that already exited."""
+    res, codes, tmp_path = views_that_stop["data"]
     assert codes == {0: 2, 1: 2}, (codes, res.stderr[-3000:])
     # every rank raises rank 1's error (every_rank_ok); rank 0 alone prints it
     assert res.stderr.count(f"rank 1 of 2: --data-dir {tmp_path / 'no_data_here'}") == 1, res.stderr[-3000:]
