@@ -169,8 +169,8 @@ def nonfinite_runs(tmp_path_factory):
     out.mkdir()
     runs = [[*flags, *TINY, *BATCH, "--num-iterations", "4", "--save-every", "2", "--run-dir", str(tmp / name)]
             for name, flags in NONFINITE_RUNS.items()]
-    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2,
-                     ["--runs-out", str(out), *[arg for i, run in enumerate(runs) for arg in ["--next-run"][:i] + run]])
+    argv = [arg for i, run in enumerate(runs) for arg in (["--next-run"] if i else []) + run]
+    r = run_torchrun(REPO / "tests" / "_nonfinite_worker.py", 2, ["--runs-out", str(out), *argv])
     said = "".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in sorted(out.glob("*.out")))
     assert r.returncode == 0, said + r.stdout[-3000:] + r.stderr[-3000:]
     return {name: (tmp / name, {rank: int((out / f"run{n}.rank{rank}.code").read_text()) for rank in (0, 1)},
