@@ -1,0 +1,58 @@
+"""CORE edge cases that the real bundle has: a multiple-choice option whose scored region is empty (its tokens are a
+prefix of another option's, e.g. piqa rows whose first choice is the start of the second), scored against a
+naive transcription of the authors' (nanochat's) rule."""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _eval_helpers import CharTok, tiny_gpt  # noqa: E402
+
+from nanochat import core_eval as ce  # noqa: E402
+from nanochat.eval_bundle import TaskSpec  # noqa: E402
+from nanochat.numerics import apply_numerics  # noqa: E402
+
+MC = TaskSpec("mc", "", "multiple_choice", 0, " ")
+# "ab" is a token prefix of "abcde": the common prefix ends where "ab" ends, so its region is empty
+PREFIX_ROWS = [
+    {"query": "q", "choices": ["ab", "abcde"], "gold": 0},  # the empty region first, and gold
+    {"query": "q", "choices": ["ab", "abcde"], "gold": 1},  # the empty region first, the other one gold
+    {"query": "q", "choices": ["abcde", "ab"], "gold": 1},  # the empty region not first
+]
+
+
+def nanochat_verdicts(model, rows) -> list[bool]:
+    """The authors' rule, one example per forward: the mean loss over each region (an empty region's mean is NaN),
+    then ``means.index(min(means))`` (Python's min keeps a NaN it starts with and never picks a later one)."""
+    out = []
+    for item in rows:
+        prompts = ce.render_prompts_mc(item, " ", [])
+        tokens = [[CharTok.bos_token_id] + CharTok().encode(p) for p in prompts]
+        start = ce.common_length(tokens, "left")
+        T = max(len(t) for t in tokens)
+        ids = torch.tensor([t + [CharTok.bos_token_id] * (T - len(t)) for t in tokens])
+        with torch.no_grad():
+            logits = model(ids)
+        losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        means = [losses[r, start - 1 : len(t) - 1].mean().item() for r, t in enumerate(tokens)]
+        out.append(means.index(min(means)) == item["gold"])
+    return out
+
+
+def verdicts(model, rows) -> list[bool]:
+    examples = [ce.prepare_example(CharTok(), item, MC, []) for item in rows]
+    return ce.score_examples(model, examples, MC.task_type, CharTok.bos_token_id, batch_size=16)
+
+
+def test_reference_numerics_score_an_empty_first_region_as_the_authors_evaluator():
+    model = tiny_gpt(seq_len=64)
+    ours = verdicts(model, PREFIX_ROWS)
+    assert ours == [False, True, False]  # ours: an empty region never wins
+    apply_numerics(model, "reference")
+    expected = nanochat_verdicts(model, PREFIX_ROWS)
+    assert expected == [True, False, False]  # the first option wins whenever its region is empty
+    assert verdicts(model, PREFIX_ROWS) == expected
+    assert tuple(ce.evaluate_task(model, CharTok(), PREFIX_ROWS, MC, progress=False)) == (1, 3, 0)
