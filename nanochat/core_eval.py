@@ -2,7 +2,9 @@
 
 Three task types, each turned into token rows with a scored region [start, end):
 * multiple_choice: one prompt per choice; the region starts at the first token where the choices differ;
-  the choice with the lowest mean loss over its region wins (first one on ties).
+  the choice with the lowest mean loss over its region wins (first one on ties). A choice whose tokens are a
+  prefix of another's has an empty region (the real piqa has such rows): here it never wins; nanochat's mean
+  of no losses is NaN, which makes it win when it is the first choice (``--numerics reference`` does that).
 * schema: one prompt per context option, shared continuation; the region is the common token suffix.
 * language_modeling: one prompt; correct iff greedy argmax reproduces every continuation token.
 Prompts, few-shot sampling (random.Random(1234 + i)) and the per-task shuffle (random.Random(1337)) follow
@@ -129,12 +131,25 @@ def crop_left(ex: Prepared, max_len: int, where: str = "", limit: str = "max_seq
 
 
 # -- batched scoring --------------------------------------------------------------------------------------
-def _judge(task_type: str, losses: torch.Tensor, preds: torch.Tensor, ids: torch.Tensor, ex: Prepared) -> bool:
+def reference_scoring(model) -> bool:
+    """Whether CORE scores as the authors' evaluator where ours differs on purpose (an empty region, ``_judge``):
+    under ``nanochat.numerics.apply_numerics(model, "reference")``, which marks the model with ``core_crop_len``."""
+    return getattr(model, "core_crop_len", None) is not None
+
+
+def _judge(task_type: str, losses: torch.Tensor, preds: torch.Tensor, ids: torch.Tensor, ex: Prepared,
+           reference: bool = False) -> bool:
     """losses/preds/ids: this example's rows of the batch. Position p predicts token p+1."""
     if task_type == "language_modeling":
         s, e = ex.starts[0], ex.ends[0]
         return bool(torch.equal(preds[0, s - 1 : e - 1], ids[0, s:e]))
-    # An empty region (a choice that is a prefix of another) gets +inf so it can never win by default.
+    # An empty region (a choice whose tokens are a prefix of another's) has no mean loss. Ours: +inf, so it never
+    # wins. The authors' evaluator takes the mean of no losses (NaN) into means.index(min(means)); Python's min
+    # keeps a NaN it starts from and never takes a later one, so there the FIRST choice wins whenever its region
+    # is empty, and an empty region further on never wins. (All regions empty, as for identical options: both
+    # pick the first.)
+    if reference and ex.ends[0] <= ex.starts[0]:
+        return ex.gold == 0
     means = [losses[r, s - 1 : e - 1].mean().item() if e > s else math.inf
              for r, (s, e) in enumerate(zip(ex.starts, ex.ends))]
     return means.index(min(means)) == ex.gold
@@ -155,10 +170,11 @@ def _score_batch(model, batch: list[Prepared], task_type: str, pad_id: int, devi
     losses = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
     losses = losses.view(len(rows), T - 1).cpu()
     preds, ids = logits[:, :-1].argmax(dim=-1).cpu(), ids.cpu()
+    reference = reference_scoring(model)
     out, r0 = [], 0
     for ex in batch:
         r1 = r0 + len(ex.rows)
-        out.append(_judge(task_type, losses[r0:r1], preds[r0:r1], ids[r0:r1], ex))
+        out.append(_judge(task_type, losses[r0:r1], preds[r0:r1], ids[r0:r1], ex, reference))
         r0 = r1
     return out
 
