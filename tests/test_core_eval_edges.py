@@ -5,11 +5,12 @@ naive transcription of the authors' (nanochat's) rule."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _eval_helpers import CharTok, tiny_gpt  # noqa: E402
+from _eval_helpers import MC_ROWS, CharTok, SuccessorModel, tiny_gpt  # noqa: E402
 
 from nanochat import core_eval as ce  # noqa: E402
 from nanochat.eval_bundle import TaskSpec  # noqa: E402
@@ -56,3 +57,27 @@ def test_reference_numerics_score_an_empty_first_region_as_the_authors_evaluator
     assert expected == [True, False, False]  # the first option wins whenever its region is empty
     assert verdicts(model, PREFIX_ROWS) == expected
     assert tuple(ce.evaluate_task(model, CharTok(), PREFIX_ROWS, MC, progress=False)) == (1, 3, 0)
+
+
+def test_more_ranks_than_examples_and_rows_count_each_once():
+    """8 ranks (threads) on a task of 5 examples (a small --max-per-task on 8 GPUs) and 3 bpb rows: ranks 5-7 score
+    no example and 3-7 no row, yet every rank returns the one-process counts and bpb (sums, not means of ranks)."""
+    from _thread_ranks import run_ranks
+
+    from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches
+
+    model = SuccessorModel()
+    rows = MC_ROWS + PREFIX_ROWS[:1]
+    x, y = bpb_rows_from_text(CharTok(), ["abc def", "mno pqr stu"], seq_len=8)
+    assert x.size(0) == 3
+    one = (tuple(ce.evaluate_task(model, CharTok(), rows, MC, batch_size=2, progress=False)),
+           evaluate_bpb(model, iter_row_batches(x, y, 2), CharTok().token_bytes()))
+
+    def rank(r, world):
+        return (tuple(ce.evaluate_task(model, CharTok(), rows, MC, batch_size=2, progress=False)),
+                evaluate_bpb(model, iter_row_batches(x, y, 2, r, world), CharTok().token_bytes()))
+
+    results = run_ranks(8, rank)
+    assert one[0] == (2, 5, 0)
+    for counts, bpb in results:
+        assert counts == one[0] and bpb == pytest.approx(one[1], rel=1e-12)
