@@ -80,8 +80,9 @@ def bpb_rows_from_text(tokenizer, documents: list[str], seq_len: int, max_tokens
 
 def iter_row_batches(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, rank: int = 0,
                      world_size: int = 1, device="cpu"):
-    """(inputs, targets) batches over rows rank, rank+W, ... (so the union over ranks is every row once)."""
-    idx = torch.arange(rank, inputs.size(0), world_size)
+    """(inputs, targets) batches over rows rank, rank+W, ... (so the union over ranks is every row once); none for a
+    rank past the last row (a short corpus on many ranks), which still takes part in evaluate_bpb's votes and sum."""
+    idx = torch.arange(inputs.size(0))[rank::world_size]  # arange(rank, N, W) raises for rank > N
     for i in range(0, len(idx), batch_size):
         sel = idx[i : i + batch_size]
         yield inputs[sel].to(device), targets[sel].to(device)
