@@ -81,3 +81,24 @@ def test_more_ranks_than_examples_and_rows_count_each_once():
     assert one[0] == (2, 5, 0)
     for counts, bpb in results:
         assert counts == one[0] and bpb == pytest.approx(one[1], rel=1e-12)
+
+
+def test_centered_accuracies_and_core_equal_nanochats_gpt2_reports(shared_dir):
+    """The real eval_meta_data.csv (quoted descriptions holding commas) and core.yaml, and nanochat's own CORE
+    reports of the four GPT-2 models: their accuracies give their centered values and CORE (to the reports'
+    6 printed digits)."""
+    from nanochat.eval_bundle import load_core_tasks, load_random_baselines
+
+    bundle = shared_dir / "eval_bundle"
+    labels, baselines = [t.label for t in load_core_tasks(bundle)], load_random_baselines(bundle)
+    reports = sorted(bundle.glob("openai-community-gpt2*.csv"))
+    assert len(labels) == 22 and len(reports) == 4
+    for report in reports:
+        rows = [[cell.strip() for cell in line.split(",")] for line in report.read_text().splitlines()[1:]]
+        accuracies = {task: {"accuracy": float(acc), "n": 1} for task, acc, _ in rows if acc}
+        theirs = {task: float(centered) for task, _, centered in rows}
+        ours = ce.summarize_core(accuracies, baselines, labels)
+        assert ours["label"] == "CORE" and sorted(ours["tasks"]) == sorted(labels)
+        for task, result in ours["tasks"].items():
+            assert result["centered"] == pytest.approx(theirs[task], abs=2e-6), (report.name, task)
+        assert ours["core"] == pytest.approx(theirs["CORE"], abs=2e-6), report.name
