@@ -95,7 +95,7 @@ def parse_args(argv=None):
                     help="autocast dtype: run = the dtype the checkpoint's run trained with (auto: bf16 on CUDA, "
                     "fp32 elsewhere)")
     ap.add_argument("--numerics", default="ours", choices=NUMERICS,
-                    help="reference = the authors' eval numerics (bf16 RoPE tables, MoME top-K on router scores in "
+                    help="reference = the authors' eval numerics (bf16 RoPE tables except MobileLLM's, MoME top-K on router scores in "
                     "the autocast dtype, their token_bytes, CORE prompts longer than the context uncropped up to the "
                     "rotary table (10x) with each nanochat L layer seeing the last sequence_len keys, their scoring of a "
                     "multiple-choice option whose scored region is empty: it wins when it is the first option) to "
