@@ -95,12 +95,12 @@ def parse_args(argv=None):
                     help="autocast dtype: run = the dtype the checkpoint's run trained with (auto: bf16 on CUDA, "
                     "fp32 elsewhere)")
     ap.add_argument("--numerics", default="ours", choices=NUMERICS,
-                    help="reference = the authors' eval numerics (bf16 RoPE tables except MobileLLM's, MoME top-K on router scores in "
-                    "the autocast dtype, their token_bytes, CORE prompts longer than the context uncropped up to the "
-                    "rotary table (10x) with each nanochat L layer seeing the last sequence_len keys, their scoring of a "
-                    "multiple-choice option whose scored region is empty: it wins when it is the first option) to "
-                    "compare with numbers their code prints; ours crops such prompts from the left to sequence_len "
-                    "and never picks an option with an empty region")
+                    help="reference = the authors' eval numerics (bf16 RoPE tables except MobileLLM's, MoME top-K on "
+                    "router scores in the autocast dtype, their token_bytes, CORE prompts longer than the context "
+                    "uncropped up to the rotary table (10x) with each nanochat L layer seeing the last sequence_len "
+                    "keys, their scoring of a multiple-choice option whose scored region is empty: it wins when it is "
+                    "the first option) to compare with numbers their code prints; ours crops such prompts from the "
+                    "left to sequence_len and never picks an option with an empty region")
     ap.add_argument("--attention", default="run", choices=("run", *ATTENTION_BACKENDS),
                     help="attention kernel on CUDA (as base_train's --attention): run = the kernel the checkpoint's "
                     f"run trained with (its config.json 'attention'; runs that record none, e.g. imported ones, get "
