@@ -1,7 +1,7 @@
 """Opt-in evaluation numerics: ``ours`` (the default) or ``reference`` (the authors' code, for comparing numbers).
 
 ``reference`` reproduces the two numerical differences listed in ``../shared/spec/reference_checkpoint_names.md``
-that an evaluation of the same weights can see, plus their bits-per-byte bookkeeping:
+that an evaluation of the same weights can see, plus their bits-per-byte bookkeeping and two CORE rules:
 
 1. RoPE tables rounded to bf16 (theirs are cast to bf16 at construction); not for MobileLLM, whose reference
    keeps fp32 tables. The nanochat GPT casts its fp32 tables to q/k's dtype at use, so under bf16 autocast the
@@ -17,6 +17,9 @@ that an evaluation of the same weights can see, plus their bits-per-byte bookkee
    is the plain causal path, so only longer forwards change. MobileLLM and Qwen3 attend to the full causal context
    at any length in the reference too (families spec §2.3, §3.2), so only their crop changes. That their classes
    lack max_seq_len as well is an assumption: the spec says it of GPT only, and gives them the same 10 T tables.
+5. a CORE multiple-choice option whose scored region is empty (its tokens a prefix of another option's): their
+   mean of no losses is NaN and ``min`` keeps a NaN it starts with, so it wins when it is the first option;
+   ours never picks it (``nanochat.core_eval.reference_scoring``, keyed on the ``core_crop_len`` mark of 4).
 
 Not reproduced: their bf16 *storage* of wte, memory tables and routers, which makes their residual stream bf16
 on CUDA; our weights are fp32 under autocast, so GPU numbers agree to bf16 rounding, not bit for bit.
