@@ -70,6 +70,36 @@ def meta_dir(flag_value, meta: dict, key: str) -> Path | None:
     return Path(args[key]) if args.get(key) else None
 
 
+class SplitData:
+    """The prepared data of the val/train domains, found as base_eval finds its bpb data
+    (nanochat.dataset.run_data_dir: --data-dir, else the meta's data_dir, else the recorded dataset's directory);
+    like CoreSettings, found, checked and printed at the first such domain only: an analysis that reads no split
+    needs none. ``record()`` is what the outputs' JSON says of it."""
+
+    def __init__(self, flag_value, meta: dict):
+        self.flag_value, self.meta = flag_value, meta
+        self.path = None  # once a val/train domain asked
+
+    def __call__(self, asking: str) -> Path:
+        """The directory, for the domain ``asking`` ("--corpus val"), named in the error of one without data."""
+        from nanochat.dataset import MANIFEST, default_data_dir, run_data_dir
+
+        if self.path is None:
+            found = run_data_dir(self.flag_value, self.meta)
+            if not (found.path / MANIFEST).is_file():
+                dataset = found.dataset or ("embedded" if found.path == default_data_dir("embedded") else None)
+                at = "" if dataset and found.path == default_data_dir(dataset) else f" --data-dir {found.path}"
+                raise ValueError(f"{asking}: no prepared data in {found.path} (no {MANIFEST}; {found.source}): "
+                                 f"prepare it with `python -m scripts.prepare_data --dataset {dataset or 'NAME'}{at}`, "
+                                 "or pass --data-dir DIR")
+            print(f"data: {found.path} ({found.source})", flush=True)
+            self.path = found.path
+        return self.path
+
+    def record(self) -> str | None:
+        return None if self.path is None else str(self.path)
+
+
 def load_run(run, step=None, device="cpu", tokenizer_dir=None):
     """(model in eval mode, meta, tokenizer) of a checkpoint; errors name the run directory. A run trained with
     --synthetic-data is refused, naming the flag, before its weights are read."""
@@ -249,21 +279,30 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
                   max_tokens: int | None = None, flag: str = "--corpus",
                   train_rows: tuple[int | None, str] = (None, "manifest order")) -> list[Domain]:
     """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem); ``flag``
-    is the option the specs came from, named in errors; ``core``: a function giving the settings and the bundle
-    directory of core: domains (CoreSettings; None: the search order, every example); ``train_rows``:
-    train_rows_order's (first-read seed, description) of the train split's rows."""
+    is the option the specs came from, named in errors; ``data_dir``: the prepared data of val/train domains, or a
+    function of the asking domain ("--corpus val") giving it (SplitData); ``core``: a function giving the settings
+    and the bundle directory of core: domains (CoreSettings; None: the search order, every example);
+    ``train_rows``: train_rows_order's (first-read seed, description) of the train split's rows."""
     domains = []
     for spec in specs:
         start = len(domains)
         kind, _, arg = spec.partition(":")
         if kind in ("val", "train") and not arg:
-            from nanochat.dataloader import build_eval_rows
+            from nanochat.dataloader import EvalRowsTooFew, build_eval_rows
+            from nanochat.dataset import DataError
 
             if data_dir is None:
-                raise ValueError(f"{flag} {spec}: no data directory (pass --data-dir or use a run whose meta has one)")
+                raise ValueError(f"{flag} {spec}: no data directory (SplitData finds a run's)")
+            split_dir = data_dir(f"{flag} {spec}") if callable(data_dir) else data_dir
             n = max_tokens or 65536
             first_read, order = train_rows if kind == "train" else (None, VAL_ROWS)
-            rows = build_eval_rows(data_dir, kind, tokenizer, seq_len, n, first_read_seed=first_read)[:, :-1]
+            try:
+                rows = build_eval_rows(split_dir, kind, tokenizer, seq_len, n, first_read_seed=first_read)[:, :-1]
+            except EvalRowsTooFew as e:  # its advice names base_eval's flag: say which one asked here
+                budget = f"--max-tokens {n:,}" if max_tokens else f"--max-tokens 0 = {n:,}"
+                raise ValueError(f"{flag} {spec}: {budget} is more than the split holds: {e}") from e
+            except DataError as e:  # e.g. a corrupt manifest: an error line, not a traceback
+                raise ValueError(f"{flag} {spec}: {e}") from e
             domains.append(Domain(kind, list(rows), "split", order))
         elif kind == "core" and arg:
             from nanochat.download import DownloadError

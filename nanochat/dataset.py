@@ -17,6 +17,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from nanochat.download import (DownloadError, DownloadStopped, StopFlag, download_file, hub_file, place_file,
                               run_in_daemon_threads)
@@ -54,6 +55,26 @@ def default_data_dir(dataset: str) -> Path:
     if dataset.startswith(HF_PREFIX):
         dataset = "hf-" + re.sub(r"[^A-Za-z0-9._-]+", "--", dataset[len(HF_PREFIX):]).strip("-")
     return base / dataset
+
+
+class RunDataDir(NamedTuple):
+    path: Path
+    source: str  # where the path came from, for the printed line
+    dataset: str | None  # the dataset the checkpoint records (meta "dataset"), None where it records none
+
+
+def run_data_dir(flag_value, meta: dict) -> RunDataDir:
+    """The prepared data a checkpoint's evaluations read (base_eval's bpb and the analyses' val/train domains
+    alike): --data-dir, else its meta's "data_dir" (base_train records the one it trained on), else the directory
+    scripts.prepare_data fills for its meta's "dataset" (an import's --dataset; "embedded" where none is recorded)."""
+    dataset = meta.get("dataset") or None
+    if flag_value:
+        return RunDataDir(Path(flag_value), "--data-dir", dataset)
+    if meta.get("data_dir"):
+        return RunDataDir(Path(meta["data_dir"]), "checkpoint meta 'data_dir'", dataset)
+    where = f"the run's dataset {dataset!r}" if dataset else "dataset 'embedded' (the checkpoint records none)"
+    return RunDataDir(default_data_dir(dataset or "embedded"),
+                      f"default directory of {where}: no --data-dir and no 'data_dir' in meta.json", dataset)
 
 
 def read_jsonl_texts(path, error: type[Exception] = ValueError) -> list[str]:

@@ -13,8 +13,9 @@ inject into the attention values (H = KV heads); Bigram's gate scales its residu
 Writes <run>/analysis/memory_use.{json,csv} and memory_gamma.png / memory_inject_norm.png (one layers x heads
 panel per domain, shared colour scale; gamma on the paper's [0, 2] scale). --corpus train reads the documents the
 run's loader read first (its --data-seed, as its final train bpb), val the split's first documents; memory_use.json
-"split_rows" says which, and "core" the CORE bundle directory and per-task cap its core: domains read (null without
-one).
+"split_rows" says which, "data_dir" the prepared data val/train read (found as base_eval finds it: --data-dir, else
+the checkpoint's data_dir, else its recorded dataset's directory, e.g. an import's --dataset), and "core" the CORE
+bundle directory and per-task cap its core: domains read (null without one).
 """
 
 import argparse
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, CoreSettings,
-                               heatmaps, iter_captured, load_run, memory_block, meta_dir, OutputWriteError,
+                               heatmaps, iter_captured, load_run, memory_block, OutputWriteError, SplitData,
                                split_rows, staged_outputs, train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
 from nanochat.eval_bundle import add_core_flags
@@ -43,7 +44,8 @@ def parse_args(argv=None):
     add_core_flags(ap)
     ap.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass")
     ap.add_argument("--tokenizer-dir", default=None, help="override meta['tokenizer_dir']")
-    ap.add_argument("--data-dir", default=None, help="override meta['data_dir'] (for --corpus val/train)")
+    ap.add_argument("--data-dir", default=None, help="prepared data of --corpus val/train (default: as base_eval: "
+                    "meta's data_dir, else its recorded dataset's directory)")
     add_train_rows_flag(ap)
     ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
@@ -121,7 +123,8 @@ def analyze(args, out_dir: Path) -> int:
         model, meta, tokenizer = load_run(args.run, args.step, args.device, args.tokenizer_dir)
         block = memory_block(model)
         core = CoreSettings(args, meta)
-        domains = build_domains(args.corpus, tokenizer, model.max_seq_len, data_dir=meta_dir(args.data_dir, meta, "data_dir"),
+        data = SplitData(args.data_dir, meta)
+        domains = build_domains(args.corpus, tokenizer, model.max_seq_len, data_dir=data,
                                 core=core, max_tokens=args.max_tokens or None,
                                 train_rows=train_rows_order(args.train_rows, meta))
     except (FileNotFoundError, ValueError) as e:
@@ -129,7 +132,8 @@ def analyze(args, out_dir: Path) -> int:
         return 2
     results = memory_use(model, domains, args.batch_size, tokenizer.bos_token_id, not args.no_progress)
     header = {"run": str(args.run), "step": meta["step"], "memory": model.config.memory,
-              "injection": injection_sites(block), "split_rows": split_rows(domains), "core": core.record()}
+              "injection": injection_sites(block), "split_rows": split_rows(domains), "data_dir": data.record(),
+              "core": core.record()}
     try:
         with staged_outputs(out_dir) as stage:
             write_outputs(results, block.layers, stage, header)

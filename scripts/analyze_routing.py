@@ -12,7 +12,9 @@ largest-slot membership share, per-token effective slots (token ids seen >= --mi
 never selected, and mean/max base-2 JSD of each site's routing-weight distribution against the --reference
 domain. Writes <out>/routing_audit.{md,csv,json}. A train domain reads the documents the run's loader read first (its
 --data-seed, as its final train bpb), val the split's first documents; routing_audit.json "split_rows" says which,
-and "core" the CORE bundle directory and per-task cap its core: domains read (null without one).
+"data_dir" the prepared data val/train read (found as base_eval finds it: --data-dir, else the checkpoint's
+data_dir, else its recorded dataset's directory, e.g. an import's --dataset), and "core" the CORE bundle directory
+and per-task cap its core: domains read (null without one).
 
 Words: for every prompt that contains a target word as ONE token (with its leading space), the slot set each head
 selects at the word's last occurrence (slots ordered by routing weight). --prompts FILE holds one prompt per
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_train_rows_flag,
-                               build_domains, CoreSettings, iter_captured, load_run, memory_block, meta_dir, pad_rows,
+                               build_domains, CoreSettings, iter_captured, load_run, memory_block, pad_rows, SplitData,
                                run_captured, single_token_at, split_rows, staged_outputs, train_rows_order,
                                write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
@@ -73,7 +75,8 @@ def parse_args(argv=None):
     ap.add_argument("--sites", default="", help="figure columns for --words as layer:head list (default: all)")
     ap.add_argument("--batch-size", type=positive_int, default=8)
     ap.add_argument("--tokenizer-dir", default=None)
-    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--data-dir", default=None, help="prepared data of val/train domains (default: as base_eval: "
+                    "meta's data_dir, else its recorded dataset's directory)")
     add_train_rows_flag(ap)
     ap.add_argument("--device", type=device_name, default="cpu")
     ap.add_argument("--out-dir", default=None, help="default: <run>/analysis")
@@ -298,8 +301,8 @@ def analyze(args, out_dir: Path) -> int:
         header = {"run": str(args.run), "step": meta["step"], "memory_options": model.config.memory_options}
         if args.corpus:
             core = CoreSettings(args, meta)
-            common = dict(data_dir=meta_dir(args.data_dir, meta, "data_dir"), core=core,
-                          max_tokens=args.max_tokens or None,
+            data = SplitData(args.data_dir, meta)
+            common = dict(data_dir=data, core=core, max_tokens=args.max_tokens or None,
                           train_rows=train_rows_order(args.train_rows, meta))
             domains = build_domains(args.corpus, tokenizer, model.max_seq_len, **common)
             reference = None
@@ -313,7 +316,8 @@ def analyze(args, out_dir: Path) -> int:
             rows_of = split_rows(domains + ([reference] if reference else []))
             with staged_outputs(out_dir) as stage:
                 write_audit(rows, reference.name if reference else None, stage,
-                            {**header, "split_rows": rows_of, "core": core.record()})
+                            {**header, "split_rows": rows_of, "data_dir": data.record(),
+                             "core": core.record()})
             print(audit_markdown(rows, reference.name if reference else None))
             for name, order in rows_of.items():
                 print(f"{name} rows: {order}")

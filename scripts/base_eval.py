@@ -313,7 +313,7 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     run has not finished. The rows are held until scored (a split of 20,971,520 tokens: 168 MB on every rank, as
     training holds its own final-evaluation rows)."""
     from nanochat.dataloader import eval_rows_order
-    from nanochat.dataset import default_data_dir, load_manifest, manifest_fingerprint
+    from nanochat.dataset import load_manifest, manifest_fingerprint, run_data_dir
     from nanochat.download import file_sha256
 
     # rank 0's record for every rank: a node's own copy of config.json can record another budget, and ranks that
@@ -322,8 +322,7 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     plan = BpbPlan({"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}, [],
                    eval_token_bytes(tokenizer, args.numerics).to(device))
     if args.split_names:
-        data_dir, source = resolve_dir(args.data_dir, meta, "data_dir", "--data-dir",
-                                       lambda: default_data_dir(meta.get("dataset", "embedded")))
+        data_dir, source, _ = run_data_dir(args.data_dir, meta)
         print0(f"bpb data: {data_dir} ({source}); {eval_tokens:,} tokens per split ({tokens_source})")
         plan.out["data_dir"] = str(data_dir)
         # build_eval_rows is collective: fail together, before it
