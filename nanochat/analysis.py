@@ -82,16 +82,14 @@ class SplitData:
 
     def __call__(self, asking: str) -> Path:
         """The directory, for the domain ``asking`` ("--corpus val"), named in the error of one without data."""
-        from nanochat.dataset import MANIFEST, default_data_dir, run_data_dir
+        from nanochat.dataset import MANIFEST, prepare_data_command, run_data_dir
 
         if self.path is None:
             found = run_data_dir(self.flag_value, self.meta)
             if not (found.path / MANIFEST).is_file():
-                dataset = found.dataset or ("embedded" if found.path == default_data_dir("embedded") else None)
-                at = "" if dataset and found.path == default_data_dir(dataset) else f" --data-dir {found.path}"
                 raise ValueError(f"{asking}: no prepared data in {found.path} (no {MANIFEST}; {found.source}): "
-                                 f"prepare it with `python -m scripts.prepare_data --dataset {dataset or 'NAME'}{at}`, "
-                                 "or pass --data-dir DIR")
+                                 f"prepare it with {'' if found.dataset else 'e.g. '}"
+                                 f"`{prepare_data_command(found.path, found.dataset)}`, or pass --data-dir DIR")
             print(f"data: {found.path} ({found.source})", flush=True)
             self.path = found.path
         return self.path

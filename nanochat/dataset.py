@@ -91,11 +91,20 @@ def read_jsonl_texts(path, error: type[Exception] = ValueError) -> list[str]:
     return texts
 
 
-def load_manifest(data_dir) -> dict:
+def prepare_data_command(data_dir, dataset: str | None = None) -> str:
+    """The scripts.prepare_data command that fills ``data_dir`` with ``dataset`` (the embedded corpus, as an
+    example, where the caller knows none); --data-dir only where it is not the dataset's default directory."""
+    dataset = dataset or "embedded"
+    at = "" if Path(data_dir) == default_data_dir(dataset) else f" --data-dir {data_dir}"
+    return f"python -m scripts.prepare_data --dataset {dataset}{at}"
+
+
+def load_manifest(data_dir, dataset: str | None = None) -> dict:
+    """``data_dir``'s manifest; ``dataset`` (the one the caller expects there) names the command of a missing one."""
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
-        raise DataError(f"{path} not found: prepare the data first, e.g. "
-                        f"`python -m scripts.prepare_data --dataset embedded --data-dir {data_dir}`")
+        raise DataError(f"{path} not found: prepare the data first, {'' if dataset else 'e.g. '}"
+                        f"`{prepare_data_command(data_dir, dataset)}`")
     manifest = read_json_object(path, DataError, "re-run scripts.prepare_data")
     for key in ("dataset", "train", "val", "shards"):
         if key not in manifest:

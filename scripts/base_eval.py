@@ -322,13 +322,13 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     plan = BpbPlan({"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}, [],
                    eval_token_bytes(tokenizer, args.numerics).to(device))
     if args.split_names:
-        data_dir, source, _ = run_data_dir(args.data_dir, meta)
+        data_dir, source, dataset = run_data_dir(args.data_dir, meta)
         print0(f"bpb data: {data_dir} ({source}); {eval_tokens:,} tokens per split ({tokens_source})")
         plan.out["data_dir"] = str(data_dir)
         # build_eval_rows is collective: fail together, before it
         # "result": what an item holds; older code kept a bare bpb (its items are scored again, even where the code
         # version cannot tell the codes apart: outside a git checkout)
-        data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir))),
+        data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir, dataset))),
                 "eval_tokens": eval_tokens, "result": "bpb, mome_slot_balance"}
         data_seed = recorded_run_args(meta).get("data_seed")  # the run's train bpb rows
         for split in args.split_names:

@@ -1,5 +1,6 @@
 import json
 import math
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -389,3 +390,16 @@ def test_ctrl_c_during_a_local_build_says_what_is_left(tmp_path, monkeypatch, ca
         assert "no manifest was written (loaders refuse the directory)" in err, err
     else:
         assert "the dataset already there is unchanged" in err and (data / "manifest.json").is_file(), err
+
+
+def test_missing_data_names_the_command_for_the_runs_dataset(tmp_path, monkeypatch):
+    """base_eval's bpb data of an imported climbmix run: the advice named `--dataset embedded --data-dir
+    .../climbmix`, which fills that directory with other data."""
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path))
+    with pytest.raises(DataError, match=re.escape("`python -m scripts.prepare_data --dataset climbmix`")):
+        load_manifest(tmp_path / "climbmix", "climbmix")
+    with pytest.raises(DataError, match=re.escape(f"--dataset climbmix --data-dir {tmp_path / 'x'}`")):
+        load_manifest(tmp_path / "x", "climbmix")
+    with pytest.raises(DataError, match=re.escape(f"e.g. `python -m scripts.prepare_data --dataset embedded "
+                                                  f"--data-dir {tmp_path / 'x'}`")):
+        load_manifest(tmp_path / "x")  # no dataset known: the embedded corpus as the example, as before
