@@ -45,9 +45,12 @@ from .base import MemoryBlock
 from .mome_mix import mome_mix, topk_indices
 
 
-def _positive_number(flag: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{flag} must be a number > 0 (got {value!r})")
+def _finite_number(flag: str, value, positive: bool) -> None:
+    """A finite int or float (not a bool), > 0 or >= 0: an inf eps makes Norm(u) = 0 (the memory silently off), an
+    inf or nan weight a non-finite loss."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (value > 0 if positive else value >= 0):
+        raise ValueError(f"{flag} must be a finite number {'>' if positive else '>='} 0 (got {value!r})")
 
 
 def l2_normalize(u: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,7 +64,7 @@ class JTokOptions:
     eps: float = 1e-6  # --jtok-eps (spec J4)
 
     def __post_init__(self):
-        _positive_number("--jtok-eps", self.eps)
+        _finite_number("--jtok-eps", self.eps, positive=True)
 
 
 @dataclass
@@ -80,9 +83,8 @@ class JTokMOptions:
                              "router would get no gradient from the LM loss (spec §4.3 M1); use K >= 2")
         if self.topk > self.experts:
             raise ValueError(f"--jtokm-topk {self.topk} exceeds --jtokm-experts {self.experts} (need K <= n_e)")
-        if isinstance(self.aux_weight, bool) or not isinstance(self.aux_weight, (int, float)) or self.aux_weight < 0:
-            raise ValueError(f"--jtokm-aux-weight must be a number >= 0 (got {self.aux_weight!r})")
-        _positive_number("--jtokm-eps", self.eps)
+        _finite_number("--jtokm-aux-weight", self.aux_weight, positive=False)
+        _finite_number("--jtokm-eps", self.eps, positive=True)
 
 
 class _ScaledTokenTables(MemoryBlock):

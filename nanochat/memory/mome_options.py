@@ -91,8 +91,9 @@ class MoMEOptions:
         if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
             raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
                              "K < M)")
-        if not (isinstance(self.balance_lr, (int, float)) and self.balance_lr >= 0):
-            raise ValueError(f"--mome-balance-lr must be >= 0 (got {self.balance_lr!r})")
+        if not (isinstance(self.balance_lr, (int, float)) and not isinstance(self.balance_lr, bool)
+                and 0 <= self.balance_lr < float("inf")):  # inf: inf * 0 makes every unmoved bias NaN
+            raise ValueError(f"--mome-balance-lr must be a finite number >= 0 (got {self.balance_lr!r})")
         if not (isinstance(self.balance_band, (int, float)) and not isinstance(self.balance_band, bool)
                 and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
             raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
