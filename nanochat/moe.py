@@ -37,6 +37,8 @@ like the dense MLP. FLOPs and "active" parameters count the shared experts, K ro
 (``inactive_params``); stored parameters count all E.
 """
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -71,8 +73,9 @@ def check_mlp_config(config) -> None:
     _int_at_least("--moe-topk", config.moe_topk, 1)
     _int_at_least("--moe-shared", config.moe_shared, 0)
     _int_at_least("--moe-hidden", config.moe_hidden, 0)
-    if not (isinstance(config.moe_balance_lr, (int, float)) and config.moe_balance_lr >= 0):
-        raise ValueError(f"--moe-balance-lr must be >= 0 (got {config.moe_balance_lr!r})")
+    lr = config.moe_balance_lr  # inf * a zero sign made the bias NaN; a config file's true was a step of 1
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"--moe-balance-lr must be a finite number >= 0 (got {lr!r})")
     if config.moe_topk > config.moe_experts:
         raise ValueError(f"--moe-topk {config.moe_topk} exceeds --moe-experts {config.moe_experts} (need K <= E)")
     if config.mlp == "moe" and config.moe_topk == 1:

@@ -5,6 +5,7 @@ routing, compilation, flags, and training through base_train."""
 import importlib.util
 import json
 import sys
+import types
 
 import pytest
 import torch
@@ -369,7 +370,7 @@ def test_compiled_model_matches_eager_on_cpu():
     (["--mlp", "moe", "--moe-topk", "3", "--moe-experts", "2"], "--moe-topk 3 exceeds --moe-experts 2"),
     (["--mlp", "moe", "--moe-topk", "1"], "--moe-topk 1"),
     (["--mlp", "moe", "--moe-shared", "-1"], "--moe-shared must be an integer >= 0"),
-    (["--mlp", "moe", "--moe-balance-lr", "-1"], "--moe-balance-lr must be >= 0"),
+    (["--mlp", "moe", "--moe-balance-lr", "-1"], "--moe-balance-lr must be a finite number >= 0"),
     (["--mlp", "moe", "--model-type", "mobilellm"], "--mlp: the MoE FFN is a --model-type nanochat option"),
     (["--mlp", "moe", "--model-type", "qwen3-0.6b"], "--model-type qwen3 has a SwiGLU FFN"),
 ])
@@ -377,6 +378,19 @@ def test_flag_errors(tmp_path, capsys, flags, message):
     assert base_train.main(["--dry-run", "--run-dir", str(tmp_path / "p"), *flags]) == 2
     assert message in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), True])
+def test_moe_balance_lr_must_be_a_finite_number(value):
+    # inf: inf * 0 on every expert whose sign is 0 made the routing bias NaN after one update; True: a step of 1
+    with pytest.raises(ValueError, match="--moe-balance-lr must be a finite number >= 0"):
+        moe_module.check_mlp_config(_moe_fields(moe_balance_lr=value))
+
+
+def _moe_fields(**changes):
+    """The FFN fields check_mlp_config reads, without building a GPTConfig (whose own checks would run first)."""
+    fields = dict(mlp="moe", moe_experts=4, moe_topk=2, moe_shared=0, moe_hidden=0, moe_balance_lr=0.0)
+    return types.SimpleNamespace(**{**fields, **changes})
 
 def test_configs_without_ffn_fields_load_as_dense():
     dense = GPTConfig(n_layer=2)
