@@ -169,8 +169,8 @@ def export_reference(args) -> Path:
     for path in (model_path, meta_path):
         if path.exists():
             raise FileExistsError(f"--out {out}: {path} already exists; choose a new directory or --model-tag")
-    their_meta = {"step": step, "val_bpb": val_bpb_of(meta, args.run), "model_type": model_type, "model_config": model_config,
-                  "user_config": {}, "max_seq_len": config.sequence_len,
+    their_meta = {"step": step, "val_bpb": val_bpb_of(meta, args.run), "model_type": model_type,
+                  "model_config": model_config, "user_config": {}, "max_seq_len": config.sequence_len,
                   "exported_from": {"run": str(Path(args.run).resolve()), "step": step,
                                     "model_config": config.to_dict()}}
     added = ExportAdditions([out / "tokenizer", ckpt_dir])
