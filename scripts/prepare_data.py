@@ -175,8 +175,9 @@ def embedded_sources() -> list[Path]:
 
 
 def local_sources(text_dir, data_dir=None) -> list[Path]:
-    """The input files under ``text_dir``, leaving out ``data_dir`` (the output) when it lies inside it: a
-    re-run would otherwise read the previous run's shards, val included, back in as input."""
+    """The input files under ``text_dir``, leaving out those in ``data_dir`` (the output): a re-run would otherwise
+    read the previous run's shards, val included, back in as input. A ``data_dir`` above ``text_dir`` holds every
+    input: there only the files reached outside ``text_dir``'s own tree (links to the shards) are left out."""
     if text_dir is None:
         raise DataError("--dataset local needs --text-dir DIR (a directory of .txt/.jsonl/.parquet files)")
     text_dir = Path(text_dir)
@@ -186,8 +187,14 @@ def local_sources(text_dir, data_dir=None) -> list[Path]:
     if out is not None and out == text_dir.resolve():
         raise DataError(f"--data-dir {data_dir} is --text-dir: the shards would be written among the inputs; "
                         "give --data-dir another directory")
+    src = text_dir.resolve()
+
+    def is_output(path: Path) -> bool:
+        real = path.resolve()
+        return out is not None and out in real.parents and not (out in src.parents and src in real.parents)
+
     return sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
-                  and (out is None or out not in p.resolve().parents))
+                  and not is_output(p))
 
 
 # ---- any Hugging Face dataset ------------------------------------------------------------------------------

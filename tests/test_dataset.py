@@ -268,6 +268,20 @@ def test_data_dir_inside_text_dir_is_not_read_back(tmp_path):
         build_text_dataset(local_sources(src, data_dir=src), src, "local", str(src))
 
 
+def test_data_dir_above_text_dir_reads_the_inputs(tmp_path):
+    """--data-dir data --text-dir data/raw: the shards land beside raw/, not among the inputs, so the inputs are read
+    (every one of them lies under --data-dir, and all were left out: "no input files")."""
+    src = tmp_path / "data" / "raw"
+    src.mkdir(parents=True)
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(40)))
+    (src / "b.txt").symlink_to(tmp_path / "data" / "train_00000.parquet")  # a link to the output is still left out
+    out = tmp_path / "data"
+    assert local_sources(src, data_dir=out) == [src / "a.jsonl"]
+    for again in ([], ["--rebuild"]):
+        assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out), *again]) == 0
+        assert load_manifest(out)["documents"] == {"train": 38, "val": 2}
+
+
 def test_local_sources_with_null_or_non_text_rows_and_bad_encoding(tmp_path, capsys):
     src = tmp_path / "src"
     src.mkdir()
