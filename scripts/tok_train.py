@@ -24,10 +24,11 @@ from nanochat.tokenizer import (DEFAULT_VOCAB_SIZE, HEADER_FILE, MIN_VOCAB_SIZE,
 
 
 def capped_texts(data_dir, split: str, max_chars: int, doc_cap: int):
-    """Documents of ``split`` cropped to doc_cap chars each, stopping once max_chars have been yielded."""
+    """Documents of ``split`` cropped to doc_cap chars each, stopping once max_chars have been yielded. A null
+    document (a shard's missing text) is empty, as the loader reads it, and skipped like one."""
     total = 0
     for doc in iter_documents(data_dir, split):
-        doc = doc[:doc_cap]
+        doc = (doc or "")[:doc_cap]
         if total + len(doc) > max_chars:
             doc = doc[:max_chars - total]
         if doc:

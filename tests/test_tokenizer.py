@@ -220,3 +220,19 @@ def test_an_interrupted_save_leaves_no_tokenizer_rather_than_a_mixed_one(tiny_to
             get_tokenizer(tmp_path)
         tiny_tokenizer.save(tmp_path)  # the retry (tok_train without --overwrite) completes it
         assert get_tokenizer(tmp_path).encode(SAMPLE) == tiny_tokenizer.encode(SAMPLE)
+
+
+def test_tok_train_skips_null_documents_as_the_loader_does(tmp_path):
+    """A shard whose text column holds a null (a mirror's shard, a hand-made manifest): the loader reads it as an
+    empty document; tok_train's reader crashed on it with a TypeError traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nanochat.dataset import write_manifest
+
+    pq.write_table(pa.table({"text": pa.array(["hello world", None, "", "bye"], type=pa.string())}),
+                   tmp_path / "t.parquet")
+    pq.write_table(pa.table({"text": ["val doc"]}), tmp_path / "v.parquet")
+    write_manifest(tmp_path, "x", ["t.parquet"], ["v.parquet"], source="test")
+    assert list(capped_texts(tmp_path, "train", 1000, 100)) == ["hello world", "bye"]
+    assert list(capped_texts(tmp_path, "train", 13, 100)) == ["hello world", "by"]
