@@ -62,6 +62,10 @@ class Tokenizer:
             raise TokenizerError("mergeable ranks must be exactly 0..n-1 (the tokenizer files are corrupt)")
         if len(ranks) < 256:
             raise TokenizerError(f"a byte-level BPE needs all 256 byte tokens, got {len(ranks)} ranks")
+        missing = [b for b in range(256) if bytes([b]) not in mergeable_ranks]
+        if missing:  # tiktoken would panic on the first text holding one of them
+            raise TokenizerError(f"not a byte-level BPE: no token for the single byte(s) "
+                                 f"[{', '.join(f'0x{b:02x}' for b in missing[:8])}{', ...' * (len(missing) > 8)}]")
         n = len(mergeable_ranks)
         self.mergeable_ranks = dict(mergeable_ranks)
         self.pattern = pattern

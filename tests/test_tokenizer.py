@@ -236,3 +236,12 @@ def test_tok_train_skips_null_documents_as_the_loader_does(tmp_path):
     write_manifest(tmp_path, "x", ["t.parquet"], ["v.parquet"], source="test")
     assert list(capped_texts(tmp_path, "train", 1000, 100)) == ["hello world", "bye"]
     assert list(capped_texts(tmp_path, "train", 13, 100)) == ["hello world", "by"]
+
+
+def test_ranks_missing_a_single_byte_token_are_refused():
+    """256 ranks that are not the 256 bytes (a foreign or hand-edited file) were accepted: encoding a text with the
+    missing byte then panicked inside tiktoken (a BaseException, "no entry found for key")."""
+    ranks = {bytes([b]): b for b in range(256) if b != 0x61}
+    ranks[b"zz"] = 0x61
+    with pytest.raises(TokenizerError, match=r"no token for the single byte\(s\) \[0x61\]"):
+        Tokenizer(ranks)
