@@ -9,7 +9,9 @@
 
 Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>).
 For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
-(deterministic, disjoint from train, and drawn from every source so it matches the train distribution).
+(deterministic, disjoint from train, and drawn from every source so it matches the train distribution); files too
+small to give a val document of their own (documents x fraction < 1) give the fraction together, evenly spread
+over their documents in file order.
 An hf: dataset is streamed with `datasets` (nothing but the shards is kept) and a --val-fraction f of its documents
 goes to val, evenly spread (document i is val when floor((i+1)f) > floor(i f)), so the split is deterministic and
 spread over the whole stream.
@@ -96,15 +98,28 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
                         f"expected files ending in {LOCAL_SUFFIXES}")
     if not 0 < val_fraction < 1:
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    train_docs, val_docs = [], []
+    files = []
     for path in sources:
         docs = [d for d in read_source_documents(path, doc_chars) if d.strip()]
         if not docs:
             print(f"warning: {path} contains no text; skipped", file=sys.stderr)
             continue
-        n_val = math.ceil(len(docs) * val_fraction) if len(docs) > 1 else 0
-        train_docs.extend(docs[:len(docs) - n_val])
-        val_docs.extend(docs[len(docs) - n_val:])
+        files.append(docs)
+    train_docs, val_docs = [], []
+    # files too small to give a val document of their own (n f < 1): their own ceil would give 1 of n (50% val from
+    # 2-document files) and 1-document files none; together ("the pool") they give ceil(N f) of their N documents,
+    # one in every 1/f counted from the pool's last document (which alone is val where one such file has them all)
+    pool_left = sum(len(docs) for docs in files if len(docs) * val_fraction < 1)
+    for docs in files:
+        if len(docs) * val_fraction >= 1:  # its last ceil(n f) documents
+            n_val = math.ceil(len(docs) * val_fraction)
+            train_docs.extend(docs[:len(docs) - n_val])
+            val_docs.extend(docs[len(docs) - n_val:])
+            continue
+        for doc in docs:
+            pool_left -= 1  # documents of the pool after this one
+            in_val = math.ceil((pool_left + 1) * val_fraction) > math.ceil(pool_left * val_fraction)
+            (val_docs if in_val else train_docs).append(doc)
     if not train_docs or not val_docs:
         raise DataError(f"the corpus ({source_desc}) is too small: {len(train_docs)} train and {len(val_docs)} val "
                         "documents; give more text (at least 2 paragraphs/documents in some file)")

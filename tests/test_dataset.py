@@ -56,6 +56,35 @@ def test_local_dataset_txt_jsonl_parquet(tmp_path):
     assert val == ["txt paragraph 19", "json doc 19", "parquet doc 19"]
 
 
+def test_files_too_small_for_a_val_document_of_their_own_give_the_val_fraction_together(tmp_path):
+    """A file of n documents gives its last ceil(n f) to val: with files of 1-2 documents (an article per file)
+    --val-fraction 0.05 gave 50% val (1 of 2 each) or none (1 each). Files with n f < 1 now give ceil(N f) of their N
+    documents together, one in every 1/f counted from the last; a lone small file still gives its last document."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pooled = []
+    for i in range(60):  # 40 files of 2 documents, 20 of 1, in sorted order f00..f59
+        docs = [f"file {i} doc {j}" for j in range(2 if i < 40 else 1)]
+        (src / f"f{i:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        pooled += docs
+    (src / "z_big.jsonl").write_text("".join(json.dumps({"text": f"big {j}"}) + "\n" for j in range(30)))
+    out = tmp_path / "out"
+    assert main(["--dataset", "local", "--text-dir", str(src), "--data-dir", str(out)]) == 0
+    val = list(iter_documents(out, "val"))
+    # the 100 documents of the small files give 5, the 20th from the end and so on; the big file keeps its last 2
+    assert val == ["file 9 doc 1", "file 19 doc 1", "file 29 doc 1", "file 39 doc 1", "file 59 doc 0", "big 28",
+                   "big 29"]
+    assert pooled[19::20] == val[:5]
+    assert len(val) == 7 and load_manifest(out)["documents"] == {"train": 123, "val": 7}
+    assert not set(val) & set(iter_documents(out, "train"))
+    # one small file alone (3 paragraphs): its last document, as before
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a.txt").write_text("one paragraph\n\nanother paragraph\n\nand a third\n")
+    assert main(["--dataset", "local", "--text-dir", str(tmp_path / "one"), "--data-dir", str(tmp_path / "o1"),
+                 "--doc-chars", "10"]) == 0
+    assert list(iter_documents(tmp_path / "o1", "val")) == ["and a third"]
+
+
 def test_a_rerun_of_the_same_local_build_keeps_it(tmp_path, capsys):
     """speedrun.sh runs prepare_data on every start: the same sources and flags into a directory holding their
     complete build keep it (the CPU demo rebuilt the embedded corpus each time); anything else builds again."""
