@@ -122,7 +122,7 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
             (val_docs if in_val else train_docs).append(doc)
     if not train_docs or not val_docs:
         raise DataError(f"the corpus ({source_desc}) is too small: {len(train_docs)} train and {len(val_docs)} val "
-                        "documents; give more text (at least 2 paragraphs/documents in some file)")
+                        "documents; give more text (at least 2 paragraphs/documents)")
     data_dir.mkdir(parents=True, exist_ok=True)
     start_rebuild(data_dir)
     train_names = _write_shards(data_dir, "train", train_docs, docs_per_shard, row_group_size)
