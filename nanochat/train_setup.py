@@ -172,7 +172,7 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
         return RunData(loader, None, torch.ones(vocab, dtype=torch.long), None, vocab, "synthetic")
     from nanochat.dataloader import PackedDataLoader
     from nanochat.dataset import DataError, load_manifest, manifest_fingerprint
-    from nanochat.tokenizer import HEADER_FILE, get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import HEADER_FILE, get_tokenizer
 
     tok_dir = tokenizer_dir(args)
     data_dir = _data_dir(args)
@@ -183,7 +183,9 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
                              f"`{tok_train_command(args, tok_dir)}`, or pass --tokenizer-dir DIR of an existing one")
         tokenizer = loaded if loaded is not None else get_tokenizer(tok_dir)
         check_pinned_vocab(args, tokenizer)  # the --dry-run's check: a hint with this run's tok_train command
-        token_bytes = get_token_bytes(tok_dir, device="cpu", vocab_size=tokenizer.vocab_size)
+        # the tokenizer's raw bytes, as base_eval counts them (numerics.eval_token_bytes), not token_bytes.pt: a
+        # hand-copied file of another convention would make a run's train-time and base_eval bpb differ
+        token_bytes = tokenizer.token_bytes()
         try:
             manifest = load_manifest(data_dir)
             return tokenizer, token_bytes, manifest, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,

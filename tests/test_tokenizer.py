@@ -245,3 +245,22 @@ def test_ranks_missing_a_single_byte_token_are_refused():
     ranks[b"zz"] = 0x61
     with pytest.raises(TokenizerError, match=r"no token for the single byte\(s\) \[0x61\]"):
         Tokenizer(ranks)
+
+
+def test_training_bpb_counts_the_tokenizers_raw_bytes_whatever_its_token_bytes_file_says(
+        tmp_path, monkeypatch, embedded_data_dir, tiny_tokenizer_dir):
+    """The train/val bpb during training divided by the directory's token_bytes.pt (checked for length only), while
+    base_eval counts the tokenizer's raw bytes: a hand-copied file (e.g. the authors' partial-UTF-8-as-3 convention)
+    made the two bpb numbers of one run differ silently."""
+    import shutil
+
+    from nanochat.train_args import parse_args
+    from nanochat.train_setup import load_run_data
+
+    tok = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer_dir, tok)
+    real = Tokenizer.load(tok).token_bytes()
+    torch.save(real + 1, tok / "token_bytes.pt")  # another convention, same length
+    args = parse_args(["--data-dir", str(embedded_data_dir), "--tokenizer-dir", str(tok), "--dataset", "embedded"])
+    data = load_run_data(args, 0, 1, "cpu")
+    assert torch.equal(data.token_bytes.to(real.dtype), real)
