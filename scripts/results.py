@@ -5,7 +5,8 @@
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
 (stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
-and throughput; unfinished seeds, runs started from another run's weights (--init-from), seeds trained with
+and throughput; directories that are not the runner's seed<N> (a copy kept aside: seed42.old) or whose config.json
+records another --seed than N, unfinished seeds, runs started from another run's weights (--init-from), seeds trained with
 other flags than the row config gives (config.json "args"; layout, logging and seeds aside) and CORE values over
 different task sets are listed under the table instead; so are train bpbs of older runs (summary.json without
 "train_bpb_rows", before 2026-11-27: the train split's first documents in manifest order) beside seeds whose train
@@ -103,25 +104,52 @@ def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
     --matrix-lr 0.05`` or ``-- --num-iterations 2`` on a row that sets neither), in name order; [] for a run without
     config.json (older runs). Flags a run's config.json lacks (added since) are not compared; an older version's
     --core-max-per-task 0 ("all" then) is -1, as base_train --resume reads it (nanochat.train_resume)."""
-    path = run_dir / "config.json"
-    if not path.is_file():
+    args = recorded_args_now(run_args(run_dir))
+    if not args:
         return []
-    args = recorded_args_now(recorded_args(read_json_object(path, ValueError, "rerun or remove that seed")))
     wanted = row_args(cfg["path"])
     return [f"{flag_name(dest)} {args[dest]} (row: {'not set' if value is None else value})"
             for dest, value in sorted(wanted.items())
             if dest not in IGNORED_ARGS and dest in args and args[dest] != value]
 
 
+def run_args(run_dir: Path) -> dict:
+    """The flags a run recorded (config.json "args"); {} for a run without config.json (older runs)."""
+    path = run_dir / "config.json"
+    return recorded_args(read_json_object(path, ValueError, "rerun or remove that seed")) if path.is_file() else {}
+
+
+def seed_of_dir(name: str) -> int | None:
+    """N of a directory named as scripts.run names a seed's (``seed<N>``, N as str(int) writes it), else None: a
+    copy kept aside (seed42.old, seed42_rerun, seed042) is not a second seed 42."""
+    digits = name.removeprefix("seed")
+    return int(digits) if digits.isascii() and digits.isdigit() and str(int(digits)) == digits else None
+
+
+def not_a_seed(run_dir: Path) -> str | None:
+    """Why ``run_dir`` holds no seed of its row (its name is not scripts.run's seed<N>, or config.json says it
+    trained with another --seed than N, e.g. a copy of another seed's directory), else None."""
+    seed = seed_of_dir(run_dir.name)
+    if seed is None:
+        return f"{run_dir.name} is not a seed directory of scripts.run (seed<N>, N the seed), not averaged"
+    trained = run_args(run_dir).get("seed")
+    if trained is not None and trained != seed:
+        return f"{run_dir.name} trained with --seed {trained}, not the seed its directory names, not averaged"
+    return None
+
+
 def collect_row(cfg: dict, runs_root: Path) -> dict:
-    """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); unfinished seeds
-    runs started from another run's weights (--init-from) and seeds trained with other flags than the row's
+    """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); directories that are
+    not a seed of the runner's (not_a_seed), unfinished seeds, runs started from another run's weights (--init-from) and seeds trained with other flags than the row's
     (flag_differences) are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
     "CORE-21/22", ...) are not averaged together either, nor train bpbs on other rows (train_bpb_mean)."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
     summaries, names, notes = [], [], []
     for path in sorted(row_dir.glob("seed*/summary.json")):
+        if (why := not_a_seed(path.parent)) is not None:
+            notes.append(why)
+            continue
         summary = read_json_object(path, ValueError, "rerun or remove that seed")
         source = summary.get("init_from")
         diverged = [k for k, _, _, _ in METRICS if isinstance(summary.get(k), float) and not math.isfinite(summary[k])]
