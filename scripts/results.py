@@ -5,13 +5,16 @@
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
 (stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
-and throughput; directories that are not the runner's seed<N> (a copy kept aside: seed42.old) or whose config.json
-records another --seed than N, unfinished seeds, runs started from another run's weights (--init-from), seeds trained with
-other flags than the row config gives (config.json "args"; layout, logging and seeds aside) and CORE values over
-different task sets are listed under the table instead; so are train bpbs of older runs (summary.json without
-"train_bpb_rows", before 2026-11-27: the train split's first documents in manifest order) beside seeds whose train
-bpb read the documents the run read first, and a mean over manifest-order rows alone says "(rows in manifest order)".
-A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22").
+and throughput; directories that are not the runner's seed<N> (a copy kept aside: seed42.old) or whose
+config.json records another --seed than N, unfinished seeds, runs started from another run's weights (--init-from),
+seeds trained with other flags than the row config gives (config.json "args"; layout, logging and seeds aside)
+and CORE values over different task sets are listed under the table instead; so are train bpbs of older runs
+(summary.json without "train_bpb_rows", before 2026-11-27: the train split's first documents in manifest order)
+beside seeds whose train bpb read the documents the run read first, and a mean over manifest-order rows alone says
+"(rows in manifest order)".
+A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22"). A mean over fewer seeds than the
+row's seeds column (a seed without a CORE, a train bpb on the other kind of rows) says so in its cell ("(2 of 3
+seeds)"), and the notes name the seeds left out.
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
@@ -59,8 +62,13 @@ def bb_avg(summary: dict) -> float | None:
     return 100.0 * statistics.fmean(tasks[t]["accuracy"] for t in BIGBENCH)
 
 
+def measured(value) -> bool:
+    """Whether a seed has the value (None: not measured; NaN: not a number, e.g. a task that had no examples)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    values = [v for v in values if measured(v)]
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -140,9 +148,10 @@ def not_a_seed(run_dir: Path) -> str | None:
 
 def collect_row(cfg: dict, runs_root: Path) -> dict:
     """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); directories that are
-    not a seed of the runner's (not_a_seed), unfinished seeds, runs started from another run's weights (--init-from) and seeds trained with other flags than the row's
-    (flag_differences) are listed in ``notes``, never averaged. CORE values over different task sets (labels "CORE",
-    "CORE-21/22", ...) are not averaged together either, nor train bpbs on other rows (train_bpb_mean)."""
+    not a seed of the runner's (not_a_seed), unfinished seeds, runs started from another run's weights (--init-from)
+    and seeds trained with other flags than the row's (flag_differences) are listed in ``notes``, never averaged.
+    CORE values over different task sets (labels "CORE", "CORE-21/22", ...) are not averaged together either, nor
+    train bpbs on other rows (train_bpb_mean); ``averaged`` counts the seeds in each column's mean."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
     summaries, names, notes = [], [], []
@@ -171,10 +180,15 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     label = row.get("label", row["name"]) + (RECONSTRUCTED_MARK if row.get("reconstructed") else "")
     out = {"table": row["table"], "row": row["name"], "label": label, "order": row.get("order", 0), "reconstructed": bool(row.get("reconstructed")),
            "seeds": len(summaries), "paper": cfg.get("paper", {})}
-    out["train_bpb"], out["train_bpb_first_read"], rows_notes = train_bpb_mean(names, summaries)
+    out["train_bpb"], out["train_bpb_first_read"], rows_notes, train_seeds = train_bpb_mean(names, summaries)
+    out["averaged"] = {"train_bpb": train_seeds}  # how many seeds each column's mean holds (the cell says when not all)
     for key, _, _, _ in METRICS:
         if key != "train_bpb":  # train_bpb_mean's: over the seeds whose train bpb read rows of one kind
             out[key] = mean_std([s.get(key) for s in summaries])
+            out["averaged"][key] = sum(measured(s.get(key)) for s in summaries)
+        if any(measured(s.get(key)) for s in summaries):  # a row without any says so by its "–"
+            notes += [f"{name} has no {key}, not in its mean" for name, s in zip(names, summaries)
+                      if not measured(s.get(key))]
     notes += rows_notes
     out["core_label"] = sorted({s.get("core_label") or "CORE" for s in summaries if s.get("core") is not None})
     if len(out["core_label"]) > 1:
@@ -183,13 +197,15 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     out["notes"] = notes
     out["attention"] = sorted({s.get("attention", "sdpa") for s in summaries})  # unrecorded: older runs, SDPA
     out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
+    out["averaged"]["bb_avg"] = sum(measured(bb_avg(s)) for s in summaries)
     for key in ("params_memory", "params_total", "params_active", "tok_per_sec"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
     return out
 
 
-def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float, float], bool, list[str]]:
-    """(mean ± std of the train bpb, whether its rows are the first-read ones, notes) over the seeds whose train bpb
+def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float, float], bool, list[str], int]:
+    """(mean ± std of the train bpb, whether its rows are the first-read ones, notes, how many seeds the mean holds)
+    over the seeds whose train bpb
     read rows of one kind (nanochat.report.first_read_rows): the first-read ones (today's definition) where any
     seed has them, else the split's first documents in manifest order (runs before 2026-11-27, imported ones); each
     seed of the other kind is listed, not averaged."""
@@ -198,7 +214,7 @@ def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float
     kept = [s.get("train_bpb") for s, r in zip(summaries, rows) if r is not None and first_read_rows(r) == first_read]
     notes = [f"{name} train bpb on rows in {r}, not averaged with the first-read ones"
              for name, r in zip(names, rows) if r is not None and first_read_rows(r) != first_read]
-    return mean_std(kept), first_read, notes
+    return mean_std(kept), first_read, notes, sum(map(measured, kept))
 
 
 def add_wall_ratios(rows: list[dict]) -> None:
@@ -249,6 +265,9 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                 cell += f" ({r['core_label'][0]})"  # fewer tasks than the paper's CORE
             if key == "train_bpb" and not r.get("train_bpb_first_read", True) and not math.isnan(ours):
                 cell += " (rows in manifest order)"  # not the documents the run read first, as since 2026-11-27
+            averaged = r.get("averaged", {}).get(key, r["seeds"])
+            if 0 < averaged < r["seeds"] and not math.isnan(ours):  # the notes under the table name the others
+                cell += f" ({averaged} of {r['seeds']} seeds)"
             paper_std = r["paper"].get(f"{paper_key}_std")
             line += [cell, "–" if paper is None else _fmt(paper, paper_std, fmt), delta]
         pm, pt = r["params_memory"], r["params_total"]

@@ -55,3 +55,19 @@ def test_a_seed_directory_trained_with_another_seed_is_not_that_seed(tmp_path):
     assert cells("Base")["seeds"] == "2" and cells("Base")["val bpb"] == "0.8500 ± 0.0707", md
     assert "- Base: seed43 trained with --seed 42, not the seed its directory names, not averaged" in md, md
 
+
+def test_a_column_averaged_over_fewer_seeds_than_the_row_says_so(tmp_path):
+    """A finished seed without a CORE (or a train bpb of the other kind of rows) counted in the seeds column while
+    the CORE mean was the other seeds' alone, with nothing in the cell or under the table saying so."""
+    runs = tmp_path / "runs"
+    write_seed(runs, "base", "seed0", {**DONE, "val_bpb": 0.90, "core": 0.15, "train_bpb": 0.80,
+                                       "train_bpb_rows": "first read with --data-seed 0"})
+    write_seed(runs, "base", "seed1", {**DONE, "val_bpb": 0.92, "core": 0.17, "train_bpb": 0.82,
+                                       "train_bpb_rows": "first read with --data-seed 1"})
+    write_seed(runs, "base", "seed2", {**DONE, "val_bpb": 0.94, "train_bpb": 0.95})
+    md, cells = table(tmp_path, runs)
+    base = cells("Base")
+    assert base["seeds"] == "3" and base["val bpb"] == "0.9200 ± 0.0200", md
+    assert base["CORE"] == "0.1600 ± 0.0141 (2 of 3 seeds)", md
+    assert base["train bpb"] == "0.8100 ± 0.0141 (2 of 3 seeds)", md
+    assert "- Base: seed2 has no core, not in its mean" in md, md
