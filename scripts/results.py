@@ -242,15 +242,23 @@ def _fmt(value: float, std: float | None, fmt: str) -> str:
     return s + (f" ± {fmt.format(std)}" if std is not None and not math.isnan(std) and std > 0 else "")
 
 
+def paper_tok_per_sec(paper: dict) -> float | None:
+    """The paper's training throughput (tok/s) of a row: [paper] tok_per_sec (the sparse-MoE table), or
+    tok_per_sec_m in millions (Table 1's "1.15M tok/s"); None where the paper gives none."""
+    if "tok_per_sec" in paper:
+        return paper["tok_per_sec"]
+    return None if "tok_per_sec_m" not in paper else paper["tok_per_sec_m"] * 1e6
+
+
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     metrics = METRICS + [m for m in OPTIONAL_METRICS if any(m[1] in r["paper"] for r in rows)]
     header = ["row", "seeds"]
     for _, _, title, _ in metrics:
         header += [title, f"paper {title}", "Δ"]
     header += ["mem/total params (M)", "paper mem/total (M)", "tok/s"]
-    # the sparse-MoE table also reports active parameters per token and the paper's own throughput
+    # the sparse-MoE table also reports active parameters per token; it and Table 1 (d12) the paper's own throughput
     active = any("params_active_m" in r["paper"] for r in rows)
-    paper_tps = any("tok_per_sec" in r["paper"] for r in rows)
+    paper_tps = any(paper_tok_per_sec(r["paper"]) is not None for r in rows)
     header += (["active params (M)", "paper active (M)"] if active else []) + (["paper tok/s"] if paper_tps else [])
     mixed_table = len({a for r in rows if not math.isnan(r["tok_per_sec"]) for a in r["attention"]}) > 1
     body = []
@@ -281,7 +289,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             line.append("–" if math.isnan(r["params_active"]) else f"{r['params_active'] / 1e6:.1f}")
             line.append(str(r["paper"].get("params_active_m", "–")))
         if paper_tps:
-            line.append(f"{r['paper']['tok_per_sec']:,.0f}" if "tok_per_sec" in r["paper"] else "–")
+            tps = paper_tok_per_sec(r["paper"])
+            line.append("–" if tps is None else f"{tps:,.0f}")
         body.append(line)
     return header, body
 
