@@ -6,15 +6,14 @@
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
 (stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
 and throughput; directories that are not the runner's seed<N> (a copy kept aside: seed42.old) or whose
-config.json records another --seed than N, unfinished seeds, runs started from another run's weights (--init-from),
-seeds trained with other flags than the row config gives (config.json "args"; layout, logging and seeds aside)
-and CORE values over different task sets are listed under the table instead; so are train bpbs of older runs
-(summary.json without "train_bpb_rows", before 2026-11-27: the train split's first documents in manifest order)
-beside seeds whose train bpb read the documents the run read first, and a mean over manifest-order rows alone says
-"(rows in manifest order)".
-A CORE over fewer tasks than the suite carries its label (e.g. "CORE-21/22"). A mean over fewer seeds than the
-row's seeds column (a seed without a CORE, a train bpb on the other kind of rows) says so in its cell ("(2 of 3
-seeds)"), and the notes name the seeds left out.
+config.json records another --seed than N, unfinished seeds (a seed without summary.json too), runs started from
+another run's weights (--init-from), seeds trained with other flags than the row config gives (config.json "args";
+layout, logging and seeds aside) and CORE values over different task sets are listed under the table instead; so
+are train bpbs of older runs (summary.json without "train_bpb_rows", before 2026-11-27: the train split's first
+documents in manifest order) beside seeds whose train bpb read the documents the run read first, and a mean over
+manifest-order rows alone says "(rows in manifest order)". A CORE over fewer tasks than the suite carries its label
+(e.g. "CORE-21/22"). A mean over fewer seeds than the row's seeds column (a seed without a CORE, a train bpb on the
+other kind of rows) says so in its cell ("(2 of 3 seeds)"), and the notes name the seeds left out.
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
@@ -155,9 +154,13 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
     summaries, names, notes = [], [], []
-    for path in sorted(row_dir.glob("seed*/summary.json")):
+    for path in sorted(d / "summary.json" for d in row_dir.glob("seed*") if d.is_dir()):
         if (why := not_a_seed(path.parent)) is not None:
             notes.append(why)
+            continue
+        if not path.is_file():  # a seed that is training, or was killed before the end (SIGKILL, OOM, a lost node)
+            notes.append(f"{path.parent.name} not finished (no summary.json: still training, or killed before "
+                         "writing it), not averaged")
             continue
         summary = read_json_object(path, ValueError, "rerun or remove that seed")
         source = summary.get("init_from")

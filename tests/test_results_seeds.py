@@ -71,3 +71,18 @@ def test_a_column_averaged_over_fewer_seeds_than_the_row_says_so(tmp_path):
     assert base["CORE"] == "0.1600 ± 0.0141 (2 of 3 seeds)", md
     assert base["train bpb"] == "0.8100 ± 0.0141 (2 of 3 seeds)", md
     assert "- Base: seed2 has no core, not in its mean" in md, md
+
+
+def test_a_seed_without_summary_json_is_listed(tmp_path):
+    """A seed still training, or killed (SIGKILL, OOM killer, a lost node) before it wrote summary.json, has a
+    directory but no summary.json: the seed*/summary.json glob skipped it without a word, so the table read as if
+    the row had only the other seeds."""
+    runs = tmp_path / "runs"
+    write_seed(runs, "base", "seed42", {**DONE, "val_bpb": 0.90})
+    killed = runs / "d12" / "base" / "seed43"
+    killed.mkdir()
+    killed.joinpath("metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 9.0}\n')
+    md, cells = table(tmp_path, runs)
+    assert cells("Base")["seeds"] == "1", md
+    assert "- Base: seed43 not finished (no summary.json: still training, or killed before writing it), not averaged" \
+        in md, md
