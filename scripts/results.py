@@ -315,11 +315,17 @@ def to_latex(header, body) -> str:
 
 def collect_tables(configs, runs_root: Path, tables: list[str] | None) -> dict[str, list[dict]]:
     """{table: rows} of the row configs under ``configs`` (only ``tables`` when given); ValueError names an unknown
-    table or a missing --runs-root (a typo would print the paper's numbers beside no run of ours)."""
+    table or a missing --runs-root (a typo would print the paper's numbers beside no run of ours), and two configs of
+    one row (a copy whose [row] name was left: the row's seeds would be shown twice)."""
     configs_by_table: dict[str, list[dict]] = {}
+    paths_by_row: dict[tuple[str, str], Path] = {}
     for path in find_configs(configs):
         cfg = load_row_config(path)
-        configs_by_table.setdefault(cfg["row"]["table"], []).append(cfg)
+        table, name = cfg["row"]["table"], cfg["row"]["name"]
+        if (first := paths_by_row.setdefault((table, name), path)) != path:  # both would read that row's seeds
+            raise ValueError(f"{first} and {path} are both row {table}/{name} (runs/{table}/{name}/): give each row "
+                             "config a [row] name of its own")
+        configs_by_table.setdefault(table, []).append(cfg)
     if not configs_by_table:
         raise ValueError(f"--configs {configs}: no row configs found")
     unknown = [t for t in tables or [] if t not in configs_by_table]
