@@ -4,16 +4,17 @@
     python -m scripts.results --table d12 --out results/
 
 For each config row (configs/<table>/<row>.toml) the finished seeds under runs/<table>/<row>/seed*/summary.json
-(stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params
-and throughput; directories that are not the runner's seed<N> (a copy kept aside: seed42.old) or whose
-config.json records another --seed than N, unfinished seeds (a seed without summary.json too), runs started from
-another run's weights (--init-from), seeds trained with other flags than the row config gives (config.json "args";
-layout, logging and seeds aside) and CORE values over different task sets are listed under the table instead; so
-are train bpbs of older runs (summary.json without "train_bpb_rows", before 2026-11-27: the train split's first
-documents in manifest order) beside seeds whose train bpb read the documents the run read first, and a mean over
-manifest-order rows alone says "(rows in manifest order)". A CORE over fewer tasks than the suite carries its label
-(e.g. "CORE-21/22"). A mean over fewer seeds than the row's seeds column (a seed without a CORE, a train bpb on the
-other kind of rows) says so in its cell ("(2 of 3 seeds)"), and the notes name the seeds left out.
+(stop_reason "completed") are averaged (mean ± std over seeds) for train bpb, val bpb, CORE, memory/total params and
+throughput; directories that are not the runner's seed<N> (a copy kept aside: seed42.old) or whose config.json
+records another --seed than N, unfinished seeds (a seed without summary.json too), runs started from another run's
+weights (--init-from), seeds trained with other flags than the row config gives (config.json "args"; layout, logging
+and seeds aside) or in part with other learning rates ("lr_overrides") and CORE values over different task sets are
+listed under the table instead; so are train bpbs of older runs (summary.json without "train_bpb_rows", before
+2026-11-27: the train split's first documents in manifest order) beside seeds whose train bpb read the documents the
+run read first, and a mean over manifest-order rows alone says "(rows in manifest order)". A CORE over fewer tasks
+than the suite carries its label (e.g. "CORE-21/22"). A mean over fewer seeds than the row's seeds column (a seed
+without a CORE, a train bpb on the other kind of rows) says so in its cell ("(2 of 3 seeds)"), and the notes name
+the seeds left out.
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from nanochat.cli_types import flag_name, recorded_args, recorded_args_now
 from nanochat.jsonfile import read_json_object, write_text_atomic
-from nanochat.report import first_read_rows, train_bpb_rows
+from nanochat.report import first_read_rows, fmt_lr_overrides, train_bpb_rows
 from nanochat.row_config import REPO, find_configs, load_row_config
 from nanochat.terminal import replace_unencodable_output
 
@@ -120,10 +121,15 @@ def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
             if dest not in IGNORED_ARGS and dest in args and args[dest] != value]
 
 
-def run_args(run_dir: Path) -> dict:
-    """The flags a run recorded (config.json "args"); {} for a run without config.json (older runs)."""
+def run_config(run_dir: Path) -> dict:
+    """A run's config.json; {} for a run without one (older runs)."""
     path = run_dir / "config.json"
-    return recorded_args(read_json_object(path, ValueError, "rerun or remove that seed")) if path.is_file() else {}
+    return read_json_object(path, ValueError, "rerun or remove that seed") if path.is_file() else {}
+
+
+def run_args(run_dir: Path) -> dict:
+    """The flags a run recorded (config.json "args", its last session's); {} where it records none."""
+    return recorded_args(run_config(run_dir))
 
 
 def seed_of_dir(name: str) -> int | None:
@@ -174,6 +180,9 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         elif summary.get("stop_reason") == "completed" and (diffs := flag_differences(cfg, path.parent)):
             notes.append(f"{path.parent.name} trained with other flags than the row's [train]: {', '.join(diffs)}, "
                          "not averaged")  # a smoke test (-- --num-iterations 2) is not a seed of the row
+        elif summary.get("stop_reason") == "completed" and (lrs := fmt_lr_overrides(run_config(path.parent))):
+            # "args" are the last session's flags: a seed continued with the row's LRs had others before
+            notes.append(f"{path.parent.name} trained in part with other learning rates ({lrs}), not averaged")
         elif summary.get("stop_reason") == "completed":
             summaries.append(summary)
             names.append(path.parent.name)

@@ -86,3 +86,22 @@ def test_a_seed_without_summary_json_is_listed(tmp_path):
     assert cells("Base")["seeds"] == "1", md
     assert "- Base: seed43 not finished (no summary.json: still training, or killed before writing it), not averaged" \
         in md, md
+
+
+def test_a_seed_trained_in_part_with_other_learning_rates_is_listed(tmp_path):
+    """A seed started with other LRs (-- --matrix-lr 0.05) and continued with --resume-override-lr and the row's
+    LR: config.json's "args" (the last session's flags) equal the row's, so it was averaged as a seed trained with
+    the row's LRs throughout; its "lr_overrides" say otherwise."""
+    from nanochat.row_config import REPO
+    from nanochat.train_args import parse_args
+
+    config, runs = REPO / "configs" / "d12" / "base.toml", tmp_path / "runs"
+    row_lr = parse_args(["--config", str(config)]).matrix_lr
+    overrides = [{"step": 100, "changes": {"matrix_lr": {"checkpoint": 0.05, "now": row_lr}}}]
+    for seed, bpb, lrs in ((42, 0.90, []), (43, 0.80, overrides)):
+        args = vars(parse_args(["--config", str(config), "--seed", str(seed)]))
+        write_seed(runs, "base", f"seed{seed}", {**DONE, "val_bpb": bpb}, {"args": args, "lr_overrides": lrs})
+    md, cells = table(tmp_path, runs)
+    assert cells("Base")["seeds"] == "1" and cells("Base")["val bpb"] == "0.9000", md
+    assert (f"- Base: seed43 trained in part with other learning rates (overridden by hand (--resume-override-lr): "
+            f"--matrix-lr 0.05 -> {row_lr} from step 100), not averaged") in md, md
