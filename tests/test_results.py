@@ -3,6 +3,8 @@
 import json
 import shutil
 
+from test_results_seeds import table
+
 
 def test_a_run_started_from_another_runs_weights_is_listed_not_averaged(tmp_path):
     """The paper's rows train from scratch: an --init-from run in a row's directory is named under the table and
@@ -159,7 +161,6 @@ def test_train_bpbs_on_other_rows_are_not_averaged_together(tmp_path):
     """Since 2026-11-27 a train bpb reads the documents the run read first (summary.json "train_bpb_rows"); older
     summaries have none and measured the split's first documents in manifest order. The two were averaged as one
     number: the first-read seeds are averaged, an older seed is listed; a row of older seeds alone says so."""
-    from scripts import results
 
     runs = tmp_path / "runs"
     for seed, bpb in ((0, 0.80), (1, 0.82)):
@@ -167,14 +168,7 @@ def test_train_bpbs_on_other_rows_are_not_averaged_together(tmp_path):
                                                    "train_bpb_rows": f"first read with --data-seed {seed}"}))
     write_seed(runs, "base", 2, json.dumps({**DONE, "val_bpb": 0.9, "train_bpb": 0.95}))
     write_seed(runs, "bigram", 0, json.dumps({**DONE, "val_bpb": 0.9, "train_bpb": 0.95}))
-    assert results.main(["--table", "d12", "--runs-root", str(runs), "--out", str(tmp_path / "res")]) == 0
-    md = (tmp_path / "res" / "d12.md").read_text()
-    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
-
-    def cells(label):
-        line = next(l for l in md.splitlines() if l.startswith(f"| {label} |"))
-        return dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
-
+    md, cells = table(tmp_path, runs)
     base, bigram = cells("Base"), cells("Bigram (6V)")
     assert base["seeds"] == "3" and base["val bpb"] == "0.9000"
     assert base["train bpb"] == "0.8100 ± 0.0141 (2 of 3 seeds)"  # the seeds column counts seed2 too
