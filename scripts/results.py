@@ -153,8 +153,9 @@ def not_a_seed(run_dir: Path) -> str | None:
 
 def collect_row(cfg: dict, runs_root: Path) -> dict:
     """Mean ± std over the row's finished seeds (summary.json with stop_reason "completed"); directories that are
-    not a seed of the runner's (not_a_seed), unfinished seeds, runs started from another run's weights (--init-from)
-    and seeds trained with other flags than the row's (flag_differences) are listed in ``notes``, never averaged.
+    not a seed of the runner's (not_a_seed), unfinished seeds (no summary.json included), runs started from another
+    run's weights (--init-from) and seeds trained with other flags than the row's (flag_differences) or in part with
+    other learning rates (config.json "lr_overrides") are listed in ``notes``, never averaged.
     CORE values over different task sets (labels "CORE", "CORE-21/22", ...) are not averaged together either, nor
     train bpbs on other rows (train_bpb_mean); ``averaged`` counts the seeds in each column's mean."""
     row = cfg["row"]
@@ -217,10 +218,9 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
 
 def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float, float], bool, list[str], int]:
     """(mean ± std of the train bpb, whether its rows are the first-read ones, notes, how many seeds the mean holds)
-    over the seeds whose train bpb
-    read rows of one kind (nanochat.report.first_read_rows): the first-read ones (today's definition) where any
-    seed has them, else the split's first documents in manifest order (runs before 2026-11-27, imported ones); each
-    seed of the other kind is listed, not averaged."""
+    over the seeds whose train bpb read rows of one kind (nanochat.report.first_read_rows): the first-read ones
+    (today's definition) where any seed has them, else the split's first documents in manifest order (runs before
+    2026-11-27, imported ones); each seed of the other kind is listed, not averaged."""
     rows = [train_bpb_rows(s) for s in summaries]
     first_read = any(r is not None and first_read_rows(r) for r in rows)
     kept = [s.get("train_bpb") for s, r in zip(summaries, rows) if r is not None and first_read_rows(r) == first_read]
