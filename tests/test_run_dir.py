@@ -408,7 +408,9 @@ def test_row_runner_stops_after_a_wall_time_stop(tmp_path):
 
 def start_runner(run, child: list[str], **popen) -> subprocess.Popen:
     """scripts.run's run_one of ``child`` for seed 42 into ``run``, in a process group of its own (a terminal's
-    foreground job), once the child has printed "ready" (to train.log, through the runner)."""
+    foreground job, SIGHUP at its default even when the suite itself runs under nohup), once the child has printed
+    "ready" (to train.log, through the runner)."""
+    popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     runner = [sys.executable, "-c", f"from pathlib import Path; from scripts.run import run_one; "
                                     f"run_one(42, Path({str(run)!r}), {child!r})"]
     proc = subprocess.Popen(runner, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
