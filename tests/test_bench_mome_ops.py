@@ -189,3 +189,24 @@ def test_bench_ms_falls_back_to_cuda_events_without_triton(bench, monkeypatch):
     a = SimpleNamespace(warmup=2, reps=3, warmup_ms=25.0, rep_ms=100.0)
     ms, timer = bench.bench_ms(lambda: calls.append(1), SimpleNamespace(type="cuda"), a)
     assert (ms, timer, len(calls)) == (1.0, "cuda_events", 5)
+
+
+@pytest.mark.parametrize("name,bw", [
+    ("NVIDIA H100 80GB HBM3", 3.35e12), ("NVIDIA H100 PCIe", 2.0e12), ("NVIDIA H100 NVL", 3.9e12),
+    ("NVIDIA H200", 4.8e12), ("NVIDIA H200 NVL", 4.8e12), ("NVIDIA A100-SXM4-80GB", 2.0e12),
+    ("NVIDIA A100-SXM4-40GB", 1.555e12), ("NVIDIA A100-PCIE-40GB", 1.555e12),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA B200", None), ("NVIDIA GeForce RTX 4090", None)])
+def test_floor_bandwidth_is_the_named_gpus_or_none(bench, monkeypatch, name, bw):
+    """The floor's HBM bandwidth by device name, variants before their family: an H100 NVL (3.9 TB/s) read as the
+    SXM's 3.35, a GH200 as an H200 (its HBM is 4.0 or 4.9 TB/s by model), a 40 GB A100 (1.555) as the 80 GB one,
+    or any other GPU as 2.0 TB/s would put every "x floor" multiple off by up to 4x (a B200 has 8 TB/s)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert bench.device_info(torch.device("cuda")) == (name, bw)
+
+
+def test_an_unknown_gpu_needs_bw(bench, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    parse = bench.parse_args
+    monkeypatch.setattr(bench, "parse_args", lambda argv: setattr(a := parse(argv), "device", "cuda") or a)
+    with pytest.raises(SystemExit, match="--bw.*NVIDIA B200"):
+        bench.main(["--device", "cpu", "--small", "--ops", "gate"])
