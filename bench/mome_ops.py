@@ -42,6 +42,7 @@ The variants live in bench/mome_ops_variants.py; this file holds the inputs, ref
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -81,8 +82,18 @@ class Shape:
 D12 = Shape()
 SMALL = Shape(B=2, T=64, C=96, H=6, d=16, M=6, K=2, V=512, n=6)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # norm-wise relative error vs float64, by compute dtype
-# HBM bandwidth by device-name fragment (bytes/s); --bw overrides. H100 SXM HBM3 3.35 TB/s, PCIe HBM2e 2.0
-BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12), ("A100", 2.0e12))
+# HBM bandwidth (bytes/s, datasheets) by device-name pattern, first match wins, so variants precede their family
+# (as nanochat.metrics.PEAK_BF16_FLOPS); --bw overrides. None: a GPU sold with several memories (GH200: 96 GB HBM3
+# at 4.0 TB/s or 144 GB HBM3e at 4.9); that and an unlisted GPU need --bw (a guess would skew every "x floor").
+BANDWIDTH: tuple[tuple[str, float | None], ...] = (
+    (r"H100.*NVL", 3.9e12),  # H100 NVL, 94 GB HBM3
+    (r"H100.*PCIe", 2.0e12),  # H100 PCIe, 80 GB HBM2e
+    (r"H100", 3.35e12),  # H100 SXM, 80 GB HBM3
+    (r"GH200", None),
+    (r"H200", 4.8e12),  # H200 SXM and NVL, 141 GB HBM3e
+    (r"A100.*40GB", 1.555e12),  # A100 40 GB (SXM and PCIe), HBM2
+    (r"A100", 2.0e12),  # A100 80 GB: 2.039 (SXM), 1.935 (PCIe)
+)
 
 
 # -- inputs, references, floors ----------------------------------------------------------------------------------
@@ -450,12 +461,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def device_info(device) -> tuple[str, float]:
-    """The device's name and its bandwidth for the floor (a CPU guess of 20 GB/s: the CPU ratios mean little)."""
+def device_info(device) -> tuple[str, float | None]:
+    """The device's name and its bandwidth for the floor (a CPU guess of 20 GB/s: the CPU ratios mean little);
+    None for a GPU not in BANDWIDTH."""
     if device.type != "cuda":
         return "cpu", 20e9
     name = torch.cuda.get_device_name(device)
-    return name, next((bw for key, bw in BANDWIDTH if key in name), 2.0e12)
+    return name, next((bw for pattern, bw in BANDWIDTH if re.search(pattern, name, flags=re.IGNORECASE)), None)
 
 
 def print_table(result: dict) -> None:
@@ -480,6 +492,9 @@ def main(argv=None) -> dict:
     a.compile = device.type == "cuda" if a.compile is None else a.compile
     name, bw = device_info(device)
     a.bw = a.bw or bw
+    if a.bw is None:
+        raise SystemExit(f"--bw: no HBM bandwidth known for {name} (bench/mome_ops.py BANDWIDTH); pass the datasheet's "
+                         "figure in bytes/s, e.g. --bw 8e12")
     S = SMALL if a.small else D12
     result = {"device_name": name, "device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
               "command": " ".join(["python", "bench/mome_ops.py", *(sys.argv[1:] if argv is None else argv)]),
