@@ -441,3 +441,19 @@ def test_dist_optim_bench_counts_collectives_old_and_new(tmp_path):
     assert new["collectives"] < old["collectives"]
     assert max(x["state_mb"] for x in res["new"]) < 0.75 * max(x["state_mb"] for x in res["old"])
     assert "| new |" in r.stdout
+
+
+def test_peak_memory_columns_name_their_binary_units(bench):
+    """train_step's peak_mem_gb is torch.cuda.max_memory_allocated() / 2**30 and step.py's peak_mb is bytes / 2**20:
+    the tables say GiB and MiB (33.8 GiB is 36.3 GB, 7% more than a "33.8 GB" column reads)."""
+    ts = load_bench("train_step")
+    row = {"label": "VE", "step_ms": 10.0, "step_ms_min": 9.0, "step_ms_max": 11.0, "tok_per_sec": 1.0, "mfu": None,
+           "peak_mem_gb": 36_259_840_000 / 2**30, "mix": "auto", "topk": "auto"}
+    head, _, cells = ts.table({"ve": row}).splitlines()
+    assert "| peak GiB |" in head and "| 33.8 |" in cells
+    step = {"label": "VE", "table_params": 0, "ratio_to_VE": {k: 1.0 for k in ("step", "fwd_bwd", "forward", "backward",
+                                                                               "optimizer")}}
+    step["ratio_to_Base"] = step["ratio_to_VE"]
+    step.update({k: {"median": 1.0, "min": 1.0, "max": 1.0} for k in ("forward", "backward", "optimizer", "step")})
+    head = bench.step_table({"VE": step}, {"VE": {"peak_mb": 512.0, "ratio_to_VE": 1.0}}).splitlines()[0]
+    assert "| peak MiB | peak/VE |" in head
