@@ -417,7 +417,7 @@ def fmt(s: dict) -> str:
 
 def step_table(rows: dict, mem: dict | None) -> str:
     head = ("| design | table params | fwd ms | bwd ms | opt ms | step ms | step/Base | step/VE | fwd+bwd/VE "
-            "| fwd/VE | bwd/VE | opt/VE |" + (" peak MB | peak/VE |" if mem else ""))
+            "| fwd/VE | bwd/VE | opt/VE |" + (" peak MiB | peak/VE |" if mem else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lbl, r in rows.items():
         rv, rb = r["ratio_to_VE"], r["ratio_to_Base"]

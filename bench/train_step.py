@@ -19,7 +19,7 @@ Each design runs in a FRESH process (its own compile, its own peak-memory counte
 ``nanochat.train_loop.train_step`` (micro-steps with gradient accumulation, the armed gradient hooks, MuonAdamW,
 the one host sync per step) on fixed random token batches already on the device, so data loading is left out.
 Reported per design: median step time over --steps after --warmup steps, tokens/s, MFU (peak bf16 FLOP/s of
-the GPU, when known), peak allocated memory of the timed steps, and ratios of step time to VE and Base. The
+the GPU, when known), peak allocated memory of the timed steps (GiB), and ratios of step time to VE and Base. The
 paper's Table 1 throughput (4 GPUs) is printed beside ours divided by 4 as a per-GPU figure.
 """
 
@@ -202,7 +202,7 @@ def design_of(row_key: str) -> str:
 
 def table(rows: dict) -> str:
     ve, base = rows.get("ve"), rows.get("base")
-    lines = ["| design | step ms [min-max] | tok/s | MFU % | step/VE | step/Base | peak GB | paper tok/s per GPU |",
+    lines = ["| design | step ms [min-max] | tok/s | MFU % | step/VE | step/Base | peak GiB | paper tok/s per GPU |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
         design = DESIGNS[design_of(key)]
