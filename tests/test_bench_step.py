@@ -457,3 +457,15 @@ def test_peak_memory_columns_name_their_binary_units(bench):
     step.update({k: {"median": 1.0, "min": 1.0, "max": 1.0} for k in ("forward", "backward", "optimizer", "step")})
     head = bench.step_table({"VE": step}, {"VE": {"peak_mb": 512.0, "ratio_to_VE": 1.0}}).splitlines()[0]
     assert "| peak MiB | peak/VE |" in head
+
+
+def test_train_step_bench_never_times_the_compile():
+    """A compiled design's first step compiles (40-60 s on a GPU): with --warmup 0 it was a timed step, the
+    row's max (and, with --steps 1 or 2, its median) a compile time. --steps 0 crashed each design process on an
+    empty median. Both are refused when parsing; eager runs may skip the warm-up (the CPU tests do)."""
+    bench = load_bench("train_step")
+    for bad in (["--compile", "--warmup", "0"], ["--steps", "0"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args([*CPU, *bad])
+    assert bench.parse_args([*CPU, "--warmup", "0"]).warmup == 0
+    assert bench.parse_args([*CPU, "--compile", "--warmup", "1"]).compile is True
