@@ -306,6 +306,11 @@ def parse_args(argv=None):
         p.error(f"--rounds must be >= 1 (got {args.rounds})")
     if args.compile is None:
         args.compile = args.device == "cuda"
+    if args.steps < 1 or args.warmup < 0:
+        p.error(f"--steps must be >= 1 and --warmup >= 0 (got {args.steps}, {args.warmup})")
+    if args.compile and args.warmup < 1:  # the first compiled step compiles: it must not be a timed one
+        p.error("--warmup must be >= 1 with --compile (the first step compiles; --no-compile to time eager steps "
+                "without a warm-up)")
     return args
 
 
