@@ -469,3 +469,12 @@ def test_train_step_bench_never_times_the_compile():
             bench.parse_args([*CPU, *bad])
     assert bench.parse_args([*CPU, "--warmup", "0"]).warmup == 0
     assert bench.parse_args([*CPU, "--compile", "--warmup", "1"]).compile is True
+
+
+def test_step_bench_never_times_the_compile(bench):
+    """As train_step: with --compile the first step of each case compiles, so --warmup 0 would time it."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--compile", "--warmup", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--reps", "0"])
+    assert bench.parse_args(["--warmup", "0"]).warmup == 0 and bench.parse_args(["--compile"]).warmup == 3
