@@ -468,6 +468,10 @@ def parse_args(argv=None):
         p.error(f"--sections: unknown {unknown}; allowed: {', '.join(SECTIONS)}")
     if args.vocab_size % 2 or args.vocab_size < 64:
         p.error(f"--vocab-size must be even and >= 64 (the c_grp=2 slot map pairs tokens); got {args.vocab_size}")
+    if args.reps < 1 or args.warmup < 0:
+        p.error(f"--reps must be >= 1 and --warmup >= 0 (got {args.reps}, {args.warmup})")
+    if args.compile and args.warmup < 1:  # each case's first compiled step compiles: it must not be a timed one
+        p.error("--warmup must be >= 1 with --compile (the first step of each case compiles)")
     return args
 
 
