@@ -18,9 +18,10 @@ the seeds left out.
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
-Throughput depends on the attention kernel: a row's tok/s names the kernel its runs used (summary.json
-"attention"; runs from before it was recorded ran on SDPA) when that differs from the paper's (``[paper]
-attention``), e.g. "412,000 (sdpa; paper fa3)", or when the table's rows ran on different kernels.
+Throughput is per GPU (a run's tok/s over its world size; the paper's over [row] nproc_per_node: 4 GPUs for
+Table 1, 8 for the sparse-MoE table). It depends on the attention kernel: a row's tok/s names the kernel its runs
+used (summary.json "attention"; runs from before it was recorded ran on SDPA) when that differs from the paper's
+(``[paper] attention``), e.g. "412,000 (sdpa; paper fa3)", or when the table's rows ran on different kernels.
 """
 
 import argparse
@@ -211,8 +212,12 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     out["attention"] = sorted({s.get("attention", "sdpa") for s in summaries})  # unrecorded: older runs, SDPA
     out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
     out["averaged"]["bb_avg"] = sum(measured(bb_avg(s)) for s in summaries)
-    for key in ("params_memory", "params_total", "params_active", "tok_per_sec"):
+    for key in ("params_memory", "params_total", "params_active"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
+    # per GPU (summary.json's tok/s is of all the run's GPUs): seeds on other GPU counts compare, as the paper's does
+    out["tok_per_sec"] = mean_std([s["tok_per_sec"] / s["world_size"] if measured(s.get("tok_per_sec"))
+                                   and s.get("world_size") else None for s in summaries])[0]
+    out["paper_gpus"] = cfg["row"]["nproc_per_node"]
     return out
 
 
@@ -230,7 +235,7 @@ def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float
 
 
 def add_wall_ratios(rows: list[dict]) -> None:
-    """wall_ratio = tok/s of the block's Base row / this row's tok/s (same tokens, so the training-time ratio)."""
+    """wall_ratio = tok/s per GPU of the block's Base row / this row's (same tokens: the training-time ratio)."""
     by_name = {r["row"]: r for r in rows}
     for r in rows:
         base = by_name.get(r["row"].split("_")[0] + "_base")
@@ -254,12 +259,13 @@ def _fmt(value: float, std: float | None, fmt: str) -> str:
     return s + (f" ± {fmt.format(std)}" if std is not None and not math.isnan(std) and std > 0 else "")
 
 
-def paper_tok_per_sec(paper: dict) -> float | None:
-    """The paper's training throughput (tok/s) of a row: [paper] tok_per_sec (the sparse-MoE table), or
-    tok_per_sec_m in millions (Table 1's "1.15M tok/s"); None where the paper gives none."""
-    if "tok_per_sec" in paper:
-        return paper["tok_per_sec"]
-    return None if "tok_per_sec_m" not in paper else paper["tok_per_sec_m"] * 1e6
+def paper_tok_per_sec(row: dict) -> float | None:
+    """The paper's training throughput per GPU (tok/s) of a row: [paper] tok_per_sec (the sparse-MoE table, 8 x H100)
+    or tok_per_sec_m in millions (Table 1's "1.15M tok/s", 4 GPUs) over the row's GPUs ([row] nproc_per_node); None
+    where the paper gives none."""
+    paper = row["paper"]
+    total = paper["tok_per_sec"] if "tok_per_sec" in paper else paper.get("tok_per_sec_m", math.nan) * 1e6
+    return None if math.isnan(total) else total / row["paper_gpus"]
 
 
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
@@ -267,11 +273,12 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     header = ["row", "seeds"]
     for _, _, title, _ in metrics:
         header += [title, f"paper {title}", "Δ"]
-    header += ["mem/total params (M)", "paper mem/total (M)", "tok/s"]
+    header += ["mem/total params (M)", "paper mem/total (M)", "tok/s per GPU"]
     # the sparse-MoE table also reports active parameters per token; it and Table 1 (d12) the paper's own throughput
     active = any("params_active_m" in r["paper"] for r in rows)
-    paper_tps = any(paper_tok_per_sec(r["paper"]) is not None for r in rows)
-    header += (["active params (M)", "paper active (M)"] if active else []) + (["paper tok/s"] if paper_tps else [])
+    paper_tps = any(paper_tok_per_sec(r) is not None for r in rows)
+    header += ["active params (M)", "paper active (M)"] if active else []
+    header += ["paper tok/s per GPU"] if paper_tps else []
     mixed_table = len({a for r in rows if not math.isnan(r["tok_per_sec"]) for a in r["attention"]}) > 1
     body = []
     for r in rows:
@@ -301,7 +308,7 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             line.append("–" if math.isnan(r["params_active"]) else f"{r['params_active'] / 1e6:.1f}")
             line.append(str(r["paper"].get("params_active_m", "–")))
         if paper_tps:
-            tps = paper_tok_per_sec(r["paper"])
+            tps = paper_tok_per_sec(r)
             line.append("–" if tps is None else f"{tps:,.0f}")
         body.append(line)
     return header, body

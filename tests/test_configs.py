@@ -221,7 +221,7 @@ def test_sparse_moe_results_show_active_params_and_paper_throughput(tmp_path):
     d = tmp_path / "runs" / "d24_sparse_moe" / "moe" / "seed42"
     d.mkdir(parents=True)
     d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.69, "core": 0.29,
-                                                      "tok_per_sec": 600000.0, "attention": "fa3",
+                                                      "tok_per_sec": 600000.0, "world_size": 8, "attention": "fa3",
                                                       "params_memory": 0, "params_total": 1_384_341_552,
                                                       "params_active": 780_361_776}))
     results.main(["--table", "d24_sparse_moe", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
@@ -229,8 +229,8 @@ def test_sparse_moe_results_show_active_params_and_paper_throughput(tmp_path):
     header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
     cells = [c.strip() for c in next(l for l in md.splitlines() if "MoE-FFN" in l).strip("|").split("|")]
     row = dict(zip(header, cells))
-    assert (row["active params (M)"], row["paper active (M)"], row["tok/s"], row["paper tok/s"]) == \
-        ("780.4", "780.4", "600,000", "653,033")
+    assert (row["active params (M)"], row["paper active (M)"], row["tok/s per GPU"], row["paper tok/s per GPU"]) == \
+        ("780.4", "780.4", "75,000", "81,629")  # per GPU: 8 x H100 in the paper's table, 8 ranks in this run
 
 
 def test_results_average_only_finished_seeds_and_one_core_task_set(tmp_path):
@@ -243,7 +243,7 @@ def test_results_average_only_finished_seeds_and_one_core_task_set(tmp_path):
         d.mkdir(parents=True)
         d.joinpath("summary.json").write_text(json.dumps(summary))
 
-    done = dict(stop_reason="completed", params_memory=0, params_total=135_000_000)
+    done = dict(stop_reason="completed", params_memory=0, params_total=135_000_000, world_size=1)
     write("base", 42, **done, val_bpb=0.88, core=0.15, core_label="CORE-21/22", tok_per_sec=1000.0)
     write("base", 43, **done, val_bpb=0.90, core=0.17, core_label="CORE-21/22", tok_per_sec=1200.0)
     write("base", 44, stop_reason="interrupted", step=10, tok_per_sec=10.0)
@@ -255,7 +255,7 @@ def test_results_average_only_finished_seeds_and_one_core_task_set(tmp_path):
     rows = {cells[0]: dict(zip(header, cells)) for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:] if line.startswith("|"))}
     assert rows["Base"]["seeds"] == "2" and rows["Base"]["val bpb"] == "0.8900 ± 0.0141"
-    assert rows["Base"]["tok/s"] == "1,100"
+    assert rows["Base"]["tok/s per GPU"] == "1,100"
     assert rows["Base"]["CORE"] == "0.1600 ± 0.0141 (CORE-21/22)"
     assert rows["VEmbedding"]["CORE"] == "–" and rows["VEmbedding"]["val bpb"] == "0.8650 ± 0.0071"
     assert "- Base: seed44 not finished (stop_reason 'interrupted'), not averaged" in md
@@ -452,7 +452,8 @@ def _results_rows(tmp_path, table, runs: dict) -> dict:
             d = tmp_path / "runs" / table / row / f"seed{seed}"
             d.mkdir(parents=True)
             d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.7,
-                                                              "params_memory": 0, "params_total": 1, **extra}))
+                                                              "params_memory": 0, "params_total": 1, "world_size": 1,
+                                                              **extra}))
     results.main(["--table", table, "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "res")])
     md = (tmp_path / "res" / f"{table}.md").read_text().splitlines()
     header = [c.strip() for c in md[0].strip("|").split("|")]
@@ -468,11 +469,11 @@ def test_results_mark_throughput_from_another_attention_kernel(tmp_path):
         "mome_a2_m12": [{"tok_per_sec": 800000.0, "attention": "fa3"}],
         "moe": [{"tok_per_sec": 412000.0, "attention": "sdpa"}],
         "moe_mome": [{"tok_per_sec": 400000.0}]})
-    assert rows["MoME (odd layers, A2/12)"]["tok/s"] == "800,000 (fa3)"
-    assert rows["MoE-FFN E6/K2/24 (+1 shared)"]["tok/s"] == "412,000 (sdpa; paper fa3)"
-    assert rows["MoE-FFN E6/K2/24 + MoME"]["tok/s"] == "400,000 (sdpa; paper fa3)"
+    assert rows["MoME (odd layers, A2/12)"]["tok/s per GPU"] == "800,000 (fa3)"
+    assert rows["MoE-FFN E6/K2/24 (+1 shared)"]["tok/s per GPU"] == "412,000 (sdpa; paper fa3)"
+    assert rows["MoE-FFN E6/K2/24 + MoME"]["tok/s per GPU"] == "400,000 (sdpa; paper fa3)"
     rows = _results_rows(tmp_path / "b", "d24_sparse_moe", {"moe": [{"tok_per_sec": 5.0, "attention": "sdpa+fa3"}]})
-    assert rows["MoE-FFN E6/K2/24 (+1 shared)"]["tok/s"] == "5 (sdpa+fa3; paper fa3)"
+    assert rows["MoE-FFN E6/K2/24 (+1 shared)"]["tok/s per GPU"] == "5 (sdpa+fa3; paper fa3)"
 
 
 def test_results_name_the_kernels_of_a_table_whose_rows_mix_them(tmp_path):
@@ -482,7 +483,7 @@ def test_results_name_the_kernels_of_a_table_whose_rows_mix_them(tmp_path):
         "bigram": [{"tok_per_sec": 100.0}],
         "mome_n6_m6": [{"tok_per_sec": 150.0, "attention": "fa3"}],
         "mome_n12_m6": [{"tok_per_sec": 150.0, "attention": "fa3"}, {"tok_per_sec": 130.0, "attention": "sdpa"}]})
-    assert rows["Bigram (6V)"]["tok/s"] == "100 (sdpa)" and rows["MoME 6V x 6"]["tok/s"] == "150 (fa3)"
-    assert rows["MoME 12V x 6"]["tok/s"] == "140 (fa3, sdpa)"
+    assert rows["Bigram (6V)"]["tok/s per GPU"] == "100 (sdpa)" and rows["MoME 6V x 6"]["tok/s per GPU"] == "150 (fa3)"
+    assert rows["MoME 12V x 6"]["tok/s per GPU"] == "140 (fa3, sdpa)"
     alone = _results_rows(tmp_path / "c", "d12_compound", {"bigram": [{"tok_per_sec": 100.0}]})
-    assert alone["Bigram (6V)"]["tok/s"] == "100"  # like the paper's kernel, nothing to mark
+    assert alone["Bigram (6V)"]["tok/s per GPU"] == "100"  # like the paper's kernel, nothing to mark

@@ -13,9 +13,36 @@ def test_the_d12_tables_show_the_papers_throughput(tmp_path):
     header = [c.strip() for c in md[0].strip("|").split("|")]
     rows = {r["row"]: r for r in (dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
                                   for line in md[2:] if line.startswith("|"))}
-    assert rows["Base"]["paper tok/s"] == "1,150,000" and rows["Bigram (6V)"]["paper tok/s"] == "1,090,000"
-    assert rows["MoME (c_grp=4) A2/48"]["paper tok/s"] == "1,020,000"
+    # Table 1's throughput is of 4 GPUs ("1.15M tok/s"): per GPU, as ours
+    assert rows["Base"]["paper tok/s per GPU"] == "287,500" and rows["Bigram (6V)"]["paper tok/s per GPU"] == "272,500"
+    assert rows["MoME (c_grp=4) A2/48"]["paper tok/s per GPU"] == "255,000"
     assert "paper tok/s" not in (tmp_path / "res" / "d12_scaling.md").read_text()  # the paper gives none there
+
+
+def test_throughput_is_per_gpu_whatever_the_world_size(tmp_path):
+    """A run's tok/s is of all its GPUs (summary.json's world_size): beside the paper's 4-GPU figure, a 1-GPU run read
+    as a quarter of the paper's speed and an 8-GPU run as twice it, and seeds on different GPU counts were averaged."""
+    from test_results_seeds import DONE, table, write_seed
+
+    runs = tmp_path / "runs"
+    write_seed(runs, "base", "seed42", {**DONE, "val_bpb": 0.9, "tok_per_sec": 1_000_000.0, "world_size": 4})
+    write_seed(runs, "base", "seed43", {**DONE, "val_bpb": 0.9, "tok_per_sec": 250_000.0, "world_size": 1})
+    md, cells = table(tmp_path, runs)
+    assert cells("Base")["tok/s per GPU"] == "250,000" and cells("Base")["paper tok/s per GPU"] == "287,500", md
+
+
+def test_every_paper_throughput_is_divided_by_the_papers_gpu_count():
+    # Table 1 (d12) was measured on 4 GPUs, the sparse-MoE table on 8 x H100: [row] nproc_per_node says which
+    from nanochat.row_config import REPO, find_configs, load_row_config
+
+    paths = find_configs(REPO / "configs")
+    assert len(paths) > 80
+    for path in paths:
+        cfg = load_row_config(path)
+        if "tok_per_sec_m" in cfg["paper"]:
+            assert cfg["row"]["nproc_per_node"] == 4, path
+        if "tok_per_sec" in cfg["paper"]:
+            assert cfg["row"]["nproc_per_node"] == 8, path
 
 
 def test_two_configs_of_one_row_are_refused(tmp_path, capsys):
