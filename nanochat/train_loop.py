@@ -252,11 +252,18 @@ class SyntheticLoader:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        for key in ("kind", "seed", "rank", "world_size", "batch_size", "seq_len"):
+        for key in ("kind", "seed", "rank", "world_size", "seq_len"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"synthetic loader state has {key}={state.get(key)!r} but this loader has "
                                  f"{mine[key]!r}; exact resume needs the same layout")
-        self.count = int(state["count"])
+        # another --device-batch-size (the total batch is checked by --resume): every rank has read count x B rows
+        # of the stream, in whole optimizer steps, so the next step starts at the same global row (see the class doc)
+        rows = int(state["count"]) * int(state["batch_size"])
+        if rows % self.B:
+            raise ValueError(f"synthetic loader state has batch_size={state['batch_size']} ({rows} rows read per "
+                             f"rank), not a whole number of batches of {self.B}; resume with a --device-batch-size "
+                             "that divides it")
+        self.count = rows // self.B
 
     def repartition(self, old_states: list[dict]) -> str:
         """Continue after a world-size change: skip past every row the old ranks consumed (see the class doc).
