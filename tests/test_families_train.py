@@ -133,7 +133,7 @@ def test_results_table_and_plot_for_the_families_table(tmp_path, capsys):
         d.mkdir(parents=True)
         d.joinpath("summary.json").write_text(json.dumps({"stop_reason": "completed", "val_bpb": 0.9, "train_bpb": 0.91,
                                                           "core": 0.15,
-                                                          "core_tasks": bigbench, "tok_per_sec": tps,
+                                                          "core_tasks": bigbench, "tok_per_sec": tps, "world_size": 1,
                                                           "params_memory": 188_743_680, "params_total": 313_828_794}))
     results.main(["--table", "families", "--runs-root", str(runs), "--out", str(tmp_path / "res")])
     md = (tmp_path / "res" / "families.md").read_text()
