@@ -37,14 +37,13 @@ like the dense MLP. FLOPs and "active" parameters count the shared experts, K ro
 (``inactive_params``); stored parameters count all E.
 """
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from nanochat.balance import loss_free_bias_update
 from nanochat.memory.mome_mix import topk_indices
+from nanochat.memory.mome_options import finite_number_at_least
 
 MLP_KINDS = ("dense", "moe")
 FFN_FIELDS = ("mlp", "moe_experts", "moe_topk", "moe_shared", "moe_hidden", "moe_balance_lr")  # GPTConfig's
@@ -73,9 +72,7 @@ def check_mlp_config(config) -> None:
     _int_at_least("--moe-topk", config.moe_topk, 1)
     _int_at_least("--moe-shared", config.moe_shared, 0)
     _int_at_least("--moe-hidden", config.moe_hidden, 0)
-    lr = config.moe_balance_lr  # inf * a zero sign made the bias NaN; a config file's true was a step of 1
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"--moe-balance-lr must be a finite number >= 0 (got {lr!r})")
+    finite_number_at_least("--moe-balance-lr", config.moe_balance_lr, 0)
     if config.moe_topk > config.moe_experts:
         raise ValueError(f"--moe-topk {config.moe_topk} exceeds --moe-experts {config.moe_experts} (need K <= E)")
     if config.mlp == "moe" and config.moe_topk == 1:

@@ -445,14 +445,14 @@ def validate_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag_name(name)} must be > 0 (got {v})")
     if args.vocab_size is not None and args.vocab_size < 2:
         raise ValueError(f"--vocab-size must be >= 2 (got {args.vocab_size})")
-    for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr", "weight_decay", "memory_wd"):
+    rates = ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "memory_lr", "weight_decay", "memory_wd")
+    for name in rates:
         v = getattr(args, name)
         if v is not None and v < 0:
             raise ValueError(f"{flag_name(name)} must be >= 0 (got {v})")
     # and finite: float() reads nan and inf; round(inf) in the horizon was a traceback, a NaN LR or decay trained
     # NaN weights for a step, an inf LR was called a flag no optimizer group uses
-    for name in ("target_flops", "target_param_data_ratio", "embedding_lr", "unembedding_lr", "matrix_lr",
-                 "scalar_lr", "memory_lr", "weight_decay", "memory_wd"):
+    for name in ("target_flops", "target_param_data_ratio", *rates):
         v = getattr(args, name)
         if v is not None and not math.isfinite(v):
             raise ValueError(f"{flag_name(name)} must be a finite number (got {v})")

@@ -43,14 +43,7 @@ import torch.nn.functional as F
 
 from .base import MemoryBlock
 from .mome_mix import mome_mix, topk_indices
-
-
-def _finite_number(flag: str, value, positive: bool) -> None:
-    """A finite int or float (not a bool), > 0 or >= 0: an inf eps makes Norm(u) = 0 (the memory silently off), an
-    inf or nan weight a non-finite loss."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not (value > 0 if positive else value >= 0):
-        raise ValueError(f"{flag} must be a finite number {'>' if positive else '>='} 0 (got {value!r})")
+from .mome_options import finite_number_at_least
 
 
 def l2_normalize(u: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,7 +57,7 @@ class JTokOptions:
     eps: float = 1e-6  # --jtok-eps (spec J4)
 
     def __post_init__(self):
-        _finite_number("--jtok-eps", self.eps, positive=True)
+        finite_number_at_least("--jtok-eps", self.eps, 0, strict=True)  # inf: Norm(u) = 0
 
 
 @dataclass
@@ -83,8 +76,8 @@ class JTokMOptions:
                              "router would get no gradient from the LM loss (spec §4.3 M1); use K >= 2")
         if self.topk > self.experts:
             raise ValueError(f"--jtokm-topk {self.topk} exceeds --jtokm-experts {self.experts} (need K <= n_e)")
-        _finite_number("--jtokm-aux-weight", self.aux_weight, positive=False)
-        _finite_number("--jtokm-eps", self.eps, positive=True)
+        finite_number_at_least("--jtokm-aux-weight", self.aux_weight, 0)
+        finite_number_at_least("--jtokm-eps", self.eps, 0, strict=True)
 
 
 class _ScaledTokenTables(MemoryBlock):

@@ -3,6 +3,7 @@
 Split from nanochat.memory.mome (the block itself); ``from nanochat.memory.mome import MoMEOptions`` keeps working.
 """
 
+import math
 from dataclasses import dataclass
 
 from .slot_index import ARITHMETIC_INDEXERS, check_arithmetic_options
@@ -23,6 +24,14 @@ def _choice(flag, value, allowed):
 def _positive_int(flag, value, minimum=1):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
+
+
+def finite_number_at_least(flag: str, value, minimum: float, strict: bool = False) -> None:
+    """A finite int or float (not a bool: a config file's true) >= ``minimum`` (> with ``strict``): an inf step makes
+    the bias NaN where it meets a 0 (inf * 0), an inf eps switches a memory off, a nan weight a NaN loss."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (value > minimum if strict else value >= minimum):
+        raise ValueError(f"{flag} must be a finite number {'>' if strict else '>='} {minimum} (got {value!r})")
 
 
 @dataclass
@@ -91,12 +100,9 @@ class MoMEOptions:
         if self.balance != "none" and (self.routing == "fixed-random" or self.topk == self.slots):
             raise ValueError(f"--mome-balance {self.balance} needs a learned top-K selection (not fixed-random, "
                              "K < M)")
-        if not (isinstance(self.balance_lr, (int, float)) and not isinstance(self.balance_lr, bool)
-                and 0 <= self.balance_lr < float("inf")):  # inf: inf * 0 makes every unmoved bias NaN
-            raise ValueError(f"--mome-balance-lr must be a finite number >= 0 (got {self.balance_lr!r})")
-        if not (isinstance(self.balance_band, (int, float)) and not isinstance(self.balance_band, bool)
-                and 1 <= self.balance_band < float("inf")):  # n < 1 would invert the band; n = 1 is M equal shares
-            raise ValueError(f"--mome-balance-band must be a finite number >= 1 (got {self.balance_band!r})")
+        finite_number_at_least("--mome-balance-lr", self.balance_lr, 0)  # inf: inf * 0 makes unmoved biases NaN
+        # n < 1 would invert the band; n = 1 is M equal shares
+        finite_number_at_least("--mome-balance-band", self.balance_band, 1)
         _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
         _positive_int("--mome-maxvio-window", self.maxvio_window, minimum=0)
         if self.maxvio_window and self.topk == self.slots:  # every slot is read: MaxVio is 0 by construction
