@@ -78,9 +78,10 @@ def run_data_dir(flag_value, meta: dict) -> RunDataDir:
 
 
 def read_jsonl_texts(path, error: type[Exception] = ValueError) -> list[str]:
-    """The "text" field of every non-blank line of a JSONL file; a bad line raises ``error`` naming file:line."""
+    """The "text" field of every non-blank line of a JSONL file; a bad line raises ``error`` naming file:line.
+    A byte order mark at the start of the file (some editors' UTF-8) is dropped, as json would refuse line 1."""
     texts = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: only a BOM at the very start; one inside a text stays
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -18,6 +18,7 @@ spread over the whole stream.
 """
 
 import argparse
+import codecs
 import lzma
 import math
 import sys
@@ -56,13 +57,15 @@ def split_paragraph_documents(text: str, doc_chars: int) -> list[str]:
 
 def read_source_documents(path: Path, doc_chars: int) -> list[str]:
     """Documents of one source file (.txt/.txt.xz: paragraph groups; .jsonl: field text; .parquet: column text).
-    Rows whose text is missing (null) or not a string are skipped with a warning naming the file."""
+    A UTF-8 byte order mark at the start of a text file is no text (it would stay in the first document: it is
+    not whitespace); one further in is kept. Rows whose text is missing (null) or not a string are skipped with a
+    warning naming the file."""
     name = path.name
     try:
         if name.endswith(".txt.xz"):
-            return split_paragraph_documents(lzma.decompress(path.read_bytes()).decode("utf-8"), doc_chars)
+            return split_paragraph_documents(lzma.decompress(path.read_bytes()).decode("utf-8-sig"), doc_chars)
         if name.endswith(".txt"):
-            return split_paragraph_documents(path.read_text(encoding="utf-8"), doc_chars)
+            return split_paragraph_documents(path.read_text(encoding="utf-8-sig"), doc_chars)
         if name.endswith(".jsonl"):
             texts = read_jsonl_texts(path, DataError)
         elif name.endswith(".parquet"):
@@ -136,9 +139,19 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
 
 def text_request(sources: list[Path], root: Path, doc_chars: int, val_fraction: float, docs_per_shard: int) -> dict:
     """What an embedded/local build is made from: every source's content (path under ``root``, sha256) and the
-    flags that shape the shards. Equal requests build equal datasets."""
-    return {"sources": [[str(p.relative_to(root)), file_sha256(p)] for p in sources], "doc_chars": doc_chars,
-            "val_fraction": val_fraction, "docs_per_shard": docs_per_shard}
+    flags that shape the shards. Equal requests build equal datasets. "leading_bom" (only where some text source
+    starts with a byte order mark) names those sources: a build made before the mark was dropped recorded no such
+    entry, so it is built again rather than kept with the mark in a document."""
+    request = {"sources": [[str(p.relative_to(root)), file_sha256(p)] for p in sources], "doc_chars": doc_chars,
+               "val_fraction": val_fraction, "docs_per_shard": docs_per_shard}
+    with_bom = [str(p.relative_to(root)) for p in sources
+                if p.name.endswith((".txt", ".jsonl")) and _starts_with_bom(p)]
+    return {**request, "leading_bom": with_bom} if with_bom else request
+
+
+def _starts_with_bom(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8
 
 
 def already_prepared(data_dir: Path, dataset: str, request: dict) -> bool:
