@@ -4,6 +4,7 @@
     python -m scripts.prepare_data --dataset climbmix --num-shards 8             # HF download (+ val shard 6542)
     python -m scripts.prepare_data --dataset embedded                            # shipped offline corpus
     python -m scripts.prepare_data --dataset local --text-dir DIR                # your .txt/.jsonl/.parquet files
+                                                                                 # (hidden .* files/folders skipped)
     python -m scripts.prepare_data --dataset hf:ORG/NAME[:CONFIG] [--split train] [--text-column text] \
         [--max-docs N]                                                           # any Hugging Face text dataset
 
@@ -205,7 +206,10 @@ def embedded_sources() -> list[Path]:
 def local_sources(text_dir, data_dir=None) -> list[Path]:
     """The input files under ``text_dir``, leaving out those in ``data_dir`` (the output): a re-run would otherwise
     read the previous run's shards, val included, back in as input. A ``data_dir`` above ``text_dir`` holds every
-    input: there only the files reached outside ``text_dir``'s own tree (links to the shards) are left out."""
+    input: there only the files reached outside ``text_dir``'s own tree (links to the shards) are left out.
+    Hidden files and folders (a name starting with ".", at any level below ``text_dir``) are no input either:
+    ``.ipynb_checkpoints/`` holds near-copies of the sources (whose train part can hold their val documents),
+    ``.git/`` and editors' temp files are not the corpus; a line on stderr says how many were skipped."""
     if text_dir is None:
         raise DataError("--dataset local needs --text-dir DIR (a directory of .txt/.jsonl/.parquet files)")
     text_dir = Path(text_dir)
@@ -221,8 +225,15 @@ def local_sources(text_dir, data_dir=None) -> list[Path]:
         real = path.resolve()
         return out is not None and out in real.parents and not (out in src.parents and src in real.parents)
 
-    return sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
-                  and not is_output(p))
+    found = sorted(p for p in text_dir.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
+                   and not is_output(p))
+    hidden = [p for p in found if any(part.startswith(".") for part in p.relative_to(text_dir).parts)]
+    if hidden:
+        shown = ", ".join(str(p.relative_to(text_dir)) for p in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+        print(f"note: --text-dir {text_dir}: skipped {len(hidden)} hidden file{'s' * (len(hidden) > 1)} (a name "
+              f"starting with '.' in its path: {shown})", file=sys.stderr)
+    skip = set(hidden)
+    return [p for p in found if p not in skip]
 
 
 # ---- any Hugging Face dataset ------------------------------------------------------------------------------
@@ -318,7 +329,8 @@ def parse_args(argv=None):
     p.add_argument("--revision", default=None, help="remote and hf: datasets: hub branch, tag or commit")
     p.add_argument("--workers", type=positive_int, default=4, help="remote datasets: parallel downloads")
     p.add_argument("--max-attempts", type=positive_int, default=5, help="remote datasets: attempts per file")
-    p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files")
+    p.add_argument("--text-dir", default=None, help="--dataset local: directory of .txt/.jsonl/.parquet files, "
+                   "read recursively (hidden files and folders, named .*, are skipped)")
     p.add_argument("--doc-chars", type=positive_int, default=1200,
                    help="text files: paragraphs are grouped into documents of up to this many characters")
     p.add_argument("--val-fraction", type=open_fraction, default=0.05,

@@ -1,13 +1,14 @@
 """Local sources and default data directories: edge cases that changed a user's data without a word (session 33).
 
-A UTF-8 byte order mark at the start of a file."""
+A UTF-8 byte order mark at the start of a file, hidden files and folders under --text-dir."""
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nanochat.dataset import iter_documents, load_manifest
-from scripts.prepare_data import main
+from scripts.prepare_data import local_sources, main
 
 BOM = "\ufeff"
 
@@ -70,3 +71,26 @@ def test_a_build_kept_from_before_the_bom_was_dropped_is_rebuilt(tmp_path, capsy
     capsys.readouterr()
     _prepare(tmp_path / "plain", tmp_path / "out_plain", "--doc-chars", "10")
     assert "already prepared" in capsys.readouterr().out
+
+
+def test_hidden_files_and_folders_under_text_dir_are_not_sources(tmp_path, capsys):
+    """Jupyter's .ipynb_checkpoints/ (a near-copy of a source, whose train part can hold the source's val
+    documents), .git/, editor temp files: names starting with "." are skipped at every level, and said so."""
+    _write_sources(tmp_path / "src", bom="")
+    clean = _prepare(tmp_path / "src", tmp_path / "out_clean", "--doc-chars", "10")
+    src = tmp_path / "src"
+    (src / ".ipynb_checkpoints").mkdir()
+    shutil.copy(src / "a.txt", src / ".ipynb_checkpoints" / "a-checkpoint.txt")
+    (src / "sub" / ".git").mkdir(parents=True)
+    shutil.copy(src / "b.jsonl", src / "sub" / ".git" / "b.jsonl")
+    shutil.copy(src / "c.parquet", src / ".c.parquet")
+    (src / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    assert local_sources(src) == [src / "a.txt", src / "b.jsonl", src / "c.parquet"]
+    capsys.readouterr()
+    assert _prepare(src, tmp_path / "out_hidden", "--doc-chars", "10") == clean
+    err = capsys.readouterr().err
+    assert "skipped 3 hidden files" in err and ".ipynb_checkpoints/a-checkpoint.txt" in err
+    # a hidden --text-dir (or one below a hidden folder) is the user's own choice: read
+    hidden = tmp_path / ".cache" / ".corpus"
+    shutil.copytree(src, hidden)
+    assert local_sources(hidden) == [hidden / "a.txt", hidden / "b.jsonl", hidden / "c.parquet"]
