@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,12 +50,63 @@ def check_dataset_name(name: str) -> str:
 
 
 def default_data_dir(dataset: str) -> Path:
-    """$NANOCHAT_DATA_DIR/<dataset> (default ~/.cache/nanochat/data); hf:ORG/NAME:CONFIG -> hf-ORG--NAME--CONFIG."""
+    """$NANOCHAT_DATA_DIR/<dataset> (default ~/.cache/nanochat/data), an hf: dataset's name by ``hf_dir_name``.
+    An hf: dataset prepared under the name the older scheme gave it (a local path, a config without an org) is
+    found there, but only where that directory's manifest names this very dataset (the older names collided)."""
     root = os.environ.get("NANOCHAT_DATA_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "nanochat" / "data"
-    if dataset.startswith(HF_PREFIX):
-        dataset = "hf-" + re.sub(r"[^A-Za-z0-9._-]+", "--", dataset[len(HF_PREFIX):]).strip("-")
-    return base / dataset
+    if not dataset.startswith(HF_PREFIX):
+        return base / dataset
+    spec = dataset[len(HF_PREFIX):]
+    new, old = base / hf_dir_name(spec), base / _older_hf_dir_name(spec)
+    if old != new and not (new / MANIFEST).is_file() and _dir_key(_previous_manifest(old).get("dataset", "")) == \
+            _dir_key(dataset):
+        return old
+    return new
+
+
+_HF_NAME_PART = re.compile(r"[A-Za-z0-9._]+(?:-[A-Za-z0-9._]+)*")  # a hub name's characters; no "--", no -x or x-
+
+
+def hf_dir_name(spec: str) -> str:
+    """The default directory name of --dataset hf:<spec>, different for different datasets. The documented forms
+    keep the older names, hf-ORG--NAME--CONFIG, hf-ORG--NAME and hf-NAME, when each part is a hub-style name (no
+    "--", not starting or ending with "-": the name then splits back into its parts). Anything else (a local
+    path, a config without an org, which older names confused with ORG/NAME) is hf_<spec percent-encoded>, over
+    200 characters cut with a sha256 of the spec after it."""
+    path, _, config = spec.partition(":")  # as parse_hf_spec: an empty config is none
+    parts = path.split("/") + ([config] if config else [])
+    documented = len(parts) == 3 if config else len(parts) in (1, 2)  # ORG/NAME:CONFIG, ORG/NAME, NAME
+    if documented and all(_HF_NAME_PART.fullmatch(part) for part in parts):
+        return "hf-" + "--".join(parts)
+    key = path + (f":{config}" if config else "")
+    name = "hf_" + urllib.parse.quote(key, safe="")  # "%" is encoded too: one name per spec
+    if len(name) > 200:  # a file name has at most 255 bytes; the cut ones are longer than every uncut one
+        name = name[:200] + "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return name
+
+
+def check_default_dir_holds(data_dir, dataset: str) -> None:
+    """Before ``dataset`` is built into ``data_dir``, its default directory: refuse where a manifest there names
+    another dataset (an hf: dataset prepared under its older default name, which is this one's name now): the
+    build would overwrite the data that dataset's runs read."""
+    held = _previous_manifest(Path(data_dir)).get("dataset")
+    if not held or _dir_key(held) == _dir_key(dataset):  # hf:a/b: is hf:a/b
+        return
+    move = f"move it to {Path(data_dir).parent / _dir_key(held)} (where --dataset {held} finds it) or " \
+        if held.startswith(HF_PREFIX) else ""
+    raise DataError(f"{data_dir}, the default directory of --dataset {dataset}, holds the data of --dataset {held} "
+                    f"(prepared there under the default name it had before session 33); {move}give --dataset "
+                    f"{dataset} a --data-dir of its own")
+
+
+def _dir_key(dataset: str) -> str:
+    return hf_dir_name(dataset[len(HF_PREFIX):]) if dataset.startswith(HF_PREFIX) else dataset
+
+
+def _older_hf_dir_name(spec: str) -> str:
+    """The default directory name of hf:<spec> before session 33 (hf:a/b and hf:a--b had one)."""
+    return "hf-" + re.sub(r"[^A-Za-z0-9._-]+", "--", spec).strip("-")
 
 
 class RunDataDir(NamedTuple):

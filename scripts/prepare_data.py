@@ -8,7 +8,8 @@
     python -m scripts.prepare_data --dataset hf:ORG/NAME[:CONFIG] [--split train] [--text-column text] \
         [--max-docs N]                                                           # any Hugging Face text dataset
 
-Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>).
+Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>; an hf:
+dataset's name is nanochat.dataset.hf_dir_name's: hf-ORG--NAME--CONFIG, or hf_<spec percent-encoded> for others).
 For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
 (deterministic, disjoint from train, and drawn from every source so it matches the train distribution); files too
 small to give a val document of their own (documents x fraction < 1) give the fraction together, evenly spread
@@ -26,7 +27,8 @@ import sys
 from pathlib import Path
 
 from nanochat.cli_types import int_at_least, open_fraction, positive_int
-from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name, default_data_dir,
+from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name,
+                              check_default_dir_holds, default_data_dir,
                               download_remote_shards, load_manifest, read_jsonl_texts, remove_build_leftovers,
                               split_files, start_rebuild, write_manifest, write_text_shard)
 from nanochat.download import DownloadError, file_sha256
@@ -381,6 +383,8 @@ def main(argv=None) -> int:
             # remote shards need none: each file has a lock of its own, and the same shards are fetched once)
             lock = RunDirLock(data_dir).acquire("--data-dir")
             try:
+                if not args.data_dir:
+                    check_default_dir_holds(data_dir, args.dataset)
                 manifest = build_local_dataset(args, data_dir, progress)
             finally:
                 lock.release(remove_file=True)

@@ -1,13 +1,15 @@
 """Local sources and default data directories: edge cases that changed a user's data without a word (session 33).
 
-A UTF-8 byte order mark at the start of a file, hidden files and folders under --text-dir."""
+A UTF-8 byte order mark at the start of a file, hidden files and folders under --text-dir, and two hf: datasets
+whose default directories had one name."""
 import json
+import random
 import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nanochat.dataset import iter_documents, load_manifest
+from nanochat.dataset import default_data_dir, hf_dir_name, iter_documents, load_manifest
 from scripts.prepare_data import local_sources, main
 
 BOM = "\ufeff"
@@ -94,3 +96,80 @@ def test_hidden_files_and_folders_under_text_dir_are_not_sources(tmp_path, capsy
     hidden = tmp_path / ".cache" / ".corpus"
     shutil.copytree(src, hidden)
     assert local_sources(hidden) == [hidden / "a.txt", hidden / "b.jsonl", hidden / "c.parquet"]
+
+
+def test_default_data_dirs_of_different_hf_datasets_differ(monkeypatch, tmp_path):
+    """hf:a/b and a local dataset directory hf:a--b (or hf:/a/b and hf:a/b, hf:a/b/c and hf:a/b:c, hf:w:c and
+    hf:w/c) had one default directory: preparing one overwrote the other, and a run of one trained on the other."""
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path))
+    pairs = [("hf:a/b", "hf:a--b"), ("hf:a/b", "hf:/a/b"), ("hf:a/b:c", "hf:a/b/c"), ("hf:w:c", "hf:w/c"),
+             ("hf:a/b", "hf:a/b-"), ("hf:a/b", "hf:a b"), ("hf:a/b", "hf:a//b"), ("hf:x/y z", "hf:x/y%20z")]
+    for one, other in pairs:
+        assert default_data_dir(one) != default_data_dir(other), (one, other)
+    long_ones = [f"hf:/{'d' * 300}/{i}" for i in range(2)]
+    names = [default_data_dir(s).name for s in long_ones]
+    assert names[0] != names[1] and all(len(n.encode()) <= 255 for n in names)
+    # the documented forms keep their names (data prepared before is found)
+    assert default_data_dir("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == \
+        tmp_path / "hf-HuggingFaceFW--fineweb-edu--sample-10BT"
+    assert default_data_dir("hf:roneneldan/TinyStories") == tmp_path / "hf-roneneldan--TinyStories"
+    assert default_data_dir("hf:imdb") == tmp_path / "hf-imdb"
+    assert default_data_dir("hf:a/b:") == default_data_dir("hf:a/b")  # an empty config is no config
+    # one name per dataset over random specs of the characters that decide it (the empty config normalised away)
+    rng = random.Random(0)
+    names = {}
+    for _ in range(5_000):
+        spec = "".join(rng.choice("ab-_./: %~") for _ in range(rng.randint(1, 7)))
+        path, _, config = spec.partition(":")
+        dataset = path + (f":{config}" if config else "")
+        names.setdefault(hf_dir_name(spec), set()).add(dataset)
+    assert len(names) > 2_000 and all(len(datasets) == 1 for datasets in names.values())
+
+
+def test_a_dataset_prepared_under_its_old_default_name_is_still_found(monkeypatch, tmp_path, capsys):
+    """A local hf: dataset prepared before its default name changed (hf:/path/x was hf-path--x) is read from
+    there, but only when that directory's manifest names this very dataset (not hf:path/x's data)."""
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path / "data"))
+    src = tmp_path / "ds"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(40)))
+    spec = f"hf:{src}"
+    old = tmp_path / "data" / ("hf-" + "--".join(src.parts[1:]))
+    assert default_data_dir(spec) != old
+    assert main(["--dataset", spec, "--data-dir", str(old), "--no-progress"]) == 0  # as the old default put it
+    assert default_data_dir(spec) == old
+    assert main(["--dataset", spec, "--no-progress"]) == 0
+    assert f"in {old}" in capsys.readouterr().out
+    other = "hf:" + "/".join(src.parts[1:])  # a relative path whose old name was the same: not its data
+    assert default_data_dir(other) != old
+
+
+def _jsonl_dataset(path, word: str) -> None:
+    path.mkdir(parents=True)
+    (path / "a.jsonl").write_text("".join(json.dumps({"text": f"{word} {i}"}) + "\n" for i in range(40)))
+
+
+def test_a_build_into_a_default_dir_holding_another_datasets_old_data_is_refused(monkeypatch, tmp_path, capsys):
+    """hf:my ds (a local folder) was prepared under its old default name hf-my--ds, which is hf:my/ds's name now:
+    preparing hf:my/ds there would overwrite the data hf:my ds's runs read. Refused naming both, until moved."""
+    monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    _jsonl_dataset(tmp_path / "my ds", "spaced")
+    _jsonl_dataset(tmp_path / "my" / "ds", "nested")
+    shared = tmp_path / "data" / "hf-my--ds"
+    assert default_data_dir("hf:my/ds") == shared
+    assert main(["--dataset", "hf:my ds", "--data-dir", str(shared), "--no-progress"]) == 0  # the old default
+    assert default_data_dir("hf:my ds") == shared  # found there
+    capsys.readouterr()
+    assert main(["--dataset", "hf:my/ds", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    moved = tmp_path / "data" / "hf_my%20ds"
+    assert err == (f"error: {shared}, the default directory of --dataset hf:my/ds, holds the data of --dataset hf:my "
+                   f"ds (prepared there under the default name it had before session 33); move it to {moved} (where "
+                   f"--dataset hf:my ds finds it) or give --dataset hf:my/ds a --data-dir of its own\n")
+    assert set(iter_documents(shared, "train")) <= {f"spaced {i}" for i in range(40)}  # untouched
+    shared.rename(moved)
+    assert main(["--dataset", "hf:my/ds", "--no-progress"]) == 0
+    assert default_data_dir("hf:my ds") == moved
+    assert {d.split()[0] for d in iter_documents(moved, "train")} == {"spaced"}
+    assert {d.split()[0] for d in iter_documents(shared, "train")} == {"nested"}
