@@ -93,11 +93,12 @@ def check_default_dir_holds(data_dir, dataset: str) -> None:
     held = _previous_manifest(Path(data_dir)).get("dataset")
     if not held or _dir_key(held) == _dir_key(dataset):  # hf:a/b: is hf:a/b
         return
-    move = f"move it to {Path(data_dir).parent / _dir_key(held)} (where --dataset {held} finds it) or " \
-        if held.startswith(HF_PREFIX) else ""
-    raise DataError(f"{data_dir}, the default directory of --dataset {dataset}, holds the data of --dataset {held} "
-                    f"(prepared there under the default name it had before session 33); {move}give --dataset "
-                    f"{dataset} a --data-dir of its own")
+    why, move = "", ""
+    if held.startswith(HF_PREFIX):
+        why = " (prepared there under the default name it had before session 33)"
+        move = f"move it to {Path(data_dir).parent / _dir_key(held)} (where --dataset {held} finds it) or "
+    raise DataError(f"{data_dir}, the default directory of --dataset {dataset}, holds the data of --dataset "
+                    f"{held}{why}; {move}give --dataset {dataset} a --data-dir of its own")
 
 
 def _dir_key(dataset: str) -> str:
@@ -381,6 +382,7 @@ def claim_for_dataset(data_dir: Path, dataset: str) -> None:
 
 def _previous_manifest(data_dir: Path) -> dict:
     try:
-        return json.loads((data_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        manifest = json.loads((data_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
+    return manifest if isinstance(manifest, dict) else {}

@@ -173,3 +173,12 @@ def test_a_build_into_a_default_dir_holding_another_datasets_old_data_is_refused
     assert default_data_dir("hf:my ds") == moved
     assert {d.split()[0] for d in iter_documents(moved, "train")} == {"spaced"}
     assert {d.split()[0] for d in iter_documents(shared, "train")} == {"nested"}
+    # the same for any builder's default directory holding another dataset (put there with --data-dir)
+    _jsonl_dataset(tmp_path / "mine", "local")
+    embedded = tmp_path / "data" / "embedded"
+    assert main(["--dataset", "local", "--text-dir", str(tmp_path / "mine"), "--data-dir", str(embedded)]) == 0
+    capsys.readouterr()
+    assert main(["--dataset", "embedded", "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"error: {embedded}, the default directory of --dataset embedded, holds the "
+                                       "data of --dataset local; give --dataset embedded a --data-dir of its own\n")
+    assert load_manifest(embedded)["dataset"] == "local"
