@@ -107,13 +107,14 @@ def row_args(config_path: str) -> dict:
     return json.loads(json.dumps(vars(parse_args(["--config", config_path])), default=str))
 
 
-def flag_differences(cfg: dict, run_dir: Path) -> list[str]:
+def flag_differences(cfg: dict, run_dir: Path, config: dict | None = None) -> list[str]:
     """The flags a seed trained with (config.json "args") that differ from what base_train makes of the row config
     ``cfg`` alone ("--key value (row: value)"), its [train] and every flag it leaves at the default alike (``--
     --matrix-lr 0.05`` or ``-- --num-iterations 2`` on a row that sets neither), in name order; [] for a run without
     config.json (older runs). Flags a run's config.json lacks (added since) are not compared; an older version's
-    --core-max-per-task 0 ("all" then) is -1, as base_train --resume reads it (nanochat.train_resume)."""
-    args = recorded_args_now(run_args(run_dir))
+    --core-max-per-task 0 ("all" then) is -1, as base_train --resume reads it (nanochat.train_resume). ``config``:
+    the run's config.json when the caller has read it already (run_config)."""
+    args = recorded_args_now(recorded_args(run_config(run_dir) if config is None else config))
     if not args:
         return []
     wanted = row_args(cfg["path"])
@@ -128,11 +129,6 @@ def run_config(run_dir: Path) -> dict:
     return read_json_object(path, ValueError, "rerun or remove that seed") if path.is_file() else {}
 
 
-def run_args(run_dir: Path) -> dict:
-    """The flags a run recorded (config.json "args", its last session's); {} where it records none."""
-    return recorded_args(run_config(run_dir))
-
-
 def seed_of_dir(name: str) -> int | None:
     """N of a directory named as scripts.run names a seed's (``seed<N>``, N as str(int) writes it), else None: a
     copy kept aside (seed42.old, seed42_rerun, seed042) is not a second seed 42."""
@@ -140,13 +136,14 @@ def seed_of_dir(name: str) -> int | None:
     return int(digits) if digits.isascii() and digits.isdigit() and str(int(digits)) == digits else None
 
 
-def not_a_seed(run_dir: Path) -> str | None:
+def not_a_seed(run_dir: Path, config: dict | None = None) -> str | None:
     """Why ``run_dir`` holds no seed of its row (its name is not scripts.run's seed<N>, or config.json says it
-    trained with another --seed than N, e.g. a copy of another seed's directory), else None."""
+    trained with another --seed than N, e.g. a copy of another seed's directory), else None. ``config``: its
+    config.json when the caller has read it already."""
     seed = seed_of_dir(run_dir.name)
     if seed is None:
         return f"{run_dir.name} is not a seed directory of scripts.run (seed<N>, N the seed), not averaged"
-    trained = run_args(run_dir).get("seed")
+    trained = recorded_args(run_config(run_dir) if config is None else config).get("seed")
     if trained is not None and trained != seed:
         return f"{run_dir.name} trained with --seed {trained}, not the seed its directory names, not averaged"
     return None
@@ -163,7 +160,9 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     row_dir = runs_root / row["table"] / row["name"]
     summaries, names, notes = [], [], []
     for path in sorted(d / "summary.json" for d in row_dir.glob("seed*") if d.is_dir()):
-        if (why := not_a_seed(path.parent)) is not None:
+        # read once (the checks below all ask it); a directory that is no seed<N> is refused unread
+        config = run_config(path.parent) if seed_of_dir(path.parent.name) is not None else {}
+        if (why := not_a_seed(path.parent, config)) is not None:
             notes.append(why)
             continue
         if not path.is_file():  # a seed that is training, or was killed before the end (SIGKILL, OOM, a lost node)
@@ -179,10 +178,10 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         elif summary.get("stop_reason") == "completed" and diverged:  # a mean without it would hide the divergence
             notes.append(f"{path.parent.name} has a non-finite {', '.join(f'{k} ({summary[k]})' for k in diverged)}, "
                          "not averaged")
-        elif summary.get("stop_reason") == "completed" and (diffs := flag_differences(cfg, path.parent)):
+        elif summary.get("stop_reason") == "completed" and (diffs := flag_differences(cfg, path.parent, config)):
             notes.append(f"{path.parent.name} trained with other flags than the row's [train]: {', '.join(diffs)}, "
                          "not averaged")  # a smoke test (-- --num-iterations 2) is not a seed of the row
-        elif summary.get("stop_reason") == "completed" and (lrs := fmt_lr_overrides(run_config(path.parent))):
+        elif summary.get("stop_reason") == "completed" and (lrs := fmt_lr_overrides(config)):
             # "args" are the last session's flags: a seed continued with the row's LRs had others before
             notes.append(f"{path.parent.name} trained in part with other learning rates ({lrs}), not averaged")
         elif summary.get("stop_reason") == "completed":
