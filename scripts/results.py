@@ -36,7 +36,7 @@ from pathlib import Path
 
 from nanochat.cli_types import flag_name, recorded_args, recorded_args_now
 from nanochat.jsonfile import read_json_object, write_text_atomic
-from nanochat.report import first_read_rows, fmt_lr_overrides, train_bpb_rows
+from nanochat.report import ENVIRONMENT, first_read_rows, fmt_lr_overrides, train_bpb_rows
 from nanochat.row_config import REPO, find_configs, load_row_config
 from nanochat.terminal import replace_unencodable_output
 
@@ -158,7 +158,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     train bpbs on other rows (train_bpb_mean); ``averaged`` counts the seeds in each column's mean."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
-    summaries, names, notes = [], [], []
+    summaries, names, notes, commits = [], [], [], []
     for path in sorted(d / "summary.json" for d in row_dir.glob("seed*") if d.is_dir()):
         # read once (the checks below all ask it); a directory that is no seed<N> is refused unread
         config = run_config(path.parent) if seed_of_dir(path.parent.name) is not None else {}
@@ -187,6 +187,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         elif summary.get("stop_reason") == "completed":
             summaries.append(summary)
             names.append(path.parent.name)
+            commits.append(seed_commits(path.parent))
         else:
             notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
                          "not averaged")
@@ -209,8 +210,15 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         notes.append(f"CORE over different task sets ({', '.join(out['core_label'])}), not averaged")
     out["notes"] = notes
     out["attention"] = sorted({s.get("attention", "sdpa") for s in summaries})  # unrecorded: older runs, SDPA
-    out["bb_avg"] = mean_std([bb_avg(s) for s in summaries])
-    out["averaged"]["bb_avg"] = sum(measured(bb_avg(s)) for s in summaries)
+    bb = [bb_avg(s) for s in summaries]
+    out["bb_avg"] = mean_std(bb)
+    out["averaged"]["bb_avg"] = sum(map(measured, bb))
+    if "bb_avg" in out["paper"] and any(map(measured, bb)):  # the families table's column: as a CORE left out
+        notes += [f"{name} has no BB-avg (a BigBench task not evaluated, or without examples), not in its mean"
+                  for name, value in zip(names, bb) if not measured(value)]
+    if len(set(commits) - {"unknown"}) > 1:  # a fix between seeds would hide in the std
+        notes.append("seeds of different commits averaged (environment.json): "
+                     + "; ".join(f"{name} {c}" for name, c in zip(names, commits)))
     for key in ("params_memory", "params_total", "params_active"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
     # per GPU (summary.json's tok/s is of all the run's GPUs): seeds on other GPU counts compare, as the paper's does
@@ -218,6 +226,23 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
                                    and s.get("world_size") else None for s in summaries])[0]
     out["paper_gpus"] = cfg["row"]["nproc_per_node"]
     return out
+
+
+def seed_commits(run_dir: Path) -> str:
+    """The git commit(s) a seed's sessions ran (environment.json), 12 digits each, " + " between the sessions' of a
+    resumed run, "(dirty)" after one with uncommitted changes; "unknown" where none is recorded (older runs, no git
+    checkout, an unreadable file: it only feeds a note)."""
+    try:
+        sessions = read_json_object(run_dir / ENVIRONMENT, ValueError).get("sessions")
+    except (FileNotFoundError, ValueError):
+        return "unknown"
+    seen = []
+    for env in sessions if isinstance(sessions, list) else []:
+        if isinstance(env, dict) and isinstance(env.get("commit"), str):
+            name = env["commit"][:12] + (" (dirty)" if env.get("dirty") else "")
+            if name not in seen:
+                seen.append(name)
+    return " + ".join(seen) or "unknown"
 
 
 def train_bpb_mean(names: list[str], summaries: list[dict]) -> tuple[tuple[float, float], bool, list[str], int]:
@@ -258,6 +283,12 @@ def _fmt(value: float, std: float | None, fmt: str) -> str:
     return s + (f" ± {fmt.format(std)}" if std is not None and not math.isnan(std) and std > 0 else "")
 
 
+def fmt_delta(value: float) -> str:
+    """A signed Δ to 4 decimals; "+0.0000" for one that rounds to zero (not "-0.0000": -0.00004 is no sign)."""
+    text = f"{value:+.4f}"
+    return "+0.0000" if text == "-0.0000" else text
+
+
 def paper_tok_per_sec(row: dict) -> float | None:
     """The paper's training throughput per GPU (tok/s) of a row: [paper] tok_per_sec (the sparse-MoE table, 8 x H100)
     or tok_per_sec_m in millions (Table 1's "1.15M tok/s", 4 GPUs) over the row's GPUs ([row] nproc_per_node); None
@@ -285,7 +316,7 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         for key, paper_key, _, fmt in metrics:
             ours, std = r.get(key, (float("nan"), float("nan")))
             paper = r["paper"].get(paper_key)
-            delta = "–" if paper is None or math.isnan(ours) else f"{ours - paper:+.4f}"
+            delta = "–" if paper is None or math.isnan(ours) else fmt_delta(ours - paper)
             cell = _fmt(ours, std, fmt)
             if key == "core" and r.get("core_label", ["CORE"]) != ["CORE"] and not math.isnan(ours):
                 cell += f" ({r['core_label'][0]})"  # fewer tasks than the paper's CORE

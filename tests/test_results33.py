@@ -59,3 +59,59 @@ def test_a_seeds_config_json_is_read_once(tmp_path, monkeypatch):
     md, cells = table(tmp_path, runs)
     assert cells("Base")["seeds"] == "2", md
     assert reads.count("config.json") == 2, reads
+
+
+def test_seeds_of_different_commits_are_averaged_with_a_note_naming_them(tmp_path):
+    """environment.json records each session's git commit; seeds of two commits (a fix landed between them) were
+    averaged with nothing saying so."""
+    runs = tmp_path / "runs"
+    a, b = "a" * 40, "b" * 40
+    write_seed(runs, "d12", "base", "seed42", {**DONE, "val_bpb": 0.90}, environment={"sessions": [
+        {"commit": a, "dirty": False}]})
+    write_seed(runs, "d12", "base", "seed43", {**DONE, "val_bpb": 0.92}, environment={"sessions": [
+        {"commit": a, "dirty": False}, {"commit": b, "dirty": True}]})
+    write_seed(runs, "d12", "base", "seed44", {**DONE, "val_bpb": 0.94})  # an older run: no environment.json
+    md, cells = table(tmp_path, runs)
+    assert cells("Base")["seeds"] == "3" and cells("Base")["val bpb"] == "0.9200 ± 0.0200", md
+    assert ("- Base: seeds of different commits averaged (environment.json): seed42 aaaaaaaaaaaa; seed43 aaaaaaaaaaaa "
+            "+ bbbbbbbbbbbb (dirty); seed44 unknown") in md, md
+
+
+def test_seeds_of_one_commit_get_no_commit_note(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (42, 43):
+        write_seed(runs, "d12", "base", f"seed{seed}", {**DONE, "val_bpb": 0.9},
+                   environment={"sessions": [{"commit": "c" * 40, "dirty": False}]})
+    md, _ = table(tmp_path, runs)
+    assert "commit" not in md, md
+
+
+def test_a_bb_avg_that_is_not_a_number_has_a_note(tmp_path):
+    """A BigBench task without examples (accuracy NaN) left its seed out of the BB-avg mean, counted by the cell's
+    "(1 of 2 seeds)" but with no note naming the seed, as a seed without a CORE has."""
+    from scripts.results import BIGBENCH
+
+    runs = tmp_path / "runs"
+    tasks = {t: {"accuracy": 0.5} for t in BIGBENCH}
+    write_seed(runs, "families", "m125_base", "seed42", {**DONE, "val_bpb": 0.9, "core_tasks": tasks})
+    write_seed(runs, "families", "m125_base", "seed43", {**DONE, "val_bpb": 0.9, "core_tasks": {
+        **tasks, BIGBENCH[0]: {"accuracy": float("nan")}}})
+    md, cells = table(tmp_path, runs, "families")
+    label = next(line.split("|")[1].strip() for line in md.splitlines() if "(1 of 2 seeds)" in line)
+    assert cells(label)["BB-avg"] == "50.00 (1 of 2 seeds)", md
+    assert (f"- {label}: seed43 has no BB-avg (a BigBench task not evaluated, or without examples), not in its "
+            "mean") in md, md
+
+
+def test_a_delta_that_rounds_to_zero_prints_no_minus_sign(tmp_path):
+    """Δ is ours - paper from the unrounded mean: 0.86719 - 0.8672 printed "-0.0000"."""
+    from nanochat.row_config import load_row_config
+
+    paper = load_row_config(REPO / "configs" / "d12" / "base.toml")["paper"]["val_bpb"]
+    runs = tmp_path / "runs"
+    write_seed(runs, "d12", "base", "seed42", {**DONE, "val_bpb": paper - 1e-6, "train_bpb": paper + 0.00123})
+    md, cells = table(tmp_path, runs)
+    header = md.splitlines()[0].strip("|").split("|")
+    line = next(l for l in md.splitlines() if l.startswith("| Base |")).strip("|").split("|")
+    deltas = [c.strip() for h, c in zip(header, line) if h.strip() == "Δ"]
+    assert "-0.0000" not in md and deltas[1] == "+0.0000", md
