@@ -13,6 +13,7 @@
 This module imports no torch, so ``scripts/run.py --plan`` works on a bare Python.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -111,6 +112,24 @@ def paper_train_shards(cfg: dict) -> tuple[int, str] | None:
     None for a row without ``[row] train_shards``."""
     shards = cfg["row"].get("train_shards")
     return (shards, cfg.get("train", {}).get("dataset", "fineweb-edu")) if shards else None
+
+
+def shipped_row(cfg: dict) -> dict | None:
+    """This checkout's own config of ``cfg``'s row (configs/<table>/<name>.toml, as every shipped row is named),
+    loaded, when ``cfg`` is another file (a copy); None when ``cfg`` is that file or the row is not a shipped one."""
+    row = cfg["row"]
+    path = REPO / "configs" / row["table"] / f"{row['name']}.toml"
+    if not path.is_file() or path.resolve() == Path(cfg["path"]):
+        return None
+    return load_row_config(path)
+
+
+def train_differences(cfg: dict, other: dict) -> list[str]:
+    """The [train] keys ``cfg`` sets otherwise than ``other`` ("key value (row: value)", in name order)."""
+    ours, theirs = cfg.get("train", {}), other.get("train", {})
+    shown = lambda key, train: json.dumps(train[key], default=str) if key in train else "not set"
+    return [f"{key} {shown(key, ours)} (row: {shown(key, theirs)})" for key in sorted(set(ours) | set(theirs))
+            if ours.get(key, ...) != theirs.get(key, ...)]
 
 
 def find_configs(root=None) -> list[Path]:

@@ -4,7 +4,9 @@
     python -m scripts.run configs/d12/mome_c1_m6.toml --seeds 42,43 --nproc-per-node 8 --device-batch-size 16
     python -m scripts.run configs/mini/base.toml -- --num-iterations 50      # extra base_train flags after --
 
-Outputs go to runs/<table>/<row>/seed<N>/ (override the root with --runs-root). A finished run (summary.json with
+Outputs go to runs/<table>/<row>/seed<N>/, <row> the config's [row] name (override the root with --runs-root): a
+copy of a shipped row config that keeps its [row] table and name but changes its [train] is refused, naming both
+files (its seeds would mix with the row's); give the copy a [row] name of its own. A finished run (summary.json with
 stop_reason "completed") is never overwritten; an unfinished one (interrupted, stopped at its wall-time limit,
 crashed, killed) is continued with base_train --resume auto (from its latest checkpoint, or from step 0 when it
 has none). Seeds run one after another and the runner stops at the first failure or unfinished seed (a
@@ -37,7 +39,7 @@ from pathlib import Path
 from nanochat.cli_types import SEED_MAX, dest_name, is_seed
 from nanochat.hand_command import resume_value_at
 from nanochat.lost_output import point_at_devnull
-from nanochat.row_config import REPO, load_row_config
+from nanochat.row_config import REPO, load_row_config, shipped_row, train_differences
 from nanochat.terminal import replace_unencodable_output
 
 # base_train's refused --resume reads this: its own advice (drop --resume, add --overwrite) cannot be followed under
@@ -170,6 +172,21 @@ def build_commands(cfg: dict, seeds: list[int], nproc: int, device_batch: int, r
             cmd = [sys.executable, *train_cmd]
         out.append((seed, run_dir, cmd))
     return out
+
+
+def check_own_row(cfg: dict, runs_root: Path) -> None:
+    """Refuse a copy of a shipped row config that keeps the row's [row] table and name but trains otherwise (its
+    [train] differs): its seeds would go to the row's runs/<table>/<name>/ folder among the row's own, where a
+    finished one would stand for the row's seed (and the row's own config would then skip it as finished). A copy
+    that trains what the row trains (only its [row] seeds or notes changed) runs the row's seeds, in its folder."""
+    shipped = shipped_row(cfg)
+    if shipped is None or not (diffs := train_differences(cfg, shipped)):
+        return
+    table, name = cfg["row"]["table"], cfg["row"]["name"]
+    raise ValueError(f"config {cfg['path']} is row {table}/{name}, the row of {shipped['path']}, with another [train] "
+                     f"({', '.join(diffs)}): its seeds would train into {runs_root / table / name}/ among that row's. "
+                     f"Give the copy a [row] name of its own (its seeds then go to {runs_root / table}/<name>/), or "
+                     "run the row's own config with the changed flags after --")
 
 
 def check_train_flags(commands: list[tuple[int, Path, list[str]]]) -> None:
@@ -393,9 +410,11 @@ def main(argv=None) -> None:
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
     # resolved here, once, as the afresh command resolves it: base_train runs from the repo root, the user may not
-    commands = build_commands(cfg, seeds, nproc, device_batch, Path(_absolute(args.runs_root)), extra)
+    runs_root = Path(_absolute(args.runs_root))
+    commands = build_commands(cfg, seeds, nproc, device_batch, runs_root, extra)
     try:
         check_train_flags(commands)
+        check_own_row(cfg, runs_root)  # after the flags: a copy's bad key is named as the row's would be
     except ValueError as e:
         p.error(str(e))
     if args.plan:

@@ -115,3 +115,66 @@ def test_a_delta_that_rounds_to_zero_prints_no_minus_sign(tmp_path):
     line = next(l for l in md.splitlines() if l.startswith("| Base |")).strip("|").split("|")
     deltas = [c.strip() for h, c in zip(header, line) if h.strip() == "Δ"]
     assert "-0.0000" not in md and deltas[1] == "+0.0000", md
+
+
+MINI = (REPO / "configs" / "mini" / "base.toml").read_text()
+
+
+def plan(capsys, config, runs):
+    from scripts import run
+
+    run.main([str(config), "--plan", "--runs-root", str(runs)])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("file_name", ["my_base.toml", "base.toml"])
+def test_a_copied_row_config_with_other_flags_is_refused(tmp_path, capsys, file_name):
+    """configs/mini/base.toml copied to change one flag, its [row] name left: scripts.run trained the copy into
+    runs/mini/base/, among the row's own seeds (a finished one then stood for the row's seed42, and the row's own
+    run said "finished run, not overwriting"). A copy kept under the same file name elsewhere is caught too."""
+    from scripts import run
+
+    copy = tmp_path / "mine" / file_name
+    copy.parent.mkdir()
+    copy.write_text(MINI.replace("\n[train]\n", "\n[train]\nmatrix-lr = 0.05\n", 1))
+    runs = tmp_path / "runs"
+    for argv, root in (([str(copy), "--plan"], REPO / "runs"), ([str(copy), "--runs-root", str(runs)], runs)):
+        with pytest.raises(SystemExit) as stopped:
+            run.main(argv)
+        out, err = capsys.readouterr()
+        assert stopped.value.code == 2 and "Traceback" not in err and "scripts.base_train" not in out, err
+        shipped = REPO / "configs" / "mini" / "base.toml"
+        assert (f"config {copy} is row mini/base, the row of {shipped}, with another [train] (matrix-lr 0.05 "
+                f"(row: not set)): its seeds would train into {root / 'mini' / 'base'}/ among that row's. Give the "
+                f"copy a [row] name of its own (its seeds then go to {root / 'mini'}/<name>/), or run the row's own "
+                "config with the changed flags after --") in err, err
+    assert not runs.exists()
+
+
+def test_a_copied_row_config_with_a_name_of_its_own_trains_into_its_own_folder(tmp_path, capsys):
+    copy = tmp_path / "my_base.toml"
+    copy.write_text(MINI.replace("\n[train]\n", "\n[train]\nmatrix-lr = 0.05\n", 1)
+                    .replace('name = "base"', 'name = "my_base"', 1))
+    runs = tmp_path / "runs"
+    out = plan(capsys, copy, runs)
+    assert f"--run-dir {runs / 'mini' / 'my_base' / 'seed42'} " in out, out
+
+
+def test_a_copy_that_trains_what_the_row_trains_is_that_row(tmp_path, capsys):
+    """Only [row] changed (other default seeds, a note): its seeds are the row's seeds, in the row's folder."""
+    copy = tmp_path / "seeds.toml"
+    copy.write_text(MINI.replace("\nseeds = [42]\n", "\nseeds = [7]\n", 1))
+    runs = tmp_path / "runs"
+    out = plan(capsys, copy, runs)
+    assert f"--run-dir {runs / 'mini' / 'base' / 'seed7'} " in out, out
+
+
+def test_every_shipped_row_is_named_after_its_file_and_folder():
+    """scripts.run finds a row's own config as configs/<table>/<name>.toml."""
+    from nanochat.row_config import find_configs, load_row_config
+
+    paths = find_configs()
+    assert len(paths) == 85
+    for path in paths:
+        row = load_row_config(path)["row"]
+        assert (row["table"], row["name"]) == (path.parent.name, path.stem), path
