@@ -5,7 +5,9 @@
              reconstructed (true when the design's structure was inferred from the paper's parameter total:
              results tables mark the row),
              train_shards (the number of training shards of [train] dataset the paper's run read: a run on fewer
-             prepared shards repeats its data more often, which base_train --dry-run and the run's start warn about)
+             prepared shards repeats its data more often, which base_train --dry-run and the run's start warn about),
+             compare_to (the [row] name of the row the paper's delta columns subtract: the routing controls' "vs
+             MoME"; [paper] val_bpb_vs_ref, core_vs_ref hold the paper's deltas)
     [train]  defaults for scripts.base_train, keyed by flag name without the leading dashes
     [paper]  the paper's reported numbers for the row (train_bpb, val_bpb, core, params_memory_m, ...) and, where
              the reference says so, ``attention``: the kernel its throughput was measured with (sdpa, fa2, fa3)
@@ -23,7 +25,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-ROW_KEYS = {"table", "name", "label", "order", "seeds", "nproc_per_node", "notes", "reconstructed", "train_shards"}
+ROW_KEYS = {"table", "name", "label", "order", "seeds", "nproc_per_node", "notes", "reconstructed", "train_shards",
+            "compare_to"}
 PAPER_ATTENTION = ("sdpa", "fa2", "fa3")  # [paper] attention: a resolved kernel (--attention auto is not one)
 
 
@@ -77,6 +80,9 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
     for key in ("table", "name"):
         if not isinstance(row.get(key), str) or not row[key]:
             raise ValueError(f"config {path}: [row] needs a non-empty string '{key}'")
+    if "compare_to" in row and (not isinstance(row["compare_to"], str) or not row["compare_to"]):
+        raise ValueError(f"config {path}: [row] 'compare_to' must be the [row] name of another row of its table "
+                         f"(got {row['compare_to']!r})")
     if not isinstance(row.get("reconstructed", False), bool):
         raise ValueError(f"config {path}: [row] 'reconstructed' must be true or false (a TOML boolean)")
     if not isinstance(row.get("order", 0), int) or isinstance(row.get("order"), bool):

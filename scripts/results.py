@@ -47,7 +47,23 @@ METRICS = [  # (summary key, paper key, column title, format)
 ]
 # columns shown only for tables whose [paper] reports them (the families table): BigBench mean accuracy (%) and
 # training wall time relative to the block's Base row (rows <block>_<name>, Base = <block>_base; ours from tok/s)
-OPTIONAL_METRICS = [("bb_avg", "bb_avg", "BB-avg", "{:.2f}"), ("wall_ratio", "wall_ratio", "Wall", "{:.2f}")]
+OPTIONAL_METRICS = [("bb_avg", "bb_avg", "BB-avg", "{:.2f}"), ("wall_ratio", "wall_ratio", "Wall", "{:.2f}"),
+                    # the sweep's wall minutes (ours: summary.json wall_time_s), d24's out-of-domain bpb (ours:
+                    # base_eval --bpb-corpus NAME=PATH on the final step) and the routing controls' Δ vs MoME
+                    ("wall_min", "wall_min", "Wall (min)", "{:.2f}"),
+                    ("fineweb_edu_bpb", "fineweb_edu_bpb", "FineWeb-Edu bpb", "{:.4f}"),
+                    ("enwik9_bpb", "enwik9_bpb", "enwik9 bpb", "{:.4f}"),
+                    ("shakespeare_bpb", "shakespeare_bpb", "Shakespeare bpb", "{:.4f}"),
+                    ("val_bpb_vs_ref", "val_bpb_vs_ref", "Δ val bpb vs ref", "{:+.4f}"),
+                    ("core_vs_ref", "core_vs_ref", "Δ CORE vs ref", "{:+.4f}")]
+OOD_CORPORA = ("fineweb_edu", "enwik9", "shakespeare")  # base_eval --bpb-corpus NAME=PATH names read for the columns
+# why a column of what a run records reads n/a for a row with finished seeds, and what would record it
+NOT_RECORDED = {"wall_min": "the seeds' summary.json has no wall_time_s (runs from before it was recorded)",
+                **{f"{name}_bpb": f"no {name} corpus in the seed's eval/step_<final step>/bpb.json; python -m "
+                   f"scripts.base_eval --run <seed dir> --eval bpb --bpb-corpus {name}=PATH writes it (the "
+                   "document-reset protocol; the paper does not say its own)" for name in OOD_CORPORA}}
+WALL_NOTE = ("Wall (min): ours is summary.json wall_time_s / 60 (start-up to the end of the final evaluation, compile "
+             "and evaluations included) on the seed's GPUs; the paper does not say what its wall time spans")
 RECONSTRUCTED_MARK = " [reconstructed]"
 RECONSTRUCTED_NOTE = ("[reconstructed]: the design's structure is inferred from the paper's parameter total, not "
                       "published (see the row config's notes)")
@@ -158,7 +174,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     train bpbs on other rows (train_bpb_mean); ``averaged`` counts the seeds in each column's mean."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
-    summaries, names, notes, commits = [], [], [], []
+    summaries, names, notes, commits, ood = [], [], [], [], []
     for path in sorted(d / "summary.json" for d in row_dir.glob("seed*") if d.is_dir()):
         # read once (the checks below all ask it); a directory that is no seed<N> is refused unread
         config = run_config(path.parent) if seed_of_dir(path.parent.name) is not None else {}
@@ -188,12 +204,13 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
             summaries.append(summary)
             names.append(path.parent.name)
             commits.append(seed_commits(path.parent))
+            ood.append(final_corpus_bpbs(path.parent, summary))
         else:
             notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
                          "not averaged")
     label = row.get("label", row["name"]) + (RECONSTRUCTED_MARK if row.get("reconstructed") else "")
     out = {"table": row["table"], "row": row["name"], "label": label, "order": row.get("order", 0), "reconstructed": bool(row.get("reconstructed")),
-           "seeds": len(summaries), "paper": cfg.get("paper", {})}
+           "seeds": len(summaries), "paper": cfg.get("paper", {}), "compare_to": row.get("compare_to")}
     out["train_bpb"], out["train_bpb_first_read"], rows_notes, train_seeds = train_bpb_mean(names, summaries)
     out["averaged"] = {"train_bpb": train_seeds}  # how many seeds each column's mean holds (the cell says when not all)
     for key, _, _, _ in METRICS:
@@ -216,6 +233,15 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     if "bb_avg" in out["paper"] and any(map(measured, bb)):  # the families table's column: as a CORE left out
         notes += [f"{name} has no BB-avg (a BigBench task not evaluated, or without examples), not in its mean"
                   for name, value in zip(names, bb) if not measured(value)]
+    recorded = {"wall_min": [s["wall_time_s"] / 60 if measured(s.get("wall_time_s")) else None for s in summaries],
+                **{f"{c}_bpb": [bpbs.get(c) for bpbs in ood] for c in OOD_CORPORA}}
+    for key, values in recorded.items():
+        out[key] = mean_std(values)
+        out["averaged"][key] = sum(map(measured, values))
+        if key in out["paper"] and any(map(measured, values)):
+            notes += [f"{name} has no {key}, not in its mean" for name, v in zip(names, values) if not measured(v)]
+    out["world_sizes"] = sorted({s["world_size"] for s, w in zip(summaries, recorded["wall_min"])
+                                 if measured(w) and s.get("world_size")})
     if len(set(commits) - {"unknown"}) > 1:  # a fix between seeds would hide in the std
         notes.append("seeds of different commits averaged (environment.json): "
                      + "; ".join(f"{name} {c}" for name, c in zip(names, commits)))
@@ -226,6 +252,18 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
                                    and s.get("world_size") else None for s in summaries])[0]
     out["paper_gpus"] = cfg["row"]["nproc_per_node"]
     return out
+
+
+def final_corpus_bpbs(run_dir: Path, summary: dict) -> dict:
+    """{corpus name: bpb} that base_eval --bpb-corpus recorded for the seed's final step (eval/step_<step>/bpb.json,
+    read once); {} where it has not been run."""
+    step = summary.get("step")
+    path = run_dir / "eval" / f"step_{step:06d}" / "bpb.json" if isinstance(step, int) else None
+    if path is None or not path.is_file():
+        return {}
+    corpora = read_json_object(path, ValueError, "rerun base_eval or remove that file").get("corpora")
+    return {name: entry["bpb"] for name, entry in (corpora if isinstance(corpora, dict) else {}).items()
+            if isinstance(entry, dict) and isinstance(entry.get("bpb"), (int, float))}
 
 
 def seed_commits(run_dir: Path) -> str:
@@ -267,6 +305,17 @@ def add_wall_ratios(rows: list[dict]) -> None:
         r["wall_ratio"] = (base["tok_per_sec"] / r["tok_per_sec"] if ok else float("nan"), float("nan"))
 
 
+def add_ref_deltas(rows: list[dict]) -> None:
+    """val_bpb_vs_ref / core_vs_ref = this row's mean - its [row] compare_to row's (the routing controls' "Δ vs
+    MoME" columns); NaN where either is missing."""
+    by_name = {r["row"]: r for r in rows}
+    for r in rows:
+        ref = by_name.get(r["compare_to"]) if r["compare_to"] else None
+        for key in ("val_bpb", "core"):
+            value = r[key][0] - ref[key][0] if ref is not None else float("nan")
+            r[f"{key}_vs_ref"] = (value, float("nan"))
+
+
 def attention_mark(row: dict, mixed_table: bool) -> str:
     """' (sdpa; paper fa3)' after a tok/s measured on another attention kernel than the paper's, ' (fa3)' in a
     table whose rows used different kernels; '' when the numbers compare like for like (or nothing is known)."""
@@ -279,14 +328,20 @@ def attention_mark(row: dict, mixed_table: bool) -> str:
 def _fmt(value: float, std: float | None, fmt: str) -> str:
     if value is None or math.isnan(value):
         return "–"
-    s = fmt.format(value)
+    s = _no_negative_zero(fmt.format(value), signed="+" in fmt)
     return s + (f" ± {fmt.format(std)}" if std is not None and not math.isnan(std) and std > 0 else "")
+
+
+def _no_negative_zero(text: str, signed: bool = True) -> str:
+    """"-0.0000" (a negative value that rounds to zero) as "+0.0000", or "0.0000" for an unsigned format."""
+    if text.startswith("-") and not text.strip("-0.,"):
+        return ("+" if signed else "") + text[1:]
+    return text
 
 
 def fmt_delta(value: float) -> str:
     """A signed Δ to 4 decimals; "+0.0000" for one that rounds to zero (not "-0.0000": -0.00004 is no sign)."""
-    text = f"{value:+.4f}"
-    return "+0.0000" if text == "-0.0000" else text
+    return _no_negative_zero(f"{value:+.4f}")
 
 
 def paper_tok_per_sec(row: dict) -> float | None:
@@ -325,6 +380,10 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             averaged = r.get("averaged", {}).get(key, r["seeds"])
             if 0 < averaged < r["seeds"] and not math.isnan(ours):  # the notes under the table name the others
                 cell += f" ({averaged} of {r['seeds']} seeds)"
+            if key in NOT_RECORDED and r["seeds"] and not averaged:
+                cell = "n/a"  # the seeds do not record it: a footnote says what would
+            if key == "wall_min" and r["world_sizes"] not in ([], [r["paper_gpus"]]) and not math.isnan(ours):
+                cell += f" ({', '.join(map(str, r['world_sizes']))} GPUs; paper {r['paper_gpus']})"
             paper_std = r["paper"].get(f"{paper_key}_std")
             line += [cell, "–" if paper is None else _fmt(paper, paper_std, fmt), delta]
         pm, pt = r["params_memory"], r["params_total"]
@@ -342,6 +401,22 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             line.append("–" if tps is None else f"{tps:,.0f}")
         body.append(line)
     return header, body
+
+
+def column_notes(rows: list[dict], header: list[str]) -> list[str]:
+    """The footnotes of the columns shown: how ours is measured, what would record an n/a, what a Δ vs ref is."""
+    shown = {key: title for key, _, title, _ in OPTIONAL_METRICS if title in header}
+    notes = [WALL_NOTE] if "wall_min" in shown else []
+    for key, why in NOT_RECORDED.items():
+        if key in shown and any(r["seeds"] and not r["averaged"].get(key) for r in rows):
+            notes.append(f"n/a in {shown[key]}: {why}")
+    labels = {r["row"]: r["label"] for r in rows}
+    pairs = [f"{r['label']} vs {labels[r['compare_to']]}" for r in rows if r["compare_to"] in labels
+             and r["seeds"]]
+    if pairs and "val_bpb_vs_ref" in shown:
+        notes.append(f"{shown['val_bpb_vs_ref']}, {shown['core_vs_ref']}: a row's mean minus that of the row its "
+                     f"[row] compare_to names ({'; '.join(pairs)}), as the paper's columns")
+    return notes
 
 
 def to_markdown(header, body) -> str:
@@ -396,6 +471,8 @@ def table_markdown(rows: list[dict]) -> tuple[str, list, list]:
     md = to_markdown(header, body)
     if any(r["reconstructed"] for r in rows):
         md += f"\n{RECONSTRUCTED_NOTE}\n"
+    if column := column_notes(rows, header):
+        md += "\n" + "\n".join(column) + "\n"
     notes = row_notes(rows)
     if notes:
         md += "\n" + "\n".join(notes) + "\n"
@@ -419,6 +496,7 @@ def main(argv=None) -> int:
     for table, rows in sorted(by_table.items()):
         rows.sort(key=lambda r: r["order"])  # the paper's order (stable: file order among equal ones)
         add_wall_ratios(rows)
+        add_ref_deltas(rows)
         rows = [r for r in rows if r["seeds"] > 0 or r["notes"]] or rows
         md, header, body = table_markdown(rows)
         csv_text = io.StringIO(newline="")

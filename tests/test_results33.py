@@ -178,3 +178,67 @@ def test_every_shipped_row_is_named_after_its_file_and_folder():
     for path in paths:
         row = load_row_config(path)["row"]
         assert (row["table"], row["name"]) == (path.parent.name, path.stem), path
+
+
+def test_d12_scaling_has_the_papers_wall_minutes_beside_the_runs(tmp_path):
+    """The sweep's paper "Wall (min)" (configs' [paper] wall_min) had no column; a run records its wall time
+    (summary.json wall_time_s). A seed on another GPU count than the paper's says so; a row whose seeds record no
+    wall time prints n/a, with a footnote."""
+    runs = tmp_path / "runs"
+    for seed, wall in ((42, 6000.0), (43, 6060.0)):
+        write_seed(runs, "d12_scaling", "bigram_b03", f"seed{seed}", {**DONE, "val_bpb": 0.87, "wall_time_s": wall,
+                                                                       "world_size": 4})
+    write_seed(runs, "d12_scaling", "bigram_b06", "seed42", {**DONE, "val_bpb": 0.86, "wall_time_s": 3000.0,
+                                                             "world_size": 8})
+    write_seed(runs, "d12_scaling", "bigram_b09", "seed42", {**DONE, "val_bpb": 0.86})
+    md, cells = table(tmp_path, runs, "d12_scaling")
+    b3 = cells("Bigram 3V")
+    assert (b3["Wall (min)"], b3["paper Wall (min)"]) == ("100.50 ± 0.71", "106.72 ± 0.70"), md
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    line = [c.strip() for c in next(l for l in md.splitlines() if l.startswith("| Bigram 3V |")).strip("|").split("|")]
+    assert header[header.index("paper Wall (min)") + 1] == "Δ" and line[header.index("paper Wall (min)") + 1] == \
+        "-6.2200", md
+    assert cells("Bigram 6V")["Wall (min)"] == "50.00 (8 GPUs; paper 4)", md
+    assert cells("Bigram 9V")["Wall (min)"] == "n/a", md
+    assert ("n/a in Wall (min): the seeds' summary.json has no wall_time_s (runs from before it was recorded)"
+            in md), md
+    assert ("Wall (min): ours is summary.json wall_time_s / 60 (start-up to the end of the final evaluation, "
+            "compile and evaluations included) on the seed's GPUs; the paper does not say what its wall time "
+            "spans") in md, md
+
+
+def test_d24_shows_the_out_of_domain_bpb_base_eval_recorded(tmp_path):
+    """The d24 paper rows report FineWeb-Edu/enwik9/Shakespeare bpb; base_eval --bpb-corpus records them in the
+    seed's eval/step_<final>/bpb.json. A seed without them prints n/a, with a footnote naming the command."""
+    runs = tmp_path / "runs"
+    d = write_seed(runs, "d24", "dense", "seed42", {**DONE, "val_bpb": 0.67, "step": 100000})
+    out = d / "eval" / "step_100000"
+    out.mkdir(parents=True)
+    out.joinpath("bpb.json").write_text(json.dumps({"step": 100000, "splits": {"val": 0.67}, "corpora": {
+        "fineweb_edu": {"bpb": 0.77, "protocol": "document-reset"},
+        "shakespeare": {"bpb": 1.5, "protocol": "document-reset"}}}))
+    write_seed(runs, "d24", "ve", "seed42", {**DONE, "val_bpb": 0.65, "step": 100000})
+    md, cells = table(tmp_path, runs, "d24")
+    dense = cells("Dense (100B)")
+    assert (dense["FineWeb-Edu bpb"], dense["paper FineWeb-Edu bpb"]) == ("0.7700", "0.7677"), md
+    assert (dense["enwik9 bpb"], dense["paper enwik9 bpb"]) == ("n/a", "0.9037"), md
+    assert (dense["Shakespeare bpb"], dense["paper Shakespeare bpb"]) == ("1.5000", "1.4993"), md
+    assert cells("VEmbedding (100B)")["FineWeb-Edu bpb"] == "n/a", md
+    assert ("n/a in enwik9 bpb: no enwik9 corpus in the seed's eval/step_<final step>/bpb.json; python -m "
+            "scripts.base_eval --run <seed dir> --eval bpb --bpb-corpus enwik9=PATH writes it (the document-reset "
+            "protocol; the paper does not say its own)") in md, md
+
+
+def test_the_routing_controls_show_their_delta_vs_mome(tmp_path):
+    """The paper's routing-controls table reports each control minus hidden-state MoME (val bpb, CORE)."""
+    runs = tmp_path / "runs"
+    write_seed(runs, "d24", "ctrl_mome_context", "seed42", {**DONE, "val_bpb": 0.7000, "core": 0.2900})
+    write_seed(runs, "d24", "ctrl_mome_token_only", "seed42", {**DONE, "val_bpb": 0.7050, "core": 0.2800})
+    md, cells = table(tmp_path, runs, "d24")
+    token = cells("MoME, learned token-only routing (6e19)")
+    assert (token["Δ val bpb vs ref"], token["paper Δ val bpb vs ref"]) == ("+0.0050", "+0.0054"), md
+    assert (token["Δ CORE vs ref"], token["paper Δ CORE vs ref"]) == ("-0.0100", "-0.0088"), md
+    assert cells("MoME, hidden-state routing (6e19)")["Δ val bpb vs ref"] == "–", md
+    assert ("Δ val bpb vs ref, Δ CORE vs ref: a row's mean minus that of the row its [row] compare_to names "
+            "(MoME, learned token-only routing (6e19) vs MoME, hidden-state routing (6e19)), as the paper's "
+            "columns") in md, md
