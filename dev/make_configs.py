@@ -169,7 +169,9 @@ for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
 D24_STEPS_NOTE = ("100,000 steps x 1,048,576 tokens = 104.86B tokens is this repo's reading of the paper's \"100B\" "
                   "(neither the paper nor ../shared/spec gives the step count; 95,367 steps would be 100.00B): "
                   "pass --num-iterations N after -- to change it")
-OOD = "bpb on FineWeb-Edu/enwik9/Shakespeare: python -m scripts.base_eval --bpb-corpus NAME=PATH (document-reset protocol)"
+OOD = ("bpb on FineWeb-Edu/enwik9/Shakespeare: python -m scripts.base_eval --run <seed dir> --eval bpb --bpb-corpus "
+       "fineweb_edu=PATH --bpb-corpus enwik9=PATH --bpb-corpus shakespeare=PATH on the final step (document-reset "
+       "protocol; scripts.results reads these names)")
 for name, label, memory, mem, score_tput, vals in [
     ("dense", "Dense", {"memory": "base"}, 0.0, None, (0.6639, 0.7677, 0.9037, 1.4993, 0.3441)),
     ("ve", "VEmbedding", {"memory": "ve"}, 0.60, 64.0, (0.6463, 0.7549, 0.8860, 1.4823, 0.3484)),

@@ -15,6 +15,13 @@ run read first, and a mean over manifest-order rows alone says "(rows in manifes
 than the suite carries its label (e.g. "CORE-21/22"). A mean over fewer seeds than the row's seeds column (a seed
 without a CORE, a train bpb on the other kind of rows) says so in its cell ("(2 of 3 seeds)"), and the notes name
 the seeds left out.
+Seeds of different commits (environment.json) are averaged with a note naming each seed's. Tables whose [paper]
+has them get more columns: BB-avg and Wall (the families table), Wall (min) (d12_scaling; ours summary.json
+wall_time_s, marked when the seeds ran on another GPU count than the paper's), FineWeb-Edu/enwik9/Shakespeare bpb
+(d24; ours what base_eval --bpb-corpus fineweb_edu=PATH (enwik9=, shakespeare=) recorded for the seed's final step
+in eval/step_<step>/bpb.json) and the routing controls' Δ val bpb / Δ CORE vs ref (the row minus its [row]
+compare_to row). A row with finished seeds that record none of a run-recorded column prints n/a, and a footnote
+says what would record it.
 Writes <out>/<table>.md, .csv and .tex and prints the markdown. Rows whose config sets ``reconstructed = true``
 (a design inferred from the paper's parameter total, not published) carry RECONSTRUCTED_MARK after their label,
 and the markdown explains the mark under the table.
