@@ -101,6 +101,32 @@ def check_default_dir_holds(data_dir, dataset: str) -> None:
                     f"{held}{why}; {move}give --dataset {dataset} a --data-dir of its own")
 
 
+def check_default_dir_dataset(data_dir, dataset: str, manifest: dict | None = None) -> None:
+    """Before a run reads ``data_dir``, the default directory of its ``dataset`` (no --data-dir: base_train,
+    tok_train): refuse where the manifest there records another dataset (an hf: dataset prepared under the default
+    name it had before session 33, which is this one's now, or data copied there by hand): the run would train on
+    it under this dataset's name. ``manifest``: the one the caller read, else it is read here; none, an unreadable
+    one or one recording no dataset is left to the loader. An explicit --data-dir is the user's choice: not checked."""
+    data_dir = Path(data_dir)
+    held = (manifest if manifest is not None else _previous_manifest(data_dir)).get("dataset")
+    if held is None or held == "" or _dir_key(str(held)) == _dir_key(dataset):  # hf:a/b: is hf:a/b
+        return
+    held = str(held)
+    older = held.startswith(HF_PREFIX) and data_dir.name == _older_hf_dir_name(held[len(HF_PREFIX):])
+    why = " (prepared there under the default name it had before session 33)" if older else f" (its {MANIFEST})"
+    try:
+        named = check_dataset_name(held)
+    except argparse.ArgumentTypeError:  # a name no flag takes (a hand-written manifest)
+        named = None
+    move = f"move that data to {data_dir.parent / _dir_key(held)} (where --dataset {held} finds it)" if named \
+        else "move that data out of it"
+    alt = f"--dataset {held}" if named and default_data_dir(held) == data_dir else \
+        f"--data-dir {data_dir}" + (f" --dataset {held}" if named else "")
+    raise DataError(f"--dataset {dataset} reads its default directory {data_dir} (no --data-dir), which holds the "
+                    f"data of --dataset {held}{why}; to train on {dataset}, {move} and prepare {dataset}'s: "
+                    f"`{prepare_data_command(data_dir, dataset)}`; to train on that data, pass {alt}")
+
+
 def _dir_key(dataset: str) -> str:
     return hf_dir_name(dataset[len(HF_PREFIX):]) if dataset.startswith(HF_PREFIX) else dataset
 

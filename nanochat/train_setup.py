@@ -161,6 +161,20 @@ def _data_dir(args) -> Path:
     return Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
 
 
+def check_run_dataset(args, data_dir: Path, manifest: dict) -> None:
+    """Without --data-dir the run reads --dataset's default directory: refuse another dataset's data there
+    (dataset.check_default_dir_dataset). With --data-dir the directory is the user's choice (docs/extending.md
+    trains on a --data-dir of the embedded corpus with the default --dataset): it is read whatever it holds."""
+    from nanochat.dataset import DataError, check_default_dir_dataset
+
+    if args.data_dir:
+        return
+    try:
+        check_default_dir_dataset(data_dir, args.dataset, manifest)
+    except DataError as e:  # a flag-level error before any training, as --data-dir's are
+        raise ValueError(str(e)) from None
+
+
 def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
     """Tokenizer (vocab checked against --vocab-size), the per-rank train loader and the fingerprints --resume
     checks; the fixed eval rows (the expensive part) come later, from ``load_eval_rows``. ``loaded``: the tokenizer
@@ -188,6 +202,10 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
         token_bytes = tokenizer.token_bytes()
         try:
             manifest = load_manifest(data_dir)
+        except DataError as e:
+            raise ValueError(f"--data-dir {data_dir}: {e}") from e
+        check_run_dataset(args, data_dir, manifest)  # here: a rank whose copy differs stops every rank
+        try:
             return tokenizer, token_bytes, manifest, PackedDataLoader(data_dir, "train", args.device_batch_size, args.max_seq_len, tokenizer,
                                                rank=rank, world_size=world, seed=args.data_seed, device=device)
         except DataError as e:
@@ -251,6 +269,10 @@ def data_passes_plan(args, total_tokens: int, tokenizer) -> tuple[list[str], int
     except DataError:
         hint = f" (the paper's: {prepare_command(args, *paper)})" if paper else ""
         return [f"{'data passes':>26}: unknown: no prepared data in {data_dir} yet{hint}"], None
+    try:
+        check_run_dataset(args, data_dir, manifest)
+    except ValueError as e:  # a plan, not the run: it says so
+        return [f"{'data passes':>26}: unknown: the run will refuse it: {e}"], None
     prepared = len(manifest["train"])
     split_tokens, line = _estimated_split(data_dir, total_tokens, tokenizer, f"{prepared} shards in {data_dir}")
     passes = None if split_tokens is None else total_tokens / max(split_tokens, 1)

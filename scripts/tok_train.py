@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from nanochat.cli_types import int_at_least, positive_int
-from nanochat.dataset import DataError, check_dataset_name, default_data_dir, iter_documents
+from nanochat.dataset import (DataError, check_dataset_name, check_default_dir_dataset, default_data_dir,
+                              iter_documents)
 from nanochat.jsonfile import written_path
 from nanochat.run_dir import NotWritable, ensure_writable
 from nanochat.terminal import replace_unencodable_output
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.dataset)
     out_dir = Path(args.output_dir) if args.output_dir else default_tokenizer_dir()
     try:
+        if not args.data_dir:  # --dataset's default directory must hold its data; a --data-dir is read as it is
+            check_default_dir_dataset(data_dir, args.dataset)
         tok, train_s, (ratio, n_bytes, n_tokens) = train(args, data_dir, out_dir)
     except (DataError, TokenizerError, NotWritable, SaveError, OSError) as e:  # OSError: an unreadable data file
         print(f"error: {e}", file=sys.stderr)
