@@ -151,7 +151,7 @@ def stats_buffers(model, kinds: tuple[str, ...] = ("STATS_BUFFERS",)) -> dict[st
 @torch.no_grad()
 def _sum_over_ranks_(tensors: list[torch.Tensor]) -> None:
     """In place: each tensor summed over the ranks, in ONE collective per dtype (an MoE FFN has its counters in
-    every layer), in that dtype: int32 counters stay exact. Collective with several processes; a no-op with one."""
+    every layer), in that dtype: integer counters stay exact. Collective with several processes; a no-op with one."""
     if not (is_dist() and tensors):
         return
     for dtype in dict.fromkeys(t.dtype for t in tensors):  # the same order on every rank

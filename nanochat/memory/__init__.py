@@ -77,8 +77,8 @@ BLOCK_FLAGS = [
     ("mome", "--mome-maxvio-window", "maxvio_window", dict(type=int, default=0, help="W > 0: log the slot MaxVio "
                                                            "of each window of W optimizer steps (per (layer, row, "
                                                            "head) over rows with >= M selections; the authors "
-                                                           "count W forwards). Costs L x N x H x M int32 counters "
-                                                           "(27 MiB at d12 A2/6, 648 MiB at bigram n24) and one "
+                                                           "count W forwards). Costs L x N x H x M int64 counters "
+                                                           "(54 MiB at d12 A2/6, 1296 MiB at bigram n24) and one "
                                                            "all-reduce of them per window; 0 = off")),
     ("engram", "--engram-max-order", "max_order", dict(type=int, default=3, help="N: suffix n-grams of order 2..N")),
     ("engram", "--engram-heads", "heads", dict(type=int, default=8, help="K: hash heads (tables) per order")),

@@ -44,7 +44,7 @@ or the authors' power-law trust region on rows with enough visits (trust-region;
 
 The final evaluation's slot balance (per-(row, head) MaxVio and absolute load deviation, nanochat.slot_balance)
 counts the selections per (layer, row, head, slot) between ``start_eval_loads`` and ``pop_eval_loads`` only.
---mome-maxvio-window W > 0 counts the training forwards' selections the same way (int32, in place, no host sync)
+--mome-maxvio-window W > 0 counts the training forwards' selections the same way (int64, in place, no host sync)
 and, every W optimizer steps, all-reduces them into the authors' windowed MaxVio (logged at the next log step; a
 checkpoint written between the two keeps it).
 

@@ -24,15 +24,20 @@ class MoMECounters:
             self.register_buffer("router_bias", torch.empty(L, self.rows, H, M, dtype=torch.float32))
             self.register_buffer("balance_counts", torch.empty(L, self.rows, H, M, dtype=torch.float32),
                                  persistent=False)
-        self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.float32), persistent=False)
+        # int64 counters: a cell gets at most one selection per token, and in fp32 the logged loads of a (head, slot)
+        # round past 2^24 (16 steps of d24's 2^20 tokens if one slot took them all, ~100 at K/M = 2/12), an int32
+        # window cell wraps past 2^31 - 1 (W = 2048 such steps if one row took them all). int64 doubles the
+        # window's bytes, with the flag on only: 432 MiB instead of 216 MiB at d24 (L*N*H*M = 12 x 32768 x 12 x 12;
+        # its tables 2.26 GiB).
+        self.register_buffer("load_counts", torch.empty(L, H, M, dtype=torch.int64), persistent=False)
         if self.opts.maxvio_window:  # selections per (layer, row, head, slot) of the current window (not in state_dict)
-            self.register_buffer("window_counts", torch.empty(L, self.rows, H, M, dtype=torch.int32),
+            self.register_buffer("window_counts", torch.empty(L, self.rows, H, M, dtype=torch.int64),
                                  persistent=False)
             # the last closed window's [1, window_maxvio ...] until stats() logs it (then zeros): on the device, so
             # closing needs no host sync, and a buffer, so a checkpoint between the close and the log step keeps it
             self.register_buffer("window_result", torch.empty(4, dtype=torch.float64), persistent=False)
         self.window_steps = 0  # optimizer steps into the current window: windows end at steps W, 2W, ...
-        # (L, N, H, M) int32 selections per (layer, row, head, slot) while an evaluation collects them
+        # (L, N, H, M) int64 selections per (layer, row, head, slot) while an evaluation collects them
         # (nanochat.slot_balance); None otherwise, so the forward does no counting work at all
         self.eval_loads: torch.Tensor | None = None
 
@@ -64,10 +69,11 @@ class MoMECounters:
     def start_eval_loads(self) -> None:
         """Count, in the forwards until ``pop_eval_loads``, every selection per (layer, row n_t, head, slot): the
         selection the forward mixes (with --mome-balance on: the biased one, as this block routes in eval too;
-        K == M: all M slots). int32, exact up to 2^31 selections per cell; L*N*H*M counters (H/d of the per-layer
-        tables' fp32 bytes, L*H/d of the shared bigram-indexed table's), allocated here and freed by the pop."""
+        K == M: all M slots). int64 (int32 would wrap past 2^31 - 1 evaluated tokens on one row, summed over the
+        ranks); L*N*H*M counters (2H/d of the per-layer tables' fp32 bytes, 2L*H/d of the shared bigram-indexed
+        table's), allocated here and freed by the pop."""
         L, H, M = len(self.layers), self.H, self.M
-        self.eval_loads = torch.zeros(L, self.rows, H, M, dtype=torch.int32, device=self._table(0).device)
+        self.eval_loads = torch.zeros(L, self.rows, H, M, dtype=torch.int64, device=self._table(0).device)
 
     def pop_eval_loads(self) -> torch.Tensor | None:
         """The counts since ``start_eval_loads`` (this process's tokens only); counting stops."""
@@ -105,7 +111,7 @@ class MoMECounters:
         self.window_steps += 1
         if self.window_steps < self.opts.maxvio_window:
             return
-        sum_over_ranks(self.window_counts)  # int32: exact
+        sum_over_ranks(self.window_counts)  # int64: exact
         self.window_result[0] = 1.0  # a result to log
         self.window_result[1:] = window_maxvio(self.window_counts)
         self.window_counts.zero_()
@@ -138,7 +144,7 @@ class MoMECounters:
         """Per layer: slot-load entropy (normalised by log M, 1 = uniform) and max violation (max - mean)/mean
         of the per-slot load summed over heads, since the last call; mean gamma."""
         out = self.tracker.pop(self.layers)
-        load = self.load_counts.sum(dim=1)  # (L, M)
+        load = self.load_counts.sum(dim=1).double()  # (L, M), exact below 2^53
         total = load.sum(dim=-1, keepdim=True)
         frac = load / total.clamp_min(1)
         ent = -(frac * frac.clamp_min(1e-30).log()).sum(-1) / max(torch.log(torch.tensor(float(self.M))).item(), 1e-30)
