@@ -21,7 +21,8 @@ def _choice(flag, value, allowed):
         raise ValueError(f"{flag} {value!r} is unknown; allowed: {', '.join(allowed)}")
 
 
-def _positive_int(flag, value, minimum=1):
+def int_at_least(flag: str, value, minimum: int = 1) -> None:
+    """An int (not a bool: a config file's true) >= ``minimum``; the MoME flags' and the MoE FFN's (nanochat.moe)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
 
@@ -59,8 +60,8 @@ class MoMEOptions:
     maxvio_window: int = 0  # W optimizer steps of the training-window slot MaxVio (0 = off; logging only)
 
     def __post_init__(self):
-        _positive_int("--mome-slots", self.slots)
-        _positive_int("--mome-topk", self.topk)
+        int_at_least("--mome-slots", self.slots)
+        int_at_least("--mome-topk", self.topk)
         if self.topk > self.slots:
             raise ValueError(f"--mome-topk {self.topk} exceeds --mome-slots {self.slots} (need K <= M)")
         if self.gate != "auto":
@@ -69,10 +70,10 @@ class MoMEOptions:
         _choice("--mome-index", self.index, INDEXERS)
         _choice("--mome-routing", self.routing, ROUTINGS)
         _choice("--mome-balance", self.balance, BALANCES)
-        _positive_int("--mome-group-size", self.group_size)
-        _positive_int("--mome-bigram-factor", self.bigram_factor)
-        _positive_int("--mome-rows", self.rows, minimum=0)
-        _positive_int("--mome-dedicated-size", self.dedicated_size, minimum=0)
+        int_at_least("--mome-group-size", self.group_size)
+        int_at_least("--mome-bigram-factor", self.bigram_factor)
+        int_at_least("--mome-rows", self.rows, minimum=0)
+        int_at_least("--mome-dedicated-size", self.dedicated_size, minimum=0)
         check_arithmetic_options(self.index, self.rows, self.dedicated_size)
         if self.index == "grouped":
             if self.slots % self.group_size:
@@ -89,7 +90,7 @@ class MoMEOptions:
         if self.routing != "context" and self.router_input != "hidden":
             raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
         _choice("--mome-router-type", self.router_type, ROUTER_TYPES)
-        _positive_int("--mome-conv-kernel-size", self.conv_kernel_size)
+        int_at_least("--mome-conv-kernel-size", self.conv_kernel_size)
         if self.router_type != "conv1d" and self.conv_kernel_size != 4:
             raise ValueError(f"--mome-conv-kernel-size only applies to --mome-router-type conv1d (got "
                              f"--mome-router-type {self.router_type})")
@@ -103,8 +104,8 @@ class MoMEOptions:
         finite_number_at_least("--mome-balance-lr", self.balance_lr, 0)  # inf: inf * 0 makes unmoved biases NaN
         # n < 1 would invert the band; n = 1 is M equal shares
         finite_number_at_least("--mome-balance-band", self.balance_band, 1)
-        _positive_int("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
-        _positive_int("--mome-maxvio-window", self.maxvio_window, minimum=0)
+        int_at_least("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
+        int_at_least("--mome-maxvio-window", self.maxvio_window, minimum=0)
         if self.maxvio_window and self.topk == self.slots:  # every slot is read: MaxVio is 0 by construction
             raise ValueError(f"--mome-maxvio-window needs K < M (got --mome-topk {self.topk} == --mome-slots "
                              f"{self.slots}: full routing reads every slot, so its MaxVio is always 0)")
