@@ -58,16 +58,21 @@ def staged_outputs(out_dir: Path):
 
 
 # -- loading ----------------------------------------------------------------------------------------------
-def meta_dir(flag_value, meta: dict, key: str) -> Path | None:
-    """--flag, else meta[key], else meta["config"]["args"][key] (the trainer's resolved args), else None."""
+def run_tokenizer_dir(flag_value, meta: dict) -> tuple[Path, str]:
+    """(the run's tokenizer directory, where it came from): --tokenizer-dir, else meta.json's 'tokenizer_dir', else
+    the run's recorded --tokenizer-dir (checkpoints saved before 2026-11-22 lack the meta key), else the default
+    directory. base_eval (which prints the source), the analyses and export_reference resolve it alike."""
     from nanochat.checkpoint import recorded_run_args
+    from nanochat.tokenizer import default_tokenizer_dir
 
     if flag_value:
-        return Path(flag_value)
-    if meta.get(key):
-        return Path(meta[key])
-    args = recorded_run_args(meta)
-    return Path(args[key]) if args.get(key) else None
+        return Path(flag_value), "--tokenizer-dir"
+    if meta.get("tokenizer_dir"):
+        return Path(meta["tokenizer_dir"]), "checkpoint meta 'tokenizer_dir'"
+    recorded = recorded_run_args(meta).get("tokenizer_dir")
+    if recorded:
+        return Path(recorded), "the run's recorded --tokenizer-dir (no 'tokenizer_dir' in meta.json)"
+    return Path(default_tokenizer_dir()), "default (no --tokenizer-dir and no 'tokenizer_dir' in meta.json)"
 
 
 class SplitData:
@@ -102,7 +107,7 @@ def load_run(run, step=None, device="cpu", tokenizer_dir=None):
     """(model in eval mode, meta, tokenizer) of a checkpoint; errors name the run directory. A run trained with
     --synthetic-data is refused, naming the flag, before its weights are read."""
     from nanochat.checkpoint import check_not_synthetic, load_meta, load_model
-    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+    from nanochat.tokenizer import check_vocab_matches, get_tokenizer
 
     if not Path(run).is_dir():
         raise FileNotFoundError(f"--run {run}: directory does not exist")
@@ -111,8 +116,7 @@ def load_run(run, step=None, device="cpu", tokenizer_dir=None):
                         "analyze")
     model, meta = load_model(run, meta["step"], device=device)
     model.eval()
-    tok_dir = meta_dir(tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
-    tokenizer = get_tokenizer(tok_dir)
+    tokenizer = get_tokenizer(run_tokenizer_dir(tokenizer_dir, meta)[0])
     check_vocab_matches(tokenizer, model.config.vocab_size, f"--run {run}", meta)
     return model, meta, tokenizer
 

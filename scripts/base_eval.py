@@ -165,15 +165,6 @@ def eval_tokens_of(flag: int | str, meta: dict, run_dir: Path | None = None) -> 
     return PAPER_EVAL_TOKENS, "default (the checkpoint does not record --eval-tokens)"
 
 
-def resolve_dir(flag_value, meta: dict, key: str, flag: str, default_fn):
-    """The directory from --flag, else meta[key], else the project default (printed, never silent)."""
-    if flag_value:
-        return Path(flag_value), flag
-    if meta.get(key):
-        return Path(meta[key]), f"checkpoint meta '{key}'"
-    return Path(default_fn()), f"default (no {flag} and no '{key}' in meta.json)"
-
-
 def eval_dtype(flag: str, meta: dict, device_type: str) -> tuple[str, str]:
     """(dtype, where it came from): --dtype, else the run's training dtype (config 'dtype'; older checkpoints:
     their --dtype flag resolved for the device they trained on), else this device's default."""
@@ -466,8 +457,9 @@ def check_flags_against(args, meta: dict, device_type: str) -> None:
 
 
 def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack: ExitStack) -> int:
+    from nanochat.analysis import run_tokenizer_dir
     from nanochat.eval_bundle import find_bundle, run_core_inputs
-    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+    from nanochat.tokenizer import check_vocab_matches, get_tokenizer
     from nanochat.train_setup import report_mome_kernels
 
     rank, world = (info.rank, info.world_size)
@@ -487,7 +479,7 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
                                                              args.mome_shared_table_kernel)
     mome_kernels = report_mome_kernels(model, kernels)
     autocast_ctx = autocast_context(device.type, dtype)
-    tok_dir, source = resolve_dir(args.tokenizer_dir, meta, "tokenizer_dir", "--tokenizer-dir", default_tokenizer_dir)
+    tok_dir, source = run_tokenizer_dir(args.tokenizer_dir, meta)  # printed below: never silent
     # rank 0's reading of the run's records and the bundle's files, for every rank (only rank 0 reads the bundle)
     core = rank0_decides(lambda: run_core_inputs(args.bundle, args.max_per_task, meta, run)) \
         if "core" in args.evals else None

@@ -148,18 +148,17 @@ def val_bpb_of(meta: dict, run) -> float | None:
 
 
 def export_reference(args) -> Path:
-    from nanochat.analysis import meta_dir
+    from nanochat.analysis import run_tokenizer_dir
     from nanochat.checkpoint import load_model
     from nanochat import reference_slot_map
     from nanochat.reference_format import reference_from_config, state_to_reference
     from nanochat.reference_tokenizer import REFERENCE_TOKENIZER_FILES, write_reference_tokenizer
-    from nanochat.tokenizer import check_vocab_matches, default_tokenizer_dir, get_tokenizer
+    from nanochat.tokenizer import check_vocab_matches, get_tokenizer
 
     model, meta = load_model(args.run, args.step)
     config, step = model.config, meta["step"]
     model_type, model_config = reference_from_config(config)
-    tok_dir = meta_dir(args.tokenizer_dir, meta, "tokenizer_dir") or default_tokenizer_dir()
-    tok = get_tokenizer(tok_dir)
+    tok = get_tokenizer(run_tokenizer_dir(args.tokenizer_dir, meta)[0])
     check_vocab_matches(tok, config.vocab_size, f"--run {args.run}", meta)
     state = state_to_reference(model.state_dict(), config)
 
