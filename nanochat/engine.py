@@ -18,12 +18,15 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
         raise ValueError(f"--top-k must be >= 0 (got {top_k})")
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
     if top_k is not None and top_k > 0:
         k = min(top_k, logits.size(-1))
         kth = torch.topk(logits, k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    # the max shifted to 0 before dividing: however small the temperature, (l - max) / T stays <= 0 with the top at
+    # exactly 0 (T -> 0 is greedy); l / T overflowed fp32 below T ~ 5e-38, and 0 / 0 once T itself underflows
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(torch.where(shifted == 0, 0.0, shifted / temperature), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
