@@ -5,6 +5,8 @@ reuses the cache. Memory blocks keep what they need between steps in ``KVCache.m
 reads the previous token from there; MoME routes each new token from its own hidden state).
 """
 
+import math
+
 import torch
 
 from nanochat.kv_cache import KVCache
@@ -12,8 +14,8 @@ from nanochat.kv_cache import KVCache
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None):
     """logits (B, V) -> next ids (B,). temperature 0 is greedy."""
-    if temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (got {temperature})")
+    if not 0 <= temperature < math.inf:  # nan fails both: it would reach torch.multinomial as nan probabilities
+        raise ValueError(f"--temperature must be >= 0 and finite (got {temperature})")
     if top_k is not None and top_k < 0:
         raise ValueError(f"--top-k must be >= 0 (got {top_k})")
     if temperature == 0:

@@ -22,6 +22,14 @@ def test_a_tiny_positive_temperature_samples_the_argmax(temperature):
     assert {int(sample_next(tied, temperature, None, g)) for _ in range(40)} == {0, 1}
 
 
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -1.0])
+def test_a_negative_or_non_finite_temperature_is_refused(temperature):
+    """As scripts/sample.py refuses them: inf turned the top-k-masked -inf logits into -inf / inf = nan, and nan
+    made every probability nan (torch.multinomial's error, a traceback)."""
+    with pytest.raises(ValueError, match="--temperature must be >= 0 and finite"):
+        sample_next(torch.tensor([[0.0, 1.0, 2.0]]), temperature, 2, torch.Generator().manual_seed(0))
+
+
 STATEFUL = [("bigram", {}), ("move_input", {"experts": 4, "rank": 8}),
             ("mome", {"index": "bigram", "bigram_factor": 2, "router_type": "conv1d"}),
             ("engram", {"compression": "identity", "first_prime": 101, "heads": 2, "dim": 64})]
