@@ -108,10 +108,9 @@ def check_default_dir_dataset(data_dir, dataset: str, manifest: dict | None = No
     it under this dataset's name. ``manifest``: the one the caller read, else it is read here; none, an unreadable
     one or one recording no dataset is left to the loader. An explicit --data-dir is the user's choice: not checked."""
     data_dir = Path(data_dir)
-    held = (manifest if manifest is not None else _previous_manifest(data_dir)).get("dataset")
-    if held is None or held == "" or _dir_key(str(held)) == _dir_key(dataset):  # hf:a/b: is hf:a/b
+    held = other_dataset_held(data_dir, dataset, manifest)
+    if held is None:
         return
-    held = str(held)
     older = held.startswith(HF_PREFIX) and data_dir.name == _older_hf_dir_name(held[len(HF_PREFIX):])
     why = " (prepared there under the default name it had before session 33)" if older else f" (its {MANIFEST})"
     try:
@@ -127,6 +126,15 @@ def check_default_dir_dataset(data_dir, dataset: str, manifest: dict | None = No
                     f"`{prepare_data_command(data_dir, dataset)}`; to train on that data, pass {alt}")
 
 
+def other_dataset_held(data_dir, dataset: str, manifest: dict | None = None) -> str | None:
+    """The dataset ``data_dir``'s manifest (``manifest``, else read here) records where it is not ``dataset``
+    (hf:a/b: is hf:a/b); None where it is, or where there is no readable manifest recording one."""
+    held = (manifest if manifest is not None else _previous_manifest(Path(data_dir))).get("dataset")
+    if held is None or held == "" or _dir_key(str(held)) == _dir_key(dataset):
+        return None
+    return str(held)
+
+
 def _dir_key(dataset: str) -> str:
     return hf_dir_name(dataset[len(HF_PREFIX):]) if dataset.startswith(HF_PREFIX) else dataset
 
@@ -140,6 +148,18 @@ class RunDataDir(NamedTuple):
     path: Path
     source: str  # where the path came from, for the printed line
     dataset: str | None  # the dataset the checkpoint records (meta "dataset"), None where it records none
+    recorded_default: bool = False  # the default directory of ``dataset``: neither --data-dir nor meta's data_dir
+
+
+def check_recorded_dataset(found: RunDataDir, manifest: dict | None = None) -> None:
+    """Where an evaluation reads the default directory of the checkpoint's recorded dataset (an imported run: no
+    --data-dir, no 'data_dir' in meta.json), refuse one whose manifest records another dataset: its bpb would be
+    that data's, under this run's name (check_default_dir_dataset is the training side)."""
+    held = other_dataset_held(found.path, found.dataset, manifest) if found.recorded_default else None
+    if held is not None:
+        raise DataError(f"{found.path} ({found.source}) holds the data of dataset {held!r} (its {MANIFEST}), not "
+                        f"the checkpoint's {found.dataset!r}: pass --data-dir DIR of {found.dataset!r}'s prepared "
+                        f"data (`python -m scripts.prepare_data --dataset {found.dataset} --data-dir DIR` makes it)")
 
 
 def run_data_dir(flag_value, meta: dict) -> RunDataDir:
@@ -153,7 +173,8 @@ def run_data_dir(flag_value, meta: dict) -> RunDataDir:
         return RunDataDir(Path(meta["data_dir"]), "checkpoint meta 'data_dir'", dataset)
     where = f"the run's dataset {dataset!r}" if dataset else "dataset 'embedded' (the checkpoint records none)"
     return RunDataDir(default_data_dir(dataset or "embedded"),
-                      f"default directory of {where}: no --data-dir and no 'data_dir' in meta.json", dataset)
+                      f"default directory of {where}: no --data-dir and no 'data_dir' in meta.json", dataset,
+                      recorded_default=dataset is not None)
 
 
 def read_jsonl_texts(path, error: type[Exception] = ValueError) -> list[str]:

@@ -304,7 +304,7 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     run has not finished. The rows are held until scored (a split of 20,971,520 tokens: 168 MB on every rank, as
     training holds its own final-evaluation rows)."""
     from nanochat.dataloader import eval_rows_order
-    from nanochat.dataset import load_manifest, manifest_fingerprint, run_data_dir
+    from nanochat.dataset import check_recorded_dataset, load_manifest, manifest_fingerprint, run_data_dir
     from nanochat.download import file_sha256
 
     # rank 0's record for every rank: a node's own copy of config.json can record another budget, and ranks that
@@ -313,13 +313,20 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     plan = BpbPlan({"eval_tokens": eval_tokens, "seq_len": seq_len, "splits": {}, "corpora": {}}, [],
                    eval_token_bytes(tokenizer, args.numerics).to(device))
     if args.split_names:
-        data_dir, source, dataset = run_data_dir(args.data_dir, meta)
-        print0(f"bpb data: {data_dir} ({source}); {eval_tokens:,} tokens per split ({tokens_source})")
+        found = run_data_dir(args.data_dir, meta)
+        data_dir = found.path
+        print0(f"bpb data: {data_dir} ({found.source}); {eval_tokens:,} tokens per split ({tokens_source})")
+
+        def checked_manifest():
+            manifest = load_manifest(data_dir, found.dataset)
+            check_recorded_dataset(found, manifest)
+            return manifest
+
         plan.out["data_dir"] = str(data_dir)
         # build_eval_rows is collective: fail together, before it
         # "result": what an item holds; older code kept a bare bpb (its items are scored again, even where the code
         # version cannot tell the codes apart: outside a git checkout)
-        data = {"data_sha256": manifest_fingerprint(every_rank_ok(lambda: load_manifest(data_dir, dataset))),
+        data = {"data_sha256": manifest_fingerprint(every_rank_ok(checked_manifest)),
                 "eval_tokens": eval_tokens, "result": "bpb, mome_slot_balance"}
         data_seed = recorded_run_args(meta).get("data_seed")  # the run's train bpb rows
         for split in args.split_names:
