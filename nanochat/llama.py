@@ -60,6 +60,13 @@ class LlamaConfig:
 
     def __post_init__(self):
         self.memory_layers = tuple(self.memory_layers)
+        # build_model dispatches on this field, the init rules (memory_table_bound, init_token_table) come from the
+        # class: a mismatch would build one family with the other's init (and reload as the other's config)
+        own = type(self).__dataclass_fields__["family"].default
+        if self.family != own:
+            raise ValueError(f"{type(self).__name__}(family={self.family!r}): this config class builds the {own!r} "
+                             f"family; use the config class registered for {self.family!r} "
+                             f"(nanochat.families.FAMILIES[{self.family!r}].config_cls)")
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "ffn_hidden", "sequence_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.family}: {name} must be >= 1 (got {getattr(self, name)})")
