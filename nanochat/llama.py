@@ -67,7 +67,8 @@ class LlamaConfig:
             raise ValueError(f"{type(self).__name__}(family={self.family!r}): this config class builds the {own!r} "
                              f"family; use the config class registered for {self.family!r} "
                              f"(nanochat.families.FAMILIES[{self.family!r}].config_cls)")
-        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "ffn_hidden", "sequence_len"):
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "ffn_hidden", "sequence_len",
+                     "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.family}: {name} must be >= 1 (got {getattr(self, name)})")
         if self.n_head % self.n_kv_head:

@@ -64,3 +64,11 @@ def test_mome_value_hook_per_kv_head_equals_its_equation(family, opts):
             w = p[top] if K == 1 else p[top] / p[top].sum()
             mix = sum(w[k] * table[tok * M + int(top[k])] for k in range(K))
             torch.testing.assert_close(got[b, t, j], v[b, t, j] + gamma[j] * mix, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [LlamaConfig, Qwen3Config])
+def test_an_empty_vocabulary_is_refused_at_the_config(cls):
+    """As GPTConfig does for configs built in Python: vocab_size 0 built a model whose first forward failed in
+    index_select ("self indexing axis dim should be positive"), far from the cause."""
+    with pytest.raises(ValueError, match="vocab_size must be >= 1"):
+        cls(**{**SMALL, "vocab_size": 0})
