@@ -155,6 +155,36 @@ def _judge(task_type: str, losses: torch.Tensor, preds: torch.Tensor, ids: torch
     return means.index(min(means)) == ex.gold
 
 
+def region_scores(logits: torch.Tensor, ids: torch.Tensor, regions: list[tuple[int, int]]):
+    """(losses, preds) on the host, float32 and long of shape (rows, T-1): the cross-entropy of position p against
+    token p+1 and the argmax of position p, at each row's scored positions [start-1, end-1) only (NaN and -1
+    elsewhere: ``_judge`` reads no other). logits: (rows, T, V); ids: (rows, T); regions: (start, end) per row.
+
+    Row by row on the logits' device, so besides the model's logits this holds one region's log-softmax (at most
+    (T-1, V) floats), not a float32 copy of every position of the batch and its log-softmax (twice the logits:
+    8.6 GB more at 16 rows x 2048 tokens x 32768 vocab). A position's loss and argmax are those of the full-batch
+    computation (same kernels, same logits; tests/test_core_eval_memory33.py)."""
+    rows, T = ids.shape
+    row_losses, row_preds = [], []
+    for r, (s, e) in enumerate(regions):
+        if e <= s:  # an empty region (a multiple-choice option that is a prefix of another)
+            continue
+        scored = logits[r, s - 1 : e - 1].float()  # (e-s, V): a view of the row (a copy only for non-fp32 logits)
+        row_losses.append(F.cross_entropy(scored, ids[r, s:e], reduction="none"))
+        row_preds.append(scored.argmax(dim=-1))
+    losses = torch.full((rows, T - 1), math.nan)
+    preds = torch.full((rows, T - 1), -1, dtype=torch.long)
+    if not row_losses:
+        return losses, preds
+    flat_losses, flat_preds = torch.cat(row_losses).cpu(), torch.cat(row_preds).cpu()  # one copy to the host
+    i = 0
+    for r, (s, e) in enumerate(regions):
+        if e > s:
+            losses[r, s - 1 : e - 1], preds[r, s - 1 : e - 1] = flat_losses[i : i + e - s], flat_preds[i : i + e - s]
+            i += e - s
+    return losses, preds
+
+
 @torch.no_grad()
 def _score_batch(model, batch: list[Prepared], task_type: str, pad_id: int, device, autocast_ctx) -> list[bool]:
     rows = [r for ex in batch for r in ex.rows]
@@ -163,13 +193,10 @@ def _score_batch(model, batch: list[Prepared], task_type: str, pad_id: int, devi
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    ids = ids.to(device)
+    on_device = ids.to(device)
     with autocast_ctx if autocast_ctx is not None else nullcontext():
-        logits = model(ids)
-    logits = logits.float()
-    losses = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
-    losses = losses.view(len(rows), T - 1).cpu()
-    preds, ids = logits[:, :-1].argmax(dim=-1).cpu(), ids.cpu()
+        logits = model(on_device)
+    losses, preds = region_scores(logits, on_device, [(s, e) for ex in batch for s, e in zip(ex.starts, ex.ends)])
     reference = reference_scoring(model)
     out, r0 = [], 0
     for ex in batch:

@@ -11,9 +11,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from nanochat.common import is_dist
 from nanochat.eval_resume import stop_voted
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Float32 cross-entropy of each position, (B, T), of logits (B, T, V) against targets (B, T) (-1: ignored, 0).
+
+    The family's ``forward(x, targets=y, loss_reduction="none")`` gives the same numbers, but takes the log-softmax
+    of the whole batch at once (as many floats as the logits: 4.3 GB more at 16 rows x 2048 x 32768); row by row,
+    what this adds to the logits is one row's."""
+    return torch.stack([F.cross_entropy(logits[b].float(), targets[b], ignore_index=-1, reduction="none")
+                        for b in range(logits.size(0))])
 
 
 @torch.no_grad()
@@ -23,8 +34,7 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast_ctx=None) -
     nats, nbytes, device = 0.0, 0, next(model.parameters()).device
     for x, y in stop_voted(batches, device):
         with autocast_ctx if autocast_ctx is not None else nullcontext():
-            loss = model(x, targets=y, loss_reduction="none")
-        loss = loss.float().view(-1)
+            loss = token_losses(model(x), y).view(-1)
         y = y.reshape(-1)
         valid = y >= 0
         tb = token_bytes.to(y.device)[y.clamp(min=0)] * valid  # ignored targets weigh 0 bytes
