@@ -450,7 +450,12 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)
         logits = self.lm_head(x)[..., : self.config.vocab_size].float()
-        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+        if torch.is_grad_enabled():
+            logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+        else:  # evaluation (CORE, bpb, sampling): in place, the same values without two more (B, T, V) float32
+            # temporaries (the peak of a CORE batch); training cannot: autograd keeps tanh's output
+            logits = logits.contiguous()  # a padded float32 head gives a strided slice: copied, as the other form did
+            logits.div_(LOGIT_SOFTCAP).tanh_().mul_(LOGIT_SOFTCAP)
         if targets is None:
             return logits
         return lm_loss(logits, targets, loss_reduction, self.memory, mem_ctx, return_aux)

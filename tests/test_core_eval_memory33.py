@@ -182,3 +182,37 @@ def test_token_losses_equal_the_family_loss(family):
     tb = token_bytes[y.clamp(min=0)] * (y >= 0)
     naive = expected[tb > 0].double().sum().item() / (torch.log(torch.tensor(2.0)).item() * tb.sum().item())
     assert loss_eval.evaluate_bpb(model, [(x, y)], token_bytes) == pytest.approx(naive, rel=1e-6)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "cpu_bf16"])
+def test_nanochat_forward_without_grad_softcaps_in_place(autocast):
+    """Evaluation's forward (no grad) applies the logit softcap in place: one float32 logits-sized tensor, not three
+    (the logits, logits / 15 and tanh's output were alive at once: the nanochat GPT's CORE/bpb peak); the logits are
+    bitwise those of the out-of-place form a training forward uses."""
+    model = wide_vocab_model()
+    ids = torch.randint(0, V, (ROWS, T), generator=torch.Generator().manual_seed(1))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    with ctx:
+        assert big_float_tensors(lambda: model(ids), ROWS * T * V - 1) == 1
+        with torch.no_grad():
+            evaluated = model(ids)
+        with torch.enable_grad():
+            trained = model(ids)
+    assert trained.requires_grad and not evaluated.requires_grad
+    assert torch.equal(evaluated, trained.detach())
+
+
+def test_padded_vocab_forward_without_grad_matches_training_form():
+    """A vocab that is not a multiple of the head's padding: the float32 head's logits are a strided slice; the
+    no-grad forward (and its loss with targets) equals the out-of-place training form's."""
+    from nanochat.gpt import VOCAB_PAD_MULTIPLE
+
+    vocab = 3 * VOCAB_PAD_MULTIPLE + 5
+    model = build_model(tiny_config(sequence_len=T, vocab_size=vocab, n_embd=64), seed=0).eval()
+    ids = torch.randint(0, vocab, (2, T), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        evaluated, loss = model(ids), model(ids, targets=ids, loss_reduction="none")
+    trained = model(ids)
+    assert evaluated.is_contiguous() and evaluated.shape == (2, T, vocab)
+    assert torch.equal(evaluated, trained.detach())
+    assert torch.equal(loss, F.cross_entropy(trained.detach().view(-1, vocab), ids.view(-1), reduction="none"))
