@@ -201,6 +201,9 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     if not by_argmax:
         return scores.topk(k, dim=-1, sorted=False).indices
     slots = torch.arange(scores.size(-1), device=scores.device)
+    # a picked slot is masked with -inf: scores of -inf (overflowed logits) are raised to the dtype's lowest finite
+    # value first, or a pass with only -inf left would pick a masked slot again (NaN stays NaN, picked first)
+    scores = scores.clamp_min(torch.finfo(scores.dtype).min)
     picked = []
     for _ in range(k):
         i = scores.argmax(dim=-1, keepdim=True)  # (..., 1)
