@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from nanochat.memory import mome_mix as mix_paths
-from test_mome_triton import _close, _reference, needs_interpreter  # noqa: F401  (the kernel tests below)
+from nanochat.memory import mome_triton as mt
+from test_mome_triton import _close, _reference, needs_interpreter
 
 INF = float("inf")
 
@@ -45,3 +46,63 @@ def test_topk_by_argmax_keeps_nan_first_and_the_dtype(monkeypatch):
     scores = torch.tensor([[1.0, float("nan"), 3.0, -INF]])
     assert mix_paths.topk_indices(scores, 2).tolist() == [[1, 2]]
     assert mix_paths.topk_indices(scores.bfloat16(), 3).tolist() == [[1, 2, 0]]
+
+
+# -- the row-mix kernels at the edges of their shapes (the interpreter) ----------------------------------------------
+def _edge_inputs(N, H, M, d, rows, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(rows * M, d, generator=g)
+    row = torch.randint(0, rows, (N,), generator=g)  # fewer rows than tokens: the atomics collide
+    return table, row, torch.rand(N, H, M, generator=g), torch.randn(N, H, d, generator=g), g
+
+
+# K == M == 1 (one slot, one head, d of 2: every tile masked down to 1 x 2), the most slots the kernels take (64),
+# and a tile of exactly MAX_TILE accumulators whose d is not a power of 2 (16 heads x 1000 -> 16 x 1024)
+EDGE_SHAPES = {"one_slot": dict(N=9, H=1, M=1, d=2, rows=2), "max_slots": dict(N=2, H=1, M=64, d=4, rows=1),
+               "max_tile": dict(N=3, H=16, M=2, d=1000, rows=2)}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape", list(EDGE_SHAPES.values()), ids=list(EDGE_SHAPES))
+def test_row_mix_kernels_at_the_edges_of_their_shapes(shape):
+    """Forward, dw and the colliding table gradient against the float64 reference, and the fused injection pair's
+    outputs and three gradients against the op's torch math (fp32: the same roundings up to the sum's order)."""
+    table, row, w, grad, g = _edge_inputs(**shape)
+    assert mt._tile_fits(shape["H"], shape["d"], shape["M"])  # shapes the kernels take (applies: on CUDA)
+    want, want_table, want_w = _reference(table, row, w, grad)
+    _close(mt.row_mix_forward_triton(table, row, w, torch.float32), want, 1e-6)
+    d_table, dw = mt.row_mix_backward_triton(grad, table, row, w)
+    _close(d_table, want_table, 1e-6)
+    _close(dw, want_w, 1e-6)
+    gamma, v = 2 * torch.rand(shape["N"], shape["H"], generator=g), torch.randn(grad.shape, generator=g)
+    _close(mt.row_mix_inject_forward_triton(table, row, w, gamma, v),
+           mt.row_mix_inject_torch(table, row, w, gamma, v).double(), 1e-6)
+    got = mt.row_mix_inject_backward_triton(grad, table, row, w, gamma)
+    for a, b in zip(got, mt.row_mix_inject_backward_torch(grad, table, row, w, gamma)):
+        assert a.dtype == b.dtype
+        _close(a, b.double(), 1e-6)
+
+
+@needs_interpreter
+def test_row_mix_kernels_take_strided_inputs():
+    """Non-contiguous operands (a table sliced from a wider one, transposed weights, a strided grad, int64 ids
+    read every other element) give the contiguous operands' results: the launchers copy what the kernels'
+    row-major offsets need."""
+    table, row, w, grad, g = _edge_inputs(N=6, H=3, M=4, d=24, rows=3)
+    wide = torch.randn(table.size(0), 40, generator=g)
+    wide[:, 5:29] = table
+    s_table = wide[:, 5:29]
+    s_row = torch.stack([row, torch.full_like(row, 99)], dim=1)[:, 0]  # stride 2; 99 would be out of range
+    s_w = w.transpose(1, 2).contiguous().transpose(1, 2)
+    s_grad = grad.new_empty(6, 3, 48)[..., ::2]
+    s_grad.copy_(grad)
+    assert not any(x.is_contiguous() for x in (s_table, s_row, s_w, s_grad))
+    assert torch.equal(mt.row_mix_forward_triton(s_table, s_row, s_w, torch.float32),
+                       mt.row_mix_forward_triton(table, row, w, torch.float32))
+    for a, b in zip(mt.row_mix_backward_triton(s_grad, s_table, s_row, s_w),
+                    mt.row_mix_backward_triton(grad, table, row, w)):
+        assert torch.equal(a, b)
+    gamma = torch.rand(6, 6, generator=g)[:, ::2]
+    v = torch.randn(3, 6, 24, generator=g).transpose(0, 1)[:, :3]  # (6, 3, 24), non-contiguous
+    assert torch.equal(mt.row_mix_inject_forward_triton(s_table, s_row, s_w, gamma, v),
+                       mt.row_mix_inject_forward_triton(table, row, w, gamma.contiguous(), v.contiguous()))
