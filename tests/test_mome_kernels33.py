@@ -106,3 +106,68 @@ def test_row_mix_kernels_take_strided_inputs():
     v = torch.randn(3, 6, 24, generator=g).transpose(0, 1)[:, :3]  # (6, 3, 24), non-contiguous
     assert torch.equal(mt.row_mix_inject_forward_triton(s_table, s_row, s_w, gamma, v),
                        mt.row_mix_inject_forward_triton(table, row, w, gamma.contiguous(), v.contiguous()))
+
+
+# -- the kernels inside a model: every gradient, the memory's included (the interpreter) -------------------------------
+# name -> (memory options, mome_mix settings, the kernel path the model then takes)
+MODEL_CASES = {
+    # K == 1 (softmax over all M, the paper's rule) with a causal conv1d router on the values
+    "top1_softmax_conv_value": ({"slots": 4, "topk": 1, "router_type": "conv1d", "router_input": "value",
+                                 "conv_kernel_size": 3}, {}, "fused"),
+    "top3_of_5_hidden": ({"slots": 5, "topk": 3}, {}, "fused"),
+    "row_pair": ({"slots": 5, "topk": 2}, {"FUSE_INJECT": False}, "row"),
+    "shared_expert": ({"slots": 4, "topk": 2, "shared_expert": True}, {}, "row"),
+    # the shared bigram-indexed table on its rows gathered once: unique_rows, the stores in place of the atomics
+    "shared_table_fused": ({"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2},
+                           {"SHARED_TABLE_KERNEL": True}, "fused"),
+    "shared_table_row": ({"slots": 4, "topk": 2, "index": "bigram", "bigram_factor": 2},
+                         {"SHARED_TABLE_KERNEL": True, "FUSE_INJECT": False}, "row"),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", list(MODEL_CASES))
+def test_model_on_the_interpreted_kernels_equals_the_cpu_path(name, monkeypatch):
+    """The kernel pairs (interpreted) in the memory layer against the CPU path as shipped (no kernel: embedding_bag
+    over the K rows, or the shared table's torch row mix): the loss and every gradient, with the attention's
+    output projection made nonzero -- at init it is zero, so no gradient reaches v and a comparison of the memory's
+    gradients (tables, routers, gates: all reached through the kernels' d_table, dw and d_gamma) compares zeros."""
+    from conftest import tiny_config
+    from nanochat.gpt import build_model
+    from test_mome_triton import _InterpretedRowMix, _loss_and_grads
+    from test_mome_triton_inject import _InterpretedInject
+
+    opts, settings, path = MODEL_CASES[name]
+    model = build_model(tiny_config(memory="mome", memory_options=opts, n_layer=1), seed=0)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # real selections (no ties), gates away from 1, a path from v to the loss
+        for router in model.memory.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+            router.bias.copy_(torch.randn(router.bias.shape, generator=g))
+        for gate in model.memory.gates:
+            gate.proj.weight.copy_(0.3 * torch.randn(gate.proj.weight.shape, generator=g))
+        for block in model.blocks:
+            block.attn.c_proj.weight.copy_(0.02 * torch.randn(block.attn.c_proj.weight.shape, generator=g))
+    idx = torch.randint(0, 20, (2, 9), generator=g)  # 20 tokens at 16 positions: rows repeat
+    x, y = idx[:, :-1], idx[:, 1:]
+    want = _loss_and_grads(model, x, y, False)  # the CPU as shipped: no kernel
+    calls = []
+
+    def counted(fn):
+        return lambda *args: calls.append(1) or fn(*args)
+
+    for key, value in settings.items():
+        monkeypatch.setattr(mix_paths, key, value)
+    monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(mt, "mome_row_mix_op", counted(_InterpretedRowMix.apply))
+    monkeypatch.setattr(mt, "mome_row_mix_inject_op", counted(_InterpretedInject.apply))
+    assert model.memory.kernel_path() == path
+    got = _loss_and_grads(model, x, y, False)
+    assert len(calls) == len(model.memory.layers)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    assert got[1].keys() == want[1].keys()
+    memory = [n for n in want[1] if n.startswith("memory.")]
+    assert any("routers" in n for n in memory) and any("gates" in n for n in memory)
+    assert all(float(want[1][n].abs().max()) > 0 for n in memory)  # a comparison of zeros could not fail
+    for n in want[1]:  # relative to each gradient's norm: the memory's are ~1e-6 here, under a 1e-6 atol
+        _close(got[1][n], want[1][n].double(), 1e-5)
