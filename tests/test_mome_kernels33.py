@@ -125,13 +125,15 @@ MODEL_CASES = {
 }
 
 
-@needs_interpreter
+@pytest.mark.parametrize("interpreted", [False, pytest.param(True, marks=needs_interpreter)],
+                         ids=["op_cpu_math", "interpreted"])
 @pytest.mark.parametrize("name", list(MODEL_CASES))
-def test_model_on_the_interpreted_kernels_equals_the_cpu_path(name, monkeypatch):
-    """The kernel pairs (interpreted) in the memory layer against the CPU path as shipped (no kernel: embedding_bag
-    over the K rows, or the shared table's torch row mix): the loss and every gradient, with the attention's
-    output projection made nonzero -- at init it is zero, so no gradient reaches v and a comparison of the memory's
-    gradients (tables, routers, gates: all reached through the kernels' d_table, dw and d_gamma) compares zeros."""
+def test_model_on_the_kernel_ops_equals_the_cpu_path(name, interpreted, monkeypatch):
+    """The kernel ops in the memory layer (the CPU added to KERNEL_DEVICES: their torch math; ``interpreted``: the
+    Triton kernels in the interpreter) against the CPU path as shipped (no op: embedding_bag over the K rows, or
+    the shared table's torch row mix): the loss and every gradient, with the attention's output projection made
+    nonzero -- at init it is zero, so no gradient reaches v and a comparison of the memory's gradients (tables,
+    routers, gates: all reached through the ops' d_table, dw and d_gamma) compares zeros."""
     from conftest import tiny_config
     from nanochat.gpt import build_model
     from test_mome_triton import _InterpretedRowMix, _loss_and_grads
@@ -159,8 +161,10 @@ def test_model_on_the_interpreted_kernels_equals_the_cpu_path(name, monkeypatch)
     for key, value in settings.items():
         monkeypatch.setattr(mix_paths, key, value)
     monkeypatch.setattr(mt, "KERNEL_DEVICES", ("cpu",))
-    monkeypatch.setattr(mt, "mome_row_mix_op", counted(_InterpretedRowMix.apply))
-    monkeypatch.setattr(mt, "mome_row_mix_inject_op", counted(_InterpretedInject.apply))
+    row_op, inject_op = ((_InterpretedRowMix.apply, _InterpretedInject.apply) if interpreted
+                         else (mt.mome_row_mix_op, mt.mome_row_mix_inject_op))
+    monkeypatch.setattr(mt, "mome_row_mix_op", counted(row_op))
+    monkeypatch.setattr(mt, "mome_row_mix_inject_op", counted(inject_op))
     assert model.memory.kernel_path() == path
     got = _loss_and_grads(model, x, y, False)
     assert len(calls) == len(model.memory.layers)
