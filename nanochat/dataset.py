@@ -50,19 +50,46 @@ def check_dataset_name(name: str) -> str:
 
 
 def default_data_dir(dataset: str) -> Path:
-    """$NANOCHAT_DATA_DIR/<dataset> (default ~/.cache/nanochat/data), an hf: dataset's name by ``hf_dir_name``.
-    An hf: dataset prepared under the name the older scheme gave it (a local path, a config without an org) is
+    """$NANOCHAT_DATA_DIR/<dataset> (default ~/.cache/nanochat/data), an hf: dataset's name by ``hf_dir_name``
+    (of the absolute path a relative local path resolves to: ``_local_hf_spec``). An hf: dataset prepared under
+    the name an older scheme gave it (a local path, a config without an org; a relative local path's text) is
     found there, but only where that directory's manifest names this very dataset (the older names collided)."""
     root = os.environ.get("NANOCHAT_DATA_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "nanochat" / "data"
     if not dataset.startswith(HF_PREFIX):
         return base / dataset
     spec = dataset[len(HF_PREFIX):]
-    new, old = base / hf_dir_name(spec), base / _older_hf_dir_name(spec)
-    if old != new and not (new / MANIFEST).is_file() and _dir_key(_previous_manifest(old).get("dataset", "")) == \
-            _dir_key(dataset):
-        return old
+    named = _local_hf_spec(spec)
+    new = base / hf_dir_name(named)
+    if (new / MANIFEST).is_file():
+        return new
+    # older names: the spec's text (a relative local path, before it was named by where it resolves), then the
+    # scheme before session 33
+    for older in dict.fromkeys((hf_dir_name(spec), _older_hf_dir_name(spec))):
+        if older != new.name and _holds_dataset(base / older, dataset,
+                                                None if named == spec else named.partition(":")[0]):
+            return base / older
     return new
+
+
+def _local_hf_spec(spec: str) -> str:
+    """hf:<spec> with a relative path that names a local folder or file (`datasets` loads those before the hub) as
+    the absolute path it resolves to: `hf:data/x` run from two folders is two datasets, with two directories."""
+    path, sep, config = spec.partition(":")
+    if path and not os.path.isabs(path) and os.path.exists(path):
+        return str(Path(path).resolve()) + sep + config
+    return spec
+
+
+def _holds_dataset(data_dir: Path, dataset: str, local_path: str | None) -> bool:
+    """``data_dir``'s manifest names ``dataset``; for a relative local path (``local_path``: the folder it resolves
+    to), one recording another folder ("hf" "local_path") is that folder's (one recording none is older: kept)."""
+    manifest = _previous_manifest(data_dir)
+    if _dir_key(manifest.get("dataset", "")) != _dir_key(dataset):
+        return False
+    hf = manifest.get("hf")
+    recorded = hf.get("local_path") if isinstance(hf, dict) else None
+    return local_path is None or recorded is None or recorded == local_path
 
 
 _HF_NAME_PART = re.compile(r"[A-Za-z0-9._]+(?:-[A-Za-z0-9._]+)*")  # a hub name's characters; no "--", no -x or x-
@@ -136,7 +163,7 @@ def other_dataset_held(data_dir, dataset: str, manifest: dict | None = None) -> 
 
 
 def _dir_key(dataset: str) -> str:
-    return hf_dir_name(dataset[len(HF_PREFIX):]) if dataset.startswith(HF_PREFIX) else dataset
+    return hf_dir_name(_local_hf_spec(dataset[len(HF_PREFIX):])) if dataset.startswith(HF_PREFIX) else dataset
 
 
 def _older_hf_dir_name(spec: str) -> str:

@@ -9,7 +9,10 @@
         [--max-docs N]                                                           # any Hugging Face text dataset
 
 Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nanochat/data/<dataset>; an hf:
-dataset's name is nanochat.dataset.hf_dir_name's: hf-ORG--NAME--CONFIG, or hf_<spec percent-encoded> for others).
+dataset's name is nanochat.dataset.hf_dir_name's: hf-ORG--NAME--CONFIG, or hf_<spec percent-encoded> for others;
+a relative local path by the absolute path it resolves to). A build into a directory holding another dataset, or
+this one prepared with other --split/--text-column/--max-docs/--revision/--doc-chars/--text-dir/--val-fraction/
+--docs-per-shard, is refused unless --overwrite (the runs trained on it would read the new data under its name).
 For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
 (deterministic, disjoint from train, and drawn from every source so it matches the train distribution); files too
 small to give a val document of their own (documents x fraction < 1) give the fraction together, evenly spread
@@ -28,7 +31,7 @@ from pathlib import Path
 
 from nanochat.cli_types import int_at_least, open_fraction, positive_int
 from nanochat.dataset import (HF_PREFIX, MANIFEST, REMOTE_DATASETS, DataError, check_dataset_name,
-                              check_default_dir_holds, default_data_dir,
+                              check_default_dir_holds, default_data_dir, other_dataset_held,
                               download_remote_shards, load_manifest, read_jsonl_texts, remove_build_leftovers,
                               split_files, start_rebuild, write_manifest, write_text_shard)
 from nanochat.download import DownloadError, file_sha256
@@ -96,9 +99,11 @@ def read_source_documents(path: Path, doc_chars: int) -> list[str]:
 
 def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source_desc: str,
                        doc_chars: int = 1200, val_fraction: float = 0.05, docs_per_shard: int = 1000,
-                       row_group_size: int = 64, request: dict | None = None) -> dict:
+                       row_group_size: int = 64, request: dict | None = None, text_dir: str | None = None) -> dict:
     """Turn text sources into train/val parquet shards + manifest (the same format as the downloaded data).
-    ``request`` (``text_request``) is recorded in the manifest: a re-run of the same request can skip the build."""
+    ``request`` (``text_request``) is recorded in the manifest: a re-run of the same request can skip the build.
+    ``text_dir`` (local: --text-dir resolved) too, outside the request (builds kept from before it was recorded
+    stay kept), for ``check_replaces_no_other_build``."""
     if not sources:
         raise DataError(f"no input files for --dataset {dataset} ({source_desc}); "
                         f"expected files ending in {LOCAL_SUFFIXES}")
@@ -135,7 +140,8 @@ def build_text_dataset(sources: list[Path], data_dir: Path, dataset: str, source
     val_names = _write_shards(data_dir, "val", val_docs, docs_per_shard, row_group_size)
     manifest = write_manifest(data_dir, dataset, train_names, val_names, source=source_desc,
                               documents={"train": len(train_docs), "val": len(val_docs)},
-                              **({"request": request} if request else {}))
+                              **({"request": request} if request else {}),
+                              **({"text_dir": text_dir} if text_dir else {}))
     remove_build_leftovers(data_dir, manifest, OWN_SHARDS)
     return manifest
 
@@ -312,7 +318,10 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
                         f"{writers['val'].count} val documents (skipped {skipped} empty or non-text rows); "
                         "need at least one of each: use more documents or a larger --val-fraction")
     hf = {"path": path, "config": config, "split": split, "revision": revision, "text_column": text_column,
-          "max_docs": max_docs, "val_fraction": val_fraction, "skipped_rows": skipped}
+          "max_docs": max_docs, "val_fraction": val_fraction, "docs_per_shard": docs_per_shard,
+          "skipped_rows": skipped}
+    if Path(path).exists():  # a local folder or file, which `datasets` reads before the hub: where it resolves
+        hf["local_path"] = str(Path(path).resolve())
     source = f"{dataset} split={split}" + (f" revision={revision}" if revision else "")
     manifest = write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
                               documents={s: w.count for s, w in writers.items()}, hf=hf)
@@ -346,6 +355,10 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--rebuild", action="store_true", help="embedded/local: build again even when --data-dir already "
                    "holds a complete build from the same sources and flags (which is otherwise kept)")
+    p.add_argument("--overwrite", action="store_true", help="embedded/local/hf: replace the build in the output "
+                   "directory even where it is another dataset's or was prepared with other --split, --text-column, "
+                   "--max-docs, --val-fraction, --docs-per-shard, --revision, --doc-chars or --text-dir (which is "
+                   "otherwise refused: the runs trained on it would read the new data)")
     return p.parse_args(argv)
 
 
@@ -362,8 +375,73 @@ def build_local_dataset(args, data_dir: Path, progress: bool) -> dict:
         print(f"{args.dataset}: already prepared in {data_dir} from the same sources and flags: kept "
               "(--rebuild builds it again)")
         return load_manifest(data_dir)
+    text_dir = str(Path(args.text_dir).resolve()) if args.dataset == "local" else None
     return build_text_dataset(sources, data_dir, args.dataset, desc, doc_chars=args.doc_chars,
-                              val_fraction=args.val_fraction, docs_per_shard=docs_per_shard, request=request)
+                              val_fraction=args.val_fraction, docs_per_shard=docs_per_shard, request=request,
+                              text_dir=text_dir)
+
+
+# the flags that change what a build holds (its documents, their train/val split, its shards): {flag: the key of
+# the manifest's "hf" (hf: builds) or "request" (embedded/local builds) recording it}; --text-dir is "text_dir"
+HF_BUILD_FLAGS = {"--split": "split", "--text-column": "text_column", "--max-docs": "max_docs",
+                  "--val-fraction": "val_fraction", "--docs-per-shard": "docs_per_shard", "--revision": "revision"}
+TEXT_BUILD_FLAGS = {"--doc-chars": "doc_chars", "--val-fraction": "val_fraction", "--docs-per-shard": "docs_per_shard"}
+
+
+def build_flags(args) -> dict:
+    """{flag: value} of this build's flags that change what it holds, as its manifest records them."""
+    if args.dataset.startswith(HF_PREFIX):
+        return {"--split": args.split, "--text-column": args.text_column, "--max-docs": args.max_docs,
+                "--val-fraction": args.val_fraction, "--docs-per-shard": args.docs_per_shard or 20_000,
+                "--revision": args.revision}
+    flags = {"--doc-chars": args.doc_chars, "--val-fraction": args.val_fraction,
+             "--docs-per-shard": args.docs_per_shard or 1000}
+    if args.dataset == "local" and args.text_dir is not None:
+        flags["--text-dir"] = str(Path(args.text_dir).resolve())
+    return flags
+
+
+def recorded_build_flags(manifest: dict) -> dict:
+    """The same flags as a build's manifest records them; one it does not record (a manifest written before it was
+    recorded: an hf: build's --docs-per-shard, a local build's --text-dir) is left out, so not compared."""
+    if isinstance(manifest.get("hf"), dict):
+        entry, keys = manifest["hf"], HF_BUILD_FLAGS
+    else:
+        entry, keys = manifest.get("request") or {}, TEXT_BUILD_FLAGS
+    flags = {flag: entry[key] for flag, key in keys.items() if key in entry}
+    if manifest.get("text_dir"):
+        flags["--text-dir"] = manifest["text_dir"]
+    return flags
+
+
+def _shown(flags: dict) -> str:
+    return " ".join(f"{flag} {'none' if value is None else value}" for flag, value in flags.items())
+
+
+def check_replaces_no_other_build(data_dir: Path, args) -> None:
+    """A build (embedded, local, hf:) into a directory whose manifest records another dataset, or this dataset
+    prepared with other document-changing flags (``build_flags``: `--split train` then `--split validation` of one
+    hf: dataset share its default directory), is refused unless --overwrite: it would replace that data under the
+    same name, and the runs that trained on it would read the new data (base_eval's bpb, the analyses). The same
+    flags build as before (embedded/local: kept where complete; edited sources under them are built again)."""
+    try:
+        manifest = load_manifest(data_dir)
+    except DataError:  # none (a first or interrupted build) or unreadable: nothing recorded to replace
+        return
+    where = f"--data-dir {data_dir}" if args.data_dir else \
+        f"{data_dir} (the default directory of --dataset {args.dataset})"
+    fixes = (" under the same name, and runs that trained on it would read the new data (base_eval's bpb, the "
+             "analyses); give this build a --data-dir of its own, or pass --overwrite to replace it")
+    held = other_dataset_held(data_dir, args.dataset, manifest)
+    if held is not None:
+        raise DataError(f"{where} holds --dataset {held}; this build (--dataset {args.dataset}) would replace it"
+                        + fixes)
+    recorded, wanted = recorded_build_flags(manifest), build_flags(args)
+    differ = [flag for flag in wanted if flag in recorded and recorded[flag] != wanted[flag]]
+    if differ:
+        raise DataError(f"{where} holds --dataset {manifest['dataset']} prepared with "
+                        f"{_shown({f: recorded[f] for f in differ})}; this build "
+                        f"({_shown({f: wanted[f] for f in differ})}) would replace it" + fixes)
 
 
 def main(argv=None) -> int:
@@ -385,6 +463,8 @@ def main(argv=None) -> int:
             try:
                 if not args.data_dir:
                     check_default_dir_holds(data_dir, args.dataset)
+                if not args.overwrite:
+                    check_replaces_no_other_build(data_dir, args)
                 manifest = build_local_dataset(args, data_dir, progress)
             finally:
                 lock.release(remove_file=True)

@@ -155,24 +155,21 @@ def test_a_build_into_a_default_dir_holding_another_datasets_old_data_is_refused
     monkeypatch.setenv("NANOCHAT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
     _jsonl_dataset(tmp_path / "my ds", "spaced")
-    _jsonl_dataset(tmp_path / "my" / "ds", "nested")
-    shared = tmp_path / "data" / "hf-my--ds"
-    assert default_data_dir("hf:my/ds") == shared
+    shared = tmp_path / "data" / "hf-my--ds"  # the hub dataset my/ds's (no folder my/ds here: session 33's
+    assert default_data_dir("hf:my/ds") == shared  # test_data_identity33 names a local one by where it resolves)
     assert main(["--dataset", "hf:my ds", "--data-dir", str(shared), "--no-progress"]) == 0  # the old default
     assert default_data_dir("hf:my ds") == shared  # found there
     capsys.readouterr()
-    assert main(["--dataset", "hf:my/ds", "--no-progress"]) == 2
+    assert main(["--dataset", "hf:my/ds", "--no-progress"]) == 2  # refused before any download
     err = capsys.readouterr().err
-    moved = tmp_path / "data" / "hf_my%20ds"
+    moved = tmp_path / "data" / hf_dir_name(str((tmp_path / "my ds").resolve()))  # "my ds": a local folder
     assert err == (f"error: {shared}, the default directory of --dataset hf:my/ds, holds the data of --dataset hf:my "
                    f"ds (prepared there under the default name it had before session 33); move it to {moved} (where "
                    f"--dataset hf:my ds finds it) or give --dataset hf:my/ds a --data-dir of its own\n")
     assert set(iter_documents(shared, "train")) <= {f"spaced {i}" for i in range(40)}  # untouched
     shared.rename(moved)
-    assert main(["--dataset", "hf:my/ds", "--no-progress"]) == 0
-    assert default_data_dir("hf:my ds") == moved
+    assert default_data_dir("hf:my ds") == moved and default_data_dir("hf:my/ds") == shared
     assert {d.split()[0] for d in iter_documents(moved, "train")} == {"spaced"}
-    assert {d.split()[0] for d in iter_documents(shared, "train")} == {"nested"}
     # the same for any builder's default directory holding another dataset (put there with --data-dir)
     _jsonl_dataset(tmp_path / "mine", "local")
     embedded = tmp_path / "data" / "embedded"

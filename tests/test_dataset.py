@@ -103,8 +103,8 @@ def test_a_rerun_of_the_same_local_build_keeps_it(tmp_path, capsys):
         return kept
 
     assert not prepare() and prepare()
-    assert not prepare("--doc-chars", "5")  # other flags: another dataset
-    assert prepare("--doc-chars", "5") and not prepare()  # and back
+    assert not prepare("--doc-chars", "5", "--overwrite")  # other flags: another dataset (refused without it)
+    assert prepare("--doc-chars", "5") and not prepare("--overwrite")  # and back
     assert not prepare("--rebuild")
     (src / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(41)))
     assert not prepare() and load_manifest(out)["documents"] == {"train": 38, "val": 3}  # the sources changed
@@ -197,7 +197,8 @@ def test_hf_dataset_streams_a_local_parquet_dataset(tmp_path):
     assert [m["shards"][n]["rows"] for n in m["train"]] == [10, 10, 10, 10, 3]
     assert m["dataset"] == spec and m["documents"] == {"train": 43, "val": 2}
     assert m["hf"] == {"path": str(tmp_path / "my_dataset"), "config": None, "split": "train", "revision": None,
-                       "text_column": "content", "max_docs": 45, "val_fraction": 0.05, "skipped_rows": 2}
+                       "text_column": "content", "max_docs": 45, "val_fraction": 0.05, "docs_per_shard": 10,
+                       "skipped_rows": 2, "local_path": str((tmp_path / "my_dataset").resolve())}
     # deterministic: a second run writes the same documents in the same shards
     assert main(["--dataset", spec, "--text-column", "content", "--max-docs", "45", "--docs-per-shard", "10",
                  "--data-dir", str(tmp_path / "again"), "--no-progress"]) == 0
@@ -263,7 +264,7 @@ def test_failed_rerun_leaves_no_manifest_describing_a_mix_of_shards(tmp_path, ca
     args = ["--dataset", f"hf:{src}", "--docs-per-shard", "10", "--data-dir", str(out), "--no-progress"]
     assert main(args + ["--val-fraction", "0.5"]) == 0
     (src / "b.jsonl").write_text(json.dumps({"text": "x", "extra": 1}) + "\n")  # the stream breaks after 100 rows
-    assert main(args + ["--val-fraction", "0.05"]) == 2
+    assert main(args + ["--val-fraction", "0.05", "--overwrite"]) == 2  # another --val-fraction: refused without
     capsys.readouterr()
     with pytest.raises(DataError, match="manifest.json not found: prepare the data first"):
         split_files(out, "train")
