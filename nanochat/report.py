@@ -291,13 +291,18 @@ def fmt_data(facts: dict) -> str:
     args, manifest = facts["args"], facts["data_manifest"]
     if args.get("synthetic_data"):
         return "synthetic token stream (--synthetic-data)"
-    text = f"{args.get('dataset', NA)} in `{facts['data_dir'] or 'the default data dir'}`"
+    # the dataset trained on (its manifest's, recorded in config.json "data" since session 33), else --dataset:
+    # with --data-dir the flag is only a label (docs/extending.md trains on the embedded corpus as fineweb-edu)
+    flag = args.get("dataset")
+    dataset = (facts["config"].get("data") or {}).get("dataset") or flag or NA
+    text = f"{dataset} in `{facts['data_dir'] or 'the default data dir'}`"
+    notes = []
     if manifest.get("source"):
-        text += f" (source: {manifest['source']}"
-        if manifest.get("hub_revision"):
-            text += f" @ {', '.join(r[:12] for r in manifest['hub_revision'])}"
-        text += ")"
-    return text
+        notes.append(f"source: {manifest['source']}" + (f" @ {', '.join(r[:12] for r in manifest['hub_revision'])}"
+                                                        if manifest.get("hub_revision") else ""))
+    if flag and flag != dataset:
+        notes.append(f"--dataset {flag}")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def fmt_init(config: dict, args: dict) -> str:

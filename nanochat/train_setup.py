@@ -47,13 +47,16 @@ class RunData:
     data_dir: str | None = None
     tokenizer_sha256: str | None = None  # content fingerprints, checked on --resume (paths may move)
     data_sha256: str | None = None
+    # the dataset the manifest of data_dir records: what was trained on (with --data-dir, --dataset is only a label)
+    dataset: str | None = None
     # the train split's tokens as the plan estimates them (report_data_passes, rank 0): metrics.jsonl's data_passes
     # is the tokens trained over it, so that it ends where the dry run's "data passes" said it would
     train_split_tokens: int | None = None
 
     def describe(self) -> dict:
-        return {"source": self.source, "data_dir": self.data_dir, "vocab_size": self.vocab_size,
-                "val_rows": len(self.val_rows), "bundle": str(self.bundle) if self.bundle else None}
+        return {"source": self.source, "data_dir": self.data_dir, "dataset": self.dataset,
+                "vocab_size": self.vocab_size, "val_rows": len(self.val_rows),
+                "bundle": str(self.bundle) if self.bundle else None}
 
 
 def _same_on_every_rank(flag: str, requested: str, name: str, fix: str) -> None:
@@ -216,7 +219,8 @@ def load_run_data(args, rank: int, world: int, device, loaded=None) -> RunData:
     data_dir, tok_dir = data_dir.resolve(), tok_dir.resolve()
     return RunData(loader, None, token_bytes, tokenizer, tokenizer.vocab_size, f"{data_dir} (tokenizer {tok_dir})",
                    tokenizer_dir=str(tok_dir), data_dir=str(data_dir),
-                   tokenizer_sha256=tokenizer.fingerprint(), data_sha256=manifest_fingerprint(manifest))
+                   tokenizer_sha256=tokenizer.fingerprint(), data_sha256=manifest_fingerprint(manifest),
+                   dataset=manifest["dataset"])
 
 
 def load_eval_rows(args, data: RunData, rank: int, world: int) -> None:

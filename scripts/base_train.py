@@ -205,7 +205,9 @@ def save(run: Run, reason: str, keep: bool = False) -> None:
                  "rng": rngs, "world_size": run.world, "stats": stats}
         meta = {"reason": reason, "keep": keep, "params_finite": True, "config": resolved_config(run),
                 "loop": dict(run.loop),
-                "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir, "dataset": run.args.dataset,
+                "tokenizer_dir": run.data.tokenizer_dir, "data_dir": run.data.data_dir,
+                # what was trained on: the manifest's dataset (--dataset, in config.args, is a label with --data-dir)
+                "dataset": run.data.dataset or run.args.dataset,
                 "tokenizer_sha256": run.data.tokenizer_sha256, "data_sha256": run.data.data_sha256}
         return ckpt.save_checkpoint(run.run_dir, step, run.model, meta, state, keep_last=run.args.keep_last)
 

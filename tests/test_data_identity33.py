@@ -170,3 +170,31 @@ def test_a_relative_local_hf_path_prepared_under_its_text_name_is_still_found(ro
     (legacy / "manifest.json").write_text(json.dumps(manifest))
     assert default_data_dir("hf:data/x") == legacy
 
+
+# ---- what a run records ------------------------------------------------------------------------------------
+def test_a_run_records_the_dataset_it_trained_on(tmp_path):
+    """docs/extending.md's flow: the embedded corpus prepared into a --data-dir, trained with the default --dataset
+    (fineweb-edu). meta.json's "dataset" said fineweb-edu; it is the manifest's now, config.json's "data" records it
+    too, --dataset stays in config.json's args, and the report names the data trained on."""
+    from data_fixtures import train_tiny_tokenizer, write_numbered_docs
+
+    from nanochat import checkpoint as ckpt
+    from nanochat import report
+    from scripts import base_train
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_numbered_docs(data, 40, row_group_size=8, val_docs=8, dataset="embedded")
+    tok = tmp_path / "tok"
+    train_tiny_tokenizer(data, tok, vocab_size=280)
+    run = tmp_path / "run"
+    assert base_train.main(["--data-dir", str(data), "--tokenizer-dir", str(tok), "--depth", "1", "--aspect-ratio",
+                            "32", "--head-dim", "32", "--max-seq-len", "32", "--eval-tokens", "128",
+                            "--eval-every", "-1", "--no-final-core", "--device-batch-size", "2",
+                            "--total-batch-size", "64", "--num-iterations", "1", "--run-dir", str(run)]) == 0
+    meta = ckpt.load_meta(run, ckpt.list_steps(run)[-1])
+    config = json.loads((run / "config.json").read_text())
+    assert meta["dataset"] == "embedded" and config["data"]["dataset"] == "embedded"
+    assert config["args"]["dataset"] == "fineweb-edu"  # the flag as given
+    row = [line for line in report.run_report(run).splitlines() if line.startswith("| data | ")]
+    assert row == [f"| data | embedded in `{data.resolve()}` (source: test; --dataset fineweb-edu) |"], row
