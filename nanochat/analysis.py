@@ -87,7 +87,7 @@ class SplitData:
 
     def __call__(self, asking: str) -> Path:
         """The directory, for the domain ``asking`` ("--corpus val"), named in the error of one without data."""
-        from nanochat.dataset import MANIFEST, DataError, check_recorded_dataset, prepare_data_command, run_data_dir
+        from nanochat.dataset import MANIFEST, DataError, check_run_data, prepare_data_command, run_data_dir
 
         if self.path is None:
             found = run_data_dir(self.flag_value, self.meta)
@@ -96,7 +96,7 @@ class SplitData:
                                  f"prepare it with {'' if found.dataset else 'e.g. '}"
                                  f"`{prepare_data_command(found.path, found.dataset)}`, or pass --data-dir DIR")
             try:
-                check_recorded_dataset(found)
+                check_run_data(found)
             except DataError as e:
                 raise ValueError(f"{asking}: {e}") from None
             print(f"data: {found.path} ({found.source})", flush=True)

@@ -176,17 +176,27 @@ class RunDataDir(NamedTuple):
     source: str  # where the path came from, for the printed line
     dataset: str | None  # the dataset the checkpoint records (meta "dataset"), None where it records none
     recorded_default: bool = False  # the default directory of ``dataset``: neither --data-dir nor meta's data_dir
+    trained_sha256: str | None = None  # meta's data_sha256 (what the step trained on) where --data-dir is not given
 
 
-def check_recorded_dataset(found: RunDataDir, manifest: dict | None = None) -> None:
-    """Where an evaluation reads the default directory of the checkpoint's recorded dataset (an imported run: no
-    --data-dir, no 'data_dir' in meta.json), refuse one whose manifest records another dataset: its bpb would be
-    that data's, under this run's name (check_default_dir_dataset is the training side)."""
+def check_run_data(found: RunDataDir, manifest: dict | None = None) -> None:
+    """Before an evaluation reads the data a checkpoint records (no --data-dir: an explicit one is the user's
+    choice), refuse data whose numbers would be another data's under this run's name: a recorded dataset's default
+    directory (an imported run) whose manifest records another dataset, or prepared data whose fingerprint is not
+    the meta's data_sha256 (rebuilt or replaced since the step was trained; check_default_dir_dataset is the
+    training side). ``manifest``: ``found.path``'s, else read here where needed."""
     held = other_dataset_held(found.path, found.dataset, manifest) if found.recorded_default else None
     if held is not None:
         raise DataError(f"{found.path} ({found.source}) holds the data of dataset {held!r} (its {MANIFEST}), not "
                         f"the checkpoint's {found.dataset!r}: pass --data-dir DIR of {found.dataset!r}'s prepared "
                         f"data (`python -m scripts.prepare_data --dataset {found.dataset} --data-dir DIR` makes it)")
+    if found.trained_sha256:
+        now = manifest_fingerprint(manifest if manifest is not None else load_manifest(found.path, found.dataset))
+        if now != found.trained_sha256:
+            raise DataError(f"{found.path} ({found.source}) holds other prepared data than the checkpoint was "
+                            f"trained on (data_sha256 {found.trained_sha256[:12]}... in meta.json, {now[:12]}... "
+                            f"there now: rebuilt or replaced since): prepare the run's data again, or pass "
+                            f"--data-dir {found.path} to evaluate on what is there")
 
 
 def run_data_dir(flag_value, meta: dict) -> RunDataDir:
@@ -197,11 +207,12 @@ def run_data_dir(flag_value, meta: dict) -> RunDataDir:
     if flag_value:
         return RunDataDir(Path(flag_value), "--data-dir", dataset)
     if meta.get("data_dir"):
-        return RunDataDir(Path(meta["data_dir"]), "checkpoint meta 'data_dir'", dataset)
+        return RunDataDir(Path(meta["data_dir"]), "checkpoint meta 'data_dir'", dataset,
+                          trained_sha256=meta.get("data_sha256"))
     where = f"the run's dataset {dataset!r}" if dataset else "dataset 'embedded' (the checkpoint records none)"
     return RunDataDir(default_data_dir(dataset or "embedded"),
                       f"default directory of {where}: no --data-dir and no 'data_dir' in meta.json", dataset,
-                      recorded_default=dataset is not None)
+                      recorded_default=dataset is not None, trained_sha256=meta.get("data_sha256"))
 
 
 def read_jsonl_texts(path, error: type[Exception] = ValueError) -> list[str]:

@@ -304,7 +304,7 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
     run has not finished. The rows are held until scored (a split of 20,971,520 tokens: 168 MB on every rank, as
     training holds its own final-evaluation rows)."""
     from nanochat.dataloader import eval_rows_order
-    from nanochat.dataset import check_recorded_dataset, load_manifest, manifest_fingerprint, run_data_dir
+    from nanochat.dataset import check_run_data, load_manifest, manifest_fingerprint, run_data_dir
     from nanochat.download import file_sha256
 
     # rank 0's record for every rank: a node's own copy of config.json can record another budget, and ranks that
@@ -319,7 +319,7 @@ def prepare_bpb(tokenizer, args, meta, seq_len: int, rank: int, world: int, devi
 
         def checked_manifest():
             manifest = load_manifest(data_dir, found.dataset)
-            check_recorded_dataset(found, manifest)
+            check_run_data(found, manifest)
             return manifest
 
         plan.out["data_dir"] = str(data_dir)
