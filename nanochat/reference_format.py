@@ -92,6 +92,14 @@ def _refuse(field, value, why):
     raise ReferenceFormatError(f"model_config {field}={value!r}: {why}")
 
 
+def _is_int(value) -> bool:
+    return type(value) is int  # JSON true/false are bools, 4.0 a float: neither builds their model
+
+
+def _is_number(value) -> bool:
+    return type(value) in (int, float)
+
+
 def _window_pattern(pattern) -> str:
     """Their window_pattern as ours (--window-pattern): the same L/S letters, tiled the same way with the last layer
     forced to L, and the same windows (L: the context, S: sequence_len // 2); their code upper-cases it."""
@@ -102,6 +110,8 @@ def _window_pattern(pattern) -> str:
 
 def parse_moe_setting(setting: str) -> tuple[int, int, int]:
     """'σ_K_E' -> (shared expert on/off, K, E); '' means (1, 0, 0) as in their parser."""
+    if not isinstance(setting, str):
+        _refuse("moe_ve_setting", setting, "expected 'shared_active_experts', e.g. '0_2_12'")
     if setting == "":
         return 1, 0, 0
     try:
@@ -117,6 +127,8 @@ def _layers(cfg: dict, field: str) -> list[int]:
         _refuse(field, layers, "expected a list of layer ids")
     if layers != sorted(set(layers)):  # memory positions follow this order; only the increasing one is verified
         _refuse(field, layers, "expected strictly increasing layer ids")
+    if any(not 0 <= i < cfg["n_layer"] for i in layers):
+        _refuse(field, layers, f"layer ids must lie in [0, {cfg['n_layer'] - 1}] (n_layer {cfg['n_layer']})")
     # the default layout is stored as () (ours: "default"), so that export -> import gives back the same config
     return [] if layers == list(default_memory_layers(cfg["n_layer"])) else layers
 
@@ -192,6 +204,8 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_slot_dedicated_size", cfg["moe_ve_slot_dedicated_size"], "headmod only; must be 0")
     if cfg["moe_balance_mode"] != "bias":
         _refuse("moe_balance_mode", cfg["moe_balance_mode"], "only 'bias' exists in their trainer")
+    if not _is_number(cfg["moe_ve_balance_lr"]):
+        _refuse("moe_ve_balance_lr", cfg["moe_ve_balance_lr"], "expected a number")
     if cfg["moe_ve_bias_update"] not in BIAS_UPDATES:
         _refuse("moe_ve_bias_update", cfg["moe_ve_bias_update"], f"expected one of {', '.join(BIAS_UPDATES)}")
     if cfg["moe_ve_bias_update"] != "none" and cfg["moe_ve_balance_lr"] > 0:
@@ -253,12 +267,17 @@ def config_from_reference(model_type: str, model_config: dict, slot_map: tuple[s
     if len(designs) > 1:
         raise ReferenceFormatError(f"model_config enables {designs}; ours has one memory design per model")
     base = {k: cfg[k] for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")}
+    for field, value in base.items():  # a wrong type would fail later as a TypeError traceback, naming nothing
+        if not _is_int(value) or value < 1:
+            _refuse(field, value, "expected an integer >= 1")
     base["window_pattern"] = _window_pattern(cfg["window_pattern"])
     if not designs:
         return GPTConfig(**base)
     if designs[0] == "dense_ve_enabled":
         return GPTConfig(**base, memory="ve", memory_layers=_layers(cfg, "value_embeds_layers"))
     if designs[0] == "bigram_engram_enabled":
+        if not _is_int(cfg["bigram_engram_vocab_factor"]) or cfg["bigram_engram_vocab_factor"] < 1:
+            _refuse("bigram_engram_vocab_factor", cfg["bigram_engram_vocab_factor"], "expected an integer >= 1")
         if cfg["bigram_engram_gate_channels"] != GATE_CHANNELS:
             _refuse("bigram_engram_gate_channels", cfg["bigram_engram_gate_channels"], f"ours reads {GATE_CHANNELS}")
         return GPTConfig(**base, memory="bigram", memory_layers=_layers(cfg, "bigram_engram_layers"),
