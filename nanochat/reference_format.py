@@ -399,7 +399,10 @@ def state_from_reference(state: dict, config: GPTConfig, buffers: dict | None = 
                                        f"needs {shapes[ours]} (for our {ours})")
         if t.dtype != torch.float32:
             upcast[str(t.dtype)] = upcast.get(str(t.dtype), 0) + 1
-        out[ours] = t.to(torch.float32)  # bf16/fp16 -> fp32 is exact
+        out[ours] = t.to(torch.float32)  # bf16/fp16 -> fp32 is exact; float64 only when its values are fp32's
+        if t.dtype == torch.float64 and not torch.equal(out[ours].double(), t):
+            raise ReferenceFormatError(f"state dict key {theirs!r} is float64 and fp32 cannot hold its values "
+                                       "exactly: refused rather than rounded (their code saves fp32 and bf16)")
     for key, t in (buffers or {}).items():
         if key not in shapes or tuple(t.shape) != shapes[key]:
             raise ReferenceFormatError(f"{key} of shape {tuple(t.shape)} does not fit this model_config "

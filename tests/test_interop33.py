@@ -2,8 +2,10 @@
 the field or key (never a traceback, never a silent inexact conversion)."""
 
 import pytest
+import torch
 
-from nanochat.reference_format import ReferenceFormatError, config_from_reference, expected_shapes
+from nanochat.reference_format import (ReferenceFormatError, config_from_reference, expected_shapes,
+                                       state_from_reference, state_to_reference)
 
 BASE = {"n_layer": 4, "n_head": 2, "n_kv_head": 2, "n_embd": 64, "sequence_len": 64, "vocab_size": 512,
         "window_pattern": "L"}
@@ -31,3 +33,15 @@ def test_malformed_meta_fields_are_refused_by_their_name(fields, needle):
         expected_shapes(config_from_reference("gpt", {**BASE, **fields}))
     assert needle in str(e.value)
 
+
+def test_a_float64_tensor_imports_only_when_fp32_holds_it_exactly():
+    """'Conversion is a rename plus an exact upcast': a float64 tensor was rounded to fp32 silently."""
+    config = config_from_reference("gpt", BASE)
+    theirs = state_to_reference({k: torch.randn(v) for k, v in expected_shapes(config).items()}, config)
+    exact = dict(theirs, **{"lm_head.weight": theirs["lm_head.weight"].double()})  # fp32 values held in fp64
+    ours, report = state_from_reference(exact, config)
+    assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])
+    assert report["upcast_tensors"] == {"torch.float64": 1}
+    inexact = dict(exact, **{"lm_head.weight": exact["lm_head.weight"] + 1e-12})
+    with pytest.raises(ReferenceFormatError, match="'lm_head.weight' is float64 and fp32 cannot hold its values"):
+        state_from_reference(inexact, config)
