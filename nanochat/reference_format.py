@@ -87,6 +87,14 @@ class ReferenceFormatError(ValueError):
     """Their files cannot be converted exactly; the message names the field, key or file."""
 
 
+class SeveralCheckpointFolders(ReferenceFormatError):
+    """``find_meta`` found meta files in more than one folder (``folders``); the caller says how to pick one."""
+
+    def __init__(self, message: str, folders: list[Path]):
+        super().__init__(message)
+        self.folders = folders
+
+
 # -- model config -------------------------------------------------------------------------------------------
 def _refuse(field, value, why):
     raise ReferenceFormatError(f"model_config {field}={value!r}: {why}")
@@ -436,8 +444,8 @@ def find_meta(root, step: int | None = None) -> tuple[Path, int]:
     if not metas:
         raise FileNotFoundError(f"{root}: no meta_<step>.json found (expected the authors' checkpoint files)")
     if len(metas) > 1:
-        raise ReferenceFormatError(f"{root}: checkpoints in several directories {sorted(map(str, metas))}; "
-                                   "pass the one you want")
+        raise SeveralCheckpointFolders(f"{root}: checkpoints in several directories {sorted(map(str, metas))}; "
+                                       "pass the one you want", sorted(metas))
     steps = next(iter(metas.values()))
     step = max(steps) if step is None else step
     if step not in steps:

@@ -59,7 +59,7 @@ def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Pat
     import huggingface_hub
 
     from nanochat.download import hub_file, verify_hub_blob
-    from nanochat.reference_format import find_meta
+    from nanochat.reference_format import SeveralCheckpointFolders, find_meta
 
     try:
         root = Path(huggingface_hub.snapshot_download(
@@ -71,7 +71,16 @@ def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Pat
     for path in root.rglob("*"):
         if path.is_file():
             verify_hub_blob(path, f"model repo {repo_id}, file {path.relative_to(root)}")
-    meta_path, step = find_meta(root, step)
+    try:
+        meta_path, step = find_meta(root, step)
+    except SeveralCheckpointFolders as e:  # SRC names the repo, not one of its folders: download the one wanted
+        folders = [f.relative_to(root).as_posix() for f in e.folders]
+        raise SeveralCheckpointFolders(
+            f"hub repo {repo_id} holds checkpoints in several folders {folders}: download the one you want with "
+            f"`hf download {repo_id}{f' --revision {revision}' if revision else ''} --include 'FOLDER/*' "
+            "'*tokenizer.pkl' '*token_bytes.pt' --local-dir DIR` and "
+            "pass DIR/FOLDER as SRC (with --tokenizer DIR/.../tokenizer.pkl if it lies outside FOLDER)",
+            e.folders) from None
     pinned = root.name if COMMIT_RE.match(root.name) else revision  # the same commit for the big file
     model_rel = (meta_path.parent / f"model_{step:06d}.pt").relative_to(root).as_posix()
     hub_file(repo_id, model_rel, repo_type="model", revision=pinned)

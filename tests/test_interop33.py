@@ -45,3 +45,28 @@ def test_a_float64_tensor_imports_only_when_fp32_holds_it_exactly():
     inexact = dict(exact, **{"lm_head.weight": exact["lm_head.weight"] + 1e-12})
     with pytest.raises(ReferenceFormatError, match="'lm_head.weight' is float64 and fp32 cannot hold its values"):
         state_from_reference(inexact, config)
+
+
+def test_a_hub_repo_with_several_checkpoint_folders_says_how_to_pick_one(tmp_path, monkeypatch, capsys):
+    """find_meta's "pass the one you want" cannot be followed with a hub repo id (SRC names the repo, not a folder of
+    it): the error says how to download the folder and import it as a local directory."""
+    import huggingface_hub
+    from reference_fixtures import make_their_files, run_import, write_their_checkpoint
+    from test_reference_import_faults import FakeHub
+
+    src, source, _ = make_their_files(tmp_path, "base")
+    write_their_checkpoint(src / "chatsft_checkpoints" / "d4", source, "base")
+    hub = FakeHub(src, tmp_path / "hf_cache")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
+    monkeypatch.chdir(tmp_path)
+    assert run_import("someone/two-checkpoints", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert "hub repo someone/two-checkpoints holds checkpoints in several folders " \
+           "['base_checkpoints/d4', 'chatsft_checkpoints/d4']" in err
+    assert "hf download someone/two-checkpoints --include 'FOLDER/*' '*tokenizer.pkl' '*token_bytes.pt' " \
+           "--local-dir DIR" in err and "pass DIR/FOLDER as SRC" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    # the advice works: the folder as SRC, the tokenizer (outside it) named
+    assert run_import(src / "chatsft_checkpoints" / "d4", tmp_path / "run", "--tokenizer",
+                      str(src / "tokenizer" / "tokenizer.pkl")) == 0
