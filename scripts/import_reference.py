@@ -216,8 +216,11 @@ def convert(args, run_dir: Path) -> tuple:
                 "model_type": meta["model_type"], "model_config": meta["model_config"],
                 "reference_meta": {k: v for k, v in meta.items() if k not in ("model_config", "user_config")},
                 **report, "token_bytes": token_bytes}
-    # relative: the run's own tokenizer, found again after the run directory is moved or copied (load_meta)
-    extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "imported_from": imported}
+    # relative: the run's own tokenizer, found again after the run directory is moved or copied (load_meta); its
+    # fingerprint, as base_train records it, so that a --tokenizer-dir override of the same size but other token
+    # ids is refused by every consumer (base_eval, the analyses, export_reference, --init-from)
+    extra = {"reason": "imported", "tokenizer_dir": "tokenizer", "tokenizer_sha256": tok.fingerprint(),
+             "imported_from": imported}
     if args.dataset:
         extra["dataset"] = args.dataset
     return tok, slot_map, model, step, extra

@@ -70,3 +70,27 @@ def test_a_hub_repo_with_several_checkpoint_folders_says_how_to_pick_one(tmp_pat
     # the advice works: the folder as SRC, the tokenizer (outside it) named
     assert run_import(src / "chatsft_checkpoints" / "d4", tmp_path / "run", "--tokenizer",
                       str(src / "tokenizer" / "tokenizer.pkl")) == 0
+
+
+def test_an_imported_run_refuses_another_tokenizer_of_its_size(tmp_path, capsys):
+    """An imported run recorded no tokenizer fingerprint (base_train's runs do), so a --tokenizer-dir override of the
+    same vocab size but other token ids passed every check of its consumers: export_reference wrote the weights
+    beside the wrong tokenizer."""
+    from reference_fixtures import make_their_files, run_import
+
+    from nanochat.checkpoint import load_meta
+    from nanochat.tokenizer import Tokenizer
+    from scripts import export_reference
+
+    src, _, tok = make_their_files(tmp_path, "base")
+    run = tmp_path / "run"
+    assert run_import(src, run) == 0
+    assert load_meta(run)["tokenizer_sha256"] == tok.fingerprint()
+    other = Tokenizer(tok.mergeable_ranks, pattern=r"\w+|\s+|.")  # same ranks and size, another split
+    other.save(tmp_path / "other_tok")
+    assert other.vocab_size == tok.vocab_size and other.encode(" the bank") != tok.encode(" the bank")
+    out = tmp_path / "export"
+    assert export_reference.main(["--run", str(run), "--out", str(out), "--tokenizer-dir",
+                                  str(tmp_path / "other_tok")]) == 2
+    assert "the tokenizer is not the one" in capsys.readouterr().err and not out.exists()
+    assert export_reference.main(["--run", str(run), "--out", str(out)]) == 0  # its own tokenizer
