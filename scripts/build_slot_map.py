@@ -74,12 +74,16 @@ def parse_args(argv=None):
 
 def build(args) -> None:
     from nanochat.checkpoint import load_model
+    from nanochat.tokenizer import check_vocab_matches
 
     model, meta = load_model(args.checkpoint, args.step)
     V = model.config.vocab_size
     if V % args.group_size:
         raise ValueError(f"--group-size {args.group_size} must divide the vocab size {V}")
     tokenizer = run_tokenizer(args.tokenizer_dir, meta)
+    # the one the checkpoint was trained with (its recorded fingerprint): the map is stamped with this tokenizer's
+    # fingerprint and keeps its special ids apart, so another one would make a map for the wrong runs
+    check_vocab_matches(tokenizer, V, f"--checkpoint {args.checkpoint}", meta)
     specials = sorted(int(i) for i in tokenizer.special_tokens.values())
     if any(not 0 <= i < V for i in specials):
         raise ValueError(f"--tokenizer-dir: special ids {specials} do not fit the model vocab {V}")

@@ -94,3 +94,37 @@ def test_an_imported_run_refuses_another_tokenizer_of_its_size(tmp_path, capsys)
                                   str(tmp_path / "other_tok")]) == 2
     assert "the tokenizer is not the one" in capsys.readouterr().err and not out.exists()
     assert export_reference.main(["--run", str(run), "--out", str(out)]) == 0  # its own tokenizer
+
+
+def test_build_slot_map_refuses_a_tokenizer_the_checkpoint_was_not_trained_with(tmp_path, capsys):
+    """--tokenizer-dir was not checked against the checkpoint: a tokenizer of the same size but other token ids gave
+    a map stamped with ITS fingerprint (refused by runs on the checkpoint's own tokenizer, accepted by runs on the
+    wrong one), and a smaller one put its special-token ids on ordinary tokens of the model's vocabulary."""
+    from conftest import tiny_config
+    from reference_fixtures import pairable_tokenizer
+    from test_analysis import make_tokenizer
+
+    from nanochat.checkpoint import save_checkpoint
+    from nanochat.gpt import build_model
+    from nanochat.tokenizer import Tokenizer
+    from scripts.build_slot_map import main as build_slot_map
+
+    tok = pairable_tokenizer(tmp_path / "tok")  # 440 tokens: rows of 2
+    model = build_model(tiny_config(vocab_size=tok.vocab_size), seed=0)
+    save_checkpoint(tmp_path / "run", 3, model, {"tokenizer_dir": str(tmp_path / "tok"),
+                                                 "tokenizer_sha256": tok.fingerprint()})
+    Tokenizer(tok.mergeable_ranks, pattern=r"\w+|\s+|.").save(tmp_path / "same_size")
+    smaller = make_tokenizer(tmp_path / "smaller")
+    assert smaller.vocab_size == tok.vocab_size - 1
+
+    def build(*extra):
+        return build_slot_map(["--checkpoint", str(tmp_path / "run"), "--group-size", "2", *extra,
+                               "--output", str(tmp_path / "map.json")])
+
+    assert build("--tokenizer-dir", str(tmp_path / "same_size")) == 2
+    assert "the tokenizer is not the one --checkpoint" in capsys.readouterr().err
+    assert build("--tokenizer-dir", str(tmp_path / "smaller")) == 2
+    assert f"tokenizer vocab size {smaller.vocab_size} does not match vocab_size {tok.vocab_size}" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "map.json").exists()
+    assert build() == 0 and build("--tokenizer-dir", str(tmp_path / "tok")) == 0  # its own, found or named
