@@ -54,6 +54,7 @@ def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Pat
     """Download the small files (their layout is found, not assumed), pick the step, then download only that
     step's weights through ``nanochat.download.hub_file`` (checksummed, pinned to the same commit). Returns the
     snapshot directory and the provenance to record."""
+    import fnmatch
     import os
 
     import huggingface_hub
@@ -68,9 +69,10 @@ def fetch_hub(repo_id: str, revision: str | None, step: int | None) -> tuple[Pat
     except Exception as e:  # network, auth, unknown repo, offline without a cached copy
         raise FileNotFoundError(f"SRC {repo_id}: not a local directory, and the hub download failed "
                                 f"({type(e).__name__}: {e})") from None
-    for path in root.rglob("*"):
-        if path.is_file():
-            verify_hub_blob(path, f"model repo {repo_id}, file {path.relative_to(root)}")
+    for path in root.rglob("*"):  # what this download fetched or found: not the weights of steps fetched before
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and any(fnmatch.fnmatch(rel, pattern) for pattern in SMALL_FILES):
+            verify_hub_blob(path, f"model repo {repo_id}, file {rel}")
     try:
         meta_path, step = find_meta(root, step)
     except SeveralCheckpointFolders as e:  # SRC names the repo, not one of its folders: download the one wanted

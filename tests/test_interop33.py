@@ -128,3 +128,28 @@ def test_build_slot_map_refuses_a_tokenizer_the_checkpoint_was_not_trained_with(
         capsys.readouterr().err
     assert not (tmp_path / "map.json").exists()
     assert build() == 0 and build("--tokenizer-dir", str(tmp_path / "tok")) == 0  # its own, found or named
+
+
+def test_a_hub_import_verifies_the_small_files_and_only_the_chosen_weights(tmp_path, monkeypatch):
+    """fetch_hub checksummed every file of the cached snapshot: with the weights of earlier imported steps in the
+    cache (5.5 GB each at d24), each import hashed them all again, besides its own step's (which hub_file checks)."""
+    import huggingface_hub
+    from reference_fixtures import STEP, make_their_files, run_import, write_their_checkpoint
+    from test_reference_import_faults import FakeHub
+
+    from nanochat import download
+
+    src, source, _ = make_their_files(tmp_path, "base")
+    write_their_checkpoint(src / "base_checkpoints" / "d4", source, "base", step=2)
+    hub = FakeHub(src, tmp_path / "hf_cache")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
+    verified, real = [], download.verify_hub_blob
+    monkeypatch.setattr(download, "verify_hub_blob",
+                        lambda path, where="": verified.append(path.name) or real(path, where))
+    monkeypatch.chdir(tmp_path)
+    assert run_import("someone/steps", tmp_path / "a") == 0  # step 5's weights now in the cache
+    verified.clear()
+    assert run_import("someone/steps", tmp_path / "b", "--step", "2") == 0
+    assert sorted(verified) == ["meta_000002.json", f"meta_{STEP:06d}.json", "model_000002.pt", "token_bytes.pt",
+                                "tokenizer.pkl"]
