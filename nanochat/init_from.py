@@ -8,9 +8,10 @@ the weights, so a slot-map file that is no longer on disk is not needed. Before 
 checked: its model config must equal this run's field for field as the model resolves it (``auto``/0 defaults
 as the values they stand for), except the context length and the training-time settings stored in the model
 config (``training_settings``: this run's are used), and its tokenizer (the fingerprint its checkpoint records,
-or for a run imported before session 33 the tokenizer inside its run dir) must be this run's. These checks run before the eval rows
-and the model are built (``checked_source``); the weights are loaded after (``start_from_source``). Every rank
-hashes the model.pt it loads, through the handle it loads from, and the ranks must agree.
+or for a run imported before session 33 the tokenizer inside its run dir) must be this run's. These checks run
+before the eval rows and the model are built (``checked_source``); the weights are loaded after
+(``start_from_source``). Every rank hashes the model.pt it loads, through the handle it loads from, and the ranks
+must agree.
 
 The source (resolved run dir, step, sha256 of its model.pt) is recorded in config.json, every checkpoint's meta
 and summary.json (``init_from``). A resume takes the weights from the run's own checkpoint and never reads the
@@ -158,8 +159,8 @@ def compare_with_source(source: dict, config) -> tuple[list[str], list[str]]:
 
 def source_tokenizer_sha256(meta: dict, tokenizer=None) -> str | None:
     """The tokenizer fingerprint a checkpoint records; a run imported before session 33 records none but keeps
-    its tokenizer in its run dir (meta tokenizer_dir), which is fingerprinted instead. None: no tokenizer (synthetic data).
-    ``tokenizer``: this run's; when it was read from that same directory it is not read again."""
+    its tokenizer in its run dir (meta tokenizer_dir), which is fingerprinted instead. None: no tokenizer
+    (synthetic data). ``tokenizer``: this run's; when it was read from that same directory it is not read again."""
     from nanochat.tokenizer import HEADER_FILE, get_tokenizer
 
     if meta.get("tokenizer_sha256"):
