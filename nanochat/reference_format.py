@@ -216,13 +216,6 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_balance_lr", cfg["moe_ve_balance_lr"], "expected a number")
     if cfg["moe_ve_bias_update"] not in BIAS_UPDATES:
         _refuse("moe_ve_bias_update", cfg["moe_ve_bias_update"], f"expected one of {', '.join(BIAS_UPDATES)}")
-    if cfg["moe_ve_bias_update"] != "none" and cfg["moe_ve_balance_lr"] > 0:
-        # ours has both rules (--mome-balance bias / trust-region), but the bias the weights were trained with is
-        # not in their checkpoint (non-persistent), and theirs moves once per micro-batch forward, ours per step
-        _refuse("moe_ve_bias_update", cfg["moe_ve_bias_update"], f"with moe_ve_balance_lr="
-                f"{cfg['moe_ve_balance_lr']} their router bias moves in training and is not saved in the checkpoint; "
-                "every paper run uses 'none' or lr 0 (then moe_ve_bias_min_visits and moe_ve_bias_powerlaw_n are "
-                "inert), which is what can be imported exactly")
     index = cfg["moe_ve_slot_index_mode"]
     if index not in ("token", "bigram"):
         _refuse("moe_ve_slot_index_mode", index, "expected token or bigram")
@@ -252,6 +245,21 @@ def _mome_options(cfg: dict, slot_map: tuple[str, str] | None = None) -> dict:
         _refuse("moe_ve_slot_vocab_size", slot_vocab, "differs from the slot count of the index (world-size "
                 "padding of S is not supported)")
     return options
+
+
+def moving_bias_note(model_config: dict) -> str:
+    """What an import of a MoME trained with their moving router bias (bias update on, balance lr > 0: their CLI's
+    default, no paper run) should say: the bias is non-persistent and added only in training forwards (spec model
+    §3.6), so their evaluation routes without it, as the imported model (--mome-balance none) does; the weights came
+    from training with it. "" otherwise."""
+    cfg = {**REFERENCE_DEFAULTS, **model_config}
+    if not cfg["moe_ve_enabled"] or cfg["moe_ve_bias_update"] == "none" or not cfg["moe_ve_balance_lr"] > 0:
+        return ""
+    return (f"note: trained with their moving router bias (moe_ve_bias_update {cfg['moe_ve_bias_update']!r}, "
+            f"moe_ve_balance_lr {cfg['moe_ve_balance_lr']}); the bias is not in their checkpoint and their evaluation "
+            "routes without it, as this import does (--mome-balance none): evaluations are exact. Training on from it "
+            "(--init-from) starts without a bias, as their own resume does; pass --mome-balance bias to move one "
+            "(ours updates once per optimizer step, theirs once per micro-batch forward)")
 
 
 def config_from_reference(model_type: str, model_config: dict, slot_map: tuple[str, str] | None = None) -> GPTConfig:

@@ -168,8 +168,8 @@ def convert(args, run_dir: Path) -> tuple:
     from nanochat.families import meta_device
     from nanochat.gpt import GPT
     from nanochat import reference_slot_map
-    from nanochat.reference_format import (SLOT_MAP_KEY, config_from_reference, find_checkpoint, read_meta,
-                                           state_from_reference)
+    from nanochat.reference_format import (SLOT_MAP_KEY, config_from_reference, find_checkpoint, moving_bias_note,
+                                           read_meta, state_from_reference)
     from nanochat.reference_tokenizer import read_reference_token_bytes, read_reference_tokenizer
 
     src = Path(args.src)
@@ -188,6 +188,8 @@ def convert(args, run_dir: Path) -> tuple:
     slot_map_option = (reference_slot_map.run_path(slot_map, run_dir), file_sha256(slot_map)) if slot_map else None
     config = config_from_reference(meta["model_type"], meta["model_config"], slot_map_option)
     print(f"checkpoint {model_path} (step {step}, model_type {meta['model_type']}) -> --memory {config.memory}")
+    if note := moving_bias_note(meta["model_config"]):
+        print(note)
     if args.tokenizer:
         pkl, tb_path = Path(args.tokenizer), Path(args.tokenizer).parent / "token_bytes.pt"
         tb_path = tb_path if tb_path.is_file() else None

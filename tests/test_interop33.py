@@ -153,3 +153,27 @@ def test_a_hub_import_verifies_the_small_files_and_only_the_chosen_weights(tmp_p
     assert run_import("someone/steps", tmp_path / "b", "--step", "2") == 0
     assert sorted(verified) == ["meta_000002.json", f"meta_{STEP:06d}.json", "model_000002.pt", "token_bytes.pt",
                                 "tokenizer.pkl"]
+
+
+def test_a_moving_router_bias_imports_as_their_evaluation_routes(tmp_path, capsys):
+    """Their CLI's default (moe_ve_bias_update deepseek_moe, lr 1e-3) trains with a bias that is neither saved nor
+    used outside training forwards (spec model §3.6): the import is their evaluation's model (--mome-balance none),
+    with a note saying so; it was refused before. An inert bias (lr 0, every paper run) gets no note."""
+    import json
+
+    from nanochat.checkpoint import load_meta
+    from nanochat.reference_format import moving_bias_note
+    from reference_fixtures import make_their_files, run_import
+
+    src, _, _ = make_their_files(tmp_path, "mome_token")
+    meta_path = next(src.glob("base_checkpoints/d4/meta_*.json"))
+    meta = json.loads(meta_path.read_text())
+    assert moving_bias_note(meta["model_config"]) == ""
+    meta["model_config"].update(moe_ve_bias_update="deepseek_moe", moe_ve_balance_lr=0.001)
+    meta_path.write_text(json.dumps(meta))
+    assert run_import(src, tmp_path / "run", "--dataset", "climbmix") == 0
+    out = capsys.readouterr().out
+    assert "note: trained with their moving router bias (moe_ve_bias_update 'deepseek_moe', moe_ve_balance_lr " \
+           "0.001)" in out and "evaluations are exact" in out and "--mome-balance bias" in out
+    options = load_meta(tmp_path / "run")["model_config"]["memory_options"]
+    assert options.get("balance", "none") == "none"
