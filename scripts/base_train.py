@@ -66,8 +66,8 @@ from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.terminal import replace_unencodable_output
-from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, SetUpProgress, finish, last_checkpoint,
-                                stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite,
+from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, SetUpProgress, count_step_time, finish,
+                                last_checkpoint, stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite,
                                 stop_set_up_by_error)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
@@ -364,6 +364,7 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
     n, loop = run.plan["num_iterations"], run.loop
     bar = tqdm(total=n, initial=loop["step"], disable=run.rank != 0, desc="train", dynamic_ncols=True)
     votes, first = StopVotes(), loop["step"]
+    peak, own = peak_flops(run.device), (0, 0.0)  # own: this session's steady steps and their seconds
     if loop.pop(BOUNDARY_PENDING, False):  # resumed from a signal stop's checkpoint: its step's evals are to do
         resumed_at = None
     time_up = run.wall_limit.reached if run.wall_limit is not None and run.wall_limit.limit_s > 0 else None
@@ -392,10 +393,14 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
             dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"train loss is {loss} at step {step + 1}")
-            loop["step"], loop["train_time"] = step + 1, loop["train_time"] + dt
+            loop["step"] = step + 1
+            count_step_time(loop, dt, step - first >= WARMUP_STEPS, run.world, peak)
             if step - first >= WARMUP_STEPS:
-                loop["steady_steps"], loop["steady_time"] = loop["steady_steps"] + 1, loop["steady_time"] + dt
-            steady = loop["steady_time"] / loop["steady_steps"] if loop["steady_steps"] else float("nan")
+                own = (own[0] + 1, own[1] + dt)
+            # the ETA from this session's steady steps (earlier sessions may have run on other GPUs), the run's
+            # until it has some
+            steady = own[1] / own[0] if own[0] else \
+                loop["steady_time"] / loop["steady_steps"] if loop["steady_steps"] else float("nan")
             bar.update(1)
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
                 log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))

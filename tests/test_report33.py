@@ -1,0 +1,103 @@
+"""Fresh-eyes review of the numbers a run reports (session 33): MFU, tok/s and the readers of metrics.jsonl."""
+
+import json
+import math
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nanochat import checkpoint as ckpt
+from nanochat import train_end
+from nanochat.metrics import mfu
+from scripts import base_train
+from test_train_e2e import train
+
+
+def train_records(run_dir) -> dict[int, dict]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in recs if r["kind"] == "train"}
+
+
+@pytest.mark.slow
+def test_mfu_of_a_run_resumed_on_other_gpus_weighs_each_step_by_its_own_hardware(tmp_path, monkeypatch):
+    """A run resumed on other hardware (another GPU kind, or --resume-new-world-size): summary.json's MFU is the
+    model FLOPs of the steady steps over the peak FLOPs the devices of each step could have done, not the mean step
+    time over the LAST session's peak x world (which read 4x too high here: 4 of its 5 steady steps ran at a peak 4x
+    lower than the last session's)."""
+    run, flags = tmp_path / "r", ["--num-iterations", "10", "--save-every", "5"]
+    peaks = {"first": 1e12, "second": 4e12}
+
+    def on(session):
+        monkeypatch.setattr(base_train, "peak_flops", lambda device: peaks[session])
+        monkeypatch.setattr(train_end, "peak_flops", lambda device: peaks[session])
+
+    on("first")
+    assert train(run, *flags) == 0
+    shutil.rmtree(ckpt.step_dir(run, 10))  # "killed" after the step-5 checkpoint
+    on("second")
+    assert train(run, *flags, "--resume") == 0
+    recs, summary = train_records(run), json.loads((run / "summary.json").read_text())
+    # steady steps: after the first 3 of each process: steps 4, 5 of the first session, 9, 10 of the second
+    steady = {4: "first", 5: "first", 9: "second", 10: "second"}
+    assert summary["tok_per_sec_steps"] == len(steady)
+    flops = summary["flops_per_token"] * 256 * len(steady)
+    capacity = sum(recs[s]["dt"] * peaks[session] for s, session in steady.items())  # world 1
+    assert math.isclose(summary["mfu"], 100 * flops / capacity, rel_tol=1e-9)
+    assert math.isclose(summary["tok_per_sec"], 256 * len(steady) / sum(recs[s]["dt"] for s in steady), rel_tol=1e-9)
+
+
+FLOPS_PER_TOKEN, BATCH = 1_000_000, 1024
+
+
+def run_of(loop: dict, world: int, device: str = "cpu") -> SimpleNamespace:
+    return SimpleNamespace(args=SimpleNamespace(total_batch_size=BATCH), loop=loop, world=world,
+                           plan={"flops_per_token": FLOPS_PER_TOKEN}, device=torch.device(device))
+
+
+def session(loop: dict, dts: list[float], world: int, peak: float | None) -> None:
+    """One process's steps as base_train counts them: the first WARMUP_STEPS are not steady."""
+    for i, dt in enumerate(dts):
+        loop["step"] = loop.get("step", 0) + 1
+        train_end.count_step_time(loop, dt, i >= train_end.WARMUP_STEPS, world, peak)
+
+
+def test_mfu_after_a_world_size_change_counts_each_steps_gpus(monkeypatch):
+    """8 GPUs, then --resume-new-world-size 4 at the same per-GPU speed (steps twice as long): the MFU is the same
+    in both sessions, so the run's is that one; the mean step time over the last session's 4 GPUs read 4/3 of it."""
+    peak = 1e15
+    monkeypatch.setattr(train_end, "peak_flops", lambda device: peak)  # the last session's GPUs, as before the fix
+    loop = {}
+    session(loop, [5.0, 1.0, 1.0, 1.0, 1.0, 1.0], 8, peak)
+    session(loop, [5.0, 2.0, 2.0, 2.0, 2.0, 2.0], 4, peak)
+    out = train_end.throughput(run_of(loop, 4))
+    assert out["tok_per_sec_steps"] == 6 and loop["train_time"] == 10.0 + 9.0 + 6.0
+    one_session = mfu(FLOPS_PER_TOKEN * BATCH, 1.0, peak, 8)
+    assert one_session == mfu(FLOPS_PER_TOKEN * BATCH, 2.0, peak, 4)
+    assert out["mfu"] == pytest.approx(one_session, rel=1e-12)
+    assert out["tok_per_sec"] == pytest.approx(6 * BATCH / 9.0, rel=1e-12)  # all steady tokens over their seconds
+
+
+def test_mfu_is_unknown_once_a_steady_step_ran_on_a_gpu_of_unknown_peak(monkeypatch):
+    monkeypatch.setattr(train_end, "peak_flops", lambda device: 1e15)
+    loop = {}
+    session(loop, [1.0] * 5, 1, None)  # an unlisted GPU
+    session(loop, [1.0] * 5, 1, 1e15)
+    assert loop["steady_peak_flop"] is None and train_end.throughput(run_of(loop, 1))["mfu"] is None
+    assert train_end.throughput(run_of(loop, 1))["tok_per_sec"] == pytest.approx(BATCH)
+
+
+def test_a_checkpoint_from_before_the_peak_flop_count_keeps_its_mfu(monkeypatch):
+    """A loop without steady_peak_flop (older checkpoints): its steady steps count on the resuming session's GPUs,
+    which is what summary.json's MFU took before; the steps after the resume add their own."""
+    peak = 1e15
+    monkeypatch.setattr(train_end, "peak_flops", lambda device: peak)
+    old = {"step": 10, "train_time": 14.0, "steady_steps": 7, "steady_time": 7.0}
+    assert train_end.throughput(run_of(dict(old), 2))["mfu"] == pytest.approx(
+        mfu(FLOPS_PER_TOKEN * BATCH, 1.0, peak, 2), rel=1e-12)
+    loop = dict(old)
+    session(loop, [3.0, 3.0, 3.0, 1.0], 2, peak)
+    assert loop["steady_peak_flop"] == pytest.approx(8.0 * 2 * peak) and loop["steady_steps"] == 8
+    assert train_end.throughput(run_of(loop, 2))["mfu"] == pytest.approx(
+        mfu(FLOPS_PER_TOKEN * BATCH, 1.0, peak, 2), rel=1e-12)
