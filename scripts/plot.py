@@ -155,7 +155,8 @@ def plot_curves(run_dirs, metric: str, out: Path) -> list[Path]:
     plotted = 0
     for run_dir in run_dirs:
         has_metrics = (Path(run_dir) / "metrics.jsonl").is_file()
-        rows = [r for r in read_metrics(run_dir) if metric in r and "step" in r] if has_metrics else []
+        # a null is no value (e.g. "mfu" on a device of unknown peak): a line of them would be an empty figure
+        rows = [r for r in read_metrics(run_dir) if r.get(metric) is not None and "step" in r] if has_metrics else []
         if not rows:  # one run without the metric (killed early, never evaluated) does not stop the others
             print(f"{Path(run_dir).name}: no {metric!r} values, left out of the plot", file=sys.stderr)
             continue

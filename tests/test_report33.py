@@ -101,3 +101,21 @@ def test_a_checkpoint_from_before_the_peak_flop_count_keeps_its_mfu(monkeypatch)
     assert loop["steady_peak_flop"] == pytest.approx(8.0 * 2 * peak) and loop["steady_steps"] == 8
     assert train_end.throughput(run_of(loop, 2))["mfu"] == pytest.approx(
         mfu(FLOPS_PER_TOKEN * BATCH, 1.0, peak, 2), rel=1e-12)
+
+
+def test_plot_curves_takes_a_null_metric_for_no_value(tmp_path, capsys):
+    """A CPU run logs "mfu": null in every train record (no known peak): `plot curves --metric mfu` wrote an empty
+    figure (exit 0, "[plot] wrote ..."); a null is no value: the run is left out, and with no run left it is the
+    error of a metric no run has."""
+    from scripts import plot
+
+    cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
+    for run, value in ((cpu, None), (gpu, 40.5)):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s, "mfu": value}) + "\n"
+                                                   for s in range(1, 4)))
+    assert plot.main(["curves", str(cpu), "--metric", "mfu", "--out", str(tmp_path / "c")]) == 2
+    assert "error: no run has 'mfu' values in its metrics.jsonl" in capsys.readouterr().err
+    assert not list(tmp_path.glob("c.*"))
+    assert plot.main(["curves", str(cpu), str(gpu), "--metric", "mfu", "--out", str(tmp_path / "c")]) == 0
+    assert "cpu: no 'mfu' values, left out of the plot" in capsys.readouterr().err
