@@ -90,7 +90,7 @@ def throughput(run: Run) -> dict:
     util = 100.0 * run.plan["flops_per_token"] * tb * steady_steps / capacity if steady_steps and capacity else None
     return {"tok_per_sec": tok_s, "mfu": util, "tok_per_sec_steps": steady_steps,
             "tok_per_sec_note": f"steady state: steps after the first {WARMUP_STEPS} of each process",
-            "tok_per_sec_all_steps": loop["step"] * tb / max(loop["train_time"], 1e-9)}
+            "tok_per_sec_all_steps": loop["step"] * tb / loop["train_time"] if loop["train_time"] > 0 else None}
 
 
 def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:

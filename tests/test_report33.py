@@ -119,3 +119,13 @@ def test_plot_curves_takes_a_null_metric_for_no_value(tmp_path, capsys):
     assert not list(tmp_path.glob("c.*"))
     assert plot.main(["curves", str(cpu), str(gpu), "--metric", "mfu", "--out", str(tmp_path / "c")]) == 0
     assert "cpu: no 'mfu' values, left out of the plot" in capsys.readouterr().err
+
+
+def test_a_run_that_trained_no_step_has_no_all_steps_throughput():
+    """Stopped before its first step (a signal during the set-up, a wall-time budget spent by it): summary.json said
+    "tok_per_sec_all_steps": 0.0 (0 tokens over the 1e-9 s floor), which report.md printed as a measured 0 tok/s."""
+    from nanochat.report import fmt_throughput
+
+    out = train_end.throughput(run_of({"step": 0, "train_time": 0.0}, 1))
+    assert out["tok_per_sec"] is None and out["mfu"] is None and out["tok_per_sec_all_steps"] is None
+    assert "all steps" not in fmt_throughput(out) and fmt_throughput(out).startswith("n/a")
