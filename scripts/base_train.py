@@ -100,7 +100,7 @@ class Run:
     lr_override_now: dict | None = None  # this session's --resume-override-lr change, logged to metrics.jsonl
     world_size_changes: list = field(default_factory=list)  # --resume-new-world-size history (as lr_overrides)
     world_size_now: dict | None = None  # this session's change {"checkpoint": W, "now": W'}, logged to metrics.jsonl
-    session_start: float = 0.0  # time.time() when this session's execute() began
+    session_start: float = 0.0  # time.time() when this session's main() began (its set-up counts, as in the limit)
     attention: str = "sdpa"  # the resolved --attention of this session (config.json, summary.json)
     mome_kernels: str = "none"  # the MoME kernel path this session's model takes (config.json, summary.json)
     init_from: dict | None = None  # the --init-from source the run started from (nanochat.init_from)
@@ -111,7 +111,8 @@ class Run:
     eval_flops: FlopCadence | None = None  # --eval-every-flops
 
     def wall_time(self) -> float:
-        """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one."""
+        """Wall seconds of the run so far: earlier sessions up to the checkpoint resumed from, plus this one (from
+        the start of main(): its set-up counts, as the results tables' Wall (min) note says)."""
         return self.loop.get("wall_time", 0.0) + time.time() - self.session_start
 
     @property
@@ -453,7 +454,7 @@ def set_up_run_dir(run: Run, resumed_at: int | None) -> None:
 
 
 def execute(run: Run, resumed_at: int | None) -> int:
-    run.session_start = time.time()
+    run.session_start = run.session_start or time.time()  # main() sets it: the set-up counts in the wall time
     try:  # rank 0's error is every rank's: none goes on to wait in the first step's collective
         rank0_decides(lambda: set_up_run_dir(run, resumed_at))
     except Exception as e:  # a full disk, a bug: summary.json says so, as for an error in training
@@ -529,6 +530,7 @@ def preflight(args):
 
 def main(argv: list[str] | None = None) -> int:
     started = run_control.clock()  # --max-wall-time-seconds counts from here: set-up and compile count
+    session_start = time.time()  # and so does summary.json's wall_time_s (on the wall clock: it adds up sessions)
     keep_running_without_output()  # a dead reader of the output (a killed runner or `| tee`) does not end the run
     watch_launcher()  # under torchrun: a SIGKILLed launcher stops this worker as a SIGTERM would
     args = parse_args(argv)  # exits with code 2 and a message on bad flags
@@ -548,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = SetUpProgress()
         try:
             run = build_run(args, stack, tokenizer, progress)
-            run.wall_limit = WallTimeLimit(args.max_wall_time_seconds, started)
+            run.wall_limit, run.session_start = WallTimeLimit(args.max_wall_time_seconds, started), session_start
             resumed_at = prepare_resume(run)
         except (ValueError, FileNotFoundError) as e:  # flag/data/tokenizer/checkpoint/run-dir problems, before any step
             print_error(e)  # once, where every rank raised it together

@@ -3,6 +3,7 @@
 import json
 import math
 import shutil
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -129,3 +130,22 @@ def test_a_run_that_trained_no_step_has_no_all_steps_throughput():
     out = train_end.throughput(run_of({"step": 0, "train_time": 0.0}, 1))
     assert out["tok_per_sec"] is None and out["mfu"] is None and out["tok_per_sec_all_steps"] is None
     assert "all steps" not in fmt_throughput(out) and fmt_throughput(out).startswith("n/a")
+
+
+def test_wall_time_counts_the_sessions_set_up(tmp_path, monkeypatch):
+    """summary.json's wall_time_s is documented (scripts.results WALL_NOTE) as start-up to the end of the final
+    evaluation, as --max-wall-time-seconds counts; it began after the set-up (data, model build, checkpoint load),
+    which a 1 s sleep in the set-up shows: the wall time fell 1 s short of the time to the summary's write."""
+    real_prepare = base_train.prepare_resume
+
+    def slow_prepare(run):
+        time.sleep(1.0)
+        return real_prepare(run)
+
+    monkeypatch.setattr(base_train, "prepare_resume", slow_prepare)
+    run = tmp_path / "r"
+    before = time.time()
+    assert train(run, "--num-iterations", "1") == 0
+    written = (run / "summary.json").stat().st_mtime
+    wall = json.loads((run / "summary.json").read_text())["wall_time_s"]
+    assert written - before - 0.5 < wall <= written - before
