@@ -15,6 +15,7 @@ whatever an older run did not record.
 """
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -245,8 +246,8 @@ def fmt_mfu(summary: dict, env: dict) -> str:
 
 
 def fmt_throughput(summary: dict) -> str:
-    """Steady-state tok/s with its attention kernel, what it covers (tok_per_sec_steps / _note), the all-steps
-    figure, any other tok_per_sec_* key as it is."""
+    """Steady-state tok/s with its attention kernel, what it covers (tok_per_sec_steps / _note), per GPU (where the
+    run had more than one), the all-steps figure, any other tok_per_sec_* key as it is."""
     value, notes = summary.get("tok_per_sec"), []
     if summary.get("attention"):  # throughput depends on it (--attention); absent in older summaries
         notes.append(f"attention {summary['attention']}")
@@ -254,9 +255,12 @@ def fmt_throughput(summary: dict) -> str:
         notes.append(str(summary["tok_per_sec_note"]))
     if summary.get("tok_per_sec_steps") is not None:
         notes.append(f"timed steps: {summary['tok_per_sec_steps']:,}")
+    per_gpu = summary.get("tok_per_sec_per_gpu")
+    if per_gpu is not None and not (value is not None and math.isclose(per_gpu, value, rel_tol=1e-9)):  # 1 GPU
+        notes.append(f"per GPU: {per_gpu:,.0f}")
     if summary.get("tok_per_sec_all_steps") is not None:
         notes.append(f"all steps incl. warm-up: {summary['tok_per_sec_all_steps']:,.0f}")
-    known = {"tok_per_sec", "tok_per_sec_note", "tok_per_sec_steps", "tok_per_sec_all_steps"}
+    known = {"tok_per_sec", "tok_per_sec_note", "tok_per_sec_steps", "tok_per_sec_per_gpu", "tok_per_sec_all_steps"}
     notes += [f"{k}: {summary[k]}" for k in sorted(summary) if k.startswith("tok_per_sec") and k not in known]
     text = NA if value is None else f"{value:,.0f}"
     return text + (f" ({'; '.join(notes)})" if notes else "")

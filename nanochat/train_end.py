@@ -54,41 +54,45 @@ WARMUP_STEPS = 3  # steps of each process (start or resume) left out of throughp
 
 def count_step_time(loop: dict, dt: float, steady: bool, world: int, peak: float | None) -> None:
     """Add one optimizer step's ``dt`` seconds to the run's clocks in ``loop`` (every checkpoint keeps them):
-    train_time; for a ``steady`` step (after the first WARMUP_STEPS of its process) also steady_steps, steady_time
-    and steady_peak_flop, the FLOPs the step's ``world`` devices of ``peak`` FLOP/s each could have done in it (None
-    once a steady step ran on a device of unknown peak). summary.json's MFU divides by that sum, so each step counts
-    with the hardware it ran on when a resume changed the GPU kind or the world size (--resume-new-world-size)."""
+    train_time; for a ``steady`` step (after the first WARMUP_STEPS of its process) also steady_steps, steady_time,
+    steady_device_seconds (dt x ``world``) and steady_peak_flop, the FLOPs the step's ``world`` devices of ``peak``
+    FLOP/s each could have done in it (None once a steady step ran on a device of unknown peak). summary.json's MFU
+    and per-GPU tok/s divide by those sums, so each step counts with the hardware it ran on when a resume changed
+    the GPU kind or the world size (--resume-new-world-size)."""
     loop["train_time"] = loop.get("train_time", 0.0) + dt
     if not steady:
         return
-    if "steady_peak_flop" not in loop:  # a checkpoint from before it was kept
-        loop["steady_peak_flop"] = assumed_steady_peak_flop(loop, world, peak)
+    if "steady_peak_flop" not in loop:  # a checkpoint from before they were kept
+        loop["steady_peak_flop"], loop["steady_device_seconds"] = assumed_steady_sums(loop, world, peak)
     capacity = loop["steady_peak_flop"]
     loop["steady_steps"] = loop.get("steady_steps", 0) + 1
     loop["steady_time"] = loop.get("steady_time", 0.0) + dt
+    loop["steady_device_seconds"] += dt * world
     loop["steady_peak_flop"] = capacity + dt * world * peak if capacity is not None and peak else None
 
 
-def assumed_steady_peak_flop(loop: dict, world: int, peak: float | None) -> float | None:
-    """steady_peak_flop of a loop from before it was kept: its steady steps taken as run on ``world`` devices of
-    ``peak`` (this session's), as summary.json's MFU then took them."""
+def assumed_steady_sums(loop: dict, world: int, peak: float | None) -> tuple[float | None, float]:
+    """(steady_peak_flop, steady_device_seconds) of a loop from before they were kept: its steady steps taken as run
+    on ``world`` devices of ``peak`` (this session's), as summary.json's MFU then took them."""
     if not loop.get("steady_steps"):
-        return 0.0
-    return loop["steady_time"] * world * peak if peak else None
+        return 0.0, 0.0
+    return (loop["steady_time"] * world * peak if peak else None), loop["steady_time"] * world
 
 
 def throughput(run: Run) -> dict:
     """Steady-state tokens/s and MFU over the steps after the first WARMUP_STEPS of every process (start and each
     resume), as the paper reports it; the all-steps figure (compile and warm-up included) is kept beside it. MFU is
-    the model FLOPs of those steps over the peak FLOPs their devices could have done (count_step_time): with one
-    kind and number of GPUs throughout, mfu() of their mean step time."""
+    the model FLOPs of those steps over the peak FLOPs their devices could have done, tok_per_sec_per_gpu their
+    tokens over their GPU-seconds (count_step_time): with one kind and number of GPUs throughout, mfu() of their
+    mean step time and tok_per_sec / world."""
     tb, loop = run.args.total_batch_size, run.loop
     steady_steps, steady_time = loop.get("steady_steps", 0), loop.get("steady_time", 0.0)
     tok_s = steady_steps * tb / steady_time if steady_steps else None
-    capacity = loop["steady_peak_flop"] if "steady_peak_flop" in loop else \
-        assumed_steady_peak_flop(loop, run.world, peak_flops(run.device))
+    capacity, device_s = (loop["steady_peak_flop"], loop["steady_device_seconds"]) if "steady_peak_flop" in loop \
+        else assumed_steady_sums(loop, run.world, peak_flops(run.device))
     util = 100.0 * run.plan["flops_per_token"] * tb * steady_steps / capacity if steady_steps and capacity else None
     return {"tok_per_sec": tok_s, "mfu": util, "tok_per_sec_steps": steady_steps,
+            "tok_per_sec_per_gpu": steady_steps * tb / device_s if steady_steps and device_s else None,
             "tok_per_sec_note": f"steady state: steps after the first {WARMUP_STEPS} of each process",
             "tok_per_sec_all_steps": loop["step"] * tb / loop["train_time"] if loop["train_time"] > 0 else None}
 

@@ -255,10 +255,19 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     for key in ("params_memory", "params_total", "params_active"):
         out[key] = mean_std([s.get(key) for s in summaries])[0]
     # per GPU (summary.json's tok/s is of all the run's GPUs): seeds on other GPU counts compare, as the paper's does
-    out["tok_per_sec"] = mean_std([s["tok_per_sec"] / s["world_size"] if measured(s.get("tok_per_sec"))
-                                   and s.get("world_size") else None for s in summaries])[0]
+    out["tok_per_sec"] = mean_std([per_gpu_tok_per_sec(s) for s in summaries])[0]
     out["paper_gpus"] = cfg["row"]["nproc_per_node"]
     return out
+
+
+def per_gpu_tok_per_sec(summary: dict) -> float | None:
+    """A seed's steady tok/s per GPU: summary.json's tok_per_sec_per_gpu (its tokens over the GPU-seconds of every
+    session, whatever their world sizes), else (older summaries) tok_per_sec over world_size, the last session's."""
+    if measured(summary.get("tok_per_sec_per_gpu")):
+        return summary["tok_per_sec_per_gpu"]
+    if measured(summary.get("tok_per_sec")) and summary.get("world_size"):
+        return summary["tok_per_sec"] / summary["world_size"]
+    return None
 
 
 def final_corpus_bpbs(run_dir: Path, summary: dict) -> dict:

@@ -149,3 +149,28 @@ def test_wall_time_counts_the_sessions_set_up(tmp_path, monkeypatch):
     written = (run / "summary.json").stat().st_mtime
     wall = json.loads((run / "summary.json").read_text())["wall_time_s"]
     assert written - before - 0.5 < wall <= written - before
+
+
+def test_per_gpu_throughput_after_a_world_size_change_counts_each_sessions_gpus(tmp_path):
+    """scripts.results shows tok/s per GPU: summary.json's tok/s (all the run's GPUs) over its world_size, which is
+    the LAST session's. 8 GPUs, then --resume-new-world-size 4 at the same per-GPU speed: it read 1/3 more per GPU
+    than either session ran at. summary.json now has tok_per_sec_per_gpu (steady tokens over steady GPU-seconds)."""
+    from test_results_seeds import DONE, table, write_seed
+
+    loop = {}
+    session(loop, [5.0, 1.0, 1.0, 1.0, 1.0, 1.0], 8, None)  # 3 steady steps of 8 GPUs x 1 s
+    session(loop, [5.0, 2.0, 2.0, 2.0, 2.0, 2.0], 4, None)  # 3 of 4 GPUs x 2 s: the same GPU-seconds per step
+    out = train_end.throughput(run_of(loop, 4))
+    per_gpu = 6 * BATCH / (3 * 8 * 1.0 + 3 * 4 * 2.0)
+    assert out["tok_per_sec_per_gpu"] == pytest.approx(per_gpu, rel=1e-12)
+    runs = tmp_path / "runs"
+    write_seed(runs, "base", "seed42", {**DONE, "val_bpb": 0.9, "world_size": 4, **out})
+    md, cells = table(tmp_path, runs)
+    assert cells("Base")["tok/s per GPU"] == f"{per_gpu:,.0f}", md
+
+
+def test_report_shows_tok_per_sec_per_gpu_where_the_run_had_several():
+    from nanochat.report import fmt_throughput
+
+    assert fmt_throughput({"tok_per_sec": 4000.0, "tok_per_sec_per_gpu": 1000.0}) == "4,000 (per GPU: 1,000)"
+    assert fmt_throughput({"tok_per_sec": 1000.0, "tok_per_sec_per_gpu": 1000.0}) == "1,000"
