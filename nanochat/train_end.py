@@ -62,7 +62,7 @@ def count_step_time(loop: dict, dt: float, steady: bool, world: int, peak: float
     loop["train_time"] = loop.get("train_time", 0.0) + dt
     if not steady:
         return
-    if "steady_peak_flop" not in loop:  # a checkpoint from before they were kept
+    if "steady_device_seconds" not in loop:  # a checkpoint from before they were kept
         loop["steady_peak_flop"], loop["steady_device_seconds"] = assumed_steady_sums(loop, world, peak)
     capacity = loop["steady_peak_flop"]
     loop["steady_steps"] = loop.get("steady_steps", 0) + 1
@@ -88,7 +88,7 @@ def throughput(run: Run) -> dict:
     tb, loop = run.args.total_batch_size, run.loop
     steady_steps, steady_time = loop.get("steady_steps", 0), loop.get("steady_time", 0.0)
     tok_s = steady_steps * tb / steady_time if steady_steps else None
-    capacity, device_s = (loop["steady_peak_flop"], loop["steady_device_seconds"]) if "steady_peak_flop" in loop \
+    capacity, device_s = (loop["steady_peak_flop"], loop["steady_device_seconds"]) if "steady_device_seconds" in loop \
         else assumed_steady_sums(loop, run.world, peak_flops(run.device))
     util = 100.0 * run.plan["flops_per_token"] * tb * steady_steps / capacity if steady_steps and capacity else None
     return {"tok_per_sec": tok_s, "mfu": util, "tok_per_sec_steps": steady_steps,
