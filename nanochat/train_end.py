@@ -71,6 +71,17 @@ def count_step_time(loop: dict, dt: float, steady: bool, world: int, peak: float
     loop["steady_peak_flop"] = capacity + dt * world * peak if capacity is not None and peak else None
 
 
+def eta_seconds(loop: dict, session_steps: int, session_time: float, steps_left: int) -> float:
+    """The step line's ETA: ``steps_left`` at the mean steady step time of this session (``session_steps`` steady
+    steps in ``session_time`` s; earlier sessions may have run on other GPUs), the run's until it has one; NaN
+    (printed "?") before any steady step."""
+    if session_steps:
+        return session_time / session_steps * steps_left
+    if loop.get("steady_steps"):
+        return loop["steady_time"] / loop["steady_steps"] * steps_left
+    return float("nan")
+
+
 def assumed_steady_sums(loop: dict, world: int, peak: float | None) -> tuple[float | None, float]:
     """(steady_peak_flop, steady_device_seconds) of a loop from before they were kept: its steady steps taken as run
     on ``world`` devices of ``peak`` (this session's), as summary.json's MFU then took them."""

@@ -66,9 +66,9 @@ from nanochat.report import record_environment
 from nanochat.run_dir import claim_run_dir, remove_run, run_contents, set_aside_stale_results
 from nanochat.schedules import ScheduleConfig, apply_schedules, init_schedule_state
 from nanochat.terminal import replace_unencodable_output
-from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, SetUpProgress, count_step_time, finish,
-                                last_checkpoint, stop_before_training, stop_by_error, stop_every_rank, stop_nonfinite,
-                                stop_set_up_by_error)
+from nanochat.train_end import (WARMUP_STEPS, NonFiniteLoss, NonFiniteParams, SetUpProgress, count_step_time,
+                                eta_seconds, finish, last_checkpoint, stop_before_training, stop_by_error,
+                                stop_every_rank, stop_nonfinite, stop_set_up_by_error)
 from nanochat.train_args import model_config, optim_config, parse_args
 from nanochat.run_control import FlopCadence, WallTimeLimit
 from nanochat.train_loop import (StopSignal, StopVotes, any_rank, gather_objects, module_stats, summed_stats_buffers,
@@ -398,13 +398,9 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
             count_step_time(loop, dt, step - first >= WARMUP_STEPS, run.world, peak)
             if step - first >= WARMUP_STEPS:
                 own = (own[0] + 1, own[1] + dt)
-            # the ETA from this session's steady steps (earlier sessions may have run on other GPUs), the run's
-            # until it has some
-            steady = own[1] / own[0] if own[0] else \
-                loop["steady_time"] / loop["steady_steps"] if loop["steady_steps"] else float("nan")
             bar.update(1)
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
-                log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, steady * (n - step - 1))
+                log_train(run, loss, aux_loss, gnorm, sched_vals, dt, bar, eta_seconds(loop, *own, n - step - 1))
     finally:
         bar.close()
 

@@ -174,3 +174,14 @@ def test_report_shows_tok_per_sec_per_gpu_where_the_run_had_several():
 
     assert fmt_throughput({"tok_per_sec": 4000.0, "tok_per_sec_per_gpu": 1000.0}) == "4,000 (per GPU: 1,000)"
     assert fmt_throughput({"tok_per_sec": 1000.0, "tok_per_sec_per_gpu": 1000.0}) == "1,000"
+
+
+def test_eta_uses_this_sessions_steady_steps():
+    """The step line's ETA was the run's mean steady step over every session: resumed on 4 of its 8 GPUs (steps
+    twice as long), 10 steps left read (10 x 1 s + 3 x 2 s) / 13 x 10 = 12.3 s instead of 20 s."""
+    loop = {}
+    session(loop, [5.0, 1.0, 1.0, 1.0] + [1.0] * 9, 8, None)  # 10 steady steps of 1 s
+    assert train_end.eta_seconds(loop, 0, 0.0, 10) == pytest.approx(10.0)  # the run's until this session has one
+    assert train_end.eta_seconds(loop, 3, 6.0, 10) == pytest.approx(20.0)
+    assert train_end.eta_seconds(loop, 3, 6.0, 0) == 0.0
+    assert math.isnan(train_end.eta_seconds({"step": 2, "train_time": 9.0}, 0, 0.0, 10))
