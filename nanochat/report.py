@@ -234,15 +234,24 @@ def fmt_core(summary: dict) -> str:
     return f"{summary['core']:.4f} ({summary.get('core_label', 'CORE')})"
 
 
-def fmt_mfu(summary: dict, env: dict) -> str:
+def fmt_mfu(summary: dict, env: dict, sessions: list[dict] | None = None) -> str:
     """MFU in percent. A timed run without one (None; 0 in older summaries) ran on a device with no known peak
-    FLOP/s (CPU, unlisted GPU); no "mfu" key, or no timed steps, is plain n/a."""
+    FLOP/s (CPU, unlisted GPU): the devices of its ``sessions`` (environment.json's) that have none are named, else
+    the last session's (``env``); no "mfu" key, or no timed steps, is plain n/a."""
     value = summary.get("mfu")
     if value is not None and value > 0:
         return f"{value:.2f}%"
     if "mfu" in summary and (value == 0 or summary.get("tok_per_sec") is not None):
-        return f"{NA} (no peak FLOP/s known for {env.get('device_name') or 'this device'})"
+        unknown = list(dict.fromkeys(s.get("device_name") for s in sessions or () if not _known_peak(s)))
+        names = ", ".join(n or "a device not named" for n in unknown) or env.get("device_name") or "this device"
+        return f"{NA} (no peak FLOP/s known for {names})"
     return NA
+
+
+def _known_peak(session: dict) -> bool:
+    from nanochat.metrics import gpu_peak_flops  # torch: imported only by the reports that need it
+
+    return session.get("device_type") == "cuda" and gpu_peak_flops(session.get("device_name") or "") is not None
 
 
 def fmt_throughput(summary: dict) -> str:
@@ -361,7 +370,7 @@ def run_report(run_dir) -> str:
                   f"{fmt(args.get('max_seq_len'))}"),
         ("tokens", fmt(s.get("tokens"), ",")), ("FLOPs", fmt(s.get("flops"), ".3e")),
         ("wall time", fmt_duration(s.get("wall_time_s"))), ("train time", fmt_duration(s.get("train_time_s"))),
-        ("throughput (tok/s)", fmt_throughput(s)), ("MFU", fmt_mfu(s, env)),
+        ("throughput (tok/s)", fmt_throughput(s)), ("MFU", fmt_mfu(s, env, f["sessions"])),
         *([("learning rates", lrs)] if lrs else [])])
     lines += ["", "## Results", ""]
     # MoME only: the slot balance of the final bpb passes (nanochat.slot_balance)

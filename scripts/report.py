@@ -91,7 +91,7 @@ def comparison_report(facts: list[dict], title: str, curves: Path | None, comman
     lines += ["## Throughput", "", "| run | tok/s | MFU | wall min |", "|---|---|---|---:|"]
     for f, label in zip(facts, labels):
         wall = f["summary"].get("wall_time_s")
-        lines.append(f"| {label} | {fmt_throughput(f['summary'])} | {fmt_mfu(f['summary'], f['env'])} | "
+        lines.append(f"| {label} | {fmt_throughput(f['summary'])} | {fmt_mfu(f['summary'], f['env'], f['sessions'])} | "
                      f"{f'{wall / 60:.1f}' if wall is not None else NA} |")
     lines += ["", "## Provenance", "", *provenance_table(facts), "",
               f"Written by `{command}` from each run directory's config.json, summary.json, metrics.jsonl and "

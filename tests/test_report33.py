@@ -185,3 +185,16 @@ def test_eta_uses_this_sessions_steady_steps():
     assert train_end.eta_seconds(loop, 3, 6.0, 10) == pytest.approx(20.0)
     assert train_end.eta_seconds(loop, 3, 6.0, 0) == 0.0
     assert math.isnan(train_end.eta_seconds({"step": 2, "train_time": 9.0}, 0, 0.0, 10))
+
+
+def test_mfu_n_a_names_the_session_device_without_a_known_peak():
+    """A run resumed from an unlisted GPU onto an H100 has no MFU (a steady step ran at an unknown peak); report.md
+    said "no peak FLOP/s known for NVIDIA H100 80GB HBM3", the last session's GPU, whose peak is known."""
+    from nanochat.report import NA, fmt_mfu
+
+    odd = {"device_type": "cuda", "device_name": "NVIDIA H800"}
+    h100 = {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
+    summary = {"mfu": None, "tok_per_sec": 1e5}
+    assert fmt_mfu(summary, h100, [odd, h100]) == f"{NA} (no peak FLOP/s known for NVIDIA H800)"
+    assert fmt_mfu(summary, odd, [odd]) == f"{NA} (no peak FLOP/s known for NVIDIA H800)"
+    assert fmt_mfu(summary, h100) == f"{NA} (no peak FLOP/s known for NVIDIA H100 80GB HBM3)"  # no sessions given
