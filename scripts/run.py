@@ -334,9 +334,11 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
         # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
         # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
         # a later Ctrl-C. (In one process group the child would get the terminal's SIGINT plus a forwarded one.)
-        # A runner that is SIGKILLed forwards nothing: die_with_parent tells the child then, on Linux.
+        # A runner that is SIGKILLed forwards nothing: die_with_parent tells the child then, on Linux. A byte of
+        # its output that does not decode (a C library's or a compiler's message) is replaced: raised, it killed
+        # the runner, whose death stops the child.
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, preexec_fn=die_with_parent())
+                                errors="replace", start_new_session=True, preexec_fn=die_with_parent())
         received = []
 
         def forward(signum, frame):
