@@ -35,9 +35,12 @@ NA = "n/a"
 
 # ---- environment -------------------------------------------------------------------------------------------
 def _run(cmd: list[str], cwd=None) -> str | None:
-    """stdout of ``cmd`` (stripped), or None when it is missing, fails or hangs."""
+    """stdout of ``cmd`` (stripped), or None when it is missing, fails or hangs. Bytes that are not UTF-8 (an
+    uncommitted Latin-1 edit in a diff) come through as surrogates, which ``.encode(errors="surrogateescape")``
+    turns back into them: strict decoding raised, and failed every evaluation's fingerprint."""
     try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, encoding="utf-8", errors="surrogateescape",
+                             timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -61,7 +64,7 @@ def code_version(repo: Path = REPO, paths=("nanochat", "scripts")) -> dict:
     trees = _run(["git", "rev-parse", *(f"HEAD:{p}" for p in paths)], cwd=repo)
     diff = _run(["git", "diff", "HEAD", "--", *paths], cwd=repo) if trees else None
     return {"trees": trees.split() if trees else None,
-            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None}
+            "diff_sha256": hashlib.sha256(diff.encode(errors="surrogateescape")).hexdigest() if diff else None}
 
 
 def nvidia_driver_version() -> str | None:

@@ -1,8 +1,14 @@
 """Run-control edges found in session 33's review of launching, signals and run directories: the row runner and
-a byte of its child's output that is not text, and the run-dir lock's stale record after a reboot."""
+a byte of its child's output that is not text, an uncommitted edit that is not UTF-8 in the evaluations' code
+version, and the run-dir lock's stale record after a reboot."""
 
+import hashlib
 import json
+import shutil
+import subprocess
 import sys
+
+import pytest
 
 from scripts.run import run_one
 
@@ -28,3 +34,33 @@ def test_the_row_runner_survives_a_child_line_that_is_not_utf8(tmp_path, capsys)
     assert log == "note: /data/caf\ufffd/shard_000.bin\nstep 9/9 done\n"
     assert "step 9/9 done" in capsys.readouterr().out
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+def _git(repo, *args) -> bytes:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                          capture_output=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_code_version_of_an_edit_that_is_not_utf8(tmp_path):
+    """Every evaluation's fingerprint (final_eval.partial.json, base_eval's partial reports) holds code_version(),
+    a hash of `git diff HEAD -- nanochat scripts`. An uncommitted edit with a byte that is not UTF-8 (a Latin-1
+    comment) raised UnicodeDecodeError there: every final evaluation of every run failed after its training, and
+    every --resume again. The hash is of the diff's bytes, as for a UTF-8 diff. ~0.1 s."""
+    from nanochat.report import code_version
+
+    for folder in ("nanochat", "scripts"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "init")
+    versions = []
+    for edit in (b"# caf\xe9\nx = 2\n", b"# caf\xe8\nx = 2\n", "# café\nx = 2\n".encode()):
+        (tmp_path / "nanochat" / "a.py").write_bytes(edit)
+        version = code_version(tmp_path)
+        diff = _git(tmp_path, "diff", "HEAD", "--", "nanochat", "scripts")
+        assert version["trees"] is not None and len(version["trees"]) == 2
+        assert version["diff_sha256"] == hashlib.sha256(diff.strip()).hexdigest()
+        versions.append(version["diff_sha256"])
+    assert len(set(versions)) == 3  # two edits that differ only in a non-UTF-8 byte are two versions
