@@ -1,12 +1,13 @@
 """Who owns an output directory: the run-directory lock, "is there a run here already", and writability checks.
 
 A training run directory has one owner at a time. ``RunDirLock`` takes an exclusive ``flock`` on
-``<run_dir>/run.lock`` and writes the owner (pid, host, start time, command) into it; the kernel drops the lock
+``<run_dir>/run.lock`` and writes the owner (pid, host, boot id, start time, command) into it; the kernel drops the lock
 when the process ends in any way (SIGKILL and crashes included), so a second process is refused only while the
 owner lives, and is told who that is (it waits briefly for the record of an owner that has just taken the lock and
 not written it yet). An owner that died without releasing leaves its record behind: the next owner reports it (stale
 lock: who, when) and takes over. On filesystems without ``flock`` the record alone decides: a live pid on this
-host, or any owner on another host, is refused with the file to delete once that run is really gone.
+host (of this boot: after a reboot the dead owner's pid is soon another process's), or any owner on another host,
+is refused, the latter with the file to delete once that run is really gone.
 
 Every writer checks its output directory with ``ensure_writable`` before the expensive work (data preparation,
 tokenizer training, model setup, evaluation), so a bad path fails in the first second, not after the work.
@@ -26,6 +27,7 @@ import uuid
 from pathlib import Path
 
 LOCK_FILE = "run.lock"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # what a training run writes into its directory (checkpoints/ only counts when it holds a checkpoint)
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "environment.json", "report.md", "plan.json",
              "wandb_id.txt", "final_eval.partial.json")
@@ -56,9 +58,29 @@ def ensure_writable(path, flag: str) -> Path:
     return path
 
 
+def boot_id() -> str | None:
+    """This kernel's boot id (Linux; None elsewhere): a pid recorded under another boot is no process of this one,
+    whatever process has that pid now."""
+    try:
+        return BOOT_ID.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 def _owner_record() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    return {"pid": os.getpid(), "host": socket.gethostname(), "boot": boot_id(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "command": shlex.join(getattr(sys, "orig_argv", sys.argv))}
+
+
+def _owner_may_live(rec: dict) -> bool:
+    """Whether the owner ``rec`` names may live: any owner on another host (no pid to check there); on this one, a
+    live pid, unless the record is of another boot (the owner died with it: its pid is reused since). A record
+    without a boot id (none on this system, or an older version's) is judged by its pid alone."""
+    if rec.get("host") != socket.gethostname():
+        return True
+    boot = boot_id()
+    return not (rec.get("boot") and boot and rec["boot"] != boot) and pid_alive(rec.get("pid"))
 
 
 def describe_owner(rec: dict) -> str:
@@ -155,7 +177,7 @@ class RunDirLock:
         deadline = time.monotonic() + RECORD_WAIT_S
         while True:
             rec = self._read(fd)
-            live = "pid" in rec and (rec.get("host") != socket.gethostname() or pid_alive(rec["pid"]))
+            live = "pid" in rec and _owner_may_live(rec)
             if live or time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
@@ -176,7 +198,7 @@ class RunDirLock:
         if rec.get("host") != socket.gethostname():
             raise RunDirBusy(f"{flag} {self.run_dir} is recorded as owned by {describe_owner(rec)} and this "
                              f"filesystem has no file locks to check it; if that run is gone, delete {self.path}")
-        if pid_alive(rec.get("pid")) and rec.get("pid") != os.getpid():
+        if _owner_may_live(rec) and rec.get("pid") != os.getpid():
             raise RunDirBusy(f"{flag} {self.run_dir} is in use by another run: {describe_owner(rec)}")
 
     @staticmethod

@@ -25,9 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nanochat.jsonfile import entries_named
-from nanochat.run_dir import pid_alive, try_flock
-
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+from nanochat.run_dir import boot_id, pid_alive, try_flock
 
 
 def _hash8(text: str) -> str:
@@ -39,10 +37,8 @@ def _host() -> str:
 
 
 def _boot() -> str:
-    try:
-        return _hash8(BOOT_ID.read_text(encoding="utf-8").strip())
-    except OSError:  # no boot id (not Linux): the pid alone tells, on this host
-        return "0" * 8
+    boot = boot_id()
+    return _hash8(boot) if boot else "0" * 8  # no boot id (not Linux): the pid alone tells, on this host
 
 
 def _parse(folder: Path, prefix: str) -> re.Match | None:

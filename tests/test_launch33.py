@@ -4,12 +4,14 @@ version, and the run-dir lock's stale record after a reboot."""
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from conftest import REPO
 from scripts.run import run_one
 
 # a stand-in for base_train: a line that is not UTF-8 (a C library's or a compiler's message naming a Latin-1 path),
@@ -64,3 +66,33 @@ def test_the_code_version_of_an_edit_that_is_not_utf8(tmp_path):
         assert version["diff_sha256"] == hashlib.sha256(diff.strip()).hexdigest()
         versions.append(version["diff_sha256"])
     assert len(set(versions)) == 3  # two edits that differ only in a non-UTF-8 byte are two versions
+
+
+_HOLD_WITHOUT_FLOCK = ("import sys, time; import nanochat.run_dir as r; r.try_flock = lambda fd, blocking=False: None; "
+                       "r.RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)")
+
+
+def test_a_lock_record_of_a_run_before_a_reboot_is_stale_without_flock(tmp_path, monkeypatch):
+    """On a file system without flock (Lustre without -o flock, some NFS) run.lock's record alone decides: a live
+    pid on this host is refused. A run killed with its node (a power cut, a crash) leaves its record, and after the
+    reboot its pid is soon another process's (pids count up from boot alike): its --resume was refused "in use by
+    another run" for good, naming a dead run, until the user deleted run.lock. A record of another boot (the
+    kernel's boot id) names no process of this one: it is a stale lock, taken over with a note. ~0.3 s."""
+    import nanochat.run_dir as run_dir
+
+    owner = subprocess.Popen([sys.executable, "-c", _HOLD_WITHOUT_FLOCK, str(tmp_path)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert owner.stdout.readline().strip() == "held"
+    owner.kill()  # dies holding the directory: its record stays
+    owner.wait(timeout=60)
+    monkeypatch.setattr(run_dir, "try_flock", lambda fd, blocking=False: None)
+    monkeypatch.setattr(run_dir, "pid_alive", lambda pid: True)  # its pid, reused by another process
+    with pytest.raises(run_dir.RunDirBusy, match=f"in use by another run: pid {owner.pid} "):
+        run_dir.RunDirLock(tmp_path).acquire()  # this boot: the pid may be the owner's, as before
+    monkeypatch.setattr(run_dir, "boot_id", lambda: "a boot after the owner's", raising=False)
+    lock = run_dir.RunDirLock(tmp_path).acquire()
+    try:
+        assert lock.stale["pid"] == owner.pid
+        assert json.loads((tmp_path / run_dir.LOCK_FILE).read_text())["boot"] == "a boot after the owner's"
+    finally:
+        lock.release()
