@@ -10,6 +10,7 @@ is round(F / FLOPs per step), which may fall short of F, and a target up to F th
 """
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -46,7 +47,8 @@ class WallTimeLimit:
 
 
 def parse_flop_count(text: str, flag: str) -> Fraction:
-    """One FLOP count: a positive int or float literal, ``_`` separators allowed; exact (a Fraction)."""
+    """One FLOP count: a positive int or float literal, ``_`` separators allowed; exact (a Fraction), within the
+    float range (the counts are compared with the run's as floats too, and printed as floats)."""
     cleaned = text.strip()
     try:
         if not cleaned or "__" in cleaned or cleaned.startswith("_") or cleaned.endswith("_"):
@@ -56,6 +58,8 @@ def parse_flop_count(text: str, flag: str) -> Fraction:
         raise ValueError(f"{flag}: {text!r} is not a FLOP count (a number such as 1e18 or 2_000_000_000)") from None
     if value <= 0:
         raise ValueError(f"{flag}: FLOP counts must be > 0 (got {text.strip()})")
+    if value > sys.float_info.max:
+        raise ValueError(f"{flag}: {text.strip()} is beyond any run (more than {sys.float_info.max:.6g} FLOPs)")
     return value
 
 

@@ -96,3 +96,20 @@ def test_a_lock_record_of_a_run_before_a_reboot_is_stale_without_flock(tmp_path,
         assert json.loads((tmp_path / run_dir.LOCK_FILE).read_text())["boot"] == "a boot after the owner's"
     finally:
         lock.release()
+
+
+@pytest.mark.parametrize("flag,value", [("--save-at-flops", "1e400"), ("--eval-every-flops", "1e400"),
+                                        ("--eval-every-flops", "1e6,1e400")])
+def test_a_flop_target_past_any_float_is_refused_by_name(flag, value, capsys):
+    """--save-at-flops / --eval-every-flops are read exactly (a Fraction), then compared with the run's horizon as
+    floats and printed as one: a count past the float range (1e400, a typo of 1e40) raised OverflowError, a
+    traceback, where any other out-of-reach target is refused naming the flag (exit 2). ~0.1 s each."""
+    from scripts import base_train
+
+    try:
+        rc = base_train.main(["--depth", "2", "--synthetic-data", "--vocab-size", "256", "--num-iterations", "5",
+                              flag, value, "--dry-run"])
+    except SystemExit as e:  # the flag checks of the parser
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{flag}: 1e400 is beyond any run" in err and "Traceback" not in err
