@@ -334,11 +334,13 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
         # The child runs in a session of its own, so a terminal's Ctrl-C reaches only this runner, which forwards
         # each SIGINT/SIGTERM it gets exactly once: base_train saves a checkpoint on the first and aborts only on
         # a later Ctrl-C. (In one process group the child would get the terminal's SIGINT plus a forwarded one.)
-        # A runner that is SIGKILLed forwards nothing: die_with_parent tells the child then, on Linux. A byte of
-        # its output that does not decode (a C library's or a compiler's message) is replaced: raised, it killed
-        # the runner, whose death stops the child.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True, preexec_fn=die_with_parent())
+        # A runner that is SIGKILLed forwards nothing: die_with_parent tells the child then, on Linux.
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_parent())
+        # Its output as written: a progress bar's "\r" stays one (universal newlines made each refresh a line of its
+        # own, on the terminal and in the log), and a byte that does not decode (a C library's or a compiler's
+        # message) is replaced (raised, it killed the runner, whose death stops the child).
+        output = io.TextIOWrapper(proc.stdout, errors="replace", newline="")
         received = []
 
         def forward(signum, frame):
@@ -351,7 +353,7 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
         hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, *hangup)}
         try:
-            for line in proc.stdout:  # until the child exits: its "saved checkpoint" lines reach the log too
+            for line in output:  # until the child exits: its "saved checkpoint" lines reach the log too
                 say(line)
                 log.write(line)
                 log.flush()  # `tail -f train.log` follows the run live

@@ -113,3 +113,28 @@ def test_a_flop_target_past_any_float_is_refused_by_name(flag, value, capsys):
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and f"{flag}: 1e400 is beyond any run" in err and "Traceback" not in err
+
+
+_PROGRESS_BAR = r"""
+import pathlib, sys
+for done in range(4):  # a progress bar (tqdm, on stderr): each refresh goes back to the line's start
+    sys.stderr.write(f"\rtrain: {done}/3")
+    sys.stderr.flush()
+print("", file=sys.stderr)
+print("step 3 | loss 1.0", flush=True)
+pathlib.Path(sys.argv[1]).write_text(sys.argv[2])
+"""
+
+
+def test_the_row_runner_passes_a_progress_bar_on_as_a_bar(tmp_path, capsys):
+    """base_train's tqdm bar redraws its line with a carriage return. scripts.run read its child's output in
+    universal-newline mode, which turned every "\\r" into a line end: on the terminal and in train.log each refresh
+    of the bar (up to 10 a second, for hours) was a line of its own, burying the step lines. The runner passes the
+    output on as written (a terminal redraws the bar; `tail -f train.log` too). ~0.1 s."""
+    run = tmp_path / "seed42"
+    done = json.dumps({"stop_reason": "completed", "step": 3, "num_iterations": 3})
+    run_one(42, run, [sys.executable, "-c", _PROGRESS_BAR, str(run / "summary.json"), done])
+    output = "\rtrain: 0/3\rtrain: 1/3\rtrain: 2/3\rtrain: 3/3\nstep 3 | loss 1.0\n"
+    with open(run / "train.log", encoding="utf-8", newline="") as log:
+        assert log.read() == output
+    assert output in capsys.readouterr().out
