@@ -150,7 +150,7 @@ class RunDirLock:
 
     def _lock(self, flag: str) -> int:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for the run files
         except OSError as e:
             raise NotWritable(f"{flag} {self.run_dir}: cannot create {self.path} ({e.strerror})") from e
         try:
