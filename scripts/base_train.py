@@ -429,15 +429,18 @@ def set_up_run_dir(run: Run, resumed_at: int | None) -> None:
     write_json(run.run_dir / "plan.json", {**run.plan, "model_config": run.config.to_dict()})
     record_environment(run.run_dir, run.device, run.world, fresh=resumed_at is None)
     if resumed_at is not None:
-        # a pending checkpoint's evals and samples, and the "resume" record, logged by a resume that died before
-        # it saved: drop that copy (this one logs its own). W&B cannot recall what that resume sent.
-        truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at, pending=bool(run.loop.get(BOUNDARY_PENDING)),
-                         saved_changes=train_resume.changes_saved_at(run.resume.meta, resumed_at))
+        # The later checkpoints go before their records: a kill in between (no signal handler yet) leaves this
+        # step the latest, whose next --resume drops the records again. The other order left the latest
+        # checkpoint's steps without records for good.
         later, folder = ckpt.set_aside_later(run.run_dir, resumed_at)
         if later:
             print0(f"--resume {resumed_at}: the checkpoints of later steps {later} belong to the abandoned "
                    f"continuation; moved to {folder} (not deleted)")
         set_aside_stale_results(run.run_dir, resumed_at, folder)
+        # a pending checkpoint's evals and samples, and the "resume" record, logged by a resume that died before
+        # it saved: drop that copy (this one logs its own). W&B cannot recall what that resume sent.
+        truncate_metrics(run.run_dir / "metrics.jsonl", resumed_at, pending=bool(run.loop.get(BOUNDARY_PENDING)),
+                         saved_changes=train_resume.changes_saved_at(run.resume.meta, resumed_at))
     elif (run.run_dir / "metrics.jsonl").exists():
         (run.run_dir / "metrics.jsonl").unlink()  # a fresh run owns its metrics file
     a = run.args

@@ -156,3 +156,36 @@ def test_run_lock_has_the_mode_a_plain_open_gives(tmp_path):
         assert (tmp_path / "run" / LOCK_FILE).stat().st_mode & 0o777 == 0o664
     finally:
         lock.release()
+
+
+@pytest.mark.slow  # three in-process runs: ~3 s on an idle 2-core machine, more than the suite's budget allows
+def test_a_rewind_killed_in_its_set_up_leaves_metrics_that_match_the_checkpoints(tmp_path, monkeypatch):
+    """--resume K below the latest checkpoint drops metrics.jsonl's records after K and sets the later checkpoints
+    aside: two steps, before the signal handler is installed (a SIGTERM kills at once) or in which a Ctrl-C raises.
+    Killed between them, whichever comes first, the next --resume (scripts.run's --resume auto) must go on from a
+    checkpoint whose records metrics.jsonl holds. Before: the records went first, so it went on from the latest
+    checkpoint with its steps' records gone for good."""
+    from nanochat import checkpoint as ckpt
+    from scripts import base_train
+    from test_train_e2e import losses, train
+
+    run = tmp_path / "r"
+    assert train(run, "--num-iterations", "4", "--save-every", "2") == 0
+    assert ckpt.list_steps(run) == [2, 4]
+    done = []
+
+    def killed_after_the_first(real):
+        def step(*args, **kwargs):
+            if done:
+                raise KeyboardInterrupt  # the kill, after the other step finished
+            done.append(real.__name__)
+            return real(*args, **kwargs)
+        return step
+
+    monkeypatch.setattr(base_train, "truncate_metrics", killed_after_the_first(base_train.truncate_metrics))
+    monkeypatch.setattr(ckpt, "set_aside_later", killed_after_the_first(ckpt.set_aside_later))
+    with pytest.raises(KeyboardInterrupt):
+        train(run, "--num-iterations", "4", "--save-every", "2", "--resume", "2")
+    monkeypatch.undo()
+    assert train(run, "--num-iterations", "4", "--save-every", "2", "--resume") == 0
+    assert sorted(losses(run)) == [1, 2, 3, 4]
