@@ -55,8 +55,12 @@ def survive_lost_output(stream):
 
 
 def keep_running_without_output() -> None:
-    """sys.stdout and sys.stderr (print0, tqdm, tracebacks) outlive their reader, for a long run's entry point."""
-    if not isinstance(sys.stdout, _OutputThatSurvivesItsReader):
-        sys.stdout = survive_lost_output(sys.stdout)
-    if not isinstance(sys.stderr, _OutputThatSurvivesItsReader):
-        sys.stderr = survive_lost_output(sys.stderr)
+    """sys.stdout and sys.stderr (print0, tqdm, tracebacks) outlive their reader, for a long run's entry point. One
+    that the process started without (its descriptor closed: `>&-`; Python then sets it to None, which print()
+    skips but tqdm.write and .write() calls do not) writes to /dev/null."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            stream = open(os.devnull, "w", encoding="utf-8")
+        if not isinstance(stream, _OutputThatSurvivesItsReader):
+            setattr(sys, name, survive_lost_output(stream))

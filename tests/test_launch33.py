@@ -189,3 +189,26 @@ def test_a_rewind_killed_in_its_set_up_leaves_metrics_that_match_the_checkpoints
     monkeypatch.undo()
     assert train(run, "--num-iterations", "4", "--save-every", "2", "--resume") == 0
     assert sorted(losses(run)) == [1, 2, 3, 4]
+
+
+_WRITE_BOTH = ("import sys; from tqdm import tqdm; from nanochat.lost_output import keep_running_without_output; "
+               "keep_running_without_output(); print('a line'); print('an error line', file=sys.stderr); "
+               "tqdm.write('a step line', file=sys.stdout); sys.stdout.flush(); sys.stderr.flush(); "
+               "open(sys.argv[1], 'w').write('went on')")
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_run_started_with_its_output_closed_goes_on(tmp_path, closed):
+    """A process started with stdout or stderr closed (`>&-`, `2>&-`; a launcher that closes them) has
+    sys.stdout/sys.stderr None, which print() skips. base_train's keep_running_without_output wrapped the None:
+    its first print raised AttributeError, and `python -m scripts.base_train ... --dry-run >&-` died at its first
+    line (a tqdm.write(file=sys.stdout), base_train's step line, fails on None even unwrapped). A closed stream is
+    now /dev/null: the run goes on. ~0.2 s each."""
+    mark = tmp_path / "mark"
+    proc = subprocess.run([sys.executable, "-c", _WRITE_BOTH, str(mark)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=lambda: os.close(closed),
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert mark.read_text() == "went on"
+    open_output = proc.stderr if closed == 1 else proc.stdout
+    assert open_output == ("an error line\n" if closed == 1 else "a line\na step line\n")
