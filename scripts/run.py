@@ -243,7 +243,10 @@ def afresh_command(config: str, extra: list[str], seed: int, runner_flags: list[
 def say(text: str) -> None:
     """Write ``text`` (the runner's line, or its child's echoed) to stdout now. A stdout that is gone (EIO: the
     terminal closed; EPIPE: a killed `| tee`) is pointed at /dev/null: the child, its log and the next seeds go
-    on, and neither a later line nor the interpreter's last flush raises."""
+    on, and neither a later line nor the interpreter's last flush raises. A stdout closed from the start (None:
+    `>&-`) is skipped."""
+    if sys.stdout is None:
+        return
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

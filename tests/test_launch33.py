@@ -212,3 +212,12 @@ def test_a_run_started_with_its_output_closed_goes_on(tmp_path, closed):
     assert mark.read_text() == "went on"
     open_output = proc.stderr if closed == 1 else proc.stdout
     assert open_output == ("an error line\n" if closed == 1 else "a line\na step line\n")
+
+
+def test_the_row_runner_started_with_its_stdout_closed_goes_on(monkeypatch):
+    """scripts.run started with stdout closed (`>&-`: sys.stdout is None) raised AttributeError at its first line
+    (say), before the first seed; a stdout that is gone later was already skipped (EPIPE, EIO). ~0 s."""
+    from scripts.run import say
+
+    monkeypatch.setattr(sys, "stdout", None)
+    say("[run] seed 42: ...\n")
