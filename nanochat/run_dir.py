@@ -1,8 +1,8 @@
 """Who owns an output directory: the run-directory lock, "is there a run here already", and writability checks.
 
 A training run directory has one owner at a time. ``RunDirLock`` takes an exclusive ``flock`` on
-``<run_dir>/run.lock`` and writes the owner (pid, host, boot id, start time, command) into it; the kernel drops the lock
-when the process ends in any way (SIGKILL and crashes included), so a second process is refused only while the
+``<run_dir>/run.lock`` and writes the owner (pid, host, boot id, start time, command) into it; the kernel drops the
+lock when the process ends in any way (SIGKILL and crashes included), so a second process is refused only while the
 owner lives, and is told who that is (it waits briefly for the record of an owner that has just taken the lock and
 not written it yet). An owner that died without releasing leaves its record behind: the next owner reports it (stale
 lock: who, when) and takes over. On filesystems without ``flock`` the record alone decides: a live pid on this
