@@ -117,8 +117,8 @@ def check_default_dir_holds(data_dir, dataset: str) -> None:
     """Before ``dataset`` is built into ``data_dir``, its default directory: refuse where a manifest there names
     another dataset (an hf: dataset prepared under its older default name, which is this one's name now): the
     build would overwrite the data that dataset's runs read."""
-    held = _previous_manifest(Path(data_dir)).get("dataset")
-    if not held or _dir_key(held) == _dir_key(dataset):  # hf:a/b: is hf:a/b
+    held = other_dataset_held(data_dir, dataset)
+    if held is None:
         return
     why, move = "", ""
     if held.startswith(HF_PREFIX):
