@@ -1,14 +1,11 @@
-"""Worker for test_optim_shard's row-shard tail check (torchrun, gloo; importable for the 1-process run).
-
-    python -m torch.distributed.run --nproc_per_node=W tests/_row_tail_worker.py OUT [LOAD]
+"""test_optim_shard's row-shard tail check, run in the test's process: on 1 rank, and on 3 ranks as threads
+(tests/_thread_ranks.py; it was a 3-process torchrun launch).
 
 One AdamW group of two large tables, one with a row count that W does not divide (37 rows: Engram's table is a sum
 of primes, 6,249,886 rows at d24) and one that it does (36), driven for 3 steps by dyadic gradients that every world
-size averages to the same numbers exactly (see _shard_worker.py). Rank 0 writes OUT: the tables, the full state
-dict, the bucket kinds and every rank's optimizer-state size. With LOAD, that state dict is loaded first.
+size averages to the same numbers exactly (see _shard_worker.py). ``run`` returns the tables, the full state dict,
+the bucket kinds and every rank's optimizer-state size. With ``load``, that state dict is loaded first.
 """
-import sys
-
 import torch
 import torch.distributed as dist
 
@@ -20,7 +17,7 @@ VIRTUAL, STEPS = 4, 3
 
 def run(load=None) -> dict:
     world, rank = optim_shard.world_info()
-    if world > 1:  # (a separate process) so the tiny tables take the row-sharded path
+    if world > 1:  # (the caller puts it back) so the tiny tables take the row-sharded path
         optim_shard.SHARD_MIN_NUMEL = 1024
     gen = torch.Generator().manual_seed(0)
     tables = [torch.nn.Parameter(torch.randn(rows, 64, generator=gen)) for rows in (37, 36)]
@@ -48,12 +45,3 @@ def run(load=None) -> dict:
             "local_state_numel": local_sizes,
             "bucket_kinds": sorted(type(b).__name__ for b in opt.buckets), "grad_norm": float(opt.grad_norm)}
 
-
-if __name__ == "__main__":
-    from nanochat.common import compute_cleanup, compute_init
-
-    info, _ = compute_init("cpu")
-    out = run(sys.argv[2] if len(sys.argv) > 2 else None)
-    if info.rank == 0:
-        torch.save(out, sys.argv[1])
-    compute_cleanup()

@@ -1,4 +1,5 @@
-"""Worker for test_optim_shard (run under torchrun with 1, 2 or 4 gloo processes).
+"""Worker for test_optim_shard (run under torchrun with 2 gloo processes, in the test's process for 1, and as 4
+threads of it: ``threads``).
 
     python -m torch.distributed.run --nproc_per_node=W tests/_shard_worker.py OUT[,LOAD] [OUT[,LOAD] ...]
 
@@ -18,9 +19,11 @@ deleted and nanochat.optim_shard, reloaded, chooses its collectives again, as it
 ``--grad-order OUT`` (last) runs tests/_grad_order_worker.py's scenario in the same launch, before the
 old-names runs.
 """
+import contextlib
 import importlib
 import io
 import sys
+import threading
 import warnings
 
 import torch
@@ -101,11 +104,13 @@ def run_all(runs, info, W: int, calls: dict) -> None:
             torch.save({**result, "future_warnings": future, "collective_names": names}, out_path)
 
 
-def run(load_path, rank: int, W: int, calls: dict) -> dict:
-    """What rank 0 writes to OUT (without the warnings); None on the other ranks."""
+def run(load_path, rank: int, W: int, calls: dict, build_lock=contextlib.nullcontext()) -> dict:
+    """What rank 0 writes to OUT (without the warnings); None on the other ranks. ``build_lock``: held while the
+    model is built (seeded from torch's global RNG, one for all the threads of thread ranks)."""
     cfg = GPTConfig(sequence_len=16, vocab_size=256, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, memory="mome",
                     memory_options={"slots": 4, "topk": 2})
-    model = build_model(cfg, seed=0)
+    with build_lock:
+        model = build_model(cfg, seed=0)
     opt = build_optimizer(model)
     if load_path:
         opt.load_state_dict(torch.load(load_path, weights_only=False)["state_dict"])
@@ -164,6 +169,46 @@ def run(load_path, rank: int, W: int, calls: dict) -> dict:
                 "bucket_kinds": [type(b).__name__ for b in opt.buckets], "n_params": len(list(model.parameters())),
                 "launched_in_backward": launched_in_backward}
     return None
+
+
+class _ThreadCalls(threading.local):
+    """count_collectives' counts, one set per thread: each thread rank counts its own collectives, as a process
+    does."""
+
+    def __init__(self):
+        self.counts = {"n": 0, "bytes": 0}
+
+    def __getitem__(self, key):
+        return self.counts[key]
+
+    def __setitem__(self, key, value):
+        self.counts[key] = value
+
+    def keys(self):
+        return self.counts.keys()
+
+
+def threads(world: int, runs: list[tuple]) -> None:
+    """Each (OUT, LOAD or None) of ``runs`` in turn on ``world`` ranks as threads of this process
+    (tests/_thread_ranks.py: the same collectives, ~1 s where a 4-process torchrun start-up is ~17 s of the CI's 2
+    cores); rank 0's result goes to OUT as under torchrun. Sets optim_shard.SHARD_MIN_NUMEL and wraps
+    torch.distributed's collectives (count_collectives) for good: the caller puts them back. The FutureWarnings of
+    all the runs (warnings are recorded per process, not per thread) are in each OUT."""
+    from _thread_ranks import BUILD_LOCK, run_ranks
+
+    calls = _ThreadCalls()
+    optim_shard.SHARD_MIN_NUMEL = 1024  # as main does for W > 1
+    count_collectives(calls, set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        results = run_ranks(world, lambda rank, W: [run(load, rank, W, calls, BUILD_LOCK) for _, load in runs])
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    for w in caught:  # the others shown as usual
+        if not issubclass(w.category, FutureWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    names = (optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER)
+    for (out_path, _), result in zip(runs, results[0]):
+        torch.save({**result, "future_warnings": future, "collective_names": names}, out_path)
 
 
 if __name__ == "__main__":

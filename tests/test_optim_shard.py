@@ -1,5 +1,6 @@
-"""The sharded MuonAdamW under gloo: 2 and 4 processes compute the 1-process update, with O(buckets)
-collectives, ~1/W of the optimizer state per rank, and world-size independent state dicts."""
+"""The sharded MuonAdamW under gloo: 2 processes (and 4 ranks as threads of one, tests/_thread_ranks.py) compute the
+1-process update, with O(buckets) collectives, ~1/W of the optimizer state per rank, and world-size independent
+state dicts."""
 
 import pytest
 import torch
@@ -10,9 +11,11 @@ WORKER = REPO / "tests" / "_shard_worker.py"
 
 
 def run(tmp_path, nproc, load=None, then_load=None, extra=()):
-    """The worker on ``nproc`` processes (optionally loading the state dict file ``load``) -> rank 0's result.
-    With ``then_load``, the same launch next runs from that state dict into w<nproc>_loaded.pt (one start-up);
-    ``extra``: the worker's further arguments (--old-names OUT, --grad-order OUT), for the same launch too."""
+    """The worker on ``nproc`` ranks (optionally loading the state dict file ``load``) -> rank 0's result: 2 gloo
+    processes under torchrun, 1 in this process, 4 as threads of this process (tests/_thread_ranks.py; the 2-process
+    launch is the one of real processes). With ``then_load``, the same launch next runs from that state dict into
+    w<nproc>_loaded.pt (one start-up); ``extra``: the worker's further arguments (--old-names OUT, --grad-order OUT),
+    for the 2-process launch."""
     out = tmp_path / f"w{nproc}{'_loaded' if load else ''}.pt"
     runs = [(out, load)] + ([(tmp_path / f"w{nproc}_loaded.pt", then_load)] if then_load else [])
     if nproc == 1:  # in this process: no torchrun start-up
@@ -20,6 +23,18 @@ def run(tmp_path, nproc, load=None, then_load=None, extra=()):
 
         assert not extra
         main(runs)
+    elif nproc != 2:  # thread ranks: the same collectives without a start-up per rank
+        import torch.distributed as dist
+
+        from nanochat import optim_shard
+        from _shard_worker import threads
+
+        assert not extra
+        with pytest.MonkeyPatch.context() as mp:  # what threads sets for its ranks, put back after
+            mp.setattr(optim_shard, "SHARD_MIN_NUMEL", optim_shard.SHARD_MIN_NUMEL)
+            for name in ("all_reduce", optim_shard.REDUCE_SCATTER, optim_shard.ALL_GATHER):
+                mp.setattr(dist, name, getattr(dist, name))
+            threads(nproc, runs)
     else:
         r = run_torchrun(WORKER, nproc, [*(f"{o},{l}" if l else str(o) for o, l in runs), *map(str, extra)])
         assert r.returncode == 0, r.stderr[-3000:]
@@ -41,10 +56,10 @@ def assert_state_close(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """{world size: result} of fresh runs; the 4-process launch also continues the 1-process state into
-    w4_loaded.pt for test_state_dict_moves_between_world_sizes (a 4-process start-up is ~17 s of 2 cores). The
-    2-process launch also runs the old-names run ("old names": its result) and the grad-order scenario
-    (grad_order.json) after its own run (a 2-process start-up is ~5 s of 2 cores)."""
+    """{world size: result} of fresh runs; the 4 thread ranks also continue the 1-process state into
+    w4_loaded.pt for test_state_dict_moves_between_world_sizes (they were a 4-process launch, whose start-up is ~17 s
+    of 2 cores). The 2-process launch also runs the old-names run ("old names": its result) and the grad-order
+    scenario (grad_order.json) after its own run (a 2-process start-up is ~5 s of 2 cores)."""
     tmp = tmp_path_factory.mktemp("shard")
     res = {1: run(tmp, 1)}
     res[2] = run(tmp, 2, extra=["--old-names", tmp / "w2_old_names.pt", "--grad-order", tmp / "grad_order.json"])
@@ -154,10 +169,10 @@ def test_gradient_hooks_launch_every_bucket_during_backward(results):
 
 def test_state_dict_moves_between_world_sizes(results):
     tmp, res = results
-    # a 2-process state continued on 1 process == a 1-process state continued on 4 processes == 1 on 1
+    # a 2-process state continued on 1 process == a 1-process state continued on 4 ranks == 1 on 1
     saved = {w: tmp / f"w{w}.pt" for w in (1, 2)}
     a = run(tmp, 1, saved[2])
-    b = torch.load(tmp / "w4_loaded.pt", weights_only=False)  # 4 processes from saved[1]: the fixture's launch
+    b = torch.load(tmp / "w4_loaded.pt", weights_only=False)  # 4 ranks from saved[1]: the fixture's 4-rank run
     c = run(tmp, 1, saved[1])
     for other in (a, b):
         for name, p in c["params"].items():
@@ -180,20 +195,21 @@ def test_a_gradient_missing_on_one_rank_never_pairs_different_buckets(results):
     assert second["U"] == pytest.approx([0.18]) and second["V"] == pytest.approx([3.78])
 
 
-def test_rows_that_the_world_size_does_not_divide_are_still_sharded(tmp_path):
+def test_rows_that_the_world_size_does_not_divide_are_still_sharded(tmp_path, monkeypatch):
     """A large AdamW table of R rows with R % W != 0 (Engram's: a sum of primes): rank r updates and keeps Adam
-    moments for its R // W rows, the R % W tail rows are all-reduced and updated on every rank. 3 ranks continue a
-    1-process state (loaded into shards) exactly as 1 process does, and save the full table's state."""
+    moments for its R // W rows, the R % W tail rows are all-reduced and updated on every rank. 3 ranks (threads of
+    this process: tests/_thread_ranks.py) continue a 1-process state (loaded into shards) exactly as 1 process does,
+    and save the full table's state."""
     from _row_tail_worker import run as run_here
+    from _thread_ranks import run_ranks
+    from nanochat import optim_shard
 
-    worker = REPO / "tests" / "_row_tail_worker.py"
     one = run_here()
     assert one["bucket_kinds"] == ["ReplicatedBucket"]  # one process: no sharding
     torch.save({"state_dict": one["state_dict"]}, tmp_path / "from1.pt")
     stayed = run_here(tmp_path / "from1.pt")
-    r = run_torchrun(worker, 3, [str(tmp_path / "w3.pt"), str(tmp_path / "from1.pt")])
-    assert r.returncode == 0, r.stderr[-3000:]
-    moved = torch.load(tmp_path / "w3.pt", weights_only=False)
+    monkeypatch.setattr(optim_shard, "SHARD_MIN_NUMEL", optim_shard.SHARD_MIN_NUMEL)  # the ranks lower it
+    moved = run_ranks(3, lambda rank, world: run_here(tmp_path / "from1.pt"))[0]
     assert moved["bucket_kinds"] == ["RowShardBucket", "RowShardBucket"]  # 37 rows too (37 = 3 x 12 + 1)
     for a, b in zip(stayed["tables"], moved["tables"]):
         assert torch.equal(a, b)  # elementwise AdamW on the same averaged gradients: the same floats
