@@ -373,7 +373,12 @@ def test_a_full_disk_in_the_final_evaluation_stops_both_ranks_alike_with_a_signa
     assert sorted(json.loads((run / "final_eval.partial.json").read_text())["items"]) == ["split val"]
 
 
-@pytest.mark.parametrize("fail_at, fail_ranks, named", [(4, "1", 1), (5, "1", 1), (4, "0,1", 0)],
+# "last-micro-step" and "both-ranks" are slow: the processes stop alike in every case ("first-micro-step" keeps the
+# launch: exit 2, the summary, the checkpoints), and what the two add (the stand-in batch in the micro-step whose
+# backward launches the gradient hooks' collectives; the lowest failing rank named) is train_step's collective
+# logic, checked on 2 thread ranks by test_a_data_error_in_any_micro_step_of_any_rank_is_raised_on_every_rank
+@pytest.mark.parametrize("fail_at, fail_ranks, named", [(4, "1", 1), pytest.param(5, "1", 1, marks=pytest.mark.slow),
+                                                        pytest.param(4, "0,1", 0, marks=pytest.mark.slow)],
                          ids=["first-micro-step", "last-micro-step", "both-ranks"])
 def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path, monkeypatch, fail_at, fail_ranks, named):
     """A data file only rank 1 reads fails mid-step (each rank reads its own row groups): the other rank, already in
@@ -396,6 +401,45 @@ def test_a_data_error_on_one_rank_stops_every_rank_with_data_error(tmp_path, mon
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["stop_reason"], summary["step"]) == ("data_error", 2), summary
     assert ckpt.list_steps(run) == [2]
+
+
+@pytest.mark.parametrize("fail_micro, fail_ranks, named", [(0, (1,), 1), (1, (1,), 1), (0, (0, 1), 0), (1, (0, 1), 0)],
+                         ids=["first-micro-step", "last-micro-step", "both-ranks", "both-ranks-last-micro-step"])
+def test_a_data_error_in_any_micro_step_of_any_rank_is_raised_on_every_rank(fail_micro, fail_ranks, named):
+    """train_step on 2 thread ranks (tests/_thread_ranks.py), 2 micro-steps, a loader that raises DataError in the
+    second step's micro-step ``fail_micro`` on ``fail_ranks``: the failing rank finishes the step on the stand-in
+    batch, in the first micro-step or in the last (whose backward launches the gradient hooks' collectives), no rank
+    hangs, and every rank raises the lowest failing rank's DataError, named. The collective logic of
+    test_a_data_error_on_one_rank_stops_every_rank_with_data_error's cases, without a launch each."""
+    from contextlib import nullcontext
+
+    from _thread_ranks import BUILD_LOCK, run_ranks
+    from conftest import tiny_config
+    from nanochat.dataset import DataError
+    from nanochat.gpt import build_model
+    from nanochat.optim import build_optimizer
+    from nanochat.train_loop import SyntheticLoader, train_step
+
+    def rank_main(rank: int, world: int) -> str:
+        with BUILD_LOCK:  # one global RNG for every thread
+            model = build_model(tiny_config(sequence_len=16, vocab_size=256, n_embd=64), seed=0)
+        optimizer = build_optimizer(model)
+        loader = SyntheticLoader(256, 2, 16, rank=rank, world_size=world)
+
+        def batches():
+            for count in range(4):
+                if count == 2 + fail_micro and rank in fail_ranks:
+                    raise DataError(f"/data/train_0004{rank}.parquet: row group 7 cannot be read")
+                yield next(loader)
+
+        batch = batches()
+        train_step(model, optimizer, batch, 2, nullcontext(), "cpu", batch_shape=(2, 16))  # the first step reads well
+        with pytest.raises(DataError) as raised:
+            train_step(model, optimizer, batch, 2, nullcontext(), "cpu", batch_shape=(2, 16))
+        return str(raised.value)
+
+    said = run_ranks(2, rank_main)
+    assert said == [f"rank {named} of 2: /data/train_0004{named}.parquet: row group 7 cannot be read"] * 2, said
 
 
 def test_a_checkpoint_write_error_on_rank0_stops_every_rank_with_checkpoint_error(tmp_path):
