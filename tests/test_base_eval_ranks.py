@@ -154,7 +154,13 @@ def test_a_data_shard_one_rank_cannot_read_stops_every_rank_with_its_error(tiny_
     assert not (out / LOCK_FILE).exists() and not (out / "bpb.json").exists()
 
 
-@pytest.mark.parametrize("name,kept", [("core.partial.json", None), ("bpb.json", "2 core, 1 bpb")])
+FULL_DISK_CASES = [("core.partial.json", None), ("bpb.json", "2 core, 1 bpb")]
+
+
+# "bpb.json" is slow: the ranks stop alike whichever file rank 0 fails to write ("core.partial.json" keeps the launch:
+# exit 2, no broken connection, no traceback); what it adds, the kept line counting only what reached the disk, is
+# rank 0's alone, checked in one process for both files by test_a_full_disk_under_out_dir_in_one_process_...
+@pytest.mark.parametrize("name,kept", [FULL_DISK_CASES[0], pytest.param(*FULL_DISK_CASES[1], marks=pytest.mark.slow)])
 def test_a_full_disk_under_out_dir_stops_every_rank_with_one_error(tiny_run, tmp_path, name, kept):
     """Under torchrun (2 gloo ranks) rank 0's disk fills up while it writes the first finished CORE task, or the
     last report (bpb.json): every rank stops with one error naming the file and the OSError, exit 2; no temp file
@@ -178,4 +184,41 @@ def test_a_full_disk_under_out_dir_stops_every_rank_with_one_error(tiny_run, tmp
         assert f"finished results ({kept}) are kept" in res.stderr, res.stderr[-3000:]
     else:  # nothing reached the disk: no line says otherwise
         assert "are kept" not in res.stderr and not (out / name).exists(), res.stderr[-3000:]
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("name,kept", FULL_DISK_CASES)
+def test_a_full_disk_under_out_dir_in_one_process_keeps_and_says_only_what_reached_the_disk(tiny_run, tmp_path,
+                                                                                           monkeypatch, capsys, name,
+                                                                                           kept):
+    """test_a_full_disk_under_out_dir_stops_every_rank_with_one_error's disk in one process (the kept line is rank
+    0's): the disk fills up while the first finished CORE task or the last report (bpb.json) is written (half of it
+    to the temp name, then ENOSPC, as _base_eval_worker --enospc-writing): exit 2, one error naming the file and the
+    OSError, no traceback, no temp file left, and the line on what was kept counts only what reached the disk."""
+    import errno
+    import os
+
+    from nanochat.jsonfile import is_temp_for
+    from scripts.base_eval import main
+
+    root, _, _, bundle = tiny_run
+    out = tmp_path / "o"
+    real = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name == name or is_temp_for(self.with_name(name), self):
+            real(self, data[: len(data) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    code = main(["--run-dir", str(root / "run"), "--bundle", str(bundle), "--splits", "val", "--eval-tokens", "256",
+                 "--no-progress", "--device-type", "cpu", "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert f"{out / name}" in err and "No space left on device" in err and "Traceback" not in err, err[-3000:]
+    if kept:
+        assert f"finished results ({kept}) are kept" in err, err[-3000:]
+    else:  # nothing reached the disk: no line says otherwise
+        assert "are kept" not in err and not (out / name).exists(), err[-3000:]
     assert not list(out.glob("*.tmp"))
