@@ -1,37 +1,17 @@
-"""torchrun worker for test_core_eval: evaluate CORE (and bpb) under gloo, rank 0 writes JSON. Arguments: BUNDLE OUT
-[bad-example-on-rank-1]. ``write`` (tests/_gloo_checks_worker.py's shared launch) builds its own bundle first."""
+"""test_core_eval's 2-rank check: evaluate CORE (and bpb) under gloo, rank 0 writes JSON; ``write`` runs in
+tests/_gloo_checks_worker.py's shared launch and builds its own bundle first."""
 
 import json
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _eval_helpers import CharTok, tiny_gpt, two_task_bundle  # noqa: E402
 
-from nanochat.common import compute_cleanup  # noqa: E402
 from nanochat.core_eval import evaluate_core  # noqa: E402
 from nanochat.loss_eval import bpb_rows_from_text, evaluate_bpb, iter_row_batches  # noqa: E402
-
-
-def main():
-    bundle, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if sys.argv[3:] == ["bad-example-on-rank-1"] and rank == 1:  # e.g. a tokenizer prefix failure seen there only
-        import nanochat.core_eval as ce
-
-        def bad(*args):
-            raise ValueError(f"{args[-1]}: the tokens of the prompt without continuation are not a strict prefix")
-
-        ce.prepare_example = bad
-    result = evaluate(bundle, rank, world)
-    if rank == 0:
-        out.write_text(json.dumps(result))
-    dist.barrier()
-    compute_cleanup()
 
 
 def evaluate(bundle, rank: int, world: int) -> dict:
@@ -52,7 +32,3 @@ def write(prefix: str, rank: int, world: int) -> None:
     if rank == 0:
         Path(f"{prefix}.json").write_text(json.dumps(result))
 
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    main()

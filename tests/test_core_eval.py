@@ -13,7 +13,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _eval_helpers import (LM_ROWS, LOG_Z, MC_ROWS, SCHEMA_ROWS, CharTok, SuccessorModel, hand_rows,  # noqa: E402
                            tiny_gpt, write_bundle)
-from conftest import run_torchrun  # noqa: E402
 
 from nanochat import core_eval as ce  # noqa: E402
 from nanochat.eval_bundle import TaskSpec, load_task_data  # noqa: E402
@@ -200,15 +199,35 @@ def test_two_process_equals_one_process_core_and_bpb(gloo_checks):
     assert two["bpb"] == pytest.approx(bpb, rel=1e-6)
 
 
-def test_an_example_that_fails_on_one_rank_stops_every_rank(tmp_path):
+def test_an_example_that_fails_on_one_rank_stops_every_rank(tmp_path, monkeypatch):
     """Examples are prepared per rank: a bad one on rank 1 must stop rank 0 too with the same message (no rank
-    left waiting alone in the all_reduce, which NCCL would only end at its timeout)."""
+    left waiting alone in the all_reduce, which NCCL would only end at its timeout). 2 ranks as threads of this
+    process (tests/_thread_ranks.py: a hang shows as a rank left in a collective); what a rank's error does to the
+    processes of a launch is base_eval's (test_base_eval_errors_ranks, test_base_eval_ranks)."""
+    import torch.distributed as dist
+
+    from _thread_ranks import BUILD_LOCK, run_ranks
+
     mc, _ = hand_rows(6)
     bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 0, " ", mc)}, {"mc": 25})
-    res = run_torchrun(Path(__file__).parent / "_core_eval_worker.py", 2,
-                       [str(bundle), str(tmp_path / "out.json"), "bad-example-on-rank-1"])
-    assert res.returncode != 0 and not (tmp_path / "out.json").exists()
-    assert res.stderr.count("ValueError: rank 1 of 2: ") == 2, res.stderr[-3000:]  # raised on both ranks
+    real = ce.prepare_example
+
+    def prepare(*args, **kwargs):  # e.g. a tokenizer prefix failure seen on rank 1 only
+        if dist.get_rank() == 1:
+            raise ValueError(f"{args[-1]}: the tokens of the prompt without continuation are not a strict prefix")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ce, "prepare_example", prepare)
+
+    def rank_main(rank: int, world: int) -> str:
+        with BUILD_LOCK:  # one global RNG for every thread
+            model = tiny_gpt(seq_len=256)
+        with pytest.raises(ValueError) as raised:
+            ce.evaluate_core(model, CharTok(), bundle, batch_size=4, progress=False)
+        return str(raised.value)
+
+    said = run_ranks(2, rank_main)
+    assert all(s.startswith("rank 1 of 2: ") and "not a strict prefix" in s for s in said), said  # on both ranks
 
 
 @pytest.mark.parametrize("row, needle", [
