@@ -59,7 +59,7 @@ def read_corpus(path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"--bpb-corpus file {path} does not exist")
     if path.suffix != ".jsonl":
-        return [path.read_text(encoding="utf-8", errors="replace")]
+        return [path.read_text(encoding="utf-8-sig", errors="replace")]  # -sig: a leading BOM is no text
     from nanochat.dataset import read_jsonl_texts
 
     return read_jsonl_texts(path)
