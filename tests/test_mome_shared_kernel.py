@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from conftest import tiny_config
+from memory_grads import BF16_REL, FP32_REL, assert_grads_close, reach_the_memory
 from nanochat.gpt import build_model
 from nanochat.kv_cache import KVCache
 from nanochat.memory import mome as mome_module
 from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
-from test_mome_triton import (_cuda_model, _fp32_matmuls, _InterpretedRowMix, _loss_and_grads, _rel,
+from test_mome_triton import (_cuda_model, _fp32_matmuls, _InterpretedRowMix, _loss_and_grads,
                               assert_as_close_as, assert_compiled_equals_eager, assert_equal_to_fp32_rounding,
                               compiled_run_with, needs_cuda, needs_interpreter)
 from test_mome_triton_inject import _InterpretedInject
@@ -33,8 +34,9 @@ B, T = 2, 16
 
 
 def _model(opts, n_layer=2):
-    """A tiny model with the shared table, random routers and gates (real selections, gamma away from 1) and a
-    batch of repeated tokens (repeated bigram rows: the gather's backward sums over tokens)."""
+    """A tiny model with the shared table, random routers and gates (real selections, gamma away from 1), gradients
+    reaching the memory (tests/memory_grads.py) and a batch of repeated tokens (repeated bigram rows: the gather's
+    backward sums over tokens)."""
     model = build_model(tiny_config(memory="mome", memory_options=opts, n_layer=n_layer), seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -42,6 +44,7 @@ def _model(opts, n_layer=2):
             router.weight.copy_(torch.randn(router.weight.shape, generator=g))
         for gate in model.memory.gates:
             gate.proj.weight.copy_(0.3 * torch.randn(gate.proj.weight.shape, generator=g))
+    reach_the_memory(model, g)
     idx = torch.randint(0, 40, (B, T + 1), generator=g)
     return model, idx[:, :-1], idx[:, 1:]
 
@@ -91,9 +94,8 @@ def _assert_rows_in_calls(model, calls, kind, dtype):
 
 def _assert_fp32_equal(got, want):
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
-    assert got[1].keys() == want[1].keys() and "memory.table.weight" in want[1]
-    for n in want[1]:
-        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+    assert "memory.table.weight" in want[1]
+    assert_grads_close(got[1], want[1], FP32_REL)
 
 
 @pytest.mark.parametrize("name", ["bigram", "bigram_full_routing"])
@@ -110,8 +112,7 @@ def test_fused_pair_on_the_gathered_rows_rounds_as_the_torch_path_bf16(monkeypat
     model, want, got, calls = _on_and_off(monkeypatch, "bigram", True)
     _assert_rows_in_calls(model, calls, "fused", torch.bfloat16)
     assert torch.equal(got[0], want[0])
-    errs = {n: _rel(got[1][n], want[1][n]) for n in want[1]}
-    assert max(errs.values()) < 1e-2, errs
+    assert_grads_close(got[1], want[1], BF16_REL)
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
@@ -128,9 +129,7 @@ def test_shared_expert_takes_the_row_mix_pair_in_the_tables_dtype(monkeypatch):
     storing the table's dtype (fp32) under bf16 autocast too."""
     model, want, got, calls = _on_and_off(monkeypatch, "bigram_shared_expert", True)
     _assert_rows_in_calls(model, calls, "row", torch.float32)
-    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
-    for n in want[1]:
-        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+    _assert_fp32_equal(got, want)
 
 
 def test_switch_on_compiles_fullgraph_with_the_eager_results(monkeypatch):

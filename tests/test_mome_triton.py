@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
+from memory_grads import FP32_REL, assert_grads_close, reach_the_memory
 from nanochat.gpt import build_model
 from nanochat.memory import mome as mome_module
 from nanochat.memory import mome_mix as mix_paths
@@ -190,6 +191,7 @@ def test_model_row_sum_triton_equals_unrolled(name, op_on_cpu, autocast, monkeyp
     with torch.no_grad():  # random routers: real selections, no ties
         for router in model.memory.routers:
             router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    reach_the_memory(model, g)
     idx = torch.randint(0, 512, (2, 17), generator=g)
     x, y = idx[:, :-1], idx[:, 1:]
     monkeypatch.setattr(mix_paths, "ROW_SUM", "unrolled")
@@ -203,18 +205,18 @@ def test_model_row_sum_triton_equals_unrolled(name, op_on_cpu, autocast, monkeyp
     v_dtype = torch.bfloat16 if autocast else torch.float32
     assert calls == [torch.float32 if "shared_expert" in name else v_dtype] * expect_calls
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
-    assert got[1].keys() == want[1].keys()
-    for n in want[1]:
-        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+    assert_grads_close(got[1], want[1], FP32_REL)
 
 
 def _random_router_model(opts, n_layer=2):
-    """A tiny MoME model with random routers (real selections, no ties) and a batch (x, y)."""
+    """A tiny MoME model with random routers (real selections, no ties), gradients reaching the memory
+    (tests/memory_grads.py) and a batch (x, y)."""
     model = build_model(tiny_config(memory="mome", memory_options=opts, n_layer=n_layer), seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for router in model.memory.routers:
             router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    reach_the_memory(model, g)
     idx = torch.randint(0, 512, (2, 17), generator=g)
     return model, idx[:, :-1], idx[:, 1:]
 
@@ -240,8 +242,7 @@ def test_defaults_take_the_op_for_per_layer_tables_where_it_applies(name, monkey
     if model.memory.K < model.memory.M and not takes_op:
         return  # the shared table's default is the row mix already, per-head tables the K-row mix: nothing to check
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
-    for n in want[1]:
-        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+    assert_grads_close(got[1], want[1], FP32_REL)
 
 
 def test_defaults_compile_fullgraph_through_the_op(monkeypatch):
@@ -266,8 +267,7 @@ def assert_compiled_equals_eager(model, x, y, install_spy) -> list:
     finally:
         torch._dynamo.reset()
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
-    for n in want[1]:
-        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-4, atol=1e-6, msg=n)
+    assert_grads_close(got[1], want[1], FP32_REL)
     return calls
 
 
@@ -409,6 +409,7 @@ def test_model_with_interpreted_kernels_equals_unrolled(name, monkeypatch):
     with torch.no_grad():
         for router in model.memory.routers:
             router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    reach_the_memory(model, g)
     idx = torch.randint(0, 40, (2, 17), generator=g)  # 40 distinct tokens of 32 positions: repeated rows
     want = _loss_and_grads(model, idx[:, :-1], idx[:, 1:], False)
     calls = _spy(monkeypatch)
@@ -418,8 +419,7 @@ def test_model_with_interpreted_kernels_equals_unrolled(name, monkeypatch):
     got = _loss_and_grads(model, idx[:, :-1], idx[:, 1:], False)
     assert len(calls) == len(model.memory.layers)
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
-    for n in want[1]:
-        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-5, atol=1e-6, msg=n)
+    assert_grads_close(got[1], want[1], FP32_REL)
 
 
 # -- (c) CUDA --------------------------------------------------------------------------------------------------
@@ -523,8 +523,7 @@ def _rel(a, b):
 def assert_equal_to_fp32_rounding(got, want):
     """(loss, {name: grad}) pairs of two fp32 paths: the same loss and gradients up to float rounding."""
     assert abs(got[0].item() - want[0].item()) < 1e-5 * want[0].item()
-    for n in want[1]:
-        assert _rel(got[1][n], want[1][n]) < 1e-4, (n, _rel(got[1][n], want[1][n]))
+    assert_grads_close(got[1], want[1], FP32_REL)
 
 
 def assert_as_close_as(new, old, ref):
