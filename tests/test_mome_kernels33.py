@@ -10,8 +10,8 @@ and skip without them, as tests/test_mome_triton.py's:
 import pytest
 import torch
 
-from nanochat.memory import mome_mix as mix_paths
 from memory_grads import FP32_REL, assert_grads_close, reach_the_memory
+from nanochat.memory import mome_mix as mix_paths
 from nanochat.memory import mome_triton as mt
 from test_mome_triton import _close, _reference, needs_interpreter
 
