@@ -261,6 +261,13 @@ def run_import(src, run_dir, *extra) -> int:
     return import_reference.main([str(src), "--run-dir", str(run_dir), *extra])
 
 
+def imported_climbmix_run(tmp: Path) -> Path:
+    """tmp/run: a MoME run imported with --dataset climbmix (its meta records "dataset", no "data_dir")."""
+    src, _, _ = make_their_files(tmp, "mome_token")
+    assert run_import(src, tmp / "run", "--dataset", "climbmix") == 0
+    return tmp / "run"
+
+
 def logits(model, seed=0):
     idx = torch.randint(0, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():

@@ -7,17 +7,13 @@ import json
 import pytest
 
 from data_fixtures import write_numbered_docs
-from reference_fixtures import make_their_files, run_import
+from reference_fixtures import imported_climbmix_run
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """A MoME run imported with --dataset climbmix (its meta records "dataset", no "data_dir")."""
-    tmp = tmp_path_factory.mktemp("imported")
-    src, _, _ = make_their_files(tmp, "mome_token")
-    run = tmp / "run"
-    assert run_import(src, run, "--dataset", "climbmix") == 0
-    return run
+    return imported_climbmix_run(tmp_path_factory.mktemp("imported"))
 
 
 @pytest.fixture

@@ -13,16 +13,12 @@ import shutil
 import pytest
 
 from data_fixtures import write_numbered_docs
-from reference_fixtures import make_their_files, run_import
+from reference_fixtures import imported_climbmix_run
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("imported")
-    src, _, _ = make_their_files(tmp, "mome_token")
-    run = tmp / "run"
-    assert run_import(src, run, "--dataset", "climbmix") == 0
-    return run
+    return imported_climbmix_run(tmp_path_factory.mktemp("imported"))
 
 
 @pytest.fixture
@@ -76,14 +72,12 @@ def test_an_explicit_data_dir_is_read_whatever_it_holds(imported, other_in_defau
 
 
 @pytest.fixture
-def trained_then_rebuilt(tmp_path_factory, tmp_path):
+def trained_then_rebuilt(tmp_path):
     """A copy of the imported run whose step records data_dir D and the fingerprint of the data first prepared in D;
     D then holds other documents (prepared anew)."""
     from nanochat.dataset import load_manifest, manifest_fingerprint
 
-    src, _, _ = make_their_files(tmp_path_factory.mktemp("their"), "mome_token")
-    run = tmp_path / "run"
-    assert run_import(src, run, "--dataset", "climbmix") == 0
+    run = imported_climbmix_run(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     write_numbered_docs(data, 400, 50, 100, dataset="climbmix")
