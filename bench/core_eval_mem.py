@@ -32,7 +32,7 @@ MODES = {
 
 
 def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
+    with open("/proc/self/statm", encoding="utf-8") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 

@@ -1,6 +1,7 @@
 """One base_train run reads its tokenizer files once: the flag checks, the data set-up and an --init-from source
 kept in the same tokenizer directory share the loaded object (a 32768-token tokenizer takes ~30 ms to read)."""
 
+import json
 import shutil
 
 import pytest
@@ -61,8 +62,9 @@ def test_resume_and_init_from_load_the_tokenizer_once(tmp_path, loads, trained, 
 
 def test_an_imported_source_sharing_the_runs_tokenizer_directory_is_not_read_again(tmp_path, loads,
                                                                                    embedded_data_dir):
-    """An imported run records no fingerprint: its run dir's tokenizer is fingerprinted. When that is the
-    directory this run trains with, the run's loaded tokenizer serves (same files); another directory is read."""
+    """A run imported before session 33 records no tokenizer fingerprint: its run dir's tokenizer is fingerprinted.
+    When that is the directory this run trains with, the run's loaded tokenizer serves (same files); another
+    directory is read. An import of today records one: nothing of the source is read."""
     from reference_fixtures import make_their_files
     from scripts import import_reference
     from test_init_from import on_imported
@@ -71,14 +73,21 @@ def test_an_imported_source_sharing_the_runs_tokenizer_directory_is_not_read_aga
     imported = tmp_path / "imported"
     assert import_reference.main([str(their), "--run-dir", str(imported)]) == 0
     common = on_imported(embedded_data_dir, imported)
+    copy = tmp_path / "tok_copy"
+    shutil.copytree(imported / "tokenizer", copy)
+    loads.clear()
+    assert base_train.main([*common, "--tokenizer-dir", str(copy), "--run-dir", str(tmp_path / "c"), "--dry-run"]) == 0
+    assert [str(d) for d in loads] == [str(copy)]  # the recorded fingerprint serves
+    meta_path = next(imported.glob("checkpoints/step_*/meta.json"))
+    meta = json.loads(meta_path.read_text())
+    del meta["tokenizer_sha256"]  # as imported before session 33
+    meta_path.write_text(json.dumps(meta))
     own = imported / "tokenizer"
     for i, extra in enumerate([[], ["--dry-run"]]):
         loads.clear()
         assert base_train.main([*common, "--tokenizer-dir", str(own), "--run-dir", str(tmp_path / f"a{i}"),
                                 *extra]) == 0
         assert loads == [own], extra
-    copy = tmp_path / "tok_copy"
-    shutil.copytree(own, copy)
     loads.clear()
     assert base_train.main([*common, "--tokenizer-dir", str(copy), "--run-dir", str(tmp_path / "b"), "--dry-run"]) == 0
     assert [str(d) for d in loads] == [str(copy), str(own)]  # the source's copy is its own files: read
