@@ -394,9 +394,9 @@ def train(run: Run, resumed_at: int | None, stop: StopSignal) -> str:
             dt = time.perf_counter() - t0  # train_step ends with a host sync: the step's device work is done
             if not math.isfinite(loss):
                 raise NonFiniteLoss(f"train loss is {loss} at step {step + 1}")
-            loop["step"] = step + 1
-            count_step_time(loop, dt, step - first >= WARMUP_STEPS, run.world, peak)
-            if step - first >= WARMUP_STEPS:
+            loop["step"], steady = step + 1, step - first >= WARMUP_STEPS
+            count_step_time(loop, dt, steady, run.world, peak)
+            if steady:
                 own = (own[0] + 1, own[1] + dt)
             bar.update(1)
             if (step + 1) % run.args.log_every == 0 or step + 1 == n:
