@@ -55,4 +55,5 @@ def test_tables_are_adamw_and_every_lr_follows_the_batch_scale(design, family):
     assert [g["name"] for g in scaled] == [g["name"] for g in groups]
     for g, s in zip(groups, scaled):
         assert s["lr"] == pytest.approx(0.25 * g["lr"], rel=1e-12) and s["initial_lr"] == s["lr"], g["name"]
-        assert _hyperparameters(s) == _hyperparameters(g) and [id(p) for p in s["params"]] == [id(p) for p in g["params"]], g["name"]
+        assert _hyperparameters(s) == _hyperparameters(g), g["name"]
+        assert [id(p) for p in s["params"]] == [id(p) for p in g["params"]], g["name"]
