@@ -409,14 +409,23 @@ def render(table, name, label, seeds, nproc, train, paper, notes, reconstructed=
     return "\n".join(lines) + "\n"
 
 
-def main():
-    seen: dict[str, int] = {}  # rows written per table so far: each row's place (results list the paper's order)
+def rendered() -> dict[str, str]:
+    """"<table>/<row>.toml" -> the file's text, for every row (tests/test_faith34.py compares them with configs/)."""
+    seen: dict[str, int] = {}  # rows per table so far: each row's place (results list the paper's order)
+    out = {}
     for row in ROWS:
-        path = ROOT / row[0] / f"{row[1]}.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
         order = seen[row[0]] = seen.get(row[0], -1) + 1
-        path.write_text(render(*row, order=order), encoding="utf-8")
-    print(f"wrote {len(ROWS)} configs under {ROOT}")
+        out[f"{row[0]}/{row[1]}.toml"] = render(*row, order=order)
+    return out
+
+
+def main():
+    files = rendered()
+    for name, text in files.items():
+        path = ROOT / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    print(f"wrote {len(files)} configs under {ROOT}")
 
 
 if __name__ == "__main__":
