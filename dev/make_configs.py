@@ -150,6 +150,9 @@ for blocks, (_, mo) in SWEEP.items():
 add("d12_compound", "bigram", "Bigram (6V)", [42, 43, 44], 4, D12, {"memory": "bigram", "bigram-factor": 6},
     {"train_bpb": 0.8632, "val_bpb": 0.8636, "params_memory_m": 151, **SDPA_PAPER})
 # the appendix's full table (tab:appendix-compound-scaling): + total params, CORE and stds, and the 8V x A2/9 row
+COMPOUND_SEEDS_NOTE = ("seeds 42 and 43 as the reference's results (d12_bigram_mome.json averages these two; the paper's "
+                       "caption says three seeds): python -m scripts.run configs/d12_compound/{}.toml --seeds 42,43,44 "
+                       "adds the third")
 for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
     (6, 6, 151, 286.4, (0.8618, 0.0010), (0.8624, 0.0010), (0.1647, 0.0023)),
     (12, 6, 302, 437.4, (0.8576, 0.0008), (0.8582, 0.0007), (0.1549, 0.0084)),
@@ -161,7 +164,8 @@ for n, m, mem, total, (tr, tr_s), (va, va_s), (co, co_s) in [
 ]:
     add("d12_compound", f"mome_n{n}_m{m}", f"MoME {n}V x {m}", [42, 43], 4, D12,
         {**mome(m, index="bigram", bigram_factor=n), **AUTO},
-        paper_d12(tr, va, co, mem, total, None, tr_s, va_s, co_s, attention={}), AUTO_NOTE)
+        paper_d12(tr, va, co, mem, total, None, tr_s, va_s, co_s, attention={}),
+        COMPOUND_SEEDS_NOTE.format(f"mome_n{n}_m{m}") + "; " + AUTO_NOTE)
 
 # d24 on ClimbMix: 100B tokens (100,000 steps of 1,048,576; 8 GPUs) and the 6e19-FLOP controls (seed 42; "the d24
 # control reruns use four H100 GPUs"). The step count is ours: the paper says "100B" and neither it nor the spec gives
