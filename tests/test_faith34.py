@@ -38,3 +38,16 @@ def test_compound_rows_say_why_they_average_two_seeds_where_the_paper_says_three
         assert "three seeds" in cfg["row"]["notes"] and "--seeds 42,43,44" in cfg["row"]["notes"], cfg["row"]["name"]
     bigram = next(cfg for cfg in rows if cfg["row"]["name"] == "bigram")
     assert bigram["row"]["seeds"] == [42, 43, 44]  # the reference's Bigram row is Table 1's three-seed run
+
+
+def test_routing_control_rows_are_marked_reconstructed():
+    """paper.tex's routing-controls table gives the two controls only as names, "Context-conditioned: No" and a
+    parameter total; ../shared/spec has nothing more. Their layouts here are inferred from those totals (token-only:
+    one V x H*M logit table for every layer, 1,388.8M) or chosen (fixed-random: K consecutive slots from a seeded
+    offset per token and head, weights 1/K), as Engram's, JTok-M's and MoVE-Input's are: the results tables must
+    mark them [reconstructed] and the notes say what was inferred, so nobody reads them as the paper's designs."""
+    rows = {p.stem: load_row_config(p)["row"] for p in find_configs() if p.parent.name == "d24"}
+    for name, says in (("ctrl_mome_token_only", "1,388,843,568"), ("ctrl_mome_fixed_random", "weights 1/K")):
+        assert rows[name].get("reconstructed") is True, name
+        assert "RECONSTRUCTED" in rows[name].get("notes", "") and says in rows[name]["notes"], name
+    assert not rows["ctrl_mome_context"].get("reconstructed", False)  # the paper's own method

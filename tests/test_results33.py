@@ -235,10 +235,10 @@ def test_the_routing_controls_show_their_delta_vs_mome(tmp_path):
     write_seed(runs, "d24", "ctrl_mome_context", "seed42", {**DONE, "val_bpb": 0.7000, "core": 0.2900})
     write_seed(runs, "d24", "ctrl_mome_token_only", "seed42", {**DONE, "val_bpb": 0.7050, "core": 0.2800})
     md, cells = table(tmp_path, runs, "d24")
-    token = cells("MoME, learned token-only routing (6e19)")
+    token = cells("MoME, learned token-only routing (6e19) [reconstructed]")  # a reconstructed control (test_faith34)
     assert (token["Δ val bpb vs ref"], token["paper Δ val bpb vs ref"]) == ("+0.0050", "+0.0054"), md
     assert (token["Δ CORE vs ref"], token["paper Δ CORE vs ref"]) == ("-0.0100", "-0.0088"), md
     assert cells("MoME, hidden-state routing (6e19)")["Δ val bpb vs ref"] == "–", md
     assert ("Δ val bpb vs ref, Δ CORE vs ref: a row's mean minus that of the row its [row] compare_to names "
-            "(MoME, learned token-only routing (6e19) vs MoME, hidden-state routing (6e19)), as the paper's "
-            "columns") in md, md
+            "(MoME, learned token-only routing (6e19) [reconstructed] vs MoME, hidden-state routing (6e19)), as the "
+            "paper's columns") in md, md
