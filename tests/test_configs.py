@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -53,29 +54,33 @@ def _summary(path, slot_maps):
     return cfg, model_summary(model_config(args, 32768))
 
 
+def _printed(path, key):
+    """The paper's number for ``key`` as the row file writes it, and half a unit of its last printed digit (286 is
+    286 +- 0.5, 1384.1 is +- 0.05): a count off by more than that disagrees with the paper's table."""
+    raw = re.search(rf"^{key} = ([0-9.]+)$", path.read_text(), re.M).group(1)
+    return float(raw), 0.5 * 10.0 ** -len(raw.partition(".")[2])
+
+
+# The one row whose printed number our count misses at its precision, with why (its config's notes say so too): the
+# paper's 0.61B memory column for d24 MoME-A2/12 appears to count the routers (2.7M) with the 604M tables (0.604B).
+PRINTED_MISMATCH = {("mome_a2_m12", "params_memory_b"): 0.0065}
+
+
 @pytest.mark.parametrize("path", [p for p in CONFIGS if not p.parent.name.endswith("mini")],
                          ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_dry_run_params_match_paper(path, slot_maps):
     cfg, s = _summary(path, slot_maps)
     paper = cfg["paper"]
     assert paper, f"{path} records no paper numbers"
-    checked = 0
-    if "params_memory_m" in paper:
-        if paper["params_memory_m"] == 0:
-            assert s["params_memory"] == 0
-        else:
-            assert abs(s["params_memory"] / 1e6 - paper["params_memory_m"]) / paper["params_memory_m"] < 0.005, s
-        checked += 1
-    if "params_total_m" in paper:
-        assert abs(s["params_total"] / 1e6 - paper["params_total_m"]) / paper["params_total_m"] < 0.005, s
-        checked += 1
-    if "params_memory_b" in paper:  # d24 100B table: billions with 2 decimals (half a unit + 0.5%)
-        assert abs(s["params_memory"] / 1e9 - paper["params_memory_b"]) <= 0.005 + 0.005 * paper["params_memory_b"], s
-        checked += 1
-    if "params_network_b" in paper:  # d24 100B table: network = all but memory tables, in billions (2 decimals)
-        assert abs(s["params_backbone"] / 1e9 - paper["params_network_b"]) < 0.005 + 0.005 * paper["params_network_b"]
-        checked += 1
-    assert checked >= 1
+    counts = {"params_memory_m": s["params_memory"] / 1e6, "params_total_m": s["params_total"] / 1e6,
+              "params_memory_b": s["params_memory"] / 1e9,
+              "params_network_b": s["params_backbone"] / 1e9}  # network = all but memory tables (d24 100B table)
+    checked = [key for key in counts if key in paper]
+    assert checked, f"{path} records none of {sorted(counts)}"
+    for key in checked:
+        printed, half_unit = _printed(path, key)
+        tolerance = PRINTED_MISMATCH.get((path.stem, key), half_unit)
+        assert abs(counts[key] - printed) <= tolerance + 1e-9, (key, printed, counts[key], s)
 
 
 def test_mini_rows_have_matched_memory(slot_maps):
