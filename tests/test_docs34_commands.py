@@ -2,11 +2,14 @@
 flags that script's parser takes: each `python -m scripts.X ...`, `torchrun ... -m scripts.X ...` and
 `python bench/X.py ...` line of a code block (backslash continuations joined) and each inline code span that holds
 one. Flags after `--` in a `scripts.run` line are base_train's; a flag with a choice list must be given one of its
-choices (placeholders such as `N`, `DIR`, `<row>` and `{a,b}` lists are read as such). Nothing is run: each parser
-is taken from the script's own argument parsing, which is stopped before it reads anything."""
+choices (placeholders such as `N`, `DIR`, `<row>` and `{a,b}` lists are read as such); a command with no
+placeholder parses whole (value types and forms, missing values). Nothing is run: each parser is taken from the
+script's own argument parsing, which is stopped before it reads anything."""
 
 import argparse
+import contextlib
 import importlib
+import io
 import re
 import runpy
 import shlex
@@ -19,6 +22,8 @@ PAGES = [REPO / "README.md", REPO / "configs" / "README.md", *sorted((REPO / "do
 COMMAND = re.compile(r"-m\s+scripts\.[a-z_]+|bench/[a-z_0-9]+\.py")
 SEPARATORS = {"&&", "||", ";", "|", ">", ">>", "2>&1"}
 PLACEHOLDER = re.compile(r"[A-Z_]+|\.\.\.|<.*")  # N, DIR, RUN, ..., <row>
+# an argument that stands for the reader's own value, or lists choices: such a command is not parsed whole
+TEMPLATE = re.compile(r"^[A-Z_]+$|\.\.\.|<|[{}|]|^\[|\]$|(^|[=:/])[A-Z]+$")
 # dated records of flags that existed when the command ran (docs/performance_history.md keeps commands as run)
 RECORDS = {("docs/performance_history.md", "bench/train_step.py", "--fuse-inject")}
 
@@ -150,6 +155,73 @@ def problems(command: str, page: str = "") -> list[str]:
                     if v and not PLACEHOLDER.fullmatch(v) and v not in [str(c) for c in action.choices]:
                         out.append(f"{named}: {flag} {v!r} is not one of {[str(c) for c in action.choices]}")
     return out
+
+
+def parse_failures(command: str, page: str = "") -> list[str]:
+    """A command with nothing left to fill in, parsed whole by its script's parser (after scripts.run's `--`:
+    base_train's): values of the wrong type or form, missing values, arguments the script does not take. GPU
+    commands are parsed with `--device cpu` (the parser checks that the device exists here; a bench's default
+    device can be cuda)."""
+    tokens, out, i = shlex.split(command, comments=True), [], 0
+    while i < len(tokens):
+        word = tokens[i]
+        if word == "-m" and i + 1 < len(tokens) and tokens[i + 1].startswith("scripts."):
+            target, i = tokens[i + 1], i + 2
+        elif re.fullmatch(r"(\S*/)?bench/[a-z_0-9]+\.py", word):
+            target, i = "bench/" + word.split("bench/")[1], i + 1
+        else:
+            i += 1
+            continue
+        args = []
+        while i < len(tokens) and tokens[i] not in SEPARATORS:
+            args.append(tokens[i])
+            i += 1
+        parser = parser_of(target) if (REPO / (target.replace(".", "/") + ".py" if target.startswith("scripts.")
+                                               else target)).is_file() else None
+        if (not args or parser is None or any(TEMPLATE.search(a) for a in args)
+                or any((page, target, a) in RECORDS for a in args)):
+            continue  # a bare mention, a missing script (problems() says so), a template or a dated record
+        args = ["cpu" if a == "cuda" and k and args[k - 1] in ("--device", "--device-type") else a
+                for k, a in enumerate(args)]
+        if "--device" in parser._option_string_actions and "--device" not in args:
+            args = ["--device", "cpu", *args]
+        parts = [(parser, args)]
+        if "--" in args:
+            k = args.index("--")
+            if target == "scripts.run":  # what follows goes to base_train
+                parts = [(parser, args[:k]), (parser_of("scripts.base_train"), args[k + 1:])]
+            else:  # torchrun's `--` before the script's own flags
+                parts = [(parser, args[:k] + args[k + 1:])]
+        for p, part in parts:
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    p.parse_args(part)
+            except SystemExit:
+                out.append(f"{target}: {err.getvalue().strip().splitlines()[-1]}")
+    return out
+
+
+def test_every_documented_command_without_placeholders_parses():
+    found, bad = 0, []
+    for page in PAGES:
+        name = str(page.relative_to(REPO))
+        for number, command in commands(page.read_text(encoding="utf-8")):
+            found += 1
+            bad += [f"{name}:{number}: {f}\n    {command[:150]}" for f in parse_failures(command, name)]
+    assert found >= 100 and not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("command, want", [
+    ("python -m scripts.base_train --depth twelve --dry-run",
+     ["scripts.base_train: python -m scripts.base_train: error: argument --depth: invalid int value: 'twelve'"]),
+    ("python -m scripts.run configs/mini/base.toml --seeds 42 -- --num-iterations",
+     ["scripts.run: python -m scripts.base_train: error: argument --num-iterations: expected one argument"]),
+    ("python bench/step.py --device cuda --threads 1", []),
+    ("python -m scripts.base_eval --run runs/X --step S", []),  # a template: not parsed
+])
+def test_the_whole_parse_finds_bad_values(command, want):
+    assert parse_failures(command) == want
 
 
 def test_every_documented_command_names_real_scripts_and_flags():
