@@ -284,12 +284,13 @@ class CoreSettings:
 def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, core=None,
                   max_tokens: int | None = None, flag: str = "--corpus",
                   train_rows: tuple[int | None, str] = (None, "manifest order")) -> list[Domain]:
-    """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem); ``flag``
-    is the option the specs came from, named in errors; ``data_dir``: the prepared data of val/train domains, or a
-    function of the asking domain ("--corpus val") giving it (SplitData); ``core``: a function giving the settings
-    and the bundle directory of core: domains (CoreSettings; None: the search order, every example);
-    ``train_rows``: train_rows_order's (first-read seed, description) of the train split's rows."""
-    domains = []
+    """--corpus val|train|core:<task>|core:all|file:PATH (a file domain is named after the file stem, or its path as
+    given where another domain has that name: ``name_uniquely``); ``flag`` is the option the specs came from, named
+    in errors; ``data_dir``: the prepared data of val/train domains, or a function of the asking domain ("--corpus
+    val") giving it (SplitData); ``core``: a function giving the settings and the bundle directory of core:
+    domains (CoreSettings; None: the search order, every example); ``train_rows``: train_rows_order's
+    (first-read seed, description) of the train split's rows."""
+    domains, given = [], []  # given: the spec of each domain
     for spec in specs:
         start = len(domains)
         kind, _, arg = spec.partition(":")
@@ -333,9 +334,31 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
         for d in domains[start:]:  # means over no position would read as measured zeros / uniform routing
             if not any(bool((r != tokenizer.bos_token_id).any()) for r in d.rows):
                 raise ValueError(f"{flag} {spec}: domain {d.name!r} has no token to analyse (empty or only BOS)")
+        given += [spec] * (len(domains) - start)
     if not domains:
         raise ValueError(f"{flag}: no domain given")
+    name_uniquely(domains, given, flag)
     return domains
+
+
+CORE_AVERAGE = "CORE"  # analyze_memory's task-balanced entry beside the tasks'
+
+
+def name_uniquely(domains: list[Domain], given: list[str], flag: str) -> None:
+    """The outputs key each domain by its name, so two of one name would be one entry (the second's numbers
+    under it, the first's lost) and one task named twice would weigh twice in the task-balanced CORE average. A file
+    domain whose stem another domain (or the CORE average) has is named by its path as given (enwik9/val.txt beside
+    shakespeare/val.txt and the val split); a domain given twice (core:copa beside core:all, val twice) is refused."""
+    names = [d.name for d in domains]
+    for d, spec in zip(domains, given):
+        if d.kind == "file" and (names.count(d.name) > 1 or d.name == CORE_AVERAGE):
+            d.name = spec.partition(":")[2]
+    first = {}
+    for d, spec in zip(domains, given):
+        if d.name in first:
+            raise ValueError(f"{flag}: domain {d.name!r} is given twice ({first[d.name]} and {spec}): it would be "
+                             "one entry of the outputs (and count twice in the CORE average); give it once")
+        first[d.name] = spec
 
 
 def split_rows(domains: list[Domain]) -> dict[str, str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat.analysis import (GateAccumulator, add_train_rows_flag, build_domains, CoreSettings,
+from nanochat.analysis import (CORE_AVERAGE, GateAccumulator, add_train_rows_flag, build_domains, CoreSettings,
                                heatmaps, iter_captured, load_run, memory_block, OutputWriteError, SplitData,
                                split_rows, staged_outputs, train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
@@ -72,10 +72,10 @@ def memory_use(model, domains, batch_size: int, bos_id: int, progress: bool = Tr
 
 def add_core_average(results: dict, core_names: list[str]) -> None:
     if len(core_names) > 1:
-        results["CORE"] = {key: torch.tensor([results[n][key] for n in core_names]).mean(0).tolist()
-                           for key in ("gamma", "inject_norm")}
-        results["CORE"]["tokens"] = sum(results[n]["tokens"] for n in core_names)
-        results["CORE"]["tasks"] = core_names
+        results[CORE_AVERAGE] = {key: torch.tensor([results[n][key] for n in core_names]).mean(0).tolist()
+                                 for key in ("gamma", "inject_norm")}
+        results[CORE_AVERAGE]["tokens"] = sum(results[n]["tokens"] for n in core_names)
+        results[CORE_AVERAGE]["tasks"] = core_names
 
 
 def write_outputs(results: dict, layers, out_dir: Path, header: dict) -> None:
