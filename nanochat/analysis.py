@@ -195,6 +195,7 @@ class Domain:
     rows: list[torch.Tensor]  # 1-D LongTensors, BOS first (or a window of a longer BOS-started document)
     kind: str = "file"  # split | core | file
     order: str = ""  # a split's: which of its documents the rows hold (train_rows_order, VAL_ROWS)
+    spec: str = ""  # the --corpus/--reference spec it came from (build_domains)
 
     @property
     def num_tokens(self) -> int:
@@ -290,7 +291,7 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
     val") giving it (SplitData); ``core``: a function giving the settings and the bundle directory of core:
     domains (CoreSettings; None: the search order, every example); ``train_rows``: train_rows_order's
     (first-read seed, description) of the train split's rows."""
-    domains, given = [], []  # given: the spec of each domain
+    domains = []
     for spec in specs:
         start = len(domains)
         kind, _, arg = spec.partition(":")
@@ -334,31 +335,37 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
         for d in domains[start:]:  # means over no position would read as measured zeros / uniform routing
             if not any(bool((r != tokenizer.bos_token_id).any()) for r in d.rows):
                 raise ValueError(f"{flag} {spec}: domain {d.name!r} has no token to analyse (empty or only BOS)")
-        given += [spec] * (len(domains) - start)
+        for d in domains[start:]:
+            d.spec = spec
     if not domains:
         raise ValueError(f"{flag}: no domain given")
-    name_uniquely(domains, given, flag)
+    name_uniquely(domains, flag)
     return domains
 
 
 CORE_AVERAGE = "CORE"  # analyze_memory's task-balanced entry beside the tasks'
 
 
-def name_uniquely(domains: list[Domain], given: list[str], flag: str) -> None:
+def name_uniquely(domains: list[Domain], flag: str) -> None:
     """The outputs key each domain by its name, so two of one name would be one entry (the second's numbers
     under it, the first's lost) and one task named twice would weigh twice in the task-balanced CORE average. A file
     domain whose stem another domain (or the CORE average) has is named by its path as given (enwik9/val.txt beside
     shakespeare/val.txt and the val split); a domain given twice (core:copa beside core:all, val twice) is refused."""
     names = [d.name for d in domains]
-    for d, spec in zip(domains, given):
+    for d in domains:
         if d.kind == "file" and (names.count(d.name) > 1 or d.name == CORE_AVERAGE):
-            d.name = spec.partition(":")[2]
+            d.name = file_path_name(d)
     first = {}
-    for d, spec in zip(domains, given):
+    for d in domains:
         if d.name in first:
-            raise ValueError(f"{flag}: domain {d.name!r} is given twice ({first[d.name]} and {spec}): it would be "
+            raise ValueError(f"{flag}: domain {d.name!r} is given twice ({first[d.name]} and {d.spec}): it would be "
                              "one entry of the outputs (and count twice in the CORE average); give it once")
-        first[d.name] = spec
+        first[d.name] = d.spec
+
+
+def file_path_name(domain: Domain) -> str:
+    """A file domain's name where its stem is taken: the path as given in its spec."""
+    return domain.spec.partition(":")[2]
 
 
 def split_rows(domains: list[Domain]) -> dict[str, str]:

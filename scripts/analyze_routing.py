@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from nanochat.analysis import (Domain, OutputWriteError, RoutingAccumulator, add_train_rows_flag,
-                               build_domains, CoreSettings, iter_captured, load_run, memory_block, pad_rows, SplitData,
-                               run_captured, single_token_at, split_rows, staged_outputs, train_rows_order,
-                               write_json)
+                               build_domains, CoreSettings, file_path_name, iter_captured, load_run, memory_block,
+                               pad_rows, SplitData, run_captured, single_token_at, split_rows, staged_outputs,
+                               train_rows_order, write_json)
 from nanochat.cli_types import checkpoint_step, device_name, int_at_least, positive_int
 from nanochat.eval_bundle import add_core_flags
 from nanochat.terminal import replace_unencodable_output
@@ -95,6 +95,17 @@ def accumulate(model, domain: Domain, batch_size: int, bos_id: int, progress: bo
     for ids, mask, cap in iter_captured(model, domain.rows, batch_size, bos_id, domain.name, progress):
         acc.update(ids, mask, cap)
     return acc
+
+
+def name_reference(reference: Domain, domains: list[Domain]) -> Domain:
+    """The JSD column's "vs <name>" must say which data the reference is. A --corpus domain of its name is the same
+    data where it has the same spec, the same CORE task or split; one of them being another file of the same stem
+    (shakespeare/val.txt beside the val split), that file is named by its path."""
+    for d in domains:
+        if d.name == reference.name and d.spec != reference.spec and "file" in (d.kind, reference.kind):
+            other = reference if reference.kind == "file" else d
+            other.name = file_path_name(other)
+    return reference
 
 
 def slot_audit(model, domains: list[Domain], reference: Domain | None, batch_size: int, bos_id: int,
@@ -310,7 +321,7 @@ def analyze(args, out_dir: Path) -> int:
                 refs = build_domains([args.reference], tokenizer, model.max_seq_len, **common, flag="--reference")
                 if len(refs) != 1:
                     raise ValueError(f"--reference {args.reference}: must name exactly one domain")
-                reference = refs[0]
+                reference = name_reference(refs[0], domains)
             rows = slot_audit(model, domains, reference, args.batch_size, tokenizer.bos_token_id, args.min_count,
                               not args.no_progress)
             rows_of = split_rows(domains + ([reference] if reference else []))

@@ -50,3 +50,16 @@ def test_memory_use_has_one_entry_per_file_of_one_stem(tmp_path):
     a, b, _ = files_named_alike(tmp_path)
     results = memory_use(model, build_domains([f"file:{a}", f"file:{b}"], tok, 64), 2, tok.bos_token_id, False)
     assert list(results) == [str(a), str(b)] and results[str(a)]["gamma"] != results[str(b)]["gamma"]
+
+
+def test_the_jsd_reference_is_named_apart_from_a_corpus_file_of_its_stem(tmp_path):
+    """"Mean/max JSD vs val" must not name the --corpus file val.txt when the reference is another val.txt."""
+    from scripts.analyze_routing import name_reference
+
+    tok = make_tokenizer(tmp_path / "tok")
+    a, b, _ = files_named_alike(tmp_path)
+    corpus = build_domains([f"file:{a}"], tok, 64)
+    ref = name_reference(build_domains([f"file:{b}"], tok, 64, flag="--reference")[0], corpus)
+    assert (corpus[0].name, ref.name) == ("val", str(b))
+    same = name_reference(build_domains([f"file:{a}"], tok, 64, flag="--reference")[0], corpus)
+    assert same.name == "val"  # the corpus domain itself: its row is the reference's (JSD 0)
