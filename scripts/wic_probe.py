@@ -368,7 +368,7 @@ def probe(args, out_dir: Path) -> dict:
         "run": str(args.run), "step": meta["step"], "files": args.wic, "distribution": args.distribution,
         "pairs_read": len(pairs), "pairs_kept": len(kept), "kept_T": int(labels.sum()), "dropped": dropped,
         "unique_target_ids": len({k["ids1"][k["pos1"]] for k in kept}), "bootstrap": args.bootstrap,
-        "layers": layers, "heads": H, "summary": summ,
+        "bootstrap_seed": args.seed, "layers": layers, "heads": H, "summary": summ,
         "sites": {k: v for k, v in res.items() if k != "thresholds"},
         "thresholds": {str(t): th for t, th in res["thresholds"].items()},
         "kept_pairs": [asdict(k["pair"]) for k in kept]}, res, layers, H)
