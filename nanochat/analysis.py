@@ -305,8 +305,9 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
             n = max_tokens or 65536
             first_read, order = train_rows if kind == "train" else (None, VAL_ROWS)
             try:
-                rows = build_eval_rows(split_dir, kind, tokenizer, seq_len, n, first_read_seed=first_read)[:, :-1]
-            except EvalRowsTooFew as e:  # its advice names base_eval's flag: say which one asked here
+                rows = build_eval_rows(split_dir, kind, tokenizer, seq_len, n, first_read_seed=first_read,
+                                       budget_flag="--max-tokens")[:, :-1]
+            except EvalRowsTooFew as e:  # say where the budget came from
                 budget = f"--max-tokens {n:,}" if max_tokens else f"--max-tokens 0 = {n:,}"
                 raise ValueError(f"{flag} {spec}: {budget} is more than the split holds: {e}") from e
             except DataError as e:  # e.g. a corrupt manifest: an error line, not a traceback

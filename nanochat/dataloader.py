@@ -388,7 +388,7 @@ def eval_rows_order(split: str, data_seed: int | None) -> tuple[int | None, dict
 
 def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs=BUFFER_DOCS, rank=0,
                     world_size=1, first_read_seed: int | None = None,
-                    chunk_docs: int = TOKENIZE_CHUNK) -> torch.LongTensor:
+                    chunk_docs: int = TOKENIZE_CHUNK, budget_flag: str = "--eval-tokens") -> torch.LongTensor:
     """A fixed (N, seq_len+1) set of packed rows, N = ceil(num_tokens / seq_len).
 
     Documents are taken in manifest order without shuffling and packed exactly like training rows, so the set
@@ -404,7 +404,8 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
     chunks and the ranks exchange the tokens, so each tokenizes ~1/W of the text and every rank packs the same
     rows. In an evaluation
     (``nanochat.eval_resume.interrupts_raise``) a signal latched on any rank ends it with ``Interrupted`` on every
-    rank after the round it came in.
+    rank after the round it came in. A split too small for ``num_tokens`` raises ``EvalRowsTooFew`` advising to lower
+    ``budget_flag`` (the caller's flag for ``num_tokens``).
     """
     n_rows = math.ceil(num_tokens / seq_len)
     chunks = manifest_chunks(data_dir, split, chunk_docs) if first_read_seed is None else \
@@ -449,7 +450,7 @@ def build_eval_rows(data_dir, split, tokenizer, seq_len, num_tokens, buffer_docs
             if not packer.fill_row(rows[i], refill):
                 raise EvalRowsTooFew(f"the {split} split of {data_dir} yields only {i} rows of {seq_len + 1} tokens "
                                 f"(~{i * seq_len:,} tokens) but {num_tokens:,} eval tokens were asked for; "
-                                f"lower the eval token count (--eval-tokens) or prepare a larger {split} split")
+                                f"lower {budget_flag} or prepare a larger {split} split")
     finally:
         chunks.close()  # its open shards
     return torch.from_numpy(rows)

@@ -85,8 +85,10 @@ def test_analyses_read_the_recorded_datasets_directory(imported, data_root, tmp_
     assert json.loads(next((imported / "eval").glob("step_*/bpb.json")).read_text())["data_dir"] == str(recorded)
 
     assert _memory(imported, tmp_path / "big", "--max-tokens", "1000000") == 2  # an error line, no traceback
-    assert capsys.readouterr().err.startswith("error: --corpus val: --max-tokens 1,000,000 is more than the split "
-                                              f"holds: the val split of {recorded} yields only ")
+    err = capsys.readouterr().err
+    assert err.startswith("error: --corpus val: --max-tokens 1,000,000 is more than the split "
+                          f"holds: the val split of {recorded} yields only "), err
+    assert "lower --max-tokens or prepare a larger val split" in err and "--eval-tokens" not in err, err  # its flag
 
     other = _prepare(tmp_path / "other", max_words=20)  # other documents
     assert _memory(imported, tmp_path / "other_out", "--data-dir", str(other)) == 0
