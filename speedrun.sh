@@ -73,13 +73,17 @@ take_lock runs/speedrun.lock "in $PWD (pid $$; setting up)"
 child="" stopped="" last="" early=""
 trap 'stopped=SIGINT; if [ -n "$child" ]; then kill -INT "$child" 2>/dev/null || true; else early=1; fi' INT
 trap 'stopped=SIGTERM; if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null || true; else early=1; fi' TERM
+# Slurm's pre-emption notice (`sbatch --signal=USR1@90`) stops a run as SIGTERM does (base_train saves); bash and
+# torchrun would otherwise die of it. Slurm signals every process of the step: a step gets it twice (directly and
+# from this trap) and still saves, as with a scheduler's SIGTERM
+trap 'stopped=SIGUSR1; if [ -n "$child" ]; then kill -USR1 "$child" 2>/dev/null || true; else early=1; fi' USR1
 step() {
     local name="$1" rc=0
     [ "$1" != python ] || name="$3"  # python -m MODULE
     [ "$1" != bash ] || name="$2"  # bash SCRIPT
     [ -z "$stopped" ] || stop_here "after $last"  # a signal between two steps (no step to pass it to)
     # an asynchronous child would ignore SIGINT: restore it; no copy of .venv's lock (one left running keeps none)
-    ( trap - INT TERM; exec "$@" 8<&- ) &
+    ( trap - INT TERM USR1; exec "$@" 8<&- ) &
     child=$! last="$name"
     [ -z "$early" ] || kill -s "${stopped#SIG}" "$child" 2>/dev/null || true  # it came before $child was set
     early=""
@@ -154,6 +158,9 @@ gpu_run() {
         [ -f tokenizer/tokenizer.json ] || \
             step python -m scripts.tok_train --vocab-size 32768 --data-dir "$data" --output-dir tokenizer
         resume_lrs "$state"
+        # torchrun's defaults plus SIGUSR1 (--signals-to-handle's environment form; a torch without it ignores it):
+        # torchrun passes a SIGUSR1 on to the workers and waits for their save instead of dying of it
+        export PET_SIGNALS_TO_HANDLE="${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}"
         step torchrun --standalone --nproc_per_node="$nproc" -m scripts.base_train "${train[@]}" ${lrs[@]+"${lrs[@]}"}
     fi
     # base_train wrote $run/report.md (provenance, throughput, metrics); add the table and curves beside it

@@ -192,8 +192,14 @@ def write_report_on_rank0(what, write) -> None:
     evaluation_complete()
 
 
+# The signals that stop a run or an evaluation (base_train saves first): Ctrl-C, SIGTERM (a scheduler's cancel or time
+# limit, torchrun passing on its own) and SIGUSR1 (Slurm's pre-emption notice, `sbatch --signal=USR1@90`, whose
+# default action would kill the process without a word or a checkpoint).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM (a Slurm time limit, torchrun passing on its own) arrived during the evaluation."""
+    """One of STOP_SIGNALS arrived during the evaluation."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -202,13 +208,13 @@ class Interrupted(KeyboardInterrupt):
 
 @contextmanager
 def interrupts_raise():
-    """Turn SIGINT and SIGTERM into ``Interrupted`` (SIGTERM would otherwise kill the process without a word), at
+    """Turn STOP_SIGNALS into ``Interrupted`` (SIGTERM or SIGUSR1 would otherwise kill the process without a word), at
     once or, under torch.distributed, at the next stop vote or set-up step (``stop_evaluation``). Nothing is saved
     on the way out: every finished item is already on disk."""
     def handle(signum, frame):
         stop_evaluation(signum)
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
     try:
         with signals_latched_for_votes():
             yield

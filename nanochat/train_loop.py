@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from nanochat.common import is_dist, portable_error, raise_lowest_rank_error, rows_to_device
 from nanochat.dataset import DataError
-from nanochat.eval_resume import signals_latched_for_votes, stop_evaluation
+from nanochat.eval_resume import STOP_SIGNALS, signals_latched_for_votes, stop_evaluation
 
 
 def any_rank(flag: bool, device) -> bool:
@@ -36,7 +36,7 @@ def gather_objects(obj) -> list:
 
 @dataclass(frozen=True)
 class StopVotes:
-    """What the ranks asked for in one step's reduction, the same on every rank: a stop signal (SIGINT/SIGTERM)
+    """What the ranks asked for in one step's reduction, the same on every rank: a stop signal (STOP_SIGNALS)
     on any rank, the --max-wall-time-seconds budget spent on any rank (their clocks differ)."""
     signal: bool = False
     wall_time: bool = False
@@ -282,10 +282,11 @@ def synthetic_eval_rows(vocab_size: int, seq_len: int, num_tokens: int, seed: in
 
 
 class StopSignal:
-    """Latch SIGINT/SIGTERM so the loop can save at the next step boundary. Only a second Ctrl-C (SIGINT) at
-    least ``abort_after_s`` after the first signal aborts at once: a scheduler's cancel or time limit (Slurm)
-    sends SIGTERM to the launcher AND every worker, and torchrun forwards its own, so a worker sees two SIGTERMs
-    (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still save.
+    """Latch STOP_SIGNALS (SIGINT, SIGTERM, Slurm's SIGUSR1 notice) so the loop can save at the next step boundary.
+    Only a second Ctrl-C (SIGINT) at least ``abort_after_s`` after the first signal aborts at once: a scheduler's
+    cancel or time limit (Slurm) sends SIGTERM to the launcher AND every worker, and torchrun forwards its own, so a
+    worker sees two SIGTERMs (or a SIGINT from the terminal plus a forwarded one) within milliseconds and must still
+    save.
 
     Inside ``interrupts()`` (the final evaluation, after the last checkpoint is saved, when only the evaluation and
     the summary are left; a step's periodic evals, before its checkpoint is saved, which the caller then saves as a
@@ -317,7 +318,7 @@ class StopSignal:
                 self._raise = False
 
     def install(self) -> "StopSignal":
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
