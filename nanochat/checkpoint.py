@@ -22,7 +22,7 @@ import torch
 
 from nanochat.cli_types import recorded_args
 from nanochat.families import build_model, config_from_dict
-from nanochat.jsonfile import read_json_object
+from nanochat.jsonfile import fsync_dir, read_json_object
 
 CKPT_DIR = "checkpoints"
 TMP_PREFIX, OLD_PREFIX, PRUNE_PREFIX = ".tmp-", ".old-", ".prune-"
@@ -33,19 +33,6 @@ _STEP_RE = re.compile(r"^step_(\d{6,})$")
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (e.g. a full disk): ``save_checkpoint``'s file-system errors. base_train
     raises it on every rank together (rank 0 writes, through rank0_decides)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _write_file(path: Path, write_fn) -> None:
@@ -132,7 +119,7 @@ def _write_checkpoint(root: Path, final: Path, tmp: Path, step: int, model, meta
         _write_file(tmp / "state.pt", lambda f: torch.save(state, f))
     full_meta = {"step": step, "model_config": model.config.to_dict(), **meta}
     _write_file(tmp / "meta.json", lambda f: f.write(json.dumps(full_meta, indent=2).encode()))
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if final.exists():  # re-saving the same step: move the old one aside first
         old = root / f"{OLD_PREFIX}{final.name}"
         if old.exists():
@@ -142,7 +129,7 @@ def _write_checkpoint(root: Path, final: Path, tmp: Path, step: int, model, meta
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def is_kept(run_dir, step: int) -> bool:
@@ -163,7 +150,7 @@ def prune_checkpoints(run_dir, keep_last: int) -> list[int]:
         if trash.exists():
             shutil.rmtree(trash)
         os.replace(step_dir(run_dir, s), trash)
-    _fsync_dir(root)
+    fsync_dir(root)
     for s in old:
         shutil.rmtree(root / f"{PRUNE_PREFIX}{step_dir(run_dir, s).name}", ignore_errors=True)
     return old
@@ -185,8 +172,8 @@ def set_aside_later(run_dir, step: int) -> tuple[list[int], Path | None]:
     dest.mkdir()
     for s in sorted(later, reverse=True):  # the latest first: a kill midway leaves the fewest later steps listed
         os.replace(step_dir(run_dir, s), dest / step_dir(run_dir, s).name)
-    _fsync_dir(dest)
-    _fsync_dir(root)
+    fsync_dir(dest)
+    fsync_dir(root)
     return later, dest
 
 
@@ -212,7 +199,7 @@ def sweep_leftovers(run_dir) -> list[str]:
             shutil.rmtree(p, ignore_errors=True)
             swept.append(p.name)
     if swept:
-        _fsync_dir(root)
+        fsync_dir(root)
     return swept
 
 

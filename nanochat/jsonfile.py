@@ -3,6 +3,7 @@ them with one clear error that names the file, whatever is wrong with it (not UT
 and writing files (text, bytes, a torch.save, a link) so that a reader never sees half a file and two writers of
 one file never share a temp file."""
 
+import errno
 import fnmatch
 import json
 import os
@@ -38,9 +39,10 @@ def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
 
 def write_atomic(path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` to write the file at a temp name of its own beside ``path``, fsync it, then rename it over
-    ``path``: a kill mid-write leaves the old file (or none), never a torn one, and two processes writing ``path`` at
-    once each rename a whole file (the last rename wins) instead of one renaming or removing the other's. Once
-    renamed, the temp files of ``path`` that writers killed midway left are removed (``remove_stale_temps``' rules).
+    ``path`` and fsync the folder (``fsync_dir``): a kill mid-write leaves the old file (or none), never a torn one,
+    and two processes writing ``path`` at once each rename a whole file (the last rename wins) instead of one
+    renaming or removing the other's. Once renamed, the temp files of ``path`` that writers killed midway left are
+    removed (``remove_stale_temps``' rules).
     """
     path = Path(path)
     fd, tmp = _create_temp(path)
@@ -55,7 +57,27 @@ def write_atomic(path, write: Callable[[Path], object]) -> None:
     except BaseException:  # e.g. a full disk, Ctrl-C: no torn temp file left beside ``path``
         tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     _remove_stale_temps_of(path)
+
+
+def fsync_dir(directory) -> None:
+    """fsync folder ``directory`` after a rename into it: until then a power cut can bring back the old entry (or
+    none) even though the file's data is on the disk. A file system that cannot fsync a folder (some FUSE and
+    network ones) says EINVAL or ENOTSUP: the rename is then as durable as it makes it, which is no error. A folder
+    this process may write but not read (EACCES on the open) cannot be synced from here either: also none. Any
+    other error (EIO) raises: the rename may not have reached the disk."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except PermissionError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -89,6 +111,7 @@ def replace_atomic(path, create: Callable[[Path], object]) -> None:
         tmp.replace(path)
     finally:  # also after a rename: one of a hard link over another link of its file does nothing (POSIX)
         tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 def write_text_atomic(path, text: str) -> None:

@@ -76,7 +76,7 @@ def test_the_file_has_the_mode_a_plain_open_gives(tmp_path, umask):
 
 def test_the_temp_file_is_fsynced_before_the_rename(tmp_path, monkeypatch):
     """A power cut after the rename must not leave an empty ``path`` (the rename can reach the disk before the
-    data): the temp file's content is fsynced first."""
+    data): the temp file's content is fsynced first (then the folder: tests/test_small34a_fsync.py)."""
     path, synced = tmp_path / "f.json", []
     real = os.fsync
 
@@ -86,7 +86,7 @@ def test_the_temp_file_is_fsynced_before_the_rename(tmp_path, monkeypatch):
 
     monkeypatch.setattr(jsonfile.os, "fsync", spy)
     write_text_atomic(path, "data")
-    assert synced == [(path.stat().st_ino, False)]
+    assert synced == [(path.stat().st_ino, False), (tmp_path.stat().st_ino, True)]
 
 
 def test_is_temp_for_names_only_write_atomics_temp_files(tmp_path):

@@ -81,14 +81,15 @@ def test_save_load_round_trip(tiny_tokenizer, tmp_path):  # noqa: F811
 
 def test_save_fsyncs_each_file_once(tiny_tokenizer, tmp_path, monkeypatch):  # noqa: F811
     """Each of the three files reaches the disk before its rename, once: write_atomic fsyncs the temp file, so a
-    second fsync of the same data in the writer (as _atomic_write had) only costs time."""
+    second fsync of the same data in the writer (as _atomic_write had) only costs time. The folder is fsynced after
+    each rename."""
     from nanochat import jsonfile
 
     synced, real = [], os.fsync
     monkeypatch.setattr(jsonfile.os, "fsync", lambda fd: synced.append(os.fstat(fd).st_ino) or real(fd))
     tiny_tokenizer.save(tmp_path)
     files = [tmp_path / name for name in ("tokenizer.bpe", "token_bytes.pt", "tokenizer.json")]
-    assert synced == [f.stat().st_ino for f in files]
+    assert synced == [i for f in files for i in (f.stat().st_ino, tmp_path.stat().st_ino)]
 
 
 def test_missing_and_corrupt_tokenizer_errors(tmp_path, tiny_tokenizer):  # noqa: F811
