@@ -57,7 +57,17 @@ class KVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k/v (B, kv_heads, T, d) at ``pos`` and return views (B, kv_heads, pos+T, d) of the filled prefix
-        including them, in the storage's (= the written) dtype."""
+        including them, in the storage's (= the written) dtype. Both are checked before anything is written: a
+        batch, head count or head dim other than the cache's (a batch of 1 would broadcast over every row) is a
+        ValueError naming the expected and the got shape."""
+        batch, heads, _, head_dim = self.shape
+        tokens = k.size(2) if k.dim() == 4 else "T"
+        expected = (batch, heads, tokens, head_dim)
+        for name, new in (("k", k), ("v", v)):
+            if tuple(new.shape) != expected:
+                raise ValueError(f"KV cache layer {layer}: {name} has shape {tuple(new.shape)}, expected "
+                                 f"({', '.join(map(str, expected))}) (batch, kv heads, tokens, head dim; the cache "
+                                 f"was built for batch {batch}, {heads} kv heads of dim {head_dim})")
         end = self.pos + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} tokens > max_len {self.max_len}")
