@@ -301,7 +301,17 @@ def demo_dtype(demo_dir: Path, asked: str = "") -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (see the module doc); a Ctrl-C is one line and exit 130, as speedrun.sh runs these in command
+    substitutions where a traceback would be all the user sees of the stop."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        say(f"interrupted (Ctrl-C) during the {argv[0] if argv else 'preflight'} check")
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     train_flags, demo_flags = [], []
     if "--" in argv:
         i = argv.index("--")

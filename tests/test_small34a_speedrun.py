@@ -1,12 +1,16 @@
-"""speedrun.sh and Slurm's pre-emption notice (SIGUSR1, `sbatch --signal=USR1@90`), on test_speedrun's fake steps."""
+"""speedrun.sh and Slurm's pre-emption notice (SIGUSR1, `sbatch --signal=USR1@90`), on test_speedrun's fake steps;
+Ctrl-C in its preflight checks."""
 
 import json
 import os
 import signal
+import time
 
 import pytest
 
 import test_speedrun
+from conftest import REPO
+from scripts import speedrun_preflight as pre
 from test_speedrun import alive, ran, start_speedrun, wait_for_training
 
 fake_speedrun = test_speedrun.fake_speedrun  # the fixture
@@ -62,3 +66,41 @@ def test_the_gpu_path_tells_torchrun_to_pass_sigusr1_on(usr1_speedrun, tmp_path,
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 and len(ran(env["FAKE_LOG"], "scripts.base_train")) == 1, err
     assert open(env["FAKE_LOG"] + ".signals").read() == (preset or "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+
+
+# Ctrl-C in speedrun.sh's checks (scripts.speedrun_preflight in a command substitution): one line, exit 130, no
+# Python traceback; speedrun.sh stops there with that status (set -e), or, where the check is an `if` (done), at
+# its next step, saying so.
+@pytest.mark.parametrize("argv, target", [(["layout", "--gpus", "2", "--", "--depth", "2"], "layout"),
+                                          (["mode"], "probe"), (["done", "run", "--", "--depth", "2"], "demo_state")])
+def test_ctrl_c_in_a_preflight_check_is_one_line_and_exit_130(monkeypatch, capsys, argv, target):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("SPEEDRUN_MODE", raising=False)
+    monkeypatch.setattr(pre, target, interrupted)
+    assert pre.main(argv) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [f"[speedrun] interrupted (Ctrl-C) during the {argv[0]} check"], err
+
+
+def test_ctrl_c_in_speedruns_mode_check_ends_it_quietly(fake_speedrun, tmp_path):
+    """The real check, stopped in its nvidia-smi probe (a stand-in that waits) by a terminal's Ctrl-C (the process
+    group): speedrun.sh exits 130 with the check's one line; nothing after the check runs."""
+    repo, env = fake_speedrun
+    marker = tmp_path / "probing"
+    smi = repo / ".venv" / "bin" / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\ntouch "{marker}"\nexec sleep 30\n')
+    smi.chmod(0o755)
+    env = {k: v for k, v in env.items() if k not in ("SPEEDRUN_MODE", "CUDA_VISIBLE_DEVICES")}
+    proc = start_speedrun(repo, env, FAKE_REAL_PREFLIGHT=str(REPO))
+    for _ in range(3000):  # the check imports torch first: seconds under load
+        if marker.exists():
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err and "[speedrun] interrupted (Ctrl-C) during the mode check" in err, err
+    assert ran(env["FAKE_LOG"], "scripts.prepare_data") == ran(env["FAKE_LOG"], "scripts.base_train") == []
