@@ -12,7 +12,8 @@ Output goes to --data-dir (default $NANOCHAT_DATA_DIR/<dataset> or ~/.cache/nano
 dataset's name is nanochat.dataset.hf_dir_name's: hf-ORG--NAME--CONFIG, or hf_<spec percent-encoded> for others;
 a relative local path by the absolute path it resolves to). A build into a directory holding another dataset, or
 this one prepared with other --split/--text-column/--max-docs/--revision/--doc-chars/--text-dir/--val-fraction/
---docs-per-shard, is refused unless --overwrite (the runs trained on it would read the new data under its name).
+--docs-per-shard, or (hf:) streamed at another hub commit (the dataset changed upstream: --revision pins one), is
+refused unless --overwrite (the runs trained on it would read the new data under its name).
 For embedded/local data the held-out val set is the last --val-fraction of every source file's documents
 (deterministic, disjoint from train, and drawn from every source so it matches the train distribution); files too
 small to give a val document of their own (documents x fraction < 1) give the fraction together, evenly spread
@@ -26,6 +27,7 @@ import argparse
 import codecs
 import lzma
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from nanochat.terminal import replace_unencodable_output
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "embedded"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
 OWN_SHARDS = ("train_[0-9]*.parquet", "val_[0-9]*.parquet")  # what the builders write
+HUB_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def split_paragraph_documents(text: str, doc_chars: int) -> list[str]:
@@ -262,13 +265,27 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
+def resolved_commit(path: str, builder) -> str | None:
+    """The hub commit ``builder`` streams: `datasets` resolves --revision (or the main branch) to a commit once, as
+    it makes the builder, and gives the builder that commit as its hash (so no network call of its own here, and
+    the data streamed is that commit's). None for a local folder or file (read before the hub), and where the hash
+    is not a commit (a `datasets` that hashes otherwise)."""
+    if Path(path).exists():
+        return None
+    commit = getattr(builder, "hash", None)
+    return commit if isinstance(commit, str) and HUB_COMMIT.fullmatch(commit) else None
+
+
 def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_column: str = "text",
                      max_docs: int | None = None, val_fraction: float = 0.05, docs_per_shard: int = 20_000,
-                     revision: str | None = None, row_group_size: int = 1024, progress: bool = True) -> dict:
+                     revision: str | None = None, row_group_size: int = 1024, progress: bool = True,
+                     check_commit=None) -> dict:
     """Stream split ``split`` of a Hugging Face dataset into train/val shards + manifest.
 
     Documents are the non-empty strings of ``text_column`` in stream order, at most ``max_docs`` of them;
-    ``is_val_doc`` picks the val ones. Rows whose text is empty or not a string are counted and skipped.
+    ``is_val_doc`` picks the val ones. Rows whose text is empty or not a string are counted and skipped. The hub
+    commit streamed (``resolved_commit``) is recorded as the manifest's hf "commit" (a hub dataset only), and given
+    to ``check_commit`` (``same_commit_check``) before anything in ``data_dir`` changes.
     """
     import datasets
     from tqdm import tqdm
@@ -279,10 +296,15 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
     if max_docs is not None and max_docs < 2:
         raise ValueError(f"--max-docs must be >= 2 (one train and one val document), got {max_docs}")
     try:
-        stream = datasets.load_dataset(path, config, split=split, revision=revision, streaming=True)
+        # load_dataset(..., streaming=True) is these two calls; the builder tells the commit it resolved
+        builder = datasets.load_dataset_builder(path, config, revision=revision)
+        stream = builder.as_streaming_dataset(split=split)
     except Exception as e:  # unknown dataset/config/split, no network, gated repo: the library says which
         raise DataError(f"--dataset {dataset} --split {split}: cannot open the dataset "
                         f"({type(e).__name__}: {_one_line(e)})") from e
+    commit = resolved_commit(path, builder)
+    if check_commit is not None:
+        check_commit(commit)
     data_dir.mkdir(parents=True, exist_ok=True)
     start_rebuild(data_dir)
     writers = {s: ShardWriter(data_dir, s, docs_per_shard, row_group_size) for s in ("train", "val")}
@@ -322,6 +344,8 @@ def build_hf_dataset(dataset: str, data_dir: Path, split: str = "train", text_co
           "skipped_rows": skipped}
     if Path(path).exists():  # a local folder or file, which `datasets` reads before the hub: where it resolves
         hf["local_path"] = str(Path(path).resolve())
+    if commit is not None:
+        hf["commit"] = commit
     source = f"{dataset} split={split}" + (f" revision={revision}" if revision else "")
     manifest = write_manifest(data_dir, dataset, writers["train"].names, writers["val"].names, source=source,
                               documents={s: w.count for s, w in writers.items()}, hf=hf)
@@ -366,7 +390,8 @@ def build_local_dataset(args, data_dir: Path, progress: bool) -> dict:
     """The shards + manifest of an hf:, embedded or local dataset (built here, not downloaded)."""
     if args.dataset.startswith(HF_PREFIX):
         return build_hf_dataset(args.dataset, data_dir, args.split, args.text_column, args.max_docs, args.val_fraction,
-                                args.docs_per_shard or 20_000, args.revision, progress=progress)
+                                args.docs_per_shard or 20_000, args.revision, progress=progress,
+                                check_commit=None if args.overwrite else same_commit_check(data_dir, args))
     sources = embedded_sources() if args.dataset == "embedded" else local_sources(args.text_dir, data_dir)
     desc = str(EMBEDDED_DIR) if args.dataset == "embedded" else str(args.text_dir)
     docs_per_shard = args.docs_per_shard or 1000
@@ -409,6 +434,8 @@ def recorded_build_flags(manifest: dict) -> dict:
     else:
         entry, keys = manifest.get("request") or {}, TEXT_BUILD_FLAGS
     flags = {flag: entry[key] for flag, key in keys.items() if key in entry}
+    if entry.get("commit"):  # the commit streamed decides, not the name that pinned it (same_commit_check)
+        flags.pop("--revision", None)
     if manifest.get("text_dir"):
         flags["--text-dir"] = manifest["text_dir"]
     return flags
@@ -416,6 +443,36 @@ def recorded_build_flags(manifest: dict) -> dict:
 
 def _shown(flags: dict) -> str:
     return " ".join(f"{flag} {'none' if value is None else value}" for flag, value in flags.items())
+
+
+def _where(data_dir: Path, args) -> str:
+    return f"--data-dir {data_dir}" if args.data_dir else \
+        f"{data_dir} (the default directory of --dataset {args.dataset})"
+
+
+def same_commit_check(data_dir: Path, args):
+    """Where ``data_dir`` holds this hf: dataset streamed at a recorded hub commit: the check, for
+    ``build_hf_dataset``, that refuses a build streaming another commit (the dataset changed upstream under the same
+    flags, or --revision names another): it would replace the data under the same name, as other flags would
+    (``check_replaces_no_other_build``). Else None: nothing recorded to compare (no build, an older manifest, a
+    local folder)."""
+    try:
+        manifest = load_manifest(data_dir)
+    except DataError:
+        return None
+    hf = manifest.get("hf")
+    recorded = hf.get("commit") if isinstance(hf, dict) and manifest.get("dataset") == args.dataset else None
+    if not recorded:
+        return None
+
+    def check(commit: str | None) -> None:
+        if commit is not None and commit != recorded:
+            raise DataError(f"{_where(data_dir, args)} holds --dataset {args.dataset} streamed at hub commit "
+                            f"{recorded}; this build streams commit {commit} (the dataset changed upstream, or "
+                            f"--revision names another commit) and would replace it under the same name: pass "
+                            f"--revision {recorded} to build that commit again, or --overwrite to replace it (or "
+                            "give this build a --data-dir of its own)")
+    return check
 
 
 def check_replaces_no_other_build(data_dir: Path, args) -> None:
@@ -428,8 +485,7 @@ def check_replaces_no_other_build(data_dir: Path, args) -> None:
         manifest = load_manifest(data_dir)
     except DataError:  # none (a first or interrupted build) or unreadable: nothing recorded to replace
         return
-    where = f"--data-dir {data_dir}" if args.data_dir else \
-        f"{data_dir} (the default directory of --dataset {args.dataset})"
+    where = _where(data_dir, args)
     fixes = (" under the same name, and runs that trained on it would read the new data (base_eval's bpb, the "
              "analyses); give this build a --data-dir of its own, or pass --overwrite to replace it")
     held = other_dataset_held(data_dir, args.dataset, manifest)
