@@ -95,8 +95,7 @@ def test_sigusr1_under_torchrun_saves(tmp_path, how):
         assert (ckpt.step_dir(run, step) / "model.pt").is_file()
         assert json.loads(metrics.read_text().splitlines()[-1]).get("step") == step
     finally:
-        for pid in workers:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)
         torchrun.kill()
         torchrun.wait()

@@ -84,6 +84,7 @@ def test_ctrl_c_in_a_preflight_check_is_one_line_and_exit_130(monkeypatch, capsy
     assert out == "" and err.splitlines() == [f"[speedrun] interrupted (Ctrl-C) during the {argv[0]} check"], err
 
 
+@pytest.mark.slow  # ~10 s under load: the real check imports torch
 def test_ctrl_c_in_speedruns_mode_check_ends_it_quietly(fake_speedrun, tmp_path):
     """The real check, stopped in its nvidia-smi probe (a stand-in that waits) by a terminal's Ctrl-C (the process
     group): speedrun.sh exits 130 with the check's one line; nothing after the check runs."""
