@@ -349,12 +349,14 @@ def run_one(seed: int, run_dir: Path, cmd: list[str], afresh: str | None = None,
         def forward(signum, frame):
             received.append(signum)
             # a hang-up (the terminal or ssh session closed) never reaches the child in its own session: it is
-            # stopped as by SIGTERM, so it saves its checkpoint instead of dying at its next line to a dead pipe
-            proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            # stopped as by SIGTERM, so it saves its checkpoint instead of dying at its next line to a dead pipe.
+            # Slurm's pre-emption notice (SIGUSR1) too: torchrun forwards SIGTERM to its workers, a SIGUSR1 kills it
+            proc.send_signal(signal.SIGTERM if signum in (signal.SIGHUP, signal.SIGUSR1) else signum)
 
         # SIGHUP only where it is not ignored: under nohup the run is meant to outlive the terminal
         hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, *hangup)}
+        previous = {sig: signal.signal(sig, forward)
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, *hangup)}
         try:
             for line in output:  # until the child exits: its "saved checkpoint" lines reach the log too
                 say(line)
