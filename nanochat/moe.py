@@ -129,8 +129,12 @@ class MoEFFN(nn.Module):
         self.experts = nn.ModuleList(ReluSquaredMLP(C, self.hidden) for _ in range(self.E))
         self.shared = nn.ModuleList(ReluSquaredMLP(C, self.hidden) for _ in range(config.moe_shared))
         self.register_buffer("bias", torch.empty(self.E, dtype=torch.float32))  # persistent: part of the model
+        # balance_counts hold one optimizer step's assignments (reset by the update; a token goes to an expert at most
+        # once): exact in fp32 below 2^24 tokens per step (d24 sparse: 2^20), fp32 like MoME's (the same update)
         self.register_buffer("balance_counts", torch.empty(self.E, dtype=torch.float32), persistent=False)
-        self.register_buffer("load_counts", torch.empty(self.E, dtype=torch.float32), persistent=False)
+        # load_counts add up a log interval: int64, as fp32 stops adding 1 past 2^24 (d24 sparse, K/E = 2/6: ~48
+        # steps of 2^20 tokens; 16 if one expert took every token)
+        self.register_buffer("load_counts", torch.empty(self.E, dtype=torch.int64), persistent=False)
 
     @torch.no_grad()
     def init_weights(self, bound: float) -> None:
@@ -190,10 +194,10 @@ class MoEFFN(nn.Module):
     @torch.no_grad()
     def stats(self) -> dict[str, float]:
         """Load fraction of each expert and MaxVio = (max load - mean) / mean since the last call (one host sync)."""
-        load = self.load_counts
+        load = self.load_counts.double()  # exact below 2^53
         total = load.sum()
         values = torch.cat([load / total.clamp_min(1), (load.max() * self.E / total.clamp_min(1) - 1)[None],
-                            self.bias.abs().max()[None], total[None]]).tolist()
+                            self.bias.abs().max()[None].double(), total[None]]).tolist()
         self.load_counts.zero_()
         if values[-1] == 0:
             return {}

@@ -146,7 +146,9 @@ class JTokMMemory(_ScaledTokenTables):
         self.residual_scale = 1.0 / math.sqrt(2 * config.n_layer)  # 1/sqrt(2 N_l)
         self.router_bound = math.sqrt(3.0 / config.n_embd)
         self.routers = nn.ModuleList(nn.Linear(config.n_embd, o.experts, bias=False) for _ in self.layers)
-        self.register_buffer("load_counts", torch.empty(len(self.layers), o.experts), persistent=False)
+        # int64: a log interval's assignments per expert pass 2^24, where fp32 stops adding 1
+        self.register_buffer("load_counts", torch.empty(len(self.layers), o.experts, dtype=torch.int64),
+                             persistent=False)
 
     def pool_size(self) -> int:
         return self.opts.experts

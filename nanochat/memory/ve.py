@@ -49,7 +49,7 @@ class GammaTracker(nn.Module):
     def __init__(self, n_layers: int):
         super().__init__()
         self.register_buffer("gamma_sum", torch.zeros(n_layers), persistent=False)
-        self.register_buffer("count", torch.zeros(n_layers), persistent=False)
+        self.register_buffer("count", torch.zeros(n_layers, dtype=torch.int64), persistent=False)  # forwards
 
     def init_weights(self) -> None:
         self.gamma_sum.zero_()
