@@ -1,6 +1,6 @@
 """argparse ``type=`` helpers shared by the scripts, so a bad value stops at parse time with the flag's name
-(argparse prefixes the message with ``argument --flag:``) instead of failing later inside torch or a loop; and
-``NodeParser``, whose errors and --help a torchrun job prints once per node."""
+(argparse prefixes the message with ``argument --flag:``) instead of failing later inside torch or a loop; the same
+integer check for values from config files and option dataclasses (``check_int_at_least``); and ``NodeParser``, whose errors and --help a torchrun job prints once per node."""
 
 import argparse
 import os
@@ -80,13 +80,25 @@ def _int_or(text: str, invalid: int) -> int:
         return invalid
 
 
+def _not_at_least(value, low: int) -> str:
+    return f"must be an integer >= {low} (got {value!r})"
+
+
+def check_int_at_least(name: str, value, low: int = 1) -> None:
+    """The same check for a value that did not come through argparse (a config file's, a dataclass field's): an int
+    (not a bool: a config file's true) >= ``low``, else a ValueError "``name`` must be an integer >= low (got ...)";
+    ``name`` is the flag, or the config file and key."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} {_not_at_least(value, low)}")
+
+
 def int_at_least(low: int):
     """argparse ``type=`` for an integer >= ``low``: a negative count stops at its flag instead of reading, later,
     as a missing checkpoint step_-00001, an empty domain or "all"."""
     def parse(text: str) -> int:
         value = _int_or(text, low - 1)
         if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low} (got {text!r})")
+            raise argparse.ArgumentTypeError(_not_at_least(text, low))
         return value
     return parse
 

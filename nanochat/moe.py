@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from nanochat.balance import loss_free_bias_update
 from nanochat.memory.mome_mix import topk_indices
-from nanochat.memory.mome_options import finite_number_at_least, int_at_least
+from nanochat.cli_types import check_int_at_least
+from nanochat.memory.mome_options import finite_number_at_least
 
 MLP_KINDS = ("dense", "moe")
 FFN_FIELDS = ("mlp", "moe_experts", "moe_topk", "moe_shared", "moe_hidden", "moe_balance_lr")  # GPTConfig's
@@ -63,10 +64,10 @@ def check_mlp_config(config) -> None:
     """Validate the FFN fields of a GPTConfig; errors name the base_train flag."""
     if config.mlp not in MLP_KINDS:
         raise ValueError(f"--mlp {config.mlp!r} is unknown; allowed: {', '.join(MLP_KINDS)}")
-    int_at_least("--moe-experts", config.moe_experts, 1)
-    int_at_least("--moe-topk", config.moe_topk, 1)
-    int_at_least("--moe-shared", config.moe_shared, 0)
-    int_at_least("--moe-hidden", config.moe_hidden, 0)
+    check_int_at_least("--moe-experts", config.moe_experts, 1)
+    check_int_at_least("--moe-topk", config.moe_topk, 1)
+    check_int_at_least("--moe-shared", config.moe_shared, 0)
+    check_int_at_least("--moe-hidden", config.moe_hidden, 0)
     finite_number_at_least("--moe-balance-lr", config.moe_balance_lr, 0)
     if config.moe_topk > config.moe_experts:
         raise ValueError(f"--moe-topk {config.moe_topk} exceeds --moe-experts {config.moe_experts} (need K <= E)")

@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from nanochat.cli_types import check_int_at_least
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -109,8 +111,7 @@ def check_row_config(cfg: dict, path, runner: bool = True) -> dict:
 def _check_count(path, key: str, value) -> None:
     """A count the runner computes with (the batch split, the process count): a float or a string would be cut or
     fail inside int(), a list or a boolean raise a traceback or read as 1."""
-    if type(value) is not int or value < 1:
-        raise ValueError(f"config {path}: {key} must be an integer >= 1 (got {value!r})")
+    check_int_at_least(f"config {path}: {key}", value)
 
 
 def paper_train_shards(cfg: dict) -> tuple[int, str] | None:

@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nanochat.cli_types import check_int_at_least
+
 from .base import MemoryBlock
 from .hashing import prepare_bigram_rows
 from .ve import GammaTracker, ValueGate, record
@@ -29,8 +31,7 @@ class BigramOptions:
     factor: int = 6  # --bigram-factor: table rows = factor * vocab_size
 
     def __post_init__(self):
-        if not isinstance(self.factor, int) or self.factor < 1:
-            raise ValueError(f"--bigram-factor must be an integer >= 1 (got {self.factor!r})")
+        check_int_at_least("--bigram-factor", self.factor)
 
 
 class BigramMemory(MemoryBlock):

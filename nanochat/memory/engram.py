@@ -40,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nanochat.cli_types import check_int_at_least
 from nanochat.tokenizer import SPECIAL_TOKENS
 
 from .base import MemoryBlock
@@ -129,8 +130,7 @@ class EngramOptions:
         for flag, value, low in (("--engram-max-order", self.max_order, 2), ("--engram-heads", self.heads, 1),
                                  ("--engram-dim", self.dim, 0), ("--engram-first-prime", self.first_prime, 2),
                                  ("--engram-kernel", self.kernel, 1), ("--engram-seed", self.seed, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{flag} must be an integer >= {low} (got {value!r})")
+            check_int_at_least(flag, value, low)
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"--engram-compression {self.compression!r} is unknown; "
                              f"allowed: {', '.join(COMPRESSIONS)}")

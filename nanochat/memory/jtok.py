@@ -41,6 +41,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nanochat.cli_types import check_int_at_least
+
 from .base import MemoryBlock
 from .mome_mix import mome_mix, topk_indices
 from .mome_options import finite_number_at_least
@@ -68,9 +70,8 @@ class JTokMOptions:
     eps: float = 1e-6  # --jtokm-eps
 
     def __post_init__(self):
-        for flag, value in (("--jtokm-experts", self.experts), ("--jtokm-topk", self.topk)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{flag} must be an integer >= 1 (got {value!r})")
+        check_int_at_least("--jtokm-experts", self.experts)
+        check_int_at_least("--jtokm-topk", self.topk)
         if self.topk == 1:
             raise ValueError("--jtokm-topk 1: with K = 1 the sigmoid-normalised weight is identically 1, so the "
                              "router would get no gradient from the LM loss (spec §4.3 M1); use K >= 2")

@@ -6,6 +6,8 @@ Split from nanochat.memory.mome (the block itself); ``from nanochat.memory.mome 
 import math
 from dataclasses import dataclass
 
+from nanochat.cli_types import check_int_at_least
+
 from .slot_index import ARITHMETIC_INDEXERS, check_arithmetic_options
 
 GATES = ("sigmoid-norm", "softmax", "sigmoid", "softmax-norm")
@@ -19,12 +21,6 @@ BALANCES = ("none", "bias", "trust-region")
 def _choice(flag, value, allowed):
     if value not in allowed:
         raise ValueError(f"{flag} {value!r} is unknown; allowed: {', '.join(allowed)}")
-
-
-def int_at_least(flag: str, value, minimum: int = 1) -> None:
-    """An int (not a bool: a config file's true) >= ``minimum``; the MoME flags' and the MoE FFN's (nanochat.moe)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{flag} must be an integer >= {minimum} (got {value!r})")
 
 
 def finite_number_at_least(flag: str, value, minimum: float, strict: bool = False) -> None:
@@ -60,8 +56,8 @@ class MoMEOptions:
     maxvio_window: int = 0  # W optimizer steps of the training-window slot MaxVio (0 = off; logging only)
 
     def __post_init__(self):
-        int_at_least("--mome-slots", self.slots)
-        int_at_least("--mome-topk", self.topk)
+        check_int_at_least("--mome-slots", self.slots)
+        check_int_at_least("--mome-topk", self.topk)
         if self.topk > self.slots:
             raise ValueError(f"--mome-topk {self.topk} exceeds --mome-slots {self.slots} (need K <= M)")
         if self.gate != "auto":
@@ -70,10 +66,10 @@ class MoMEOptions:
         _choice("--mome-index", self.index, INDEXERS)
         _choice("--mome-routing", self.routing, ROUTINGS)
         _choice("--mome-balance", self.balance, BALANCES)
-        int_at_least("--mome-group-size", self.group_size)
-        int_at_least("--mome-bigram-factor", self.bigram_factor)
-        int_at_least("--mome-rows", self.rows, minimum=0)
-        int_at_least("--mome-dedicated-size", self.dedicated_size, minimum=0)
+        check_int_at_least("--mome-group-size", self.group_size)
+        check_int_at_least("--mome-bigram-factor", self.bigram_factor)
+        check_int_at_least("--mome-rows", self.rows, 0)
+        check_int_at_least("--mome-dedicated-size", self.dedicated_size, 0)
         check_arithmetic_options(self.index, self.rows, self.dedicated_size)
         if self.index == "grouped":
             if self.slots % self.group_size:
@@ -90,7 +86,7 @@ class MoMEOptions:
         if self.routing != "context" and self.router_input != "hidden":
             raise ValueError(f"--mome-router-input only applies to --mome-routing context (got {self.routing})")
         _choice("--mome-router-type", self.router_type, ROUTER_TYPES)
-        int_at_least("--mome-conv-kernel-size", self.conv_kernel_size)
+        check_int_at_least("--mome-conv-kernel-size", self.conv_kernel_size)
         if self.router_type != "conv1d" and self.conv_kernel_size != 4:
             raise ValueError(f"--mome-conv-kernel-size only applies to --mome-router-type conv1d (got "
                              f"--mome-router-type {self.router_type})")
@@ -104,8 +100,8 @@ class MoMEOptions:
         finite_number_at_least("--mome-balance-lr", self.balance_lr, 0)  # inf: inf * 0 makes unmoved biases NaN
         # n < 1 would invert the band; n = 1 is M equal shares
         finite_number_at_least("--mome-balance-band", self.balance_band, 1)
-        int_at_least("--mome-balance-min-visits", self.balance_min_visits, minimum=0)
-        int_at_least("--mome-maxvio-window", self.maxvio_window, minimum=0)
+        check_int_at_least("--mome-balance-min-visits", self.balance_min_visits, 0)
+        check_int_at_least("--mome-maxvio-window", self.maxvio_window, 0)
         if self.maxvio_window and self.topk == self.slots:  # every slot is read: MaxVio is 0 by construction
             raise ValueError(f"--mome-maxvio-window needs K < M (got --mome-topk {self.topk} == --mome-slots "
                              f"{self.slots}: full routing reads every slot, so its MaxVio is always 0)")

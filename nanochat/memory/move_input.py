@@ -40,6 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nanochat.cli_types import check_int_at_least
+
 from .base import MemoryBlock
 from .hashing import bigram_hash
 from .ve import GammaTracker, init_table_uniform, record
@@ -51,9 +53,8 @@ class MoVEOptions:
     rank: int = 64  # r, --move-rank (hidden width of each expert)
 
     def __post_init__(self):
-        for flag, value in (("--move-experts", self.experts), ("--move-rank", self.rank)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{flag} must be an integer >= 1 (got {value!r})")
+        check_int_at_least("--move-experts", self.experts)
+        check_int_at_least("--move-rank", self.rank)
 
 
 def bigram_experts(idx: torch.Tensor, experts: int, state: dict | None) -> tuple[torch.Tensor, torch.Tensor]:

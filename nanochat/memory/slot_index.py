@@ -16,6 +16,8 @@ host sync, no Python loop): the same code runs on the CPU, on CUDA and under tor
 
 import torch
 
+from nanochat.cli_types import check_int_at_least
+
 ARITHMETIC_INDEXERS = ("mod", "headmod")
 
 
@@ -36,8 +38,7 @@ def check_arithmetic_options(index: str, rows: int, dedicated: int) -> None:
 def resolve_rows(index: str, rows: int, factor: int, vocab_size: int | None) -> int:
     """N of the flags: --mome-rows N as given, else ceil(V / --mome-slot-factor f) for mod/headmod (V = vocab_size,
     the tokenizer's, unpadded); the factor is refused where it does not apply (it must be 1 there)."""
-    if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
-        raise ValueError(f"--mome-slot-factor must be an integer >= 1 (got {factor!r})")
+    check_int_at_least("--mome-slot-factor", factor)
     if index not in ARITHMETIC_INDEXERS:
         if factor != 1:
             hint = " (grouped sizes its rows with --mome-group-size c: N = V / c)" if index == "grouped" else ""
