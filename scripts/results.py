@@ -17,7 +17,8 @@ without a CORE, a train bpb on the other kind of rows) says so in its cell ("(2 
 the seeds left out.
 Seeds of different commits (environment.json) are averaged with a note naming each seed's. Tables whose [paper]
 has them get more columns: BB-avg and Wall (the families table), Wall (min) (d12_scaling; ours summary.json
-wall_time_s, marked when the seeds ran on another GPU count than the paper's), FineWeb-Edu/enwik9/Shakespeare bpb
+wall_time_s, marked when the seeds ran on another GPU count than the paper's: each seed's sessions' counts, "8+4"
+for a seed resumed on 4 GPUs after 8), FineWeb-Edu/enwik9/Shakespeare bpb
 (d24; ours what base_eval --bpb-corpus fineweb_edu=PATH (enwik9=, shakespeare=) recorded for the seed's final step
 in eval/step_<step>/bpb.json) and the routing controls' Δ val bpb / Δ CORE vs ref (the row minus its [row]
 compare_to row). A row with finished seeds that record none of a run-recorded column prints n/a, and a footnote
@@ -70,7 +71,8 @@ NOT_RECORDED = {"wall_min": "the seeds' summary.json has no wall_time_s (runs fr
                    f"scripts.base_eval --run <seed dir> --eval bpb --bpb-corpus {name}=PATH writes it (the "
                    "document-reset protocol; the paper does not say its own)" for name in OOD_CORPORA}}
 WALL_NOTE = ("Wall (min): ours is summary.json wall_time_s / 60 (start-up to the end of the final evaluation, compile "
-             "and evaluations included) on the seed's GPUs; the paper does not say what its wall time spans")
+             "and evaluations included) on the seed's GPUs (8+4: a seed resumed on 4 after 8); the paper does not "
+             "say what its wall time spans")
 RECONSTRUCTED_MARK = " [reconstructed]"
 RECONSTRUCTED_NOTE = ("[reconstructed]: the design's structure is inferred from the paper's parameter total, not "
                       "published (see the row config's notes)")
@@ -181,7 +183,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
     train bpbs on other rows (train_bpb_mean); ``averaged`` counts the seeds in each column's mean."""
     row = cfg["row"]
     row_dir = runs_root / row["table"] / row["name"]
-    summaries, names, notes, commits, ood = [], [], [], [], []
+    summaries, names, notes, commits, ood, gpus = [], [], [], [], [], []
     for path in sorted(d / "summary.json" for d in row_dir.glob("seed*") if d.is_dir()):
         # read once (the checks below all ask it); a directory that is no seed<N> is refused unread
         config = run_config(path.parent) if seed_of_dir(path.parent.name) is not None else {}
@@ -211,6 +213,7 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
             summaries.append(summary)
             names.append(path.parent.name)
             commits.append(seed_commits(path.parent))
+            gpus.append(seed_gpu_counts(summary, config))
             ood.append(final_corpus_bpbs(path.parent, summary))
         else:
             notes.append(f"{path.parent.name} not finished (stop_reason {summary.get('stop_reason')!r}), "
@@ -247,8 +250,8 @@ def collect_row(cfg: dict, runs_root: Path) -> dict:
         out["averaged"][key] = sum(map(measured, values))
         if key in out["paper"] and any(map(measured, values)):
             notes += [f"{name} has no {key}, not in its mean" for name, v in zip(names, values) if not measured(v)]
-    out["world_sizes"] = sorted({s["world_size"] for s, w in zip(summaries, recorded["wall_min"])
-                                 if measured(w) and s.get("world_size")})
+    out["world_sizes"] = sorted({g for g, w in zip(gpus, recorded["wall_min"]) if measured(w) and g},
+                                key=lambda g: [int(n) for n in g.split("+")])
     if len(set(commits) - {"unknown"}) > 1:  # a fix between seeds would hide in the std
         notes.append("seeds of different commits averaged (environment.json): "
                      + "; ".join(f"{name} {c}" for name, c in zip(names, commits)))
@@ -280,6 +283,20 @@ def final_corpus_bpbs(run_dir: Path, summary: dict) -> dict:
     corpora = read_json_object(path, ValueError, "rerun base_eval or remove that file").get("corpora")
     return {name: entry["bpb"] for name, entry in (corpora if isinstance(corpora, dict) else {}).items()
             if isinstance(entry, dict) and isinstance(entry.get("bpb"), (int, float))}
+
+
+def seed_gpu_counts(summary: dict, config: dict) -> str | None:
+    """The GPU count of each session of a seed, in order, "+" between them ("8+4": resumed on 4 after 8): config.json's
+    world_size_changes (--resume-new-world-size; its checkpoints' record, so a rollback drops a later change) and
+    summary.json's world_size (the last session's); None where neither is recorded (older runs)."""
+    changes = [c for c in config.get("world_size_changes") or [] if isinstance(c, dict)]
+    counts = [changes[0].get("checkpoint")] + [c.get("now") for c in changes] if changes else []
+    counts.append(summary.get("world_size"))
+    sessions = []
+    for count in counts:
+        if type(count) is int and count >= 1 and (not sessions or sessions[-1] != count):
+            sessions.append(count)
+    return "+".join(map(str, sessions)) or None
 
 
 def seed_commits(run_dir: Path) -> str:
@@ -398,8 +415,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                 cell += f" ({averaged} of {r['seeds']} seeds)"
             if key in NOT_RECORDED and r["seeds"] and not averaged:
                 cell = "n/a"  # the seeds do not record it: a footnote says what would
-            if key == "wall_min" and r["world_sizes"] not in ([], [r["paper_gpus"]]) and not math.isnan(ours):
-                cell += f" ({', '.join(map(str, r['world_sizes']))} GPUs; paper {r['paper_gpus']})"
+            if key == "wall_min" and r["world_sizes"] not in ([], [str(r["paper_gpus"])]) and not math.isnan(ours):
+                cell += f" ({', '.join(r['world_sizes'])} GPUs; paper {r['paper_gpus']})"
             paper_std = r["paper"].get(f"{paper_key}_std")
             line += [cell, "–" if paper is None else _fmt(paper, paper_std, fmt), delta]
         pm, pt = r["params_memory"], r["params_total"]

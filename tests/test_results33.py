@@ -203,8 +203,8 @@ def test_d12_scaling_has_the_papers_wall_minutes_beside_the_runs(tmp_path):
     assert ("n/a in Wall (min): the seeds' summary.json has no wall_time_s (runs from before it was recorded)"
             in md), md
     assert ("Wall (min): ours is summary.json wall_time_s / 60 (start-up to the end of the final evaluation, "
-            "compile and evaluations included) on the seed's GPUs; the paper does not say what its wall time "
-            "spans") in md, md
+            "compile and evaluations included) on the seed's GPUs (8+4: a seed resumed on 4 after 8); the paper does "
+            "not say what its wall time spans") in md, md
 
 
 def test_d24_shows_the_out_of_domain_bpb_base_eval_recorded(tmp_path):
