@@ -188,6 +188,12 @@ class AttentionBackend:
 _ATTENTION = AttentionBackend()
 
 
+def attention_dtype(name: str, dtype: str) -> str:
+    """The dtype the resolved kernel ``name`` computes attention in under the run's autocast ``dtype``: FlashAttention
+    takes 16-bit inputs only (``causal_attention`` casts fp32 to bf16), SDPA the run's own."""
+    return "bfloat16" if name in ("fa2", "fa3") else dtype
+
+
 def set_attention_backend(backend: AttentionBackend) -> None:
     global _ATTENTION
     _ATTENTION = backend

@@ -262,7 +262,9 @@ def fmt_throughput(summary: dict) -> str:
     run had more than one), the all-steps figure, any other tok_per_sec_* key as it is."""
     value, notes = summary.get("tok_per_sec"), []
     if summary.get("attention"):  # throughput depends on it (--attention); absent in older summaries
-        notes.append(f"attention {summary['attention']}")
+        computed = summary.get("attention_dtype")  # FlashAttention under --dtype float32: bfloat16
+        shown = computed is not None and computed != summary.get("dtype")
+        notes.append(f"attention {summary['attention']}" + (f" in {computed}" if shown else ""))
     if summary.get("tok_per_sec_note"):
         notes.append(str(summary["tok_per_sec_note"]))
     if summary.get("tok_per_sec_steps") is not None:

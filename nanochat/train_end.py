@@ -20,6 +20,7 @@ from nanochat import checkpoint as ckpt
 from nanochat.cli_types import dest_name
 from nanochat.common import (GroupStore, compute_cleanup, error_text, errors_by_rank, is_dist, own_error,
                              post_rank_error, print0, rank_errors_count, rank_errors_posted)
+from nanochat.gpt import attention_dtype
 from nanochat.jsonfile import written_path
 from nanochat.metrics import peak_flops
 from nanochat.report import REPORT, unfinished, write_run_report
@@ -111,13 +112,15 @@ def throughput(run: Run) -> dict:
 def write_summary(run: Run, stop_reason: str, evals: dict) -> dict:
     step, tb = run.loop["step"], run.args.total_batch_size
     wall = run.wall_time()
+    kernels = run.loop.get("attention") or [run.attention]  # each session's (--dtype cannot change on a resume)
     summary = {"run_name": run.args.run_name, "run_dir": str(run.run_dir), "stop_reason": stop_reason,
                "step": step, "num_iterations": run.plan["num_iterations"], "tokens": step * tb,
                "flops": step * tb * run.plan["flops_per_token"], **{k: run.plan[k] for k in
                ("params_total", "params_memory", "params_backbone", "params_active", "flops_per_token",
                 "world_size")},
                "train_time_s": run.loop["train_time"], "wall_time_s": wall, "dtype": run.dtype,
-               "attention": "+".join(run.loop.get("attention") or [run.attention]),
+               "attention": "+".join(kernels),
+               "attention_dtype": "+".join(dict.fromkeys(attention_dtype(k, run.dtype) for k in kernels)),
                "mome_kernels": "+".join(run.loop.get("mome_kernels") or [run.mome_kernels]), **throughput(run),
                "init_from": run.init_from, **evals}
     if run.rank == 0:

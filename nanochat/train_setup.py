@@ -17,9 +17,10 @@ import torch
 
 from nanochat import checkpoint as ckpt
 from nanochat import init_from, run_control
-from nanochat.common import every_rank_ok, get_dist_info, print0, rank0_decides, raised_on_every_rank
+from nanochat.common import (every_rank_ok, get_dist_info, print0, rank0_decides, raised_on_every_rank,
+                             resolve_dtype)
 from nanochat.families import NAMED_SIZES, model_summary
-from nanochat.gpt import resolve_attention, set_attention_backend
+from nanochat.gpt import attention_dtype, resolve_attention, set_attention_backend
 from nanochat.jsonfile import write_text_atomic
 from nanochat.memory import mome_mix, mome_triton
 from nanochat.memory.mome_triton import MAX_TILE, resolve_kernels
@@ -68,15 +69,20 @@ def _same_on_every_rank(flag: str, requested: str, name: str, fix: str) -> None:
                                               f"{fix}"))  # from the gathered names: printed once (print_error)
 
 
-def setup_attention(requested: str, device) -> str:
+def setup_attention(requested: str, device, dtype: str = "auto") -> str:
     """Resolve --attention once, before the model is built and compiled, and install it for ``causal_attention``;
     returns the resolved name. Every rank resolves alike (device kind and packages), but a kernels-hub download can
-    fail on one node only: ranks that disagree stop the run rather than train with mixed kernels."""
+    fail on one node only: ranks that disagree stop the run rather than train with mixed kernels. ``dtype`` (--dtype):
+    a FlashAttention kernel under float32 says that its attention is bf16."""
     backend = every_rank_ok(lambda: resolve_attention(requested, device))
     _same_on_every_rank("--attention", requested, backend.name,
                         "install the same attention packages on every node, or pass --attention sdpa, fa2 or fa3")
     set_attention_backend(backend)
     print0(f"attention: {backend.name}" + (f" ({backend.reason})" if backend.reason else ""))
+    dtype = resolve_dtype(torch.device(device).type, dtype)
+    if attention_dtype(backend.name, dtype) != dtype:
+        print0(f"attention: {backend.name} computes in {attention_dtype(backend.name, dtype)} under --dtype {dtype} "
+               "(FlashAttention takes 16-bit inputs only); pass --attention sdpa for float32 attention")
     return backend.name
 
 

@@ -190,14 +190,14 @@ def eval_attention(flag: str, meta: dict) -> tuple[str, str]:
     return AttentionBackend().name, "the code's default (the checkpoint does not record a kernel)"
 
 
-def setup_eval_attention(flag: str, meta: dict, device) -> tuple[str, str]:
+def setup_eval_attention(flag: str, meta: dict, device, dtype: str = "auto") -> tuple[str, str]:
     """Resolve and install the kernel with training's own checks and errors (setup_attention); returns (its name,
     where the request came from)."""
     from nanochat.train_setup import setup_attention
 
     requested, source = eval_attention(flag, meta)
     try:
-        return setup_attention(requested, device), source
+        return setup_attention(requested, device, dtype), source
     except ValueError as e:
         if flag != "run":
             raise
@@ -479,7 +479,7 @@ def evaluate_into(args, info, device, run: Path, step: int, out_dir: Path, stack
     every_rank_ok(lambda: check_flags_against(args, meta, device.type))
     numerics = apply_numerics(model, args.numerics)
     dtype, dtype_source = eval_dtype(args.dtype, meta, device.type)
-    attention, attention_source = setup_eval_attention(args.attention, meta, device)
+    attention, attention_source = setup_eval_attention(args.attention, meta, device, dtype)
     # read at each forward (nothing here is compiled), so after the model is built; what its layers then take is the
     # record, not the setting (a shared expert, per-head tables, the CPU keep kernels off)
     *kernels, mome_kernels_source = setup_eval_mome_kernels(args.mome_kernels, meta, device, stack,

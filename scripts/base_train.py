@@ -128,7 +128,7 @@ def build_run(args, stack: ExitStack, tokenizer=None, progress: SetUpProgress | 
     one rank is every rank's, and none waits in a collective that a failed rank never enters."""
     info, device = compute_init("" if args.device_type == "auto" else args.device_type)
     stack.callback(compute_cleanup)
-    attention = setup_attention(args.attention, device)  # before the model is built and compiled
+    attention = setup_attention(args.attention, device, args.dtype)  # before the model is built and compiled
     kernels = install_mome_kernels(args.mome_kernels, device, stack, args.mome_shared_table_kernel)  # likewise
     # before any expensive work: a busy or unwritable run dir fails now
     run_dir = resolve_run_dir(args)
