@@ -15,7 +15,7 @@ on THEIR machine (``moe_ve_slot_map_path``). Ours is the grouped index, which lo
 
 import hashlib
 import json
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,19 +52,33 @@ def source_path(model_config: dict, flag_value: str | None) -> Path | None:
                             "a file here)")
 
 
+@dataclass(frozen=True)
+class SourceFile:
+    """The file as an import reads it, once: the config's hash, the parse, the run's copy and the provenance hash
+    all come from these bytes (a file rewritten during the import cannot give a copy other than the map parsed)."""
+    path: Path
+    raw: bytes
+    sha256: str
+
+
+def read_source(path: Path) -> SourceFile:
+    raw = path.read_bytes()
+    return SourceFile(path, raw, hashlib.sha256(raw).hexdigest())
+
+
 def _import_error(e: ValueError, path) -> ReferenceFormatError:
     """slot_map's messages name our training flag; here the file came from --slot-map."""
     msg = str(e).removeprefix(f"{OUR_FLAG} {path}: ")
     return ReferenceFormatError(f"{FLAG} {path}: {msg}")
 
 
-def read_for_import(path: Path, options: dict, vocab_size: int, tokenizer):
-    """The checked map (SlotMap) of ``path`` for our grouped ``options`` (from config_from_reference)."""
+def read_for_import(source: SourceFile, options: dict, vocab_size: int, tokenizer):
+    """The checked map (SlotMap) of the ``source`` file for our grouped ``options`` (from config_from_reference)."""
     o = MoMEOptions(**options)
     slots = vocab_size // o.group_size
-    raw = path.read_bytes()  # parsed and hashed from these bytes: one read, and the hash is of what was parsed
+    path = source.path
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(source.raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ReferenceFormatError(f"{FLAG} {path}: not valid JSON ({e})") from None
     rows_key = "slot_vocab_size" if isinstance(data, dict) and data.get("format") == REFERENCE_FORMAT else "num_rows"
@@ -75,7 +89,7 @@ def read_for_import(path: Path, options: dict, vocab_size: int, tokenizer):
         raise ReferenceFormatError(f"{FLAG} {path}: has {rows_key} {data[rows_key]}, the checkpoint's table has "
                                    f"{slots} slots (model_config moe_ve_slot_vocab_size; {o.group_size} tokens each)")
     try:
-        loaded = slot_map_from_data(data, path, hashlib.sha256(raw).hexdigest(), vocab_size, o.group_size)
+        loaded = slot_map_from_data(data, path, source.sha256, vocab_size, o.group_size)
         check_slot_map_tokenizer(loaded.header, tokenizer, path)
     except ValueError as e:
         raise _import_error(e, path) from None
@@ -88,10 +102,10 @@ def run_path(path: Path, run_dir: Path) -> str:
     return str(run_dir.resolve() / RUN_SUBDIR / path.name)
 
 
-def copy_into_run(path: Path, tmp_run: Path) -> None:
-    """Copy the file into the run being written at ``tmp_run`` (renamed into place afterwards)."""
+def copy_into_run(source: SourceFile, tmp_run: Path) -> None:
+    """Write the file's bytes into the run being written at ``tmp_run`` (renamed into place afterwards)."""
     (tmp_run / RUN_SUBDIR).mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, tmp_run / RUN_SUBDIR / path.name)
+    (tmp_run / RUN_SUBDIR / source.path.name).write_bytes(source.raw)
 
 
 def _their_json(token_to_row: torch.Tensor, group_size: int, tokenizer, source: str) -> dict:

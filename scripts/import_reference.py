@@ -162,8 +162,8 @@ def import_reference(args) -> Path:
 
 
 def convert(args, run_dir: Path) -> tuple:
-    """Find, read and convert the source checkpoint: (our tokenizer, the slot-map file or None, our model, the
-    step, the checkpoint meta to write)."""
+    """Find, read and convert the source checkpoint: (our tokenizer, the slot-map file as read (SourceFile) or None,
+    our model, the step, the checkpoint meta to write)."""
     from nanochat.download import file_sha256
     from nanochat.families import meta_device
     from nanochat.gpt import GPT
@@ -183,9 +183,10 @@ def convert(args, run_dir: Path) -> tuple:
 
     model_path, meta_path, step = find_checkpoint(src, args.step)
     meta = read_meta(meta_path)
-    slot_map = reference_slot_map.source_path(meta["model_config"], args.slot_map)
+    slot_map_path = reference_slot_map.source_path(meta["model_config"], args.slot_map)
+    slot_map = reference_slot_map.read_source(slot_map_path) if slot_map_path else None  # its one read
     # the grouped index records the run's own copy of the map (written below) with its hash
-    slot_map_option = (reference_slot_map.run_path(slot_map, run_dir), file_sha256(slot_map)) if slot_map else None
+    slot_map_option = (reference_slot_map.run_path(slot_map.path, run_dir), slot_map.sha256) if slot_map else None
     config = config_from_reference(meta["model_type"], meta["model_config"], slot_map_option)
     print(f"checkpoint {model_path} (step {step}, model_type {meta['model_type']}) -> --memory {config.memory}")
     if note := moving_bias_note(meta["model_config"]):
@@ -213,10 +214,11 @@ def convert(args, run_dir: Path) -> tuple:
     model.load_state_dict(state, strict=True, assign=True)  # strict: every entry of ours is filled, shapes equal
 
     files = {"model": str(model_path), "meta": str(meta_path), "tokenizer": str(pkl)}
-    if slot_map:
-        files["slot_map"] = str(slot_map)
     print("hashing the source files")
-    imported = {**origin, "step": step, "files": files, "sha256": {k: file_sha256(p) for k, p in files.items()},
+    hashes = {k: file_sha256(p) for k, p in files.items()}
+    if slot_map:
+        files["slot_map"], hashes["slot_map"] = str(slot_map.path), slot_map.sha256
+    imported = {**origin, "step": step, "files": files, "sha256": hashes,
                 "model_type": meta["model_type"], "model_config": meta["model_config"],
                 "reference_meta": {k: v for k, v in meta.items() if k not in ("model_config", "user_config")},
                 **report, "token_bytes": token_bytes}
