@@ -428,7 +428,13 @@ def load_packed_state_dict(opt, state_dict: dict) -> None:
         raise ValueError(f"optimizer state has {len(saved_groups)} parameter groups, this optimizer "
                          f"{len(opt.param_groups)}")
     by_index = {}
-    for group, saved in zip(opt.param_groups, saved_groups):
+    for i, (group, saved) in enumerate(zip(opt.param_groups, saved_groups)):
+        # same counts are not the same groups: two of one size (lm_head's and wte's V x D) would take each other's
+        # moments and lr without a word. A group saved without a name (none today) is not compared
+        for key in ("name", "kind"):
+            if key in saved and saved[key] != group.get(key):
+                raise ValueError(f"optimizer group {i} is {group.get(key)!r} here but {saved[key]!r} in the saved "
+                                 f"state: it was written by code with other parameter groups")
         if len(group["params"]) != len(saved["params"]):
             raise ValueError(f"optimizer group {group.get('name')!r}: state has {len(saved['params'])} parameters, "
                              f"this optimizer {len(group['params'])}")
