@@ -488,6 +488,8 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     a = parse_args(argv)
     device = torch.device(a.device)
+    if device.type == "cuda":  # the timers (synchronize, Event.record, do_bench) act on the current device: cuda:N's
+        torch.cuda.set_device(device)
     cdt = getattr(torch, a.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     a.compile = device.type == "cuda" if a.compile is None else a.compile
     name, bw = device_info(device)

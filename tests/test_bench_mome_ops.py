@@ -206,6 +206,7 @@ def test_floor_bandwidth_is_the_named_gpus_or_none(bench, monkeypatch, name, bw)
 
 def test_an_unknown_gpu_needs_bw(bench, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)  # main makes the GPU the current one
     parse = bench.parse_args
     monkeypatch.setattr(bench, "parse_args", lambda argv: setattr(a := parse(argv), "device", "cuda") or a)
     with pytest.raises(SystemExit, match="--bw.*NVIDIA B200"):
