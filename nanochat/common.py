@@ -60,6 +60,11 @@ def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
     if device_type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device-type cuda requested but CUDA is not available")
     info = get_dist_info()
+    if device_type == "cuda" and info.local_rank >= (count := torch.cuda.device_count()):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # else set_device's "invalid device ordinal" traceback
+        raise SystemExit(f"error: LOCAL_RANK {info.local_rank} needs cuda:{info.local_rank}, but this process sees "
+                         f"{count} GPU(s) (CUDA_VISIBLE_DEVICES {'unset' if visible is None else repr(visible)}): "
+                         f"launch at most {count} processes per node (torchrun --nproc_per_node)")
     if device_type == "cuda":
         # before the first CUDA allocation: fewer fragmentation OOMs with variable-size eval/CORE batches
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

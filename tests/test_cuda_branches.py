@@ -45,6 +45,7 @@ def test_cuda_rng_states_of_more_gpus_than_visible_restore_the_visible_ones(monk
 def _fake_cuda(monkeypatch, calls: list):
     """torch.cuda / torch.backends as compute_init's CUDA branch uses them, recording the order of the calls."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(
         ("set_device", device, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))))
     # not the real flags: on a CPU build they are global state (and change torch.get_float32_matmul_precision)
@@ -74,6 +75,27 @@ def test_compute_init_cuda_branch(monkeypatch, preset):
     assert calls == [("set_device", device, preset or "expandable_segments:True"),
                      ("init_process_group", {"backend": "nccl", "device_id": device}), ("barrier",)]
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+
+
+@pytest.mark.parametrize("visible", [None, "0,1"])
+def test_compute_init_refuses_a_local_rank_past_the_visible_gpus(monkeypatch, visible):
+    """torchrun --nproc_per_node=4 on a node (or a CUDA_VISIBLE_DEVICES) with 2 GPUs: ranks 2 and 3 asked
+    torch.cuda.set_device for cuda:2 / cuda:3 and died in a CUDA traceback ("invalid device ordinal"). Now one
+    error line that names LOCAL_RANK, the GPUs this process sees and what to change, before any CUDA call."""
+    calls = []
+    _fake_cuda(monkeypatch, calls)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    for key, value in (("RANK", "3"), ("LOCAL_RANK", "3"), ("WORLD_SIZE", "4")):
+        monkeypatch.setenv(key, value)
+    shown = "unset" if visible is None else repr(visible)
+    with pytest.raises(SystemExit, match=rf"^error: LOCAL_RANK 3 needs cuda:3, but this process sees 2 GPU\(s\) "
+                                         rf"\(CUDA_VISIBLE_DEVICES {shown}\): launch at most 2 processes per node "
+                                         r"\(torchrun --nproc_per_node\)"):
+        compute_init("cuda")
+    assert calls == []
 
 
 def test_compute_init_cpu_branch_leaves_cuda_alone(monkeypatch):
