@@ -307,15 +307,21 @@ def test_train_step_bench_writes_what_it_has_after_every_process(tmp_path, monke
     assert saved["complete"] is False and list(saved["rows"]) == ["ve"] and saved["rows"]["ve"]["step_ms"] == 10.0
 
 
-def test_train_step_bench_profile_dir_writes_every_kernel_as_json(tmp_path):
+def test_train_step_bench_profile_dir_writes_every_kernel_as_json(tmp_path, monkeypatch, kernel_globals):
     """--profile-dir: beside the op table, every op of the --profile-steps profiled steps (on CPU: the host ops'
-    self time; on CUDA: the device kernels) with its category, as bench/profile_diff.py reads it."""
+    self time; on CUDA: the device kernels) with its category, as bench/profile_diff.py reads it. The design
+    process's command line run in this process (`--one`: what main starts a process for; a process per design is
+    test_train_step_bench_runs_each_design_in_its_own_process's, --profile-dir passed on to it
+    test_train_step_bench_profiles_in_the_first_round_only's): one torch start-up less."""
     bench = load_bench("train_step")
     kernel_table = load_bench("kernel_table")
     prof = tmp_path / "prof"
+    for name in ("MIX", "TOPK_BY_ARGMAX"):  # the design process sets them; kernel_globals restores the rest
+        monkeypatch.setattr(mix_paths, name, getattr(mix_paths, name))
     bench.main(["--device", "cpu", "--designs", "mome", "--depth", "1", "--seq-len", "16", "--vocab-size", "256",
                 "--device-batch-size", "2", "--grad-accum", "1", "--steps", "1", "--warmup", "1",
-                "--profile-dir", str(prof), "--profile-steps", "2", "--out", str(tmp_path / "ts.json")])
+                "--profile-dir", str(prof), "--profile-steps", "2", "--out", str(tmp_path / "ts.json"),
+                "--one", "mome", "--mix", "auto", "--shared-table-kernel", "off", "--no-compile"])
     assert sorted(p.name for p in prof.iterdir()) == ["mome_auto_auto.json", "mome_auto_auto.txt"]
     assert "2 steps profiled" in (prof / "mome_auto_auto.txt").read_text()
     doc = json.loads((prof / "mome_auto_auto.json").read_text())

@@ -118,6 +118,9 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(mt.mome_row_mix_backward_op, (grad, table.detach(), row, w.detach()))
 
 
+# slow: the op compiled alone; test_defaults_compile_fullgraph_through_the_op (default suite) compiles it fullgraph
+# in the model's memory layer (FUSE_INJECT off: this op) and compares the loss and every gradient with eager
+@pytest.mark.slow
 def test_compile_fullgraph_of_the_op_on_cpu():
     """Opaque inside one inductor graph (fake impl for the shapes), its backward the second custom op."""
     torch._dynamo.reset()

@@ -120,6 +120,9 @@ def test_custom_ops_pass_opcheck(dtype):
                                                                gamma.detach()))
 
 
+# slow: the op compiled alone; test_model_fuse_inject_compiles_fullgraph (default suite) compiles it fullgraph in
+# the model's memory layer (FUSE_INJECT on: this op) and compares the loss and every gradient with eager
+@pytest.mark.slow
 def test_compile_fullgraph_of_the_op_on_cpu():
     torch._dynamo.reset()
     table, row, w, gamma, v, grad = _inject_inputs(N=10, H=2, M=3, d=16)
