@@ -414,8 +414,8 @@ def test_reference_export_refuses_moe():
 # [moe_mome] is slow: the same 30-step MoE run with a MoME memory beside it; the MoE claims are [moe]'s, and MoME
 # beside the MoE FFN through base_train, its memory/* and moe/* records in one train record, is
 # test_train_e2e::test_resume_is_bit_exact's (default suite)
-@pytest.mark.parametrize("memory", [[], pytest.param(["--memory", "mome", "--mome-slots", "4"], marks=pytest.mark.slow)],
-                         ids=["moe", "moe_mome"])
+@pytest.mark.parametrize("memory", [[], pytest.param(["--memory", "mome", "--mome-slots", "4"],
+                                                     marks=pytest.mark.slow)], ids=["moe", "moe_mome"])
 def test_trains_on_cpu_with_decreasing_loss(tmp_path, memory):
     run = tmp_path / "r"
     batch = ["--device-batch-size", "4", "--total-batch-size", "256"]

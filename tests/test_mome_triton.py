@@ -1,8 +1,9 @@
 """The row-mix custom op of nanochat.memory.mome_triton (ROW_SUM "triton"), in three tiers:
 
 * always (no triton needed): the op's CPU math against a float64 reference (forward, dw, d_table, repeated rows),
-  its registration (``torch.library.opcheck``), ``torch.compile(fullgraph=True)`` of a function calling it, and
-  MoMEMemory.value's routing: the op for a per-layer table only, the same losses and gradients as "unrolled";
+  its registration (``torch.library.opcheck``), ``torch.compile(fullgraph=True)`` of the model through it (of a
+  function calling it alone: slow), and MoMEMemory.value's routing: the op for a per-layer table only, the same
+  losses and gradients as "unrolled";
 * with triton importable and ``TRITON_INTERPRET=1`` (Triton's interpreter, CPU tensors): the real kernels against
   the float64 reference, alone and inside a MoME model; with triton importable and no TRITON_INTERPRET: both
   kernels compiled for sm_90 by Triton's real compiler (no GPU needed);

@@ -3,9 +3,9 @@
 
 * always (no triton needed): the op's CPU math against a float64 reference (forward; table, w, gamma and v
   gradients; repeated rows; fp32 and bf16 v), its eager rounding pinned, ``torch.library.opcheck``,
-  ``torch.compile(fullgraph=True)`` on CPU, and MoMEMemory.value: the op in every memory layer of a per-layer
-  table with FUSE_INJECT on (the CPU added to KERNEL_DEVICES), the same loss and gradients as with it off; never
-  with a shared expert, with ``capture`` on, or for per-head / shared tables;
+  ``torch.compile(fullgraph=True)`` on CPU (of the op alone: slow), and MoMEMemory.value: the op in every memory
+  layer of a per-layer table with FUSE_INJECT on (the CPU added to KERNEL_DEVICES), the same loss and gradients
+  as with it off; never with a shared expert, with ``capture`` on, or for per-head / shared tables;
 * triton with ``TRITON_INTERPRET=1``: the real kernels against the float64 reference; triton without it: both
   kernels compiled for sm_90;
 * marker ``gpu`` (CUDA): the op against float64 on the GPU, and a compiled MoME model with FUSE_INJECT on and off.
