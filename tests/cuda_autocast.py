@@ -25,7 +25,8 @@ import torch.nn.functional as F
 T = torch.Tensor
 _LOW = (torch.bfloat16, torch.float16)
 
-# CUDA's fp32 policy (AT_FORALL_FP32, pow, norm, rms_norm) as the Python callables that reach those aten ops.
+# CUDA's fp32 policy (AT_FORALL_FP32, pow, norm; rms_norm where the installed torch has it) as the Python callables
+# that reach those aten ops.
 # Composite Python functions whose inner ops are on the list (F.normalize: norm; F.cross_entropy: log_softmax and
 # nll_loss; F.softmin: softmax; F.cosine_similarity) are listed themselves: a TorchFunctionMode does not see the
 # calls inside a function it intercepted.
@@ -39,7 +40,7 @@ FP32_FUNCS = {
     torch.acos, T.acos, torch.asin, T.asin, torch.cosh, T.cosh, torch.sinh, T.sinh, torch.tan, T.tan,
     torch.erfinv, T.erfinv, torch.logsumexp, T.logsumexp, torch.special.logsumexp,
     torch.norm, T.norm, torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.linalg.norm, F.normalize,
-    torch.layer_norm, F.layer_norm, torch.group_norm, F.group_norm, torch.rms_norm, F.rms_norm,
+    torch.layer_norm, F.layer_norm, torch.group_norm, F.group_norm,  # rms_norm: below, as the installed torch has it
     torch.dist, T.dist, torch.cdist, F.pdist, torch.renorm, T.renorm, torch.cosine_similarity, F.cosine_similarity,
     F.softplus, F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.kl_div,
     F.binary_cross_entropy_with_logits, F.poisson_nll_loss, F.soft_margin_loss, F.margin_ranking_loss,
@@ -142,6 +143,17 @@ def cuda_autocast_dtype(fn, *tensors, dtype=torch.bfloat16):
         torch.set_autocast_dtype("cuda", old_dtype)
         torch.clear_autocast_cache()
     return _map_tensors(lambda t: t.dtype, out)
+
+
+def _cuda_autocast_runs_rms_norm_in_fp32() -> bool:
+    """Whether the installed torch's CUDA autocast puts rms_norm on its fp32 list: torch 2.13's does, 2.11's (the GPU
+    machine's image) leaves it in the autocast dtype, so the emulation follows the torch it runs under."""
+    return cuda_autocast_dtype(lambda t: F.rms_norm(t, (4,)), torch.ones(2, 4, dtype=torch.bfloat16)) == torch.float32
+
+
+if _cuda_autocast_runs_rms_norm_in_fp32():
+    FP32_FUNCS |= {torch.rms_norm, F.rms_norm}
+    _ALL |= {torch.rms_norm, F.rms_norm}
 
 
 __all__ = ["UNCAST_FUNCS", "CudaAutocastPolicy", "FP32_FUNCS", "FP32_UNLESS_DTYPE_FUNCS", "LOWER_FUNCS",
