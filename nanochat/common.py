@@ -13,11 +13,17 @@ import time
 import traceback
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from nanochat.cli_types import DEVICE_TYPES, another_rank_reports_for_the_node
+
+
+# How long a rank waits in a collective before the job is ended: nccl's default is 10 min (gloo's 30), and ranks do
+# wait while rank 0 alone works (the CORE bundle's download, a d24 checkpoint's write to slow storage)
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def autodetect_device() -> str:
@@ -77,7 +83,8 @@ def compute_init(device_type: str = "") -> tuple[DistInfo, torch.device]:
     if info.is_distributed and not dist.is_initialized():
         _import_group_default_modules()
         backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
+        dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None,
+                                timeout=COLLECTIVE_TIMEOUT)
         dist.barrier()
     return info, device
 

@@ -4,6 +4,7 @@ Each test forces the CUDA choice on the CPU: through the function's own paramete
 ``torch.cuda`` calls the branch makes (no CUDA build is needed), so a regression fails here, not on a GPU.
 """
 
+import datetime
 import os
 import random
 from types import SimpleNamespace
@@ -56,6 +57,11 @@ def _fake_cuda(monkeypatch, calls: list):
     monkeypatch.setattr(dist, "barrier", lambda: calls.append(("barrier",)))
 
 
+# Every rank waits up to 30 min in a collective, nccl as gloo: nccl's own default (10 min) killed every rank while
+# rank 0 alone did longer work they wait for (a CORE bundle download on a slow link, a d24 checkpoint on slow storage)
+THIRTY_MIN = datetime.timedelta(minutes=30)
+
+
 @pytest.mark.parametrize("preset", [None, "expandable_segments:False"])
 def test_compute_init_cuda_branch(monkeypatch, preset):
     """Under torchrun on CUDA: the allocator setting is in the environment before the first CUDA call (it is read
@@ -73,7 +79,8 @@ def test_compute_init_cuda_branch(monkeypatch, preset):
     info, device = compute_init("cuda")
     assert (info.rank, info.local_rank, info.world_size) == (3, 1, 4) and device == torch.device("cuda", 1)
     assert calls == [("set_device", device, preset or "expandable_segments:True"),
-                     ("init_process_group", {"backend": "nccl", "device_id": device}), ("barrier",)]
+                     ("init_process_group", {"backend": "nccl", "device_id": device, "timeout": THIRTY_MIN}),
+                     ("barrier",)]
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
 
 
@@ -107,7 +114,8 @@ def test_compute_init_cpu_branch_leaves_cuda_alone(monkeypatch):
         monkeypatch.setenv(key, value)
     _, device = compute_init("cpu")
     assert device == torch.device("cpu")
-    assert calls == [("init_process_group", {"backend": "gloo", "device_id": None}), ("barrier",)]
+    assert calls == [("init_process_group", {"backend": "gloo", "device_id": None, "timeout": THIRTY_MIN}),
+                     ("barrier",)]
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and not torch.backends.cuda.matmul.allow_tf32
 
 
