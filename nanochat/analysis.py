@@ -215,13 +215,21 @@ def _cap_rows(rows: list[torch.Tensor], max_tokens: int | None) -> list[torch.Te
     return out
 
 
-def text_rows(tokenizer, documents: list[str], seq_len: int) -> list[torch.Tensor]:
-    """[BOS] + tokens of each document, cut into windows of seq_len (later windows keep no earlier context)."""
-    rows = []
+def text_rows(tokenizer, documents: list[str], seq_len: int, max_tokens: int | None = None) -> list[torch.Tensor]:
+    """[BOS] + tokens of each document, cut into windows of seq_len (later windows keep no earlier context). With
+    ``max_tokens``, documents are encoded only as far as that many positions take (the last window may then be
+    shorter than the whole document's): ``_cap_rows(rows, max_tokens)`` is the same as without it."""
+    from nanochat.loss_eval import encode_document
+
+    rows, total = [], 0
     for doc in documents:
-        toks = torch.tensor([tokenizer.bos_token_id] + tokenizer.encode(doc), dtype=torch.long)
+        if max_tokens and total >= max_tokens:
+            break
+        need = max_tokens - total - 1 if max_tokens else None  # positions left, less the BOS
+        toks = torch.tensor([tokenizer.bos_token_id] + encode_document(tokenizer, doc, need), dtype=torch.long)
         rows.extend(toks[s : s + seq_len] for s in range(0, len(toks), seq_len))
-    return [r for r in rows if len(r) > 0]
+        total += len(toks)
+    return rows
 
 
 def core_domains(tokenizer, bundle_dir, which: str, seq_len: int, max_per_task: int,
@@ -330,7 +338,7 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
             path = Path(arg)
             if not path.is_file():
                 raise FileNotFoundError(f"{flag} {spec}: file {path} does not exist")
-            domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, read_corpus(path), seq_len), max_tokens)))
+            domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, read_corpus(path), seq_len, max_tokens), max_tokens)))
         else:
             raise ValueError(f"{flag} {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
         for d in domains[start:]:  # means over no position would read as measured zeros / uniform routing

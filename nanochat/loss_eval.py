@@ -65,18 +65,29 @@ def read_corpus(path) -> list[str]:
     return read_jsonl_texts(path)
 
 
+def encode_document(tokenizer, text: str, need: int | None = None) -> list[int]:
+    """``tokenizer.encode(text)``, or with ``need`` a prefix of it holding at least ``need`` tokens (all of it when
+    it is shorter): a tokenizer with ``encode_prefix`` (nanochat's BPE) then encodes only as much of the text as
+    that takes, so a 1 GB single-document corpus (enwik9) costs the tokens kept, not ~250M Python ints."""
+    if need is None or not hasattr(tokenizer, "encode_prefix"):
+        return list(tokenizer.encode(text))
+    return tokenizer.encode_prefix(text, need)
+
+
 def bpb_rows_from_text(tokenizer, documents: list[str], seq_len: int, max_tokens: int | None = None):
     """Rows for document-reset bpb: every document is tokenised as [BOS] + tokens and cut into windows of
     ``seq_len`` predictions. A window sees only its own document (no cross-document context); the first window
     starts at BOS; a short last window is padded (inputs with BOS, targets with -1 = ignored). Each document
-    token is a target exactly once. ``max_tokens`` caps the number of rows to max_tokens // seq_len (>= 1).
+    token is a target exactly once. ``max_tokens`` caps the number of rows to max_tokens // seq_len (>= 1); a
+    document is then encoded only as far as the rows still missing need (``encode_document``), same rows.
 
     Returns (inputs, targets), LongTensors of shape (N, seq_len)."""
     bos = tokenizer.bos_token_id
     max_rows = max(1, max_tokens // seq_len) if max_tokens else None
     inputs, targets = [], []
     for doc in documents:
-        toks = [bos] + list(tokenizer.encode(doc))
+        need = None if max_rows is None else (max_rows - len(inputs)) * seq_len  # the last row's target is token need
+        toks = [bos] + encode_document(tokenizer, doc, need)
         for s in range(0, len(toks) - 1, seq_len):
             x, y = toks[s : s + seq_len], toks[s + 1 : s + seq_len + 1]
             inputs.append(x + [bos] * (seq_len - len(x)))

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -44,6 +45,31 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte + the specials
 FORMAT_VERSION = "mome-nanochat-bpe-v1"
 HEADER_FILE, RANKS_FILE, TOKEN_BYTES_FILE = "tokenizer.json", "tokenizer.bpe", "token_bytes.pt"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# A cut of a text where encoding the prefix gives exactly the first tokens of encoding the whole text: right after an
+# ASCII letter followed by an ASCII non-letter (c with text[c-1] in [A-Za-z], text[c] ASCII and not a letter).
+# tiktoken splits the text with SPLIT_PATTERN (leftmost-first matches, one after another from 0; every position
+# starts a match: letters, digits, punctuation and whitespace each have an alternative) and BPE-merges each piece
+# alone, so it is enough that both texts split into the same pieces up to c and that c ends a piece of the whole
+# text. A match attempt at p < c can test position c only after consuming position c-1 (every alternative consumes
+# contiguously; the one lookahead, (?!\S), looks one character ahead inside a whitespace alternative, and no
+# whitespace or punctuation alternative can consume a letter). The only alternatives that consume a letter are the
+# contraction '(?i:[sdmt]|ll|ve|re) and [^\r\n\p{L}\p{N}]?+\p{L}+, and at c they test only "is text[c] one of
+# l/v/e/r (any case)" or "is text[c] a letter": false for an ASCII non-letter and false at the end of the prefix.
+# So every path of every attempt before c succeeds or fails alike in both texts (same pieces), and the piece
+# holding text[c-1] ends at c in both (no alternative goes on past a letter into a non-letter). ASCII on both sides
+# keeps \p{L} (the regex engine's Unicode tables) and case folding out of it.
+_CUT = re.compile(r"[A-Za-z](?=[\x00-\x40\x5b-\x60\x7b-\x7f])")
+
+
+def prefix_cut(text: str, at_least: int) -> int | None:
+    """The first safe cut (the argument above) at or after ``at_least`` characters; None when the text has none
+    there (``at_least`` at or past its end included): then only the whole text encodes to its own tokens."""
+    if at_least >= len(text):
+        return None
+    m = _CUT.search(text, max(0, at_least - 1))
+    return m.end() if m else None
 
 
 class TokenizerError(ValueError):
@@ -107,6 +133,24 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str], num_threads: int = 4) -> list[list[int]]:
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def encode_prefix(self, text: str, min_tokens: int) -> list[int]:
+        """A prefix of ``encode(text)`` holding at least ``min_tokens`` tokens (all of it when it is shorter),
+        encoding only a prefix of ``text`` (at a ``prefix_cut``), grown until it holds enough tokens: a 1 GB
+        document costs the tokens the caller keeps, not ~250M. Exact only for SPLIT_PATTERN (prefix_cut's
+        argument); any other split pattern encodes the whole text."""
+        if self.pattern != SPLIT_PATTERN:
+            return self.encode(text)
+        want = 5 * min_tokens + 1024  # characters: ~4 per token in English text at a 32K vocab, plus a margin
+        while True:
+            cut = prefix_cut(text, want)
+            if cut is None:
+                return self.encode(text)
+            toks = self.encode(text[:cut])
+            if len(toks) >= min_tokens:
+                return toks
+            # the next prefix from the characters per token seen so far, 25% over, so it grows >= 1.25x a round
+            want = max(cut + 1, int(cut * 1.25 * min_tokens / max(1, len(toks))))
 
     def decode(self, ids: list[int]) -> str:
         return self.enc.decode(ids)
