@@ -215,10 +215,11 @@ def _cap_rows(rows: list[torch.Tensor], max_tokens: int | None) -> list[torch.Te
     return out
 
 
-def text_rows(tokenizer, documents: list[str], seq_len: int, max_tokens: int | None = None) -> list[torch.Tensor]:
-    """[BOS] + tokens of each document, cut into windows of seq_len (later windows keep no earlier context). With
-    ``max_tokens``, documents are encoded only as far as that many positions take (the last window may then be
-    shorter than the whole document's): ``_cap_rows(rows, max_tokens)`` is the same as without it."""
+def text_rows(tokenizer, documents: list, seq_len: int, max_tokens: int | None = None) -> list[torch.Tensor]:
+    """[BOS] + tokens of each document (str, or loss_eval.TextFile), cut into windows of seq_len (later windows keep
+    no earlier context). With ``max_tokens``, documents are read and encoded only as far as that many positions
+    take (the last window may then be shorter than the whole document's): ``_cap_rows(rows, max_tokens)`` is the
+    same as without it."""
     from nanochat.loss_eval import encode_document
 
     rows, total = [], 0
@@ -333,12 +334,12 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
             for d in core_domains(tokenizer, bundle_dir, arg, seq_len, cap, flag):
                 domains.append(Domain(d.name, _cap_rows(d.rows, max_tokens), "core"))
         elif kind == "file" and arg:
-            from nanochat.loss_eval import read_corpus
+            from nanochat.loss_eval import corpus_documents
 
             path = Path(arg)
             if not path.is_file():
                 raise FileNotFoundError(f"{flag} {spec}: file {path} does not exist")
-            domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, read_corpus(path), seq_len, max_tokens), max_tokens)))
+            domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, corpus_documents(path), seq_len, max_tokens), max_tokens)))
         else:
             raise ValueError(f"{flag} {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
         for d in domains[start:]:  # means over no position would read as measured zeros / uniform routing

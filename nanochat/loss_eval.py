@@ -7,6 +7,7 @@ special tokens a loader inserts. Out-of-domain corpora use a document-reset prot
 
 import math
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -53,30 +54,64 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast_ctx=None) -
 
 
 # -- out-of-domain corpora (document-reset protocol) -------------------------------------------------------
-def read_corpus(path) -> list[str]:
-    """Documents of a corpus file: .jsonl -> the "text" field of every line; any other file -> one document."""
+@dataclass(frozen=True)
+class TextFile:
+    """The one document of a plain-text corpus file, read only as far as asked: ``prefix(n)`` is exactly the first
+    n characters of ``read()`` (all of it when shorter). Decoded as a whole read decodes it (UTF-8, a leading BOM
+    dropped, bad bytes replaced, universal newlines): TextIOWrapper's incremental decoders carry a character split
+    between reads, or a \r before a \n, over to the next read."""
+
+    path: Path
+
+    def _open(self):
+        return open(self.path, encoding="utf-8-sig", errors="replace")  # -sig: a leading BOM is no text
+
+    def read(self) -> str:
+        with self._open() as f:
+            return f.read()
+
+    def prefix(self, n: int) -> str:
+        parts, got = [], 0
+        with self._open() as f:
+            while got < n:  # read(k) gives at most k characters: ask again until n or the end of the file
+                part = f.read(n - got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        return "".join(parts)
+
+
+def corpus_documents(path) -> list:
+    """Documents of a corpus file: .jsonl -> the "text" field of every line (str); any other file -> one document,
+    a TextFile (read only as far as ``encode_document`` needs: enwik9 is 1 GB of one document)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--bpb-corpus file {path} does not exist")
     if path.suffix != ".jsonl":
-        return [path.read_text(encoding="utf-8-sig", errors="replace")]  # -sig: a leading BOM is no text
+        return [TextFile(path)]
     from nanochat.dataset import read_jsonl_texts
 
     return read_jsonl_texts(path)
 
 
-def encode_document(tokenizer, text: str, need: int | None = None) -> list[int]:
+def read_corpus(path) -> list[str]:
+    """``corpus_documents``' documents, each read whole."""
+    return [d.read() if isinstance(d, TextFile) else d for d in corpus_documents(path)]
+
+
+def encode_document(tokenizer, text: "str | TextFile", need: int | None = None) -> list[int]:
     """``tokenizer.encode(text)``, or with ``need`` a prefix of it holding at least ``need`` tokens (all of it when
-    it is shorter): a tokenizer with ``encode_prefix`` (nanochat's BPE) then encodes only as much of the text as
-    that takes, so a 1 GB single-document corpus (enwik9) costs the tokens kept, not ~250M Python ints."""
-    if need is None or not hasattr(tokenizer, "encode_prefix"):
-        return list(tokenizer.encode(text))
-    return tokenizer.encode_prefix(text, need)
+    it is shorter): a tokenizer with ``encode_prefix`` (nanochat's BPE) then reads and encodes only as much of the
+    text as that takes, so a 1 GB single-document corpus (enwik9) costs the tokens kept, not ~250M Python ints."""
+    if need is not None and hasattr(tokenizer, "encode_prefix"):
+        return tokenizer.encode_prefix(text, need)
+    return list(tokenizer.encode(text if isinstance(text, str) else text.read()))
 
 
-def bpb_rows_from_text(tokenizer, documents: list[str], seq_len: int, max_tokens: int | None = None):
+def bpb_rows_from_text(tokenizer, documents: list, seq_len: int, max_tokens: int | None = None):
     """Rows for document-reset bpb: every document is tokenised as [BOS] + tokens and cut into windows of
-    ``seq_len`` predictions. A window sees only its own document (no cross-document context); the first window
+    ``seq_len`` predictions (``documents``: str or TextFile). A window sees only its own document (no cross-document context); the first window
     starts at BOS; a short last window is padded (inputs with BOS, targets with -1 = ignored). Each document
     token is a target exactly once. ``max_tokens`` caps the number of rows to max_tokens // seq_len (>= 1); a
     document is then encoded only as far as the rows still missing need (``encode_document``), same rows.

@@ -134,19 +134,26 @@ class Tokenizer:
     def encode_batch(self, texts: list[str], num_threads: int = 4) -> list[list[int]]:
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
-    def encode_prefix(self, text: str, min_tokens: int) -> list[int]:
+    def encode_prefix(self, text, min_tokens: int) -> list[int]:
         """A prefix of ``encode(text)`` holding at least ``min_tokens`` tokens (all of it when it is shorter),
         encoding only a prefix of ``text`` (at a ``prefix_cut``), grown until it holds enough tokens: a 1 GB
-        document costs the tokens the caller keeps, not ~250M. Exact only for SPLIT_PATTERN (prefix_cut's
-        argument); any other split pattern encodes the whole text."""
+        document costs the tokens the caller keeps, not ~250M. ``text``: a str, or a document read lazily (an
+        object whose ``prefix(n)`` is its first n characters, fewer only at its end, and ``read()`` all of it, as
+        nanochat.loss_eval.TextFile). Exact only for SPLIT_PATTERN (prefix_cut's argument); any other split
+        pattern encodes the whole text."""
         if self.pattern != SPLIT_PATTERN:
-            return self.encode(text)
+            return self.encode(text if isinstance(text, str) else text.read())
+        head_of = (lambda n: text[:n]) if isinstance(text, str) else text.prefix
         want = 5 * min_tokens + 1024  # characters: ~4 per token in English text at a 32K vocab, plus a margin
         while True:
-            cut = prefix_cut(text, want)
+            head = head_of(2 * want)  # room for a cut at or after want
+            cut = prefix_cut(head, want)
             if cut is None:
-                return self.encode(text)
-            toks = self.encode(text[:cut])
+                if len(head) < 2 * want:  # the whole text, with no cut past want: encode it all
+                    return self.encode(head)
+                want *= 2  # no cut in [want, 2 want): look further
+                continue
+            toks = self.encode(head[:cut])  # cut < len(head): head[cut] is text[cut], so the cut is the text's
             if len(toks) >= min_tokens:
                 return toks
             # the next prefix from the characters per token seen so far, 25% over, so it grows >= 1.25x a round

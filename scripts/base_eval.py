@@ -362,10 +362,12 @@ def split_rows(data_dir, split: str, tokenizer, seq_len: int, budget: tuple[int,
 
 
 def corpus_rows(tokenizer, path: Path, seq_len: int, eval_tokens: int):
-    """(inputs, targets) of a --bpb-corpus file (bpb_rows_from_text), read by every rank: one that fails stops all."""
-    from nanochat.loss_eval import bpb_rows_from_text, read_corpus
+    """(inputs, targets) of a --bpb-corpus file (bpb_rows_from_text), read by every rank: one that fails stops all.
+    A plain-text file (one document) is read and tokenized only as far as the rows need."""
+    from nanochat.loss_eval import bpb_rows_from_text, corpus_documents
 
-    return every_rank_ok(lambda: bpb_rows_from_text(tokenizer, read_corpus(path), seq_len, max_tokens=eval_tokens))
+    return every_rank_ok(lambda: bpb_rows_from_text(tokenizer, corpus_documents(path), seq_len,
+                                                    max_tokens=eval_tokens))
 
 
 def run_bpb(model, plan: BpbPlan, args, rank, world, device, autocast_ctx, finished: FinishedResults) -> dict:

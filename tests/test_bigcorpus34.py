@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nanochat.analysis import _cap_rows, text_rows
-from nanochat.loss_eval import bpb_rows_from_text, encode_document
+from nanochat.loss_eval import TextFile, bpb_rows_from_text, encode_document, read_corpus
 from nanochat.tokenizer import SPLIT_PATTERN, Tokenizer, prefix_cut
 
 
@@ -154,10 +154,12 @@ def test_encode_prefix_reads_only_what_it_needs(tiny_tokenizer):
     assert tiny_tokenizer.encode_prefix(text, len(whole) + 5) == whole
 
 
-def test_text_without_a_cut_or_another_pattern_encodes_whole(tiny_tokenizer):
+def test_text_without_a_cut_or_another_pattern_encodes_whole(tiny_tokenizer, tmp_path):
     no_cut = "日本語 123 " * 5000 + "éé"
     assert prefix_cut(no_cut, 0) is None
     assert tiny_tokenizer.encode_prefix(no_cut, 10) == tiny_tokenizer.encode(no_cut)
+    (tmp_path / "no_cut.txt").write_text(no_cut, encoding="utf-8")
+    assert tiny_tokenizer.encode_prefix(TextFile(tmp_path / "no_cut.txt"), 10) == tiny_tokenizer.encode(no_cut)
     gpt2_pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     other = Tokenizer(tiny_tokenizer.mergeable_ranks, pattern=gpt2_pattern)  # the argument is SPLIT_PATTERN's only
     text = adversarial_text(3, 3000)
@@ -207,20 +209,69 @@ def test_rows_equal_the_whole_document_rows(tiny_tokenizer, shared_or_none, seq_
             assert torch.equal(torch.cat(got), torch.cat(want)), (name, seq_len, max_tokens)
 
 
-def test_a_large_single_document_is_encoded_only_as_far_as_the_budget(tiny_tokenizer, tmp_path):
+def test_file_rows_equal_the_whole_file_rows(tiny_tokenizer, tmp_path):
+    """A one-document file read lazily (TextFile: CRLF and lone CR read as \\n, a BOM dropped) gives the rows of
+    the file read whole."""
+    whole = WholeEncodings(tiny_tokenizer)
+    for i, text in enumerate([adversarial_text(31, 20_000), "Short.\r\nDoc", "\ufeff" + adversarial_text(32, 5000)]):
+        path = tmp_path / f"c{i}.txt"
+        path.write_bytes(text.replace("\n", "\r\n").encode("utf-8"))
+        docs = read_corpus(path)
+        assert "\r\n" not in docs[0]
+        for seq_len, max_tokens in [(64, 1), (64, 64), (64, 1000), (7, 4096), (256, None), (256, 10**6)]:
+            got, want = bpb_rows_from_text(tiny_tokenizer, [TextFile(path)], seq_len, max_tokens), \
+                bpb_rows_whole(whole, docs, seq_len, max_tokens)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (i, seq_len, max_tokens)
+            got = _cap_rows(text_rows(tiny_tokenizer, [TextFile(path)], seq_len, max_tokens), max_tokens)
+            want = _cap_rows(text_rows_whole(whole, docs, seq_len), max_tokens)
+            assert [len(r) for r in got] == [len(r) for r in want] and torch.equal(torch.cat(got), torch.cat(want))
+
+
+def test_text_file_prefix_is_the_start_of_the_whole_read(tmp_path):
+    """TextFile.prefix(n) is the first n characters of the file read whole as before (read_text: UTF-8, a leading
+    BOM dropped, bad bytes replaced, universal newlines), also where a read's end splits a character, a \r\n or a
+    bad sequence (TextIOWrapper decodes 8 KB at a time)."""
+    rng = random.Random(5)
+    pieces = [b"a", b"word ", b"\r\n", b"\r", b"\n", b"\r\r\n", "\u00e9".encode(), "\u65e5".encode(),
+              "\U0001f600".encode(), b"\xff", b"\xe2\x82", b"\xc3", b"\xf0\x9f\x98", b"\x00", b"\xef\xbb\xbf"]
+    for seed in range(3):
+        path = tmp_path / f"doc{seed}.txt"
+        path.write_bytes(b"\xef\xbb\xbf" * (seed != 1) + b"".join(rng.choice(pieces) for _ in range(20_000)))
+        whole = path.read_text(encoding="utf-8-sig", errors="replace")  # read_corpus as it was
+        assert read_corpus(path) == [whole] and TextFile(path).read() == whole
+        near_chunks = [k * 8192 + d for k in range(1, 8) for d in (-2, -1, 0, 1, 2)]
+        for n in [0, 1, 2, len(whole) - 1, len(whole), len(whole) + 1, 10 * len(whole)] + near_chunks \
+                + rng.sample(range(len(whole)), 100):
+            assert TextFile(path).prefix(n) == whole[:n], (seed, n)
+
+
+def test_a_large_single_document_is_read_and_encoded_only_as_far_as_the_budget(tiny_tokenizer, tmp_path,
+                                                                                 monkeypatch):
     """The --bpb-corpus and file: paths on a 1.5 MB one-document file at a 2,048-position budget: the rows are the
-    whole document's, and no text past ~10% of the document is encoded (before: all of it, on every rank)."""
+    whole document's, and no text past ~10% of the document is read or encoded (before: all of it, on every
+    rank)."""
     from nanochat.analysis import build_domains
-    from nanochat.loss_eval import read_corpus
     from scripts.base_eval import corpus_rows
 
     path = tmp_path / "big.txt"
     path.write_text(adversarial_text(21, 200_000), encoding="utf-8")
     (doc,) = read_corpus(path)
+    asked, prefix = [], TextFile.prefix
+
+    def recorded_prefix(self, n):
+        asked.append(n)
+        return prefix(self, n)
+
+    def no_whole_read(self):
+        raise AssertionError("the whole file was read")
+
+    monkeypatch.setattr(TextFile, "prefix", recorded_prefix)
+    monkeypatch.setattr(TextFile, "read", no_whole_read)
     with Recording(tiny_tokenizer) as rec:
         got = corpus_rows(tiny_tokenizer, path, 128, 2048)
         (domain,) = build_domains([f"file:{path}"], tiny_tokenizer, 128, max_tokens=2048)
-    assert 0 < max(rec.lengths) < len(doc) // 10, rec.lengths
+    monkeypatch.undo()
+    assert 0 < max(rec.lengths) < len(doc) // 10 and 0 < max(asked) < len(doc) // 10, (rec.lengths, asked)
     want = bpb_rows_whole(tiny_tokenizer, [doc], 128, 2048)
     assert got[0].shape == (16, 128) and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     want_rows = _cap_rows(text_rows_whole(tiny_tokenizer, [doc], 128), 2048)
