@@ -1,5 +1,6 @@
 """Peak host memory and time of the rows of a large single-document --bpb-corpus (the paper's enwik9 is 1 GB, one
-document), encoding the document whole (as before) vs only as far as --eval-tokens needs (encode_prefix).
+document): read and encoded whole (as before: read_corpus, then every token) vs read and encoded only as far as
+--eval-tokens needs (as base_eval's corpus_rows now: corpus_documents' TextFile, Tokenizer.encode_prefix).
 
     python bench/big_corpus.py --mode whole   --size-mb 200 --eval-tokens 65536
     python bench/big_corpus.py --mode prefix  --size-mb 200 --eval-tokens 65536
@@ -7,7 +8,7 @@ document), encoding the document whole (as before) vs only as far as --eval-toke
 One mode per process (the peak is the process's). The synthetic corpus (--path, written once if missing) is the
 embedded Gutenberg books (data/embedded) repeated to --size-mb as one document, with enwik9-like markup every few
 paragraphs; the tokenizer (--tokenizer-dir, trained once if missing: --vocab-size on its first 2 MB) is saved
-beside it. Phases: read (read_corpus: the text), rows (bpb_rows_from_text, as base_eval's corpus_rows calls it).
+beside it. Phases: read (read_corpus: the text; corpus_documents: nothing yet), rows (bpb_rows_from_text).
 Printed: one JSON line with the peak resident set (VmHWM) after each phase, the resident set before, the seconds
 of each phase and a hash of the rows (equal in both modes, or the prefix encoding is wrong).
 """
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from nanochat.loss_eval import bpb_rows_from_text, read_corpus  # noqa: E402
+from nanochat.loss_eval import bpb_rows_from_text, corpus_documents, read_corpus  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     tok = Tokenizer.load(tok_dir)
     before = status_mb()
     t0 = time.perf_counter()
-    docs = read_corpus(args.path)
+    docs = corpus_documents(args.path) if args.mode == "prefix" else read_corpus(args.path)
     read_s, after_read = time.perf_counter() - t0, status_mb()
     t0 = time.perf_counter()
     x, y = bpb_rows_from_text(tok if args.mode == "prefix" else WholeDocument(tok), docs, args.seq_len,

@@ -209,6 +209,29 @@ def test_rows_equal_the_whole_document_rows(tiny_tokenizer, shared_or_none, seq_
             assert torch.equal(torch.cat(got), torch.cat(want)), (name, seq_len, max_tokens)
 
 
+class ShortestPrefix(WholeEncodings):
+    """The least encode_prefix may give: exactly ``need`` tokens (or all of them): the callers must ask for enough."""
+
+    def encode_prefix(self, text, need):
+        return self.encode(text)[: max(need, 0)]
+
+
+def test_rows_from_the_shortest_allowed_prefixes(tiny_tokenizer):
+    whole, shortest = WholeEncodings(tiny_tokenizer), ShortestPrefix(tiny_tokenizer)
+    docs = [adversarial_text(41, 300), "", "x", adversarial_text(42, 2000), adversarial_text(43, 500)]
+    total = sum(1 + len(whole.encode(d)) for d in docs)
+    for seq_len in (2, 5, 64):
+        for max_tokens in sorted({1, 2, 3, seq_len, seq_len + 1, 2 * seq_len, 100, 101, total - 2, total - 1, total,
+                                  total + 1, total + seq_len}):
+            got, want = bpb_rows_from_text(shortest, docs, seq_len, max_tokens), \
+                bpb_rows_whole(whole, docs, seq_len, max_tokens)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (seq_len, max_tokens)
+            got = _cap_rows(text_rows(shortest, docs, seq_len, max_tokens), max_tokens)
+            want = _cap_rows(text_rows_whole(whole, docs, seq_len), max_tokens)
+            assert [len(r) for r in got] == [len(r) for r in want], (seq_len, max_tokens)
+            assert torch.equal(torch.cat(got), torch.cat(want)), (seq_len, max_tokens)
+
+
 def test_file_rows_equal_the_whole_file_rows(tiny_tokenizer, tmp_path):
     """A one-document file read lazily (TextFile: CRLF and lone CR read as \\n, a BOM dropped) gives the rows of
     the file read whole."""
