@@ -90,7 +90,8 @@ def main() -> None:
     rows_s, after_rows = time.perf_counter() - t0, status_mb()
     print(json.dumps({"mode": args.mode, "file_mb": round(args.path.stat().st_size / 1e6, 1),
                       "eval_tokens": args.eval_tokens, "rows": list(x.shape), "rss_before_mb": round(before["VmRSS"]),
-                      "peak_after_read_mb": round(after_read["VmHWM"]), "peak_after_rows_mb": round(after_rows["VmHWM"]),
+                      "peak_after_read_mb": round(after_read["VmHWM"]),
+                      "peak_after_rows_mb": round(after_rows["VmHWM"]),
                       "read_s": round(read_s, 2), "rows_s": round(rows_s, 2),
                       "rows_sha256": hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest()[:16]}))
 

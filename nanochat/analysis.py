@@ -339,7 +339,8 @@ def build_domains(specs: list[str], tokenizer, seq_len: int, *, data_dir=None, c
             path = Path(arg)
             if not path.is_file():
                 raise FileNotFoundError(f"{flag} {spec}: file {path} does not exist")
-            domains.append(Domain(path.stem, _cap_rows(text_rows(tokenizer, corpus_documents(path), seq_len, max_tokens), max_tokens)))
+            rows = text_rows(tokenizer, corpus_documents(path), seq_len, max_tokens)
+            domains.append(Domain(path.stem, _cap_rows(rows, max_tokens)))
         else:
             raise ValueError(f"{flag} {spec!r}: expected val, train, core:<task>, core:all or file:PATH")
         for d in domains[start:]:  # means over no position would read as measured zeros / uniform routing

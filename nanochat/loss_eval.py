@@ -110,9 +110,9 @@ def encode_document(tokenizer, text: "str | TextFile", need: int | None = None) 
 
 
 def bpb_rows_from_text(tokenizer, documents: list, seq_len: int, max_tokens: int | None = None):
-    """Rows for document-reset bpb: every document is tokenised as [BOS] + tokens and cut into windows of
-    ``seq_len`` predictions (``documents``: str or TextFile). A window sees only its own document (no cross-document context); the first window
-    starts at BOS; a short last window is padded (inputs with BOS, targets with -1 = ignored). Each document
+    """Rows for document-reset bpb: every document (str or TextFile) is tokenised as [BOS] + tokens and cut into
+    windows of ``seq_len`` predictions. A window sees only its own document (no cross-document context); the first
+    window starts at BOS; a short last window is padded (inputs with BOS, targets with -1 = ignored). Each document
     token is a target exactly once. ``max_tokens`` caps the number of rows to max_tokens // seq_len (>= 1); a
     document is then encoded only as far as the rows still missing need (``encode_document``), same rows.
 

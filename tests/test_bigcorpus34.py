@@ -174,7 +174,8 @@ def corpora(shared):
     """(name, documents): single documents longer and shorter than the budgets, several documents, CRLF."""
     out = [("adversarial", [adversarial_text(11, 30_000)]),
            ("short", ["A short document.\nTwo lines."]),
-           ("several", [adversarial_text(12, 3000), "", "tiny", adversarial_text(13, 20_000), adversarial_text(14, 50)]),
+           ("several", [adversarial_text(12, 3000), "", "tiny", adversarial_text(13, 20_000),
+                        adversarial_text(14, 50)]),
            ("crlf", [adversarial_text(15, 20_000).replace("\n", "\r\n")])]
     if shared is not None:
         book = (shared / "data/gutenberg/pg2701_moby_dick.txt").read_text(encoding="utf-8-sig")
