@@ -1,6 +1,7 @@
 """argparse ``type=`` helpers shared by the scripts, so a bad value stops at parse time with the flag's name
 (argparse prefixes the message with ``argument --flag:``) instead of failing later inside torch or a loop; the same
-integer check for values from config files and option dataclasses (``check_int_at_least``); and ``NodeParser``, whose errors and --help a torchrun job prints once per node."""
+integer check for values from config files and option dataclasses (``check_int_at_least``); and ``NodeParser``,
+whose errors and --help a torchrun job prints once per node."""
 
 import argparse
 import os
