@@ -74,7 +74,9 @@ class TextFile:
         parts, got = [], 0
         with self._open() as f:
             while got < n:  # read(k) gives at most k characters: ask again until n or the end of the file
-                part = f.read(n - got)
+                # at most 1M characters a read: read(k) has the buffered reader allocate ~k bytes up front (a
+                # MemoryError for a budget's k far beyond a short file)
+                part = f.read(min(n - got, 1 << 20))
                 if not part:
                     break
                 parts.append(part)
