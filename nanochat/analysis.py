@@ -361,11 +361,16 @@ def name_uniquely(domains: list[Domain], flag: str) -> None:
     """The outputs key each domain by its name, so two of one name would be one entry (the second's numbers
     under it, the first's lost) and one task named twice would weigh twice in the task-balanced CORE average. A file
     domain whose stem another domain (or the CORE average) has is named by its path as given (enwik9/val.txt beside
-    shakespeare/val.txt and the val split); a domain given twice (core:copa beside core:all, val twice) is refused."""
+    shakespeare/val.txt and the val split), by its spec where that path is another domain's name too (file:copa
+    beside core:copa); a domain given twice (core:copa beside core:all, val twice) is refused."""
     names = [d.name for d in domains]
     for d in domains:
         if d.kind == "file" and (names.count(d.name) > 1 or d.name == CORE_AVERAGE):
             d.name = file_path_name(d)
+    taken = {d.name for d in domains if d.kind != "file"} | {CORE_AVERAGE}
+    for d in domains:  # a path as given that is still another domain's name (file:copa beside core:copa): its spec
+        if d.kind == "file" and d.name in taken:
+            d.name = d.spec
     first = {}
     for d in domains:
         if d.name in first:

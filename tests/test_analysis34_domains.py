@@ -63,3 +63,16 @@ def test_the_jsd_reference_is_named_apart_from_a_corpus_file_of_its_stem(tmp_pat
     assert (corpus[0].name, ref.name) == ("val", str(b))
     same = name_reference(build_domains([f"file:{a}"], tok, 64, flag="--reference")[0], corpus)
     assert same.name == "val"  # the corpus domain itself: its row is the reference's (JSD 0)
+
+
+def test_a_file_whose_path_is_another_domains_name_is_named_by_its_spec(tmp_path, monkeypatch):
+    """`file:copa` beside `core:copa`, or a file named CORE beside the CORE average: the path as given is still the
+    other domain's name, so the file is named by its whole spec (before: refused as "given twice", or CORE's
+    task-balanced average overwritten by the file's numbers)."""
+    tok = make_tokenizer(tmp_path / "tok")
+    monkeypatch.chdir(tmp_path)
+    for name in ("copa", "CORE"):
+        (tmp_path / name).write_text("He took out a loan from the bank. " * 8)
+    domains = build_domains(["file:copa", "core:copa", "file:CORE"], tok, 64,
+                            core=lambda: (SimpleNamespace(max_per_task=2), SUBSET_DIR))
+    assert [d.name for d in domains] == ["file:copa", "copa", "file:CORE"]
