@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from nanochat.jsonfile import replace_atomic
+from nanochat.jsonfile import fsync_dir, replace_atomic
 
 
 class DownloadError(RuntimeError):
@@ -252,12 +252,23 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
             if not dest.is_file():  # else another process finished it while this one waited
                 stop = stop or StopFlag()
                 _download_locked(url, part, sha256, validate, max_attempts, backoff, timeout, progress, hint, stop)
+                fsync_file(part)  # the data before the name: a power cut must not leave ``dest`` over no data
                 with stop.placing(url):
                     os.replace(part, dest)
+                fsync_dir(dest.parent)
         finally:
             if locked(part) and part.stat().st_size == 0:
                 part.unlink()  # nothing received (or only the lock's empty file): no .part to resume from
     return dest
+
+
+def fsync_file(path) -> None:
+    """fsync the data of the file at ``path`` (before a rename gives it a name that later runs trust)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

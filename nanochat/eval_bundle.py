@@ -23,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from nanochat.download import download_file, file_sha256
+from nanochat.download import download_file, file_sha256, fsync_file
+from nanochat.jsonfile import fsync_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUBSET_DIR = REPO_ROOT / "eval_data" / "core_subset"
@@ -184,9 +185,19 @@ def _extract(zip_path: Path, target: Path) -> None:
     if not roots:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"{zip_path} contains no core.yaml: not an eval bundle")
+    _fsync_tree(roots[0])  # ~25 files once per machine: a bundle found complete after a power cut is complete
     shutil.rmtree(target, ignore_errors=True)
     os.replace(roots[0], target)
+    fsync_dir(target.parent)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (and ``root``): zipfile writes without it."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fsync_file(Path(folder) / name)
+        fsync_dir(folder)
 
 
 def download_bundle(base: Path, retries: int = 3, timeout: float = 60.0) -> Path:

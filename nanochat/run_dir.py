@@ -247,6 +247,8 @@ def run_contents(run_dir) -> list[str]:
 def remove_run(run_dir) -> list[str]:
     """--overwrite: move every run file and directory into one trash directory (one rename each), then delete it.
     A kill in between leaves only the trash directory, which ``sweep_trash`` removes on the next start."""
+    from nanochat.jsonfile import fsync_dir  # jsonfile imports this module
+
     run_dir = Path(run_dir)
     names = [n for n in (*RUN_FILES, *RUN_DIRS) if (run_dir / n).exists()]
     if not names:
@@ -255,6 +257,7 @@ def remove_run(run_dir) -> list[str]:
     trash.mkdir()
     for name in names:
         os.replace(run_dir / name, trash / name)
+    fsync_dir(run_dir)  # else a power cut can bring the old run's files back beside the new run's
     shutil.rmtree(trash, ignore_errors=True)
     return names
 
@@ -308,6 +311,8 @@ def claim_run_dir(run_dir: Path, resume: str | None, overwrite: bool, stack) -> 
 def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None) -> None:
     """summary.json / report.md of a later step describe the abandoned continuation: a run killed after the
     rewind must not read as that run's result ("completed", its val bpb). Moved beside its checkpoints."""
+    from nanochat.jsonfile import fsync_dir  # jsonfile imports this module
+
     summary = run_dir / "summary.json"
     try:
         stale = json.loads(summary.read_text(encoding="utf-8")).get("step", 0) > resumed_at
@@ -320,3 +325,7 @@ def set_aside_stale_results(run_dir: Path, resumed_at: int, folder: Path | None)
                 os.replace(path, folder / name)
             else:  # its checkpoints are gone already: nothing to keep it with
                 path.unlink()
+    if stale:  # else a power cut can bring the stale summary back, read as this run's result
+        fsync_dir(run_dir)
+        if folder is not None:
+            fsync_dir(folder)

@@ -134,6 +134,8 @@ def import_work_dir(run_dir: Path):
 def publish(tmp: Path, run_dir: Path) -> None:
     """Rename the finished import into place: over nothing or an empty folder, never over a run (one that another
     import, started at the same moment as this one, renamed there first)."""
+    from nanochat.jsonfile import fsync_dir
+
     try:
         os.replace(tmp, run_dir)
     except OSError as e:
@@ -141,6 +143,7 @@ def publish(tmp: Path, run_dir: Path) -> None:
             raise
         raise FileExistsError(f"--run-dir {run_dir} was written by another process meanwhile; this import "
                               "left nothing there") from None
+    fsync_dir(run_dir.parent)  # else a power cut can take the run's name back
 
 
 def import_reference(args) -> Path:
