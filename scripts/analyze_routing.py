@@ -185,7 +185,11 @@ def semantic_routes(model, tokenizer, hits) -> list[dict]:
     pos = torch.tensor([p for *_, p in hits])
     at = torch.arange(len(hits))
     slots, weights = cap["slots"][at, pos].long(), cap["weights"][at, pos].float()  # (P, L, H, K)
-    order = weights.argsort(dim=-1, descending=True)
+    # weight descending, ties by slot index ascending (two stable sorts): fixed-random routing's equal 1/K weights
+    # must give the same "top-weight slot" on every device and run
+    by_slot = slots.sort(dim=-1, stable=True).indices
+    slots, weights = slots.gather(-1, by_slot), weights.gather(-1, by_slot)
+    order = weights.sort(dim=-1, descending=True, stable=True).indices
     slots, weights = slots.gather(-1, order), weights.gather(-1, order)
     out = []
     for j, (word, label, prompt, _, p) in enumerate(hits):
