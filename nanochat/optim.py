@@ -15,9 +15,10 @@ launched from post-accumulate-grad hooks during the last micro-step's backward w
 order of readiness in the first armed step): a parameter without gradient on some ranks only delays its bucket
 there, and never pairs one rank's bucket with another rank's. With one process the same code runs without any
 collective and is today's exact single-process update. A parameter that got no gradient in a step is left as
-it is by one process, but counts as a zero gradient with several (every rank joins every collective), so Adam
-and Muon still move it (momentum, decay): give every trained parameter a gradient each step, or freeze it
-(frozen parameters are left out of the groups; one in a group built by hand is in no bucket: never updated).
+it is by one process (its optimizer state too), but counts as a zero gradient with several (every rank joins
+every collective), so Adam and Muon still move it (momentum, decay): give every trained parameter a gradient
+each step, or freeze it (frozen parameters are left out of the groups; one in a group built by hand is in no
+bucket: never updated).
 ``state_dict()`` is world-size independent (the full, unsharded state, gathered collectively: call it on every
 rank); ``state_dict_on_rank0()`` is the same dict gathered onto rank 0 alone (None elsewhere), for a checkpoint
 only rank 0 writes; ``local_state()`` is this rank's own shards (no collective); ``load_state_dict`` takes each
@@ -278,7 +279,10 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_update(self, bucket, group) -> None:
         """Nesterov momentum, Polar Express, NorMuon and cautious weight decay on this rank's (c, m, n) chunk."""
-        if self.world == 1 and all(p.grad is None for p in bucket.params):
+        # one process: a matrix without gradient keeps its value (write_own) and its state (restored below), as
+        # AdamW skips such a parameter; with several it is a zero gradient on every rank (module docstring)
+        idle = [j for j, p in enumerate(bucket.params) if p.grad is None] if self.world == 1 else []
+        if len(idle) == len(bucket.params):
             return
         grads = bucket.local_grad  # (c, m, n) fp32, averaged over ranks
         state = self.state[bucket.params[0]]  # keyed by the group's first trainable matrix
@@ -287,11 +291,14 @@ class MuonAdamW(torch.optim.Optimizer):
             state["momentum_buffer"] = torch.zeros_like(grads)
             moment_shape = (grads.size(0), rows, 1) if rows >= cols else (grads.size(0), 1, cols)
             state["second_moment"] = torch.zeros(moment_shape, device=grads.device, dtype=torch.float32)
+        kept = {name: v[idle] for name, v in state.items()} if idle else {}  # copies (list indexing)
         buf = state["momentum_buffer"]
         buf.lerp_(grads, 1 - group["momentum"])
         nesterov = grads.lerp(buf, group["momentum"])
         update = polar_express(nesterov, group["ns_steps"])
         update = normuon_scale(update, state["second_moment"], group["beta2"])
+        for name, v in kept.items():
+            state[name][idle] = v
         lr = group["lr"] * math.sqrt(max(1.0, rows / cols))
         wd = group["weight_decay"]
         p32 = bucket.own_params()
