@@ -599,9 +599,10 @@ def heatmaps(panels: dict[str, torch.Tensor], path: Path, layers, *, vmin=None, 
 
 
 def top_ranks(grid: torch.Tensor, k: int = 10) -> torch.Tensor:
-    """Rank 1..k of the k largest positive cells (0 elsewhere; NaN and non-positive cells are never ranked)."""
+    """Rank 1..k of the k largest positive cells (0 elsewhere; NaN and non-positive cells are never ranked); equal
+    cells in row-major order (a stable sort: the same ranks on every device and run)."""
     flat = grid.flatten().double().nan_to_num(nan=-math.inf)
-    order = flat.argsort(descending=True)[:k]
+    order = flat.sort(descending=True, stable=True).indices[:k]
     ranks = torch.zeros_like(flat, dtype=torch.long)
     for r, i in enumerate(order.tolist(), start=1):
         if flat[i] > 0:

@@ -112,3 +112,13 @@ def test_gate_and_injected_norm_equal_the_real_injection_one_row_at_a_time(memor
     torch.testing.assert_close(torch.tensor(got["gamma"], dtype=torch.float64), want_g, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.tensor(got["inject_norm"], dtype=torch.float64), want_n, rtol=1e-4, atol=1e-6)
 
+
+
+def test_top_ranks_breaks_ties_by_cell_order():
+    """Equal cells rank in row-major order (a stable sort), the same on every device and run; before, a non-stable
+    argsort could give the figure's rank numbers to either of two tied sites."""
+    from nanochat.analysis import top_ranks
+
+    grid = torch.tensor([[0.5] * 16 + [0.25] * 16] * 2)  # 64 cells: argsort's unstable path on the CPU
+    ranks = top_ranks(grid, k=20).flatten().tolist()
+    assert ranks[:16] == list(range(1, 17)) and ranks[32:36] == [17, 18, 19, 20], ranks
