@@ -364,13 +364,11 @@ def name_uniquely(domains: list[Domain], flag: str) -> None:
     shakespeare/val.txt and the val split), by its spec where that path is another domain's name too (file:copa
     beside core:copa); a domain given twice (core:copa beside core:all, val twice) is refused."""
     names = [d.name for d in domains]
+    taken = {d.name for d in domains if d.kind != "file"} | {CORE_AVERAGE}  # names a file domain never keeps
     for d in domains:
-        if d.kind == "file" and (names.count(d.name) > 1 or d.name == CORE_AVERAGE):
-            d.name = file_path_name(d)
-    taken = {d.name for d in domains if d.kind != "file"} | {CORE_AVERAGE}
-    for d in domains:  # a path as given that is still another domain's name (file:copa beside core:copa): its spec
-        if d.kind == "file" and d.name in taken:
-            d.name = d.spec
+        if d.kind == "file" and (names.count(d.name) > 1 or d.name in taken):
+            path = file_path_name(d)
+            d.name = d.spec if path in taken else path
     first = {}
     for d in domains:
         if d.name in first:
