@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from nanochat.jsonfile import fsync_dir, replace_atomic
+from nanochat.jsonfile import fsync_dir, fsync_file, replace_atomic
 
 
 class DownloadError(RuntimeError):
@@ -260,15 +260,6 @@ def download_file(url: str, dest, *, validate=None, sha256: str | None = None, m
             if locked(part) and part.stat().st_size == 0:
                 part.unlink()  # nothing received (or only the lock's empty file): no .part to resume from
     return dest
-
-
-def fsync_file(path) -> None:
-    """fsync the data of the file at ``path`` (before a rename gives it a name that later runs trust)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from nanochat.download import download_file, file_sha256, fsync_file
-from nanochat.jsonfile import fsync_dir
+from nanochat.download import download_file, file_sha256
+from nanochat.jsonfile import fsync_dir, fsync_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUBSET_DIR = REPO_ROOT / "eval_data" / "core_subset"

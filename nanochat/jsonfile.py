@@ -80,6 +80,15 @@ def fsync_dir(directory) -> None:
         os.close(fd)
 
 
+def fsync_file(path) -> None:
+    """fsync the data of the file at ``path`` (before a rename gives it a name that later runs trust)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _create_temp(path: Path) -> tuple[int, Path]:
     """A new empty ``<name>.<8 hex digits>.tmp`` beside ``path`` (same file system: the rename is atomic), opened.
     O_EXCL never takes another writer's file; mode 0o666 lets the umask decide, as a plain open() does (mkstemp's
