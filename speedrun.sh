@@ -71,12 +71,16 @@ take_lock runs/speedrun.lock "in $PWD (pid $$; setting up)"
 # A signal that lands after a step is forked but before `child=$!` records it has no step to go to yet: `early`
 # keeps it for step() to send on (traps run between commands, so it is sent exactly once either way).
 child="" stopped="" last="" early=""
-trap 'stopped=SIGINT; if [ -n "$child" ]; then kill -INT "$child" 2>/dev/null || true; else early=1; fi' INT
-trap 'stopped=SIGTERM; if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null || true; else early=1; fi' TERM
+pass_on() {  # pass_on SIG: the trap of each stop signal (the step gets it, or step() sends it once it starts)
+    stopped="SIG$1"
+    if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; else early=1; fi
+}
 # Slurm's pre-emption notice (`sbatch --signal=USR1@90`) stops a run as SIGTERM does (base_train saves); bash and
 # torchrun would otherwise die of it. Slurm signals every process of the step: a step gets it twice (directly and
 # from this trap) and still saves, as with a scheduler's SIGTERM
-trap 'stopped=SIGUSR1; if [ -n "$child" ]; then kill -USR1 "$child" 2>/dev/null || true; else early=1; fi' USR1
+trap 'pass_on INT' INT
+trap 'pass_on TERM' TERM
+trap 'pass_on USR1' USR1
 step() {
     local name="$1" rc=0
     [ "$1" != python ] || name="$3"  # python -m MODULE
