@@ -80,8 +80,8 @@ def setup_attention(requested: str, device, dtype: str = "auto") -> str:
     set_attention_backend(backend)
     print0(f"attention: {backend.name}" + (f" ({backend.reason})" if backend.reason else ""))
     dtype = resolve_dtype(torch.device(device).type, dtype)
-    if attention_dtype(backend.name, dtype) != dtype:
-        print0(f"attention: {backend.name} computes in {attention_dtype(backend.name, dtype)} under --dtype {dtype} "
+    if (computed := attention_dtype(backend.name, dtype)) != dtype:
+        print0(f"attention: {backend.name} computes in {computed} under --dtype {dtype} "
                "(FlashAttention takes 16-bit inputs only); pass --attention sdpa for float32 attention")
     return backend.name
 
