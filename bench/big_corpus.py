@@ -25,17 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.proc_mem import resident_mib  # noqa: E402
 from nanochat.loss_eval import bpb_rows_from_text, corpus_documents, read_corpus  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
-
-
-def status_mb() -> dict:
-    fields = {}
-    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields
 
 
 def write_corpus(path: Path, size_mb: int) -> None:
@@ -80,14 +72,14 @@ def main() -> None:
             head = f.read(2_000_000)
         Tokenizer.train_from_iterator(iter(head.split("\n\n")), vocab_size=args.vocab_size).save(tok_dir)
     tok = Tokenizer.load(tok_dir)
-    before = status_mb()
+    before = resident_mib()
     t0 = time.perf_counter()
     docs = corpus_documents(args.path) if args.mode == "prefix" else read_corpus(args.path)
-    read_s, after_read = time.perf_counter() - t0, status_mb()
+    read_s, after_read = time.perf_counter() - t0, resident_mib()
     t0 = time.perf_counter()
     x, y = bpb_rows_from_text(tok if args.mode == "prefix" else WholeDocument(tok), docs, args.seq_len,
                               max_tokens=args.eval_tokens)
-    rows_s, after_rows = time.perf_counter() - t0, status_mb()
+    rows_s, after_rows = time.perf_counter() - t0, resident_mib()
     print(json.dumps({"mode": args.mode, "file_mb": round(args.path.stat().st_size / 1e6, 1),
                       "eval_tokens": args.eval_tokens, "rows": list(x.shape), "rss_before_mb": round(before["VmRSS"]),
                       "peak_after_read_mb": round(after_read["VmHWM"]),

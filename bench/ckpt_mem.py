@@ -30,17 +30,9 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench.proc_mem import resident_mib  # noqa: E402
 from nanochat.common import compute_cleanup, compute_init  # noqa: E402
 from nanochat.optim import MuonAdamW, OptimConfig, adamw_group  # noqa: E402
-
-
-def rss_mb() -> dict:
-    fields = {}
-    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024  # kB -> MiB
-    return fields
 
 
 def reset_peak() -> None:
@@ -50,9 +42,9 @@ def reset_peak() -> None:
 def phase(name: str, fn, out: dict) -> None:
     dist.barrier()
     reset_peak()
-    before = rss_mb()["VmRSS"]
+    before = resident_mib()["VmRSS"]
     fn()
-    peak = rss_mb()["VmHWM"]
+    peak = resident_mib()["VmHWM"]
     dist.barrier()
     out[name] = {"before_mb": round(before, 1), "peak_mb": round(peak, 1), "rise_mb": round(peak - before, 1)}
 
